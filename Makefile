@@ -1,0 +1,132 @@
+# pgjobq - a job queue that lives in PostgreSQL.  Plain GNU make; no other build tool.
+#
+#   make                  library (static + shared), the pgjobq command, pgjobq.pc
+#   make check            the test suite against a throwaway PostgreSQL the tests start themselves
+#   make sanitize         the test suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make install PREFIX=/usr/local
+#   make format           clang-format every C file (the pinned .clang-format)
+#
+# Missing libpq headers or PostgreSQL server binaries are installed with apt-get when running as
+# root; otherwise the build stops and prints the command to run (tools/ensure-deps.sh).
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+B       ?= build
+CC      ?= cc
+SAN     ?=
+
+VERSION := 0.1.0
+SOVER   := 0
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
+           -Wno-format-nonliteral
+CSTD    := -std=c11 -D_GNU_SOURCE
+OPT     ?= -O2 -g
+ifneq ($(SAN),)
+OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+endif
+
+# Found when used (not when the Makefile is read), so that a missing libpq can be installed first.
+PG_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I`pg_config --includedir`)
+PG_LIBS   = $(shell pkg-config --libs libpq 2>/dev/null || echo -L`pg_config --libdir` -lpq)
+
+CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) -Iinclude $(PG_CFLAGS) $(CFLAGS)
+LDFLAGS_ALL = $(OPT) $(LDFLAGS)
+
+LIB_SRC  := $(wildcard src/*.c)
+LIB_OBJ  := $(patsubst src/%.c,$(B)/src/%.o,$(LIB_SRC)) $(B)/src/migrations.o
+CLI_SRC  := $(wildcard cli/*.c)
+CLI_OBJ  := $(patsubst cli/%.c,$(B)/cli/%.o,$(CLI_SRC))
+TEST_SRC := $(wildcard tests/*.c)
+TEST_OBJ := $(patsubst tests/%.c,$(B)/tests/%.o,$(TEST_SRC))
+SQL      := $(sort $(wildcard sql/[0-9][0-9][0-9]_*.sql))
+
+LIBA  := $(B)/libpgjobq.a
+LIBSO := $(B)/libpgjobq.so.$(VERSION)
+CLI   := $(B)/pgjobq
+TESTS := $(B)/tests/runner
+PC    := $(B)/pgjobq.pc
+DEPS_OK := $(B)/.deps-ok
+
+.PHONY: all check sanitize install uninstall clean format deps
+all: $(LIBA) $(LIBSO) $(CLI) $(PC)
+
+$(DEPS_OK): tools/ensure-deps.sh
+	@mkdir -p $(B)
+	@sh tools/ensure-deps.sh
+	@touch $@
+
+deps:
+	@sh tools/ensure-deps.sh --server
+
+$(B)/src/migrations.c: $(SQL) tools/embed-sql.awk | $(DEPS_OK)
+	@mkdir -p $(@D)
+	awk -f tools/embed-sql.awk $(SQL) > $@.tmp && mv $@.tmp $@
+
+$(B)/src/%.o: src/%.c src/internal.h include/pgjobq.h | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -fPIC -fvisibility=hidden -DPGJOBQ_BUILDING -c $< -o $@
+
+$(B)/src/migrations.o: $(B)/src/migrations.c
+	$(CC) $(CSTD) $(OPT) -fPIC -fvisibility=hidden -c $< -o $@
+
+$(LIBA): $(LIB_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(LIBSO): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libpgjobq.so.$(SOVER) $(LDFLAGS_ALL) -o $@ $^ $(PG_LIBS)
+	ln -sf libpgjobq.so.$(VERSION) $(B)/libpgjobq.so.$(SOVER)
+	ln -sf libpgjobq.so.$(SOVER) $(B)/libpgjobq.so
+
+$(B)/cli/%.o: cli/%.c $(wildcard cli/*.h) include/pgjobq.h | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(CLI): $(CLI_OBJ) $(LIBA)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread
+
+$(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Isrc -c $< -o $@
+
+$(TESTS): $(TEST_OBJ) $(LIBA)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(LIBA) $(PG_LIBS) -lpthread
+
+$(PC): pgjobq.pc.in Makefile
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' pgjobq.pc.in > $@
+
+# The tests start their own PostgreSQL; TESTS_ARGS selects tests by name (substring), e.g.
+#   make check TESTS_ARGS='claim lease'
+check: all $(TESTS)
+	@sh tools/ensure-deps.sh --server
+	PGJOBQ_CLI=$(abspath $(CLI)) $(TESTS) $(TESTS_ARGS)
+
+sanitize:
+	$(MAKE) B=build-san SAN=1 check
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/pgjobq
+	install -m 644 include/pgjobq.h $(DESTDIR)$(PREFIX)/include/pgjobq.h
+	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/libpgjobq.a
+	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/libpgjobq.so.$(VERSION)
+	ln -sf libpgjobq.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libpgjobq.so.$(SOVER)
+	ln -sf libpgjobq.so.$(SOVER) $(DESTDIR)$(PREFIX)/lib/libpgjobq.so
+	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/pgjobq.pc
+	install -m 644 docs/pgjobq.1 $(DESTDIR)$(PREFIX)/share/man/man1/pgjobq.1
+	install -m 644 docs/pgjobq.3 $(DESTDIR)$(PREFIX)/share/man/man3/pgjobq.3
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/pgjobq $(DESTDIR)$(PREFIX)/include/pgjobq.h \
+	    $(DESTDIR)$(PREFIX)/lib/libpgjobq.a $(DESTDIR)$(PREFIX)/lib/libpgjobq.so* \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig/pgjobq.pc $(DESTDIR)$(PREFIX)/share/man/man1/pgjobq.1 \
+	    $(DESTDIR)$(PREFIX)/share/man/man3/pgjobq.3
+
+format:
+	clang-format -i include/*.h src/*.c src/*.h cli/*.c tests/*.c tests/*.h
+
+clean:
+	rm -rf build build-san

@@ -1,0 +1,403 @@
+/*
+ * pgjobq.h - the whole public API of libpgjobq, a job queue that lives in PostgreSQL.
+ *
+ * What is not in this file is not API.
+ *
+ * Threading: one handle, one thread.  A pgjobq_client (and the PGconn inside it) must not be used by
+ * two threads at the same time; give each thread its own client.  Functions that take no handle
+ * (pgjobq_strerror, pgjobq_version, ...) are safe from any thread.
+ *
+ * Errors: every fallible function returns an int, PGJOBQ_OK (0) on success or one of the PGJOBQ_E*
+ * codes below, which are never renumbered.  pgjobq_strerror(code) describes a code; pgjobq_errmsg(c)
+ * describes the last failure on a handle in full (owned by the library, valid until the next call on
+ * that handle); pgjobq_sqlstate(c) gives the PostgreSQL SQLSTATE behind it, if any.
+ *
+ * The library never prints, never exits and never aborts on bad input.  It reports through return
+ * codes and, if installed, a log callback (pgjobq_client_set_log), which also receives libpq notices.
+ *
+ * Times: every lease, schedule and backoff is computed by the database clock (now()).  Times returned
+ * to the caller are microseconds since the Unix epoch, UTC; PGJOBQ_TIME_NONE marks an absent time.
+ */
+#ifndef PGJOBQ_H
+#define PGJOBQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PGJOBQ_BUILDING) && defined(__GNUC__)
+#define PGJOBQ_EXPORT __attribute__((visibility("default")))
+#else
+#define PGJOBQ_EXPORT
+#endif
+
+#if defined(__GNUC__)
+#define PGJOBQ_WUR __attribute__((warn_unused_result))
+#else
+#define PGJOBQ_WUR
+#endif
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Versions                                                                                          */
+
+/* Compile-time version: major * 10000 + minor * 100 + patch. */
+#define PGJOBQ_VERSION "0.1.0"
+#define PGJOBQ_VERSION_NUM 100
+
+/* The schema version this library creates with pgjobq_migrate() and requires. */
+#define PGJOBQ_SCHEMA_VERSION 1
+
+/* Run-time version of the linked library, e.g. "0.1.0". */
+PGJOBQ_EXPORT const char *pgjobq_version(void);
+
+/* Run-time version number of the linked library, same encoding as PGJOBQ_VERSION_NUM. */
+PGJOBQ_EXPORT int pgjobq_version_num(void);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Errors                                                                                            */
+
+/* Result codes.  Values are stable and are never renumbered; new codes are only ever appended. */
+enum pgjobq_code {
+    PGJOBQ_OK = 0,          /* success */
+    PGJOBQ_EINVAL = 1,      /* an argument or input value is invalid; nothing was written */
+    PGJOBQ_ENOMEM = 2,      /* out of memory */
+    PGJOBQ_ECONN = 3,       /* the connection to the database failed or was lost */
+    PGJOBQ_EDB = 4,         /* the database reported an error not covered by another code */
+    PGJOBQ_ESCHEMA = 5,     /* the pgjobq schema is missing, older, or newer than this library */
+    PGJOBQ_ENOTFOUND = 6,   /* no job with that id */
+    PGJOBQ_ESTATE = 7,      /* the job's state does not allow the operation */
+    PGJOBQ_ELEASE = 8,      /* the lease is lost: token stale, lease expired, or job no longer running */
+    PGJOBQ_ECANCELLED = 9,  /* the job was cancelled while held; it is now in state cancelled */
+    PGJOBQ_EDUPLICATE = 10, /* a queued or running job already holds this unique key */
+    PGJOBQ_ECONFLICT = 11,  /* serialization failure or deadlock (40001, 40P01); retry the transaction */
+    PGJOBQ_EPERM = 12,      /* the database role lacks a privilege the operation needs */
+    PGJOBQ_ETIMEOUT = 13,   /* a statement or lock timeout fired */
+    PGJOBQ_ESTOPPED = 14    /* the worker was asked to stop (pgjobq_worker_stop) */
+};
+
+/* One sentence describing a result code ("invalid argument"); never NULL. */
+PGJOBQ_EXPORT const char *pgjobq_strerror(int code);
+
+/* The symbolic name of a result code ("PGJOBQ_EINVAL"); never NULL. */
+PGJOBQ_EXPORT const char *pgjobq_errname(int code);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Jobs                                                                                              */
+
+/* A job's state.  queued -> running -> completed, or failed (attempts exhausted or failed for good),
+ * or cancelled.  A retry is queued again with a later run_at. */
+typedef enum pgjobq_state {
+    PGJOBQ_QUEUED = 0,
+    PGJOBQ_RUNNING = 1,
+    PGJOBQ_COMPLETED = 2,
+    PGJOBQ_FAILED = 3,
+    PGJOBQ_CANCELLED = 4
+} pgjobq_state;
+
+/* The state's name as stored in the database ("queued", ...); "unknown" for an out-of-range value. */
+PGJOBQ_EXPORT const char *pgjobq_state_name(pgjobq_state state);
+
+/* Parses a state name.  Returns PGJOBQ_OK and sets *out, or PGJOBQ_EINVAL for an unknown name. */
+PGJOBQ_EXPORT int pgjobq_state_parse(const char *name, pgjobq_state *out) PGJOBQ_WUR;
+
+#define PGJOBQ_TIME_NONE INT64_MIN
+
+/* Limits, checked by the library and by the database's CHECK constraints alike. */
+#define PGJOBQ_NAME_MAX 64              /* queue and kind names: [A-Za-z][A-Za-z0-9_.:-]{0,63} */
+#define PGJOBQ_PAYLOAD_MAX 1048576      /* payload JSON text, bytes */
+#define PGJOBQ_UNIQUE_KEY_MAX 255       /* unique key, characters */
+#define PGJOBQ_PRIORITY_MIN (-100)      /* lower priority values run first */
+#define PGJOBQ_PRIORITY_MAX 100
+#define PGJOBQ_MAX_ATTEMPTS_MAX 1000
+#define PGJOBQ_DEFAULT_MAX_ATTEMPTS 25
+#define PGJOBQ_ERROR_MAX 8192           /* last_error is cut to this many bytes */
+#define PGJOBQ_BATCH_MAX 10000          /* most jobs one claim returns */
+
+/* A job as read from the database.  Strings are NUL-terminated UTF-8; those marked "or NULL" are NULL
+ * when the column is NULL.  The whole array a function returns is one allocation owned by the caller
+ * and released with pgjobq_jobs_free(); the strings live inside it. */
+typedef struct pgjobq_job {
+    int64_t id;
+    const char *queue;
+    const char *kind;
+    const char *payload;       /* JSON text */
+    int priority;
+    pgjobq_state state;
+    int attempt;               /* 1 for the first run; incremented by every claim */
+    int max_attempts;
+    int64_t lease_token;       /* fencing token of the current (or last) claim */
+    int64_t run_at;            /* microseconds since the epoch; see PGJOBQ_TIME_NONE */
+    int64_t created_at;
+    int64_t started_at;
+    int64_t finished_at;
+    int64_t lease_until;
+    const char *worker_id;     /* or NULL */
+    const char *result;        /* JSON text, or NULL */
+    const char *last_error;    /* or NULL */
+    const char *unique_key;    /* or NULL */
+    int cancel_requested;      /* nonzero when a cancel was requested while the job was running */
+} pgjobq_job;
+
+/* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_jobs_free(pgjobq_job *jobs);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Client                                                                                            */
+
+typedef struct pgjobq_client pgjobq_client;
+
+/* Log levels for the log callback. */
+typedef enum pgjobq_log_level {
+    PGJOBQ_LOG_DEBUG = 0,
+    PGJOBQ_LOG_INFO = 1,
+    PGJOBQ_LOG_WARN = 2,
+    PGJOBQ_LOG_ERROR = 3
+} pgjobq_log_level;
+
+/* A log callback.  msg is one line without a trailing newline, valid only during the call.  It is
+ * called on the thread that made the library call. */
+typedef void (*pgjobq_log_fn)(void *arg, pgjobq_log_level level, const char *msg);
+
+/* The level's name ("debug", "info", "warn", "error"). */
+PGJOBQ_EXPORT const char *pgjobq_log_level_name(pgjobq_log_level level);
+
+struct pg_conn; /* libpq's PGconn */
+
+/*
+ * Opens a client on its own connection.  conninfo is anything libpq accepts: "host=... dbname=..." or
+ * a postgresql:// URL ("" means libpq's defaults and PG* environment variables).
+ *
+ * Then checks the pgjobq schema version.  Like sqlite3_open, *out is set to a handle whenever one
+ * could be allocated, even when an error is returned, so that pgjobq_errmsg() can explain it; the
+ * caller must pgjobq_client_close() it in every case.
+ *
+ * Returns PGJOBQ_OK; PGJOBQ_ECONN when the connection fails (the handle is unusable);
+ * PGJOBQ_ESCHEMA when the schema is missing or older (the handle works for pgjobq_migrate() only) or
+ * newer than this library (the handle is unusable); PGJOBQ_ENOMEM (then *out is NULL).
+ */
+PGJOBQ_EXPORT int pgjobq_client_open(pgjobq_client **out, const char *conninfo) PGJOBQ_WUR;
+
+/*
+ * Wraps a connection the caller owns, typically to enqueue inside the caller's own transaction: the job
+ * then exists if and only if the caller's transaction commits.  The library borrows conn: it never
+ * begins, commits or rolls back on it, never closes it, and does not retry a statement that fails
+ * inside the caller's transaction.  conn must stay open until pgjobq_client_close().
+ *
+ * Checks the schema version like pgjobq_client_open (with one query on conn) and follows the same
+ * rules for *out and the return value.
+ */
+PGJOBQ_EXPORT int pgjobq_client_wrap(pgjobq_client **out, struct pg_conn *conn) PGJOBQ_WUR;
+
+/* Closes a client; closes the connection only if the client opened it.  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_client_close(pgjobq_client *c);
+
+/* The client's connection (owned by the client unless it was wrapped).  Use it for your own queries
+ * between library calls, on the same thread; do not close it. */
+PGJOBQ_EXPORT struct pg_conn *pgjobq_client_conn(pgjobq_client *c);
+
+/* Installs (or with fn == NULL removes) a log callback for this client.  On a connection the client
+ * opened, libpq notices and warnings are routed to it too (a wrapped connection's notice processor is
+ * left to its owner). */
+PGJOBQ_EXPORT void pgjobq_client_set_log(pgjobq_client *c, pgjobq_log_fn fn, void *arg);
+
+/* The last error on this client, one line; "" when the last call succeeded.  Owned by the library,
+ * valid until the next call on the client.  Connection passwords never appear in it. */
+PGJOBQ_EXPORT const char *pgjobq_errmsg(const pgjobq_client *c);
+
+/* The SQLSTATE of the last database error on this client ("40001", ...), or "" if there was none. */
+PGJOBQ_EXPORT const char *pgjobq_sqlstate(const pgjobq_client *c);
+
+/*
+ * Creates or upgrades the pgjobq schema to PGJOBQ_SCHEMA_VERSION.  Each migration runs in its own
+ * transaction under a transaction-scoped advisory lock, so running it twice, or from many hosts at
+ * once, is safe (the later runs find nothing to do).  Needs an owned connection (not inside a
+ * transaction).  *applied_out (may be NULL) receives the number of migrations applied by this call.
+ * Returns PGJOBQ_OK, PGJOBQ_ESCHEMA (the database is newer than this library), PGJOBQ_ESTATE (the
+ * connection is inside a transaction), or a connection/database error; a failed migration leaves the
+ * schema at the previous version.
+ */
+PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
+
+/* Reads the schema version installed in the database into *version (0 when not installed). */
+PGJOBQ_EXPORT int pgjobq_schema_version(pgjobq_client *c, int *version) PGJOBQ_WUR;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Enqueue                                                                                           */
+
+/* Options for one job.  Zero-initialise (PGJOBQ_ENQUEUE_OPTS_INIT) and set what you need: every zero
+ * or NULL field takes its default. */
+typedef struct pgjobq_enqueue_opts {
+    const char *queue;      /* NULL: "default" */
+    const char *kind;       /* NULL: "default" */
+    int priority;           /* PGJOBQ_PRIORITY_MIN..MAX, lower runs first; 0 by default */
+    int max_attempts;       /* 1..PGJOBQ_MAX_ATTEMPTS_MAX; 0: PGJOBQ_DEFAULT_MAX_ATTEMPTS */
+    int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
+    const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
+                               Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL. */
+    const char *unique_key; /* NULL: none.  While a queued or running job holds the key, enqueueing
+                               another job with it returns the existing job instead. */
+} pgjobq_enqueue_opts;
+
+#define PGJOBQ_ENQUEUE_OPTS_INIT {NULL, NULL, 0, 0, 0, NULL, NULL}
+
+/*
+ * Enqueues one job.  payload is JSON text (NULL: "{}").  opts may be NULL for all defaults.
+ * On PGJOBQ_OK *id_out (may be NULL) receives the new job's id.  When a queued or running job
+ * already holds opts->unique_key, returns PGJOBQ_EDUPLICATE, inserts nothing, and *id_out receives
+ * the existing job's id.  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
+ * writes nothing.  Workers listening on the queue are notified when the transaction commits.
+ */
+PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_opts *opts,
+                                 int64_t *id_out) PGJOBQ_WUR;
+
+/* One job of a batch. */
+typedef struct pgjobq_job_spec {
+    const char *payload;      /* JSON text; NULL: "{}" */
+    pgjobq_enqueue_opts opts;
+} pgjobq_job_spec;
+
+/*
+ * Enqueues n jobs in one statement (one round trip), atomically: if any job is invalid, none is
+ * inserted, PGJOBQ_EINVAL is returned, and pgjobq_errmsg() names the first bad job by its index.
+ * ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL) receives n flags, nonzero
+ * where the job was not inserted because its unique key was held (ids_out then has the holder's id).
+ * Sends one notification per queue, not one per job.
+ */
+PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
+                                       int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Claim, complete, fail, heartbeat                                                                  */
+
+/*
+ * Claims up to max_jobs (1..PGJOBQ_BATCH_MAX) due jobs of one queue in (priority, run_at, id) order,
+ * with FOR UPDATE SKIP LOCKED in a single statement: it never waits for rows other claimers hold, and
+ * holds no lock once it returns.  Each job becomes running, with attempt + 1, a new lease_token, and a
+ * lease ending at the database's now() + lease_ms.  worker_id (may be NULL) is recorded on the jobs.
+ *
+ * On PGJOBQ_OK *jobs_out is an array of *n_out jobs (NULL and 0 when none was due), to be released
+ * with pgjobq_jobs_free().  A serialization failure or deadlock is retried a few times when the
+ * connection is not inside a caller's transaction.
+ */
+PGJOBQ_EXPORT int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t lease_ms,
+                               const char *worker_id, pgjobq_job **jobs_out, size_t *n_out) PGJOBQ_WUR;
+
+/*
+ * Completes a job held under lease_token, storing result (JSON text, or NULL for none).  Accepted only
+ * while the job is running under that token and its lease has not expired.  Returns PGJOBQ_OK;
+ * PGJOBQ_ELEASE when the lease is lost (nothing is written); PGJOBQ_ECANCELLED when a cancel was
+ * requested (the job ends cancelled, with the result stored); PGJOBQ_EINVAL for a bad result.
+ */
+PGJOBQ_EXPORT int pgjobq_job_complete(pgjobq_client *c, int64_t id, int64_t lease_token,
+                                      const char *result) PGJOBQ_WUR;
+
+/* Pass as retry_delay_ms to pgjobq_job_fail to use the backoff formula (pgjobq.backoff). */
+#define PGJOBQ_BACKOFF (-1)
+
+/* Flags for pgjobq_job_fail. */
+#define PGJOBQ_FAIL_PERMANENT 1 /* no further attempts: the job ends failed now */
+
+/*
+ * Records a failed attempt of a job held under lease_token, with an error text (any bytes: NUL-free
+ * by construction, invalid UTF-8 is replaced and the text cut to PGJOBQ_ERROR_MAX bytes, so recording
+ * a failure never fails on its text).  While attempts remain the job is queued again to run after
+ * retry_delay_ms, or after the backoff when PGJOBQ_BACKOFF; otherwise, or with PGJOBQ_FAIL_PERMANENT,
+ * it ends failed.  *state_out (may be NULL) receives the new state (PGJOBQ_QUEUED or PGJOBQ_FAILED).
+ * Returns PGJOBQ_OK, PGJOBQ_ELEASE, PGJOBQ_ECANCELLED, or an error as above.
+ */
+PGJOBQ_EXPORT int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_token, const char *error,
+                                  int64_t retry_delay_ms, int flags, pgjobq_state *state_out) PGJOBQ_WUR;
+
+/*
+ * Heartbeat: extends the lease of a held job to the database's now() + lease_ms.  Returns PGJOBQ_OK;
+ * PGJOBQ_ELEASE when the lease is already lost; PGJOBQ_ECANCELLED when a cancel was requested (the
+ * job has now ended cancelled: stop working on it).
+ */
+PGJOBQ_EXPORT int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token,
+                                    int64_t lease_ms) PGJOBQ_WUR;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Administration                                                                                    */
+
+/*
+ * Cancels a job.  A queued job becomes cancelled at once (*state_out = PGJOBQ_CANCELLED); a running
+ * job is marked and ends cancelled at its holder's next heartbeat or completion, or when its lease
+ * expires (*state_out = PGJOBQ_RUNNING).  Returns PGJOBQ_OK, PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE when the
+ * job had already finished (*state_out then says how).  state_out may be NULL.
+ */
+PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *state_out) PGJOBQ_WUR;
+
+/*
+ * Runs a finished or scheduled job again now: it becomes queued with run_at = now(), keeping its
+ * attempt count (max_attempts is raised if needed to allow one more attempt).  Returns PGJOBQ_OK,
+ * PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE for a running job.
+ */
+PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
+
+/* Reads one job with all its fields.  On PGJOBQ_OK *job_out is a one-element array to release with
+ * pgjobq_jobs_free().  Returns PGJOBQ_ENOTFOUND for an unknown id. */
+PGJOBQ_EXPORT int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out) PGJOBQ_WUR;
+
+/* Filter for pgjobq_job_list. */
+typedef struct pgjobq_list_opts {
+    const char *queue;  /* NULL: all queues */
+    int state;          /* a pgjobq_state, or -1 for all states */
+    int limit;          /* 1..100000; 0: 100 */
+    int64_t before_id;  /* only jobs with id < before_id (paging); 0: no bound */
+} pgjobq_list_opts;
+
+#define PGJOBQ_LIST_OPTS_INIT {NULL, -1, 0, 0}
+
+/* Lists jobs, newest (highest id) first.  On PGJOBQ_OK *jobs_out holds *n_out jobs (NULL, 0 if none),
+ * to release with pgjobq_jobs_free(). */
+PGJOBQ_EXPORT int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job **jobs_out,
+                                  size_t *n_out) PGJOBQ_WUR;
+
+/* One line of statistics: the number of jobs of one queue in one state. */
+typedef struct pgjobq_stat {
+    const char *queue;
+    pgjobq_state state;
+    int64_t jobs;
+} pgjobq_stat;
+
+/* Counts jobs per queue and state.  On PGJOBQ_OK *stats_out holds *n_out rows ordered by queue and
+ * state (NULL, 0 for an empty table), one allocation to release with free(). */
+PGJOBQ_EXPORT int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out) PGJOBQ_WUR;
+
+/*
+ * Maintenance: moves jobs whose lease expired back to queued (or to failed when no attempts remain, or
+ * to cancelled when that was requested), at most max_jobs (1..PGJOBQ_BATCH_MAX) per call; a job
+ * completed meanwhile is never touched.  *rescued_out (may be NULL) receives the count.
+ */
+PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out) PGJOBQ_WUR;
+
+/*
+ * Retention: deletes at most max_jobs finished jobs per call, completed and cancelled ones older than
+ * completed_age_ms, failed ones older than failed_age_ms (ages since finished_at, by the database
+ * clock).  *deleted_out (may be NULL) receives the count; call again while it equals max_jobs.
+ */
+PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms,
+                               int max_jobs, int *deleted_out) PGJOBQ_WUR;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Validation helpers (the same checks the library applies before writing)                           */
+
+/* Returns PGJOBQ_OK if name is a valid queue or kind name, else PGJOBQ_EINVAL. */
+PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
+
+/*
+ * Checks that the len bytes at text are one JSON document PostgreSQL's jsonb accepts (RFC 8259, UTF-8,
+ * no \u0000, no lone surrogates, nesting at most 1000 deep) and at most PGJOBQ_PAYLOAD_MAX bytes.
+ * Returns PGJOBQ_OK or PGJOBQ_EINVAL; on error, if why is not NULL, writes a short reason (with the
+ * byte offset) into why[0..why_size).
+ */
+PGJOBQ_EXPORT int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size) PGJOBQ_WUR;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PGJOBQ_H */

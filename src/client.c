@@ -1,0 +1,221 @@
+/*
+ * client.c - the client handle: connecting, wrapping a caller's connection, running statements with
+ * bounded retries of serialization failures and deadlocks, and routing libpq notices to the log.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+const char *pgjobq_version(void)
+{
+    return PGJOBQ_VERSION;
+}
+
+int pgjobq_version_num(void)
+{
+    return PGJOBQ_VERSION_NUM;
+}
+
+static pgjobq_client *client_new(void)
+{
+    pgjobq_client *c = calloc(1, sizeof *c);
+    return c;
+}
+
+/* Copies libpq's message (which ends in a newline) without the newline. */
+static void set_conn_error(pgjobq_client *c, const char *prefix)
+{
+    const char *m = c->conn ? PQerrorMessage(c->conn) : "out of memory";
+    size_t n = strlen(m);
+
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s: %.*s", prefix, (int)n, m);
+}
+
+int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
+{
+    /* The conninfo (a URL or key=value string) is expanded first; the keywords after it override it,
+     * so the connection always speaks UTF-8, which is what the payload checks assume. */
+    const char *const keys[] = {"dbname", "client_encoding", "fallback_application_name", NULL};
+    const char *const vals[] = {conninfo ? conninfo : "", "UTF8", "pgjobq", NULL};
+    pgjobq_client *c;
+
+    *out = NULL;
+    c = client_new();
+    if (c == NULL)
+        return PGJOBQ_ENOMEM;
+    *out = c;
+    c->owned = 1;
+    c->conn = PQconnectdbParams(keys, vals, 1);
+    if (c->conn == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "connect: out of memory");
+    if (PQstatus(c->conn) != CONNECTION_OK) {
+        set_conn_error(c, "connect");
+        return PGJOBQ_ECONN;
+    }
+    return pgjobq__check_schema(c);
+}
+
+int pgjobq_client_wrap(pgjobq_client **out, struct pg_conn *conn)
+{
+    pgjobq_client *c;
+
+    *out = NULL;
+    c = client_new();
+    if (c == NULL)
+        return PGJOBQ_ENOMEM;
+    *out = c;
+    if (conn == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "wrap: no connection given");
+    c->conn = conn;
+    c->owned = 0;
+    if (PQstatus(conn) != CONNECTION_OK) {
+        set_conn_error(c, "wrap");
+        return PGJOBQ_ECONN;
+    }
+    return pgjobq__check_schema(c);
+}
+
+static void notice_to_log(void *arg, const char *message)
+{
+    pgjobq_client *c = arg;
+    size_t n = strlen(message);
+
+    while (n > 0 && message[n - 1] == '\n')
+        n--;
+    pgjobq__log(c, PGJOBQ_LOG_WARN, "server: %.*s", (int)n, message);
+}
+
+void pgjobq_client_close(pgjobq_client *c)
+{
+    if (c == NULL)
+        return;
+    if (c->conn && c->owned)
+        PQfinish(c->conn);
+    free(c);
+}
+
+struct pg_conn *pgjobq_client_conn(pgjobq_client *c)
+{
+    return c ? c->conn : NULL;
+}
+
+void pgjobq_client_set_log(pgjobq_client *c, pgjobq_log_fn fn, void *arg)
+{
+    if (c == NULL)
+        return;
+    c->log_fn = fn;
+    c->log_arg = arg;
+    /* A wrapped connection's notice processor belongs to the caller and is left alone. */
+    if (c->conn && c->owned) {
+        if (fn)
+            PQsetNoticeProcessor(c->conn, notice_to_log, c);
+        else
+            PQsetNoticeProcessor(c->conn, NULL, NULL); /* libpq's default: stderr */
+    }
+}
+
+/* A short random pause before re-running a statement that lost a serialization conflict, so that the
+ * contenders do not collide again in lockstep: up to 1, 2, 4 ... 32 ms. */
+static void conflict_pause(unsigned attempt)
+{
+    static _Thread_local unsigned seed;
+    struct timespec ts;
+    long max_us = 1000L << (attempt < 5 ? attempt : 5);
+
+    if (seed == 0)
+        seed = (unsigned)time(NULL) ^ (unsigned)(uintptr_t)&ts;
+    seed = seed * 1103515245u + 12345u;
+    long us = (long)((seed >> 8) % (unsigned long)max_us);
+    ts.tv_sec = 0;
+    ts.tv_nsec = us * 1000L;
+    nanosleep(&ts, NULL);
+}
+
+static void set_result_error(pgjobq_client *c, const char *what, const PGresult *r)
+{
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    const char *hint = PQresultErrorField(r, PG_DIAG_MESSAGE_HINT);
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+    if (primary == NULL)
+        primary = PQresultErrorMessage(r);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s: %s%s%s (SQLSTATE %s)", what, primary, hint ? "; " : "",
+             hint ? hint : "", state ? state : "?");
+}
+
+int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
+{
+    int in_tx;
+
+    *out = NULL;
+    pgjobq__clearerr(c);
+    if (c->conn == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ECONN, "%s: no connection", st->what);
+    if (PQstatus(c->conn) != CONNECTION_OK) {
+        /* An owned connection that broke earlier is re-established once, here, so that a caller who
+         * saw PGJOBQ_ECONN can simply try again.  A borrowed connection is the caller's to reset. */
+        if (!c->owned) {
+            set_conn_error(c, st->what);
+            return PGJOBQ_ECONN;
+        }
+        PQreset(c->conn);
+        if (PQstatus(c->conn) != CONNECTION_OK) {
+            set_conn_error(c, st->what);
+            return PGJOBQ_ECONN;
+        }
+        pgjobq__log(c, PGJOBQ_LOG_INFO, "reconnected to the database");
+    }
+    /* Inside the caller's transaction a failed statement has aborted the whole transaction, so only
+     * the caller can retry; on our own (idle) connection the statement was its own transaction. */
+    in_tx = PQtransactionStatus(c->conn) != PQTRANS_IDLE;
+
+    for (unsigned attempt = 0;; attempt++) {
+        PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths,
+                                   st->formats, st->binary_result);
+        ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+        const char *state;
+        int code;
+
+        if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK) {
+            *out = r;
+            return PGJOBQ_OK;
+        }
+        if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
+            PQclear(r);
+            set_conn_error(c, st->what);
+            return PGJOBQ_ECONN;
+        }
+        state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        code = pgjobq__code_from_sqlstate(state);
+        if (code == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
+            pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what,
+                        state, attempt + 1);
+            c->conflict_retries++;
+            PQclear(r);
+            conflict_pause(attempt);
+            continue;
+        }
+        set_result_error(c, st->what, r);
+        snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+        PQclear(r);
+        return code;
+    }
+}
+
+int pgjobq__require_schema(pgjobq_client *c)
+{
+    if (c->schema_state == 1)
+        return PGJOBQ_OK;
+    if (c->schema_state == -1)
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "the database's pgjobq schema is newer than this library (version %d): "
+                              "upgrade pgjobq",
+                              PGJOBQ_SCHEMA_VERSION);
+    return pgjobq__seterr(c, PGJOBQ_ESCHEMA, "the pgjobq schema is not installed or is out of date: "
+                                             "run `pgjobq migrate` (or pgjobq_migrate())");
+}

@@ -1,0 +1,134 @@
+/*
+ * internal.h - what the files of libpgjobq share.  Not installed, not API.
+ */
+#ifndef PGJOBQ_INTERNAL_H
+#define PGJOBQ_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "pgjobq.h"
+
+/* Built-in type OIDs (stable across PostgreSQL versions: they are in pg_type.dat). */
+#define OID_BOOL 16
+#define OID_INT8 20
+#define OID_INT2 21
+#define OID_INT4 23
+#define OID_TEXT 25
+#define OID_TIMESTAMPTZ 1184
+#define OID_INTERVAL 1186
+#define OID_JSONB 3802
+#define OID_BOOL_ARRAY 1000
+#define OID_INT2_ARRAY 1005
+#define OID_INT4_ARRAY 1007
+#define OID_TEXT_ARRAY 1009
+#define OID_INT8_ARRAY 1016
+#define OID_TIMESTAMPTZ_ARRAY 1185
+#define OID_INTERVAL_ARRAY 1187
+#define OID_JSONB_ARRAY 3807
+
+/* How many times a statement that failed with 40001 or 40P01 is run again (outside a caller's
+ * transaction) before PGJOBQ_ECONFLICT is returned. */
+#define PGJOBQ__CONFLICT_RETRIES 10
+
+struct pgjobq_client {
+    PGconn *conn;
+    int owned;              /* the client opened conn and closes it */
+    int schema_state;       /* 1 usable, 0 missing/older (migrate only), -1 newer (unusable) */
+    pgjobq_log_fn log_fn;
+    void *log_arg;
+    char sqlstate[6];
+    char errmsg[1024];
+    unsigned conflict_retries; /* statements re-run after 40001/40P01, for tests and stats */
+};
+
+/* One statement to run, with its parameters (all parameter arrays have nparams entries). */
+typedef struct pgjobq__stmt {
+    const char *what;       /* for error messages: "claim", "enqueue", ... */
+    const char *sql;
+    int nparams;
+    const Oid *types;
+    const char *const *values;
+    const int *lengths;
+    const int *formats;
+    int binary_result;
+} pgjobq__stmt;
+
+/* errors.c */
+int pgjobq__seterr(pgjobq_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pgjobq__clearerr(pgjobq_client *c);
+void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int pgjobq__code_from_sqlstate(const char *sqlstate);
+
+/* client.c */
+int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
+int pgjobq__require_schema(pgjobq_client *c);
+
+/* migrate.c */
+int pgjobq__check_schema(pgjobq_client *c);
+
+/* wire.c: binary wire formats */
+typedef struct pgjobq__buf {
+    char *data;
+    size_t len;
+    size_t cap;
+    int oom;
+} pgjobq__buf;
+
+void pgjobq__buf_free(pgjobq__buf *b);
+void pgjobq__buf_put(pgjobq__buf *b, const void *p, size_t n);
+void pgjobq__buf_u32(pgjobq__buf *b, uint32_t v);
+void pgjobq__buf_u64(pgjobq__buf *b, uint64_t v);
+
+/* A one-dimensional binary array under construction: begin, add n elements, end. */
+typedef struct pgjobq__array {
+    pgjobq__buf buf;
+    size_t count_at;   /* offset of the dimension length */
+    uint32_t count;
+    int has_null_at;   /* offset of the has-null flag */
+    int has_null;
+} pgjobq__array;
+
+void pgjobq__array_begin(pgjobq__array *a, Oid elem_type);
+void pgjobq__array_null(pgjobq__array *a);
+void pgjobq__array_int8(pgjobq__array *a, int64_t v);
+void pgjobq__array_int4(pgjobq__array *a, int32_t v);
+void pgjobq__array_int2(pgjobq__array *a, int16_t v);
+void pgjobq__array_bool(pgjobq__array *a, int v);
+void pgjobq__array_text(pgjobq__array *a, const char *s, size_t n);
+void pgjobq__array_jsonb(pgjobq__array *a, const char *s, size_t n);
+void pgjobq__array_interval_us(pgjobq__array *a, int64_t us);
+int pgjobq__array_end(pgjobq__array *a); /* 0, or -1 on OOM */
+
+int64_t pgjobq__get_int8(const PGresult *r, int row, int col);
+int32_t pgjobq__get_int4(const PGresult *r, int row, int col);
+int16_t pgjobq__get_int2(const PGresult *r, int row, int col);
+int pgjobq__get_bool(const PGresult *r, int row, int col);
+int64_t pgjobq__get_time(const PGresult *r, int row, int col); /* PGJOBQ_TIME_NONE when NULL */
+/* A text or jsonb column: points into r; *len excludes the jsonb version byte.  NULL when NULL. */
+const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
+
+/* jobs.c */
+int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n);
+
+/* json.c */
+int pgjobq__json_check(const char *s, size_t n, char *why, size_t why_size);
+/* Copies s[0..n) into a new string that is valid UTF-8 (bad sequences become U+FFFD), has no NUL
+ * bytes, and is at most cap bytes (cut on a character boundary).  keep_tail keeps the end instead of
+ * the start.  Returns NULL on OOM. */
+char *pgjobq__sanitize_text(const char *s, size_t n, size_t cap, int keep_tail);
+int pgjobq__utf8_valid(const char *s, size_t n);
+
+/* Common argument checks, each setting the client error. */
+int pgjobq__check_name(pgjobq_client *c, const char *what, const char *name);
+int pgjobq__check_payload(pgjobq_client *c, const char *what, const char *json, size_t len);
+
+/* Formats a millisecond count as a PostgreSQL interval literal into buf ("1500 milliseconds"). */
+void pgjobq__ms_interval(char *buf, size_t size, int64_t ms);
+
+#endif /* PGJOBQ_INTERNAL_H */

@@ -1,0 +1,586 @@
+/*
+ * jobs.c - claiming and the transitions of held jobs (complete, fail, extend), administration
+ * (cancel, retry), reading jobs, statistics and maintenance.  Every transition is one call of the SQL
+ * function that owns it (sql/001_init.sql); this file only marshals arguments and outcomes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The columns every job-returning query selects, in the order jobs_from_result() reads them. */
+#define JOB_COLUMNS                                                                                        \
+    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "            \
+    "state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at, "      \
+    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                         \
+    "unique_key::pg_catalog.text, cancel_requested"
+
+enum {
+    C_ID, C_QUEUE, C_KIND, C_PAYLOAD, C_PRIORITY, C_STATE, C_ATTEMPT, C_MAX_ATTEMPTS, C_LEASE_TOKEN,
+    C_RUN_AT, C_CREATED_AT, C_STARTED_AT, C_FINISHED_AT, C_LEASE_UNTIL, C_WORKER_ID, C_RESULT,
+    C_LAST_ERROR, C_UNIQUE_KEY, C_CANCEL_REQUESTED, C_NCOLS
+};
+
+static const char *const state_names[] = {"queued", "running", "completed", "failed", "cancelled"};
+
+const char *pgjobq_state_name(pgjobq_state state)
+{
+    if ((int)state < 0 || (size_t)state >= sizeof state_names / sizeof state_names[0])
+        return "unknown";
+    return state_names[state];
+}
+
+int pgjobq_state_parse(const char *name, pgjobq_state *out)
+{
+    for (size_t i = 0; name && i < sizeof state_names / sizeof state_names[0]; i++) {
+        if (strcmp(name, state_names[i]) == 0) {
+            *out = (pgjobq_state)i;
+            return PGJOBQ_OK;
+        }
+    }
+    return PGJOBQ_EINVAL;
+}
+
+void pgjobq_jobs_free(pgjobq_job *jobs)
+{
+    free(jobs);
+}
+
+static const int text_cols[] = {C_QUEUE, C_KIND, C_PAYLOAD, C_WORKER_ID, C_RESULT, C_LAST_ERROR, C_UNIQUE_KEY};
+
+/* Copies a result of JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
+int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n_out)
+{
+    size_t n = (size_t)PQntuples(r), bytes, len;
+    pgjobq_job *jobs;
+    char *strings;
+
+    *out = NULL;
+    *n_out = 0;
+    if (n == 0)
+        return PGJOBQ_OK;
+    if (PQnfields(r) != C_NCOLS)
+        return pgjobq__seterr(c, PGJOBQ_EDB, "unexpected result shape (%d columns)", PQnfields(r));
+    bytes = n * sizeof *jobs;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < sizeof text_cols / sizeof text_cols[0]; k++)
+            if (pgjobq__get_text(r, (int)i, text_cols[k], &len) != NULL)
+                bytes += len + 1;
+    jobs = malloc(bytes);
+    if (jobs == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "out of memory reading %zu jobs", n);
+    strings = (char *)(jobs + n);
+    for (size_t i = 0; i < n; i++) {
+        pgjobq_job *j = &jobs[i];
+        int row = (int)i;
+        const char *field[sizeof text_cols / sizeof text_cols[0]];
+        pgjobq_state st = PGJOBQ_QUEUED;
+
+        for (size_t k = 0; k < sizeof text_cols / sizeof text_cols[0]; k++) {
+            const char *s = pgjobq__get_text(r, row, text_cols[k], &len);
+            field[k] = NULL;
+            if (s) {
+                memcpy(strings, s, len);
+                strings[len] = '\0';
+                field[k] = strings;
+                strings += len + 1;
+            }
+        }
+        j->id = pgjobq__get_int8(r, row, C_ID);
+        j->queue = field[0];
+        j->kind = field[1];
+        j->payload = field[2];
+        j->worker_id = field[3];
+        j->result = field[4];
+        j->last_error = field[5];
+        j->unique_key = field[6];
+        j->priority = pgjobq__get_int2(r, row, C_PRIORITY);
+        {
+            size_t sl;
+            const char *s = pgjobq__get_text(r, row, C_STATE, &sl);
+            char name[16];
+            snprintf(name, sizeof name, "%.*s", (int)(sl < 15 ? sl : 15), s ? s : "");
+            if (pgjobq_state_parse(name, &st) != PGJOBQ_OK)
+                st = PGJOBQ_QUEUED;
+        }
+        j->state = st;
+        j->attempt = pgjobq__get_int4(r, row, C_ATTEMPT);
+        j->max_attempts = pgjobq__get_int4(r, row, C_MAX_ATTEMPTS);
+        j->lease_token = pgjobq__get_int8(r, row, C_LEASE_TOKEN);
+        j->run_at = pgjobq__get_time(r, row, C_RUN_AT);
+        j->created_at = pgjobq__get_time(r, row, C_CREATED_AT);
+        j->started_at = pgjobq__get_time(r, row, C_STARTED_AT);
+        j->finished_at = pgjobq__get_time(r, row, C_FINISHED_AT);
+        j->lease_until = pgjobq__get_time(r, row, C_LEASE_UNTIL);
+        j->cancel_requested = pgjobq__get_bool(r, row, C_CANCEL_REQUESTED);
+    }
+    *out = jobs;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+/* Common preamble of the calls below. */
+static int enter(pgjobq_client *c)
+{
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    return pgjobq__require_schema(c);
+}
+
+static int check_lease_ms(pgjobq_client *c, const char *what, int64_t ms)
+{
+    if (ms <= 0 || ms > INT64_C(31536000000)) /* one year */
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: lease must be between 1 ms and one year, not %lld ms", what,
+                              (long long)ms);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t lease_ms, const char *worker_id,
+                 pgjobq_job **jobs_out, size_t *n_out)
+{
+    static const Oid types[] = {OID_TEXT, OID_INT4, OID_INTERVAL, OID_TEXT};
+    char max_s[16], lease_s[48];
+    const char *values[4];
+    PGresult *r;
+    int rc;
+
+    if (jobs_out)
+        *jobs_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (jobs_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: jobs_out and n_out are required");
+    if ((rc = pgjobq__check_name(c, "claim: queue", queue)) != PGJOBQ_OK)
+        return rc;
+    if (max_jobs < 1 || max_jobs > PGJOBQ_BATCH_MAX)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: max_jobs must be between 1 and %d, not %d",
+                              PGJOBQ_BATCH_MAX, max_jobs);
+    if ((rc = check_lease_ms(c, "claim", lease_ms)) != PGJOBQ_OK)
+        return rc;
+    if (worker_id && (worker_id[0] == '\0' || strlen(worker_id) > 255 ||
+                      !pgjobq__utf8_valid(worker_id, strlen(worker_id))))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: worker id must be 1 to 255 bytes of UTF-8");
+    snprintf(max_s, sizeof max_s, "%d", max_jobs);
+    pgjobq__ms_interval(lease_s, sizeof lease_s, lease_ms);
+    values[0] = queue;
+    values[1] = max_s;
+    values[2] = lease_s;
+    values[3] = worker_id;
+    pgjobq__stmt st = {"claim", "SELECT " JOB_COLUMNS " FROM pgjobq.claim($1, $2, $3, $4)", 4, types, values,
+                       NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
+    PQclear(r);
+    return rc;
+}
+
+/* Maps a transition's outcome text to a result code. */
+static int outcome_code(pgjobq_client *c, const char *what, int64_t id, const char *outcome)
+{
+    if (strcmp(outcome, "lost") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ELEASE,
+                              "%s job %lld: lease lost (the job is no longer running under this lease token, "
+                              "or the lease expired)",
+                              what, (long long)id);
+    if (strcmp(outcome, "cancelled") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ECANCELLED, "%s job %lld: the job was cancelled", what, (long long)id);
+    return PGJOBQ_OK;
+}
+
+/* Builds the one-element id and token arrays the *_many functions take. */
+static int id_token_arrays(pgjobq__array *ids, pgjobq__array *tokens, int64_t id, int64_t token)
+{
+    pgjobq__array_begin(ids, OID_INT8);
+    pgjobq__array_int8(ids, id);
+    pgjobq__array_begin(tokens, OID_INT8);
+    pgjobq__array_int8(tokens, token);
+    return pgjobq__array_end(ids) | pgjobq__array_end(tokens);
+}
+
+int pgjobq_job_complete(pgjobq_client *c, int64_t id, int64_t lease_token, const char *result)
+{
+    static const Oid types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
+    static const int formats[] = {1, 1, 1};
+    pgjobq__array a[3];
+    const char *values[3];
+    int lengths[3];
+    PGresult *r = NULL;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (result && (rc = pgjobq__check_payload(c, "complete: result", result, strlen(result))) != PGJOBQ_OK)
+        return rc;
+    memset(a, 0, sizeof a);
+    pgjobq__array_begin(&a[2], OID_JSONB);
+    if (result)
+        pgjobq__array_jsonb(&a[2], result, strlen(result));
+    else
+        pgjobq__array_null(&a[2]);
+    if (id_token_arrays(&a[0], &a[1], id, lease_token) != 0 || pgjobq__array_end(&a[2]) != 0) {
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "complete: out of memory");
+        goto out;
+    }
+    for (int k = 0; k < 3; k++) {
+        values[k] = a[k].buf.data;
+        lengths[k] = (int)a[k].buf.len;
+    }
+    pgjobq__stmt st = {"complete", "SELECT outcome FROM pgjobq.complete_many($1, $2, $3)", 3, types, values,
+                       lengths, formats, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        goto out;
+    rc = PQntuples(r) == 1 ? outcome_code(c, "complete", id, PQgetvalue(r, 0, 0))
+                           : pgjobq__seterr(c, PGJOBQ_EDB, "complete: unexpected result");
+out:
+    PQclear(r);
+    for (int k = 0; k < 3; k++)
+        pgjobq__buf_free(&a[k].buf);
+    return rc;
+}
+
+int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_token, const char *error, int64_t retry_delay_ms,
+                    int flags, pgjobq_state *state_out)
+{
+    static const Oid types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY,
+                                OID_BOOL_ARRAY};
+    static const int formats[] = {1, 1, 1, 1, 1};
+    pgjobq__array a[5];
+    const char *values[5];
+    int lengths[5];
+    PGresult *r = NULL;
+    char *clean = NULL;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (retry_delay_ms < 0 && retry_delay_ms != PGJOBQ_BACKOFF)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "fail: retry delay must not be negative (%lld ms)",
+                              (long long)retry_delay_ms);
+    if (retry_delay_ms > INT64_C(3155760000000))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "fail: retry delay of %lld ms is more than 100 years",
+                              (long long)retry_delay_ms);
+    /* The failure path must not fail on its own text: make it valid UTF-8 and cap it first. */
+    clean = pgjobq__sanitize_text(error ? error : "", error ? strlen(error) : 0, PGJOBQ_ERROR_MAX, 0);
+    if (clean == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "fail: out of memory");
+    memset(a, 0, sizeof a);
+    pgjobq__array_begin(&a[2], OID_TEXT);
+    pgjobq__array_text(&a[2], clean, strlen(clean));
+    pgjobq__array_begin(&a[3], OID_INTERVAL);
+    if (retry_delay_ms == PGJOBQ_BACKOFF)
+        pgjobq__array_null(&a[3]);
+    else
+        pgjobq__array_interval_us(&a[3], retry_delay_ms * 1000);
+    pgjobq__array_begin(&a[4], OID_BOOL);
+    pgjobq__array_bool(&a[4], (flags & PGJOBQ_FAIL_PERMANENT) != 0);
+    if (id_token_arrays(&a[0], &a[1], id, lease_token) != 0 || pgjobq__array_end(&a[2]) != 0 ||
+        pgjobq__array_end(&a[3]) != 0 || pgjobq__array_end(&a[4]) != 0) {
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "fail: out of memory");
+        goto out;
+    }
+    for (int k = 0; k < 5; k++) {
+        values[k] = a[k].buf.data;
+        lengths[k] = (int)a[k].buf.len;
+    }
+    pgjobq__stmt st = {"fail", "SELECT outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, types, values,
+                       lengths, formats, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        goto out;
+    if (PQntuples(r) != 1) {
+        rc = pgjobq__seterr(c, PGJOBQ_EDB, "fail: unexpected result");
+        goto out;
+    }
+    rc = outcome_code(c, "fail", id, PQgetvalue(r, 0, 0));
+    if (rc == PGJOBQ_OK && state_out) {
+        pgjobq_state st_new;
+        *state_out = pgjobq_state_parse(PQgetvalue(r, 0, 0), &st_new) == PGJOBQ_OK ? st_new : PGJOBQ_FAILED;
+    }
+out:
+    PQclear(r);
+    free(clean);
+    for (int k = 0; k < 5; k++)
+        pgjobq__buf_free(&a[k].buf);
+    return rc;
+}
+
+int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token, int64_t lease_ms)
+{
+    static const Oid types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
+    static const int formats[] = {1, 1, 0};
+    pgjobq__array a[2];
+    const char *values[3];
+    int lengths[3];
+    char lease_s[48];
+    PGresult *r = NULL;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = check_lease_ms(c, "extend", lease_ms)) != PGJOBQ_OK)
+        return rc;
+    memset(a, 0, sizeof a);
+    if (id_token_arrays(&a[0], &a[1], id, lease_token) != 0) {
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "extend: out of memory");
+        goto out;
+    }
+    pgjobq__ms_interval(lease_s, sizeof lease_s, lease_ms);
+    values[0] = a[0].buf.data;
+    lengths[0] = (int)a[0].buf.len;
+    values[1] = a[1].buf.data;
+    lengths[1] = (int)a[1].buf.len;
+    values[2] = lease_s;
+    lengths[2] = 0;
+    pgjobq__stmt st = {"extend", "SELECT outcome FROM pgjobq.extend_many($1, $2, $3)", 3, types, values,
+                       lengths, formats, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        goto out;
+    rc = PQntuples(r) == 1 ? outcome_code(c, "extend", id, PQgetvalue(r, 0, 0))
+                           : pgjobq__seterr(c, PGJOBQ_EDB, "extend: unexpected result");
+out:
+    PQclear(r);
+    pgjobq__buf_free(&a[0].buf);
+    pgjobq__buf_free(&a[1].buf);
+    return rc;
+}
+
+/* Runs `SELECT f($1)` for an id and returns its text outcome in buf. */
+static int id_call(pgjobq_client *c, const char *what, const char *sql, int64_t id, char *buf, size_t size)
+{
+    static const Oid types[] = {OID_INT8};
+    char id_s[24];
+    const char *values[1] = {id_s};
+    PGresult *r;
+    int rc;
+
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    pgjobq__stmt st = {what, sql, 1, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    snprintf(buf, size, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *state_out)
+{
+    char outcome[32];
+    pgjobq_state st;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = id_call(c, "cancel", "SELECT pgjobq.cancel($1)", id, outcome, sizeof outcome)) != PGJOBQ_OK)
+        return rc;
+    if (strcmp(outcome, "not_found") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "cancel: no job %lld", (long long)id);
+    if (strcmp(outcome, "cancelled") == 0) {
+        if (state_out)
+            *state_out = PGJOBQ_CANCELLED;
+        return PGJOBQ_OK;
+    }
+    if (strcmp(outcome, "cancel_requested") == 0) {
+        if (state_out)
+            *state_out = PGJOBQ_RUNNING;
+        return PGJOBQ_OK;
+    }
+    if (state_out && pgjobq_state_parse(outcome, &st) == PGJOBQ_OK)
+        *state_out = st;
+    return pgjobq__seterr(c, PGJOBQ_ESTATE, "cancel: job %lld has already finished (%s)", (long long)id, outcome);
+}
+
+int pgjobq_job_retry(pgjobq_client *c, int64_t id)
+{
+    char outcome[32];
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = id_call(c, "retry", "SELECT pgjobq.retry($1)", id, outcome, sizeof outcome)) != PGJOBQ_OK)
+        return rc;
+    if (strcmp(outcome, "not_found") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "retry: no job %lld", (long long)id);
+    if (strcmp(outcome, "queued") != 0)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE, "retry: job %lld is %s; only a job that is not running can be retried",
+                              (long long)id, outcome);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
+{
+    static const Oid types[] = {OID_INT8};
+    char id_s[24];
+    const char *values[1] = {id_s};
+    size_t n;
+    PGresult *r;
+    int rc;
+
+    if (job_out)
+        *job_out = NULL;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (job_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.jobs WHERE id = $1", 1, types, values, NULL,
+                       NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    rc = pgjobq__jobs_from_result(c, r, job_out, &n);
+    PQclear(r);
+    if (rc == PGJOBQ_OK && n == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "no job %lld", (long long)id);
+    return rc;
+}
+
+int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job **jobs_out, size_t *n_out)
+{
+    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT4};
+    pgjobq_list_opts o = PGJOBQ_LIST_OPTS_INIT;
+    char before_s[24], limit_s[16];
+    const char *values[4];
+    PGresult *r;
+    int rc;
+
+    if (jobs_out)
+        *jobs_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (jobs_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: jobs_out and n_out are required");
+    if (opts)
+        o = *opts;
+    if (o.limit == 0)
+        o.limit = 100;
+    if (o.limit < 1 || o.limit > 100000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: limit must be between 1 and 100000, not %d", o.limit);
+    if (o.queue && (rc = pgjobq__check_name(c, "list: queue", o.queue)) != PGJOBQ_OK)
+        return rc;
+    if (o.state != -1 && (o.state < PGJOBQ_QUEUED || o.state > PGJOBQ_CANCELLED))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: unknown state %d", o.state);
+    if (o.before_id < 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: before_id must not be negative");
+    snprintf(before_s, sizeof before_s, "%lld", (long long)o.before_id);
+    snprintf(limit_s, sizeof limit_s, "%d", o.limit);
+    values[0] = o.queue;
+    values[1] = o.state == -1 ? NULL : pgjobq_state_name((pgjobq_state)o.state);
+    values[2] = before_s;
+    values[3] = limit_s;
+    /* An unnamed statement is planned with its actual values, so the NULL tests fold away and a filter
+     * on queue and state can use the claim index. */
+    pgjobq__stmt st = {"list jobs",
+                       "SELECT " JOB_COLUMNS " FROM pgjobq.jobs"
+                       " WHERE ($1::pg_catalog.text IS NULL OR queue = $1)"
+                       "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
+                       "   AND ($3 = 0 OR id < $3)"
+                       " ORDER BY id DESC LIMIT $4",
+                       4, types, values, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
+    PQclear(r);
+    return rc;
+}
+
+int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out)
+{
+    pgjobq_stat *rows;
+    size_t n, bytes;
+    char *strings;
+    PGresult *r;
+    int rc;
+
+    if (stats_out)
+        *stats_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (stats_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "stats: stats_out and n_out are required");
+    pgjobq__stmt st = {"stats", "SELECT queue, state, jobs FROM pgjobq.stats()", 0, NULL, NULL, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    n = (size_t)PQntuples(r);
+    bytes = n * sizeof *rows;
+    for (size_t i = 0; i < n; i++)
+        bytes += (size_t)PQgetlength(r, (int)i, 0) + 1;
+    rows = n ? malloc(bytes) : NULL;
+    if (n && rows == NULL) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "stats: out of memory");
+    }
+    strings = (char *)(rows + n);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = (size_t)PQgetlength(r, (int)i, 0);
+        memcpy(strings, PQgetvalue(r, (int)i, 0), len + 1);
+        rows[i].queue = strings;
+        strings += len + 1;
+        if (pgjobq_state_parse(PQgetvalue(r, (int)i, 1), &rows[i].state) != PGJOBQ_OK)
+            rows[i].state = PGJOBQ_QUEUED;
+        rows[i].jobs = strtoll(PQgetvalue(r, (int)i, 2), NULL, 10);
+    }
+    PQclear(r);
+    *stats_out = rows;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out)
+{
+    static const Oid types[] = {OID_INT4};
+    char max_s[16];
+    const char *values[1] = {max_s};
+    PGresult *r;
+    int rc;
+
+    if (rescued_out)
+        *rescued_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (max_jobs < 1 || max_jobs > PGJOBQ_BATCH_MAX)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "rescue: max_jobs must be between 1 and %d", PGJOBQ_BATCH_MAX);
+    snprintf(max_s, sizeof max_s, "%d", max_jobs);
+    pgjobq__stmt st = {"rescue expired leases", "SELECT pgjobq.rescue_expired($1)", 1, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (rescued_out)
+        *rescued_out = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
+                 int *deleted_out)
+{
+    static const Oid types[] = {OID_INTERVAL, OID_INTERVAL, OID_INT4};
+    char a_s[48], b_s[48], max_s[16];
+    const char *values[3] = {a_s, b_s, max_s};
+    PGresult *r;
+    int rc;
+
+    if (deleted_out)
+        *deleted_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (completed_age_ms < 0 || failed_age_ms < 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "prune: retention ages must not be negative");
+    if (max_jobs < 1 || max_jobs > PGJOBQ_BATCH_MAX)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "prune: max_jobs must be between 1 and %d", PGJOBQ_BATCH_MAX);
+    pgjobq__ms_interval(a_s, sizeof a_s, completed_age_ms);
+    pgjobq__ms_interval(b_s, sizeof b_s, failed_age_ms);
+    snprintf(max_s, sizeof max_s, "%d", max_jobs);
+    pgjobq__stmt st = {"prune", "SELECT pgjobq.prune($1, $2, $3)", 3, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (deleted_out)
+        *deleted_out = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return PGJOBQ_OK;
+}

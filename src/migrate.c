@@ -1,0 +1,171 @@
+/*
+ * migrate.c - applies the numbered migrations embedded from sql/ and checks the schema version.
+ *
+ * Migration N runs in its own transaction, under a transaction-scoped advisory lock, and only when
+ * pgjobq.schema_version does not list N yet.  Hosts that migrate at once queue on the lock; the later
+ * ones find the work done.  A transaction-scoped lock (not a session lock) keeps this working through
+ * PgBouncer in transaction mode.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+extern const char *const pgjobq__migrations[];
+extern const char *const pgjobq__migration_names[];
+extern const int pgjobq__migration_count;
+
+/* Advisory lock key of the migration runner: ('pgjq', 1). */
+#define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(1885825649, 1)"
+
+static int read_version(pgjobq_client *c, int *version)
+{
+    static const pgjobq__stmt exists = {
+        "read schema version",
+        "SELECT pg_catalog.to_regclass('pgjobq.schema_version') IS NOT NULL", 0, NULL, NULL, NULL, NULL, 0};
+    static const pgjobq__stmt max = {
+        "read schema version", "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version", 0, NULL, NULL,
+        NULL, NULL, 0};
+    PGresult *r;
+    int rc;
+
+    *version = 0;
+    rc = pgjobq__exec(c, &exists, &r);
+    if (rc != PGJOBQ_OK)
+        return rc;
+    int present = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!present)
+        return PGJOBQ_OK;
+    rc = pgjobq__exec(c, &max, &r);
+    if (rc != PGJOBQ_OK)
+        return rc;
+    *version = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_schema_version(pgjobq_client *c, int *version)
+{
+    if (c == NULL || version == NULL)
+        return PGJOBQ_EINVAL;
+    return read_version(c, version);
+}
+
+int pgjobq__check_schema(pgjobq_client *c)
+{
+    int version, rc;
+
+    rc = read_version(c, &version);
+    if (rc != PGJOBQ_OK)
+        return rc;
+    if (version > PGJOBQ_SCHEMA_VERSION) {
+        c->schema_state = -1;
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "the database has pgjobq schema version %d, newer than this pgjobq %s "
+                              "understands (version %d): upgrade pgjobq",
+                              version, PGJOBQ_VERSION, PGJOBQ_SCHEMA_VERSION);
+    }
+    if (version < PGJOBQ_SCHEMA_VERSION) {
+        c->schema_state = 0;
+        if (version == 0)
+            return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                                  "the pgjobq schema is not installed in this database: run `pgjobq migrate`");
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "the database has pgjobq schema version %d, older than the version %d this "
+                              "pgjobq needs: run `pgjobq migrate`",
+                              version, PGJOBQ_SCHEMA_VERSION);
+    }
+    c->schema_state = 1;
+    return PGJOBQ_OK;
+}
+
+/* Runs sql (possibly several statements) with the simple protocol; 0 or an error code. */
+static int simple(pgjobq_client *c, const char *what, const char *sql)
+{
+    PGresult *r = PQexec(c->conn, sql);
+    ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+
+    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+        PQclear(r);
+        return PGJOBQ_OK;
+    }
+    if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_ECONN, "%s: %s", what, PQerrorMessage(c->conn));
+    }
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    int code = pgjobq__code_from_sqlstate(state);
+    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+    pgjobq__seterr(c, code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code, "%s: %s (SQLSTATE %s)", what,
+                   msg ? msg : PQresultErrorMessage(r), state ? state : "?");
+    PQclear(r);
+    return code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code;
+}
+
+static int apply_one(pgjobq_client *c, int n, int *applied)
+{
+    char what[160], record[128];
+    int version, rc;
+
+    snprintf(what, sizeof what, "migration %s", pgjobq__migration_names[n - 1]);
+    rc = simple(c, what, "BEGIN");
+    if (rc == PGJOBQ_OK)
+        rc = simple(c, what, MIGRATE_LOCK_SQL);
+    if (rc == PGJOBQ_OK)
+        rc = read_version(c, &version);
+    if (rc == PGJOBQ_OK && version > pgjobq__migration_count) {
+        c->schema_state = -1;
+        rc = pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                            "the database has pgjobq schema version %d, newer than this pgjobq understands "
+                            "(version %d): upgrade pgjobq",
+                            version, pgjobq__migration_count);
+    }
+    if (rc == PGJOBQ_OK && version < n) {
+        rc = simple(c, what, pgjobq__migrations[n - 1]);
+        snprintf(record, sizeof record, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", n);
+        if (rc == PGJOBQ_OK)
+            rc = simple(c, what, record);
+        if (rc == PGJOBQ_OK) {
+            (*applied)++;
+            pgjobq__log(c, PGJOBQ_LOG_INFO, "applied %s", what);
+        }
+    }
+    if (rc == PGJOBQ_OK)
+        return simple(c, what, "COMMIT");
+    if (PQstatus(c->conn) == CONNECTION_OK) {
+        /* Keep the first error: the rollback's own outcome does not matter. */
+        PGresult *r = PQexec(c->conn, "ROLLBACK");
+        PQclear(r);
+    }
+    return rc;
+}
+
+int pgjobq_migrate(pgjobq_client *c, int *applied_out)
+{
+    int applied = 0, rc = PGJOBQ_OK;
+
+    if (applied_out)
+        *applied_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if (c->conn == NULL || PQstatus(c->conn) != CONNECTION_OK)
+        return pgjobq__seterr(c, PGJOBQ_ECONN, "migrate: not connected");
+    if (PQtransactionStatus(c->conn) != PQTRANS_IDLE)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                              "migrate: the connection is inside a transaction; migrations run their own");
+    if (pgjobq__migration_count != PGJOBQ_SCHEMA_VERSION)
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA, "migrate: this build embeds %d migrations but declares "
+                                                 "schema version %d",
+                              pgjobq__migration_count, PGJOBQ_SCHEMA_VERSION);
+    for (int n = 1; n <= pgjobq__migration_count && rc == PGJOBQ_OK; n++)
+        rc = apply_one(c, n, &applied);
+    if (applied_out)
+        *applied_out = applied;
+    if (rc != PGJOBQ_OK)
+        return rc;
+    return pgjobq__check_schema(c);
+}

@@ -1,0 +1,316 @@
+/*
+ * harness.c - helpers used inside tests, and running programs as the cluster's owner.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *env_or_die(const char *name)
+{
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0') {
+        fprintf(stderr, "harness: %s is not set (run tests through tests/runner)\n", name);
+        exit(2);
+    }
+    return v;
+}
+
+const char *t_conninfo(void)
+{
+    return env_or_die("PGJOBQ_TEST_CONNINFO");
+}
+
+const char *t_dbname(void)
+{
+    return env_or_die("PGJOBQ_TEST_DB");
+}
+
+const char *t_pgdata(void)
+{
+    return env_or_die("PGJOBQ_TEST_PGDATA");
+}
+
+const char *t_bindir(void)
+{
+    return env_or_die("PGJOBQ_TEST_BINDIR");
+}
+
+void t_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+
+    fprintf(stderr, "  FAILED at %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    _exit(1);
+}
+
+pgjobq_client *t_client(void)
+{
+    pgjobq_client *c = NULL;
+    int rc = pgjobq_client_open(&c, t_conninfo());
+    if (rc != PGJOBQ_OK)
+        t_fail(__FILE__, __LINE__, "pgjobq_client_open: %s: %s", pgjobq_errname(rc), pgjobq_errmsg(c));
+    return c;
+}
+
+PGconn *t_pg(void)
+{
+    PGconn *conn = PQconnectdb(t_conninfo());
+    if (PQstatus(conn) != CONNECTION_OK)
+        t_fail(__FILE__, __LINE__, "connect: %s", PQerrorMessage(conn));
+    return conn;
+}
+
+static PGresult *vexec(PGconn *conn, const char *fmt, va_list ap)
+{
+    char sql[8192];
+    PGresult *r;
+
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    r = PQexec(conn, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
+        t_fail(__FILE__, __LINE__, "SQL failed: %s\n  %s", sql, PQerrorMessage(conn));
+    return r;
+}
+
+PGresult *t_exec(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PGresult *r = vexec(conn, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+long long t_int(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PGresult *r = vexec(conn, fmt, ap);
+    va_end(ap);
+    if (PQntuples(r) < 1)
+        t_fail(__FILE__, __LINE__, "query returned no row");
+    long long v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+char *t_str(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PGresult *r = vexec(conn, fmt, ap);
+    va_end(ap);
+    if (PQntuples(r) < 1)
+        t_fail(__FILE__, __LINE__, "query returned no row");
+    char *s = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return s;
+}
+
+int64_t t_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int t_wait_until(int (*cond)(void *), void *arg, int timeout_ms)
+{
+    int64_t deadline = t_now_ms() + timeout_ms;
+    struct timespec pause = {0, 5 * 1000 * 1000};
+
+    for (;;) {
+        if (cond(arg))
+            return 1;
+        if (t_now_ms() >= deadline)
+            return 0;
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Appends what is readable on fd to *buf; returns 0 at EOF. */
+static int drain(int fd, char **buf, size_t *len)
+{
+    char chunk[65536];
+    ssize_t n = read(fd, chunk, sizeof chunk);
+
+    if (n < 0)
+        return errno == EINTR || errno == EAGAIN ? 1 : 0;
+    if (n == 0)
+        return 0;
+    char *p = realloc(*buf, *len + (size_t)n + 1);
+    if (p == NULL)
+        t_fail(__FILE__, __LINE__, "out of memory");
+    memcpy(p + *len, chunk, (size_t)n);
+    *len += (size_t)n;
+    p[*len] = '\0';
+    *buf = p;
+    return 1;
+}
+
+int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
+{
+    const char *argv[64];
+    int in[2], o[2], e[2], argc = 0, status;
+    char *obuf = NULL, *ebuf = NULL;
+    size_t olen = 0, elen = 0, written = 0;
+    va_list ap;
+    pid_t pid;
+
+    argv[argc++] = env_or_die("PGJOBQ_CLI");
+    va_start(ap, stdin_len);
+    for (const char *a; (a = va_arg(ap, const char *)) != NULL && argc < 63;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    if (pipe(in) != 0 || pipe(o) != 0 || pipe(e) != 0)
+        t_fail(__FILE__, __LINE__, "pipe: %s", strerror(errno));
+    pid = fork();
+    if (pid < 0)
+        t_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(o[1], 1);
+        dup2(e[1], 2);
+        close(in[0]); close(in[1]); close(o[0]); close(o[1]); close(e[0]); close(e[1]);
+        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    close(o[1]);
+    close(e[1]);
+    if (stdin_data == NULL || stdin_len == 0) {
+        close(in[1]);
+        in[1] = -1;
+    } else {
+        fcntl(in[1], F_SETFL, O_NONBLOCK);
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    int64_t deadline = t_now_ms() + 60000;
+    int open_o = 1, open_e = 1;
+    while (open_o || open_e) {
+        struct pollfd p[3] = {{o[0], POLLIN, 0}, {e[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
+        int wait = (int)(deadline - t_now_ms());
+        if (wait <= 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            t_fail(__FILE__, __LINE__, "pgjobq %s did not finish within 60 s", argc > 1 ? argv[1] : "");
+        }
+        if (!open_o)
+            p[0].fd = -1;
+        if (!open_e)
+            p[1].fd = -1;
+        if (poll(p, 3, wait) < 0 && errno != EINTR)
+            t_fail(__FILE__, __LINE__, "poll: %s", strerror(errno));
+        if (p[0].revents)
+            open_o = drain(o[0], &obuf, &olen);
+        if (p[1].revents)
+            open_e = drain(e[0], &ebuf, &elen);
+        if (in[1] >= 0 && p[2].revents) {
+            ssize_t n = write(in[1], stdin_data + written, stdin_len - written);
+            if (n > 0)
+                written += (size_t)n;
+            if (n < 0 && errno != EAGAIN && errno != EINTR)
+                written = stdin_len; /* the command stopped reading */
+            if (written == stdin_len) {
+                close(in[1]);
+                in[1] = -1;
+            }
+        }
+    }
+    if (in[1] >= 0)
+        close(in[1]);
+    close(o[0]);
+    close(e[0]);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (out)
+        *out = obuf ? obuf : strdup("");
+    else
+        free(obuf);
+    if (err)
+        *err = ebuf ? ebuf : strdup("");
+    else
+        free(ebuf);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int harness_run_as_owner(const char *const argv[], const char *log_path)
+{
+    int status;
+    pid_t pid = fork();
+
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        const char *uid = getenv("PGJOBQ_TEST_OWNER_UID");
+        const char *gid = getenv("PGJOBQ_TEST_OWNER_GID");
+        int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        fd = open("/dev/null", O_RDONLY);
+        if (fd >= 0) {
+            dup2(fd, 0);
+            close(fd);
+        }
+        if (geteuid() == 0 && uid && gid) {
+            /* initdb and postgres refuse to run as root. */
+            if (setgroups(0, NULL) != 0 || setgid((gid_t)atoi(gid)) != 0 || setuid((uid_t)atoi(uid)) != 0) {
+                perror("harness: dropping privileges");
+                _exit(126);
+            }
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "harness: exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int t_pg_ctl(const char *arg, ...)
+{
+    char pg_ctl[4096], log[4096];
+    const char *argv[32];
+    int argc = 0;
+    va_list ap;
+
+    snprintf(pg_ctl, sizeof pg_ctl, "%s/pg_ctl", t_bindir());
+    snprintf(log, sizeof log, "%s/../server.log", t_pgdata());
+    argv[argc++] = pg_ctl;
+    argv[argc++] = "-D";
+    argv[argc++] = t_pgdata();
+    argv[argc++] = "-l";
+    argv[argc++] = log;
+    va_start(ap, arg);
+    for (const char *a = arg; a != NULL && argc < 31; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    return harness_run_as_owner(argv, NULL);
+}

@@ -1,0 +1,115 @@
+/*
+ * harness.h - pgjobq's test harness.
+ *
+ * tests/runner.c starts a throwaway PostgreSQL cluster (initdb into a temporary directory, a Unix socket
+ * in that directory, no TCP), migrates a template database, and runs every TEST in its own process
+ * with a timeout and a fresh database cloned from the template.  A test passes when its function
+ * returns; a failed CHECK prints where and why and ends the test's process with status 1.
+ *
+ * Inside a test:
+ *   t_conninfo()   the conninfo of this test's own database
+ *   t_client()     a new pgjobq_client on it (close it yourself, or let the process exit)
+ *   t_pg()         a new raw libpq connection on it
+ *   t_exec()       run SQL on a PGconn, failing the test on error
+ *   t_wait_until() poll a condition with a deadline (never sleep to synchronise)
+ *   t_cli()        run the pgjobq command and capture its output and exit status
+ */
+#ifndef PGJOBQ_HARNESS_H
+#define PGJOBQ_HARNESS_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pgjobq.h"
+
+#define TEST_DB_EMPTY 1  /* the test's database starts without the pgjobq schema */
+#define TEST_EXCLUSIVE 2 /* no other test runs meanwhile (the test stops or restarts the server) */
+
+void harness_register(const char *name, void (*fn)(void), int timeout_s, int flags);
+
+#define TEST_FULL(name, timeout_s, flags)                                                                  \
+    static void test_##name(void);                                                                         \
+    __attribute__((constructor)) static void register_##name(void)                                       \
+    {                                                                                                      \
+        harness_register(#name, test_##name, timeout_s, flags);                                          \
+    }                                                                                                      \
+    static void test_##name(void)
+
+#define TEST(name) TEST_FULL(name, 60, 0)
+
+__attribute__((noreturn, format(printf, 3, 4))) void t_fail(const char *file, int line, const char *fmt, ...);
+
+#define CHECK(cond)                                                                                        \
+    do {                                                                                                   \
+        if (!(cond))                                                                                       \
+            t_fail(__FILE__, __LINE__, "CHECK(%s)", #cond);                                               \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                               \
+    do {                                                                                                   \
+        if (!(cond))                                                                                       \
+            t_fail(__FILE__, __LINE__, __VA_ARGS__);                                                      \
+    } while (0)
+
+#define CHECK_INT(a, b)                                                                                    \
+    do {                                                                                                   \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                               \
+        if (a_ != b_)                                                                                      \
+            t_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, a_, #b, b_);               \
+    } while (0)
+
+#define CHECK_STR(a, b)                                                                                    \
+    do {                                                                                                   \
+        const char *a_ = (a), *b_ = (b);                                                                  \
+        if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                                              \
+            t_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)",         \
+                   b_ ? b_ : "(null)");                                                                   \
+    } while (0)
+
+/* Checks a pgjobq result code, printing the client's message when it differs. */
+#define CHECK_RC(client, call, expected)                                                                   \
+    do {                                                                                                   \
+        int rc_ = (call);                                                                                  \
+        if (rc_ != (expected))                                                                             \
+            t_fail(__FILE__, __LINE__, "%s returned %s (%s), expected %s", #call, pgjobq_errname(rc_),    \
+                   pgjobq_errmsg(client), pgjobq_errname(expected));                                       \
+    } while (0)
+
+#define CHECK_OK(client, call) CHECK_RC(client, call, PGJOBQ_OK)
+
+const char *t_conninfo(void);
+const char *t_dbname(void);
+pgjobq_client *t_client(void);
+PGconn *t_pg(void);
+
+/* Runs SQL (no parameters) and returns the result, failing the test on an error. */
+PGresult *t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Runs SQL and returns the first column of the first row as an integer (fails if no row). */
+long long t_int(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Runs SQL and returns the first column of the first row as a malloc'd string ("" for NULL). */
+char *t_str(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Polls cond(arg) every few milliseconds until it returns nonzero (returns 1) or timeout_ms passes
+ * (returns 0). */
+int t_wait_until(int (*cond)(void *), void *arg, int timeout_ms);
+
+/* Milliseconds on a monotonic clock. */
+int64_t t_now_ms(void);
+
+/* Runs the pgjobq command (PGJOBQ_CLI) with the given arguments (NULL-terminated), feeding stdin_data
+ * (may be NULL: /dev/null) and capturing stdout and stderr into malloc'd strings (either out pointer
+ * may be NULL).  PGJOBQ_DATABASE_URL is set to this test's database.  Returns the exit status, or
+ * 128 + signal.  Fails the test if the command cannot be run or does not end within 60 s. */
+int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...);
+
+/* The cluster's facts, for tests that act on the server itself (restart, stop). */
+const char *t_pgdata(void);
+const char *t_bindir(void);
+/* Runs pg_ctl with the given arguments (NULL-terminated) as the cluster's owner; returns its status. */
+int t_pg_ctl(const char *arg, ...);
+
+/* Shared with runner.c: run a program as the cluster owner (root drops to that user). */
+int harness_run_as_owner(const char *const argv[], const char *log_path);
+
+#endif /* PGJOBQ_HARNESS_H */

@@ -1,0 +1,32 @@
+# embed-sql.awk - turns the numbered migrations sql/NNN_*.sql into C string literals, so that the
+# library needs no .sql file at run time.  Usage: awk -f tools/embed-sql.awk sql/*.sql > migrations.c
+BEGIN {
+    print "/* Generated from sql/*.sql by tools/embed-sql.awk: do not edit. */"
+    print "#include <stddef.h>"
+    n = 0
+}
+FNR == 1 {
+    if (n > 0) print ";"
+    n++
+    name = FILENAME
+    sub(/.*\//, "", name)
+    names[n] = name
+    printf "static const char m%d[] =\n", n
+}
+{
+    line = $0
+    gsub(/\\/, "\\\\", line)
+    gsub(/"/, "\\\"", line)
+    gsub(/\t/, "\\t", line)
+    printf "    \"%s\\n\"\n", line
+}
+END {
+    if (n > 0) print ";"
+    print "const char *const pgjobq__migrations[] = {"
+    for (i = 1; i <= n; i++) printf "    m%d,\n", i
+    print "    NULL};"
+    print "const char *const pgjobq__migration_names[] = {"
+    for (i = 1; i <= n; i++) printf "    \"%s\",\n", names[i]
+    print "    NULL};"
+    printf "const int pgjobq__migration_count = %d;\n", n
+}

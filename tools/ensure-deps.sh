@@ -1,0 +1,55 @@
+#!/bin/sh
+# ensure-deps.sh [--server] - makes sure what the build (and, with --server, the tests) need is here:
+# libpq's headers and library, and with --server the PostgreSQL server binaries (initdb, pg_ctl,
+# postgres).  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
+# and prints the exact command to run.
+set -u
+
+need_server=0
+[ "${1:-}" = "--server" ] && need_server=1
+
+have_libpq() {
+    if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libpq 2>/dev/null; then
+        inc=$(pkg-config --variable=includedir libpq 2>/dev/null)
+    elif command -v pg_config >/dev/null 2>&1; then
+        inc=$(pg_config --includedir 2>/dev/null)
+    else
+        return 1
+    fi
+    [ -f "$inc/libpq-fe.h" ] || [ -f /usr/include/postgresql/libpq-fe.h ]
+}
+
+have_server() {
+    [ -n "${PGJOBQ_PG_BINDIR:-}" ] && [ -x "$PGJOBQ_PG_BINDIR/initdb" ] && return 0
+    if command -v pg_config >/dev/null 2>&1; then
+        b=$(pg_config --bindir 2>/dev/null)
+        [ -x "$b/initdb" ] && [ -x "$b/postgres" ] && return 0
+    fi
+    for b in /usr/lib/postgresql/*/bin; do
+        [ -x "$b/initdb" ] && [ -x "$b/postgres" ] && return 0
+    done
+    command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1
+}
+
+missing=""
+have_libpq || missing="$missing libpq-dev"
+command -v pkg-config >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 || missing="$missing pkg-config"
+if [ $need_server = 1 ] && ! have_server; then
+    missing="$missing postgresql postgresql-contrib"
+fi
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "pgjobq: installing missing packages:$missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >&2 && apt-get install -y -q --no-install-recommends $missing >&2 && exit 0
+    echo "pgjobq: apt-get could not install:$missing" >&2
+    exit 1
+fi
+echo "pgjobq: missing packages:$missing" >&2
+if command -v apt-get >/dev/null 2>&1; then
+    echo "pgjobq: install them with: sudo apt-get install -y$missing" >&2
+else
+    echo "pgjobq: install libpq (headers included) and the PostgreSQL server binaries, or set PGJOBQ_PG_BINDIR" >&2
+fi
+exit 1
