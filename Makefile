@@ -84,14 +84,14 @@ $(B)/cli/%.o: cli/%.c $(wildcard cli/*.h) include/pgjobq.h | $(DEPS_OK)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 $(CLI): $(CLI_OBJ) $(LIBA)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
 
 $(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -Isrc -c $< -o $@
 
 $(TESTS): $(TEST_OBJ) $(LIBA)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(LIBA) $(PG_LIBS) -lpthread
+	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
 
 $(PC): pgjobq.pc.in Makefile
 	@mkdir -p $(@D)

@@ -1,1 +1,229 @@
-int main(void){return 0;}
+/*
+ * main.c - the pgjobq command: global options, the command table, option parsing and the shared
+ * connection and exit-status rules.
+ */
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char *cli_db_url;
+
+static const cli_cmd commands[] = {
+    {"migrate", "", "Create or upgrade the pgjobq schema (safe to run again, and from many hosts at once).",
+     migrate_opts, cmd_migrate},
+    {"enqueue", "[PAYLOAD]",
+     "Add a job whose payload is the JSON document PAYLOAD ({} when omitted) and print its id;\n"
+     "with --file, add one job per line of a JSON-lines file, all or none.",
+     enqueue_opts, cmd_enqueue},
+    {"list", "", "List jobs, newest first.", list_opts, cmd_list},
+    {"show", "ID", "Show every field of one job.", show_opts, cmd_show},
+    {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
+    {"cancel", "ID",
+     "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
+     cmd_cancel},
+    {"retry", "ID", "Run a finished or scheduled job again now.", retry_opts, cmd_retry},
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+void cli_err(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("pgjobq: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static void main_usage(FILE *to)
+{
+    fprintf(to, "usage: pgjobq [--db URL] COMMAND [OPTIONS] [ARGS]\n"
+                "       pgjobq COMMAND --help | --help | --version\n\n"
+                "A job queue that lives in PostgreSQL.\n\nCommands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const char *nl = strchr(commands[i].summary, '\n');
+        int len = nl ? (int)(nl - commands[i].summary) : (int)strlen(commands[i].summary);
+        fprintf(to, "  %-10s %.*s\n", commands[i].name, len, commands[i].summary);
+    }
+    fprintf(to, "\nThe database is --db URL, else $PGJOBQ_DATABASE_URL, else $DATABASE_URL.\n"
+                "Run `pgjobq COMMAND --help` for a command's options; `man pgjobq` for everything.\n");
+}
+
+void cli_usage(const cli_cmd *cmd, FILE *to)
+{
+    fprintf(to, "usage: pgjobq %s [OPTIONS]%s%s\n\n%s\n\nOptions:\n", cmd->name, cmd->args[0] ? " " : "",
+            cmd->args, cmd->summary);
+    for (const cli_opt *o = cmd->opts; o->name; o++) {
+        char left[64];
+        if (o->key < 256 && o->key != OPT_HELP)
+            snprintf(left, sizeof left, "-%c, --%s%s%s", o->key, o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        else
+            snprintf(left, sizeof left, "    --%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(to, "  %-26s %s\n", left, o->help);
+    }
+}
+
+int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "pgjobq %s: ", cmd->name);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry 'pgjobq %s --help'.\n", cmd->name);
+    return EX_USAGE;
+}
+
+int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, const char *arg, void *ctx),
+              void *ctx)
+{
+    struct option longopts[64];
+    char shortopts[128];
+    size_t n = 0, s = 0;
+    int key;
+
+    shortopts[s++] = '+'; /* stop at the first operand... */
+    shortopts[s++] = ':'; /* ...and report a missing argument as ':' */
+    for (const cli_opt *o = cmd->opts; o->name && n < 63; o++, n++) {
+        longopts[n].name = o->name;
+        longopts[n].has_arg = o->arg ? required_argument : no_argument;
+        longopts[n].flag = NULL;
+        longopts[n].val = o->key;
+        if (o->key < 256 && s < sizeof shortopts - 3) {
+            shortopts[s++] = (char)o->key;
+            if (o->arg)
+                shortopts[s++] = ':';
+        }
+    }
+    memset(&longopts[n], 0, sizeof longopts[n]);
+    shortopts[s] = '\0';
+
+    opterr = 0;
+    optind = 1;
+    while ((key = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (key == '?') {
+            if (optopt && optopt < 256)
+                cli_usage_error(cmd, "unknown option '-%c'", optopt);
+            else
+                cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+            return -1;
+        }
+        if (key == ':') {
+            cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+            return -1;
+        }
+        if (key == OPT_HELP) {
+            cli_usage(cmd, stdout);
+            return -2;
+        }
+        if (key == OPT_DB) {
+            cli_db_url = optarg;
+            continue;
+        }
+        if (on_opt && on_opt(key, optarg, ctx) != 0)
+            return -1;
+    }
+    return optind;
+}
+
+int cli_exit_status(int code)
+{
+    switch (code) {
+    case PGJOBQ_OK: return EX_OK;
+    case PGJOBQ_EINVAL:
+    case PGJOBQ_ENOTFOUND:
+    case PGJOBQ_ESTATE:
+    case PGJOBQ_EDUPLICATE: return EX_DATAERR;
+    case PGJOBQ_ECONN: return EX_UNAVAILABLE;
+    case PGJOBQ_ESCHEMA: return EX_CONFIG;
+    case PGJOBQ_EPERM: return EX_NOPERM;
+    case PGJOBQ_ECONFLICT:
+    case PGJOBQ_ETIMEOUT: return EX_TEMPFAIL;
+    default: return EX_SOFTWARE;
+    }
+}
+
+int cli_fail(pgjobq_client *c, int code)
+{
+    const char *msg = pgjobq_errmsg(c);
+    cli_err("%s", msg && msg[0] ? msg : pgjobq_strerror(code));
+    return cli_exit_status(code);
+}
+
+/* Which database: --db, then $PGJOBQ_DATABASE_URL, then $DATABASE_URL. */
+static const char *database_url(void)
+{
+    const char *v;
+    if (cli_db_url)
+        return cli_db_url;
+    if ((v = getenv("PGJOBQ_DATABASE_URL")) != NULL && v[0])
+        return v;
+    if ((v = getenv("DATABASE_URL")) != NULL && v[0])
+        return v;
+    return NULL;
+}
+
+pgjobq_client *cli_connect(int allow_unmigrated, int *status)
+{
+    const char *url = database_url();
+    pgjobq_client *c = NULL;
+    int rc;
+
+    if (url == NULL) {
+        cli_err("no database configured: pass --db URL or set PGJOBQ_DATABASE_URL "
+                "(for example postgresql://user@localhost/mydb)");
+        *status = EX_CONFIG;
+        return NULL;
+    }
+    rc = pgjobq_client_open(&c, url);
+    if (rc == PGJOBQ_OK || (allow_unmigrated && rc == PGJOBQ_ESCHEMA && c != NULL)) {
+        *status = EX_OK;
+        return c;
+    }
+    *status = cli_fail(c, rc);
+    pgjobq_client_close(c);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+
+    /* Global options before the command. */
+    while (i < argc && argv[i][0] == '-') {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            main_usage(stdout);
+            return EX_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            printf("pgjobq %s (library %s, schema version %d)\n", PGJOBQ_VERSION, pgjobq_version(),
+                   PGJOBQ_SCHEMA_VERSION);
+            return EX_OK;
+        }
+        if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
+            cli_db_url = argv[i + 1];
+            i += 2;
+            continue;
+        }
+        if (strncmp(argv[i], "--db=", 5) == 0) {
+            cli_db_url = argv[i] + 5;
+            i++;
+            continue;
+        }
+        fprintf(stderr, "pgjobq: unknown option '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+        return EX_USAGE;
+    }
+    if (i >= argc) {
+        main_usage(stderr);
+        return EX_USAGE;
+    }
+    for (size_t k = 0; k < NCOMMANDS; k++)
+        if (strcmp(argv[i], commands[k].name) == 0)
+            return commands[k].run(&commands[k], argc - i, argv + i);
+    fprintf(stderr, "pgjobq: unknown command '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+    return EX_USAGE;
+}

@@ -211,6 +211,18 @@ PGJOBQ_EXPORT const char *pgjobq_errmsg(const pgjobq_client *c);
 PGJOBQ_EXPORT const char *pgjobq_sqlstate(const pgjobq_client *c);
 
 /*
+ * Transactions on a connection the client opened: pgjobq_begin() starts one, and the library calls that
+ * follow join it until pgjobq_commit() or pgjobq_rollback().  Statements inside it are not retried on
+ * serialization failures (the transaction as a whole must be).  For a wrapped connection, use your own
+ * BEGIN/COMMIT instead.  Returns PGJOBQ_OK, PGJOBQ_ESTATE (begin inside a transaction, or commit or
+ * rollback outside one, or a wrapped connection), or a connection/database error.  A commit of a
+ * transaction that failed earlier rolls it back and returns PGJOBQ_EDB.
+ */
+PGJOBQ_EXPORT int pgjobq_begin(pgjobq_client *c) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_commit(pgjobq_client *c) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_rollback(pgjobq_client *c) PGJOBQ_WUR;
+
+/*
  * Creates or upgrades the pgjobq schema to PGJOBQ_SCHEMA_VERSION.  Each migration runs in its own
  * transaction under a transaction-scoped advisory lock, so running it twice, or from many hosts at
  * once, is safe (the later runs find nothing to do).  Needs an owned connection (not inside a

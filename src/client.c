@@ -219,3 +219,50 @@ int pgjobq__require_schema(pgjobq_client *c)
     return pgjobq__seterr(c, PGJOBQ_ESCHEMA, "the pgjobq schema is not installed or is out of date: "
                                              "run `pgjobq migrate` (or pgjobq_migrate())");
 }
+
+/* Runs BEGIN, COMMIT or ROLLBACK; `want_idle` is whether the connection must be outside a transaction. */
+static int tx_command(pgjobq_client *c, const char *sql, int want_idle)
+{
+    PGresult *r;
+    int idle;
+
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if (!c->owned)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE, "%s: the connection is the caller's; use its own transactions", sql);
+    if (c->conn == NULL || PQstatus(c->conn) != CONNECTION_OK)
+        return pgjobq__seterr(c, PGJOBQ_ECONN, "%s: not connected", sql);
+    idle = PQtransactionStatus(c->conn) == PQTRANS_IDLE;
+    if (idle != want_idle)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE, "%s: %s", sql,
+                              idle ? "no transaction is open" : "a transaction is already open");
+    r = PQexec(c->conn, sql);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        int lost = PQstatus(c->conn) != CONNECTION_OK;
+        set_conn_error(c, sql);
+        PQclear(r);
+        return lost ? PGJOBQ_ECONN : PGJOBQ_EDB;
+    }
+    /* COMMIT of a failed transaction succeeds as a command but reports ROLLBACK. */
+    int rolled_back = strcmp(sql, "COMMIT") == 0 && strcmp(PQcmdStatus(r), "ROLLBACK") == 0;
+    PQclear(r);
+    if (rolled_back)
+        return pgjobq__seterr(c, PGJOBQ_EDB, "COMMIT: the transaction had failed and was rolled back");
+    return PGJOBQ_OK;
+}
+
+int pgjobq_begin(pgjobq_client *c)
+{
+    return tx_command(c, "BEGIN", 1);
+}
+
+int pgjobq_commit(pgjobq_client *c)
+{
+    return tx_command(c, "COMMIT", 0);
+}
+
+int pgjobq_rollback(pgjobq_client *c)
+{
+    return tx_command(c, "ROLLBACK", 0);
+}

@@ -165,7 +165,8 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
 
     memset(arrays, 0, sizeof arrays);
     for (int f = 0; f < A_COUNT; f++) {
-        int used = 0;
+        /* The payload array is always sent: it carries the batch's size when every field is default. */
+        int used = f == A_PAYLOAD;
         for (size_t i = 0; i < n && !used; i++)
             used = field_used(&jobs[i], f);
         values[f] = NULL;

@@ -21,9 +21,14 @@ extern const int pgjobq__migration_count;
 
 static int read_version(pgjobq_client *c, int *version)
 {
+    /* A plain query of the catalogs, not to_regclass(): the latter answers from the backend's cache,
+     * which a migrator that waited on the advisory lock has not refreshed, so it would miss the table
+     * another host has just created. */
     static const pgjobq__stmt exists = {
         "read schema version",
-        "SELECT pg_catalog.to_regclass('pgjobq.schema_version') IS NOT NULL", 0, NULL, NULL, NULL, NULL, 0};
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = 'pgjobq' AND c.relname = 'schema_version')",
+        0, NULL, NULL, NULL, NULL, 0};
     static const pgjobq__stmt max = {
         "read schema version", "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version", 0, NULL, NULL,
         NULL, NULL, 0};

@@ -1,0 +1,82 @@
+/*
+ * cli.h - what the files of the pgjobq command share.  The command uses only include/pgjobq.h from the
+ * library (and libpq for the transaction around `enqueue --file`).
+ */
+#ifndef PGJOBQ_CLI_H
+#define PGJOBQ_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sysexits.h>
+
+#include "pgjobq.h"
+
+/* One option of one command: the single definition behind parsing, --help and the man page test. */
+typedef struct cli_opt {
+    const char *name; /* long name without the dashes */
+    int key;          /* short letter, or a value >= 256 for long-only options */
+    const char *arg;  /* metavariable ("N", "URL"), or NULL for a flag */
+    const char *help;
+} cli_opt;
+
+typedef struct cli_cmd {
+    const char *name;
+    const char *args;    /* what follows the options in the usage line */
+    const char *summary;
+    const cli_opt *opts; /* terminated by {NULL} */
+    int (*run)(const struct cli_cmd *cmd, int argc, char **argv);
+} cli_cmd;
+
+/* Options every command accepts. */
+#define OPT_DB 1000
+#define OPT_HELP 'h'
+#define CLI_COMMON_OPTS                                                                                    \
+    {"db", OPT_DB, "URL", "database to use (else $PGJOBQ_DATABASE_URL, else $DATABASE_URL)"},             \
+        {"help", OPT_HELP, NULL, "show this help and exit"}
+
+extern const char *cli_db_url; /* --db, when given */
+
+/* Parses argv for cmd; calls on_opt(key, optarg) for each option that is not a common one.  Returns
+ * the index of the first operand, or -1 after printing a usage error (the caller exits EX_USAGE), or
+ * -2 when --help was printed (exit 0). */
+int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, const char *arg, void *ctx),
+              void *ctx);
+void cli_usage(const cli_cmd *cmd, FILE *to);
+int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prints "pgjobq: message" on stderr. */
+void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Opens a client on the configured database; on failure prints why and returns NULL with *status set
+ * to the exit status.  allow_unmigrated lets `migrate` through on an empty database. */
+pgjobq_client *cli_connect(int allow_unmigrated, int *status);
+
+/* The sysexits.h status for a library result code. */
+int cli_exit_status(int code);
+
+/* Prints the client's last error and returns the matching exit status. */
+int cli_fail(pgjobq_client *c, int code);
+
+/* Parsers for option values; each returns 0, or -1 with a reason in why. */
+int cli_parse_duration_ms(const char *s, int64_t *ms, char *why, size_t why_size);
+int cli_parse_int(const char *s, long long min, long long max, long long *out, char *why, size_t why_size);
+
+/* Output helpers. */
+void json_str(FILE *f, const char *s);            /* a JSON string literal, or null for NULL */
+void json_time(FILE *f, int64_t us);              /* ISO 8601 UTC string, or null */
+void format_time(char *buf, size_t size, int64_t us); /* "2026-11-30 09:30:00.123Z", or "-" */
+
+/* Commands. */
+int cmd_migrate(const cli_cmd *cmd, int argc, char **argv);
+int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv);
+int cmd_list(const cli_cmd *cmd, int argc, char **argv);
+int cmd_show(const cli_cmd *cmd, int argc, char **argv);
+int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
+int cmd_cancel(const cli_cmd *cmd, int argc, char **argv);
+int cmd_retry(const cli_cmd *cmd, int argc, char **argv);
+
+extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], stats_opts[], cancel_opts[],
+    retry_opts[];
+
+#endif /* PGJOBQ_CLI_H */

@@ -1,0 +1,268 @@
+/*
+ * cmd_enqueue.c - pgjobq enqueue: one job from the command line, or a JSON-lines file of them.
+ *
+ * A file is read and checked line by line and sent in batches inside one transaction, so memory stays
+ * bounded and a bad line anywhere in the file inserts nothing at all.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define OPT_QUEUE 'q'
+#define OPT_KIND 'k'
+#define OPT_PRIORITY 'p'
+#define OPT_DELAY 'd'
+#define OPT_RUN_AT 1001
+#define OPT_MAX_ATTEMPTS 1002
+#define OPT_UNIQUE_KEY 'u'
+#define OPT_FILE 'f'
+#define OPT_QUIET 1003
+#define OPT_BATCH 1004
+
+const cli_opt enqueue_opts[] = {
+    {"queue", OPT_QUEUE, "QUEUE", "queue name (default: default)"},
+    {"kind", OPT_KIND, "KIND", "job kind, for handlers to dispatch on (default: default)"},
+    {"priority", OPT_PRIORITY, "P", "-100..100, lower runs first (default 0)"},
+    {"delay", OPT_DELAY, "DURATION", "run no sooner than DURATION from now (30s, 5m, 2h, 1d, 500ms)"},
+    {"run-at", OPT_RUN_AT, "TIME", "run no sooner than TIME (a PostgreSQL timestamp, e.g. 2027-01-01T09:00Z)"},
+    {"max-attempts", OPT_MAX_ATTEMPTS, "N", "attempts before the job fails for good, 1..1000 (default 25)"},
+    {"unique-key", OPT_UNIQUE_KEY, "KEY", "skip the job if a queued or running job holds KEY"},
+    {"file", OPT_FILE, "FILE", "one JSON payload per line of FILE ('-' for stdin); all or none"},
+    {"batch", OPT_BATCH, "N", "with --file, jobs per round trip, 1..10000 (default 1000)"},
+    {"quiet", OPT_QUIET, NULL, "print nothing on success"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+
+typedef struct enqueue_args {
+    const cli_cmd *cmd;
+    pgjobq_enqueue_opts opts;
+    const char *file;
+    int quiet;
+    int batch;
+} enqueue_args;
+
+static int enqueue_opt(int key, const char *arg, void *ctx)
+{
+    enqueue_args *a = ctx;
+    char why[160];
+    long long v;
+    int64_t ms;
+
+    switch (key) {
+    case OPT_QUEUE: a->opts.queue = arg; return 0;
+    case OPT_KIND: a->opts.kind = arg; return 0;
+    case OPT_RUN_AT: a->opts.run_at = arg; return 0;
+    case OPT_UNIQUE_KEY: a->opts.unique_key = arg; return 0;
+    case OPT_FILE: a->file = arg; return 0;
+    case OPT_QUIET: a->quiet = 1; return 0;
+    case OPT_PRIORITY:
+        if (cli_parse_int(arg, PGJOBQ_PRIORITY_MIN, PGJOBQ_PRIORITY_MAX, &v, why, sizeof why) != 0)
+            break;
+        a->opts.priority = (int)v;
+        return 0;
+    case OPT_MAX_ATTEMPTS:
+        if (cli_parse_int(arg, 1, PGJOBQ_MAX_ATTEMPTS_MAX, &v, why, sizeof why) != 0)
+            break;
+        a->opts.max_attempts = (int)v;
+        return 0;
+    case OPT_BATCH:
+        if (cli_parse_int(arg, 1, PGJOBQ_BATCH_MAX, &v, why, sizeof why) != 0)
+            break;
+        a->batch = (int)v;
+        return 0;
+    case OPT_DELAY:
+        if (cli_parse_duration_ms(arg, &ms, why, sizeof why) != 0)
+            break;
+        a->opts.delay_ms = ms;
+        return 0;
+    default: return -1;
+    }
+    for (const cli_opt *o = enqueue_opts; o->name; o++)
+        if (o->key == key)
+            cli_usage_error(a->cmd, "--%s: %s", o->name, why);
+    return -1;
+}
+
+/* The lines of the current batch, owned here until the batch is sent. */
+typedef struct batch {
+    pgjobq_job_spec *specs;
+    char **lines;
+    long *line_no;
+    size_t n;
+} batch;
+
+static void batch_clear(batch *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        free(b->lines[i]);
+    b->n = 0;
+}
+
+static int send_batch(pgjobq_client *c, batch *b, int quiet, long *done, long *dups)
+{
+    int64_t *ids = malloc(b->n * sizeof *ids);
+    unsigned char *dup = malloc(b->n);
+    int rc;
+
+    if (ids == NULL || dup == NULL) {
+        free(ids);
+        free(dup);
+        return PGJOBQ_ENOMEM;
+    }
+    rc = pgjobq_enqueue_batch(c, b->specs, b->n, ids, dup);
+    if (rc == PGJOBQ_OK) {
+        for (size_t i = 0; i < b->n; i++) {
+            if (!quiet)
+                printf("%lld\n", (long long)ids[i]);
+            *dups += dup[i];
+        }
+        *done += (long)b->n;
+    }
+    free(ids);
+    free(dup);
+    return rc;
+}
+
+static int enqueue_file(enqueue_args *a, pgjobq_client *c)
+{
+    FILE *f = strcmp(a->file, "-") == 0 ? stdin : fopen(a->file, "r");
+    batch b = {NULL, NULL, NULL, 0};
+    char *line = NULL;
+    size_t cap = 0;
+    long line_no = 0, done = 0, dups = 0;
+    int rc = PGJOBQ_OK, status = EX_OK, in_tx = 0;
+    ssize_t len;
+
+    if (f == NULL) {
+        cli_err("cannot read %s: %s", a->file, strerror(errno));
+        return EX_NOINPUT;
+    }
+    b.specs = calloc((size_t)a->batch, sizeof *b.specs);
+    b.lines = calloc((size_t)a->batch, sizeof *b.lines);
+    b.line_no = calloc((size_t)a->batch, sizeof *b.line_no);
+    if (b.specs == NULL || b.lines == NULL || b.line_no == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        char why[160];
+        line_no++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (strspn(line, " \t") == (size_t)len && strlen(line) == (size_t)len)
+            continue; /* blank line */
+        if (strlen(line) != (size_t)len) {
+            cli_err("%s, line %ld: the line contains a NUL byte; nothing was enqueued", a->file, line_no);
+            status = EX_DATAERR;
+            goto out;
+        }
+        if (pgjobq_json_check(line, (size_t)len, why, sizeof why) != PGJOBQ_OK) {
+            cli_err("%s, line %ld: not valid JSON: %s; nothing was enqueued", a->file, line_no, why);
+            status = EX_DATAERR;
+            goto out;
+        }
+        if ((b.lines[b.n] = strdup(line)) == NULL) {
+            cli_err("out of memory");
+            status = EX_OSERR;
+            goto out;
+        }
+        b.specs[b.n].payload = b.lines[b.n];
+        b.specs[b.n].opts = a->opts;
+        b.line_no[b.n] = line_no;
+        b.n++;
+        if (b.n == (size_t)a->batch) {
+            if (!in_tx && (rc = pgjobq_begin(c)) != PGJOBQ_OK)
+                break;
+            in_tx = 1;
+            if ((rc = send_batch(c, &b, a->quiet, &done, &dups)) != PGJOBQ_OK)
+                break;
+            batch_clear(&b);
+        }
+    }
+    if (rc == PGJOBQ_OK && ferror(f)) {
+        cli_err("reading %s: %s; nothing was enqueued", a->file, strerror(errno));
+        status = EX_IOERR;
+        goto out;
+    }
+    if (rc == PGJOBQ_OK && b.n > 0) {
+        /* A file that fits in one batch needs no explicit transaction: the statement is atomic. */
+        rc = send_batch(c, &b, a->quiet, &done, &dups);
+    }
+    if (rc == PGJOBQ_OK && in_tx) {
+        rc = pgjobq_commit(c);
+        in_tx = 0;
+    }
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        cli_err("nothing from %s was enqueued", a->file);
+        goto out;
+    }
+    if (!a->quiet)
+        fprintf(stderr, "enqueued %ld job%s from %s%s", done - dups, done - dups == 1 ? "" : "s", a->file,
+                dups ? "" : "\n");
+    if (!a->quiet && dups)
+        fprintf(stderr, " (%ld skipped: their unique key was held by another job)\n", dups);
+out:
+    if (in_tx && pgjobq_rollback(c) != PGJOBQ_OK)
+        cli_err("rollback failed: %s", pgjobq_errmsg(c));
+    batch_clear(&b);
+    free(b.specs);
+    free(b.lines);
+    free(b.line_no);
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    return status;
+}
+
+int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv)
+{
+    enqueue_args a = {cmd, PGJOBQ_ENQUEUE_OPTS_INIT, NULL, 0, 1000};
+    const char *payload = NULL;
+    pgjobq_client *c;
+    int first, status, rc;
+    int64_t id = 0;
+
+    first = cli_parse(cmd, argc, argv, enqueue_opt, &a);
+    if (first == -2)
+        return EX_OK;
+    if (first < 0)
+        return EX_USAGE;
+    if (argc - first > 1)
+        return cli_usage_error(cmd, "unexpected argument '%s' (quote the payload as one argument)", argv[first + 1]);
+    if (argc - first == 1)
+        payload = argv[first];
+    if (payload && a.file)
+        return cli_usage_error(cmd, "give a PAYLOAD or --file, not both");
+    if (a.opts.run_at && a.opts.delay_ms)
+        return cli_usage_error(cmd, "give --delay or --run-at, not both");
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if (a.file) {
+        status = enqueue_file(&a, c);
+        pgjobq_client_close(c);
+        return status;
+    }
+    rc = pgjobq_enqueue(c, payload, &a.opts, &id);
+    if (rc == PGJOBQ_EDUPLICATE) {
+        if (!a.quiet) {
+            printf("%lld\n", (long long)id);
+            fprintf(stderr, "pgjobq: not enqueued: job %lld already holds unique key \"%s\"\n", (long long)id,
+                    a.opts.unique_key);
+        }
+        pgjobq_client_close(c);
+        return EX_OK;
+    }
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    if (!a.quiet)
+        printf("%lld\n", (long long)id);
+    pgjobq_client_close(c);
+    return EX_OK;
+}

@@ -1,0 +1,385 @@
+/*
+ * cmd_jobs.c - pgjobq migrate, list, show, stats, cancel and retry.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define OPT_JSON 'j'
+#define OPT_STATE 's'
+#define OPT_QUEUE 'q'
+#define OPT_LIMIT 'n'
+
+const cli_opt migrate_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt list_opts[] = {
+    {"state", OPT_STATE, "STATE", "only jobs in STATE: queued, running, completed, failed or cancelled"},
+    {"queue", OPT_QUEUE, "QUEUE", "only jobs of QUEUE"},
+    {"limit", OPT_LIMIT, "N", "at most N jobs (1..100000, default 100)"},
+    {"json", OPT_JSON, NULL, "print a JSON array of job objects"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+const cli_opt show_opts[] = {{"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS,
+                             {NULL, 0, NULL, NULL}};
+const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS,
+                              {NULL, 0, NULL, NULL}};
+const cli_opt cancel_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt retry_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+
+typedef struct list_args {
+    const cli_cmd *cmd;
+    pgjobq_list_opts opts;
+    int json;
+} list_args;
+
+/* Parses options and exactly `want` operands; returns the operand index, or -1 with *status set. */
+static int parse_simple(const cli_cmd *cmd, int argc, char **argv, int want,
+                        int (*on_opt)(int, const char *, void *), void *ctx, int *status)
+{
+    int first = cli_parse(cmd, argc, argv, on_opt, ctx);
+
+    if (first == -2) {
+        *status = EX_OK;
+        return -1;
+    }
+    if (first < 0) {
+        *status = EX_USAGE;
+        return -1;
+    }
+    if (argc - first != want) {
+        *status = want == 0 ? cli_usage_error(cmd, "unexpected argument '%s'", argv[first])
+                            : cli_usage_error(cmd, "expected %s", cmd->args);
+        return -1;
+    }
+    return first;
+}
+
+static int parse_id(const cli_cmd *cmd, const char *s, int64_t *id)
+{
+    long long v;
+    char why[128];
+    if (cli_parse_int(s, 1, INT64_MAX, &v, why, sizeof why) != 0)
+        return cli_usage_error(cmd, "job id: %s", why);
+    *id = v;
+    return EX_OK;
+}
+
+int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
+{
+    int status, applied = 0, version = 0, rc;
+    pgjobq_client *c;
+
+    if (parse_simple(cmd, argc, argv, 0, NULL, NULL, &status) < 0)
+        return status;
+    if ((c = cli_connect(1, &status)) == NULL)
+        return status;
+    rc = pgjobq_migrate(c, &applied);
+    if (rc == PGJOBQ_OK)
+        rc = pgjobq_schema_version(c, &version);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    if (applied)
+        printf("pgjobq schema migrated to version %d (%d migration%s applied)\n", version, applied,
+               applied == 1 ? "" : "s");
+    else
+        printf("pgjobq schema is up to date (version %d)\n", version);
+    pgjobq_client_close(c);
+    return EX_OK;
+}
+
+static int list_opt(int key, const char *arg, void *ctx)
+{
+    list_args *a = ctx;
+    char why[128];
+    long long v;
+    pgjobq_state st;
+
+    switch (key) {
+    case OPT_STATE:
+        if (pgjobq_state_parse(arg, &st) != PGJOBQ_OK) {
+            cli_usage_error(a->cmd, "unknown state '%s' (queued, running, completed, failed, cancelled)", arg);
+            return -1;
+        }
+        a->opts.state = (int)st;
+        return 0;
+    case OPT_QUEUE:
+        if (pgjobq_name_check(arg) != PGJOBQ_OK) {
+            cli_usage_error(a->cmd, "invalid queue name '%s'", arg);
+            return -1;
+        }
+        a->opts.queue = arg;
+        return 0;
+    case OPT_LIMIT:
+        if (cli_parse_int(arg, 1, 100000, &v, why, sizeof why) != 0) {
+            cli_usage_error(a->cmd, "--limit: %s", why);
+            return -1;
+        }
+        a->opts.limit = (int)v;
+        return 0;
+    case OPT_JSON: a->json = 1; return 0;
+    }
+    return -1;
+}
+
+static void print_job_json(FILE *f, const pgjobq_job *j)
+{
+    fprintf(f, "{\"id\":%lld,\"queue\":", (long long)j->id);
+    json_str(f, j->queue);
+    fputs(",\"kind\":", f);
+    json_str(f, j->kind);
+    fprintf(f, ",\"state\":\"%s\",\"priority\":%d,\"attempt\":%d,\"max_attempts\":%d,\"lease_token\":%lld",
+            pgjobq_state_name(j->state), j->priority, j->attempt, j->max_attempts, (long long)j->lease_token);
+    fputs(",\"run_at\":", f);
+    json_time(f, j->run_at);
+    fputs(",\"created_at\":", f);
+    json_time(f, j->created_at);
+    fputs(",\"started_at\":", f);
+    json_time(f, j->started_at);
+    fputs(",\"finished_at\":", f);
+    json_time(f, j->finished_at);
+    fputs(",\"lease_until\":", f);
+    json_time(f, j->lease_until);
+    fputs(",\"worker_id\":", f);
+    json_str(f, j->worker_id);
+    fputs(",\"unique_key\":", f);
+    json_str(f, j->unique_key);
+    fprintf(f, ",\"cancel_requested\":%s", j->cancel_requested ? "true" : "false");
+    /* payload and result are JSON already (checked by the database): embed them as they are. */
+    fprintf(f, ",\"payload\":%s,\"result\":%s,\"last_error\":", j->payload ? j->payload : "null",
+            j->result ? j->result : "null");
+    json_str(f, j->last_error);
+    fputc('}', f);
+}
+
+/* One line of a table cell: the text up to the first newline, cut to width characters. */
+static void cell(char *buf, size_t size, const char *s, size_t width)
+{
+    size_t n = 0, out = 0;
+    if (s == NULL)
+        s = "";
+    while (s[n] && s[n] != '\n' && out < width && n + 4 < size) {
+        buf[n] = s[n];
+        if (((unsigned char)s[n] & 0xC0) != 0x80)
+            out++;
+        n++;
+    }
+    while (s[n] && ((unsigned char)s[n] & 0xC0) == 0x80 && n + 1 < size) {
+        buf[n] = s[n]; /* finish a multi-byte character */
+        n++;
+    }
+    buf[n] = '\0';
+}
+
+int cmd_list(const cli_cmd *cmd, int argc, char **argv)
+{
+    list_args a = {cmd, PGJOBQ_LIST_OPTS_INIT, 0};
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int status, rc;
+    pgjobq_client *c;
+
+    if (parse_simple(cmd, argc, argv, 0, list_opt, &a, &status) < 0)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_list(c, &a.opts, &jobs, &n);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    if (a.json) {
+        fputc('[', stdout);
+        for (size_t i = 0; i < n; i++) {
+            if (i)
+                fputc(',', stdout);
+            print_job_json(stdout, &jobs[i]);
+        }
+        fputs("]\n", stdout);
+    } else if (n > 0) {
+        printf("%-10s %-10s %-16s %-16s %4s %8s  %-24s %s\n", "ID", "STATE", "QUEUE", "KIND", "PRIO", "ATTEMPT",
+               "RUN_AT", "LAST_ERROR");
+        for (size_t i = 0; i < n; i++) {
+            char run_at[48], err[200], attempts[24];
+            const pgjobq_job *j = &jobs[i];
+            format_time(run_at, sizeof run_at, j->run_at);
+            cell(err, sizeof err, j->last_error, 40);
+            snprintf(attempts, sizeof attempts, "%d/%d", j->attempt, j->max_attempts);
+            printf("%-10lld %-10s %-16s %-16s %4d %8s  %-24s %s\n", (long long)j->id, pgjobq_state_name(j->state),
+                   j->queue, j->kind, j->priority, attempts, run_at, err);
+        }
+    } else {
+        fprintf(stderr, "no jobs\n");
+    }
+    pgjobq_jobs_free(jobs);
+    pgjobq_client_close(c);
+    return EX_OK;
+}
+
+static int json_opt(int key, const char *arg, void *ctx)
+{
+    (void)arg;
+    if (key != OPT_JSON)
+        return -1;
+    *(int *)ctx = 1;
+    return 0;
+}
+
+int cmd_show(const cli_cmd *cmd, int argc, char **argv)
+{
+    int json = 0, status, rc, first;
+    pgjobq_job *j = NULL;
+    pgjobq_client *c;
+    int64_t id = 0;
+
+    if ((first = parse_simple(cmd, argc, argv, 1, json_opt, &json, &status)) < 0)
+        return status;
+    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_get(c, id, &j);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    if (json) {
+        print_job_json(stdout, j);
+        fputc('\n', stdout);
+    } else {
+        char t[5][48];
+        format_time(t[0], sizeof t[0], j->run_at);
+        format_time(t[1], sizeof t[1], j->created_at);
+        format_time(t[2], sizeof t[2], j->started_at);
+        format_time(t[3], sizeof t[3], j->finished_at);
+        format_time(t[4], sizeof t[4], j->lease_until);
+        printf("id:            %lld\nqueue:         %s\nkind:          %s\nstate:         %s%s\n"
+               "priority:      %d\nattempt:       %d of %d\nrun_at:        %s\ncreated_at:    %s\n"
+               "started_at:    %s\nfinished_at:   %s\nlease_until:   %s\nlease_token:   %lld\n"
+               "worker_id:     %s\nunique_key:    %s\npayload:       %s\nresult:        %s\nlast_error:    %s\n",
+               (long long)j->id, j->queue, j->kind, pgjobq_state_name(j->state),
+               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0],
+               t[1], t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
+               j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
+               j->last_error ? j->last_error : "-");
+    }
+    pgjobq_jobs_free(j);
+    pgjobq_client_close(c);
+    return EX_OK;
+}
+
+int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
+{
+    int json = 0, status, rc;
+    pgjobq_stat *rows = NULL;
+    size_t n = 0, nq = 0;
+    pgjobq_client *c;
+
+    if (parse_simple(cmd, argc, argv, 0, json_opt, &json, &status) < 0)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    rc = pgjobq_stats(c, &rows, &n);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    /* Rows come ordered by queue: fold them into one line per queue. */
+    const char **queues = calloc(n ? n : 1, sizeof *queues);
+    int64_t(*counts)[5] = calloc(n ? n : 1, sizeof *counts);
+    int64_t total[5] = {0};
+    if (queues == NULL || counts == NULL) {
+        cli_err("out of memory");
+        free(queues);
+        free(counts);
+        free(rows);
+        pgjobq_client_close(c);
+        return EX_OSERR;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0)
+            queues[nq++] = rows[i].queue;
+        counts[nq - 1][rows[i].state] += rows[i].jobs;
+        total[rows[i].state] += rows[i].jobs;
+    }
+    if (json) {
+        fputs("{\"queues\":[", stdout);
+        for (size_t q = 0; q <= nq; q++) {
+            const int64_t *k = q < nq ? counts[q] : total;
+            if (q == nq)
+                fputs("],\"total\":", stdout);
+            else if (q)
+                fputc(',', stdout);
+            fputc('{', stdout);
+            if (q < nq) {
+                fputs("\"queue\":", stdout);
+                json_str(stdout, queues[q]);
+                fputc(',', stdout);
+            }
+            printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld}",
+                   (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4]);
+        }
+        fputs("}\n", stdout);
+    } else {
+        printf("%-24s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED");
+        for (size_t q = 0; q <= nq; q++) {
+            const int64_t *k = q < nq ? counts[q] : total;
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld\n", q < nq ? queues[q] : "(all)", (long long)k[0],
+                   (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4]);
+        }
+    }
+    free(queues);
+    free(counts);
+    free(rows);
+    pgjobq_client_close(c);
+    return EX_OK;
+}
+
+int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
+{
+    int status, rc, first;
+    pgjobq_state st = PGJOBQ_QUEUED;
+    pgjobq_client *c;
+    int64_t id = 0;
+
+    if ((first = parse_simple(cmd, argc, argv, 1, NULL, NULL, &status)) < 0)
+        return status;
+    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_cancel(c, id, &st);
+    if (rc == PGJOBQ_OK && st == PGJOBQ_RUNNING)
+        printf("job %lld is running: cancel requested; it ends cancelled at its worker's next heartbeat\n",
+               (long long)id);
+    else if (rc == PGJOBQ_OK)
+        printf("job %lld cancelled\n", (long long)id);
+    status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+    pgjobq_client_close(c);
+    return status;
+}
+
+int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
+{
+    int status, rc, first;
+    pgjobq_client *c;
+    int64_t id = 0;
+
+    if ((first = parse_simple(cmd, argc, argv, 1, NULL, NULL, &status)) < 0)
+        return status;
+    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_retry(c, id);
+    if (rc == PGJOBQ_OK)
+        printf("job %lld queued to run again now\n", (long long)id);
+    status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+    pgjobq_client_close(c);
+    return status;
+}

@@ -1,0 +1,250 @@
+/*
+ * test_claim.c - the claim: order, batches, SKIP LOCKED without waiting, exactly-once under 40
+ * concurrent claimers in several processes, and the partial index under a large history.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+TEST(claim_follows_priority_then_run_at_then_id)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+
+    /* Built with raw SQL so that run_at values are exact; ids follow insertion order. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, priority, run_at, payload) VALUES"
+                       " ('q', 5, now() - interval '3 s', '{\"n\": \"p5-old\"}'),"
+                       " ('q', 0, now() - interval '1 s', '{\"n\": \"p0-new\"}'),"
+                       " ('q', 0, now() - interval '2 s', '{\"n\": \"p0-old\"}'),"
+                       " ('q', -3, now() - interval '1 s', '{\"n\": \"pm3\"}'),"
+                       " ('q', 0, now() - interval '1 s', '{\"n\": \"p0-new-later-id\"}'),"
+                       " ('q', -100, now() + interval '1 hour', '{\"n\": \"future\"}'),"
+                       " ('other', -100, now() - interval '1 s', '{\"n\": \"other-queue\"}')"));
+    CHECK_OK(c, pgjobq_claim(c, "q", 100, 30000, "w1", &jobs, &n));
+    CHECK_INT(n, 5);
+    const char *expect[] = {"pm3", "p0-old", "p0-new", "p0-new-later-id", "p5-old"};
+    for (size_t i = 0; i < n; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "{\"n\": \"%s\"}", expect[i]);
+        CHECK_STR(jobs[i].payload, want);
+        CHECK_INT(jobs[i].state, PGJOBQ_RUNNING);
+        CHECK_INT(jobs[i].attempt, 1);
+        CHECK_INT(jobs[i].lease_token, 1);
+        CHECK_STR(jobs[i].worker_id, "w1");
+        CHECK(jobs[i].lease_until > jobs[i].started_at);
+    }
+    pgjobq_jobs_free(jobs);
+    /* The future job and the other queue's job were not taken. */
+    CHECK_OK(c, pgjobq_claim(c, "q", 100, 30000, "w1", &jobs, &n));
+    CHECK_INT(n, 0);
+    CHECK(jobs == NULL);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(claim_returns_batches_of_at_most_max_jobs)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec specs[10];
+    pgjobq_job *jobs;
+    size_t n, sizes[4];
+
+    memset(specs, 0, sizeof specs);
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 10, NULL, NULL));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(c, pgjobq_claim(c, "default", 4, 30000, NULL, &jobs, &n));
+        sizes[i] = n;
+        pgjobq_jobs_free(jobs);
+    }
+    CHECK_INT(sizes[0], 4);
+    CHECK_INT(sizes[1], 4);
+    CHECK_INT(sizes[2], 2);
+    CHECK_INT(sizes[3], 0);
+    CHECK_RC(c, pgjobq_claim(c, "default", 0, 30000, NULL, &jobs, &n), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_claim(c, "default", PGJOBQ_BATCH_MAX + 1, 30000, NULL, &jobs, &n), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_claim(c, "default", 1, 0, NULL, &jobs, &n), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_claim(c, "bad queue", 1, 1000, NULL, &jobs, &n), PGJOBQ_EINVAL);
+    pgjobq_client_close(c);
+}
+
+TEST(claim_skips_a_locked_head_job_without_waiting)
+{
+    pgjobq_client *c = t_client();
+    PGconn *holder = t_pg();
+    pgjobq_job_spec specs[3];
+    int64_t ids[3];
+    pgjobq_job *jobs;
+    size_t n;
+
+    memset(specs, 0, sizeof specs);
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    /* Another transaction holds the head job's row lock and keeps it. */
+    PQclear(t_exec(holder, "BEGIN"));
+    PQclear(t_exec(holder, "SELECT id FROM pgjobq.jobs WHERE id = %lld FOR UPDATE", (long long)ids[0]));
+    /* Were the claim to wait for that lock, this timeout would turn the wait into an error. */
+    PQclear(t_exec(pgjobq_client_conn(c), "SET lock_timeout = '200ms'"));
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, 30000, NULL, &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, ids[1]);
+    pgjobq_jobs_free(jobs);
+    PQclear(t_exec(holder, "ROLLBACK"));
+    /* Once released, the head job is claimable again. */
+    CHECK_OK(c, pgjobq_claim(c, "default", 5, 30000, NULL, &jobs, &n));
+    CHECK_INT(n, 2);
+    CHECK_INT(jobs[0].id, ids[0]);
+    pgjobq_jobs_free(jobs);
+    PQfinish(holder);
+    pgjobq_client_close(c);
+}
+
+/* 10,000 jobs, 40 claimers: 2 processes of 20 threads, each thread with its own client. */
+enum { EXACT_JOBS = 10000, EXACT_PROCS = 2, EXACT_THREADS = 20 };
+
+typedef struct shared_counts {
+    _Atomic int claims[EXACT_JOBS + 1]; /* indexed by payload number */
+    _Atomic int errors;
+} shared_counts;
+
+static shared_counts *shared;
+
+static void *claimer(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    pgjobq_client *c = NULL;
+
+    if (pgjobq_client_open(&c, t_conninfo()) != PGJOBQ_OK) {
+        fprintf(stderr, "claimer: %s\n", pgjobq_errmsg(c));
+        atomic_fetch_add(&shared->errors, 1);
+        pgjobq_client_close(c);
+        return NULL;
+    }
+    for (;;) {
+        pgjobq_job *jobs;
+        size_t n;
+        seed = seed * 1103515245u + 12345u;
+        int rc = pgjobq_claim(c, "default", 1 + (int)((seed >> 16) % 16), 60000, "claimer", &jobs, &n);
+        if (rc != PGJOBQ_OK) {
+            fprintf(stderr, "claim: %s\n", pgjobq_errmsg(c));
+            atomic_fetch_add(&shared->errors, 1);
+            break;
+        }
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            int k = atoi(jobs[i].payload + 1); /* payload is [k] */
+            if (k < 1 || k > EXACT_JOBS || jobs[i].attempt != 1)
+                atomic_fetch_add(&shared->errors, 1);
+            else
+                atomic_fetch_add(&shared->claims[k], 1);
+        }
+        pgjobq_jobs_free(jobs);
+    }
+    pgjobq_client_close(c);
+    return NULL;
+}
+
+static void claim_process(void)
+{
+    pthread_t th[EXACT_THREADS];
+    for (int i = 0; i < EXACT_THREADS; i++)
+        if (pthread_create(&th[i], NULL, claimer, (void *)(uintptr_t)(i * 7919 + getpid())) != 0)
+            _exit(2);
+    for (int i = 0; i < EXACT_THREADS; i++)
+        pthread_join(th[i], NULL);
+}
+
+TEST_FULL(claim_is_exactly_once_under_40_concurrent_claimers, 180, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec *specs = calloc(EXACT_JOBS, sizeof *specs);
+    char(*payloads)[16] = calloc(EXACT_JOBS, sizeof *payloads);
+    pid_t pids[EXACT_PROCS];
+
+    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(shared != MAP_FAILED && specs && payloads);
+    for (int i = 0; i < EXACT_JOBS; i++) {
+        snprintf(payloads[i], sizeof payloads[i], "[%d]", i + 1);
+        specs[i].payload = payloads[i];
+    }
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, EXACT_JOBS, NULL, NULL));
+    pgjobq_client_close(c);
+
+    for (int p = 0; p < EXACT_PROCS; p++) {
+        pids[p] = fork();
+        CHECK(pids[p] >= 0);
+        if (pids[p] == 0) {
+            claim_process();
+            _exit(0);
+        }
+    }
+    for (int p = 0; p < EXACT_PROCS; p++) {
+        int status;
+        CHECK(waitpid(pids[p], &status, 0) == pids[p]);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "claiming process %d failed", p);
+    }
+    CHECK_INT(atomic_load(&shared->errors), 0);
+    int missing = 0, twice = 0;
+    for (int k = 1; k <= EXACT_JOBS; k++) {
+        int n = atomic_load(&shared->claims[k]);
+        missing += n == 0;
+        twice += n > 1;
+    }
+    CHECK_INT(missing, 0);
+    CHECK_INT(twice, 0);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND attempt = 1 "
+                        "AND lease_token = 1"),
+              EXACT_JOBS);
+    PQfinish(pg);
+    free(specs);
+    free(payloads);
+}
+
+/* Collects auto_explain's plans, which it sends as notices. */
+static char plans[65536];
+
+static void collect_notice(void *arg, const char *msg)
+{
+    (void)arg;
+    strncat(plans, msg, sizeof plans - strlen(plans) - 1);
+}
+
+TEST_FULL(claim_uses_the_partial_index_under_a_million_finished_jobs, 240, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    pgjobq_job *jobs;
+    size_t n;
+
+    /* 1,000,000 completed jobs of history and 10,000 queued ones. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (state, attempt, started_at, finished_at, created_at, run_at)"
+                       " SELECT 'completed', 1, now(), now(), now(), now() FROM generate_series(1, 1000000)"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (payload) SELECT jsonb_build_object('i', g)"
+                       " FROM generate_series(1, 10000) g"));
+    PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
+    CHECK_OK(c, pgjobq_client_wrap(&c, pg));
+    /* auto_explain reports the plan of the statement inside pgjobq.claim() itself. */
+    PQsetNoticeProcessor(pg, collect_notice, NULL);
+    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
+    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
+    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    CHECK_OK(c, pgjobq_claim(c, "default", 10, 30000, NULL, &jobs, &n));
+    CHECK_INT(n, 10);
+    pgjobq_jobs_free(jobs);
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = -1"));
+    printf("%s\n", plans);
+    CHECK_MSG(strstr(plans, "Index Scan using jobs_claim_idx") != NULL, "the claim did not use jobs_claim_idx");
+    CHECK_MSG(strstr(plans, "Seq Scan on jobs") == NULL, "the claim scanned the table");
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}

@@ -1,0 +1,405 @@
+/*
+ * test_enqueue.c - enqueue, bulk enqueue, unique jobs, transactional enqueue, notifications, and bad
+ * input (which must write nothing).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static long long count_jobs(PGconn *pg)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
+}
+
+TEST(enqueue_stores_every_field)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *j = NULL;
+    int64_t id = 0;
+
+    o.queue = "emails";
+    o.kind = "welcome.send";
+    o.priority = -5;
+    o.max_attempts = 7;
+    o.unique_key = "user:42";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"to\": \"ana@example.org\", \"n\": [1, 2.5e3, true, null]}", &o, &id));
+    CHECK(id > 0);
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_INT(j->id, id);
+    CHECK_STR(j->queue, "emails");
+    CHECK_STR(j->kind, "welcome.send");
+    CHECK_INT(j->priority, -5);
+    CHECK_INT(j->max_attempts, 7);
+    CHECK_INT(j->attempt, 0);
+    CHECK_INT(j->state, PGJOBQ_QUEUED);
+    CHECK_STR(j->unique_key, "user:42");
+    CHECK(strstr(j->payload, "ana@example.org") != NULL);
+    CHECK(j->started_at == PGJOBQ_TIME_NONE && j->finished_at == PGJOBQ_TIME_NONE);
+    CHECK(j->lease_until == PGJOBQ_TIME_NONE && j->result == NULL && j->last_error == NULL);
+    pgjobq_jobs_free(j);
+
+    /* Defaults: NULL payload and options. */
+    CHECK_OK(c, pgjobq_enqueue(c, NULL, NULL, &id));
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_STR(j->queue, "default");
+    CHECK_STR(j->kind, "default");
+    CHECK_STR(j->payload, "{}");
+    CHECK_INT(j->max_attempts, PGJOBQ_DEFAULT_MAX_ATTEMPTS);
+    pgjobq_jobs_free(j);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_delay_is_computed_by_the_database_clock)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    /* run_at and created_at both come from the inserting statement's now(): if the library had sent a
+     * client-side time, run_at - created_at would not be exactly the delay. */
+    o.delay_ms = 3600 * 1000 + 250;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_INT(t_int(pg, "SELECT (run_at - created_at = interval '1 hour 250 milliseconds')::int FROM pgjobq.jobs"
+                        " WHERE id = %lld",
+                    (long long)id),
+              1);
+    /* An absolute run_at is the user's own time, parsed by the server. */
+    o.delay_ms = 0;
+    o.run_at = "2031-02-03 04:05:06+00";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_INT(t_int(pg, "SELECT (run_at = '2031-02-03 04:05:06+00')::int FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_batch_returns_ids_in_order)
+{
+    enum { N = 5000 };
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    char(*payloads)[32] = calloc(N, sizeof *payloads);
+    int64_t *ids = calloc(N, sizeof *ids);
+    unsigned char *dups = calloc(N, 1);
+    PGconn *pg = t_pg();
+
+    CHECK(specs && payloads && ids && dups);
+    for (int i = 0; i < N; i++) {
+        snprintf(payloads[i], sizeof payloads[i], "{\"i\": %d}", i);
+        specs[i].payload = payloads[i];
+        specs[i].opts.queue = i % 2 ? "odd" : "even";
+    }
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_INT(count_jobs(pg), N);
+    for (int i = 0; i < N; i++) {
+        CHECK(dups[i] == 0);
+        if (i > 0)
+            CHECK(ids[i] > ids[i - 1]);
+    }
+    /* Spot-check that each id belongs to its payload. */
+    for (int i = 0; i < N; i += 997)
+        CHECK_INT(t_int(pg, "SELECT (payload->>'i')::int FROM pgjobq.jobs WHERE id = %lld", (long long)ids[i]), i);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'odd'"), N / 2);
+    PQfinish(pg);
+    free(specs);
+    free(payloads);
+    free(ids);
+    free(dups);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_batch_is_all_or_none)
+{
+    enum { N = 200 };
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec specs[N];
+    PGconn *pg = t_pg();
+
+    memset(specs, 0, sizeof specs);
+    for (int i = 0; i < N; i++)
+        specs[i].payload = "{\"ok\": true}";
+    /* Caught by the library before anything is sent: the message names the job. */
+    specs[137].payload = "{\"ok\": tru}";
+    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "job 137") != NULL, "message: %s", pgjobq_errmsg(c));
+    CHECK_INT(count_jobs(pg), 0);
+    /* Caught only by the server (the library does not parse times): still nothing is inserted. */
+    specs[137].payload = "{}";
+    specs[190].opts.run_at = "not a time";
+    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
+    CHECK_STR(pgjobq_sqlstate(c), "22007");
+    CHECK_INT(count_jobs(pg), 0);
+    specs[190].opts.run_at = NULL;
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_INT(count_jobs(pg), N);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_unique_key_returns_the_existing_job)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *claimed = NULL;
+    size_t n = 0;
+    int64_t first = 0, again = 0, later = 0;
+    PGconn *pg = t_pg();
+
+    o.unique_key = "report:2026-11";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"v\": 1}", &o, &first));
+    CHECK_RC(c, pgjobq_enqueue(c, "{\"v\": 2}", &o, &again), PGJOBQ_EDUPLICATE);
+    CHECK_INT(again, first);
+    CHECK_INT(count_jobs(pg), 1);
+    /* Still held while running. */
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, 30000, "w", &claimed, &n));
+    CHECK_INT(n, 1);
+    CHECK_RC(c, pgjobq_enqueue(c, "{\"v\": 3}", &o, &again), PGJOBQ_EDUPLICATE);
+    CHECK_INT(again, first);
+    /* Free again once the holder finishes. */
+    CHECK_OK(c, pgjobq_job_complete(c, claimed[0].id, claimed[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"v\": 4}", &o, &later));
+    CHECK(later != first);
+    CHECK_INT(count_jobs(pg), 2);
+    pgjobq_jobs_free(claimed);
+
+    /* Inside one batch, the second job with a key points at the first. */
+    pgjobq_job_spec specs[3];
+    int64_t ids[3];
+    unsigned char dups[3];
+    memset(specs, 0, sizeof specs);
+    specs[0].opts.unique_key = "k-batch";
+    specs[2].opts.unique_key = "k-batch";
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, dups));
+    CHECK(dups[0] == 0 && dups[1] == 0 && dups[2] == 1);
+    CHECK_INT(ids[2], ids[0]);
+    CHECK_INT(count_jobs(pg), 4);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_unique_key_race_between_processes_inserts_one)
+{
+    enum { N = 8 };
+    int fds[N][2];
+    pid_t pids[N];
+    int64_t ids[N];
+    int inserted = 0;
+
+    for (int i = 0; i < N; i++) {
+        CHECK(pipe(fds[i]) == 0);
+        pids[i] = fork();
+        CHECK(pids[i] >= 0);
+        if (pids[i] == 0) {
+            pgjobq_client *c = t_client();
+            pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+            int64_t id = 0;
+            o.unique_key = "the-one";
+            int rc = pgjobq_enqueue(c, "{}", &o, &id);
+            int64_t msg[2] = {rc == PGJOBQ_OK ? 1 : rc == PGJOBQ_EDUPLICATE ? 0 : -1, id};
+            if (write(fds[i][1], msg, sizeof msg) != sizeof msg)
+                _exit(3);
+            _exit(0);
+        }
+        close(fds[i][1]);
+    }
+    for (int i = 0; i < N; i++) {
+        int64_t msg[2];
+        CHECK(read(fds[i][0], msg, sizeof msg) == sizeof msg);
+        CHECK_MSG(msg[0] >= 0, "process %d got an error", i);
+        inserted += (int)msg[0];
+        ids[i] = msg[1];
+        waitpid(pids[i], NULL, 0);
+    }
+    CHECK_INT(inserted, 1);
+    for (int i = 1; i < N; i++)
+        CHECK_INT(ids[i], ids[0]);
+    PGconn *pg = t_pg();
+    CHECK_INT(count_jobs(pg), 1);
+    PQfinish(pg);
+}
+
+/* Drains pending notifications on a listening connection, waiting up to wait_ms for the first. */
+static int notifications(PGconn *listener, int wait_ms, char queues[][32], int max)
+{
+    int n = 0;
+    int64_t deadline = t_now_ms() + wait_ms;
+
+    for (;;) {
+        PGnotify *note;
+        CHECK(PQconsumeInput(listener));
+        while ((note = PQnotifies(listener)) != NULL) {
+            if (n < max)
+                snprintf(queues[n], 32, "%s", note->extra);
+            n++;
+            PQfreemem(note);
+        }
+        int64_t left = deadline - t_now_ms();
+        if (left <= 0)
+            return n;
+        fd_set rd;
+        FD_ZERO(&rd);
+        FD_SET(PQsocket(listener), &rd);
+        struct timeval tv = {0, (suseconds_t)(left > 50 ? 50 : left) * 1000};
+        select(PQsocket(listener) + 1, &rd, NULL, NULL, &tv);
+    }
+}
+
+TEST(enqueue_in_callers_transaction_commits_or_rolls_back_with_it)
+{
+    PGconn *app = t_pg(), *other = t_pg(), *listener = t_pg();
+    pgjobq_client *c = NULL;
+    char queues[8][32];
+    int64_t id;
+
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    CHECK_OK(c, pgjobq_client_wrap(&c, app));
+
+    /* Rollback: the job never existed, and nobody was woken. */
+    PQclear(t_exec(app, "BEGIN"));
+    PQclear(t_exec(app, "CREATE TABLE orders (id int)"));
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"order\": 1}", NULL, &id));
+    CHECK_INT(PQtransactionStatus(app), PQTRANS_INTRANS); /* the library did not commit */
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    PQclear(t_exec(app, "ROLLBACK"));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(notifications(listener, 200, queues, 8), 0);
+
+    /* Commit: the job and the caller's data appear together, and workers are notified once. */
+    PQclear(t_exec(app, "BEGIN"));
+    PQclear(t_exec(app, "CREATE TABLE orders (id int)"));
+    PQclear(t_exec(app, "INSERT INTO orders VALUES (1)"));
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"order\": 1}", NULL, &id));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    PQclear(t_exec(app, "COMMIT"));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM orders"), 1);
+    CHECK_INT(notifications(listener, 2000, queues, 8), 1);
+    CHECK_STR(queues[0], "default");
+
+    pgjobq_client_close(c);
+    CHECK_INT(PQstatus(app), CONNECTION_OK); /* borrowed: still open */
+    PQfinish(app);
+    PQfinish(other);
+    PQfinish(listener);
+}
+
+TEST(enqueue_batch_sends_one_notification_per_queue)
+{
+    enum { N = 10000 };
+    pgjobq_client *c = t_client();
+    PGconn *listener = t_pg();
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    char queues[16][32];
+
+    CHECK(specs != NULL);
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    for (int i = 0; i < N; i++)
+        specs[i].opts.queue = i % 3 == 0 ? "alpha" : "beta";
+    /* A scheduled job wakes nobody: it is not due. */
+    specs[5].opts.queue = "gamma";
+    specs[5].opts.delay_ms = 3600000;
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    int n = notifications(listener, 1000, queues, 16);
+    CHECK_INT(n, 2);
+    CHECK((strcmp(queues[0], "alpha") == 0 && strcmp(queues[1], "beta") == 0) ||
+          (strcmp(queues[0], "beta") == 0 && strcmp(queues[1], "alpha") == 0));
+    free(specs);
+    PQfinish(listener);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_bad_input_is_refused_and_writes_nothing)
+{
+    static char big[PGJOBQ_PAYLOAD_MAX + 64];
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    struct {
+        const char *payload;
+        const char *queue;
+        const char *kind;
+        int priority;
+        int max_attempts;
+        int64_t delay_ms;
+        const char *run_at;
+        const char *unique_key;
+        const char *expect; /* a word the message must contain */
+    } cases[] = {
+        {"{bad", NULL, NULL, 0, 0, 0, NULL, NULL, "JSON"},
+        {"", NULL, NULL, 0, 0, 0, NULL, NULL, "empty"},
+        {"{\"a\": 1} trailing", NULL, NULL, 0, 0, 0, NULL, NULL, "trailing"},
+        {"\"\\u0000\"", NULL, NULL, 0, 0, 0, NULL, NULL, "u0000"},
+        {"\"\\ud800\"", NULL, NULL, 0, 0, 0, NULL, NULL, "surrogate"},
+        {"\"\xff\xfe\"", NULL, NULL, 0, 0, 0, NULL, NULL, "UTF-8"},
+        {big, NULL, NULL, 0, 0, 0, NULL, NULL, "limit"},
+        {"{}", "it's", NULL, 0, 0, 0, NULL, NULL, "queue"},
+        {"{}", "a;b", NULL, 0, 0, 0, NULL, NULL, "queue"},
+        {"{}", "", NULL, 0, 0, 0, NULL, NULL, "empty"},
+        {"{}", "0day", NULL, 0, 0, 0, NULL, NULL, "queue"},
+        {"{}", "x--y; DROP TABLE pgjobq.jobs", NULL, 0, 0, 0, NULL, NULL, "queue"},
+        {"{}", "naïve", NULL, 0, 0, 0, NULL, NULL, "queue"},
+        {"{}", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", NULL, 0, 0, 0, NULL, NULL, "limit"},
+        {"{}", NULL, "$$", 0, 0, 0, NULL, NULL, "kind"},
+        {"{}", NULL, "a\\b", 0, 0, 0, NULL, NULL, "kind"},
+        {"{}", NULL, NULL, 101, 0, 0, NULL, NULL, "priority"},
+        {"{}", NULL, NULL, -101, 0, 0, NULL, NULL, "priority"},
+        {"{}", NULL, NULL, 0, -1, 0, NULL, NULL, "max_attempts"},
+        {"{}", NULL, NULL, 0, 1001, 0, NULL, NULL, "max_attempts"},
+        {"{}", NULL, NULL, 0, 0, -1, NULL, NULL, "negative"},
+        {"{}", NULL, NULL, 0, 0, 5, "2030-01-01", NULL, "not both"},
+        {"{}", NULL, NULL, 0, 0, 0, "garbage", NULL, "garbage"},
+        {"{}", NULL, NULL, 0, 0, 0, NULL, "", "unique key"},
+    };
+
+    memset(big, ' ', sizeof big - 1);
+    big[0] = '"';
+    big[sizeof big - 2] = '"';
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+        int64_t id = 12345;
+        o.queue = cases[i].queue;
+        o.kind = cases[i].kind;
+        o.priority = cases[i].priority;
+        o.max_attempts = cases[i].max_attempts;
+        o.delay_ms = cases[i].delay_ms;
+        o.run_at = cases[i].run_at;
+        o.unique_key = cases[i].unique_key;
+        int rc = pgjobq_enqueue(c, cases[i].payload, &o, &id);
+        CHECK_MSG(rc == PGJOBQ_EINVAL, "case %zu: %s (%s)", i, pgjobq_errname(rc), pgjobq_errmsg(c));
+        CHECK_MSG(strstr(pgjobq_errmsg(c), cases[i].expect) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i,
+                  pgjobq_errmsg(c), cases[i].expect);
+        CHECK_INT(id, 0);
+    }
+    CHECK_INT(count_jobs(pg), 0);
+    /* Unknown ids. */
+    CHECK_RC(c, pgjobq_job_cancel(c, 999999, NULL), PGJOBQ_ENOTFOUND);
+    CHECK_RC(c, pgjobq_job_retry(c, 999999), PGJOBQ_ENOTFOUND);
+    pgjobq_job *j = NULL;
+    CHECK_RC(c, pgjobq_job_get(c, 999999, &j), PGJOBQ_ENOTFOUND);
+    CHECK(j == NULL);
+    CHECK_INT(count_jobs(pg), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_connection_loss_is_its_own_error)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    PQclear(t_exec(pg, "SELECT pg_terminate_backend(%d)", PQbackendPID(pgjobq_client_conn(c))));
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", NULL, &id), PGJOBQ_ECONN);
+    /* The client reconnects on its next call. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    CHECK_INT(count_jobs(pg), 2);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}

@@ -1,0 +1,160 @@
+/*
+ * test_schema.c - migrations, the schema version check, and the CHECK constraints that stop a raw
+ * INSERT which bypasses the library.
+ */
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
+{
+    pgjobq_client *c = NULL;
+    int applied = -1, v = -1;
+
+    /* An empty database: open says so, but the handle can migrate. */
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK(strstr(pgjobq_errmsg(c), "pgjobq migrate") != NULL);
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", NULL, NULL), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION);
+    CHECK_OK(c, pgjobq_schema_version(c, &v));
+    CHECK_INT(v, PGJOBQ_SCHEMA_VERSION);
+    /* The same handle is usable right after migrating. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    /* Again: nothing to do, nothing changes. */
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, 0);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schema_version"), PGJOBQ_SCHEMA_VERSION);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(schema_migrate_concurrently_from_many_processes, 60, TEST_DB_EMPTY)
+{
+    enum { N = 6 };
+    int fds[N][2];
+    pid_t pids[N];
+    int total = 0;
+
+    for (int i = 0; i < N; i++) {
+        CHECK(pipe(fds[i]) == 0);
+        pids[i] = fork();
+        CHECK(pids[i] >= 0);
+        if (pids[i] == 0) {
+            pgjobq_client *c = NULL;
+            int applied = 0, rc;
+            rc = pgjobq_client_open(&c, t_conninfo());
+            if (rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA)
+                rc = pgjobq_migrate(c, &applied);
+            if (rc != PGJOBQ_OK)
+                fprintf(stderr, "child %d: %s\n", i, pgjobq_errmsg(c));
+            if (write(fds[i][1], &applied, sizeof applied) != sizeof applied)
+                _exit(3);
+            pgjobq_client_close(c);
+            _exit(rc == PGJOBQ_OK ? 0 : 1);
+        }
+        close(fds[i][1]);
+    }
+    for (int i = 0; i < N; i++) {
+        int status, applied = 0;
+        CHECK(read(fds[i][0], &applied, sizeof applied) == sizeof applied);
+        CHECK(waitpid(pids[i], &status, 0) == pids[i]);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "migrating process %d failed", i);
+        total += applied;
+    }
+    /* Exactly one process did the work; the others waited on the lock and found it done. */
+    CHECK_INT(total, PGJOBQ_SCHEMA_VERSION);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schema_version"), PGJOBQ_SCHEMA_VERSION);
+    PQfinish(pg);
+}
+
+TEST(schema_newer_than_library_is_a_clear_error)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", PGJOBQ_SCHEMA_VERSION + 41));
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "newer") != NULL, "message: %s", pgjobq_errmsg(c));
+    /* Nothing may be written through a library that does not know the schema. */
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", NULL, NULL), PGJOBQ_ESCHEMA);
+    CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* Each raw INSERT below bypasses the library and must be refused by the schema itself. */
+TEST(schema_check_constraints_stop_raw_inserts)
+{
+    static const struct {
+        const char *columns;
+        const char *values;
+    } bad[] = {
+        {"queue", "'a;b'"},
+        {"queue", "'it''s'"},
+        {"queue", "''"},
+        {"queue", "'1abc'"},
+        {"queue", "repeat('q', 65)"},
+        {"queue", "'naïve'"},
+        {"queue", "'x--y z'"},
+        {"kind", "'$$'"},
+        {"kind", "'a\\b'"},
+        {"priority", "101"},
+        {"priority", "-101"},
+        {"max_attempts", "0"},
+        {"max_attempts", "-3"},
+        {"attempt, max_attempts", "5, 3"},
+        {"attempt, max_attempts", "3, 3"}, /* queued with no attempt left */
+        {"state", "'bogus'"},
+        {"state", "'running'"},            /* running without a lease */
+        {"state", "'completed'"},          /* finished without finished_at */
+        {"run_at", "'infinity'"},
+        {"payload", "(SELECT jsonb_build_object('x', repeat('y', 1048576)))"},
+        {"payload", "'{bad json'"},
+        {"unique_key", "''"},
+        {"last_error", "repeat('e', 20000)"},
+    };
+    PGconn *pg = t_pg();
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char sql[512];
+        snprintf(sql, sizeof sql, "INSERT INTO pgjobq.jobs (%s) VALUES (%s)", bad[i].columns, bad[i].values);
+        PGresult *r = PQexec(pg, sql);
+        CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR, "accepted: %s", sql);
+        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        /* 23514 check_violation, 22P02 invalid text representation, 23502 not null. */
+        CHECK_MSG(state && (strncmp(state, "23", 2) == 0 || strncmp(state, "22", 2) == 0), "%s: SQLSTATE %s", sql,
+                  state ? state : "?");
+        PQclear(r);
+    }
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    /* And a good raw insert works, so the checks above are not refusing everything. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, kind, payload) VALUES ('mail', 'send', '{}')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    PQfinish(pg);
+}
+
+TEST(schema_functions_are_not_executable_by_public)
+{
+    PGconn *pg = t_pg();
+
+    /* A role with no grants cannot run the transitions, even though it can see the version. */
+    PQclear(t_exec(pg, "CREATE ROLE nobody_in_particular LOGIN"));
+    PQclear(t_exec(pg, "SET ROLE nobody_in_particular"));
+    CHECK_INT(t_int(pg, "SELECT max(version) FROM pgjobq.schema_version"), PGJOBQ_SCHEMA_VERSION);
+    PGresult *r = PQexec(pg, "SELECT * FROM pgjobq.claim('default', 1)");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "42501");
+    PQclear(r);
+    r = PQexec(pg, "SELECT count(*) FROM pgjobq.jobs");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    PQclear(r);
+    PQclear(t_exec(pg, "RESET ROLE"));
+    PQfinish(pg);
+}
