@@ -415,7 +415,8 @@ $$;
 
 -- cancel: a queued job becomes cancelled at once; a running job is marked, and ends cancelled at its
 -- holder's next heartbeat, completion or failure (or when its lease expires).  Returns 'cancelled',
--- 'cancel_requested', 'not_found', or the final state the job already had ('completed', 'failed').
+-- 'cancel_requested', 'not_found', or 'already_' and the final state the job already had
+-- ('already_completed', 'already_failed', 'already_cancelled').
 CREATE FUNCTION pgjobq.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -434,7 +435,7 @@ BEGIN
         UPDATE pgjobq.jobs j SET cancel_requested = true WHERE j.id = cancel.id;
         RETURN 'cancel_requested';
     END IF;
-    RETURN v_state::text;
+    RETURN 'already_' || v_state::text;
 END
 $$;
 

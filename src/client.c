@@ -36,6 +36,26 @@ static void set_conn_error(pgjobq_client *c, const char *prefix)
     snprintf(c->errmsg, sizeof c->errmsg, "%s: %.*s", prefix, (int)n, m);
 }
 
+/*
+ * Session settings for a connection the client owns, after every (re)connect.  Queue transitions are
+ * single statements whose correctness comes from row locks and SKIP LOCKED, designed for READ
+ * COMMITTED; under a database-wide SERIALIZABLE default, SSI's predicate locks would make concurrent
+ * claims fail with 40001 over and over.  SET rather than the `options` keyword, so that options in
+ * the caller's conninfo are kept.
+ */
+static int session_setup(pgjobq_client *c)
+{
+    PGresult *r = PQexec(c->conn, "SET default_transaction_isolation = 'read committed'");
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+
+    PQclear(r);
+    if (!ok) {
+        set_conn_error(c, "connect: setting up the session");
+        return PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN;
+    }
+    return PGJOBQ_OK;
+}
+
 int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
 {
     /* The conninfo (a URL or key=value string) is expanded first; the keywords after it override it,
@@ -57,6 +77,9 @@ int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
         set_conn_error(c, "connect");
         return PGJOBQ_ECONN;
     }
+    int rc = session_setup(c);
+    if (rc != PGJOBQ_OK)
+        return rc;
     return pgjobq__check_schema(c);
 }
 
@@ -168,6 +191,9 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
             set_conn_error(c, st->what);
             return PGJOBQ_ECONN;
         }
+        int rc = session_setup(c);
+        if (rc != PGJOBQ_OK)
+            return rc;
         pgjobq__log(c, PGJOBQ_LOG_INFO, "reconnected to the database");
     }
     /* Inside the caller's transaction a failed statement has aborted the whole transaction, so only

@@ -388,9 +388,11 @@ int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *state_out)
             *state_out = PGJOBQ_RUNNING;
         return PGJOBQ_OK;
     }
-    if (state_out && pgjobq_state_parse(outcome, &st) == PGJOBQ_OK)
+    /* 'already_completed', 'already_failed' or 'already_cancelled'. */
+    const char *final = strncmp(outcome, "already_", 8) == 0 ? outcome + 8 : outcome;
+    if (state_out && pgjobq_state_parse(final, &st) == PGJOBQ_OK)
         *state_out = st;
-    return pgjobq__seterr(c, PGJOBQ_ESTATE, "cancel: job %lld has already finished (%s)", (long long)id, outcome);
+    return pgjobq__seterr(c, PGJOBQ_ESTATE, "cancel: job %lld has already finished (%s)", (long long)id, final);
 }
 
 int pgjobq_job_retry(pgjobq_client *c, int64_t id)

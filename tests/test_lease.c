@@ -1,0 +1,164 @@
+/*
+ * test_lease.c - leases on database time, expiry, re-claim, fencing of the old holder, heartbeats,
+ * and the rescuer's guard.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+
+static PGconn *cond_pg;
+static long long cond_id;
+
+static int lease_expired(void *arg)
+{
+    (void)arg;
+    return t_int(cond_pg, "SELECT (lease_until < now())::int FROM pgjobq.jobs WHERE id = %lld", cond_id) == 1;
+}
+
+static void wait_expired(PGconn *pg, int64_t id)
+{
+    cond_pg = pg;
+    cond_id = id;
+    CHECK_MSG(t_wait_until(lease_expired, NULL, 10000), "lease of job %lld did not expire", (long long)id);
+}
+
+static pgjobq_job *claim_one(pgjobq_client *c, int64_t lease_ms, const char *worker)
+{
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, lease_ms, worker, &jobs, &n));
+    CHECK_INT(n, 1);
+    return jobs;
+}
+
+TEST(lease_is_database_now_plus_lease)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pgjobq_job *j = claim_one(c, 45000, "w");
+    /* started_at and lease_until come from the claim's own now(): exact, whatever the client's clock. */
+    CHECK_INT(t_int(pg, "SELECT (lease_until = started_at + interval '45 s')::int FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    CHECK_INT(j->lease_until - j->started_at, 45000000);
+    /* A heartbeat moves it to the heartbeat's own now() + lease. */
+    CHECK_OK(c, pgjobq_job_extend(c, j->id, j->lease_token, 600000));
+    CHECK_INT(t_int(pg, "SELECT (lease_until - started_at >= interval '600 s')::int FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(lease_expiry_lets_another_worker_claim_and_fences_the_old_one)
+{
+    pgjobq_client *old = t_client(), *fresh = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *j1, *j2;
+    int rescued = 0;
+    int64_t id;
+
+    CHECK_OK(old, pgjobq_enqueue(old, "{\"x\": 1}", NULL, &id));
+    j1 = claim_one(old, 300, "old-worker");
+    CHECK_INT(j1->attempt, 1);
+    wait_expired(pg, id);
+
+    /* Expired but not yet rescued: the old holder already cannot write. */
+    CHECK_RC(old, pgjobq_job_complete(old, id, j1->lease_token, "{\"late\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(old, pgjobq_job_extend(old, id, j1->lease_token, 30000), PGJOBQ_ELEASE);
+
+    CHECK_OK(fresh, pgjobq_rescue_expired(fresh, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    j2 = claim_one(fresh, 60000, "new-worker");
+    CHECK_INT(j2->id, id);
+    CHECK_INT(j2->attempt, 2);
+    CHECK(j2->lease_token != j1->lease_token);
+    CHECK(j2->last_error != NULL && strstr(j2->last_error, "lease expired") != NULL);
+
+    /* Every write by the old holder is refused with its own code and changes nothing. */
+    CHECK_RC(old, pgjobq_job_complete(old, id, j1->lease_token, "{\"late\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(old, pgjobq_job_fail(old, id, j1->lease_token, "late failure", 0, 0, NULL), PGJOBQ_ELEASE);
+    CHECK_RC(old, pgjobq_job_fail(old, id, j1->lease_token, "late failure", 0, PGJOBQ_FAIL_PERMANENT, NULL),
+             PGJOBQ_ELEASE);
+    CHECK_RC(old, pgjobq_job_extend(old, id, j1->lease_token, 30000), PGJOBQ_ELEASE);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND attempt = 2"
+                        " AND worker_id = 'new-worker' AND result IS NULL AND lease_token = %lld",
+                    (long long)id, (long long)j2->lease_token),
+              1);
+
+    /* The new holder completes normally. */
+    CHECK_OK(fresh, pgjobq_job_complete(fresh, id, j2->lease_token, "{\"ok\": true}"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'"
+                        " AND result = '{\"ok\": true}'",
+                    (long long)id),
+              1);
+    pgjobq_jobs_free(j1);
+    pgjobq_jobs_free(j2);
+    PQfinish(pg);
+    pgjobq_client_close(old);
+    pgjobq_client_close(fresh);
+}
+
+TEST(lease_rescue_never_touches_a_completed_job_and_respects_attempts)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int rescued = -1;
+    int64_t done_id, last_id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &done_id));
+    pgjobq_job *j = claim_one(c, 300, "w");
+    CHECK_OK(c, pgjobq_job_complete(c, j->id, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &last_id));
+    j = claim_one(c, 300, "w");
+    wait_expired(pg, last_id);
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    /* Its only attempt was used up by the lost run: failed, not queued. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'", (long long)last_id),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'",
+                    (long long)done_id),
+              1);
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 0);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(lease_heartbeat_keeps_a_job_past_its_first_lease)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    int rescued = -1;
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pgjobq_job *j = claim_one(c, 3000, "w");
+    /* Heartbeats every 200 ms for 5 s: the job outlives its first 3 s lease and is never rescued. */
+    int64_t end = t_now_ms() + 5000;
+    while (t_now_ms() < end) {
+        CHECK_OK(c, pgjobq_job_extend(c, j->id, j->lease_token, 3000));
+        CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+        CHECK_INT(rescued, 0);
+        struct timespec pause = {0, 200 * 1000 * 1000};
+        nanosleep(&pause, NULL); /* paces the heartbeat loop; nothing waits on it */
+    }
+    CHECK_OK(c, pgjobq_job_complete(c, j->id, j->lease_token, NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed' AND attempt = 1",
+                    (long long)id),
+              1);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}

@@ -1,0 +1,271 @@
+/*
+ * test_transitions.c - failure and retry with backoff, results, cancel, manual retry, and a failure
+ * path that cannot fail on its own error text.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static pgjobq_job *claim_one(pgjobq_client *c)
+{
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, 60000, "w", &jobs, &n));
+    CHECK_INT(n, 1);
+    return jobs;
+}
+
+TEST(fail_retries_with_backoff_until_max_attempts)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    int64_t id;
+
+    o.max_attempts = 3;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+
+    /* Attempt 1 fails with the backoff formula: 2^1 s +-10%, from the database's now(). */
+    pgjobq_job *j = claim_one(c);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "first failure", PGJOBQ_BACKOFF, 0, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    CHECK_INT(t_int(pg, "SELECT (run_at - now() BETWEEN interval '1.7 s' AND interval '2.2 s')::int"
+                        " FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    char *err = t_str(pg, "SELECT last_error FROM pgjobq.jobs WHERE id = %lld", (long long)id);
+    CHECK_STR(err, "first failure");
+    free(err);
+    pgjobq_jobs_free(j);
+    /* Not claimable before its run_at. */
+    pgjobq_job *none = NULL;
+    size_t n = 9;
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, 60000, "w", &none, &n));
+    CHECK_INT(n, 0);
+
+    /* The backoff grows with the attempt: check the formula over many draws. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM generate_series(1, 200) g, LATERAL (SELECT pgjobq.backoff(3) b) x"
+                        " WHERE b < interval '7.2 s' OR b > interval '8.8 s'"),
+              0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM generate_series(1, 50) g WHERE pgjobq.backoff(20) > interval '3960 s'"),
+              0);
+
+    /* Move it along: attempt 2 fails with an explicit 0 delay and is claimable at once. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET run_at = now() WHERE id = %lld", (long long)id));
+    j = claim_one(c);
+    CHECK_INT(j->attempt, 2);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "second failure", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    pgjobq_jobs_free(j);
+    j = claim_one(c);
+    CHECK_INT(j->attempt, 3);
+    /* The last attempt fails: the job ends failed, keeping the error. */
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "third failure", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    pgjobq_jobs_free(j);
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_INT(j->state, PGJOBQ_FAILED);
+    CHECK_STR(j->last_error, "third failure");
+    CHECK(j->finished_at != PGJOBQ_TIME_NONE);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(fail_permanent_and_retry_at_explicit_delay)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    int64_t a, b;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &a));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &b));
+    pgjobq_job *j = claim_one(c);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "bad payload", 0, PGJOBQ_FAIL_PERMANENT, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    pgjobq_jobs_free(j);
+    j = claim_one(c);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "try in an hour", 3600000, 0, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    /* The delay counts from the failing statement's now(), which this query cannot see exactly. */
+    CHECK_INT(t_int(pg, "SELECT (run_at - now() BETWEEN interval '3590 s' AND interval '3600 s')::int"
+                        " FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)j->id),
+              1);
+    CHECK_RC(c, pgjobq_job_fail(c, j->id, j->lease_token, "x", -5, 0, &st), PGJOBQ_EINVAL);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(fail_stores_any_error_text_sanitised_and_capped)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char *huge = malloc(100000);
+    int64_t id;
+
+    CHECK(huge != NULL);
+    /* Invalid UTF-8 (a lone continuation byte, an overlong form, a truncated sequence) and 100 KB. */
+    memset(huge, 'e', 99999);
+    huge[99999] = '\0';
+    static const char prefix[] = "bad bytes: \x80 \xc0\xaf \xe2\x82 end";
+    memcpy(huge, prefix, sizeof prefix - 1);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pgjobq_job *j = claim_one(c);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, huge, 0, 0, NULL));
+    CHECK_INT(t_int(pg, "SELECT (octet_length(last_error) <= %d AND last_error LIKE 'bad bytes: %%')::int"
+                        " FROM pgjobq.jobs WHERE id = %lld",
+                    PGJOBQ_ERROR_MAX, (long long)id),
+              1);
+    CHECK_INT(t_int(pg, "SELECT (state = 'queued')::int FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
+    pgjobq_jobs_free(j);
+    free(huge);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(complete_stores_the_result_and_keeps_history)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 21}", NULL, &id));
+    pgjobq_job *j = claim_one(c);
+    CHECK_RC(c, pgjobq_job_complete(c, j->id, j->lease_token, "{not json"), PGJOBQ_EINVAL);
+    CHECK_OK(c, pgjobq_job_complete(c, j->id, j->lease_token, "{\"answer\": 42}"));
+    /* A second completion is refused: the job is no longer running. */
+    CHECK_RC(c, pgjobq_job_complete(c, j->id, j->lease_token, "{\"answer\": 43}"), PGJOBQ_ELEASE);
+    pgjobq_jobs_free(j);
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_INT(j->state, PGJOBQ_COMPLETED);
+    CHECK_STR(j->result, "{\"answer\": 42}");
+    CHECK_STR(j->payload, "{\"n\": 21}");
+    CHECK(j->finished_at >= j->started_at && j->lease_until == PGJOBQ_TIME_NONE);
+    pgjobq_jobs_free(j);
+    /* Finished jobs stay until retention prunes them. */
+    int deleted = -1;
+    CHECK_OK(c, pgjobq_prune(c, 3600000, 3600000, 100, &deleted));
+    CHECK_INT(deleted, 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    CHECK_OK(c, pgjobq_prune(c, 0, 3600000, 100, &deleted));
+    CHECK_INT(deleted, 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(cancel_queued_running_and_finished_jobs)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    int64_t queued, running, running2;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &running));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &running2));
+    pgjobq_job *j1 = claim_one(c), *j2 = claim_one(c);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &queued));
+
+    CHECK_OK(c, pgjobq_job_cancel(c, queued, &st));
+    CHECK_INT(st, PGJOBQ_CANCELLED);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                        " AND finished_at IS NOT NULL",
+                    (long long)queued),
+              1);
+
+    /* Running: marked, then the holder learns it at its next heartbeat... */
+    CHECK_OK(c, pgjobq_job_cancel(c, running, &st));
+    CHECK_INT(st, PGJOBQ_RUNNING);
+    CHECK_RC(c, pgjobq_job_extend(c, j1->id, j1->lease_token, 60000), PGJOBQ_ECANCELLED);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'", (long long)running),
+              1);
+    CHECK_RC(c, pgjobq_job_complete(c, j1->id, j1->lease_token, NULL), PGJOBQ_ELEASE);
+
+    /* ...or at its completion, which ends the job cancelled (keeping the result). */
+    CHECK_OK(c, pgjobq_job_cancel(c, running2, NULL));
+    CHECK_RC(c, pgjobq_job_complete(c, j2->id, j2->lease_token, "{\"partial\": true}"), PGJOBQ_ECANCELLED);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                        " AND result = '{\"partial\": true}'",
+                    (long long)running2),
+              1);
+
+    /* Too late for a finished job. */
+    CHECK_RC(c, pgjobq_job_cancel(c, queued, &st), PGJOBQ_ESTATE);
+    CHECK_INT(st, PGJOBQ_CANCELLED);
+    pgjobq_jobs_free(j1);
+    pgjobq_jobs_free(j2);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(retry_runs_a_failed_job_again)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pgjobq_job *j = claim_one(c);
+    CHECK_RC(c, pgjobq_job_retry(c, id), PGJOBQ_ESTATE); /* running */
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "boom", 0, 0, NULL));
+    pgjobq_jobs_free(j);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'failed'"), 1);
+    CHECK_OK(c, pgjobq_job_retry(c, id));
+    j = claim_one(c);
+    CHECK_INT(j->id, id);
+    CHECK_INT(j->attempt, 2);
+    CHECK_INT(j->max_attempts, 2);
+    CHECK_OK(c, pgjobq_job_complete(c, j->id, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(stats_and_list_report_states)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec specs[6];
+    pgjobq_stat *rows;
+    pgjobq_job *jobs;
+    size_t n;
+
+    memset(specs, 0, sizeof specs);
+    for (int i = 0; i < 6; i++)
+        specs[i].opts.queue = i < 4 ? "a" : "b";
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 6, NULL, NULL));
+    CHECK_OK(c, pgjobq_claim(c, "a", 1, 60000, NULL, &jobs, &n));
+    pgjobq_jobs_free(jobs);
+    CHECK_OK(c, pgjobq_stats(c, &rows, &n));
+    CHECK_INT(n, 3);
+    CHECK_STR(rows[0].queue, "a");
+    CHECK_INT(rows[0].state, PGJOBQ_QUEUED);
+    CHECK_INT(rows[0].jobs, 3);
+    CHECK_STR(rows[1].queue, "a");
+    CHECK_INT(rows[1].state, PGJOBQ_RUNNING);
+    CHECK_INT(rows[1].jobs, 1);
+    CHECK_STR(rows[2].queue, "b");
+    CHECK_INT(rows[2].jobs, 2);
+    free(rows);
+
+    pgjobq_list_opts lo = PGJOBQ_LIST_OPTS_INIT;
+    lo.queue = "a";
+    lo.state = PGJOBQ_QUEUED;
+    CHECK_OK(c, pgjobq_job_list(c, &lo, &jobs, &n));
+    CHECK_INT(n, 3);
+    CHECK(jobs[0].id > jobs[1].id && jobs[1].id > jobs[2].id);
+    pgjobq_jobs_free(jobs);
+    lo.limit = 2;
+    lo.state = -1;
+    lo.queue = NULL;
+    CHECK_OK(c, pgjobq_job_list(c, &lo, &jobs, &n));
+    CHECK_INT(n, 2);
+    pgjobq_jobs_free(jobs);
+    pgjobq_client_close(c);
+}
