@@ -86,8 +86,8 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, 
     size_t n = 0, s = 0;
     int key;
 
-    shortopts[s++] = '+'; /* stop at the first operand... */
-    shortopts[s++] = ':'; /* ...and report a missing argument as ':' */
+    /* Options may follow operands (GNU style; `--` ends them); ':' reports a missing value as ':'. */
+    shortopts[s++] = ':';
     for (const cli_opt *o = cmd->opts; o->name && n < 63; o++, n++) {
         longopts[n].name = o->name;
         longopts[n].has_arg = o->arg ? required_argument : no_argument;

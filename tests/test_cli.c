@@ -1,0 +1,285 @@
+/*
+ * test_cli.c - the pgjobq command: every command end to end, JSON-lines files (all or none), and a
+ * table of bad input, each with a clear message, a sysexits.h status, and the database unchanged.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static long long count_jobs(void)
+{
+    PGconn *pg = t_pg();
+    long long n = t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
+    PQfinish(pg);
+    return n;
+}
+
+TEST(cli_enqueue_show_list_stats_cancel_retry)
+{
+    char *out, *err;
+    char id[32], cmd_id[32];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--queue", "mail", "--kind", "send", "--priority", "-3",
+                    "--max-attempts", "4", "{\"to\": \"ana\"}", NULL),
+              0);
+    snprintf(id, sizeof id, "%lld", atoll(out));
+    CHECK(atoll(out) > 0);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, "--json", NULL), 0);
+    CHECK(strstr(out, "\"queue\":\"mail\"") && strstr(out, "\"kind\":\"send\"") && strstr(out, "\"priority\":-3"));
+    CHECK(strstr(out, "\"max_attempts\":4") && strstr(out, "\"state\":\"queued\"") && strstr(out, "\"to\": \"ana\""));
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, NULL), 0);
+    CHECK(strstr(out, "state:         queued") != NULL);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--queue", "mail", "--state", "queued", NULL), 0);
+    CHECK(strstr(out, "ID") && strstr(out, "mail") && strstr(out, "queued") && strstr(out, id));
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--json", "--limit", "1", NULL), 0);
+    CHECK(out[0] == '[' && strstr(out, "\"id\":") != NULL);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "{\"queue\":\"mail\",\"queued\":1,") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), 0);
+    CHECK(strstr(out, "QUEUE") && strstr(out, "mail"));
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", id, NULL), 0);
+    CHECK(strstr(out, "cancelled") != NULL);
+    free(out);
+    free(err);
+    /* Cancelling again: the job already finished. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", id, NULL), EX_DATAERR);
+    CHECK(strstr(err, "already finished") != NULL);
+    free(out);
+    free(err);
+
+    snprintf(cmd_id, sizeof cmd_id, "%s", id);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", cmd_id, NULL), 0);
+    free(out);
+    free(err);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state = 'queued'", id), 1);
+    PQfinish(pg);
+}
+
+TEST(cli_enqueue_unique_key_and_delay)
+{
+    char *out, *err, first[32];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--unique-key", "nightly", "--delay", "1.5h", NULL), 0);
+    snprintf(first, sizeof first, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--unique-key", "nightly", NULL), 0);
+    CHECK_STR(out, first);
+    CHECK(strstr(err, "already holds unique key") != NULL);
+    free(out);
+    free(err);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    CHECK_INT(t_int(pg, "SELECT (run_at - created_at = interval '90 minutes')::int FROM pgjobq.jobs"), 1);
+    PQfinish(pg);
+}
+
+static char *lines(int n, int bad_line, const char *bad)
+{
+    size_t cap = (size_t)n * 32 + 64, len = 0;
+    char *s = malloc(cap);
+    CHECK(s != NULL);
+    for (int i = 1; i <= n; i++) {
+        if (i == bad_line)
+            len += (size_t)snprintf(s + len, cap - len, "%s\n", bad);
+        else
+            len += (size_t)snprintf(s + len, cap - len, "{\"line\": %d}\n", i);
+        if (i % 500 == 0)
+            len += (size_t)snprintf(s + len, cap - len, "\n"); /* blank lines are skipped */
+    }
+    return s;
+}
+
+TEST(cli_enqueue_file_is_all_or_none)
+{
+    char *out, *err, *data;
+
+    /* 2,500 lines are three batches of 1,000 in one transaction. */
+    data = lines(2500, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--queue", "bulk", NULL), 0);
+    CHECK(strstr(err, "enqueued 2500 jobs") != NULL);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 2500);
+
+    /* A bad line in the third batch: the first two batches, already sent, are rolled back too. */
+    data = lines(2500, 2401, "{\"line\": oops}");
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", NULL), EX_DATAERR);
+    CHECK_MSG(strstr(err, "line 2405") != NULL && strstr(err, "nothing was enqueued") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 2500);
+
+    /* A NUL byte inside a line. */
+    static const char nul[] = "{\"a\": 1}\n{\"b\": \"x\0y\"}\n";
+    CHECK_INT(t_cli(&out, &err, nul, sizeof nul - 1, "enqueue", "--file", "-", NULL), EX_DATAERR);
+    CHECK(strstr(err, "line 2") && strstr(err, "NUL"));
+    free(out);
+    free(err);
+
+    /* A file the server refuses after the client accepted it (a run-at it cannot parse). */
+    data = lines(10, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--run-at", "soonish", NULL),
+              EX_DATAERR);
+    CHECK(strstr(err, "soonish") != NULL);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 2500);
+}
+
+/* The bad-input table: arguments, expected status, a word the message must contain. */
+TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
+{
+    static const struct {
+        const char *args[8];
+        int status;
+        const char *expect;
+    } cases[] = {
+        {{"enqueue", "{not json", NULL}, EX_DATAERR, "not valid JSON"},
+        {{"enqueue", "", NULL}, EX_DATAERR, "empty"},
+        {{"enqueue", "\"\\ud800\"", NULL}, EX_DATAERR, "surrogate"},
+        {{"enqueue", "--queue", "it's", NULL}, EX_DATAERR, "queue"},
+        {{"enqueue", "--queue", "a;b", NULL}, EX_DATAERR, "queue"},
+        {{"enqueue", "--queue", "", NULL}, EX_DATAERR, "empty"},
+        {{"enqueue", "--kind", "$$", NULL}, EX_DATAERR, "kind"},
+        {{"enqueue", "--kind", "x--", NULL}, EX_OK, NULL}, /* a valid name: proves the table can pass */
+        {{"enqueue", "--priority", "high", NULL}, EX_USAGE, "whole number"},
+        {{"enqueue", "--priority", "101", NULL}, EX_USAGE, "out of range"},
+        {{"enqueue", "--priority", "99999999999999999999", NULL}, EX_USAGE, "range"},
+        {{"enqueue", "--max-attempts", "0", NULL}, EX_USAGE, "out of range"},
+        {{"enqueue", "--max-attempts", "-2", NULL}, EX_USAGE, "out of range"},
+        {{"enqueue", "--delay", "-5s", NULL}, EX_USAGE, "negative"},
+        {{"enqueue", "--delay", "5 parsecs", NULL}, EX_USAGE, "unit"},
+        {{"enqueue", "--delay", "1e5s", NULL}, EX_USAGE, "unit"},
+        {{"enqueue", "--delay", "nan", NULL}, EX_USAGE, "not a duration"},
+        {{"enqueue", "--delay", "1000000d", NULL}, EX_USAGE, "100 years"},
+        {{"enqueue", "--delay", "5s", "--run-at", "2030-01-01", NULL}, EX_USAGE, "not both"},
+        {{"enqueue", "--run-at", "garbage", NULL}, EX_DATAERR, "garbage"},
+        {{"enqueue", "--run-at", "infinity", NULL}, EX_DATAERR, "run_at"},
+        {{"enqueue", "--run-at", "9999-12-31 23:59:59+00", NULL}, EX_OK, NULL},
+        {{"enqueue", "--run-at", "1970-01-01 00:00:00+00", NULL}, EX_OK, NULL},
+        {{"enqueue", "--unique-key", "", NULL}, EX_DATAERR, "unique key"},
+        {{"enqueue", "{}", "{}", NULL}, EX_USAGE, "unexpected argument"},
+        {{"enqueue", "--file", "/nonexistent/jobs.jsonl", NULL}, EX_NOINPUT, "cannot read"},
+        {{"enqueue", "--file", "-", "{}", NULL}, EX_USAGE, "not both"},
+        {{"enqueue", "--queue", NULL}, EX_USAGE, "needs a value"},
+        {{"show", "abc", NULL}, EX_USAGE, "whole number"},
+        {{"show", "-1", NULL}, EX_USAGE, "option"},
+        {{"show", "0", NULL}, EX_USAGE, "range"},
+        {{"show", "987654321", NULL}, EX_DATAERR, "no job"},
+        {{"show", NULL}, EX_USAGE, "expected ID"},
+        {{"cancel", "987654321", NULL}, EX_DATAERR, "no job"},
+        {{"retry", "987654321", NULL}, EX_DATAERR, "no job"},
+        {{"list", "--state", "done", NULL}, EX_USAGE, "unknown state"},
+        {{"list", "--limit", "0", NULL}, EX_USAGE, "out of range"},
+        {{"list", "--queue", "a b", NULL}, EX_USAGE, "invalid queue"},
+        {{"list", "--bogus", NULL}, EX_USAGE, "unknown option"},
+        {{"stats", "extra", NULL}, EX_USAGE, "unexpected argument"},
+        {{"frobnicate", NULL}, EX_USAGE, "unknown command"},
+        {{"--frobnicate", NULL}, EX_USAGE, "unknown option"},
+        {{NULL}, EX_USAGE, "usage"},
+    };
+    long long before = count_jobs();
+    int expected_new = 0;
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *const *a = cases[i].args;
+        char *out, *err;
+        int status = t_cli(&out, &err, NULL, 0, a[0], a[0] ? a[1] : NULL, a[0] && a[1] ? a[2] : NULL,
+                           a[0] && a[1] && a[2] ? a[3] : NULL, a[0] && a[1] && a[2] && a[3] ? a[4] : NULL, NULL);
+        CHECK_MSG(status == cases[i].status, "case %zu (%s %s): status %d, expected %d; stderr: %s", i,
+                  a[0] ? a[0] : "", a[0] && a[1] ? a[1] : "", status, cases[i].status, err);
+        if (cases[i].expect)
+            CHECK_MSG(strstr(err, cases[i].expect) != NULL, "case %zu: stderr \"%s\" lacks \"%s\"", i, err,
+                      cases[i].expect);
+        expected_new += status == EX_OK;
+        free(out);
+        free(err);
+    }
+    CHECK_INT(count_jobs(), before + expected_new);
+}
+
+TEST(cli_without_a_database_says_how_to_configure_one)
+{
+    char *out, *err;
+
+    /* --db '' would mean libpq's defaults; an unset configuration is an error with a way out. */
+    unsetenv("DATABASE_URL");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", "stats",
+                    NULL),
+              EX_UNAVAILABLE);
+    CHECK(strstr(err, "connect") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql://u:s3cret-pw@127.0.0.1:1/none?connect_timeout=2",
+                    "stats", NULL),
+              EX_UNAVAILABLE);
+    CHECK_MSG(strstr(err, "s3cret-pw") == NULL, "the password leaked: %s", err);
+    free(out);
+    free(err);
+}
+
+TEST_FULL(cli_migrate_is_idempotent, 60, TEST_DB_EMPTY)
+{
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), EX_CONFIG);
+    CHECK(strstr(err, "pgjobq migrate") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", NULL), 0);
+    CHECK(strstr(out, "migrated to version") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", NULL), 0);
+    CHECK(strstr(out, "up to date") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), 0);
+    free(out);
+    free(err);
+}
+
+TEST(cli_help_and_version)
+{
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--version", NULL), 0);
+    CHECK(strstr(out, PGJOBQ_VERSION) != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--help", NULL), 0);
+    CHECK(strstr(out, "enqueue") && strstr(out, "migrate"));
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--help", NULL), 0);
+    CHECK(strstr(out, "--unique-key") && strstr(out, "--file"));
+    free(out);
+    free(err);
+}
