@@ -10,16 +10,16 @@
 
 #include "cli.h"
 
-#define OPT_QUEUE 'q'
-#define OPT_KIND 'k'
-#define OPT_PRIORITY 'p'
-#define OPT_DELAY 'd'
-#define OPT_RUN_AT 1001
+#define OPT_QUEUE        'q'
+#define OPT_KIND         'k'
+#define OPT_PRIORITY     'p'
+#define OPT_DELAY        'd'
+#define OPT_RUN_AT       1001
 #define OPT_MAX_ATTEMPTS 1002
-#define OPT_UNIQUE_KEY 'u'
-#define OPT_FILE 'f'
-#define OPT_QUIET 1003
-#define OPT_BATCH 1004
+#define OPT_UNIQUE_KEY   'u'
+#define OPT_FILE         'f'
+#define OPT_QUIET        1003
+#define OPT_BATCH        1004
 
 const cli_opt enqueue_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "queue name (default: default)"},

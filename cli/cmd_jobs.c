@@ -6,7 +6,7 @@
 
 #include "cli.h"
 
-#define OPT_JSON 'j'
+#define OPT_JSON  'j'
 #define OPT_STATE 's'
 #define OPT_QUEUE 'q'
 #define OPT_LIMIT 'n'
@@ -19,10 +19,9 @@ const cli_opt list_opts[] = {
     {"json", OPT_JSON, NULL, "print a JSON array of job objects"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
-const cli_opt show_opts[] = {{"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS,
-                             {NULL, 0, NULL, NULL}};
-const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS,
-                              {NULL, 0, NULL, NULL}};
+const cli_opt show_opts[] = {
+    {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt cancel_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt retry_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 
@@ -33,8 +32,8 @@ typedef struct list_args {
 } list_args;
 
 /* Parses options and exactly `want` operands; returns the operand index, or -1 with *status set. */
-static int parse_simple(const cli_cmd *cmd, int argc, char **argv, int want,
-                        int (*on_opt)(int, const char *, void *), void *ctx, int *status)
+static int parse_simple(const cli_cmd *cmd, int argc, char **argv, int want, int (*on_opt)(int, const char *, void *),
+                        void *ctx, int *status)
 {
     int first = cli_parse(cmd, argc, argv, on_opt, ctx);
 
@@ -262,8 +261,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
                "started_at:    %s\nfinished_at:   %s\nlease_until:   %s\nlease_token:   %lld\n"
                "worker_id:     %s\nunique_key:    %s\npayload:       %s\nresult:        %s\nlast_error:    %s\n",
                (long long)j->id, j->queue, j->kind, pgjobq_state_name(j->state),
-               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0],
-               t[1], t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
+               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0], t[1],
+               t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
                j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
                j->last_error ? j->last_error : "-");
     }

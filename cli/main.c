@@ -21,8 +21,7 @@ static const cli_cmd commands[] = {
     {"list", "", "List jobs, newest first.", list_opts, cmd_list},
     {"show", "ID", "Show every field of one job.", show_opts, cmd_show},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
-    {"cancel", "ID",
-     "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
+    {"cancel", "ID", "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
      cmd_cancel},
     {"retry", "ID", "Run a finished or scheduled job again now.", retry_opts, cmd_retry},
 };
@@ -55,8 +54,8 @@ static void main_usage(FILE *to)
 
 void cli_usage(const cli_cmd *cmd, FILE *to)
 {
-    fprintf(to, "usage: pgjobq %s [OPTIONS]%s%s\n\n%s\n\nOptions:\n", cmd->name, cmd->args[0] ? " " : "",
-            cmd->args, cmd->summary);
+    fprintf(to, "usage: pgjobq %s [OPTIONS]%s%s\n\n%s\n\nOptions:\n", cmd->name, cmd->args[0] ? " " : "", cmd->args,
+            cmd->summary);
     for (const cli_opt *o = cmd->opts; o->name; o++) {
         char left[64];
         if (o->key < 256 && o->key != OPT_HELP)
@@ -78,8 +77,7 @@ int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
     return EX_USAGE;
 }
 
-int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, const char *arg, void *ctx),
-              void *ctx)
+int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, const char *arg, void *ctx), void *ctx)
 {
     struct option longopts[64];
     char shortopts[128];

@@ -44,7 +44,7 @@ extern "C" {
 /* Versions                                                                                          */
 
 /* Compile-time version: major * 10000 + minor * 100 + patch. */
-#define PGJOBQ_VERSION "0.1.0"
+#define PGJOBQ_VERSION     "0.1.0"
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
@@ -106,15 +106,15 @@ PGJOBQ_EXPORT int pgjobq_state_parse(const char *name, pgjobq_state *out) PGJOBQ
 #define PGJOBQ_TIME_NONE INT64_MIN
 
 /* Limits, checked by the library and by the database's CHECK constraints alike. */
-#define PGJOBQ_NAME_MAX 64              /* queue and kind names: [A-Za-z][A-Za-z0-9_.:-]{0,63} */
-#define PGJOBQ_PAYLOAD_MAX 1048576      /* payload JSON text, bytes */
-#define PGJOBQ_UNIQUE_KEY_MAX 255       /* unique key, characters */
-#define PGJOBQ_PRIORITY_MIN (-100)      /* lower priority values run first */
-#define PGJOBQ_PRIORITY_MAX 100
-#define PGJOBQ_MAX_ATTEMPTS_MAX 1000
+#define PGJOBQ_NAME_MAX             64      /* queue and kind names: [A-Za-z][A-Za-z0-9_.:-]{0,63} */
+#define PGJOBQ_PAYLOAD_MAX          1048576 /* payload JSON text, bytes */
+#define PGJOBQ_UNIQUE_KEY_MAX       255     /* unique key, characters */
+#define PGJOBQ_PRIORITY_MIN         (-100)  /* lower priority values run first */
+#define PGJOBQ_PRIORITY_MAX         100
+#define PGJOBQ_MAX_ATTEMPTS_MAX     1000
 #define PGJOBQ_DEFAULT_MAX_ATTEMPTS 25
-#define PGJOBQ_ERROR_MAX 8192           /* last_error is cut to this many bytes */
-#define PGJOBQ_BATCH_MAX 10000          /* most jobs one claim returns */
+#define PGJOBQ_ERROR_MAX            8192  /* last_error is cut to this many bytes */
+#define PGJOBQ_BATCH_MAX            10000 /* most jobs one claim returns */
 
 /* A job as read from the database.  Strings are NUL-terminated UTF-8; those marked "or NULL" are NULL
  * when the column is NULL.  The whole array a function returns is one allocation owned by the caller
@@ -123,22 +123,22 @@ typedef struct pgjobq_job {
     int64_t id;
     const char *queue;
     const char *kind;
-    const char *payload;       /* JSON text */
+    const char *payload; /* JSON text */
     int priority;
     pgjobq_state state;
-    int attempt;               /* 1 for the first run; incremented by every claim */
+    int attempt; /* 1 for the first run; incremented by every claim */
     int max_attempts;
-    int64_t lease_token;       /* fencing token of the current (or last) claim */
-    int64_t run_at;            /* microseconds since the epoch; see PGJOBQ_TIME_NONE */
+    int64_t lease_token; /* fencing token of the current (or last) claim */
+    int64_t run_at;      /* microseconds since the epoch; see PGJOBQ_TIME_NONE */
     int64_t created_at;
     int64_t started_at;
     int64_t finished_at;
     int64_t lease_until;
-    const char *worker_id;     /* or NULL */
-    const char *result;        /* JSON text, or NULL */
-    const char *last_error;    /* or NULL */
-    const char *unique_key;    /* or NULL */
-    int cancel_requested;      /* nonzero when a cancel was requested while the job was running */
+    const char *worker_id;  /* or NULL */
+    const char *result;     /* JSON text, or NULL */
+    const char *last_error; /* or NULL */
+    const char *unique_key; /* or NULL */
+    int cancel_requested;   /* nonzero when a cancel was requested while the job was running */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
@@ -253,7 +253,10 @@ typedef struct pgjobq_enqueue_opts {
                                another job with it returns the existing job instead. */
 } pgjobq_enqueue_opts;
 
-#define PGJOBQ_ENQUEUE_OPTS_INIT {NULL, NULL, 0, 0, 0, NULL, NULL}
+#define PGJOBQ_ENQUEUE_OPTS_INIT        \
+    {                                   \
+        NULL, NULL, 0, 0, 0, NULL, NULL \
+    }
 
 /*
  * Enqueues one job.  payload is JSON text (NULL: "{}").  opts may be NULL for all defaults.
@@ -267,7 +270,7 @@ PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pg
 
 /* One job of a batch. */
 typedef struct pgjobq_job_spec {
-    const char *payload;      /* JSON text; NULL: "{}" */
+    const char *payload; /* JSON text; NULL: "{}" */
     pgjobq_enqueue_opts opts;
 } pgjobq_job_spec;
 
@@ -278,8 +281,8 @@ typedef struct pgjobq_job_spec {
  * where the job was not inserted because its unique key was held (ids_out then has the holder's id).
  * Sends one notification per queue, not one per job.
  */
-PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
-                                       int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
+                                       unsigned char *dup_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Claim, complete, fail, heartbeat                                                                  */
@@ -303,8 +306,7 @@ PGJOBQ_EXPORT int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs
  * PGJOBQ_ELEASE when the lease is lost (nothing is written); PGJOBQ_ECANCELLED when a cancel was
  * requested (the job ends cancelled, with the result stored); PGJOBQ_EINVAL for a bad result.
  */
-PGJOBQ_EXPORT int pgjobq_job_complete(pgjobq_client *c, int64_t id, int64_t lease_token,
-                                      const char *result) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_job_complete(pgjobq_client *c, int64_t id, int64_t lease_token, const char *result) PGJOBQ_WUR;
 
 /* Pass as retry_delay_ms to pgjobq_job_fail to use the backoff formula (pgjobq.backoff). */
 #define PGJOBQ_BACKOFF (-1)
@@ -328,8 +330,7 @@ PGJOBQ_EXPORT int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_to
  * PGJOBQ_ELEASE when the lease is already lost; PGJOBQ_ECANCELLED when a cancel was requested (the
  * job has now ended cancelled: stop working on it).
  */
-PGJOBQ_EXPORT int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token,
-                                    int64_t lease_ms) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token, int64_t lease_ms) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Administration                                                                                    */
@@ -355,13 +356,16 @@ PGJOBQ_EXPORT int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_
 
 /* Filter for pgjobq_job_list. */
 typedef struct pgjobq_list_opts {
-    const char *queue;  /* NULL: all queues */
-    int state;          /* a pgjobq_state, or -1 for all states */
-    int limit;          /* 1..100000; 0: 100 */
-    int64_t before_id;  /* only jobs with id < before_id (paging); 0: no bound */
+    const char *queue; /* NULL: all queues */
+    int state;         /* a pgjobq_state, or -1 for all states */
+    int limit;         /* 1..100000; 0: 100 */
+    int64_t before_id; /* only jobs with id < before_id (paging); 0: no bound */
 } pgjobq_list_opts;
 
-#define PGJOBQ_LIST_OPTS_INIT {NULL, -1, 0, 0}
+#define PGJOBQ_LIST_OPTS_INIT \
+    {                         \
+        NULL, -1, 0, 0        \
+    }
 
 /* Lists jobs, newest (highest id) first.  On PGJOBQ_OK *jobs_out holds *n_out jobs (NULL, 0 if none),
  * to release with pgjobq_jobs_free(). */
@@ -391,8 +395,8 @@ PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *res
  * completed_age_ms, failed ones older than failed_age_ms (ages since finished_at, by the database
  * clock).  *deleted_out (may be NULL) receives the count; call again while it equals max_jobs.
  */
-PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms,
-                               int max_jobs, int *deleted_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
+                               int *deleted_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Validation helpers (the same checks the library applies before writing)                           */

@@ -167,8 +167,8 @@ static void set_result_error(pgjobq_client *c, const char *what, const PGresult 
 
     if (primary == NULL)
         primary = PQresultErrorMessage(r);
-    snprintf(c->errmsg, sizeof c->errmsg, "%s: %s%s%s (SQLSTATE %s)", what, primary, hint ? "; " : "",
-             hint ? hint : "", state ? state : "?");
+    snprintf(c->errmsg, sizeof c->errmsg, "%s: %s%s%s (SQLSTATE %s)", what, primary, hint ? "; " : "", hint ? hint : "",
+             state ? state : "?");
 }
 
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
@@ -201,8 +201,8 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
     in_tx = PQtransactionStatus(c->conn) != PQTRANS_IDLE;
 
     for (unsigned attempt = 0;; attempt++) {
-        PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths,
-                                   st->formats, st->binary_result);
+        PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
+                                   st->binary_result);
         ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
         const char *state;
         int code;
@@ -219,8 +219,8 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
         state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         code = pgjobq__code_from_sqlstate(state);
         if (code == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
-            pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what,
-                        state, attempt + 1);
+            pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what, state,
+                        attempt + 1);
             c->conflict_retries++;
             PQclear(r);
             conflict_pause(attempt);
@@ -242,8 +242,9 @@ int pgjobq__require_schema(pgjobq_client *c)
                               "the database's pgjobq schema is newer than this library (version %d): "
                               "upgrade pgjobq",
                               PGJOBQ_SCHEMA_VERSION);
-    return pgjobq__seterr(c, PGJOBQ_ESCHEMA, "the pgjobq schema is not installed or is out of date: "
-                                             "run `pgjobq migrate` (or pgjobq_migrate())");
+    return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                          "the pgjobq schema is not installed or is out of date: "
+                          "run `pgjobq migrate` (or pgjobq_migrate())");
 }
 
 /* Runs BEGIN, COMMIT or ROLLBACK; `want_idle` is whether the connection must be outside a transaction. */

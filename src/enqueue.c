@@ -85,8 +85,8 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: priority %d is out of range %d..%d", label, o->priority,
                               PGJOBQ_PRIORITY_MIN, PGJOBQ_PRIORITY_MAX);
     if (o->max_attempts < 0 || o->max_attempts > PGJOBQ_MAX_ATTEMPTS_MAX)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: max_attempts %d is out of range 1..%d", label,
-                              o->max_attempts, PGJOBQ_MAX_ATTEMPTS_MAX);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: max_attempts %d is out of range 1..%d", label, o->max_attempts,
+                              PGJOBQ_MAX_ATTEMPTS_MAX);
     if (o->delay_ms < 0)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: delay must not be negative (%lld ms)", label,
                               (long long)o->delay_ms);
@@ -112,9 +112,8 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
  * sent as a NULL parameter instead. */
 enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_COUNT };
 
-static const Oid enqueue_types[A_COUNT] = {OID_TEXT_ARRAY,     OID_TEXT_ARRAY,     OID_JSONB_ARRAY,
-                                           OID_INT2_ARRAY,     OID_TEXT_ARRAY,     OID_INTERVAL_ARRAY,
-                                           OID_INT4_ARRAY,     OID_TEXT_ARRAY};
+static const Oid enqueue_types[A_COUNT] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
+                                           OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY};
 static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT,     OID_JSONB, OID_INT2,
                                           OID_TEXT, OID_INTERVAL, OID_INT4,  OID_TEXT};
 
@@ -151,12 +150,11 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     }
 }
 
-static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids,
-                        unsigned char *dups, int *any_dup)
+static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids, unsigned char *dups,
+                        int *any_dup)
 {
-    static const char sql[] =
-        "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-        "$5::pg_catalog.timestamptz[], $6, $7, $8)";
+    static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
+                              "$5::pg_catalog.timestamptz[], $6, $7, $8)";
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT];
     int lengths[A_COUNT], formats[A_COUNT];
@@ -190,8 +188,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
     if (rc != PGJOBQ_OK)
         goto out;
     if ((size_t)PQntuples(r) != n) {
-        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: the database returned %d rows for %zu jobs", PQntuples(r),
-                            n);
+        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: the database returned %d rows for %zu jobs", PQntuples(r), n);
         goto out;
     }
     for (int row = 0; row < PQntuples(r); row++) {

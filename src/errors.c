@@ -102,8 +102,7 @@ int pgjobq__code_from_sqlstate(const char *s)
         return PGJOBQ_EDB;
     if (strcmp(s, "40001") == 0 || strcmp(s, "40P01") == 0)
         return PGJOBQ_ECONFLICT;
-    if (strncmp(s, "08", 2) == 0 || strcmp(s, "57P01") == 0 || strcmp(s, "57P02") == 0 ||
-        strcmp(s, "57P03") == 0)
+    if (strncmp(s, "08", 2) == 0 || strcmp(s, "57P01") == 0 || strcmp(s, "57P02") == 0 || strcmp(s, "57P03") == 0)
         return PGJOBQ_ECONN;
     if (strcmp(s, "57014") == 0 || strcmp(s, "55P03") == 0)
         return PGJOBQ_ETIMEOUT;

@@ -13,22 +13,22 @@
 #include "pgjobq.h"
 
 /* Built-in type OIDs (stable across PostgreSQL versions: they are in pg_type.dat). */
-#define OID_BOOL 16
-#define OID_INT8 20
-#define OID_INT2 21
-#define OID_INT4 23
-#define OID_TEXT 25
-#define OID_TIMESTAMPTZ 1184
-#define OID_INTERVAL 1186
-#define OID_JSONB 3802
-#define OID_BOOL_ARRAY 1000
-#define OID_INT2_ARRAY 1005
-#define OID_INT4_ARRAY 1007
-#define OID_TEXT_ARRAY 1009
-#define OID_INT8_ARRAY 1016
+#define OID_BOOL              16
+#define OID_INT8              20
+#define OID_INT2              21
+#define OID_INT4              23
+#define OID_TEXT              25
+#define OID_TIMESTAMPTZ       1184
+#define OID_INTERVAL          1186
+#define OID_JSONB             3802
+#define OID_BOOL_ARRAY        1000
+#define OID_INT2_ARRAY        1005
+#define OID_INT4_ARRAY        1007
+#define OID_TEXT_ARRAY        1009
+#define OID_INT8_ARRAY        1016
 #define OID_TIMESTAMPTZ_ARRAY 1185
-#define OID_INTERVAL_ARRAY 1187
-#define OID_JSONB_ARRAY 3807
+#define OID_INTERVAL_ARRAY    1187
+#define OID_JSONB_ARRAY       3807
 
 /* How many times a statement that failed with 40001 or 40P01 is run again (outside a caller's
  * transaction) before PGJOBQ_ECONFLICT is returned. */
@@ -36,8 +36,8 @@
 
 struct pgjobq_client {
     PGconn *conn;
-    int owned;              /* the client opened conn and closes it */
-    int schema_state;       /* 1 usable, 0 missing/older (migrate only), -1 newer (unusable) */
+    int owned;        /* the client opened conn and closes it */
+    int schema_state; /* 1 usable, 0 missing/older (migrate only), -1 newer (unusable) */
     pgjobq_log_fn log_fn;
     void *log_arg;
     char sqlstate[6];
@@ -47,7 +47,7 @@ struct pgjobq_client {
 
 /* One statement to run, with its parameters (all parameter arrays have nparams entries). */
 typedef struct pgjobq__stmt {
-    const char *what;       /* for error messages: "claim", "enqueue", ... */
+    const char *what; /* for error messages: "claim", "enqueue", ... */
     const char *sql;
     int nparams;
     const Oid *types;
@@ -58,11 +58,9 @@ typedef struct pgjobq__stmt {
 } pgjobq__stmt;
 
 /* errors.c */
-int pgjobq__seterr(pgjobq_client *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int pgjobq__seterr(pgjobq_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void pgjobq__clearerr(pgjobq_client *c);
-void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int pgjobq__code_from_sqlstate(const char *sqlstate);
 
 /* client.c */
@@ -88,9 +86,9 @@ void pgjobq__buf_u64(pgjobq__buf *b, uint64_t v);
 /* A one-dimensional binary array under construction: begin, add n elements, end. */
 typedef struct pgjobq__array {
     pgjobq__buf buf;
-    size_t count_at;   /* offset of the dimension length */
+    size_t count_at; /* offset of the dimension length */
     uint32_t count;
-    int has_null_at;   /* offset of the has-null flag */
+    int has_null_at; /* offset of the has-null flag */
     int has_null;
 } pgjobq__array;
 

@@ -10,16 +10,33 @@
 #include "internal.h"
 
 /* The columns every job-returning query selects, in the order jobs_from_result() reads them. */
-#define JOB_COLUMNS                                                                                        \
-    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "            \
-    "state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at, "      \
-    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                         \
+#define JOB_COLUMNS                                                                                \
+    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "     \
+    "state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at, " \
+    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                   \
     "unique_key::pg_catalog.text, cancel_requested"
 
 enum {
-    C_ID, C_QUEUE, C_KIND, C_PAYLOAD, C_PRIORITY, C_STATE, C_ATTEMPT, C_MAX_ATTEMPTS, C_LEASE_TOKEN,
-    C_RUN_AT, C_CREATED_AT, C_STARTED_AT, C_FINISHED_AT, C_LEASE_UNTIL, C_WORKER_ID, C_RESULT,
-    C_LAST_ERROR, C_UNIQUE_KEY, C_CANCEL_REQUESTED, C_NCOLS
+    C_ID,
+    C_QUEUE,
+    C_KIND,
+    C_PAYLOAD,
+    C_PRIORITY,
+    C_STATE,
+    C_ATTEMPT,
+    C_MAX_ATTEMPTS,
+    C_LEASE_TOKEN,
+    C_RUN_AT,
+    C_CREATED_AT,
+    C_STARTED_AT,
+    C_FINISHED_AT,
+    C_LEASE_UNTIL,
+    C_WORKER_ID,
+    C_RESULT,
+    C_LAST_ERROR,
+    C_UNIQUE_KEY,
+    C_CANCEL_REQUESTED,
+    C_NCOLS
 };
 
 static const char *const state_names[] = {"queued", "running", "completed", "failed", "cancelled"};
@@ -157,12 +174,12 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     if ((rc = pgjobq__check_name(c, "claim: queue", queue)) != PGJOBQ_OK)
         return rc;
     if (max_jobs < 1 || max_jobs > PGJOBQ_BATCH_MAX)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: max_jobs must be between 1 and %d, not %d",
-                              PGJOBQ_BATCH_MAX, max_jobs);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: max_jobs must be between 1 and %d, not %d", PGJOBQ_BATCH_MAX,
+                              max_jobs);
     if ((rc = check_lease_ms(c, "claim", lease_ms)) != PGJOBQ_OK)
         return rc;
-    if (worker_id && (worker_id[0] == '\0' || strlen(worker_id) > 255 ||
-                      !pgjobq__utf8_valid(worker_id, strlen(worker_id))))
+    if (worker_id &&
+        (worker_id[0] == '\0' || strlen(worker_id) > 255 || !pgjobq__utf8_valid(worker_id, strlen(worker_id))))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "claim: worker id must be 1 to 255 bytes of UTF-8");
     snprintf(max_s, sizeof max_s, "%d", max_jobs);
     pgjobq__ms_interval(lease_s, sizeof lease_s, lease_ms);
@@ -170,8 +187,8 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     values[1] = max_s;
     values[2] = lease_s;
     values[3] = worker_id;
-    pgjobq__stmt st = {"claim", "SELECT " JOB_COLUMNS " FROM pgjobq.claim($1, $2, $3, $4)", 4, types, values,
-                       NULL, NULL, 1};
+    pgjobq__stmt st = {
+        "claim", "SELECT " JOB_COLUMNS " FROM pgjobq.claim($1, $2, $3, $4)", 4, types, values, NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
@@ -230,8 +247,8 @@ int pgjobq_job_complete(pgjobq_client *c, int64_t id, int64_t lease_token, const
         values[k] = a[k].buf.data;
         lengths[k] = (int)a[k].buf.len;
     }
-    pgjobq__stmt st = {"complete", "SELECT outcome FROM pgjobq.complete_many($1, $2, $3)", 3, types, values,
-                       lengths, formats, 0};
+    pgjobq__stmt st = {
+        "complete", "SELECT outcome FROM pgjobq.complete_many($1, $2, $3)", 3, types, values, lengths, formats, 0};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         goto out;
     rc = PQntuples(r) == 1 ? outcome_code(c, "complete", id, PQgetvalue(r, 0, 0))
@@ -246,8 +263,7 @@ out:
 int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_token, const char *error, int64_t retry_delay_ms,
                     int flags, pgjobq_state *state_out)
 {
-    static const Oid types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY,
-                                OID_BOOL_ARRAY};
+    static const Oid types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
     static const int formats[] = {1, 1, 1, 1, 1};
     pgjobq__array a[5];
     const char *values[5];
@@ -287,8 +303,8 @@ int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_token, const cha
         values[k] = a[k].buf.data;
         lengths[k] = (int)a[k].buf.len;
     }
-    pgjobq__stmt st = {"fail", "SELECT outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, types, values,
-                       lengths, formats, 0};
+    pgjobq__stmt st = {
+        "fail", "SELECT outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, types, values, lengths, formats, 0};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         goto out;
     if (PQntuples(r) != 1) {
@@ -335,8 +351,8 @@ int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token, int64_t
     lengths[1] = (int)a[1].buf.len;
     values[2] = lease_s;
     lengths[2] = 0;
-    pgjobq__stmt st = {"extend", "SELECT outcome FROM pgjobq.extend_many($1, $2, $3)", 3, types, values,
-                       lengths, formats, 0};
+    pgjobq__stmt st = {
+        "extend", "SELECT outcome FROM pgjobq.extend_many($1, $2, $3)", 3, types, values, lengths, formats, 0};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         goto out;
     rc = PQntuples(r) == 1 ? outcome_code(c, "extend", id, PQgetvalue(r, 0, 0))
@@ -428,8 +444,8 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     if (job_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.jobs WHERE id = $1", 1, types, values, NULL,
-                       NULL, 1};
+    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.jobs WHERE id = $1", 1, types, values, NULL, NULL,
+                       1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     rc = pgjobq__jobs_from_result(c, r, job_out, &n);
@@ -482,7 +498,12 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
                        "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
                        "   AND ($3 = 0 OR id < $3)"
                        " ORDER BY id DESC LIMIT $4",
-                       4, types, values, NULL, NULL, 1};
+                       4,
+                       types,
+                       values,
+                       NULL,
+                       NULL,
+                       1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
@@ -558,8 +579,7 @@ int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out)
     return PGJOBQ_OK;
 }
 
-int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
-                 int *deleted_out)
+int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs, int *deleted_out)
 {
     static const Oid types[] = {OID_INTERVAL, OID_INTERVAL, OID_INT4};
     char a_s[48], b_s[48], max_s[16];

@@ -28,10 +28,20 @@ static int read_version(pgjobq_client *c, int *version)
         "read schema version",
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
         " ON n.oid = c.relnamespace WHERE n.nspname = 'pgjobq' AND c.relname = 'schema_version')",
-        0, NULL, NULL, NULL, NULL, 0};
-    static const pgjobq__stmt max = {
-        "read schema version", "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version", 0, NULL, NULL,
-        NULL, NULL, 0};
+        0,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        0};
+    static const pgjobq__stmt max = {"read schema version",
+                                     "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version",
+                                     0,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     0};
     PGresult *r;
     int rc;
 
@@ -163,8 +173,9 @@ int pgjobq_migrate(pgjobq_client *c, int *applied_out)
         return pgjobq__seterr(c, PGJOBQ_ESTATE,
                               "migrate: the connection is inside a transaction; migrations run their own");
     if (pgjobq__migration_count != PGJOBQ_SCHEMA_VERSION)
-        return pgjobq__seterr(c, PGJOBQ_ESCHEMA, "migrate: this build embeds %d migrations but declares "
-                                                 "schema version %d",
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "migrate: this build embeds %d migrations but declares "
+                              "schema version %d",
                               pgjobq__migration_count, PGJOBQ_SCHEMA_VERSION);
     for (int n = 1; n <= pgjobq__migration_count && rc == PGJOBQ_OK; n++)
         rc = apply_one(c, n, &applied);

@@ -188,7 +188,12 @@ int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
         dup2(in[0], 0);
         dup2(o[1], 1);
         dup2(e[1], 2);
-        close(in[0]); close(in[1]); close(o[0]); close(o[1]); close(e[0]); close(e[1]);
+        close(in[0]);
+        close(in[1]);
+        close(o[0]);
+        close(o[1]);
+        close(e[0]);
+        close(e[1]);
         setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));

@@ -23,57 +23,56 @@
 
 #include "pgjobq.h"
 
-#define TEST_DB_EMPTY 1  /* the test's database starts without the pgjobq schema */
+#define TEST_DB_EMPTY  1 /* the test's database starts without the pgjobq schema */
 #define TEST_EXCLUSIVE 2 /* no other test runs meanwhile (the test stops or restarts the server) */
 
 void harness_register(const char *name, void (*fn)(void), int timeout_s, int flags);
 
-#define TEST_FULL(name, timeout_s, flags)                                                                  \
-    static void test_##name(void);                                                                         \
-    __attribute__((constructor)) static void register_##name(void)                                       \
-    {                                                                                                      \
-        harness_register(#name, test_##name, timeout_s, flags);                                          \
-    }                                                                                                      \
+#define TEST_FULL(name, timeout_s, flags)                          \
+    static void test_##name(void);                                 \
+    __attribute__((constructor)) static void register_##name(void) \
+    {                                                              \
+        harness_register(#name, test_##name, timeout_s, flags);    \
+    }                                                              \
     static void test_##name(void)
 
 #define TEST(name) TEST_FULL(name, 60, 0)
 
 __attribute__((noreturn, format(printf, 3, 4))) void t_fail(const char *file, int line, const char *fmt, ...);
 
-#define CHECK(cond)                                                                                        \
-    do {                                                                                                   \
-        if (!(cond))                                                                                       \
-            t_fail(__FILE__, __LINE__, "CHECK(%s)", #cond);                                               \
+#define CHECK(cond)                                         \
+    do {                                                    \
+        if (!(cond))                                        \
+            t_fail(__FILE__, __LINE__, "CHECK(%s)", #cond); \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                                               \
-    do {                                                                                                   \
-        if (!(cond))                                                                                       \
-            t_fail(__FILE__, __LINE__, __VA_ARGS__);                                                      \
+#define CHECK_MSG(cond, ...)                         \
+    do {                                             \
+        if (!(cond))                                 \
+            t_fail(__FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 
-#define CHECK_INT(a, b)                                                                                    \
-    do {                                                                                                   \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                               \
-        if (a_ != b_)                                                                                      \
-            t_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, a_, #b, b_);               \
+#define CHECK_INT(a, b)                                                                    \
+    do {                                                                                   \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                \
+        if (a_ != b_)                                                                      \
+            t_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, a_, #b, b_); \
     } while (0)
 
-#define CHECK_STR(a, b)                                                                                    \
-    do {                                                                                                   \
-        const char *a_ = (a), *b_ = (b);                                                                  \
-        if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                                              \
-            t_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)",         \
-                   b_ ? b_ : "(null)");                                                                   \
+#define CHECK_STR(a, b)                                                                                              \
+    do {                                                                                                             \
+        const char *a_ = (a), *b_ = (b);                                                                             \
+        if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                                                         \
+            t_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)", b_ ? b_ : "(null)"); \
     } while (0)
 
 /* Checks a pgjobq result code, printing the client's message when it differs. */
-#define CHECK_RC(client, call, expected)                                                                   \
-    do {                                                                                                   \
-        int rc_ = (call);                                                                                  \
-        if (rc_ != (expected))                                                                             \
-            t_fail(__FILE__, __LINE__, "%s returned %s (%s), expected %s", #call, pgjobq_errname(rc_),    \
-                   pgjobq_errmsg(client), pgjobq_errname(expected));                                       \
+#define CHECK_RC(client, call, expected)                                                               \
+    do {                                                                                               \
+        int rc_ = (call);                                                                              \
+        if (rc_ != (expected))                                                                         \
+            t_fail(__FILE__, __LINE__, "%s returned %s (%s), expected %s", #call, pgjobq_errname(rc_), \
+                   pgjobq_errmsg(client), pgjobq_errname(expected));                                   \
     } while (0)
 
 #define CHECK_OK(client, call) CHECK_RC(client, call, PGJOBQ_OK)

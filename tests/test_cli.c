@@ -144,8 +144,7 @@ TEST(cli_enqueue_file_is_all_or_none)
 
     /* A file the server refuses after the client accepted it (a run-at it cannot parse). */
     data = lines(10, 0, NULL);
-    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--run-at", "soonish", NULL),
-              EX_DATAERR);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--run-at", "soonish", NULL), EX_DATAERR);
     CHECK(strstr(err, "soonish") != NULL);
     free(out);
     free(err);
@@ -231,14 +230,14 @@ TEST(cli_without_a_database_says_how_to_configure_one)
 
     /* --db '' would mean libpq's defaults; an unset configuration is an error with a way out. */
     unsetenv("DATABASE_URL");
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", "stats",
-                    NULL),
-              EX_UNAVAILABLE);
+    CHECK_INT(
+        t_cli(&out, &err, NULL, 0, "--db", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", "stats", NULL),
+        EX_UNAVAILABLE);
     CHECK(strstr(err, "connect") != NULL);
     free(out);
     free(err);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql://u:s3cret-pw@127.0.0.1:1/none?connect_timeout=2",
-                    "stats", NULL),
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql://u:s3cret-pw@127.0.0.1:1/none?connect_timeout=2", "stats",
+                    NULL),
               EX_UNAVAILABLE);
     CHECK_MSG(strstr(err, "s3cret-pw") == NULL, "the password leaked: %s", err);
     free(out);
@@ -282,4 +281,91 @@ TEST(cli_help_and_version)
     CHECK(strstr(out, "--unique-key") && strstr(out, "--file"));
     free(out);
     free(err);
+}
+
+/* Every option `pgjobq CMD --help` lists is documented in that command's section of pgjobq(1), and
+ * the man page documents no option the command lacks. */
+static void options_in(const char *text, const char *end, char opts[][32], int *n)
+{
+    /* Work on a copy with roff's "\-" turned into "-". */
+    size_t len = (size_t)(end - text), k = 0;
+    char *plain = malloc(len + 1);
+    CHECK(plain != NULL);
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == '\\' && i + 1 < len && text[i + 1] == '-')
+            continue;
+        plain[k++] = text[i];
+    }
+    plain[k] = '\0';
+    for (const char *p = plain; (p = strstr(p, "--")) != NULL; p += 2) {
+        char name[32];
+        int m = 0;
+        const char *q = p + 2;
+        while (m < 31 && ((*q >= 'a' && *q <= 'z') || *q == '-'))
+            name[m++] = *q++;
+        name[m] = '\0';
+        if (m == 0)
+            continue;
+        int seen = 0;
+        for (int i = 0; i < *n; i++)
+            seen |= strcmp(opts[i], name) == 0;
+        if (!seen && *n < 64)
+            snprintf(opts[(*n)++], 32, "%s", name);
+    }
+    free(plain);
+}
+
+TEST(cli_help_and_man_page_list_the_same_options)
+{
+    static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry"};
+    const char *src = getenv("PGJOBQ_SRCDIR") ? getenv("PGJOBQ_SRCDIR") : ".";
+    char path[1024], *man;
+    FILE *f;
+    long size;
+
+    snprintf(path, sizeof path, "%s/docs/pgjobq.1", src);
+    f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    rewind(f);
+    man = calloc(1, (size_t)size + 1);
+    CHECK(man && fread(man, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    /* The common options are documented once, in their own section. */
+    const char *common = strstr(man, ".SH COMMON OPTIONS");
+    CHECK(common && strstr(common, "\\-\\-db") && strstr(common, "\\-\\-help"));
+
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        char heading[64], *out, *err, help[64][32], doc[64][32];
+        int nh = 0, nd = 0;
+        snprintf(heading, sizeof heading, ".SS \"pgjobq %s", commands[i]);
+        const char *sec = strstr(man, heading);
+        CHECK_MSG(sec != NULL, "pgjobq(1) has no section for %s", commands[i]);
+        const char *end = strstr(sec + 4, ".SS ");
+        if (end == NULL)
+            end = strstr(sec, ".SH ");
+        CHECK_INT(t_cli(&out, &err, NULL, 0, commands[i], "--help", NULL), 0);
+        const char *opts = strstr(out, "Options:");
+        CHECK(opts != NULL);
+        options_in(opts, opts + strlen(opts), help, &nh);
+        options_in(sec, end, doc, &nd);
+        for (int h = 0; h < nh; h++) {
+            if (strcmp(help[h], "db") == 0 || strcmp(help[h], "help") == 0)
+                continue;
+            int found = 0;
+            for (int d = 0; d < nd; d++)
+                found |= strcmp(help[h], doc[d]) == 0;
+            CHECK_MSG(found, "pgjobq %s --%s is not in pgjobq(1)", commands[i], help[h]);
+        }
+        for (int d = 0; d < nd; d++) {
+            int found = 0;
+            for (int h = 0; h < nh; h++)
+                found |= strcmp(help[h], doc[d]) == 0;
+            CHECK_MSG(found, "pgjobq(1) documents --%s for %s, which --help lacks", doc[d], commands[i]);
+        }
+        free(out);
+        free(err);
+    }
+    free(man);
 }

@@ -65,17 +65,18 @@ TEST(enqueue_delay_is_computed_by_the_database_clock)
      * client-side time, run_at - created_at would not be exactly the delay. */
     o.delay_ms = 3600 * 1000 + 250;
     CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
-    CHECK_INT(t_int(pg, "SELECT (run_at - created_at = interval '1 hour 250 milliseconds')::int FROM pgjobq.jobs"
-                        " WHERE id = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT (run_at - created_at = interval '1 hour 250 milliseconds')::int FROM pgjobq.jobs"
+                    " WHERE id = %lld",
                     (long long)id),
               1);
     /* An absolute run_at is the user's own time, parsed by the server. */
     o.delay_ms = 0;
     o.run_at = "2031-02-03 04:05:06+00";
     CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
-    CHECK_INT(t_int(pg, "SELECT (run_at = '2031-02-03 04:05:06+00')::int FROM pgjobq.jobs WHERE id = %lld",
-                    (long long)id),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT (run_at = '2031-02-03 04:05:06+00')::int FROM pgjobq.jobs WHERE id = %lld", (long long)id),
+        1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }

@@ -86,15 +86,17 @@ TEST(lease_expiry_lets_another_worker_claim_and_fences_the_old_one)
     CHECK_RC(old, pgjobq_job_fail(old, id, j1->lease_token, "late failure", 0, PGJOBQ_FAIL_PERMANENT, NULL),
              PGJOBQ_ELEASE);
     CHECK_RC(old, pgjobq_job_extend(old, id, j1->lease_token, 30000), PGJOBQ_ELEASE);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND attempt = 2"
-                        " AND worker_id = 'new-worker' AND result IS NULL AND lease_token = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND attempt = 2"
+                    " AND worker_id = 'new-worker' AND result IS NULL AND lease_token = %lld",
                     (long long)id, (long long)j2->lease_token),
               1);
 
     /* The new holder completes normally. */
     CHECK_OK(fresh, pgjobq_job_complete(fresh, id, j2->lease_token, "{\"ok\": true}"));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'"
-                        " AND result = '{\"ok\": true}'",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'"
+                    " AND result = '{\"ok\": true}'",
                     (long long)id),
               1);
     pgjobq_jobs_free(j1);
@@ -126,8 +128,7 @@ TEST(lease_rescue_never_touches_a_completed_job_and_respects_attempts)
     /* Its only attempt was used up by the lost run: failed, not queued. */
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'", (long long)last_id),
               1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'",
-                    (long long)done_id),
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)done_id),
               1);
     CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
     CHECK_INT(rescued, 0);

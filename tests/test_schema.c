@@ -112,8 +112,8 @@ TEST(schema_check_constraints_stop_raw_inserts)
         {"attempt, max_attempts", "5, 3"},
         {"attempt, max_attempts", "3, 3"}, /* queued with no attempt left */
         {"state", "'bogus'"},
-        {"state", "'running'"},            /* running without a lease */
-        {"state", "'completed'"},          /* finished without finished_at */
+        {"state", "'running'"},   /* running without a lease */
+        {"state", "'completed'"}, /* finished without finished_at */
         {"run_at", "'infinity'"},
         {"payload", "(SELECT jsonb_build_object('x', repeat('y', 1048576)))"},
         {"payload", "'{bad json'"},

@@ -31,8 +31,9 @@ TEST(fail_retries_with_backoff_until_max_attempts)
     pgjobq_job *j = claim_one(c);
     CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "first failure", PGJOBQ_BACKOFF, 0, &st));
     CHECK_INT(st, PGJOBQ_QUEUED);
-    CHECK_INT(t_int(pg, "SELECT (run_at - now() BETWEEN interval '1.7 s' AND interval '2.2 s')::int"
-                        " FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT (run_at - now() BETWEEN interval '1.7 s' AND interval '2.2 s')::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
                     (long long)id),
               1);
     char *err = t_str(pg, "SELECT last_error FROM pgjobq.jobs WHERE id = %lld", (long long)id);
@@ -91,8 +92,9 @@ TEST(fail_permanent_and_retry_at_explicit_delay)
     CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "try in an hour", 3600000, 0, &st));
     CHECK_INT(st, PGJOBQ_QUEUED);
     /* The delay counts from the failing statement's now(), which this query cannot see exactly. */
-    CHECK_INT(t_int(pg, "SELECT (run_at - now() BETWEEN interval '3590 s' AND interval '3600 s')::int"
-                        " FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT (run_at - now() BETWEEN interval '3590 s' AND interval '3600 s')::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
                     (long long)j->id),
               1);
     CHECK_RC(c, pgjobq_job_fail(c, j->id, j->lease_token, "x", -5, 0, &st), PGJOBQ_EINVAL);
@@ -117,8 +119,9 @@ TEST(fail_stores_any_error_text_sanitised_and_capped)
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pgjobq_job *j = claim_one(c);
     CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, huge, 0, 0, NULL));
-    CHECK_INT(t_int(pg, "SELECT (octet_length(last_error) <= %d AND last_error LIKE 'bad bytes: %%')::int"
-                        " FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT (octet_length(last_error) <= %d AND last_error LIKE 'bad bytes: %%')::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
                     PGJOBQ_ERROR_MAX, (long long)id),
               1);
     CHECK_INT(t_int(pg, "SELECT (state = 'queued')::int FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
@@ -173,8 +176,9 @@ TEST(cancel_queued_running_and_finished_jobs)
 
     CHECK_OK(c, pgjobq_job_cancel(c, queued, &st));
     CHECK_INT(st, PGJOBQ_CANCELLED);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
-                        " AND finished_at IS NOT NULL",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                    " AND finished_at IS NOT NULL",
                     (long long)queued),
               1);
 
@@ -189,8 +193,9 @@ TEST(cancel_queued_running_and_finished_jobs)
     /* ...or at its completion, which ends the job cancelled (keeping the result). */
     CHECK_OK(c, pgjobq_job_cancel(c, running2, NULL));
     CHECK_RC(c, pgjobq_job_complete(c, j2->id, j2->lease_token, "{\"partial\": true}"), PGJOBQ_ECANCELLED);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
-                        " AND result = '{\"partial\": true}'",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                    " AND result = '{\"partial\": true}'",
                     (long long)running2),
               1);
 
