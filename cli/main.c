@@ -24,6 +24,9 @@ static const cli_cmd commands[] = {
     {"cancel", "ID", "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
      cmd_cancel},
     {"retry", "ID", "Run a finished or scheduled job again now.", retry_opts, cmd_retry},
+    {"work", "",
+     "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
+     work_opts, cmd_work},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -153,7 +156,7 @@ int cli_fail(pgjobq_client *c, int code)
 }
 
 /* Which database: --db, then $PGJOBQ_DATABASE_URL, then $DATABASE_URL. */
-static const char *database_url(void)
+const char *cli_database_url(void)
 {
     const char *v;
     if (cli_db_url)
@@ -167,7 +170,7 @@ static const char *database_url(void)
 
 pgjobq_client *cli_connect(int allow_unmigrated, int *status)
 {
-    const char *url = database_url();
+    const char *url = cli_database_url();
     pgjobq_client *c = NULL;
     int rc;
 

@@ -48,7 +48,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 1
+#define PGJOBQ_SCHEMA_VERSION 2
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -397,6 +397,142 @@ PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *res
  */
 PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
                                int *deleted_out) PGJOBQ_WUR;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Worker                                                                                            */
+/*
+ * A worker runs jobs from one or more queues on a pool of threads, with at most three database
+ * connections whatever its concurrency: one claims, completes and heartbeats (from the thread that
+ * called pgjobq_worker_run), one LISTENs for wakeups, one does maintenance (rescuing expired leases,
+ * pruning history).  Claims are sized to free slots; completions are batched and fenced per job;
+ * one statement renews every running lease of the process.
+ */
+
+typedef struct pgjobq_worker pgjobq_worker;
+
+/* What a handler tells the worker about its job. */
+typedef enum pgjobq_outcome {
+    PGJOBQ_OUTCOME_COMPLETE = 0, /* done; the result set with pgjobq_ctx_set_result is stored */
+    PGJOBQ_OUTCOME_RETRY = 1,    /* this attempt failed: retry after the delay (or the backoff) while
+                                    attempts remain, else the job fails */
+    PGJOBQ_OUTCOME_FAIL = 2,     /* failed for good: no further attempts */
+    PGJOBQ_OUTCOME_CANCEL = 3    /* stop: the job ends cancelled */
+} pgjobq_outcome;
+
+/* Why a handler should stop (pgjobq_ctx_stop_reason). */
+typedef enum pgjobq_stop_reason {
+    PGJOBQ_STOP_NONE = 0,
+    PGJOBQ_STOP_TIMEOUT = 1,   /* the job ran past the worker's job timeout */
+    PGJOBQ_STOP_CANCELLED = 2, /* someone cancelled the job */
+    PGJOBQ_STOP_LEASE_LOST = 3,/* the lease could not be renewed; another worker may take the job */
+    PGJOBQ_STOP_SHUTDOWN = 4   /* the worker is shutting down; the job will be handed back */
+} pgjobq_stop_reason;
+
+/* The handler's view of one job.  Valid only during the handler call, on the handler's thread. */
+typedef struct pgjobq_ctx pgjobq_ctx;
+
+/* The job (id, queue, kind, payload, attempt, max_attempts, ...). */
+PGJOBQ_EXPORT const pgjobq_job *pgjobq_ctx_job(const pgjobq_ctx *ctx);
+
+/* Sets the result stored on completion (JSON text, copied).  Returns PGJOBQ_EINVAL for invalid JSON
+ * (the previous result, if any, is kept). */
+PGJOBQ_EXPORT int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json) PGJOBQ_WUR;
+
+/* Sets the error text stored with RETRY or FAIL (any bytes; sanitised and cut to PGJOBQ_ERROR_MAX). */
+PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
+
+/* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff). */
+PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
+
+/* Nonzero once the handler should stop as soon as it can; pgjobq_ctx_stop_reason says why.  Handlers
+ * that run long must poll it: the worker cannot interrupt a thread. */
+PGJOBQ_EXPORT int pgjobq_ctx_should_stop(const pgjobq_ctx *ctx);
+PGJOBQ_EXPORT pgjobq_stop_reason pgjobq_ctx_stop_reason(const pgjobq_ctx *ctx);
+
+/* Milliseconds left before the job timeout (0 when it has passed). */
+PGJOBQ_EXPORT int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx);
+
+/* A handler: runs one job and says how it went.  Called on one of the worker's threads; many run at
+ * once, so a handler must be thread-safe.  arg is what was given to pgjobq_worker_handle. */
+typedef pgjobq_outcome (*pgjobq_handler_fn)(pgjobq_ctx *ctx, void *arg);
+
+/* Worker options.  Zero-initialise (PGJOBQ_WORKER_OPTS_INIT) and set what you need. */
+typedef struct pgjobq_worker_opts {
+    const char *worker_id;       /* recorded on claimed jobs; NULL: "hostname:pid" */
+    int64_t lease_ms;            /* lease per claim and per heartbeat; 0: 60000 */
+    int64_t heartbeat_ms;        /* interval of lease renewal; 0: lease / 3; must be < lease */
+    int64_t timeout_ms;          /* job timeout; 0: 80% of the lease; must be < lease, so that a job
+                                    stopped at its timeout ends before its lease could expire */
+    int64_t poll_ms;             /* claim at least this often even without a notification; 0: 1000 */
+    int64_t shutdown_timeout_ms; /* how long a stop waits for running jobs; 0: 30000; < 0: none */
+    int batch_max;               /* most jobs per claim (sized to free slots); 0: 100 */
+    int poll_only;               /* nonzero: no LISTEN (PgBouncer transaction mode) */
+    int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes */
+    int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this; 0: 24 h;
+                                    < 0: never */
+    int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: 7 days; < 0: never */
+    pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
+    void *log_arg;
+} pgjobq_worker_opts;
+
+#define PGJOBQ_WORKER_OPTS_INIT {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL}
+
+/*
+ * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than
+ * the lease is refused, and pgjobq_worker_errmsg says why) but does not connect yet.  On PGJOBQ_OK *out is a new worker; on PGJOBQ_EINVAL *out is still set so that
+ * pgjobq_worker_errmsg() can say why, and must be freed.  PGJOBQ_ENOMEM leaves *out NULL.
+ */
+PGJOBQ_EXPORT int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo,
+                                    const pgjobq_worker_opts *opts) PGJOBQ_WUR;
+
+/*
+ * Serves queue with `concurrency` threads (1..1024), running fn(ctx, arg) for each job, or only for
+ * jobs of the given kind when kind is not NULL (then add one handler per kind; a job of a kind with
+ * no handler fails for good with an error saying so).  Call before pgjobq_worker_run.  Returns
+ * PGJOBQ_OK or PGJOBQ_EINVAL (bad name, bad concurrency, a queue given two different concurrencies,
+ * or a duplicate handler).
+ */
+PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, const char *kind, int concurrency,
+                                       pgjobq_handler_fn fn, void *arg) PGJOBQ_WUR;
+
+/*
+ * Runs the worker on the calling thread until pgjobq_worker_stop: connects (retrying with backoff
+ * and jitter, forever), claims, dispatches, completes, heartbeats, rescues and prunes.  On stop it
+ * claims nothing more, waits up to the shutdown timeout for running jobs, then asks the remaining
+ * handlers to stop and hands their jobs back to the queue at once without using up an attempt.
+ * Returns PGJOBQ_OK after a clean drain, PGJOBQ_ETIMEOUT when jobs had to be handed back, or
+ * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  Call it once.
+ */
+PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
+
+/*
+ * Asks a running worker to stop.  Safe from a signal handler and from any thread (it only sets a
+ * flag and writes to a pipe).  A second call stops fast: running handlers are asked to stop now and
+ * their jobs handed back, without waiting for the shutdown timeout.
+ */
+PGJOBQ_EXPORT void pgjobq_worker_stop(pgjobq_worker *w);
+
+/* Counters since the worker started; safe to read from any thread while it runs. */
+typedef struct pgjobq_worker_stats {
+    int64_t claimed;     /* jobs claimed */
+    int64_t completed;   /* completions accepted */
+    int64_t retried;     /* failed attempts queued again */
+    int64_t failed;      /* jobs that ended failed */
+    int64_t cancelled;   /* jobs that ended cancelled */
+    int64_t lost;        /* jobs whose lease was lost (results not written) */
+    int64_t released;    /* jobs handed back at shutdown */
+    int64_t running;     /* jobs running now */
+    int64_t claims;      /* claim statements */
+    int64_t rescued;     /* expired leases rescued by this process's maintenance */
+} pgjobq_worker_stats;
+
+PGJOBQ_EXPORT void pgjobq_worker_get_stats(const pgjobq_worker *w, pgjobq_worker_stats *out);
+
+/* The reason for the worker's last error; never NULL.  Not thread-safe against a running worker. */
+PGJOBQ_EXPORT const char *pgjobq_worker_errmsg(const pgjobq_worker *w);
+
+/* Frees a worker that is not running (run returned, or was never called).  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_worker_free(pgjobq_worker *w);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Validation helpers (the same checks the library applies before writing)                           */

@@ -112,6 +112,7 @@ int64_t pgjobq__get_time(const PGresult *r, int row, int col); /* PGJOBQ_TIME_NO
 const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
 
 /* jobs.c */
+pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n);
 
 /* json.c */
@@ -125,6 +126,9 @@ int pgjobq__utf8_valid(const char *s, size_t n);
 /* Common argument checks, each setting the client error. */
 int pgjobq__check_name(pgjobq_client *c, const char *what, const char *name);
 int pgjobq__check_payload(pgjobq_client *c, const char *what, const char *json, size_t len);
+
+/* Advisory lock keys: (PGJOBQ__LOCK_CLASS, n).  1 migrate, 2 rescue, 3 prune. */
+#define PGJOBQ__LOCK_CLASS 1885825649
 
 /* Formats a millisecond count as a PostgreSQL interval literal into buf ("1500 milliseconds"). */
 void pgjobq__ms_interval(char *buf, size_t size, int64_t ms);

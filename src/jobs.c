@@ -64,6 +64,36 @@ void pgjobq_jobs_free(pgjobq_job *jobs)
     free(jobs);
 }
 
+/* Copies one job into its own allocation (struct and strings), released with pgjobq_jobs_free. */
+pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
+{
+    const char *const *fields[] = {&j->queue, &j->kind, &j->payload, &j->worker_id,
+                                   &j->result, &j->last_error, &j->unique_key};
+    size_t bytes = sizeof *j;
+    pgjobq_job *copy;
+    char *p;
+
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
+        if (*fields[k])
+            bytes += strlen(*fields[k]) + 1;
+    copy = malloc(bytes);
+    if (copy == NULL)
+        return NULL;
+    *copy = *j;
+    p = (char *)(copy + 1);
+    const char **dst[] = {&copy->queue, &copy->kind, &copy->payload, &copy->worker_id,
+                          &copy->result, &copy->last_error, &copy->unique_key};
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (*fields[k] == NULL)
+            continue;
+        size_t len = strlen(*fields[k]) + 1;
+        memcpy(p, *fields[k], len);
+        *dst[k] = p;
+        p += len;
+    }
+    return copy;
+}
+
 static const int text_cols[] = {C_QUEUE, C_KIND, C_PAYLOAD, C_WORKER_ID, C_RESULT, C_LAST_ERROR, C_UNIQUE_KEY};
 
 /* Copies a result of JOB_COLUMNS rows into one allocation: the job structs, then their strings. */

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -318,4 +319,97 @@ int t_pg_ctl(const char *arg, ...)
     va_end(ap);
     argv[argc] = NULL;
     return harness_run_as_owner(argv, NULL);
+}
+
+pid_t t_spawn(const char *log_path, const char *extra_env, ...)
+{
+    const char *argv[64];
+    int argc = 0;
+    va_list ap;
+    pid_t pid;
+
+    argv[argc++] = env_or_die("PGJOBQ_CLI");
+    va_start(ap, extra_env);
+    for (const char *a; (a = va_arg(ap, const char *)) != NULL && argc < 63;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    pid = fork();
+    if (pid < 0)
+        t_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        fd = open("/dev/null", O_RDONLY);
+        if (fd >= 0) {
+            dup2(fd, 0);
+            close(fd);
+        }
+        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        if (extra_env)
+            putenv(strdup(extra_env));
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+int t_wait_exit(pid_t pid, int timeout_ms)
+{
+    int64_t deadline = t_now_ms() + timeout_ms;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (t_now_ms() >= deadline)
+            return -1;
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+static char tmpdir[256];
+
+static void remove_tmpdir(void)
+{
+    char cmd[300];
+    if (tmpdir[0] == '\0')
+        return;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+}
+
+const char *t_tmpdir(void)
+{
+    if (tmpdir[0] == '\0') {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/pgjobq-t-XXXXXX");
+        if (mkdtemp(tmpdir) == NULL)
+            t_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
+        chmod(tmpdir, 0755); /* the server may read files here (COPY FROM) */
+        atexit(remove_tmpdir);
+    }
+    return tmpdir;
+}
+
+const char *t_script(const char *name, const char *body)
+{
+    static char path[512];
+    FILE *f;
+
+    snprintf(path, sizeof path, "%s/%s", t_tmpdir(), name);
+    f = fopen(path, "w");
+    if (f == NULL)
+        t_fail(__FILE__, __LINE__, "cannot write %s", path);
+    fprintf(f, "#!/bin/sh\n%s\n", body);
+    fclose(f);
+    chmod(path, 0755);
+    return path;
 }

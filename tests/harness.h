@@ -20,6 +20,7 @@
 #include <libpq-fe.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "pgjobq.h"
 
@@ -101,6 +102,17 @@ int64_t t_now_ms(void);
  * may be NULL).  PGJOBQ_DATABASE_URL is set to this test's database.  Returns the exit status, or
  * 128 + signal.  Fails the test if the command cannot be run or does not end within 60 s. */
 int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...);
+
+/* Starts the pgjobq command in the background with the given arguments (NULL-terminated), stdout and
+ * stderr appended to log_path, PGJOBQ_DATABASE_URL set to this test's database, and extra_env
+ * ("NAME=value", may be NULL) added.  Returns its pid. */
+pid_t t_spawn(const char *log_path, const char *extra_env, ...);
+/* Waits up to timeout_ms for pid to exit; returns its exit status (128 + signal), or -1 on timeout. */
+int t_wait_exit(pid_t pid, int timeout_ms);
+/* A new temporary directory for this test (removed when the test process exits normally). */
+const char *t_tmpdir(void);
+/* Writes an executable shell script at dir/name with the given body; returns its path (static). */
+const char *t_script(const char *name, const char *body);
 
 /* The cluster's facts, for tests that act on the server itself (restart, stop). */
 const char *t_pgdata(void);

@@ -1,0 +1,680 @@
+/*
+ * cmd_work.c - pgjobq work: a worker whose handler runs a command given on the worker's own command
+ * line (never one taken from a job row), once per job.
+ *
+ * The exec contract: the command runs without a shell (unless --shell), in its own process group,
+ * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT and
+ * PGJOBQ_MAX_ATTEMPTS in its environment, and without the worker's database credentials.  Exit 0
+ * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
+ * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
+ * the tail of stderr as the error.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+extern char **environ;
+
+#define OPT_QUEUE 'q'
+#define OPT_EXEC 'e'
+#define OPT_SHELL 2001
+#define OPT_LEASE 2002
+#define OPT_HEARTBEAT 2003
+#define OPT_TIMEOUT 2004
+#define OPT_POLL 2005
+#define OPT_POLL_ONLY 2006
+#define OPT_SHUTDOWN 2007
+#define OPT_WORKER_ID 2008
+#define OPT_LOG_FORMAT 2009
+#define OPT_LOG_LEVEL 2010
+#define OPT_BATCH 2011
+#define OPT_MAX_OUTPUT 2012
+#define OPT_RETAIN_COMPLETED 2013
+#define OPT_RETAIN_FAILED 2014
+#define OPT_NO_MAINTENANCE 2015
+
+const cli_opt work_opts[] = {
+    {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
+    {"exec", OPT_EXEC, "'CMD ARGS'", "the command to run for each job (required)"},
+    {"shell", OPT_SHELL, NULL, "run --exec through /bin/sh -c instead of splitting it into words"},
+    {"lease", OPT_LEASE, "DURATION", "lease per claim and heartbeat (default 60s)"},
+    {"heartbeat", OPT_HEARTBEAT, "DURATION", "lease renewal interval (default lease/3)"},
+    {"timeout", OPT_TIMEOUT, "DURATION", "job timeout, shorter than the lease (default 80% of the lease)"},
+    {"poll", OPT_POLL, "DURATION", "claim at least this often without a notification (default 1s)"},
+    {"poll-only", OPT_POLL_ONLY, NULL, "do not LISTEN (for PgBouncer in transaction mode)"},
+    {"shutdown-timeout", OPT_SHUTDOWN, "DURATION", "on SIGTERM, wait this long for running jobs (default 30s)"},
+    {"worker-id", OPT_WORKER_ID, "ID", "recorded on claimed jobs (default hostname:pid)"},
+    {"batch", OPT_BATCH, "N", "most jobs per claim, 1..10000 (default 100)"},
+    {"max-output", OPT_MAX_OUTPUT, "BYTES", "stdout kept as the result, at most (default 1048576)"},
+    {"retain-completed", OPT_RETAIN_COMPLETED, "DURATION", "prune completed jobs after this (default 24h)"},
+    {"retain-failed", OPT_RETAIN_FAILED, "DURATION", "prune failed jobs after this (default 7d)"},
+    {"no-maintenance", OPT_NO_MAINTENANCE, NULL, "do not rescue expired leases or prune in this process"},
+    {"log-format", OPT_LOG_FORMAT, "FORMAT", "text or json (default text)"},
+    {"log-level", OPT_LOG_LEVEL, "LEVEL", "debug, info, warn or error (default info)"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+
+typedef struct queue_arg {
+    char name[PGJOBQ_NAME_MAX + 1];
+    int concurrency;
+} queue_arg;
+
+typedef struct exec_cfg {
+    char **argv;      /* the command, split (or sh -c) */
+    char **env;       /* the worker's environment without credentials */
+    size_t max_output;
+    int64_t kill_grace_ms;
+} exec_cfg;
+
+typedef struct work_args {
+    const cli_cmd *cmd;
+    pgjobq_worker_opts opts;
+    queue_arg queues[64];
+    int nqueues;
+    const char *exec;
+    int shell;
+    long long max_output;
+    int json_log;
+    int log_level;
+} work_args;
+
+static pgjobq_worker *volatile the_worker;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (the_worker)
+        pgjobq_worker_stop(the_worker);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Logging                                                                                           */
+
+static void log_line(void *arg, pgjobq_log_level level, const char *msg)
+{
+    const work_args *a = arg;
+    char ts[96];
+    struct timespec now;
+    struct tm tm;
+
+    if ((int)level < a->log_level)
+        return;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000);
+    flockfile(stderr);
+    if (a->json_log) {
+        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":", ts, pgjobq_log_level_name(level));
+        json_str(stderr, msg);
+        fputs("}\n", stderr);
+    } else {
+        fprintf(stderr, "%s %-5s %s\n", ts, pgjobq_log_level_name(level), msg);
+    }
+    funlockfile(stderr);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Options                                                                                           */
+
+static int duration_opt(work_args *a, const char *name, const char *arg, int64_t *out)
+{
+    char why[160];
+    if (cli_parse_duration_ms(arg, out, why, sizeof why) != 0) {
+        cli_usage_error(a->cmd, "--%s: %s", name, why);
+        return -1;
+    }
+    if (*out == 0) {
+        cli_usage_error(a->cmd, "--%s must be more than 0", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int work_opt(int key, const char *arg, void *ctx)
+{
+    work_args *a = ctx;
+    char why[160];
+    long long v;
+
+    switch (key) {
+    case OPT_QUEUE: {
+        queue_arg *q = &a->queues[a->nqueues];
+        /* Queue names may contain ':' too: the concurrency is what follows the last one, if numeric. */
+        const char *colon = strrchr(arg, ':');
+        if (a->nqueues == 64) {
+            cli_usage_error(a->cmd, "at most 64 --queue options");
+            return -1;
+        }
+        q->concurrency = 10;
+        if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+            if (cli_parse_int(colon + 1, 1, 1024, &v, why, sizeof why) != 0) {
+                cli_usage_error(a->cmd, "--queue %s: concurrency %s", arg, why);
+                return -1;
+            }
+            q->concurrency = (int)v;
+            snprintf(q->name, sizeof q->name, "%.*s", (int)(colon - arg), arg);
+            if ((size_t)(colon - arg) > PGJOBQ_NAME_MAX)
+                q->name[0] = '\0';
+        } else {
+            snprintf(q->name, sizeof q->name, "%s", strlen(arg) <= PGJOBQ_NAME_MAX ? arg : "");
+        }
+        if (pgjobq_name_check(q->name) != PGJOBQ_OK) {
+            cli_usage_error(a->cmd, "--queue: invalid queue name in '%s'", arg);
+            return -1;
+        }
+        a->nqueues++;
+        return 0;
+    }
+    case OPT_EXEC: a->exec = arg; return 0;
+    case OPT_SHELL: a->shell = 1; return 0;
+    case OPT_LEASE: return duration_opt(a, "lease", arg, &a->opts.lease_ms);
+    case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->opts.heartbeat_ms);
+    case OPT_TIMEOUT: return duration_opt(a, "timeout", arg, &a->opts.timeout_ms);
+    case OPT_POLL: return duration_opt(a, "poll", arg, &a->opts.poll_ms);
+    case OPT_SHUTDOWN: return duration_opt(a, "shutdown-timeout", arg, &a->opts.shutdown_timeout_ms);
+    case OPT_RETAIN_COMPLETED: return duration_opt(a, "retain-completed", arg, &a->opts.retain_completed_ms);
+    case OPT_RETAIN_FAILED: return duration_opt(a, "retain-failed", arg, &a->opts.retain_failed_ms);
+    case OPT_POLL_ONLY: a->opts.poll_only = 1; return 0;
+    case OPT_NO_MAINTENANCE: a->opts.no_maintenance = 1; return 0;
+    case OPT_WORKER_ID: a->opts.worker_id = arg; return 0;
+    case OPT_BATCH:
+        if (cli_parse_int(arg, 1, PGJOBQ_BATCH_MAX, &v, why, sizeof why) != 0) {
+            cli_usage_error(a->cmd, "--batch: %s", why);
+            return -1;
+        }
+        a->opts.batch_max = (int)v;
+        return 0;
+    case OPT_MAX_OUTPUT:
+        if (cli_parse_int(arg, 0, PGJOBQ_PAYLOAD_MAX, &v, why, sizeof why) != 0) {
+            cli_usage_error(a->cmd, "--max-output: %s", why);
+            return -1;
+        }
+        a->max_output = v;
+        return 0;
+    case OPT_LOG_FORMAT:
+        if (strcmp(arg, "text") != 0 && strcmp(arg, "json") != 0) {
+            cli_usage_error(a->cmd, "--log-format must be text or json, not '%s'", arg);
+            return -1;
+        }
+        a->json_log = strcmp(arg, "json") == 0;
+        return 0;
+    case OPT_LOG_LEVEL: {
+        static const char *const names[] = {"debug", "info", "warn", "error"};
+        for (int i = 0; i < 4; i++)
+            if (strcmp(arg, names[i]) == 0) {
+                a->log_level = i;
+                return 0;
+            }
+        cli_usage_error(a->cmd, "--log-level must be debug, info, warn or error, not '%s'", arg);
+        return -1;
+    }
+    }
+    return -1;
+}
+
+/* Splits a command into words: blanks separate, '...' and "..." quote, \ escapes (outside '...'). */
+static char **split_words(const char *s, char *why, size_t why_size)
+{
+    size_t cap = strlen(s) + 1, n = 0, len = 0;
+    char **argv = calloc(cap + 1, sizeof *argv);
+    char *word = malloc(cap);
+    int in_word = 0;
+
+    if (argv == NULL || word == NULL) {
+        free(argv);
+        free(word);
+        snprintf(why, why_size, "out of memory");
+        return NULL;
+    }
+    for (const char *p = s;; p++) {
+        if (*p == '\0' || *p == ' ' || *p == '\t' || *p == '\n') {
+            if (in_word) {
+                word[len] = '\0';
+                argv[n++] = strdup(word);
+                len = 0;
+                in_word = 0;
+            }
+            if (*p == '\0')
+                break;
+            continue;
+        }
+        in_word = 1;
+        if (*p == '\'' || *p == '"') {
+            char quote = *p++;
+            while (*p && *p != quote) {
+                if (quote == '"' && *p == '\\' && p[1])
+                    p++;
+                word[len++] = *p++;
+            }
+            if (*p != quote) {
+                snprintf(why, why_size, "unterminated %c quote", quote);
+                goto fail;
+            }
+        } else if (*p == '\\' && p[1]) {
+            word[len++] = *++p;
+        } else {
+            word[len++] = *p;
+        }
+    }
+    free(word);
+    if (n == 0) {
+        snprintf(why, why_size, "the command is empty");
+        free(argv);
+        return NULL;
+    }
+    return argv;
+fail:
+    for (size_t i = 0; i < n; i++)
+        free(argv[i]);
+    free(argv);
+    free(word);
+    return NULL;
+}
+
+/* The worker's environment minus its database credentials. */
+static char **clean_environment(void)
+{
+    static const char *const secret[] = {"PGPASSWORD=", "PGPASSFILE=", "PGSERVICEFILE=", "PGJOBQ_DATABASE_URL=",
+                                         "DATABASE_URL=", NULL};
+    size_t n = 0, k = 0;
+    char **env;
+
+    while (environ[n])
+        n++;
+    env = calloc(n + 1, sizeof *env);
+    if (env == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        int drop = 0;
+        for (int s = 0; secret[s]; s++)
+            drop |= strncmp(environ[i], secret[s], strlen(secret[s])) == 0;
+        if (!drop)
+            env[k++] = environ[i];
+    }
+    return env;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The exec handler                                                                                  */
+
+typedef struct output {
+    char *data;
+    size_t len, cap;
+    size_t total;    /* bytes seen */
+    int keep_tail;   /* keep the last cap bytes rather than the first */
+} output;
+
+static void output_add(output *o, const char *p, size_t n)
+{
+    o->total += n;
+    if (!o->keep_tail) {
+        size_t room = o->cap - o->len;
+        if (n > room)
+            n = room;
+        memcpy(o->data + o->len, p, n);
+        o->len += n;
+        return;
+    }
+    if (n >= o->cap) {
+        memcpy(o->data, p + n - o->cap, o->cap);
+        o->len = o->cap;
+    } else if (o->len + n <= o->cap) {
+        memcpy(o->data + o->len, p, n);
+        o->len += n;
+    } else {
+        size_t drop = o->len + n - o->cap;
+        memmove(o->data, o->data + drop, o->len - drop);
+        o->len -= drop;
+        memcpy(o->data + o->len, p, n);
+        o->len += n;
+    }
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Encodes text as a JSON string (the text is valid UTF-8 without NUL). */
+static char *json_string(const char *s)
+{
+    size_t n = strlen(s), o = 0;
+    char *out = malloc(6 * n + 3);
+    if (out == NULL)
+        return NULL;
+    out[o++] = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)sprintf(out + o, "\\u%04x", *p);
+        } else {
+            out[o++] = (char)*p;
+        }
+    }
+    out[o++] = '"';
+    out[o] = '\0';
+    return out;
+}
+
+/* The result to store from the command's stdout: the JSON itself, else the text as a JSON string. */
+static void set_result(pgjobq_ctx *ctx, output *out)
+{
+    size_t len = out->len;
+    while (len > 0 && (out->data[len - 1] == '\n' || out->data[len - 1] == '\r' || out->data[len - 1] == ' '))
+        len--;
+    if (len == 0)
+        return;
+    out->data[len] = '\0';
+    if (out->total == out->len && memchr(out->data, '\0', len) == NULL && pgjobq_ctx_set_result(ctx, out->data) == PGJOBQ_OK)
+        return;
+    /* Not JSON (or cut at --max-output): keep it as text, cut so that the encoded form fits. */
+    char *clean = NULL;
+    size_t keep = len;
+    for (;;) {
+        char *tmp = malloc(keep + 1);
+        if (tmp == NULL)
+            return;
+        for (size_t i = 0; i < keep; i++)
+            tmp[i] = out->data[i] ? out->data[i] : ' ';
+        tmp[keep] = '\0';
+        free(clean);
+        clean = tmp;
+        char *enc = json_string(clean);
+        if (enc && pgjobq_ctx_set_result(ctx, enc) == PGJOBQ_OK) {
+            free(enc);
+            break;
+        }
+        free(enc);
+        if (keep < 16)
+            break;
+        keep = keep / 2; /* too long once escaped, or not valid UTF-8: try a shorter cut */
+    }
+    free(clean);
+}
+
+static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const exec_cfg *cfg = arg;
+    const pgjobq_job *job = pgjobq_ctx_job(ctx);
+    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status = 0, exited = 0;
+    char vars[5][96], **env = NULL;
+    output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    size_t nenv = 0, written = 0, plen = strlen(job->payload);
+    int64_t term_sent = 0, kill_sent = 0;
+    pgjobq_stop_reason stopped = PGJOBQ_STOP_NONE;
+    pid_t pid = -1;
+    char msg[PGJOBQ_ERROR_MAX];
+
+    out.data = malloc(cfg->max_output + 1);
+    err.data = malloc(err.cap + 1);
+    while (cfg->env[nenv])
+        nenv++;
+    env = calloc(nenv + 6, sizeof *env);
+    if (out.data == NULL || err.data == NULL || env == NULL || pipe2(in, O_CLOEXEC) != 0 ||
+        pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
+        pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
+        goto cleanup_retry;
+    }
+    memcpy(env, cfg->env, nenv * sizeof *env);
+    snprintf(vars[0], sizeof vars[0], "PGJOBQ_JOB_ID=%lld", (long long)job->id);
+    snprintf(vars[1], sizeof vars[1], "PGJOBQ_QUEUE=%s", job->queue);
+    snprintf(vars[2], sizeof vars[2], "PGJOBQ_KIND=%s", job->kind);
+    snprintf(vars[3], sizeof vars[3], "PGJOBQ_ATTEMPT=%d", job->attempt);
+    snprintf(vars[4], sizeof vars[4], "PGJOBQ_MAX_ATTEMPTS=%d", job->max_attempts);
+    for (int i = 0; i < 5; i++)
+        env[nenv + (size_t)i] = vars[i];
+
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, outp[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, errp[1], 2);
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setpgroup(&attr, 0); /* its own process group, so a timeout kills all of it */
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    int src = posix_spawnp(&pid, cfg->argv[0], &fa, &attr, cfg->argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(in[0]);
+    close(outp[1]);
+    close(errp[1]);
+    in[0] = outp[1] = errp[1] = -1;
+    if (src != 0) {
+        snprintf(msg, sizeof msg, "cannot run %s: %s", cfg->argv[0], strerror(src));
+        pgjobq_ctx_set_error(ctx, msg);
+        goto cleanup_retry;
+    }
+    fcntl(in[1], F_SETFL, O_NONBLOCK);
+    if (plen == 0) {
+        close(in[1]);
+        in[1] = -1;
+    }
+
+    while (!exited) {
+        struct pollfd p[3] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
+        char buf[65536];
+
+        poll(p, 3, 100);
+        if (p[0].revents) {
+            ssize_t n = read(outp[0], buf, sizeof buf);
+            if (n > 0)
+                output_add(&out, buf, (size_t)n);
+            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(outp[0]);
+                outp[0] = -1;
+            }
+        }
+        if (p[1].revents) {
+            ssize_t n = read(errp[0], buf, sizeof buf);
+            if (n > 0)
+                output_add(&err, buf, (size_t)n);
+            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(errp[0]);
+                errp[0] = -1;
+            }
+        }
+        if (in[1] >= 0 && p[2].revents) {
+            ssize_t n = write(in[1], job->payload + written, plen - written);
+            if (n > 0)
+                written += (size_t)n;
+            if ((n < 0 && errno != EAGAIN && errno != EINTR) || written == plen) {
+                close(in[1]); /* done, or the command does not read its input */
+                in[1] = -1;
+            }
+        }
+        if (outp[0] < 0 && errp[0] < 0) {
+            if (waitpid(pid, &status, 0) == pid)
+                exited = 1;
+            continue;
+        }
+        /* Told to stop (timeout, cancel, lost lease, shutdown): TERM the group, then KILL it. */
+        if (stopped == PGJOBQ_STOP_NONE && pgjobq_ctx_should_stop(ctx)) {
+            stopped = pgjobq_ctx_stop_reason(ctx);
+            kill(-pid, SIGTERM);
+            term_sent = now_ms();
+        }
+        if (term_sent && !kill_sent && now_ms() - term_sent >= cfg->kill_grace_ms) {
+            kill(-pid, SIGKILL);
+            kill_sent = 1;
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            exited = 1;
+            /* Its children may still hold the pipes: they go with the group. */
+            kill(-pid, SIGKILL);
+        }
+    }
+
+    /* The stderr tail, made storable. */
+    err.data[err.len] = '\0';
+    for (size_t i = 0; i < err.len; i++)
+        if (err.data[i] == '\0')
+            err.data[i] = ' ';
+    if (stopped == PGJOBQ_STOP_TIMEOUT) {
+        snprintf(msg, sizeof msg, "timed out after %lld ms and was killed; stderr: %s",
+                 (long long)(now_ms() - term_sent), err.data);
+        pgjobq_ctx_set_error(ctx, msg);
+        goto cleanup_retry;
+    }
+    if (stopped != PGJOBQ_STOP_NONE) {
+        snprintf(msg, sizeof msg, "stopped by the worker (%s)",
+                 stopped == PGJOBQ_STOP_SHUTDOWN ? "shutdown" : stopped == PGJOBQ_STOP_CANCELLED ? "cancelled" : "lease lost");
+        pgjobq_ctx_set_error(ctx, msg);
+        goto cleanup_retry;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        set_result(ctx, &out);
+        free(out.data);
+        free(err.data);
+        free(env);
+        return PGJOBQ_OUTCOME_COMPLETE;
+    }
+    if (WIFEXITED(status))
+        snprintf(msg, sizeof msg, "%s (exit status %d); stderr: %s",
+                 WEXITSTATUS(status) == EX_TEMPFAIL ? "temporary failure" : "failed", WEXITSTATUS(status), err.data);
+    else
+        snprintf(msg, sizeof msg, "killed by signal %d; stderr: %s", WTERMSIG(status), err.data);
+    pgjobq_ctx_set_error(ctx, msg);
+
+cleanup_retry:
+    for (int *fd = &in[0]; fd <= &in[1]; fd++)
+        if (*fd >= 0)
+            close(*fd);
+    if (outp[0] >= 0)
+        close(outp[0]);
+    if (outp[1] >= 0)
+        close(outp[1]);
+    if (errp[0] >= 0)
+        close(errp[0]);
+    if (errp[1] >= 0)
+        close(errp[1]);
+    free(out.data);
+    free(err.data);
+    free(env);
+    return PGJOBQ_OUTCOME_RETRY;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+
+int cmd_work(const cli_cmd *cmd, int argc, char **argv)
+{
+    work_args a;
+    exec_cfg cfg = {NULL, NULL, 1048576, 5000};
+    pgjobq_worker *w = NULL;
+    const char *url;
+    char why[160];
+    int first, rc, status = EX_OK;
+
+    memset(&a, 0, sizeof a);
+    a.cmd = cmd;
+    a.max_output = -1;
+    a.log_level = PGJOBQ_LOG_INFO;
+    first = cli_parse(cmd, argc, argv, work_opt, &a);
+    if (first == -2)
+        return EX_OK;
+    if (first < 0)
+        return EX_USAGE;
+    if (first < argc)
+        return cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
+    if (a.exec == NULL)
+        return cli_usage_error(cmd, "--exec 'CMD ARGS' is required: the command to run for each job");
+    if (a.nqueues == 0) {
+        snprintf(a.queues[0].name, sizeof a.queues[0].name, "default");
+        a.queues[0].concurrency = 10;
+        a.nqueues = 1;
+    }
+    if (a.max_output >= 0)
+        cfg.max_output = (size_t)a.max_output;
+    if (a.shell) {
+        cfg.argv = calloc(4, sizeof *cfg.argv);
+        if (cfg.argv) {
+            cfg.argv[0] = strdup("/bin/sh");
+            cfg.argv[1] = strdup("-c");
+            cfg.argv[2] = strdup(a.exec);
+        }
+    } else {
+        cfg.argv = split_words(a.exec, why, sizeof why);
+        if (cfg.argv == NULL)
+            return cli_usage_error(cmd, "--exec: %s", why);
+    }
+    cfg.env = clean_environment();
+    if (cfg.argv == NULL || cfg.env == NULL) {
+        cli_err("out of memory");
+        return EX_OSERR;
+    }
+    if ((url = cli_database_url()) == NULL) {
+        cli_err("no database configured: pass --db URL or set PGJOBQ_DATABASE_URL");
+        status = EX_CONFIG;
+        goto out;
+    }
+    a.opts.log_fn = log_line;
+    a.opts.log_arg = &a;
+    rc = pgjobq_worker_new(&w, url, &a.opts);
+    if (rc != PGJOBQ_OK) {
+        cli_err("%s", pgjobq_worker_errmsg(w));
+        status = rc == PGJOBQ_EINVAL ? EX_USAGE : EX_OSERR;
+        goto out;
+    }
+    {
+        /* The grace between SIGTERM and SIGKILL must fit in the time the lease leaves after the timeout. */
+        pgjobq_worker_opts eff = a.opts;
+        int64_t lease = eff.lease_ms ? eff.lease_ms : 60000;
+        int64_t timeout = eff.timeout_ms ? eff.timeout_ms : lease * 4 / 5;
+        int64_t room = (lease - timeout) / 2;
+        cfg.kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
+    }
+    for (int i = 0; i < a.nqueues; i++) {
+        rc = pgjobq_worker_handle(w, a.queues[i].name, NULL, a.queues[i].concurrency, exec_handler, &cfg);
+        if (rc != PGJOBQ_OK) {
+            cli_err("%s", pgjobq_worker_errmsg(w));
+            status = EX_USAGE;
+            goto out;
+        }
+    }
+    the_worker = w;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rc = pgjobq_worker_run(w);
+    the_worker = NULL;
+    if (rc == PGJOBQ_ETIMEOUT) {
+        cli_err("%s", pgjobq_worker_errmsg(w));
+        status = EX_TEMPFAIL;
+    } else if (rc != PGJOBQ_OK) {
+        cli_err("%s", pgjobq_worker_errmsg(w));
+        status = cli_exit_status(rc);
+    }
+out:
+    pgjobq_worker_free(w);
+    for (char **p = cfg.argv; p && *p; p++)
+        free(*p);
+    free(cfg.argv);
+    free(cfg.env);
+    return status;
+}

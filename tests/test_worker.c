@@ -1,0 +1,578 @@
+/*
+ * test_worker.c - the worker runtime: the C API in-process, and `pgjobq work --exec` processes under
+ * crashes, stalls, restarts, lost listeners and shutdowns.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Polling helpers                                                                                   */
+
+static const char *cond_sql;
+static long long cond_want;
+
+static int sql_reaches(void *arg)
+{
+    PGconn *pg = arg;
+    return t_int(pg, "%s", cond_sql) >= cond_want;
+}
+
+/* Waits until the integer result of sql is at least want. */
+static void wait_sql(PGconn *pg, const char *sql, long long want, int timeout_ms)
+{
+    cond_sql = sql;
+    cond_want = want;
+    if (!t_wait_until(sql_reaches, pg, timeout_ms))
+        t_fail(__FILE__, __LINE__, "after %d ms, %s is %lld, not >= %lld", timeout_ms, sql, t_int(pg, "%s", sql), want);
+}
+
+static void enqueue_n(int n, const char *queue)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec *specs = calloc((size_t)n, sizeof *specs);
+    char(*payloads)[32] = calloc((size_t)n, sizeof *payloads);
+    CHECK(specs && payloads);
+    for (int i = 0; i < n; i++) {
+        snprintf(payloads[i], sizeof payloads[i], "{\"n\": %d}", i);
+        specs[i].payload = payloads[i];
+        specs[i].opts.queue = queue;
+    }
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    free(specs);
+    free(payloads);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The C API, in-process                                                                             */
+
+typedef struct run_arg {
+    pgjobq_worker *w;
+    int rc;
+} run_arg;
+
+static void *run_thread(void *arg)
+{
+    run_arg *r = arg;
+    r->rc = pgjobq_worker_run(r->w);
+    return NULL;
+}
+
+static _Atomic int handled;
+
+static pgjobq_outcome outcome_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    (void)arg;
+    atomic_fetch_add(&handled, 1);
+    if (strcmp(j->kind, "ok") == 0) {
+        char result[64];
+        snprintf(result, sizeof result, "{\"doubled\": %d}", 2 * atoi(strchr(j->payload, ':') + 1));
+        if (pgjobq_ctx_set_result(ctx, result) != PGJOBQ_OK || pgjobq_ctx_set_result(ctx, "{bad") == PGJOBQ_OK)
+            return PGJOBQ_OUTCOME_FAIL;
+        return PGJOBQ_OUTCOME_COMPLETE;
+    }
+    if (strcmp(j->kind, "flaky") == 0) {
+        if (j->attempt < 3) {
+            pgjobq_ctx_set_error(ctx, "not yet");
+            pgjobq_ctx_set_retry_delay(ctx, 0);
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+        return PGJOBQ_OUTCOME_COMPLETE;
+    }
+    if (strcmp(j->kind, "doomed") == 0) {
+        pgjobq_ctx_set_error(ctx, "cannot ever work");
+        return PGJOBQ_OUTCOME_FAIL;
+    }
+    if (strcmp(j->kind, "pointless") == 0)
+        return PGJOBQ_OUTCOME_CANCEL;
+    if (strcmp(j->kind, "long") == 0) {
+        /* Runs until told to stop, and reports why through its error. */
+        while (!pgjobq_ctx_should_stop(ctx)) {
+            struct timespec pause = {0, 5 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        char why[32];
+        snprintf(why, sizeof why, "stopped: %d", (int)pgjobq_ctx_stop_reason(ctx));
+        pgjobq_ctx_set_error(ctx, why);
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static void add_jobs(pgjobq_client *c, const char *kind, int n, int max_attempts)
+{
+    for (int i = 0; i < n; i++) {
+        pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+        char payload[32];
+        o.kind = kind;
+        o.max_attempts = max_attempts;
+        snprintf(payload, sizeof payload, "{\"n\": %d}", i);
+        CHECK_OK(c, pgjobq_enqueue(c, payload, &o, NULL));
+    }
+}
+
+TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    add_jobs(c, "ok", 300, 0);
+    add_jobs(c, "flaky", 5, 5);
+    add_jobs(c, "doomed", 3, 10);
+    add_jobs(c, "pointless", 2, 0);
+    add_jobs(c, "nobody-handles-this", 1, 5);
+    o.lease_ms = 5000;
+    o.poll_ms = 200;
+    o.worker_id = "api-test";
+    CHECK_RC(NULL, pgjobq_worker_new(&w, t_conninfo(), &o), PGJOBQ_OK);
+    for (const char *const *k = (const char *const[]){"ok", "flaky", "doomed", "pointless", NULL}; *k; k++)
+        CHECK_MSG(pgjobq_worker_handle(w, "default", *k, 8, outcome_handler, NULL) == PGJOBQ_OK, "%s",
+                  pgjobq_worker_errmsg(w));
+    /* A second handler for the same kind, or another concurrency for the queue, is refused. */
+    CHECK(pgjobq_worker_handle(w, "default", "ok", 8, outcome_handler, NULL) == PGJOBQ_EINVAL);
+    CHECK(pgjobq_worker_handle(w, "default", "other", 3, outcome_handler, NULL) == PGJOBQ_EINVAL);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+
+    wait_sql(pg,
+             "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('completed', 'failed', 'cancelled')",
+             300 + 5 + 3 + 2 + 1, 60000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.running, 0);
+    CHECK_INT(st.completed, 305);
+    CHECK_INT(st.retried, 10);   /* flaky: two failed attempts each */
+    CHECK_INT(st.failed, 4);     /* doomed, and the kind nobody handles */
+    CHECK_INT(st.cancelled, 2);
+    CHECK_INT(st.lost, 0);
+    pgjobq_worker_free(w);
+
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'ok' AND state = 'completed'"
+                        " AND result = jsonb_build_object('doubled', 2 * (payload->>'n')::int) AND attempt = 1"
+                        " AND worker_id = 'api-test'"),
+              300);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'flaky' AND state = 'completed' AND attempt = 3"),
+              5);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'doomed' AND state = 'failed'"
+                        " AND attempt = 1 AND last_error = 'cannot ever work'"),
+              3);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'pointless' AND state = 'cancelled'"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'nobody-handles-this' AND state = 'failed'"
+                        " AND last_error LIKE 'no handler for kind%%'"),
+              1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+
+    eo.kind = "long";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, &id));
+    o.lease_ms = 3000;
+    o.heartbeat_ms = 200;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 10000);
+    pgjobq_state state;
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &state));
+    CHECK_INT(state, PGJOBQ_RUNNING);
+    /* The next heartbeat ends it cancelled and the handler is told to stop. */
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'cancelled'", 1, 10000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_INT(r.rc, PGJOBQ_OK);
+    pgjobq_worker_stats st;
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.cancelled, 1);
+    CHECK_INT(st.running, 0);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(worker_api_refuses_a_timeout_not_shorter_than_the_lease)
+{
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+
+    o.lease_ms = 10000;
+    o.timeout_ms = 10000;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_EINVAL);
+    CHECK(strstr(pgjobq_worker_errmsg(w), "shorter than the lease") != NULL);
+    pgjobq_worker_free(w);
+    o.timeout_ms = 5000;
+    o.heartbeat_ms = 20000;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_EINVAL);
+    CHECK(strstr(pgjobq_worker_errmsg(w), "heartbeat") != NULL);
+    pgjobq_worker_free(w);
+    o.heartbeat_ms = 0;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "bad queue", NULL, 1, outcome_handler, NULL) == PGJOBQ_EINVAL);
+    CHECK(pgjobq_worker_handle(w, "q", NULL, 0, outcome_handler, NULL) == PGJOBQ_EINVAL);
+    CHECK(pgjobq_worker_run(w) == PGJOBQ_EINVAL); /* no queue */
+    pgjobq_worker_free(w);
+
+    char *out, *err;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--exec", "true", "--lease", "10s", "--timeout", "20s", NULL),
+              EX_USAGE);
+    CHECK(strstr(err, "shorter than the lease") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", NULL), EX_USAGE);
+    CHECK(strstr(err, "--exec") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--exec", "'unbalanced", NULL), EX_USAGE);
+    free(out);
+    free(err);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* pgjobq work --exec                                                                                */
+
+static const char *log_path(const char *name)
+{
+    static char path[8][512];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
+    return p;
+}
+
+static void show_log(const char *path)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "tail -n 30 '%s' >&2", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log at %s)\n", path);
+}
+
+TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
+{
+    PGconn *pg = t_pg();
+    char ledger[512], body[1024];
+    pid_t pids[3];
+
+    snprintf(ledger, sizeof ledger, "%s/ledger", t_tmpdir());
+    /* The handler records each run in a ledger (O_APPEND lines are atomic) and answers with JSON. */
+    snprintf(body, sizeof body,
+             "read -r payload\n"
+             "echo \"$PGJOBQ_JOB_ID $PGJOBQ_ATTEMPT $PGJOBQ_QUEUE $PGJOBQ_MAX_ATTEMPTS\" >> %s\n"
+             "echo \"{\\\"id\\\": $PGJOBQ_JOB_ID, \\\"in\\\": $payload, \\\"pw\\\": \\\"${PGPASSWORD:-}\\\"}\"",
+             ledger);
+    const char *handler = t_script("handler.sh", body);
+    enqueue_n(2000, "bulk");
+    for (int i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "worker-%d", i);
+        pids[i] = t_spawn(log_path(id), "PGPASSWORD=hunter2", "work", "--queue", "bulk:6", "--exec", handler,
+                          "--worker-id", id, NULL);
+    }
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 2000, 180000);
+    for (int i = 0; i < 3; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < 3; i++) {
+        int status = t_wait_exit(pids[i], 30000);
+        if (status != 0)
+            show_log(log_path("worker-0"));
+        CHECK_MSG(status == 0, "worker %d exited with %d", i, status);
+    }
+    /* Each job ran exactly once, on attempt 1, with its environment. */
+    PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, attempt int, queue text, max_attempts int)"));
+    PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger"), 2000);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM ledger"), 2000);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger l JOIN pgjobq.jobs j USING (id)"
+                        " WHERE l.attempt = 1 AND l.queue = 'bulk' AND l.max_attempts = 25"),
+              2000);
+    /* Results are stored; the database password never reached the handler. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE (result->>'id')::bigint = id"
+                        " AND result->'in' = payload AND result->>'pw' = ''"),
+              2000);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT worker_id) FROM pgjobq.jobs"), 3);
+    PQfinish(pg);
+}
+
+TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t fail_id, temp_id, slow_id, text_id;
+
+    const char *handler = t_script("h.sh", "payload=$(cat)\n"
+                                           "case \"$payload\" in\n"
+                                           "  *fail*) printf 'bad\\000bytes \\377 here\\n' >&2; exit 3;;\n"
+                                           "  *temp*) echo 'try later' >&2; exit 75;;\n"
+                                           "  *slow*) exec sleep 30;;\n"
+                                           "  *text*) echo 'plain text, not JSON'; exit 0;;\n"
+                                           "esac");
+    o.max_attempts = 2;
+    CHECK_OK(c, pgjobq_enqueue(c, "\"fail\"", &o, &fail_id));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"temp\"", &o, &temp_id));
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow_id));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"text\"", &o, &text_id));
+    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--lease", "3s", "--timeout", "1s", "--poll",
+                        "100ms", NULL);
+    /* The failing job: its stderr (NUL and invalid UTF-8 included) is stored, sanitised. */
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND last_error LIKE '%%exit status 3%%'",
+             (long long)fail_id);
+    wait_sql(pg, sql, 1, 30000);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND last_error LIKE '%%temporary failure (exit status 75)%%try later%%'",
+             (long long)temp_id);
+    wait_sql(pg, sql, 1, 30000);
+    /* The slow job is killed at its timeout and, with one attempt, fails. */
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'"
+                              " AND last_error LIKE '%%timed out%%'",
+             (long long)slow_id);
+    wait_sql(pg, sql, 1, 30000);
+    /* Plain-text output is stored as a JSON string. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND result = '\"plain text, not JSON\"'",
+                    (long long)text_id),
+              1);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t quick, slow;
+
+    const char *handler = t_script("h.sh", "payload=$(cat)\n"
+                                           "case \"$payload\" in *slow*) exec sleep 60;; esac\n"
+                                           "sleep 1; echo '{\"done\": true}'");
+    o.kind = "quick";
+    CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
+    o.kind = "slow";
+    CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow));
+    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:2", "--lease", "120s",
+                        "--timeout", "100s", "--shutdown-timeout", "3s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 2, 20000);
+    kill(pid, SIGTERM);
+    /* The quick job finishes within the shutdown timeout; the slow one is stopped and handed back at
+     * once, without using up its attempt: exit 75 says jobs had to be handed back. */
+    int status = t_wait_exit(pid, 30000);
+    if (status != EX_TEMPFAIL)
+        show_log(log_path("w"));
+    CHECK_INT(status, EX_TEMPFAIL);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+                        " AND run_at <= now() AND last_error LIKE 'handed back%%'",
+                    (long long)slow),
+              1);
+
+    /* A clean drain exits 0. */
+    CHECK_OK(c, pgjobq_job_cancel(c, slow, NULL));
+    o.kind = "quick";
+    CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
+    pid = t_spawn(log_path("w2"), NULL, "work", "--exec", handler, "--shutdown-timeout", "20s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 20000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(work_kill_9_mid_job_another_worker_finishes_it, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    int64_t id;
+
+    const char *handler = t_script("h.sh", "cat >/dev/null\n"
+                                           "if [ \"$PGJOBQ_ATTEMPT\" = 1 ]; then sleep 20; fi\n"
+                                           "echo \"{\\\"by\\\": \\\"$WHO\\\"}\"");
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+                      "--worker-id", "a", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
+    kill(a, SIGKILL);
+    CHECK_INT(t_wait_exit(a, 10000), 128 + SIGKILL);
+    int64_t killed_at = t_now_ms();
+    pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+                      "--worker-id", "b", "--poll", "200ms", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 30000);
+    printf("kill -9 to completion by another worker: %lld ms\n", (long long)(t_now_ms() - killed_at));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND attempt = 2 AND worker_id = 'b'"
+                        " AND result = '{\"by\": \"b\"}' AND last_error LIKE 'lease expired%%'",
+                    (long long)id),
+              1);
+    kill(b, SIGTERM);
+    CHECK_INT(t_wait_exit(b, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(work_stalled_worker_cannot_write_after_losing_its_lease, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    int64_t id;
+
+    /* Attempt 1 takes a moment, so the worker is frozen while its handler is in flight. */
+    const char *handler = t_script("h.sh", "cat >/dev/null\n"
+                                           "if [ \"$PGJOBQ_ATTEMPT\" = 1 ]; then sleep 0.5; fi\n"
+                                           "echo \"{\\\"by\\\": \\\"$WHO\\\"}\"");
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+                      "--worker-id", "a", "--no-maintenance", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
+    kill(a, SIGSTOP);
+    /* Frozen past its lease: another worker rescues and completes the job. */
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND lease_until < now()", 1, 20000);
+    pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+                      "--worker-id", "b", "--poll", "200ms", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 30000);
+    /* The zombie wakes up with a finished handler and a lost lease: it must write nothing. */
+    kill(a, SIGCONT);
+    kill(a, SIGTERM);
+    CHECK_INT(t_wait_exit(a, 30000), 0);
+    kill(b, SIGTERM);
+    CHECK_INT(t_wait_exit(b, 30000), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed' AND attempt = 2"
+                        " AND worker_id = 'b' AND result = '{\"by\": \"b\"}'",
+                    (long long)id),
+              1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+static int listener_pid(PGconn *pg)
+{
+    return (int)t_int(pg, "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
+                          " AND datname = current_database()");
+}
+
+TEST_FULL(work_notify_wakes_an_idle_worker_and_survives_a_killed_listener, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    const char *handler = t_script("h.sh", "cat >/dev/null; echo '{}'");
+    int64_t t0;
+
+    /* Polling every minute: only a notification can explain a pickup within a few seconds.  The
+     * first job is taken by the worker's start-up claim; the second finds it idle. */
+    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--poll", "60s", NULL);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
+                 " AND datname = current_database() AND query LIKE '%LISTEN%'",
+             1, 20000);
+    t0 = t_now_ms();
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 2, 10000);
+    printf("pickup of a new job by an idle worker: %lld ms (poll interval 60 s)\n", (long long)(t_now_ms() - t0));
+
+    /* Kill the listener's backend: the worker notices, listens again, and is woken again. */
+    int old = listener_pid(pg);
+    CHECK(old > 0);
+    PQclear(t_exec(pg, "SELECT pg_terminate_backend(%d)", old));
+    char sql[300];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
+                              " AND datname = current_database() AND pid <> %d AND query LIKE '%%LISTEN%%'",
+             old);
+    wait_sql(pg, sql, 1, 20000);
+    t0 = t_now_ms();
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 3, 10000);
+    printf("pickup after the listener was killed: %lld ms\n", (long long)(t_now_ms() - t0));
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(work_uses_at_most_three_connections_at_concurrency_64, 120, 0)
+{
+    PGconn *pg = t_pg();
+    const char *handler = t_script("h.sh", "cat >/dev/null; sleep 0.2; echo '{}'");
+    long long most = 0;
+
+    enqueue_n(400, "default");
+    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:64", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 32, 30000);
+    for (int i = 0; i < 20; i++) {
+        long long n = t_int(pg, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
+        if (n > most)
+            most = n;
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL); /* samples spread over a second; nothing waits on them */
+    }
+    printf("connections held at concurrency 64: %lld\n", most);
+    CHECK(most >= 2); /* the measurement sees the worker at all */
+    CHECK(most <= 3);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 400, 60000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+}
+
+TEST_FULL(work_survives_a_database_restart, 180, TEST_EXCLUSIVE)
+{
+    PGconn *pg = t_pg();
+    const char *handler = t_script("h.sh", "cat >/dev/null; sleep 0.05; echo '{}'");
+    pid_t pids[2];
+
+    enqueue_n(600, "default");
+    for (int i = 0; i < 2; i++)
+        pids[i] = t_spawn(log_path(i ? "w1" : "w0"), NULL, "work", "--exec", handler, "--queue", "default:4",
+                          "--lease", "5s", "--timeout", "4s", "--poll", "200ms", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 50, 60000);
+    PQfinish(pg);
+    CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
+    /* The workers reconnect on their own; every job completes and none is lost. */
+    PGconn *again = NULL;
+    for (int64_t deadline = t_now_ms() + 30000; t_now_ms() < deadline;) {
+        again = PQconnectdb(t_conninfo());
+        if (PQstatus(again) == CONNECTION_OK)
+            break;
+        PQfinish(again);
+        again = NULL;
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    CHECK(again != NULL);
+    wait_sql(again, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 600, 120000);
+    for (int i = 0; i < 2; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < 2; i++)
+        CHECK_INT(t_wait_exit(pids[i], 30000), 0);
+    CHECK_INT(t_int(again, "SELECT count(*) FROM pgjobq.jobs WHERE state <> 'completed'"), 0);
+    PQfinish(again);
+}
