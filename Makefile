@@ -1,5 +1,6 @@
 # pgjobq - a job queue that lives in PostgreSQL.  Plain GNU make; no other build tool.
 #
+#   make demo             build, start the embedded PostgreSQL, run `pgjobq demo` (DEMO_ARGS=...)
 #   make                  library (static + shared), the pgjobq command, pgjobq.pc
 #   make check            the test suite against a throwaway PostgreSQL the tests start themselves
 #   make sanitize         the test suite built with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -48,7 +49,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps
+.PHONY: all check sanitize install uninstall clean format deps demo examples
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -86,12 +87,25 @@ $(B)/cli/%.o: cli/%.c $(wildcard cli/*.h) include/pgjobq.h | $(DEPS_OK)
 $(CLI): $(CLI_OBJ) $(LIBA)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
 
-$(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h | $(DEPS_OK)
+$(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h cli/pgserver.h | $(DEPS_OK)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Isrc -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -Isrc -Icli -c $< -o $@
 
-$(TESTS): $(TEST_OBJ) $(LIBA)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
+# The harness shares cli/pgserver.c (finding and running the server programs) with the command.
+$(TESTS): $(TEST_OBJ) $(B)/cli/pgserver.o $(LIBA)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(B)/cli/pgserver.o $(LIBA) $(PG_LIBS) -lpthread -lm
+
+# examples/ use the public header only (no -Isrc), like any program built against pgjobq.
+EXAMPLES := $(B)/examples/producer $(B)/examples/worker
+examples: $(EXAMPLES)
+$(B)/examples/%: examples/%.c include/pgjobq.h $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CSTD) $(WARN) $(OPT) -Iinclude $(PG_CFLAGS) $(CFLAGS) -o $@ $< $(LIBA) $(PG_LIBS) -lpthread
+
+# The README's main command: no database to set up, the embedded one is created on first use.
+demo: all
+	@sh tools/ensure-deps.sh --server
+	$(CLI) demo $(DEMO_ARGS)
 
 $(PC): pgjobq.pc.in Makefile
 	@mkdir -p $(@D)
@@ -99,9 +113,10 @@ $(PC): pgjobq.pc.in Makefile
 
 # The tests start their own PostgreSQL; TESTS_ARGS selects tests by name (substring), e.g.
 #   make check TESTS_ARGS='claim lease'
-check: all $(TESTS)
+check: all $(TESTS) $(EXAMPLES)
 	@sh tools/ensure-deps.sh --server
-	PGJOBQ_CLI=$(abspath $(CLI)) $(TESTS) $(TESTS_ARGS)
+	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_EXAMPLES=$(abspath $(B)/examples) PGJOBQ_SRCDIR=$(CURDIR) \
+	    $(TESTS) $(TESTS_ARGS)
 
 sanitize:
 	$(MAKE) B=build-san SAN=1 check

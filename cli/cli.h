@@ -1,6 +1,7 @@
 /*
  * cli.h - what the files of the pgjobq command share.  The command uses only include/pgjobq.h from the
- * library (and libpq for the transaction around `enqueue --file`).
+ * library; it calls libpq directly only for what is not the queue's business: running the embedded
+ * server (embedded.c) and the demo's summary queries.
  */
 #ifndef PGJOBQ_CLI_H
 #define PGJOBQ_CLI_H
@@ -32,7 +33,7 @@ typedef struct cli_cmd {
 #define OPT_DB 1000
 #define OPT_HELP 'h'
 #define CLI_COMMON_OPTS                                                                                    \
-    {"db", OPT_DB, "URL", "database to use (else $PGJOBQ_DATABASE_URL, else $DATABASE_URL)"},             \
+    {"db", OPT_DB, "URL", "database to use (else $PGJOBQ_DATABASE_URL, $DATABASE_URL, the embedded one)"},             \
         {"help", OPT_HELP, NULL, "show this help and exit"}
 
 extern const char *cli_db_url; /* --db, when given */
@@ -67,6 +68,28 @@ void json_str(FILE *f, const char *s);            /* a JSON string literal, or n
 void json_time(FILE *f, int64_t us);              /* ISO 8601 UTC string, or null */
 void format_time(char *buf, size_t size, int64_t us); /* "2026-11-30 09:30:00.123Z", or "-" */
 
+/* Progress on stderr: a bar redrawn in place on a terminal, a line every few seconds otherwise. */
+typedef struct progress {
+    const char *label;
+    int64_t total;
+    int quiet;
+    int tty;
+    int64_t started_ms;
+    int64_t last_ms;
+} progress;
+
+void progress_init(progress *p, const char *label, int64_t total, int quiet);
+void progress_update(progress *p, int64_t done, const char *extra);
+void progress_done(progress *p, int64_t done, const char *extra);
+
+/* The embedded PostgreSQL's conninfo, creating, starting and migrating it as needed; NULL with
+ * *status set (after printing why) when that fails. */
+const char *cli_embedded_conninfo(int *status);
+
+/* The database to use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded one.  NULL with
+ * *status set after printing why. */
+const char *cli_resolve_db(int *status);
+
 /* Commands. */
 int cmd_migrate(const cli_cmd *cmd, int argc, char **argv);
 int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv);
@@ -76,11 +99,13 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv);
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv);
 int cmd_work(const cli_cmd *cmd, int argc, char **argv);
+int cmd_db(const cli_cmd *cmd, int argc, char **argv);
+int cmd_demo(const cli_cmd *cmd, int argc, char **argv);
 
 /* The configured database URL (--db, $PGJOBQ_DATABASE_URL, $DATABASE_URL), or NULL. */
 const char *cli_database_url(void);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], stats_opts[], cancel_opts[],
-    retry_opts[], work_opts[];
+    retry_opts[], work_opts[], db_opts[], demo_opts[];
 
 #endif /* PGJOBQ_CLI_H */

@@ -624,11 +624,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         cli_err("out of memory");
         return EX_OSERR;
     }
-    if ((url = cli_database_url()) == NULL) {
-        cli_err("no database configured: pass --db URL or set PGJOBQ_DATABASE_URL");
-        status = EX_CONFIG;
+    if ((url = cli_resolve_db(&status)) == NULL)
         goto out;
-    }
     a.opts.log_fn = log_line;
     a.opts.log_arg = &a;
     rc = pgjobq_worker_new(&w, url, &a.opts);

@@ -27,6 +27,11 @@ static const cli_cmd commands[] = {
     {"work", "",
      "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
      work_opts, cmd_work},
+    {"demo", "",
+     "Enqueue many jobs and run them with an in-process worker pool, live, then summarise.", demo_opts,
+     cmd_demo},
+    {"db", "start|stop|status|url|psql [PSQL ARGS]",
+     "Manage the embedded PostgreSQL that pgjobq uses when no database is configured.", db_opts, cmd_db},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -51,7 +56,8 @@ static void main_usage(FILE *to)
         int len = nl ? (int)(nl - commands[i].summary) : (int)strlen(commands[i].summary);
         fprintf(to, "  %-10s %.*s\n", commands[i].name, len, commands[i].summary);
     }
-    fprintf(to, "\nThe database is --db URL, else $PGJOBQ_DATABASE_URL, else $DATABASE_URL.\n"
+    fprintf(to, "\nThe database is --db URL, else $PGJOBQ_DATABASE_URL, else $DATABASE_URL, else an\n"
+                "embedded PostgreSQL in $PGJOBQ_HOME, created and started on first use.\n"
                 "Run `pgjobq COMMAND --help` for a command's options; `man pgjobq` for everything.\n");
 }
 
@@ -168,18 +174,21 @@ const char *cli_database_url(void)
     return NULL;
 }
 
-pgjobq_client *cli_connect(int allow_unmigrated, int *status)
+const char *cli_resolve_db(int *status)
 {
     const char *url = cli_database_url();
+    *status = EX_OK;
+    return url ? url : cli_embedded_conninfo(status);
+}
+
+pgjobq_client *cli_connect(int allow_unmigrated, int *status)
+{
+    const char *url = cli_resolve_db(status);
     pgjobq_client *c = NULL;
     int rc;
 
-    if (url == NULL) {
-        cli_err("no database configured: pass --db URL or set PGJOBQ_DATABASE_URL "
-                "(for example postgresql://user@localhost/mydb)");
-        *status = EX_CONFIG;
+    if (url == NULL)
         return NULL;
-    }
     rc = pgjobq_client_open(&c, url);
     if (rc == PGJOBQ_OK || (allow_unmigrated && rc == PGJOBQ_ESCHEMA && c != NULL)) {
         *status = EX_OK;

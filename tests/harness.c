@@ -3,7 +3,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pgserver.h"
 
 static const char *env_or_die(const char *name)
 {
@@ -46,6 +46,25 @@ const char *t_bindir(void)
     return env_or_die("PGJOBQ_TEST_BINDIR");
 }
 
+int t_use_test_db = 1;
+
+static void (*deferred[8])(void);
+static int ndeferred;
+
+static void run_deferred(void)
+{
+    while (ndeferred > 0)
+        deferred[--ndeferred]();
+}
+
+void t_defer(void (*fn)(void))
+{
+    if (ndeferred == 0)
+        atexit(run_deferred);
+    if (ndeferred < 8)
+        deferred[ndeferred++] = fn;
+}
+
 void t_fail(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
@@ -56,6 +75,7 @@ void t_fail(const char *file, int line, const char *fmt, ...)
     va_end(ap);
     fputc('\n', stderr);
     fflush(stderr);
+    run_deferred();
     _exit(1);
 }
 
@@ -195,7 +215,10 @@ int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
         close(o[1]);
         close(e[0]);
         close(e[1]);
-        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        if (t_use_test_db)
+            setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        else
+            unsetenv("PGJOBQ_DATABASE_URL");
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -262,41 +285,9 @@ int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
 
 int harness_run_as_owner(const char *const argv[], const char *log_path)
 {
-    int status;
-    pid_t pid = fork();
-
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        const char *uid = getenv("PGJOBQ_TEST_OWNER_UID");
-        const char *gid = getenv("PGJOBQ_TEST_OWNER_GID");
-        int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
-
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        fd = open("/dev/null", O_RDONLY);
-        if (fd >= 0) {
-            dup2(fd, 0);
-            close(fd);
-        }
-        if (geteuid() == 0 && uid && gid) {
-            /* initdb and postgres refuse to run as root. */
-            if (setgroups(0, NULL) != 0 || setgid((gid_t)atoi(gid)) != 0 || setuid((uid_t)atoi(uid)) != 0) {
-                perror("harness: dropping privileges");
-                _exit(126);
-            }
-        }
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "harness: exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID");
+    const char *gid = getenv("PGJOBQ_TEST_OWNER_GID");
+    return pgserver_run(argv, log_path, uid ? (uid_t)atoi(uid) : geteuid(), gid ? (gid_t)atoi(gid) : getegid());
 }
 
 int t_pg_ctl(const char *arg, ...)
@@ -349,7 +340,10 @@ pid_t t_spawn(const char *log_path, const char *extra_env, ...)
             dup2(fd, 0);
             close(fd);
         }
-        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        if (t_use_test_db)
+            setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        else
+            unsetenv("PGJOBQ_DATABASE_URL");
         if (extra_env)
             putenv(strdup(extra_env));
         execv(argv[0], (char *const *)argv);

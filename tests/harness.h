@@ -103,6 +103,12 @@ int64_t t_now_ms(void);
  * 128 + signal.  Fails the test if the command cannot be run or does not end within 60 s. */
 int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...);
 
+/* When zero, t_cli and t_spawn leave PGJOBQ_DATABASE_URL unset (to test the embedded default). */
+extern int t_use_test_db;
+
+/* Registers fn to run when the test process ends, passed or failed (at most 8). */
+void t_defer(void (*fn)(void));
+
 /* Starts the pgjobq command in the background with the given arguments (NULL-terminated), stdout and
  * stderr appended to log_path, PGJOBQ_DATABASE_URL set to this test's database, and extra_env
  * ("NAME=value", may be NULL) added.  Returns its pid. */

@@ -12,10 +12,8 @@
  * runner exits for any reason, including a crash or SIGKILL: it waits for EOF on a pipe that only the
  * runner holds open.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -26,6 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pgserver.h"
 
 #define MAX_TESTS 512
 
@@ -76,59 +75,11 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
-static int is_exec(const char *d, const char *name)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", d, name);
-    return access(p, X_OK) == 0;
-}
-
-/* Finds the PostgreSQL server binaries: $PGJOBQ_PG_BINDIR, pg_config --bindir, the newest
- * /usr/lib/postgresql/N/bin, or PATH. */
 static void find_bindir(void)
 {
-    const char *env = getenv("PGJOBQ_PG_BINDIR");
-    FILE *f;
-
-    if (env && is_exec(env, "initdb")) {
-        snprintf(bindir, sizeof bindir, "%s", env);
-        return;
-    }
-    f = popen("pg_config --bindir 2>/dev/null", "r");
-    if (f) {
-        char line[4096] = "";
-        if (fgets(line, sizeof line, f)) {
-            line[strcspn(line, "\n")] = '\0';
-            if (is_exec(line, "initdb") && is_exec(line, "postgres"))
-                snprintf(bindir, sizeof bindir, "%s", line);
-        }
-        pclose(f);
-        if (bindir[0])
-            return;
-    }
-    DIR *d = opendir("/usr/lib/postgresql");
-    int best = -1;
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            char b[4096];
-            int v = atoi(e->d_name);
-            snprintf(b, sizeof b, "/usr/lib/postgresql/%s/bin", e->d_name);
-            if (v > best && is_exec(b, "initdb") && is_exec(b, "postgres")) {
-                best = v;
-                snprintf(bindir, sizeof bindir, "%s", b);
-            }
-        }
-        closedir(d);
-    }
-    if (bindir[0])
-        return;
-    if (is_exec("/usr/bin", "initdb") && is_exec("/usr/bin", "postgres")) {
-        snprintf(bindir, sizeof bindir, "/usr/bin");
-        return;
-    }
-    die("PostgreSQL server binaries (initdb, postgres) not found: install them "
-        "(Debian/Ubuntu: apt-get install postgresql) or set PGJOBQ_PG_BINDIR");
+    char why[512];
+    if (pgserver_bindir(bindir, sizeof bindir, why, sizeof why) != 0)
+        die("%s", why);
 }
 
 static void rm_rf(const char *path)
@@ -189,19 +140,19 @@ static void start_reaper(void)
 
 static void setup_owner(void)
 {
+    uid_t uid;
+    gid_t gid;
+    char u[32], g[32];
+
     if (geteuid() != 0)
         return;
-    struct passwd *pw = getpwnam("postgres");
-    if (pw == NULL)
-        pw = getpwnam("nobody");
-    if (pw == NULL)
+    if (pgserver_owner(&uid, &gid) != 0)
         die("running as root, but there is neither a 'postgres' nor a 'nobody' user to run PostgreSQL as");
-    char uid[32], gid[32];
-    snprintf(uid, sizeof uid, "%d", (int)pw->pw_uid);
-    snprintf(gid, sizeof gid, "%d", (int)pw->pw_gid);
-    setenv("PGJOBQ_TEST_OWNER_UID", uid, 1);
-    setenv("PGJOBQ_TEST_OWNER_GID", gid, 1);
-    if (chown(dir, pw->pw_uid, pw->pw_gid) != 0)
+    snprintf(u, sizeof u, "%d", (int)uid);
+    snprintf(g, sizeof g, "%d", (int)gid);
+    setenv("PGJOBQ_TEST_OWNER_UID", u, 1);
+    setenv("PGJOBQ_TEST_OWNER_GID", g, 1);
+    if (chown(dir, uid, gid) != 0)
         die("chown %s: %s", dir, strerror(errno));
 }
 

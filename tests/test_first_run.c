@@ -1,0 +1,149 @@
+/*
+ * test_first_run.c - the embedded default: no database configured, a private cluster created in
+ * $PGJOBQ_HOME on first use, shared by later commands, managed with `pgjobq db`; and `pgjobq demo`.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static char home[512];
+
+/* Stops the embedded cluster, whatever happened in the test. */
+static void stop_embedded(void)
+{
+    char *out = NULL, *err = NULL;
+    if (home[0] && t_cli(&out, &err, NULL, 0, "db", "stop", NULL) != 0)
+        fprintf(stderr, "db stop: %s\n", err ? err : "");
+    free(out);
+    free(err);
+}
+
+/* A fresh PGJOBQ_HOME and no database URL anywhere. */
+static void use_fresh_home(void)
+{
+    snprintf(home, sizeof home, "%s/home", t_tmpdir());
+    setenv("PGJOBQ_HOME", home, 1);
+    unsetenv("DATABASE_URL");
+    t_use_test_db = 0;
+    t_defer(stop_embedded);
+}
+
+TEST_FULL(first_run_demo_creates_reuses_and_stops_the_embedded_database, 240, 0)
+{
+    char *out, *err;
+
+    use_fresh_home();
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "status", NULL), 3);
+    CHECK(strstr(out, "not created yet") != NULL);
+    free(out);
+    free(err);
+
+    /* First run: creates the cluster, says where once, runs the demo, prints the summary. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "demo", "--jobs", "2000", "--concurrency", "16", NULL), 0);
+    CHECK_MSG(strstr(err, "created and started the embedded PostgreSQL in") && strstr(err, home), "stderr: %s", err);
+    CHECK_MSG(strstr(out, "pgjobq demo: 2000 jobs") && strstr(out, "throughput") && strstr(out, "pickup latency") &&
+                  strstr(out, "attempts") && strstr(out, "pgjobq list --state failed"),
+              "stdout: %s", out);
+    /* Progress goes to stderr only when it is a terminal; here it is a pipe: plain lines, no escapes. */
+    CHECK(strchr(err, '\r') == NULL && strstr(err, "\033[") == NULL);
+    free(out);
+    free(err);
+
+    /* Second run: the same cluster, nothing created; --json is one JSON document. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "demo", "--jobs", "500", "--json", NULL), 0);
+    CHECK(strstr(err, "created") == NULL);
+    CHECK_MSG(out[0] == '{' && strstr(out, "\"jobs\":500") && strstr(out, "\"jobs_per_s\":"), "stdout: %s", out);
+    free(out);
+    free(err);
+
+    /* Every job of both runs ended: completed, or failed after its 3 attempts. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"queued\":0,\"running\":0,") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+
+    /* The URL works for other programs. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "url", NULL), 0);
+    CHECK(strncmp(out, "postgresql://pgjobq@/pgjobq?host=", 33) == 0);
+    out[strcspn(out, "\n")] = '\0';
+    PGconn *pg = PQconnectdb(out);
+    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect to %s: %s", out, PQerrorMessage(pg));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 2500);
+    PQfinish(pg);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "status", NULL), 0);
+    CHECK(strstr(out, "running") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "stop", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "status", NULL), 3);
+    CHECK(strstr(out, "stopped") != NULL);
+    free(out);
+    free(err);
+    /* Any command starts it again on demand, with its data. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
+    CHECK(strstr(err, "started the embedded PostgreSQL") != NULL && strstr(err, "created") == NULL);
+    CHECK(strstr(out, "\"completed\":") != NULL);
+    free(out);
+    free(err);
+}
+
+TEST_FULL(first_run_two_processes_at_once_share_one_cluster, 180, 0)
+{
+    enum { N = 4 };
+    pid_t pids[N];
+    char *out, *err;
+
+    use_fresh_home();
+    for (int i = 0; i < N; i++) {
+        char payload[32];
+        snprintf(payload, sizeof payload, "{\"p\": %d}", i);
+        pids[i] = t_spawn(strcat(strcpy(malloc(600), t_tmpdir()), "/spawn.log"), NULL, "enqueue", payload, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        int status = t_wait_exit(pids[i], 120000);
+        if (status != 0) {
+            char cmd[700];
+            snprintf(cmd, sizeof cmd, "cat %s/spawn.log >&2", t_tmpdir());
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no log)\n");
+        }
+        CHECK_MSG(status == 0, "process %d exited with %d", i, status);
+    }
+    /* One cluster, one schema, every job there. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"total\":{\"queued\":4,") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "psql", "-Atc", "SELECT count(*) FROM pgjobq.schema_version", NULL), 0);
+    CHECK_INT(atoi(out), PGJOBQ_SCHEMA_VERSION);
+    free(out);
+    free(err);
+}
+
+TEST(first_run_bad_home_is_a_clear_error)
+{
+    char *out, *err, longhome[300];
+
+    t_use_test_db = 0;
+    unsetenv("DATABASE_URL");
+    memset(longhome, 'x', sizeof longhome - 1);
+    longhome[0] = '/';
+    longhome[sizeof longhome - 1] = '\0';
+    setenv("PGJOBQ_HOME", longhome, 1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), EX_CONFIG);
+    CHECK(strstr(err, "too long") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "frobnicate", NULL), EX_USAGE);
+    free(out);
+    free(err);
+}
