@@ -49,7 +49,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -116,10 +116,19 @@ $(PC): pgjobq.pc.in Makefile
 check: all $(TESTS) $(EXAMPLES)
 	@sh tools/ensure-deps.sh --server
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_EXAMPLES=$(abspath $(B)/examples) PGJOBQ_SRCDIR=$(CURDIR) \
-	    $(TESTS) $(TESTS_ARGS)
+	    PGJOBQ_TEST_CFLAGS="$(OPT)" $(TESTS) $(TESTS_ARGS)
 
 sanitize:
 	$(MAKE) B=build-san SAN=1 check
+
+# Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run.
+# Plots need gnuplot (installed with apt-get when running as root; skipped otherwise).
+bench: all
+	@sh tools/ensure-deps.sh --server
+	@command -v gnuplot >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	    (apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null 2>&1)) || true
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/run.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \

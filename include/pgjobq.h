@@ -524,6 +524,7 @@ typedef struct pgjobq_worker_stats {
     int64_t running;     /* jobs running now */
     int64_t claims;      /* claim statements */
     int64_t rescued;     /* expired leases rescued by this process's maintenance */
+    int64_t writes;      /* statements that wrote outcomes (completions, failures, hand-backs) */
 } pgjobq_worker_stats;
 
 PGJOBQ_EXPORT void pgjobq_worker_get_stats(const pgjobq_worker *w, pgjobq_worker_stats *out);

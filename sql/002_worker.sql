@@ -30,7 +30,7 @@ BEGIN
                lease_until = NULL,
                last_error = coalesce(left(release_many.reason, 8192), j.last_error)
           FROM input
-         WHERE j.id = input.id AND j.lease_token = input.token
+         WHERE j.id = ANY (ids) AND j.id = input.id AND j.lease_token = input.token
            AND j.state = 'running' AND j.lease_until > now()
         RETURNING j.id, j.state, j.queue::text AS queue),
     notified AS (
@@ -77,7 +77,7 @@ BEGIN
            SET state = 'cancelled', finished_at = now(), lease_until = NULL,
                last_error = coalesce(left(cancel_many.reason, 8192), j.last_error)
           FROM input
-         WHERE j.id = input.id AND j.lease_token = input.token
+         WHERE j.id = ANY (ids) AND j.id = input.id AND j.lease_token = input.token
            AND j.state = 'running' AND j.lease_until > now()
         RETURNING j.id)
     SELECT input.id, CASE WHEN ended.id IS NULL THEN 'lost' ELSE 'cancelled' END

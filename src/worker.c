@@ -35,6 +35,8 @@
 #define PRUNE_EVERY_MS 60000
 #define RECONNECT_MIN_MS 100
 #define RECONNECT_MAX_MS 30000
+/* Outcomes wait at most this long for more to join their batch (unless every running job is done). */
+#define FLUSH_AFTER_MS 2
 
 typedef struct handler {
     char kind[PGJOBQ_NAME_MAX + 1]; /* "" for any kind */
@@ -108,6 +110,7 @@ struct pgjobq_worker {
     pgjobq_ctx **running;
     size_t nrunning, caprunning;
     int64_t next_heartbeat_ms;
+    int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
 
     /* Maintenance thread. */
     pthread_t maint;
@@ -118,7 +121,7 @@ struct pgjobq_worker {
 
     /* Statistics. */
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
-        st_running, st_claims, st_rescued;
+        st_running, st_claims, st_rescued, st_writes;
 };
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -381,6 +384,7 @@ void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
     out->running = atomic_load(&w->st_running);
     out->claims = atomic_load(&w->st_claims);
     out->rescued = atomic_load(&w->st_rescued);
+    out->writes = atomic_load(&w->st_writes);
 }
 
 const char *pgjobq_worker_errmsg(const pgjobq_worker *w)
@@ -776,6 +780,7 @@ static int write_batch(pgjobq_worker *w, int kind, batch *b)
         lengths[k] = (int)a[k].buf.len;
     }
     pgjobq__stmt st = {what[kind], sql[kind], nparams, types, values, lengths, formats, 1};
+    atomic_fetch_add(&w->st_writes, 1);
     rc = pgjobq__exec(w->main, &st, &r);
     if (rc != PGJOBQ_OK)
         goto out;
@@ -841,6 +846,8 @@ static void collect_done(pgjobq_worker *w, batch writes[W_KINDS])
             snprintf(why, sizeof why, "timed out after %lld ms", (long long)w->o.timeout_ms);
             pgjobq_ctx_set_error(ctx, why);
         }
+        if (w->first_pending_ms == 0)
+            w->first_pending_ms = mono_ms();
         if (batch_add(&writes[kind], ctx) != 0) {
             wlog(w, PGJOBQ_LOG_ERROR, "out of memory recording job %lld", (long long)ctx->job->id);
             running_remove(w, ctx);
@@ -852,6 +859,7 @@ static void collect_done(pgjobq_worker *w, batch writes[W_KINDS])
 /* Writes every pending batch; a batch that fails on a broken connection stays for the next try. */
 static void flush_writes(pgjobq_worker *w, batch writes[W_KINDS])
 {
+    w->first_pending_ms = 0;
     for (int k = 0; k < W_KINDS; k++) {
         if (writes[k].n == 0 || !w->connected)
             continue;
@@ -870,6 +878,21 @@ static void flush_writes(pgjobq_worker *w, batch writes[W_KINDS])
         }
         writes[k].n = 0;
     }
+    for (int k = 0; k < W_KINDS; k++)
+        if (writes[k].n > 0 && w->first_pending_ms == 0)
+            w->first_pending_ms = mono_ms(); /* kept for the next try */
+}
+
+/* Whether to write the pending outcomes now: when no handler is still running (nothing more can join
+ * the batch), when the oldest has waited FLUSH_AFTER_MS, or when stopping. */
+static int flush_due(const pgjobq_worker *w, int64_t now, int stopping)
+{
+    int outstanding = 0;
+    if (w->first_pending_ms == 0)
+        return 0;
+    for (int i = 0; i < w->nqueues; i++)
+        outstanding += w->queues[i].running;
+    return outstanding == 0 || stopping || now - w->first_pending_ms >= FLUSH_AFTER_MS;
 }
 
 /* Renews every running lease of this process in one statement. */
@@ -1178,7 +1201,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
                 break;
             rc = PGJOBQ_OK;
         }
-        if (w->connected)
+        if (w->connected && flush_due(w, now, stopping))
             flush_writes(w, writes);
         if (w->connected && now >= w->next_heartbeat_ms)
             heartbeat(w, now);
@@ -1186,6 +1209,14 @@ int pgjobq_worker_run(pgjobq_worker *w)
 
         if (stopping && w->nrunning == 0)
             break;
+        if (stopping && requests > 1 && !w->connected) {
+            /* A fast stop without a database: outcomes still unwritten go back via their leases. */
+            int outstanding = 0;
+            for (int i = 0; i < w->nqueues; i++)
+                outstanding += w->queues[i].running;
+            if (outstanding == 0)
+                break;
+        }
 
         if (!stopping && w->connected) {
             for (int i = 0; i < w->nqueues && w->connected; i++) {
@@ -1228,6 +1259,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
             next = w->reconnect_at_ms;
         if (stopping && shutdown_at < next)
             next = shutdown_at;
+        if (w->first_pending_ms && w->first_pending_ms + FLUSH_AFTER_MS < next)
+            next = w->first_pending_ms + FLUSH_AFTER_MS;
         for (size_t i = 0; i < w->nrunning; i++)
             if (!w->running[i]->ended && w->running[i]->timeout_at_ms < next)
                 next = w->running[i]->timeout_at_ms;

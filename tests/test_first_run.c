@@ -102,11 +102,14 @@ TEST_FULL(first_run_two_processes_at_once_share_one_cluster, 180, 0)
     pid_t pids[N];
     char *out, *err;
 
+    static char log[600];
+
     use_fresh_home();
+    snprintf(log, sizeof log, "%s/spawn.log", t_tmpdir());
     for (int i = 0; i < N; i++) {
         char payload[32];
         snprintf(payload, sizeof payload, "{\"p\": %d}", i);
-        pids[i] = t_spawn(strcat(strcpy(malloc(600), t_tmpdir()), "/spawn.log"), NULL, "enqueue", payload, NULL);
+        pids[i] = t_spawn(log, NULL, "enqueue", payload, NULL);
     }
     for (int i = 0; i < N; i++) {
         int status = t_wait_exit(pids[i], 120000);

@@ -121,11 +121,13 @@ TEST_FULL(readme_every_example_runs, 240, 0)
     /* The C block compiles against the public header and the library, and runs. */
     snprintf(script, sizeof script, "%s/hello.c", t_tmpdir());
     CHECK(extract(readme, "c", 1, script));
+    /* The same code-generation flags as the library (the sanitizer build needs its runtime too). */
+    const char *flags = getenv("PGJOBQ_TEST_CFLAGS") ? getenv("PGJOBQ_TEST_CFLAGS") : "";
     snprintf(cmd, sizeof cmd,
-             "cc -std=c11 -Wall -Wextra -Werror -I'%s/include' $(pkg-config --cflags libpq 2>/dev/null) '%s' "
+             "cc -std=c11 -Wall -Wextra -Werror %s -I'%s/include' $(pkg-config --cflags libpq 2>/dev/null) '%s' "
              "'%s/libpgjobq.a' $(pkg-config --libs libpq 2>/dev/null || echo -lpq) -lpthread -o '%s/hello' && "
              "'%s/hello' \"$(pgjobq db url)\" | grep -q completed",
-             srcdir(), script, bindir, t_tmpdir(), t_tmpdir());
+             flags, srcdir(), script, bindir, t_tmpdir(), t_tmpdir());
     sh("README c block", cmd);
     free(readme);
 }
