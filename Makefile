@@ -60,9 +60,9 @@ $(DEPS_OK): tools/ensure-deps.sh
 deps:
 	@sh tools/ensure-deps.sh --server
 
-$(B)/src/migrations.c: $(SQL) tools/embed-sql.awk | $(DEPS_OK)
+$(B)/src/migrations.c: $(SQL) sql/roles.sql tools/embed-sql.awk | $(DEPS_OK)
 	@mkdir -p $(@D)
-	awk -f tools/embed-sql.awk $(SQL) > $@.tmp && mv $@.tmp $@
+	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql > $@.tmp && mv $@.tmp $@
 
 $(B)/src/%.o: src/%.c src/internal.h include/pgjobq.h | $(DEPS_OK)
 	@mkdir -p $(@D)

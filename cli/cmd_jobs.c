@@ -11,7 +11,11 @@
 #define OPT_QUEUE 'q'
 #define OPT_LIMIT 'n'
 
-const cli_opt migrate_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+#define OPT_ROLES 'r'
+const cli_opt migrate_opts[] = {
+    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker and pgjobq_admin"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
 const cli_opt list_opts[] = {
     {"state", OPT_STATE, "STATE", "only jobs in STATE: queued, running, completed, failed or cancelled"},
     {"queue", OPT_QUEUE, "QUEUE", "only jobs of QUEUE"},
@@ -63,18 +67,29 @@ static int parse_id(const cli_cmd *cmd, const char *s, int64_t *id)
     return EX_OK;
 }
 
+static int roles_opt(int key, const char *arg, void *ctx)
+{
+    (void)arg;
+    if (key != OPT_ROLES)
+        return -1;
+    *(int *)ctx = 1;
+    return 0;
+}
+
 int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, applied = 0, version = 0, rc;
+    int status, applied = 0, version = 0, rc, roles = 0;
     pgjobq_client *c;
 
-    if (parse_simple(cmd, argc, argv, 0, NULL, NULL, &status) < 0)
+    if (parse_simple(cmd, argc, argv, 0, roles_opt, &roles, &status) < 0)
         return status;
     if ((c = cli_connect(1, &status)) == NULL)
         return status;
     rc = pgjobq_migrate(c, &applied);
     if (rc == PGJOBQ_OK)
         rc = pgjobq_schema_version(c, &version);
+    if (rc == PGJOBQ_OK && roles)
+        rc = pgjobq_migrate_roles(c);
     if (rc != PGJOBQ_OK) {
         status = cli_fail(c, rc);
         pgjobq_client_close(c);
@@ -85,6 +100,8 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
                applied == 1 ? "" : "s");
     else
         printf("pgjobq schema is up to date (version %d)\n", version);
+    if (roles)
+        printf("roles pgjobq_producer, pgjobq_worker and pgjobq_admin are in place\n");
     pgjobq_client_close(c);
     return EX_OK;
 }

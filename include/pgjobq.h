@@ -233,6 +233,14 @@ PGJOBQ_EXPORT int pgjobq_rollback(pgjobq_client *c) PGJOBQ_WUR;
  */
 PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
 
+/*
+ * Creates (if missing) the roles pgjobq_producer (enqueue only), pgjobq_worker (claim, complete, fail,
+ * heartbeat, maintenance) and pgjobq_admin (both, plus reading jobs, stats, cancel, retry), and grants
+ * them their functions; idempotent.  Needs the CREATEROLE privilege and the schema's ownership.
+ * Grant the roles to your login roles yourself.  Returns PGJOBQ_OK, PGJOBQ_EPERM, or an error.
+ */
+PGJOBQ_EXPORT int pgjobq_migrate_roles(pgjobq_client *c) PGJOBQ_WUR;
+
 /* Reads the schema version installed in the database into *version (0 when not installed). */
 PGJOBQ_EXPORT int pgjobq_schema_version(pgjobq_client *c, int *version) PGJOBQ_WUR;
 

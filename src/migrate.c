@@ -15,6 +15,7 @@
 extern const char *const pgjobq__migrations[];
 extern const char *const pgjobq__migration_names[];
 extern const int pgjobq__migration_count;
+extern const char *const pgjobq__roles_sql;
 
 /* Advisory lock key of the migration runner: ('pgjq', 1). */
 #define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(1885825649, 1)"
@@ -184,4 +185,27 @@ int pgjobq_migrate(pgjobq_client *c, int *applied_out)
     if (rc != PGJOBQ_OK)
         return rc;
     return pgjobq__check_schema(c);
+}
+
+int pgjobq_migrate_roles(pgjobq_client *c)
+{
+    int rc;
+
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (PQtransactionStatus(c->conn) != PQTRANS_IDLE)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE, "migrate roles: the connection is inside a transaction");
+    rc = simple(c, "roles", "BEGIN");
+    if (rc == PGJOBQ_OK)
+        rc = simple(c, "roles", MIGRATE_LOCK_SQL);
+    if (rc == PGJOBQ_OK)
+        rc = simple(c, "roles", pgjobq__roles_sql);
+    if (rc == PGJOBQ_OK)
+        return simple(c, "roles", "COMMIT");
+    PGresult *r = PQexec(c->conn, "ROLLBACK");
+    PQclear(r);
+    return rc;
 }

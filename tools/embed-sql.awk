@@ -4,14 +4,21 @@ BEGIN {
     print "/* Generated from sql/*.sql by tools/embed-sql.awk: do not edit. */"
     print "#include <stddef.h>"
     n = 0
+    open = 0
 }
+# Numbered files are the migrations, in order; roles.sql is the optional role grants.
 FNR == 1 {
-    if (n > 0) print ";"
-    n++
+    if (open) print ";"
+    open = 1
     name = FILENAME
     sub(/.*\//, "", name)
-    names[n] = name
-    printf "static const char m%d[] =\n", n
+    if (name == "roles.sql") {
+        printf "static const char roles[] =\n"
+    } else {
+        n++
+        names[n] = name
+        printf "static const char m%d[] =\n", n
+    }
 }
 {
     line = $0
@@ -21,7 +28,7 @@ FNR == 1 {
     printf "    \"%s\\n\"\n", line
 }
 END {
-    if (n > 0) print ";"
+    if (open) print ";"
     print "const char *const pgjobq__migrations[] = {"
     for (i = 1; i <= n; i++) printf "    m%d,\n", i
     print "    NULL};"
@@ -29,4 +36,5 @@ END {
     for (i = 1; i <= n; i++) printf "    \"%s\",\n", names[i]
     print "    NULL};"
     printf "const int pgjobq__migration_count = %d;\n", n
+    print "const char *const pgjobq__roles_sql = roles;"
 }

@@ -1,0 +1,47 @@
+-- pgjobq roles: least privilege, optional.  Applied by `pgjobq migrate --roles` (pgjobq_migrate_roles)
+-- after the migrations, by a role with CREATEROLE that owns the pgjobq schema.  Idempotent.
+--
+--   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
+--   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
+--   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry.
+--
+-- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
+-- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
+-- needs (or gets) privileges on the jobs table itself, except pgjobq_admin's SELECT.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_producer') THEN
+        CREATE ROLE pgjobq_producer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_worker') THEN
+        CREATE ROLE pgjobq_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_admin') THEN
+        CREATE ROLE pgjobq_admin NOLOGIN;
+    END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin;
+
+GRANT EXECUTE ON FUNCTION
+    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text),
+    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[])
+TO pgjobq_producer;
+
+GRANT EXECUTE ON FUNCTION
+    pgjobq.claim(text, integer, interval, text),
+    pgjobq.complete_many(bigint[], bigint[], jsonb[]),
+    pgjobq.fail_many(bigint[], bigint[], text[], interval[], boolean[]),
+    pgjobq.extend_many(bigint[], bigint[], interval),
+    pgjobq.release_many(bigint[], bigint[], text),
+    pgjobq.cancel_many(bigint[], bigint[], text),
+    pgjobq.next_due(text),
+    pgjobq.rescue_expired(integer),
+    pgjobq.prune(interval, interval, integer)
+TO pgjobq_worker;
+
+GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
+GRANT SELECT ON pgjobq.jobs TO pgjobq_admin;

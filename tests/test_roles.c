@@ -1,0 +1,161 @@
+/*
+ * test_roles.c - least privilege: a producer can only enqueue, a worker can only run jobs, an admin can
+ * look; each works with a hostile search_path; and migrations run as a non-superuser owner.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static pgjobq_client *as_role(const char *role)
+{
+    char ci[1024];
+    pgjobq_client *c = NULL;
+    snprintf(ci, sizeof ci, "%s user=%s", t_conninfo(), role);
+    int rc = pgjobq_client_open(&c, ci);
+    CHECK_MSG(rc == PGJOBQ_OK, "open as %s: %s", role, pgjobq_errmsg(c));
+    return c;
+}
+
+static void roles_setup(void)
+{
+    PGconn *pg = t_pg();
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
+    CHECK(strstr(out, "pgjobq_producer") != NULL);
+    free(out);
+    free(err);
+    /* Twice: idempotent. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
+    free(out);
+    free(err);
+    /* Roles are cluster-wide: tests in other databases may have made them already. */
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app') THEN CREATE ROLE app LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk') THEN CREATE ROLE wrk LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'adm') THEN CREATE ROLE adm LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_producer TO app"));
+    PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk"));
+    PQclear(t_exec(pg, "GRANT pgjobq_admin TO adm"));
+    PQfinish(pg);
+}
+
+/* Runs raw SQL as a role and returns its SQLSTATE ("" on success). */
+static char state[6];
+static const char *raw_as(pgjobq_client *c, const char *sql)
+{
+    PGresult *r = PQexec(pgjobq_client_conn(c), sql);
+    const char *s = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    snprintf(state, sizeof state, "%s", s ? s : "");
+    PQclear(r);
+    return state;
+}
+
+TEST(roles_each_role_can_do_its_job_and_nothing_more)
+{
+    pgjobq_job *jobs = NULL;
+    pgjobq_stat *stats = NULL;
+    size_t n;
+    int64_t id;
+
+    roles_setup();
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk"), *adm = as_role("adm");
+
+    /* The producer enqueues, and can do nothing else. */
+    CHECK_OK(app, pgjobq_enqueue(app, "{\"by\": \"app\"}", NULL, &id));
+    CHECK_RC(app, pgjobq_claim(app, "default", 1, 30000, NULL, &jobs, &n), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_job_get(app, id, &jobs), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_job_cancel(app, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_stats(app, &stats, &n), PGJOBQ_EPERM);
+    CHECK_STR(raw_as(app, "SELECT count(*) FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(app, "UPDATE pgjobq.jobs SET priority = 5"), "42501");
+    CHECK_STR(raw_as(app, "DELETE FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+
+    /* The worker runs jobs, and cannot enqueue or read the table. */
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 10, 30000, "wrk", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(wrk, pgjobq_job_extend(wrk, jobs[0].id, jobs[0].lease_token, 30000));
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, jobs[0].id, jobs[0].lease_token, "{\"ok\": true}"));
+    pgjobq_jobs_free(jobs);
+    CHECK_RC(wrk, pgjobq_enqueue(wrk, "{}", NULL, NULL), PGJOBQ_EPERM);
+    CHECK_RC(wrk, pgjobq_job_retry(wrk, id), PGJOBQ_EPERM);
+    CHECK_STR(raw_as(wrk, "SELECT count(*) FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(wrk, "UPDATE pgjobq.jobs SET state = 'completed'"), "42501");
+    int rescued = -1;
+    CHECK_OK(wrk, pgjobq_rescue_expired(wrk, 100, &rescued));
+
+    /* The admin looks, cancels and retries. */
+    CHECK_OK(adm, pgjobq_job_get(adm, id, &jobs));
+    CHECK_INT(jobs[0].state, PGJOBQ_COMPLETED);
+    pgjobq_jobs_free(jobs);
+    CHECK_OK(adm, pgjobq_stats(adm, &stats, &n));
+    free(stats);
+    CHECK_OK(adm, pgjobq_job_retry(adm, id));
+    CHECK_OK(adm, pgjobq_job_cancel(adm, id, NULL));
+    CHECK_STR(raw_as(adm, "DELETE FROM pgjobq.jobs"), "42501"); /* reading is not owning */
+
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(adm);
+}
+
+TEST(roles_hostile_search_path_changes_nothing)
+{
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs;
+    size_t n;
+    int64_t id;
+
+    roles_setup();
+    /* A schema full of look-alikes, first on the producer's search_path. */
+    PQclear(t_exec(pg, "CREATE SCHEMA IF NOT EXISTS evil"));
+    PQclear(t_exec(pg, "GRANT USAGE, CREATE ON SCHEMA evil TO PUBLIC"));
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql"
+                       " AS $$ SELECT '2000-01-01'::timestamptz $$"));
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION evil.pg_notify(text, text) RETURNS void LANGUAGE sql"
+                       " AS $$ SELECT NULL::void $$"));
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS $$ SELECT 1::bigint $$"));
+    PQclear(t_exec(pg, "CREATE TABLE IF NOT EXISTS evil.jobs (id int)"));
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk");
+    PQclear(t_exec(pgjobq_client_conn(app), "SET search_path = evil, pg_catalog, pgjobq"));
+    PQclear(t_exec(pgjobq_client_conn(wrk), "SET search_path = evil, pg_catalog, pgjobq"));
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", NULL, &id));
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", NULL, &id));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 10, 30000, "wrk", &jobs, &n));
+    CHECK_INT(n, 2);
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, jobs[1].id, jobs[1].lease_token, NULL));
+    pgjobq_jobs_free(jobs);
+    /* The real clock and sequence were used, and the look-alike table is untouched. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE created_at > '2020-01-01'"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.jobs"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM evil.jobs"), 0);
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
+    PQfinish(pg);
+}
+
+TEST_FULL(roles_migrations_run_as_a_non_superuser_owner, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    char ci[1024];
+    pgjobq_client *c = NULL;
+
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'jobs_owner') THEN"
+                       " CREATE ROLE jobs_owner LOGIN CREATEROLE; END IF; END $$"));
+    PQclear(t_exec(pg, "GRANT CREATE ON DATABASE %s TO jobs_owner", t_dbname()));
+    snprintf(ci, sizeof ci, "%s user=jobs_owner", t_conninfo());
+    CHECK_RC(c, pgjobq_client_open(&c, ci), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, NULL));
+    CHECK_OK(c, pgjobq_migrate_roles(c));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    pgjobq_client_close(c);
+    CHECK_INT(t_int(pg, "SELECT rolsuper::int FROM pg_roles WHERE rolname = 'jobs_owner'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                        " WHERE n.nspname = 'pgjobq' AND pg_get_userbyid(p.proowner) <> 'jobs_owner'"),
+              0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_tables WHERE schemaname = 'pgjobq' AND tableowner = 'jobs_owner'"), 2);
+    PQfinish(pg);
+}
