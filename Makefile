@@ -49,7 +49,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -120,6 +120,12 @@ check: all $(TESTS) $(EXAMPLES)
 
 sanitize:
 	$(MAKE) B=build-san SAN=1 check
+
+# The fault suite, long form (the short form, 30 s of faults, is part of make check).
+CHAOS_SECONDS ?= 300
+chaos: all $(TESTS)
+	@sh tools/ensure-deps.sh --server
+	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_SRCDIR=$(CURDIR) PGJOBQ_CHAOS_SECONDS=$(CHAOS_SECONDS) $(TESTS) -v chaos
 
 # Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run.
 # Plots need gnuplot (installed with apt-get when running as root; skipped otherwise).

@@ -3,8 +3,8 @@
  * line (never one taken from a job row), once per job.
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
- * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT and
- * PGJOBQ_MAX_ATTEMPTS in its environment, and without the worker's database credentials.  Exit 0
+ * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
+ * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment, and without the worker's database credentials.  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
@@ -411,7 +411,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     const exec_cfg *cfg = arg;
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
     int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status = 0, exited = 0;
-    char vars[5][96], **env = NULL;
+    char vars[6][96], **env = NULL;
     output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
@@ -425,7 +425,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     err.data = malloc(err.cap + 1);
     while (cfg->env[nenv])
         nenv++;
-    env = calloc(nenv + 6, sizeof *env);
+    env = calloc(nenv + 7, sizeof *env);
     if (out.data == NULL || err.data == NULL || env == NULL || pipe2(in, O_CLOEXEC) != 0 ||
         pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
         pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
@@ -437,7 +437,8 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     snprintf(vars[2], sizeof vars[2], "PGJOBQ_KIND=%s", job->kind);
     snprintf(vars[3], sizeof vars[3], "PGJOBQ_ATTEMPT=%d", job->attempt);
     snprintf(vars[4], sizeof vars[4], "PGJOBQ_MAX_ATTEMPTS=%d", job->max_attempts);
-    for (int i = 0; i < 5; i++)
+    snprintf(vars[5], sizeof vars[5], "PGJOBQ_LEASE_TOKEN=%lld", (long long)job->lease_token);
+    for (int i = 0; i < 6; i++)
         env[nenv + (size_t)i] = vars[i];
 
     posix_spawn_file_actions_init(&fa);

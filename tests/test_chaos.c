@@ -1,0 +1,338 @@
+/*
+ * test_chaos.c - faults while jobs flow, then a checker in the style of Jepsen.
+ *
+ * Worker daemons (`pgjobq work --exec`, with a handler that records every execution in a ledger
+ * file) and a producer run while a nemesis kills workers (-9), freezes them past their lease
+ * (SIGSTOP, then SIGCONT), restarts PostgreSQL (fast, and immediate = crash recovery), terminates
+ * pgjobq's backends, and holds a transaction open.  Then everything is healed and drained, and the
+ * checker reads the ledger, the jobs table and an audit trail of every row change (a trigger):
+ *
+ *   must be zero:  lost (acknowledged, never completed), unexpected (executed, never enqueued),
+ *                  claims while another lease on the job was valid, stale writes accepted (a write
+ *                  by a holder whose lease had expired), stuck running, attempts over max_attempts
+ *   reported:      executions of a job more than once (after a lease was lost), enqueue errors and
+ *                  indeterminate commits that landed, rescue delay after expiry, recovery after a
+ *                  database restart, listener recovery, pickup latency
+ *
+ * The short form runs in `make check` (PGJOBQ_CHAOS_SECONDS, default 30); `make chaos` runs it long.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+enum { WORKERS = 3, MAX_ACKED = 200000 };
+
+static pid_t workers[WORKERS];
+static char handler_path[512], ledger_path[512];
+
+static struct {
+    int64_t ids[MAX_ACKED];
+    _Atomic int n;
+    _Atomic int errors;
+    _Atomic int stop;
+    _Atomic int attempts;
+} produced;
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static pid_t start_worker(int i)
+{
+    char env[32], id[32], log[600];
+    snprintf(env, sizeof env, "WHO=w%d", i);
+    snprintf(id, sizeof id, "w%d", i);
+    snprintf(log, sizeof log, "%s/w%d.log", t_tmpdir(), i);
+    return t_spawn(log, env, "work", "--queue", "chaos:4", "--exec", handler_path, "--lease", "2s", "--timeout",
+                   "1500ms", "--poll", "200ms", "--shutdown-timeout", "3s", "--worker-id", id, "--log-level",
+                   "warn", NULL);
+}
+
+/* A connection that survives the nemesis: retried until the server is back. */
+static PGconn *connect_retry(int timeout_ms)
+{
+    int64_t deadline = t_now_ms() + timeout_ms;
+    for (;;) {
+        PGconn *c = PQconnectdb(t_conninfo());
+        if (PQstatus(c) == CONNECTION_OK)
+            return c;
+        PQfinish(c);
+        if (t_now_ms() > deadline)
+            t_fail(__FILE__, __LINE__, "the database did not come back within %d ms", timeout_ms);
+        pause_ms(100);
+    }
+}
+
+static long long int_retry(PGconn **c, const char *sql)
+{
+    for (int tries = 0;; tries++) {
+        PGresult *r = PQexec(*c, sql);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0) {
+            long long v = atoll(PQgetvalue(r, 0, 0));
+            PQclear(r);
+            return v;
+        }
+        PQclear(r);
+        if (tries > 100)
+            t_fail(__FILE__, __LINE__, "query keeps failing: %s: %s", sql, PQerrorMessage(*c));
+        PQfinish(*c);
+        *c = connect_retry(60000);
+    }
+}
+
+static void *producer(void *arg)
+{
+    pgjobq_client *c = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    (void)arg;
+
+    o.queue = "chaos";
+    o.max_attempts = 1000; /* so that repeated faults never fail a job by policy */
+    while (!atomic_load(&produced.stop)) {
+        if (c == NULL && pgjobq_client_open(&c, t_conninfo()) != PGJOBQ_OK) {
+            pgjobq_client_close(c);
+            c = NULL;
+            pause_ms(100);
+            continue;
+        }
+        int64_t id = 0;
+        atomic_fetch_add(&produced.attempts, 1);
+        int rc = pgjobq_enqueue(c, "{\"chaos\": true}", &o, &id);
+        if (rc == PGJOBQ_OK) {
+            int k = atomic_fetch_add(&produced.n, 1);
+            if (k < MAX_ACKED)
+                produced.ids[k] = id;
+        } else {
+            /* Indeterminate: the commit may or may not have landed.  Counted, never acknowledged. */
+            atomic_fetch_add(&produced.errors, 1);
+            pause_ms(20);
+        }
+        pause_ms(8);
+    }
+    pgjobq_client_close(c);
+    return NULL;
+}
+
+static int64_t ms_since(int64_t t)
+{
+    return t_now_ms() - t;
+}
+
+TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 900, TEST_EXCLUSIVE)
+{
+    const char *env = getenv("PGJOBQ_CHAOS_SECONDS");
+    int seconds = env ? atoi(env) : 30;
+    PGconn *pg = t_pg();
+    pthread_t prod;
+    int faults[6] = {0};
+    int64_t restart_recovery_max = 0, listener_recovery_max = 0;
+    static const char *const fault_names[6] = {"kill -9 worker", "SIGSTOP past lease", "restart fast",
+                                               "stop immediate + start", "terminate backends",
+                                               "held transaction"};
+
+    /* The harness's cluster trades durability for speed (synchronous_commit = off): a crash then loses
+     * commits that were acknowledged, and a first run of this suite showed exactly that (2 acknowledged
+     * jobs gone, 2 executions repeated under one token).  Acknowledged must mean durable here. */
+    PQclear(t_exec(pg, "ALTER DATABASE %s SET synchronous_commit = on", t_dbname()));
+    PQfinish(pg);
+    pg = t_pg();
+    char *sc = t_str(pg, "SHOW synchronous_commit");
+    CHECK_STR(sc, "on");
+    free(sc);
+
+    /* The audit trail: every change of a job row, with the statement that made it. */
+    PQclear(t_exec(pg, "CREATE TABLE chaos_audit (job_id bigint, old_state text, new_state text, old_token bigint,"
+                       " new_token bigint, old_lease_until timestamptz, new_lease_until timestamptz,"
+                       " at timestamptz, query text)"));
+    PQclear(t_exec(pg, "CREATE FUNCTION chaos_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                       " INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, NEW.state, OLD.lease_token,"
+                       " NEW.lease_token, OLD.lease_until, NEW.lease_until, now(), left(current_query(), 120));"
+                       " RETURN NULL; END $$"));
+    PQclear(t_exec(pg, "CREATE TRIGGER chaos_audit AFTER UPDATE ON pgjobq.jobs FOR EACH ROW"
+                       " EXECUTE FUNCTION chaos_audit_row()"));
+    /* The audit runs inside pgjobq's SECURITY DEFINER functions, owned by the test's superuser. */
+
+    snprintf(ledger_path, sizeof ledger_path, "%s/ledger", t_tmpdir());
+    char body[1024];
+    snprintf(body, sizeof body,
+             "cat >/dev/null\n"
+             "start=$(date +%%s%%N)\n"
+             "sleep 0.0$(( $$ %% 9 ))\n"
+             "echo \"$PGJOBQ_JOB_ID $PGJOBQ_LEASE_TOKEN $WHO $start $(date +%%s%%N)\" >> %s\n"
+             "echo '{}'",
+             ledger_path);
+    snprintf(handler_path, sizeof handler_path, "%s", t_script("handler.sh", body));
+    for (int i = 0; i < WORKERS; i++)
+        workers[i] = start_worker(i);
+    CHECK(pthread_create(&prod, NULL, producer, NULL) == 0);
+
+    /* The nemesis: a fault every 1.5 to 3 seconds, in turn, for `seconds`. */
+    int64_t t0 = t_now_ms();
+    unsigned seed = (unsigned)getpid();
+    for (int round = 0; ms_since(t0) < (int64_t)seconds * 1000; round++) {
+        seed = seed * 1103515245u + 12345u;
+        pause_ms(1500 + (long)((seed >> 8) % 1500));
+        int f = round % 6, w = (int)((seed >> 4) % WORKERS);
+        faults[f]++;
+        switch (f) {
+        case 0: /* kill -9 a worker; the harness restarts it */
+            kill(workers[w], SIGKILL);
+            t_wait_exit(workers[w], 10000);
+            workers[w] = start_worker(w);
+            break;
+        case 1: /* freeze a worker past its lease: a zombie that must not be able to write */
+            kill(workers[w], SIGSTOP);
+            pause_ms(3500);
+            kill(workers[w], SIGCONT);
+            break;
+        case 2:
+        case 3: {
+            int64_t t = t_now_ms();
+            if (f == 2) {
+                CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
+            } else {
+                CHECK_INT(t_pg_ctl("stop", "-m", "immediate", "-w", NULL), 0);
+                CHECK_INT(t_pg_ctl("start", "-w", "-t", "60", NULL), 0);
+            }
+            PQfinish(pg);
+            pg = connect_retry(60000);
+            /* Recovery: until some job completes again after the restart. */
+            long long before = int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'");
+            while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'") <= before &&
+                   ms_since(t) < 60000)
+                pause_ms(20);
+            if (ms_since(t) > restart_recovery_max)
+                restart_recovery_max = ms_since(t);
+            break;
+        }
+        case 4: { /* kill pgjobq's backends: listeners, claimers, maintenance */
+            int64_t t = t_now_ms();
+            PQclear(PQexec(pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
+                               " current_database() AND application_name LIKE 'pgjobq%' AND pid <> pg_backend_pid()"));
+            while (int_retry(&pg, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                  " AND application_name = 'pgjobq-listener' AND query LIKE '%LISTEN%'") < WORKERS &&
+                   ms_since(t) < 60000)
+                pause_ms(20);
+            if (ms_since(t) > listener_recovery_max)
+                listener_recovery_max = ms_since(t);
+            break;
+        }
+        case 5: { /* hold back the xmin horizon for a while */
+            PGconn *h = connect_retry(10000);
+            PQclear(PQexec(h, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+            PQclear(PQexec(h, "SELECT count(*) FROM pgjobq.jobs"));
+            pause_ms(3000);
+            PQclear(PQexec(h, "COMMIT"));
+            PQfinish(h);
+            break;
+        }
+        }
+    }
+
+    /* Heal: everything running, the producer stopped, the queue drained. */
+    atomic_store(&produced.stop, 1);
+    pthread_join(prod, NULL);
+    for (int i = 0; i < WORKERS; i++)
+        kill(workers[i], SIGCONT);
+    int64_t drain_start = t_now_ms();
+    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'chaos' AND state IN ('queued', 'running')") > 0) {
+        if (ms_since(drain_start) > 180000)
+            t_fail(__FILE__, __LINE__, "the queue did not drain within 180 s after healing");
+        pause_ms(100);
+    }
+    for (int i = 0; i < WORKERS; i++)
+        kill(workers[i], SIGTERM);
+    for (int i = 0; i < WORKERS; i++)
+        CHECK_MSG(t_wait_exit(workers[i], 30000) == 0, "worker %d did not stop cleanly", i);
+
+    /* The checker. */
+    int acked = atomic_load(&produced.n);
+    CHECK(acked > 0 && acked <= MAX_ACKED);
+    PQclear(t_exec(pg, "CREATE TEMP TABLE acked (id bigint)"));
+    for (int i = 0; i < acked; i += 1000) {
+        char sql[32000];
+        size_t len = (size_t)snprintf(sql, sizeof sql, "INSERT INTO acked VALUES ");
+        for (int k = i; k < acked && k < i + 1000; k++)
+            len += (size_t)snprintf(sql + len, sizeof sql - len, "%s(%lld)", k > i ? "," : "", (long long)produced.ids[k]);
+        PQclear(t_exec(pg, "%s", sql));
+    }
+    PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, token bigint, who text, start_ns numeric, end_ns numeric)"));
+    PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger_path));
+
+    long long lost = t_int(pg, "SELECT count(*) FROM acked a LEFT JOIN pgjobq.jobs j USING (id)"
+                               " WHERE j.id IS NULL OR j.state <> 'completed'");
+    long long unexpected = t_int(pg, "SELECT count(*) FROM (SELECT DISTINCT id FROM ledger) l"
+                                     " LEFT JOIN pgjobq.jobs j USING (id) WHERE j.id IS NULL");
+    /* A claim of token t while token t-1's lease (as last extended) had not yet expired. */
+    long long claim_in_valid = t_int(pg,
+        "WITH claims AS (SELECT job_id, new_token, at FROM chaos_audit WHERE old_state = 'queued' AND new_state = 'running'),"
+        " leases AS (SELECT job_id, new_token AS token, max(new_lease_until) AS until FROM chaos_audit"
+        "            WHERE new_state = 'running' GROUP BY 1, 2)"
+        " SELECT count(*) FROM claims c JOIN leases l ON l.job_id = c.job_id AND l.token = c.new_token - 1"
+        " WHERE c.at < l.until");
+    /* A holder's write (complete, fail, heartbeat, hand-back) accepted at or after its lease's end. */
+    long long stale = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE old_state = 'running'"
+                                " AND old_lease_until <= at AND query NOT LIKE '%%rescue_expired%%'");
+    long long stuck = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'");
+    long long over = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE attempt > max_attempts");
+    /* Reported. */
+    long long executions = t_int(pg, "SELECT count(*) FROM ledger");
+    long long dup_jobs = t_int(pg, "SELECT count(*) FROM (SELECT id FROM ledger GROUP BY id HAVING count(*) > 1) d");
+    long long dup_same_token = t_int(pg, "SELECT count(*) FROM (SELECT id, token FROM ledger GROUP BY 1, 2"
+                                         " HAVING count(*) > 1) d");
+    long long landed = t_int(pg, "SELECT count(*) FROM pgjobq.jobs j WHERE queue = 'chaos'"
+                                 " AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = j.id)");
+    long long rescues = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
+    long long rescue_p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY"
+                                     " extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint FROM chaos_audit"
+                                     " WHERE query LIKE '%%rescue_expired%%'");
+    long long rescue_max = t_int(pg, "SELECT coalesce(max(extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint"
+                                     " FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
+    long long p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM"
+                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.jobs WHERE attempt = 1"
+                              " AND queue = 'chaos'");
+    long long p99 = t_int(pg, "SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM"
+                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.jobs WHERE attempt = 1"
+                              " AND queue = 'chaos'");
+
+    printf("chaos: %d s, %d workers, %d jobs acknowledged, %lld executions\n", seconds, WORKERS, acked, executions);
+    printf("faults:");
+    for (int f = 0; f < 6; f++)
+        printf(" %s x%d%s", fault_names[f], faults[f], f < 5 ? "," : "\n");
+    printf("fault not injected: network partitions (ip netns + iptables) are not part of this suite yet\n");
+    printf("%-58s %8s\n", "must be zero", "");
+    printf("  %-56s %8lld\n", "lost (acknowledged, not completed)", lost);
+    printf("  %-56s %8lld\n", "unexpected (executed, never enqueued)", unexpected);
+    printf("  %-56s %8lld\n", "claims while another lease was valid", claim_in_valid);
+    printf("  %-56s %8lld\n", "stale writes accepted (holder wrote after its lease)", stale);
+    printf("  %-56s %8lld\n", "stuck running at the end", stuck);
+    printf("  %-56s %8lld\n", "attempts over max_attempts", over);
+    printf("%-58s\n", "reported");
+    printf("  %-56s %8lld\n", "jobs executed more than once (after losing a lease)", dup_jobs);
+    printf("  %-56s %8lld\n", "executions repeated under one lease token", dup_same_token);
+    printf("  %-56s %8d\n", "enqueue errors during faults", atomic_load(&produced.errors));
+    printf("  %-56s %8lld\n", "  of which the commit landed anyway (indeterminate)", landed);
+    printf("  %-56s %8lld\n", "leases rescued", rescues);
+    printf("  %-56s %5lld ms\n", "rescue delay after lease expiry, p50", rescue_p50);
+    printf("  %-56s %5lld ms\n", "rescue delay after lease expiry, max", rescue_max);
+    printf("  %-56s %5lld ms\n", "database restart to next completion, max", (long long)restart_recovery_max);
+    printf("  %-56s %5lld ms\n", "backends killed to all listeners back, max", (long long)listener_recovery_max);
+    printf("  %-56s %5lld / %lld ms\n", "pickup latency p50 / p99", p50, p99);
+    CHECK_INT(lost, 0);
+    CHECK_INT(unexpected, 0);
+    CHECK_INT(claim_in_valid, 0);
+    CHECK_INT(stale, 0);
+    CHECK_INT(stuck, 0);
+    CHECK_INT(over, 0);
+    CHECK(executions >= acked); /* the ledger saw every job at least once */
+    PQfinish(pg);
+}
