@@ -49,7 +49,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -120,6 +120,21 @@ check: all $(TESTS) $(EXAMPLES)
 
 sanitize:
 	$(MAKE) B=build-san SAN=1 check
+
+# libFuzzer on every parser of untrusted input, FUZZ_SECONDS each (corpus in tests/fuzz/corpus).
+FUZZ_SECONDS ?= 30
+FUZZ_CC ?= clang
+FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Icli $(PG_CFLAGS)
+fuzz: | $(DEPS_OK)
+	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 69; }
+	@mkdir -p $(B)/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(B)/fuzz/json tests/fuzz/fuzz_json.c src/json.c
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(B)/fuzz/sanitize tests/fuzz/fuzz_sanitize.c src/json.c
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(B)/fuzz/duration tests/fuzz/fuzz_duration.c cli/util.c -lm
+	for t in json sanitize duration; do \
+	    mkdir -p $(B)/fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* $(B)/fuzz/corpus-$$t/ && \
+	    $(B)/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(B)/fuzz/corpus-$$t || exit 1; \
+	done
 
 # The fault suite, long form (the short form, 30 s of faults, is part of make check).
 CHAOS_SECONDS ?= 300

@@ -325,7 +325,7 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     PGconn *pg = t_pg();
     pgjobq_client *c = t_client();
     pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
-    int64_t fail_id, temp_id, slow_id, text_id;
+    int64_t fail_id, temp_id, slow_id, text_id, garbage_id;
 
     const char *handler = t_script("h.sh", "payload=$(cat)\n"
                                            "case \"$payload\" in\n"
@@ -333,6 +333,7 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
                                            "  *temp*) echo 'try later' >&2; exit 75;;\n"
                                            "  *slow*) exec sleep 30;;\n"
                                            "  *text*) echo 'plain text, not JSON'; exit 0;;\n"
+                                           "  *garbage*) head -c 1048576 /dev/urandom >&2; exit 1;;\n"
                                            "esac");
     o.max_attempts = 2;
     CHECK_OK(c, pgjobq_enqueue(c, "\"fail\"", &o, &fail_id));
@@ -340,6 +341,7 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     o.max_attempts = 1;
     CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow_id));
     CHECK_OK(c, pgjobq_enqueue(c, "\"text\"", &o, &text_id));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"garbage\"", &o, &garbage_id));
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--lease", "3s", "--timeout", "1s", "--poll",
                         "100ms", NULL);
     /* The failing job: its stderr (NUL and invalid UTF-8 included) is stored, sanitised. */
@@ -354,6 +356,11 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'"
                               " AND last_error LIKE '%%timed out%%'",
              (long long)slow_id);
+    wait_sql(pg, sql, 1, 30000);
+    /* 1 MiB of binary on stderr: the job fails (one attempt) with the tail, made storable. */
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'"
+                              " AND last_error LIKE 'failed (exit status 1)%%' AND octet_length(last_error) <= %d",
+             (long long)garbage_id, PGJOBQ_ERROR_MAX);
     wait_sql(pg, sql, 1, 30000);
     /* Plain-text output is stored as a JSON string. */
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND result = '\"plain text, not JSON\"'",
