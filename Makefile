@@ -174,4 +174,4 @@ format:
 	clang-format -i include/*.h src/*.c src/*.h cli/*.c tests/*.c tests/*.h
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-*
