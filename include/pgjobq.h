@@ -424,7 +424,10 @@ typedef enum pgjobq_outcome {
     PGJOBQ_OUTCOME_RETRY = 1,    /* this attempt failed: retry after the delay (or the backoff) while
                                     attempts remain, else the job fails */
     PGJOBQ_OUTCOME_FAIL = 2,     /* failed for good: no further attempts */
-    PGJOBQ_OUTCOME_CANCEL = 3    /* stop: the job ends cancelled */
+    PGJOBQ_OUTCOME_CANCEL = 3,   /* stop: the job ends cancelled */
+    PGJOBQ_OUTCOME_DONE = 4      /* the handler already ended the job itself, typically with
+                                    pgjobq_job_complete on its own connection, in the same transaction
+                                    as its effect (exactly-once effects); the worker writes nothing */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */

@@ -826,8 +826,10 @@ static void collect_done(pgjobq_worker *w, batch writes[W_KINDS])
         list = ctx->next;
         ctx->next = NULL;
         ctx->q->running--;
-        if (ctx->ended) {
-            /* Lost, or cancelled in the database already: nothing to write as its holder. */
+        if (ctx->ended || ctx->outcome == PGJOBQ_OUTCOME_DONE) {
+            /* Lost, cancelled in the database already, or ended by its handler: nothing to write. */
+            if (ctx->outcome == PGJOBQ_OUTCOME_DONE && !ctx->ended)
+                atomic_fetch_add(&w->st_completed, 1);
             running_remove(w, ctx);
             ctx_free(ctx);
             continue;

@@ -336,3 +336,168 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     CHECK(executions >= acked); /* the ledger saw every job at least once */
     PQfinish(pg);
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Second mode: the effect and the fenced completion in one transaction.                            */
+
+/* Each handler thread keeps its own connection, wrapped in a client for the fenced completion. */
+static _Thread_local PGconn *effect_conn;
+static _Thread_local pgjobq_client *effect_client;
+
+static pgjobq_outcome effect_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *job = pgjobq_ctx_job(ctx);
+    char sql[256];
+    PGresult *r;
+    (void)arg;
+
+    if (effect_conn && PQstatus(effect_conn) != CONNECTION_OK) {
+        pgjobq_client_close(effect_client);
+        PQfinish(effect_conn);
+        effect_conn = NULL;
+        effect_client = NULL;
+    }
+    if (effect_conn == NULL) {
+        effect_conn = PQconnectdb(t_conninfo());
+        if (PQstatus(effect_conn) != CONNECTION_OK || pgjobq_client_wrap(&effect_client, effect_conn) != PGJOBQ_OK) {
+            pgjobq_ctx_set_error(ctx, "no connection for the effect");
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+    }
+    /* A moment of work, so that faults land in the middle of jobs. */
+    struct timespec pause = {0, (long)(job->id % 7) * 3000000L};
+    nanosleep(&pause, NULL);
+    r = PQexec(effect_conn, "BEGIN");
+    PQclear(r);
+    snprintf(sql, sizeof sql, "INSERT INTO effects VALUES (%lld, %lld)", (long long)job->id, (long long)job->lease_token);
+    r = PQexec(effect_conn, sql);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    int rc = ok ? pgjobq_job_complete(effect_client, job->id, job->lease_token, NULL) : PGJOBQ_EDB;
+    r = PQexec(effect_conn, rc == PGJOBQ_OK ? "COMMIT" : "ROLLBACK");
+    int committed = rc == PGJOBQ_OK && PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    PQclear(r);
+    if (committed || rc == PGJOBQ_ELEASE || rc == PGJOBQ_ECANCELLED)
+        return PGJOBQ_OUTCOME_DONE; /* ended here: completed with its effect, or not ours any more */
+    /* The commit's fate is unknown (the connection broke): the fenced completion went with it or not,
+     * and a retry of an already completed job is refused by the fence. */
+    pgjobq_ctx_set_error(ctx, "effect transaction failed");
+    return PGJOBQ_OUTCOME_RETRY;
+}
+
+static pgjobq_worker *effect_worker;
+
+static void effect_stop(int sig)
+{
+    (void)sig;
+    if (effect_worker)
+        pgjobq_worker_stop(effect_worker);
+}
+
+static pid_t start_effect_worker(void)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    o.lease_ms = 2000;
+    o.timeout_ms = 1500;
+    o.poll_ms = 200;
+    o.shutdown_timeout_ms = 3000;
+    if (pgjobq_worker_new(&effect_worker, t_conninfo(), &o) != PGJOBQ_OK ||
+        pgjobq_worker_handle(effect_worker, "effects", NULL, 4, effect_handler, NULL) != PGJOBQ_OK)
+        _exit(2);
+    signal(SIGTERM, effect_stop);
+    int rc = pgjobq_worker_run(effect_worker);
+    _exit(rc == PGJOBQ_OK || rc == PGJOBQ_ETIMEOUT ? 0 : 1);
+}
+
+TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, TEST_EXCLUSIVE)
+{
+    const char *env = getenv("PGJOBQ_CHAOS_SECONDS");
+    int seconds = env ? atoi(env) : 30;
+    enum { BATCH = 300, K = 2 };
+    pid_t pids[K];
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    pgjobq_job_spec specs[BATCH];
+    long long enqueued = 0;
+
+    PQclear(t_exec(pg, "ALTER DATABASE %s SET synchronous_commit = on", t_dbname()));
+    PQclear(t_exec(pg, "CREATE TABLE effects (job_id bigint, token bigint)"));
+    memset(specs, 0, sizeof specs);
+    for (int i = 0; i < BATCH; i++) {
+        specs[i].opts.queue = "effects";
+        specs[i].opts.max_attempts = 1000;
+    }
+    for (int i = 0; i < K; i++)
+        pids[i] = start_effect_worker();
+
+    int64_t t0 = t_now_ms();
+    for (int round = 0; ms_since(t0) < (int64_t)seconds * 1000; round++) {
+        /* Jobs keep arriving, so that every fault lands while jobs run; a batch either lands whole
+         * (counted) or not at all, even across a restart. */
+        if (c == NULL && pgjobq_client_open(&c, t_conninfo()) != PGJOBQ_OK) {
+            pgjobq_client_close(c);
+            c = NULL;
+        }
+        if (c && pgjobq_enqueue_batch(c, specs, BATCH, NULL, NULL) == PGJOBQ_OK)
+            enqueued += BATCH;
+        pause_ms(2000);
+        int w = round % K;
+        switch (round % 4) {
+        case 0:
+            kill(pids[w], SIGKILL);
+            t_wait_exit(pids[w], 10000);
+            pids[w] = start_effect_worker();
+            break;
+        case 1:
+            kill(pids[w], SIGSTOP);
+            pause_ms(3500);
+            kill(pids[w], SIGCONT);
+            break;
+        case 2:
+            CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
+            PQfinish(pg);
+            pg = connect_retry(60000);
+            break;
+        case 3:
+            CHECK_INT(t_pg_ctl("stop", "-m", "immediate", "-w", NULL), 0);
+            CHECK_INT(t_pg_ctl("start", "-w", "-t", "60", NULL), 0);
+            PQfinish(pg);
+            pg = connect_retry(60000);
+            break;
+        }
+    }
+    pgjobq_client_close(c);
+    for (int i = 0; i < K; i++)
+        kill(pids[i], SIGCONT);
+    int64_t drain = t_now_ms();
+    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects' AND state <> 'completed'") > 0) {
+        if (ms_since(drain) > 180000)
+            t_fail(__FILE__, __LINE__, "the effects queue did not drain");
+        pause_ms(100);
+    }
+    for (int i = 0; i < K; i++) {
+        kill(pids[i], SIGTERM);
+        CHECK_MSG(t_wait_exit(pids[i], 30000) == 0, "effect worker %d did not stop cleanly", i);
+    }
+    long long effects = t_int(pg, "SELECT count(*) FROM effects");
+    long long dup = t_int(pg, "SELECT count(*) FROM (SELECT job_id FROM effects GROUP BY 1 HAVING count(*) > 1) d");
+    long long missing = t_int(pg, "SELECT count(*) FROM pgjobq.jobs j WHERE queue = 'effects'"
+                                  " AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.job_id = j.id)");
+    long long wrong_token = t_int(pg, "SELECT count(*) FROM effects e JOIN pgjobq.jobs j ON j.id = e.job_id"
+                                      " WHERE e.token <> j.lease_token");
+    long long retried = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects' AND attempt > 1");
+    long long jobs = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects'");
+    printf("effects mode: %d s of faults, %lld jobs (%lld acknowledged), %lld effects, %lld jobs attempted more than"
+           " once\n", seconds, jobs, enqueued, effects, retried);
+    printf("  duplicate effects %lld, jobs without effect %lld, effects under a stale token %lld\n", dup, missing,
+           wrong_token);
+    CHECK(jobs >= enqueued && enqueued > 0); /* an indeterminate batch may have landed too */
+    CHECK_INT(effects, jobs);
+    CHECK_INT(dup, 0);
+    CHECK_INT(missing, 0);
+    CHECK_INT(wrong_token, 0);
+    PQfinish(pg);
+}
