@@ -58,11 +58,31 @@ static int session_setup(pgjobq_client *c)
 
 int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
 {
+    return pgjobq__client_open_timeout(out, conninfo, 0);
+}
+
+/* Like pgjobq_client_open; with tcp_timeout_ms > 0 the connection also gives up on an unanswered
+ * network (a half-open partition) after that long (tcp_user_timeout), and on connecting after 10 s
+ * unless the conninfo says otherwise, so that a blocked call cannot outlast a lease. */
+int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms)
+{
     /* The conninfo (a URL or key=value string) is expanded first; the keywords after it override it,
      * so the connection always speaks UTF-8, which is what the payload checks assume. */
-    const char *const keys[] = {"dbname", "client_encoding", "fallback_application_name", NULL};
-    const char *const vals[] = {conninfo ? conninfo : "", "UTF8", "pgjobq", NULL};
+    const char *keys[6] = {"dbname", "client_encoding", "fallback_application_name", NULL, NULL, NULL};
+    const char *vals[6] = {conninfo ? conninfo : "", "UTF8", "pgjobq", NULL, NULL, NULL};
+    char timeout_s[32];
+    int k = 3;
     pgjobq_client *c;
+
+    if (tcp_timeout_ms > 0) {
+        snprintf(timeout_s, sizeof timeout_s, "%lld", (long long)tcp_timeout_ms);
+        keys[k] = "tcp_user_timeout";
+        vals[k++] = timeout_s;
+        if (conninfo == NULL || strstr(conninfo, "connect_timeout") == NULL) {
+            keys[k] = "connect_timeout";
+            vals[k++] = "10";
+        }
+    }
 
     *out = NULL;
     c = client_new();
@@ -70,7 +90,7 @@ int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
         return PGJOBQ_ENOMEM;
     *out = c;
     c->owned = 1;
-    c->conn = PQconnectdbParams(keys, vals, 1);
+    c->conn = PQconnectdbParams((const char *const *)keys, (const char *const *)vals, 1);
     if (c->conn == NULL)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "connect: out of memory");
     if (PQstatus(c->conn) != CONNECTION_OK) {

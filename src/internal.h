@@ -64,6 +64,7 @@ void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...)
 int pgjobq__code_from_sqlstate(const char *sqlstate);
 
 /* client.c */
+int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms);
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
 int pgjobq__require_schema(pgjobq_client *c);
 

@@ -486,13 +486,22 @@ static void main_disconnected(pgjobq_worker *w, const char *why)
     w->reconnect_delay_ms = w->reconnect_delay_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : w->reconnect_delay_ms * 2;
 }
 
+/* How long a connection of the worker waits for an unanswered network before giving up: well inside
+ * the lease, so that a half-open partition turns into a connection error, and the jobs into lost
+ * ones, before another worker can take them. */
+static int64_t tcp_timeout(const pgjobq_worker *w)
+{
+    int64_t t = w->o.lease_ms / 3;
+    return t < 1000 ? 1000 : t;
+}
+
 /* Connects the main client; returns PGJOBQ_OK, PGJOBQ_ECONN (try later) or a fatal code. */
 static int main_connect(pgjobq_worker *w)
 {
     int rc;
 
     if (w->main == NULL) {
-        rc = pgjobq_client_open(&w->main, w->conninfo);
+        rc = pgjobq__client_open_timeout(&w->main, w->conninfo, tcp_timeout(w));
     } else {
         PQreset(w->main->conn);
         rc = PQstatus(w->main->conn) == CONNECTION_OK ? pgjobq__check_schema(w->main) : PGJOBQ_ECONN;
@@ -538,8 +547,10 @@ static void listener_failed(pgjobq_worker *w, const char *why)
 
 static void listener_connect(pgjobq_worker *w)
 {
-    const char *const keys[] = {"dbname", "client_encoding", "fallback_application_name", NULL};
-    const char *const vals[] = {w->conninfo, "UTF8", "pgjobq-listener", NULL};
+    char timeout_s[32];
+    snprintf(timeout_s, sizeof timeout_s, "%lld", (long long)tcp_timeout(w));
+    const char *const keys[] = {"dbname", "client_encoding", "fallback_application_name", "tcp_user_timeout", NULL};
+    const char *const vals[] = {w->conninfo, "UTF8", "pgjobq-listener", timeout_s, NULL};
     PGresult *r;
 
     w->listener = PQconnectdbParams(keys, vals, 1);
@@ -1038,7 +1049,7 @@ static void *maintenance_thread(void *arg)
         if (c == NULL || PQstatus(c->conn) != CONNECTION_OK) {
             pgjobq_client_close(c);
             c = NULL;
-            if (pgjobq_client_open(&c, w->conninfo) != PGJOBQ_OK) {
+            if (pgjobq__client_open_timeout(&c, w->conninfo, tcp_timeout(w)) != PGJOBQ_OK) {
                 pgjobq_client_close(c);
                 c = NULL;
                 wait_ms = jittered(retry_delay);

@@ -4,7 +4,8 @@
  * Worker daemons (`pgjobq work --exec`, with a handler that records every execution in a ledger
  * file) and a producer run while a nemesis kills workers (-9), freezes them past their lease
  * (SIGSTOP, then SIGCONT), restarts PostgreSQL (fast, and immediate = crash recovery), terminates
- * pgjobq's backends, and holds a transaction open.  Then everything is healed and drained, and the
+ * pgjobq's backends, holds a transaction open, and (as root, with ip and iptables) cuts a fourth worker
+ * in its own network namespace off from the database, half-open (DROP) and refused (REJECT).  Then everything is healed and drained, and the
  * checker reads the ledger, the jobs table and an audit trail of every row change (a trigger):
  *
  *   must be zero:  lost (acknowledged, never completed), unexpected (executed, never enqueued),
@@ -21,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -127,17 +129,148 @@ static int64_t ms_since(int64_t t)
     return t_now_ms() - t;
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* A worker on its own network: a namespace joined to the host by a veth pair whose link-local       */
+/* addresses (169.254.77.0/30) exist only on that pair, cut off with iptables.                       */
+
+static char netns[32], veth[16], ip_cmd[64], iptables_cmd[64];
+static int netns_ready;
+static pid_t netns_worker = -1;
+
+static int find_tool(char *out, size_t size, const char *name)
+{
+    static const char *const dirs[] = {"/usr/sbin", "/sbin", "/usr/bin", "/bin", NULL};
+    for (int i = 0; dirs[i]; i++) {
+        snprintf(out, size, "%s/%s", dirs[i], name);
+        if (access(out, X_OK) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int run_quiet(const char *cmd)
+{
+    char full[4200];
+    snprintf(full, sizeof full, "%s >/dev/null 2>&1", cmd);
+    return system(full);
+}
+
+static void netns_teardown(void)
+{
+    char cmd[256];
+    if (netns_worker > 0) {
+        kill(netns_worker, SIGKILL);
+        waitpid(netns_worker, NULL, 0);
+        netns_worker = -1;
+    }
+    if (netns_ready) {
+        snprintf(cmd, sizeof cmd, "%s netns delete %s", ip_cmd, netns); /* takes the veth pair with it */
+        run_quiet(cmd);
+        netns_ready = 0;
+    }
+}
+
+/* Sets up the namespace and makes the server listen on the host end; returns 0 with a reason when
+ * this machine cannot do it. */
+static int netns_setup(PGconn **pg, char *why, size_t why_size)
+{
+    char cmd[4096], hba[700];
+
+    if (geteuid() != 0) {
+        snprintf(why, why_size, "not running as root");
+        return 0;
+    }
+    if (!find_tool(ip_cmd, sizeof ip_cmd, "ip") || !find_tool(iptables_cmd, sizeof iptables_cmd, "iptables")) {
+        snprintf(why, why_size, "ip (iproute2) or iptables is not installed");
+        return 0;
+    }
+    snprintf(netns, sizeof netns, "pgjobq%d", (int)getpid());
+    snprintf(veth, sizeof veth, "pjq%d", (int)getpid() % 1000000);
+    snprintf(cmd, sizeof cmd,
+             "%1$s netns add %2$s && %1$s link add %3$sh type veth peer name %3$sn && "
+             "%1$s link set %3$sn netns %2$s && %1$s addr add 169.254.77.1/30 dev %3$sh && %1$s link set %3$sh up && "
+             "%1$s netns exec %2$s %1$s addr add 169.254.77.2/30 dev %3$sn && "
+             "%1$s netns exec %2$s %1$s link set %3$sn up && %1$s netns exec %2$s %1$s link set lo up",
+             ip_cmd, netns, veth);
+    netns_ready = 1;
+    t_defer(netns_teardown);
+    if (run_quiet(cmd) != 0) {
+        netns_teardown();
+        snprintf(why, why_size, "network namespaces are not available here (ip netns add failed)");
+        return 0;
+    }
+    /* The server listens on the host end too, for this test only. */
+    snprintf(hba, sizeof hba, "%s/pg_hba.conf", t_pgdata());
+    FILE *f = fopen(hba, "a");
+    CHECK(f != NULL);
+    fprintf(f, "host all all 169.254.77.0/30 trust\n");
+    fclose(f);
+    PQclear(t_exec(*pg, "ALTER SYSTEM SET listen_addresses = '169.254.77.1'"));
+    CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
+    PQfinish(*pg);
+    *pg = connect_retry(60000);
+    return 1;
+}
+
+static void netns_restore_server(PGconn **pg)
+{
+    PQclear(t_exec(*pg, "ALTER SYSTEM RESET listen_addresses"));
+    CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
+    PQfinish(*pg);
+    *pg = connect_retry(60000);
+}
+
+static pid_t start_netns_worker(void)
+{
+    char db[256], log[600];
+    pid_t pid;
+
+    snprintf(db, sizeof db, "host=169.254.77.1 port=5432 user=postgres dbname=%s", t_dbname());
+    snprintf(log, sizeof log, "%s/netns-worker.log", t_tmpdir());
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setenv("WHO", "wnet", 1);
+        unsetenv("PGJOBQ_DATABASE_URL");
+        execl(ip_cmd, ip_cmd, "netns", "exec", netns, getenv("PGJOBQ_CLI"), "--db", db, "work", "--queue", "chaos:4",
+              "--exec", handler_path, "--lease", "2s", "--timeout", "1500ms", "--poll", "200ms", "--shutdown-timeout",
+              "3s", "--worker-id", "wnet", "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Cuts the namespace off for ms milliseconds: DROP leaves connections half-open, REJECT resets them. */
+static void partition(const char *target, int ms)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s netns exec %s %s -A OUTPUT -d 169.254.77.1 -j %s", ip_cmd, netns, iptables_cmd, target);
+    CHECK_MSG(run_quiet(cmd) == 0, "iptables failed");
+    pause_ms(ms);
+    snprintf(cmd, sizeof cmd, "%s netns exec %s %s -D OUTPUT -d 169.254.77.1 -j %s", ip_cmd, netns, iptables_cmd, target);
+    CHECK_MSG(run_quiet(cmd) == 0, "iptables failed to heal");
+}
+
+
 TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 900, TEST_EXCLUSIVE)
 {
     const char *env = getenv("PGJOBQ_CHAOS_SECONDS");
     int seconds = env ? atoi(env) : 30;
     PGconn *pg = t_pg();
     pthread_t prod;
-    int faults[6] = {0};
+    int faults[8] = {0};
     int64_t restart_recovery_max = 0, listener_recovery_max = 0;
-    static const char *const fault_names[6] = {"kill -9 worker", "SIGSTOP past lease", "restart fast",
+    static const char *const fault_names[8] = {"kill -9 worker", "SIGSTOP past lease", "restart fast",
                                                "stop immediate + start", "terminate backends",
-                                               "held transaction"};
+                                               "held transaction", "partition (DROP)", "partition (REJECT)"};
+    char netns_why[200] = "";
+    int have_netns;
 
     /* The harness's cluster trades durability for speed (synchronous_commit = off): a crash then loses
      * commits that were acknowledged, and a first run of this suite showed exactly that (2 acknowledged
@@ -171,8 +304,11 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
              "echo '{}'",
              ledger_path);
     snprintf(handler_path, sizeof handler_path, "%s", t_script("handler.sh", body));
+    have_netns = netns_setup(&pg, netns_why, sizeof netns_why);
     for (int i = 0; i < WORKERS; i++)
         workers[i] = start_worker(i);
+    if (have_netns)
+        netns_worker = start_netns_worker();
     CHECK(pthread_create(&prod, NULL, producer, NULL) == 0);
 
     /* The nemesis: a fault every 1.5 to 3 seconds, in turn, for `seconds`. */
@@ -181,7 +317,7 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     for (int round = 0; ms_since(t0) < (int64_t)seconds * 1000; round++) {
         seed = seed * 1103515245u + 12345u;
         pause_ms(1500 + (long)((seed >> 8) % 1500));
-        int f = round % 6, w = (int)((seed >> 4) % WORKERS);
+        int f = round % (have_netns ? 8 : 6), w = (int)((seed >> 4) % WORKERS);
         faults[f]++;
         switch (f) {
         case 0: /* kill -9 a worker; the harness restarts it */
@@ -226,6 +362,12 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
                 listener_recovery_max = ms_since(t);
             break;
         }
+        case 6: /* the namespace's worker cut off, half-open, past its lease */
+            partition("DROP", 3500);
+            break;
+        case 7: /* and refused outright */
+            partition("REJECT", 3500);
+            break;
         case 5: { /* hold back the xmin horizon for a while */
             PGconn *h = connect_retry(10000);
             PQclear(PQexec(h, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
@@ -251,8 +393,27 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     }
     for (int i = 0; i < WORKERS; i++)
         kill(workers[i], SIGTERM);
-    for (int i = 0; i < WORKERS; i++)
-        CHECK_MSG(t_wait_exit(workers[i], 30000) == 0, "worker %d did not stop cleanly", i);
+    /* 0, or 75 when it handed jobs back at its shutdown timeout: both are clean stops. */
+    for (int i = 0; i < WORKERS; i++) {
+        int status = t_wait_exit(workers[i], 30000);
+        CHECK_MSG(status == 0 || status == 75, "worker %d did not stop cleanly (status %d)", i, status);
+    }
+    long long netns_jobs = 0;
+    if (have_netns) {
+        kill(netns_worker, SIGTERM);
+        int status = t_wait_exit(netns_worker, 30000);
+        if (status != 0) {
+            char cmd[700];
+            snprintf(cmd, sizeof cmd, "tail -n 20 %s/netns-worker.log >&2", t_tmpdir());
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no log)\n");
+        }
+        CHECK_MSG(status == 0 || status == 75, "the namespace's worker did not stop cleanly (status %d)", status);
+        netns_worker = -1;
+        netns_jobs = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE worker_id = 'wnet'");
+        netns_teardown();
+        netns_restore_server(&pg);
+    }
 
     /* The checker. */
     int acked = atomic_load(&produced.n);
@@ -306,9 +467,12 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
 
     printf("chaos: %d s, %d workers, %d jobs acknowledged, %lld executions\n", seconds, WORKERS, acked, executions);
     printf("faults:");
-    for (int f = 0; f < 6; f++)
-        printf(" %s x%d%s", fault_names[f], faults[f], f < 5 ? "," : "\n");
-    printf("fault not injected: network partitions (ip netns + iptables) are not part of this suite yet\n");
+    for (int f = 0; f < (have_netns ? 8 : 6); f++)
+        printf(" %s x%d%s", fault_names[f], faults[f], f < (have_netns ? 7 : 5) ? "," : "\n");
+    if (have_netns)
+        printf("a fourth worker ran in its own network namespace and completed %lld jobs\n", netns_jobs);
+    else
+        printf("fault skipped: network partition (%s)\n", netns_why);
     printf("%-58s %8s\n", "must be zero", "");
     printf("  %-56s %8lld\n", "lost (acknowledged, not completed)", lost);
     printf("  %-56s %8lld\n", "unexpected (executed, never enqueued)", unexpected);
