@@ -451,6 +451,9 @@ static void *queue_thread(void *arg)
         q->head = ctx->next;
         if (q->head == NULL)
             q->tail = NULL;
+        else
+            pthread_cond_signal(&q->cv); /* more work: wake one more thread to share it */
+        ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
 
         const handler *h = find_handler(q, ctx->job->kind);
@@ -634,6 +637,21 @@ static void running_remove(pgjobq_worker *w, pgjobq_ctx *ctx)
     atomic_store(&w->st_running, (int64_t)w->nrunning);
 }
 
+/* Whether to claim for q now.  A notification or the poll claims whatever slots are free.  Under a
+ * backlog (the last claim came back full) the engine waits until half a batch of slots is free, or
+ * nothing runs: refilling slot by slot as each job ends would fragment claims into tiny batches. */
+static int claim_ready(const pgjobq_worker *w, const wqueue *q, int64_t now)
+{
+    int free_slots = q->concurrency - q->running;
+    int batch = q->concurrency < w->o.batch_max ? q->concurrency : w->o.batch_max;
+
+    if (free_slots <= 0)
+        return 0;
+    if (q->woken || now >= q->next_claim_ms)
+        return 1;
+    return q->last_full && (free_slots >= (batch + 1) / 2 || q->running == 0);
+}
+
 static int claim_queue(pgjobq_worker *w, wqueue *q, int64_t now)
 {
     int free_slots = q->concurrency - q->running;
@@ -649,6 +667,10 @@ static int claim_queue(pgjobq_worker *w, wqueue *q, int64_t now)
     q->woken = 0;
     q->last_full = (int)n == want;
     q->next_claim_ms = now + w->o.poll_ms;
+    /* The batch goes onto the queue's list under one lock, and one thread is woken: each thread that
+     * takes a job wakes another only if jobs remain (queue_thread).  Cheap handlers then drain a batch
+     * with a few threads instead of waking one per job; slow ones still fan out to all of them. */
+    pgjobq_ctx *first = NULL, *last = NULL;
     for (size_t i = 0; i < n; i++) {
         pgjobq_ctx *ctx = calloc(1, sizeof *ctx);
         if (ctx)
@@ -666,12 +688,19 @@ static int claim_queue(pgjobq_worker *w, wqueue *q, int64_t now)
         q->running++;
         wlog(w, PGJOBQ_LOG_DEBUG, "job %lld (%s/%s) attempt %d starting", (long long)ctx->job->id, q->name,
              ctx->job->kind, ctx->job->attempt);
+        if (last)
+            last->next = ctx;
+        else
+            first = ctx;
+        last = ctx;
+    }
+    if (first) {
         pthread_mutex_lock(&q->mu);
         if (q->tail)
-            q->tail->next = ctx;
+            q->tail->next = first;
         else
-            q->head = ctx;
-        q->tail = ctx;
+            q->head = first;
+        q->tail = last;
         pthread_cond_signal(&q->cv);
         pthread_mutex_unlock(&q->mu);
     }
@@ -1234,9 +1263,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
         if (!stopping && w->connected) {
             for (int i = 0; i < w->nqueues && w->connected; i++) {
                 wqueue *q = &w->queues[i];
-                if (q->running >= q->concurrency)
-                    continue;
-                if (!(q->woken || q->last_full || now >= q->next_claim_ms))
+                if (!claim_ready(w, q, now))
                     continue;
                 int crc = claim_queue(w, q, now);
                 if (crc == PGJOBQ_ECONN)
@@ -1282,10 +1309,10 @@ int pgjobq_worker_run(pgjobq_worker *w)
             wqueue *q = &w->queues[i];
             if (q->running >= q->concurrency)
                 continue;
-            if (q->woken || q->last_full)
+            if (claim_ready(w, q, now))
                 claim_now = 1;
-            else if (q->next_claim_ms < next)
-                next = q->next_claim_ms;
+            else if (!q->last_full && q->next_claim_ms < next)
+                next = q->next_claim_ms; /* under a backlog, finishing handlers wake the engine */
         }
         if (!w->o.poll_only && w->listener == NULL && !stopping && w->listener_retry_at_ms < next)
             next = w->listener_retry_at_ms;
