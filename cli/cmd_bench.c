@@ -385,9 +385,16 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
 /* ------------------------------------------------------------------------------------------------ */
 /* The raw-SQL ceiling: the claim and completion statements themselves, no library around them.      */
 
-/* The statements the library sends, called directly (B3). */
-static const char fn_claim[] = "SELECT id, lease_token FROM pgjobq.claim('bench', $1, '60 s', 'ceiling')";
-static const char fn_complete[] = "SELECT count(*) FROM pgjobq.complete_many($1::bigint[], $2::bigint[]) WHERE outcome = 'completed'";
+/* The statements the library sends, called directly (B3): the same SQL text, select lists included
+ * (they must match JOB_COLUMNS in src/jobs.c and the worker's write in src/worker.c); only the
+ * encoding of the parameters is this driver's own. */
+static const char fn_claim[] =
+    "SELECT id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority,"
+    " state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at,"
+    " finished_at, lease_until, worker_id::pg_catalog.text, result, last_error,"
+    " unique_key::pg_catalog.text, cancel_requested"
+    " FROM pgjobq.claim('bench', $1, '60 s', 'ceiling')";
+static const char fn_complete[] = "SELECT id, outcome FROM pgjobq.complete_many($1::bigint[], $2::bigint[], NULL)";
 
 /* The bare statements inside those functions, inlined (--bare): what the function wrappers cost. */
 static const char ceiling_claim[] =
@@ -433,6 +440,7 @@ static void *ceiling_client(void *arg)
             break;
         }
         int n = PQntuples(r);
+        int id_col = ca->bare ? 0 : PQfnumber(r, "id"), token_col = ca->bare ? 1 : PQfnumber(r, "lease_token");
         if (n == 0) {
             PQclear(r);
             break;
@@ -448,8 +456,8 @@ static void *ceiling_client(void *arg)
         ids[li++] = '{';
         tokens[lt++] = '{';
         for (int i = 0; i < n; i++) {
-            li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", PQgetvalue(r, i, 0));
-            lt += (size_t)snprintf(tokens + lt, cap - lt, "%s%s", i ? "," : "", PQgetvalue(r, i, 1));
+            li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", PQgetvalue(r, i, id_col));
+            lt += (size_t)snprintf(tokens + lt, cap - lt, "%s%s", i ? "," : "", PQgetvalue(r, i, token_col));
         }
         ids[li++] = '}';
         ids[li] = '\0';
@@ -458,12 +466,16 @@ static void *ceiling_client(void *arg)
         PQclear(r);
         const char *cp[2] = {ids, tokens};
         r = PQexecParams(c, ca->bare ? ceiling_complete : fn_complete, 2, NULL, cp, NULL, NULL, 0);
-        if (PQresultStatus(r) == PGRES_COMMAND_OK)
+        if (PQresultStatus(r) == PGRES_COMMAND_OK) {
             atomic_fetch_add(&ca->done, atoll(PQcmdTuples(r)));
-        else if (PQresultStatus(r) == PGRES_TUPLES_OK)
-            atomic_fetch_add(&ca->done, atoll(PQgetvalue(r, 0, 0)));
-        else
+        } else if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+            long long ok = 0;
+            for (int i = 0; i < PQntuples(r); i++)
+                ok += strcmp(PQgetvalue(r, i, 1), "completed") == 0;
+            atomic_fetch_add(&ca->done, ok);
+        } else {
             atomic_fetch_add(&ca->errors, 1);
+        }
         PQclear(r);
     }
 out:
