@@ -67,11 +67,11 @@ static int parse_id(const cli_cmd *cmd, const char *s, int64_t *id)
     return EX_OK;
 }
 
-static int roles_opt(int key, const char *arg, void *ctx)
+/* For commands whose only option of their own is one flag: sets *ctx. */
+static int flag_opt(int key, const char *arg, void *ctx)
 {
+    (void)key;
     (void)arg;
-    if (key != OPT_ROLES)
-        return -1;
     *(int *)ctx = 1;
     return 0;
 }
@@ -81,7 +81,7 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
     int status, applied = 0, version = 0, rc, roles = 0;
     pgjobq_client *c;
 
-    if (parse_simple(cmd, argc, argv, 0, roles_opt, &roles, &status) < 0)
+    if (parse_simple(cmd, argc, argv, 0, flag_opt, &roles, &status) < 0)
         return status;
     if ((c = cli_connect(1, &status)) == NULL)
         return status;
@@ -235,14 +235,6 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
-static int json_opt(int key, const char *arg, void *ctx)
-{
-    (void)arg;
-    if (key != OPT_JSON)
-        return -1;
-    *(int *)ctx = 1;
-    return 0;
-}
 
 int cmd_show(const cli_cmd *cmd, int argc, char **argv)
 {
@@ -251,7 +243,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     pgjobq_client *c;
     int64_t id = 0;
 
-    if ((first = parse_simple(cmd, argc, argv, 1, json_opt, &json, &status)) < 0)
+    if ((first = parse_simple(cmd, argc, argv, 1, flag_opt, &json, &status)) < 0)
         return status;
     if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
         return status;
@@ -295,7 +287,7 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
     size_t n = 0, nq = 0;
     pgjobq_client *c;
 
-    if (parse_simple(cmd, argc, argv, 0, json_opt, &json, &status) < 0)
+    if (parse_simple(cmd, argc, argv, 0, flag_opt, &json, &status) < 0)
         return status;
     if ((c = cli_connect(0, &status)) == NULL)
         return status;

@@ -474,11 +474,14 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         in[1] = -1;
     }
 
-    while (!exited) {
+    /* Until the command has exited and both pipes are at EOF: a command that has exited may still
+     * have output waiting in the pipes, which must be read before its result is judged. */
+    while (!(exited && outp[0] < 0 && errp[0] < 0)) {
         struct pollfd p[3] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
         char buf[65536];
 
-        poll(p, 3, 100);
+        /* With both pipes closed only the exit is left to wait for: look again soon. */
+        poll(p, 3, outp[0] < 0 && errp[0] < 0 ? 1 : 100);
         if (p[0].revents) {
             ssize_t n = read(outp[0], buf, sizeof buf);
             if (n > 0)
@@ -497,20 +500,17 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
                 errp[0] = -1;
             }
         }
-        if (in[1] >= 0 && p[2].revents) {
-            ssize_t n = write(in[1], job->payload + written, plen - written);
+        if (in[1] >= 0 && (p[2].revents || exited)) {
+            ssize_t n = exited ? -1 : write(in[1], job->payload + written, plen - written);
             if (n > 0)
                 written += (size_t)n;
-            if ((n < 0 && errno != EAGAIN && errno != EINTR) || written == plen) {
+            if (exited || (n < 0 && errno != EAGAIN && errno != EINTR) || written == plen) {
                 close(in[1]); /* done, or the command does not read its input */
                 in[1] = -1;
             }
         }
-        if (outp[0] < 0 && errp[0] < 0) {
-            if (waitpid(pid, &status, 0) == pid)
-                exited = 1;
+        if (exited)
             continue;
-        }
         /* Told to stop (timeout, cancel, lost lease, shutdown): TERM the group, then KILL it. */
         if (stopped == PGJOBQ_STOP_NONE && pgjobq_ctx_should_stop(ctx)) {
             stopped = pgjobq_ctx_stop_reason(ctx);
@@ -523,7 +523,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         }
         if (waitpid(pid, &status, WNOHANG) == pid) {
             exited = 1;
-            /* Its children may still hold the pipes: they go with the group. */
+            /* Anything it left behind in its group holding the pipes goes too, so that EOF comes. */
             kill(-pid, SIGKILL);
         }
     }

@@ -99,6 +99,21 @@ int pgserver_owner(uid_t *uid, gid_t *gid)
     return 0;
 }
 
+void pgserver_redirect(const char *log_path)
+{
+    int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    fd = open("/dev/null", O_RDONLY);
+    if (fd >= 0) {
+        dup2(fd, 0);
+        close(fd);
+    }
+}
+
 int pgserver_run(const char *const argv[], const char *log_path, uid_t uid, gid_t gid)
 {
     int status;
@@ -107,17 +122,7 @@ int pgserver_run(const char *const argv[], const char *log_path, uid_t uid, gid_
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        fd = open("/dev/null", O_RDONLY);
-        if (fd >= 0) {
-            dup2(fd, 0);
-            close(fd);
-        }
+        pgserver_redirect(log_path);
         if (geteuid() == 0 && uid != 0) {
             if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
                 fprintf(stderr, "cannot switch to uid %d: %s\n", (int)uid, strerror(errno));

@@ -16,6 +16,10 @@ int pgserver_bindir(char *out, size_t size, char *why, size_t why_size);
  * root) the 'postgres' user, else 'nobody'.  Returns 0, or -1 when root has no such account. */
 int pgserver_owner(uid_t *uid, gid_t *gid);
 
+/* In a child process about to exec: stdin from /dev/null, stdout and stderr appended to log_path
+ * (NULL: /dev/null). */
+void pgserver_redirect(const char *log_path);
+
 /* Runs argv (argv[0] a path) as uid/gid (when the caller is root and they differ from it), with
  * stdin from /dev/null and stdout and stderr appended to log_path (NULL: /dev/null).  Waits for it
  * and returns its exit status, 128 + signal, or -1 when it could not be started. */

@@ -329,17 +329,7 @@ pid_t t_spawn(const char *log_path, const char *extra_env, ...)
     if (pid < 0)
         t_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
     if (pid == 0) {
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        fd = open("/dev/null", O_RDONLY);
-        if (fd >= 0) {
-            dup2(fd, 0);
-            close(fd);
-        }
+        pgserver_redirect(log_path);
         if (t_use_test_db)
             setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
         else
@@ -406,4 +396,26 @@ const char *t_script(const char *name, const char *body)
     fclose(f);
     chmod(path, 0755);
     return path;
+}
+
+static char embedded_home[512];
+
+static void stop_embedded(void)
+{
+    char *out = NULL, *err = NULL;
+    if (embedded_home[0] && t_cli(&out, &err, NULL, 0, "db", "stop", NULL) != 0)
+        fprintf(stderr, "db stop: %s\n", err ? err : "");
+    free(out);
+    free(err);
+}
+
+const char *t_use_embedded_home(void)
+{
+    snprintf(embedded_home, sizeof embedded_home, "%s/home", t_tmpdir());
+    setenv("PGJOBQ_HOME", embedded_home, 1);
+    unsetenv("PGJOBQ_DATABASE_URL");
+    unsetenv("DATABASE_URL");
+    t_use_test_db = 0;
+    t_defer(stop_embedded);
+    return embedded_home;
 }

@@ -106,6 +106,11 @@ int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
 /* When zero, t_cli and t_spawn leave PGJOBQ_DATABASE_URL unset (to test the embedded default). */
 extern int t_use_test_db;
 
+/* Makes the pgjobq command use the embedded default in a fresh PGJOBQ_HOME (returned) under this
+ * test's temporary directory, with no database URL set; the embedded server is stopped when the test
+ * process ends. */
+const char *t_use_embedded_home(void);
+
 /* Registers fn to run when the test process ends, passed or failed (at most 8). */
 void t_defer(void (*fn)(void));
 

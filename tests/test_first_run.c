@@ -10,26 +10,11 @@
 
 #include "harness.h"
 
-static char home[512];
+static const char *home;
 
-/* Stops the embedded cluster, whatever happened in the test. */
-static void stop_embedded(void)
-{
-    char *out = NULL, *err = NULL;
-    if (home[0] && t_cli(&out, &err, NULL, 0, "db", "stop", NULL) != 0)
-        fprintf(stderr, "db stop: %s\n", err ? err : "");
-    free(out);
-    free(err);
-}
-
-/* A fresh PGJOBQ_HOME and no database URL anywhere. */
 static void use_fresh_home(void)
 {
-    snprintf(home, sizeof home, "%s/home", t_tmpdir());
-    setenv("PGJOBQ_HOME", home, 1);
-    unsetenv("DATABASE_URL");
-    t_use_test_db = 0;
-    t_defer(stop_embedded);
+    home = t_use_embedded_home();
 }
 
 TEST_FULL(first_run_demo_creates_reuses_and_stops_the_embedded_database, 240, 0)

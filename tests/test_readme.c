@@ -12,16 +12,6 @@
 
 #include "harness.h"
 
-static char home[512];
-
-static void stop_embedded(void)
-{
-    char *out = NULL, *err = NULL;
-    if (home[0] && t_cli(&out, &err, NULL, 0, "db", "stop", NULL) != 0)
-        fprintf(stderr, "db stop: %s\n", err ? err : "");
-    free(out);
-    free(err);
-}
 
 static const char *srcdir(void)
 {
@@ -88,12 +78,7 @@ TEST_FULL(readme_every_example_runs, 240, 0)
 
     snprintf(readme_path, sizeof readme_path, "%s/README.md", srcdir());
     readme = slurp(readme_path);
-    snprintf(home, sizeof home, "%s/home", t_tmpdir());
-    setenv("PGJOBQ_HOME", home, 1);
-    unsetenv("PGJOBQ_DATABASE_URL");
-    unsetenv("DATABASE_URL");
-    t_use_test_db = 0;
-    t_defer(stop_embedded);
+    t_use_embedded_home();
     /* The pgjobq under test comes first on PATH (the README puts $PWD/build in front of it). */
     snprintf(bindir, sizeof bindir, "%s", getenv("PGJOBQ_CLI"));
     *strrchr(bindir, '/') = '\0';

@@ -313,6 +313,13 @@ TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
                         " WHERE l.attempt = 1 AND l.queue = 'bulk' AND l.max_attempts = 25"),
               2000);
     /* Results are stored; the database password never reached the handler. */
+    PGresult *bad = t_exec(pg, "SELECT id, payload, result, attempt, worker_id FROM pgjobq.jobs"
+                               " WHERE NOT ((result->>'id')::bigint = id AND result->'in' = payload AND result->>'pw' = '')"
+                               " OR result IS NULL LIMIT 5");
+    for (int i = 0; i < PQntuples(bad); i++)
+        fprintf(stderr, "mismatch: id %s payload %s result %s attempt %s worker %s\n", PQgetvalue(bad, i, 0),
+                PQgetvalue(bad, i, 1), PQgetvalue(bad, i, 2), PQgetvalue(bad, i, 3), PQgetvalue(bad, i, 4));
+    PQclear(bad);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE (result->>'id')::bigint = id"
                         " AND result->'in' = payload AND result->>'pw' = ''"),
               2000);
