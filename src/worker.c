@@ -1251,13 +1251,23 @@ int pgjobq_worker_run(pgjobq_worker *w)
 
         if (stopping && w->nrunning == 0)
             break;
-        if (stopping && requests > 1 && !w->connected) {
-            /* A fast stop without a database: outcomes still unwritten go back via their leases. */
+        if (stopping && !w->connected && (requests > 1 || now >= shutdown_at)) {
+            /* Stopping without a database, after a second signal or past the shutdown timeout: outcomes
+             * still unwritten go back through their leases (rescued when they expire). */
             int outstanding = 0;
             for (int i = 0; i < w->nqueues; i++)
                 outstanding += w->queues[i].running;
-            if (outstanding == 0)
+            if (outstanding == 0) {
+                size_t unwritten = 0;
+                for (int k = 0; k < W_KINDS; k++)
+                    unwritten += writes[k].n;
+                if (unwritten)
+                    rc = werr(w, PGJOBQ_ETIMEOUT,
+                              "stopped without a database: the outcomes of %zu jobs could not be written; their "
+                              "leases will expire and they will run again",
+                              unwritten);
                 break;
+            }
         }
 
         if (!stopping && w->connected) {
@@ -1342,6 +1352,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
     }
     if (rc == PGJOBQ_OK && handed_back)
         rc = werr(w, PGJOBQ_ETIMEOUT, "jobs still running at the shutdown timeout were handed back");
+    /* (Outcomes left unwritten without a database were reported above; they are freed below.) */
 
 done:
     if (queues_inited)

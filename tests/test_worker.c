@@ -590,3 +590,33 @@ TEST_FULL(work_survives_a_database_restart, 180, TEST_EXCLUSIVE)
     CHECK_INT(t_int(again, "SELECT count(*) FROM pgjobq.jobs WHERE state <> 'completed'"), 0);
     PQfinish(again);
 }
+
+TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 120, TEST_EXCLUSIVE)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    const char *handler = t_script("h.sh", "cat >/dev/null; sleep 1; echo '{}'");
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    pgjobq_client_close(c);
+    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--shutdown-timeout", "2s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 20000);
+    PQfinish(pg);
+    /* The database goes away while the job runs; then the worker is asked to stop. */
+    CHECK_INT(t_pg_ctl("stop", "-m", "fast", "-w", NULL), 0);
+    kill(pid, SIGTERM);
+    int64_t t0 = t_now_ms();
+    int status = t_wait_exit(pid, 30000);
+    int64_t took = t_now_ms() - t0;
+    CHECK_INT(t_pg_ctl("start", "-w", "-t", "60", NULL), 0);
+    if (status != EX_TEMPFAIL)
+        show_log(log_path("w"));
+    /* It gave up after its shutdown timeout and said the outcome was not written (75). */
+    CHECK_INT(status, EX_TEMPFAIL);
+    CHECK_MSG(took < 15000, "it took %lld ms to give up", (long long)took);
+    /* The job is still running in the database; its lease will expire and it will run again. */
+    pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", (long long)id), 1);
+    PQfinish(pg);
+}
