@@ -165,9 +165,11 @@ static void start_cluster(void)
     snprintf(dir, sizeof dir, "%s/pgjobq-test-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     if (mkdtemp(dir) == NULL)
         die("mkdtemp %s: %s", dir, strerror(errno));
-    start_reaper();
-    setup_owner();
+    /* Everything the reaper needs to stop the server must be known before it is forked: the data
+     * directory, and the owner (pg_ctl refuses to stop a server as root). */
     snprintf(pgdata, sizeof pgdata, "%s/data", dir);
+    setup_owner();
+    start_reaper();
     snprintf(initdb, sizeof initdb, "%s/initdb", bindir);
     snprintf(log, sizeof log, "%s/initdb.log", dir);
     const char *init_argv[] = {initdb,     "-D", pgdata, "-A",         "trust",     "-U",
