@@ -37,6 +37,10 @@
 #define RECONNECT_MAX_MS 30000
 /* Outcomes wait at most this long for more to join their batch (unless every running job is done). */
 #define FLUSH_AFTER_MS 2
+/* Handlers faster than this on average run a batch on one thread, without waking helpers; slower
+ * ones fan out.  Jobs left waiting in a list are handed to another thread within HELP_AFTER_MS. */
+#define FAST_HANDLER_NS 50000
+#define HELP_AFTER_MS 2
 
 typedef struct handler {
     char kind[PGJOBQ_NAME_MAX + 1]; /* "" for any kind */
@@ -74,6 +78,8 @@ typedef struct wqueue {
     int exit_threads;
     pthread_t *threads;
     int nthreads;
+    /* Moving average of handler run time, ns: fast handlers share a batch among few threads. */
+    _Atomic int64_t handler_ns;
     /* Engine only. */
     int running;
     int woken;
@@ -451,8 +457,8 @@ static void *queue_thread(void *arg)
         q->head = ctx->next;
         if (q->head == NULL)
             q->tail = NULL;
-        else
-            pthread_cond_signal(&q->cv); /* more work: wake one more thread to share it */
+        else if (atomic_load(&q->handler_ns) > FAST_HANDLER_NS)
+            pthread_cond_signal(&q->cv); /* more work for slow handlers: wake a thread to share it */
         ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
 
@@ -468,8 +474,14 @@ static void *queue_thread(void *arg)
             ctx->outcome = PGJOBQ_OUTCOME_FAIL;
             pgjobq_ctx_set_error(ctx, why);
         } else {
-            ctx->started_ms = mono_ms();
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            ctx->started_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
             ctx->outcome = h->fn(ctx, h->arg);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+            int64_t avg = atomic_load(&q->handler_ns);
+            atomic_store(&q->handler_ns, avg + (ns - avg) / 8); /* racy updates only blur the average */
         }
         push_done(q->w, ctx);
     }
@@ -1133,6 +1145,7 @@ static int start_threads(pgjobq_worker *w)
 {
     for (int i = 0; i < w->nqueues; i++) {
         wqueue *q = &w->queues[i];
+        atomic_store(&q->handler_ns, INT64_C(1000000)); /* unknown: assume slow until measured */
         q->threads = calloc((size_t)q->concurrency, sizeof *q->threads);
         if (q->threads == NULL)
             return werr(w, PGJOBQ_ENOMEM, "out of memory starting threads");
@@ -1300,9 +1313,22 @@ int pgjobq_worker_run(pgjobq_worker *w)
             last_summary = now;
         }
 
+        /* Jobs still waiting in a list (their handlers are fast, or all threads are busy): hand one to
+         * another thread, and look again soon, so that a slow job cannot hold the rest back. */
+        int waiting = 0;
+        for (int i = 0; i < w->nqueues; i++) {
+            wqueue *q = &w->queues[i];
+            pthread_mutex_lock(&q->mu);
+            if (q->head) {
+                waiting = 1;
+                pthread_cond_signal(&q->cv);
+            }
+            pthread_mutex_unlock(&q->mu);
+        }
+
         /* Sleep until something is due: a claim, a heartbeat, a reconnect, a deadline. */
         now = mono_ms();
-        next = now + 1000;
+        next = now + (waiting ? HELP_AFTER_MS : 1000);
         if (w->nrunning > 0 && w->next_heartbeat_ms < next)
             next = w->next_heartbeat_ms;
         if (!w->connected && w->reconnect_at_ms < next)

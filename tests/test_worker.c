@@ -620,3 +620,44 @@ TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 1
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", (long long)id), 1);
     PQfinish(pg);
 }
+
+TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    run_arg r;
+    pthread_t th;
+
+    /* 300 instant jobs teach the worker that this queue's handlers are fast: it then runs batches on
+     * few threads. */
+    add_jobs(c, "ok", 300, 0);
+    o.lease_ms = 10000;
+    o.poll_ms = 100;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 4, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 300, 30000);
+
+    /* Then one batch: a long job first (lowest priority value), three instant ones behind it. */
+    pgjobq_job_spec specs[4];
+    memset(specs, 0, sizeof specs);
+    specs[0].opts.kind = "long";
+    specs[0].opts.priority = -10;
+    for (int i = 1; i < 4; i++) {
+        specs[i].opts.kind = "ok";
+        specs[i].payload = "{\"n\": 1}";
+    }
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 4, NULL, NULL));
+    /* The instant ones finish while the long one still runs: another thread took them. */
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 303, 3000);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'long' AND state = 'running'"), 1);
+    pgjobq_worker_stop(w);
+    pgjobq_worker_stop(w); /* fast: the long job is handed back */
+    pthread_join(th, NULL);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
