@@ -67,6 +67,20 @@ static int parse_id(const cli_cmd *cmd, const char *s, int64_t *id)
     return EX_OK;
 }
 
+/* The preamble of the commands that act on one job (show, cancel, retry): options, the ID operand,
+ * a connection.  Returns the client, or NULL with *status set (EX_OK after --help). */
+static pgjobq_client *open_for_id(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int, const char *, void *),
+                                  void *ctx, int64_t *id, int *status)
+{
+    int first = parse_simple(cmd, argc, argv, 1, on_opt, ctx, status);
+
+    if (first < 0)
+        return NULL;
+    if ((*status = parse_id(cmd, argv[first], id)) != EX_OK)
+        return NULL;
+    return cli_connect(0, status);
+}
+
 /* For commands whose only option of their own is one flag: sets *ctx. */
 static int flag_opt(int key, const char *arg, void *ctx)
 {
@@ -235,19 +249,14 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
-
 int cmd_show(const cli_cmd *cmd, int argc, char **argv)
 {
-    int json = 0, status, rc, first;
+    int json = 0, status, rc;
     pgjobq_job *j = NULL;
     pgjobq_client *c;
     int64_t id = 0;
 
-    if ((first = parse_simple(cmd, argc, argv, 1, flag_opt, &json, &status)) < 0)
-        return status;
-    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
-        return status;
-    if ((c = cli_connect(0, &status)) == NULL)
+    if ((c = open_for_id(cmd, argc, argv, flag_opt, &json, &id, &status)) == NULL)
         return status;
     rc = pgjobq_job_get(c, id, &j);
     if (rc != PGJOBQ_OK) {
@@ -350,16 +359,12 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
 
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, rc, first;
+    int status, rc;
     pgjobq_state st = PGJOBQ_QUEUED;
     pgjobq_client *c;
     int64_t id = 0;
 
-    if ((first = parse_simple(cmd, argc, argv, 1, NULL, NULL, &status)) < 0)
-        return status;
-    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
-        return status;
-    if ((c = cli_connect(0, &status)) == NULL)
+    if ((c = open_for_id(cmd, argc, argv, NULL, NULL, &id, &status)) == NULL)
         return status;
     rc = pgjobq_job_cancel(c, id, &st);
     if (rc == PGJOBQ_OK && st == PGJOBQ_RUNNING)
@@ -374,15 +379,11 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
 
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, rc, first;
+    int status, rc;
     pgjobq_client *c;
     int64_t id = 0;
 
-    if ((first = parse_simple(cmd, argc, argv, 1, NULL, NULL, &status)) < 0)
-        return status;
-    if ((status = parse_id(cmd, argv[first], &id)) != EX_OK)
-        return status;
-    if ((c = cli_connect(0, &status)) == NULL)
+    if ((c = open_for_id(cmd, argc, argv, NULL, NULL, &id, &status)) == NULL)
         return status;
     rc = pgjobq_job_retry(c, id);
     if (rc == PGJOBQ_OK)
