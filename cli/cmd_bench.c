@@ -137,6 +137,11 @@ static double sql_number(PGconn *c, const char *sql)
     return v;
 }
 
+/* Removes the benchmark's jobs, live and finished (and nothing else). */
+#define BENCH_RESET_SQL                                                      \
+    "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise');"       \
+    "DELETE FROM pgjobq.history WHERE queue IN ('bench', 'bench_noise')"
+
 /* Empties the benchmark's queues and loads n no-op jobs into queue (untimed). */
 static int preload(pgjobq_client *c, const char *queue, long long n, int delete_first)
 {
@@ -146,7 +151,7 @@ static int preload(pgjobq_client *c, const char *queue, long long n, int delete_
 
     if (specs == NULL)
         return PGJOBQ_ENOMEM;
-    if (delete_first && run_sql(pgjobq_client_conn(c), "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise')") != 0) {
+    if (delete_first && run_sql(pgjobq_client_conn(c), BENCH_RESET_SQL) != 0) {
         free(specs);
         return PGJOBQ_EDB;
     }
@@ -287,11 +292,13 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     if (a->noise > 0) {
         /* History and another queue's backlog: what a busy production table holds. */
         char sql[512];
-        if (run_sql(ctl, "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise')") != 0)
+        if (run_sql(ctl, BENCH_RESET_SQL) != 0)
             return EX_SOFTWARE;
         snprintf(sql, sizeof sql,
-                 "INSERT INTO pgjobq.jobs (queue, state, attempt, started_at, finished_at, payload)"
-                 " SELECT 'bench_noise', 'completed', 1, now(), now(), '{}' FROM generate_series(1, %lld)",
+                 "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+                 " run_at, created_at, started_at, finished_at, lease_token)"
+                 " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), 'bench_noise', 'default', '{}', 0,"
+                 " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
                  a->noise);
         if (run_sql(ctl, sql) != 0)
             return EX_SOFTWARE;
@@ -365,7 +372,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     for (int i = 0; i < a->processes; i++)
         if (atomic_load(&sh->rss_kb[i]) > rss)
             rss = atomic_load(&sh->rss_kb[i]);
-    double completed = sql_number(ctl, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench' AND state = 'completed'");
+    double completed = sql_number(ctl, "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench' AND state = 'completed'");
     if (a->json)
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
                "\"noise\":%lld,\"seconds\":%.3f,\"jobs_per_s\":%.1f,\"claims\":%lld,\"avg_claim_batch\":%.1f,"
@@ -406,9 +413,12 @@ static const char ceiling_claim[] =
     " WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked)) RETURNING j.id, j.lease_token, j.payload";
 
 static const char ceiling_complete[] =
-    "UPDATE pgjobq.jobs j SET state = 'completed', finished_at = now(), lease_until = NULL, result = NULL"
-    " FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token)"
-    " WHERE j.id = u.id AND j.lease_token = u.token AND j.state = 'running' AND j.lease_until > now()";
+    "WITH gone AS (DELETE FROM pgjobq.jobs j USING unnest($1::bigint[], $2::bigint[]) AS u(id, token)"
+    "  WHERE j.id = u.id AND j.lease_token = u.token AND j.lease_until > now() RETURNING j.*)"
+    " INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,"
+    "  created_at, started_at, finished_at, lease_token, worker_id)"
+    " SELECT id, queue, kind, payload, priority, 'completed', attempt, max_attempts, run_at, created_at,"
+    "  started_at, now(), lease_token, worker_id FROM gone";
 
 typedef struct ceiling_arg {
     const char *url;
@@ -532,7 +542,7 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
 
     if (specs == NULL)
         return EX_OSERR;
-    if (run_sql(ctl, "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise')") != 0 ||
+    if (run_sql(ctl, BENCH_RESET_SQL) != 0 ||
         run_sql(ctl, "VACUUM pgjobq.jobs") != 0 || run_sql(ctl, "CHECKPOINT") != 0) {
         free(specs);
         return EX_SOFTWARE;
@@ -600,7 +610,7 @@ static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_cli
     if (sh == MAP_FAILED)
         return EX_OSERR;
     memset(sh, 0, sizeof *sh);
-    if (run_sql(ctl, "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise')") != 0)
+    if (run_sql(ctl, BENCH_RESET_SQL) != 0)
         return EX_SOFTWARE;
     since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
     pid_t pid = start_worker_child(url, a, sh);
@@ -646,7 +656,7 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
     if (sh == MAP_FAILED || specs == NULL)
         return EX_OSERR;
     memset(sh, 0, sizeof *sh);
-    if (run_sql(ctl, "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise')") != 0)
+    if (run_sql(ctl, BENCH_RESET_SQL) != 0)
         return EX_SOFTWARE;
     since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
     for (int i = 0; i < per_tick; i++) {

@@ -274,18 +274,18 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
 
     /* The summary comes from the database: this run's jobs are ids first..last. */
     PGconn *pg = pgjobq_client_conn(c);
-    double completed = query_number(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id BETWEEN $1 AND $2 AND state = 'completed'", first, last);
-    double failed = query_number(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id BETWEEN $1 AND $2 AND state = 'failed'", first, last);
+    double completed = query_number(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND state = 'completed'", first, last);
+    double failed = query_number(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND state = 'failed'", first, last);
     /* Pickup latency: from when a job became due (created, for first attempts) to when it started,
      * both by the database clock.  With everything enqueued up front, it mostly measures queueing. */
     double p50 = query_number(pg, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))"
-                                  " * 1000 FROM pgjobq.jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
+                                  " * 1000 FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
     double p99 = query_number(pg, "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))"
-                                  " * 1000 FROM pgjobq.jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
+                                  " * 1000 FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
     double attempts[4];
     for (int k = 1; k <= 3; k++) {
         char sql[160];
-        snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id BETWEEN $1 AND $2 AND attempt = %d", k);
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = %d", k);
         attempts[k] = query_number(pg, sql, first, last);
     }
     double rate = total_s > 0 ? (double)a.jobs / total_s : 0;

@@ -48,7 +48,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 2
+#define PGJOBQ_SCHEMA_VERSION 3
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -399,9 +399,14 @@ PGJOBQ_EXPORT int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t
 PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out) PGJOBQ_WUR;
 
 /*
- * Retention: deletes at most max_jobs finished jobs per call, completed and cancelled ones older than
- * completed_age_ms, failed ones older than failed_age_ms (ages since finished_at, by the database
- * clock).  *deleted_out (may be NULL) receives the count; call again while it equals max_jobs.
+ * Retention of finished jobs (pgjobq.history), by the database clock.  Completed and cancelled jobs
+ * are removed an hour at a time: the partition holding the jobs that finished in one hour (UTC) is
+ * dropped once the whole hour is older than completed_age_ms, so a job is kept at least that long
+ * and at most an hour longer, and nothing is deleted row by row.  Failed jobs older than
+ * failed_age_ms (and completed ones that landed in the default partition) are deleted, at most
+ * max_jobs per call.  Also creates the partitions of the next 48 hours.  *deleted_out (may be NULL)
+ * receives how many jobs were removed (a dropped partition counts its estimated rows); call again
+ * while it is at least max_jobs.
  */
 PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
                                int *deleted_out) PGJOBQ_WUR;

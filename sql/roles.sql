@@ -32,6 +32,7 @@ TO pgjobq_producer;
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),
+    pgjobq.claim_batch(text, integer, interval, text, smallint, timestamptz, bigint),
     pgjobq.complete_many(bigint[], bigint[], jsonb[]),
     pgjobq.fail_many(bigint[], bigint[], text[], interval[], boolean[]),
     pgjobq.extend_many(bigint[], bigint[], interval),
@@ -44,4 +45,4 @@ TO pgjobq_worker;
 
 GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
-GRANT SELECT ON pgjobq.jobs TO pgjobq_admin;
+GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;

@@ -217,8 +217,18 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     values[1] = max_s;
     values[2] = lease_s;
     values[3] = worker_id;
-    pgjobq__stmt st = {
-        "claim", "SELECT " JOB_COLUMNS " FROM pgjobq.claim($1, $2, $3, $4)", 4, types, values, NULL, NULL, 1};
+    /* claim_batch returns what a worker needs; the rest of a claimed job's fields are known. */
+    pgjobq__stmt st = {"claim",
+                       "SELECT id, $1::pg_catalog.text, kind, payload, priority, 'running', attempt, max_attempts,"
+                       " lease_token, run_at, created_at, started_at, NULL::pg_catalog.timestamptz, lease_until,"
+                       " $4::pg_catalog.text, NULL::pg_catalog.jsonb, last_error, unique_key, false"
+                       " FROM pgjobq.claim_batch($1, $2, $3, $4) ORDER BY priority, run_at, id",
+                       4,
+                       types,
+                       values,
+                       NULL,
+                       NULL,
+                       1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
@@ -474,7 +484,7 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     if (job_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.jobs WHERE id = $1", 1, types, values, NULL, NULL,
+    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
                        1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
@@ -523,7 +533,7 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
     /* An unnamed statement is planned with its actual values, so the NULL tests fold away and a filter
      * on queue and state can use the claim index. */
     pgjobq__stmt st = {"list jobs",
-                       "SELECT " JOB_COLUMNS " FROM pgjobq.jobs"
+                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
                        " WHERE ($1::pg_catalog.text IS NULL OR queue = $1)"
                        "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
                        "   AND ($3 = 0 OR id < $3)"

@@ -286,11 +286,18 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     PQclear(t_exec(pg, "CREATE TABLE chaos_audit (job_id bigint, old_state text, new_state text, old_token bigint,"
                        " new_token bigint, old_lease_until timestamptz, new_lease_until timestamptz,"
                        " at timestamptz, query text)"));
+    /* A job that finishes is deleted from pgjobq.jobs and inserted into pgjobq.history by one statement:
+     * its deletion is audited as the holder's write (new_state 'moved'). */
     PQclear(t_exec(pg, "CREATE FUNCTION chaos_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                       " INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, NEW.state, OLD.lease_token,"
-                       " NEW.lease_token, OLD.lease_until, NEW.lease_until, now(), left(current_query(), 120));"
+                       " IF TG_OP = 'DELETE' THEN"
+                       "  INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, 'moved', OLD.lease_token,"
+                       "  NULL, OLD.lease_until, NULL, now(), left(current_query(), 120));"
+                       " ELSE"
+                       "  INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, NEW.state, OLD.lease_token,"
+                       "  NEW.lease_token, OLD.lease_until, NEW.lease_until, now(), left(current_query(), 120));"
+                       " END IF;"
                        " RETURN NULL; END $$"));
-    PQclear(t_exec(pg, "CREATE TRIGGER chaos_audit AFTER UPDATE ON pgjobq.jobs FOR EACH ROW"
+    PQclear(t_exec(pg, "CREATE TRIGGER chaos_audit AFTER UPDATE OR DELETE ON pgjobq.jobs FOR EACH ROW"
                        " EXECUTE FUNCTION chaos_audit_row()"));
     /* The audit runs inside pgjobq's SECURITY DEFINER functions, owned by the test's superuser. */
 
@@ -342,8 +349,8 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
             PQfinish(pg);
             pg = connect_retry(60000);
             /* Recovery: until some job completes again after the restart. */
-            long long before = int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'");
-            while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'") <= before &&
+            long long before = int_retry(&pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'");
+            while (int_retry(&pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'") <= before &&
                    ms_since(t) < 60000)
                 pause_ms(20);
             if (ms_since(t) > restart_recovery_max)
@@ -371,7 +378,7 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
         case 5: { /* hold back the xmin horizon for a while */
             PGconn *h = connect_retry(10000);
             PQclear(PQexec(h, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
-            PQclear(PQexec(h, "SELECT count(*) FROM pgjobq.jobs"));
+            PQclear(PQexec(h, "SELECT count(*) FROM pgjobq.all_jobs"));
             pause_ms(3000);
             PQclear(PQexec(h, "COMMIT"));
             PQfinish(h);
@@ -386,7 +393,7 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     for (int i = 0; i < WORKERS; i++)
         kill(workers[i], SIGCONT);
     int64_t drain_start = t_now_ms();
-    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'chaos' AND state IN ('queued', 'running')") > 0) {
+    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'chaos' AND state IN ('queued', 'running')") > 0) {
         if (ms_since(drain_start) > 180000)
             t_fail(__FILE__, __LINE__, "the queue did not drain within 180 s after healing");
         pause_ms(100);
@@ -410,7 +417,7 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
         }
         CHECK_MSG(status == 0 || status == 75, "the namespace's worker did not stop cleanly (status %d)", status);
         netns_worker = -1;
-        netns_jobs = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE worker_id = 'wnet'");
+        netns_jobs = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE worker_id = 'wnet'");
         netns_teardown();
         netns_restore_server(&pg);
     }
@@ -429,10 +436,10 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, token bigint, who text, start_ns numeric, end_ns numeric)"));
     PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger_path));
 
-    long long lost = t_int(pg, "SELECT count(*) FROM acked a LEFT JOIN pgjobq.jobs j USING (id)"
+    long long lost = t_int(pg, "SELECT count(*) FROM acked a LEFT JOIN pgjobq.all_jobs j USING (id)"
                                " WHERE j.id IS NULL OR j.state <> 'completed'");
     long long unexpected = t_int(pg, "SELECT count(*) FROM (SELECT DISTINCT id FROM ledger) l"
-                                     " LEFT JOIN pgjobq.jobs j USING (id) WHERE j.id IS NULL");
+                                     " LEFT JOIN pgjobq.all_jobs j USING (id) WHERE j.id IS NULL");
     /* A claim of token t while token t-1's lease (as last extended) had not yet expired. */
     long long claim_in_valid = t_int(pg,
         "WITH claims AS (SELECT job_id, new_token, at FROM chaos_audit WHERE old_state = 'queued' AND new_state = 'running'),"
@@ -443,14 +450,14 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     /* A holder's write (complete, fail, heartbeat, hand-back) accepted at or after its lease's end. */
     long long stale = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE old_state = 'running'"
                                 " AND old_lease_until <= at AND query NOT LIKE '%%rescue_expired%%'");
-    long long stuck = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'");
-    long long over = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE attempt > max_attempts");
+    long long stuck = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'");
+    long long over = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE attempt > max_attempts");
     /* Reported. */
     long long executions = t_int(pg, "SELECT count(*) FROM ledger");
     long long dup_jobs = t_int(pg, "SELECT count(*) FROM (SELECT id FROM ledger GROUP BY id HAVING count(*) > 1) d");
     long long dup_same_token = t_int(pg, "SELECT count(*) FROM (SELECT id, token FROM ledger GROUP BY 1, 2"
                                          " HAVING count(*) > 1) d");
-    long long landed = t_int(pg, "SELECT count(*) FROM pgjobq.jobs j WHERE queue = 'chaos'"
+    long long landed = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs j WHERE queue = 'chaos'"
                                  " AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = j.id)");
     long long rescues = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
     long long rescue_p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY"
@@ -459,10 +466,10 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     long long rescue_max = t_int(pg, "SELECT coalesce(max(extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint"
                                      " FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
     long long p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM"
-                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.jobs WHERE attempt = 1"
+                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.all_jobs WHERE attempt = 1"
                               " AND queue = 'chaos'");
     long long p99 = t_int(pg, "SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM"
-                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.jobs WHERE attempt = 1"
+                              " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.all_jobs WHERE attempt = 1"
                               " AND queue = 'chaos'");
 
     printf("chaos: %d s, %d workers, %d jobs acknowledged, %lld executions\n", seconds, WORKERS, acked, executions);
@@ -637,7 +644,7 @@ TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, 
     for (int i = 0; i < K; i++)
         kill(pids[i], SIGCONT);
     int64_t drain = t_now_ms();
-    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects' AND state <> 'completed'") > 0) {
+    while (int_retry(&pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'effects' AND state <> 'completed'") > 0) {
         if (ms_since(drain) > 180000)
             t_fail(__FILE__, __LINE__, "the effects queue did not drain");
         pause_ms(100);
@@ -648,12 +655,12 @@ TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, 
     }
     long long effects = t_int(pg, "SELECT count(*) FROM effects");
     long long dup = t_int(pg, "SELECT count(*) FROM (SELECT job_id FROM effects GROUP BY 1 HAVING count(*) > 1) d");
-    long long missing = t_int(pg, "SELECT count(*) FROM pgjobq.jobs j WHERE queue = 'effects'"
+    long long missing = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs j WHERE queue = 'effects'"
                                   " AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.job_id = j.id)");
-    long long wrong_token = t_int(pg, "SELECT count(*) FROM effects e JOIN pgjobq.jobs j ON j.id = e.job_id"
+    long long wrong_token = t_int(pg, "SELECT count(*) FROM effects e JOIN pgjobq.all_jobs j ON j.id = e.job_id"
                                       " WHERE e.token <> j.lease_token");
-    long long retried = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects' AND attempt > 1");
-    long long jobs = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'effects'");
+    long long retried = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'effects' AND attempt > 1");
+    long long jobs = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'effects'");
     printf("effects mode: %d s of faults, %lld jobs (%lld acknowledged), %lld effects, %lld jobs attempted more than"
            " once\n", seconds, jobs, enqueued, effects, retried);
     printf("  duplicate effects %lld, jobs without effect %lld, effects under a stale token %lld\n", dup, missing,

@@ -200,7 +200,7 @@ TEST_FULL(claim_is_exactly_once_under_40_concurrent_claimers, 180, 0)
     CHECK_INT(missing, 0);
     CHECK_INT(twice, 0);
     PGconn *pg = t_pg();
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND attempt = 1 "
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND attempt = 1 "
                         "AND lease_token = 1"),
               EXACT_JOBS);
     PQfinish(pg);
@@ -224,9 +224,12 @@ TEST_FULL(claim_uses_the_partial_index_under_a_million_finished_jobs, 240, 0)
     pgjobq_job *jobs;
     size_t n;
 
-    /* 1,000,000 completed jobs of history and 10,000 queued ones. */
-    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (state, attempt, started_at, finished_at, created_at, run_at)"
-                       " SELECT 'completed', 1, now(), now(), now(), now() FROM generate_series(1, 1000000)"));
+    /* 1,000,000 completed jobs of history, 200,000 queued jobs of another queue, 10,000 queued ones. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+                       " run_at, created_at, started_at, finished_at, lease_token)"
+                       " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), 'default', 'default', '{}', 0,"
+                       " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, 1000000)"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue) SELECT 'other' FROM generate_series(1, 200000)"));
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (payload) SELECT jsonb_build_object('i', g)"
                        " FROM generate_series(1, 10000) g"));
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));

@@ -12,7 +12,7 @@
 static long long count_jobs(void)
 {
     PGconn *pg = t_pg();
-    long long n = t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
+    long long n = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs");
     PQfinish(pg);
     return n;
 }
@@ -74,7 +74,7 @@ TEST(cli_enqueue_show_list_stats_cancel_retry)
     free(out);
     free(err);
     PGconn *pg = t_pg();
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state = 'queued'", id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'queued'", id), 1);
     PQfinish(pg);
 }
 
@@ -92,8 +92,8 @@ TEST(cli_enqueue_unique_key_and_delay)
     free(out);
     free(err);
     PGconn *pg = t_pg();
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
-    CHECK_INT(t_int(pg, "SELECT (run_at - created_at = interval '90 minutes')::int FROM pgjobq.jobs"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 1);
+    CHECK_INT(t_int(pg, "SELECT (run_at - created_at = interval '90 minutes')::int FROM pgjobq.all_jobs"), 1);
     PQfinish(pg);
 }
 

@@ -9,7 +9,8 @@
 
 #include "harness.h"
 
-/* A trigger that fails the next `times` updates of pgjobq.jobs with SQLSTATE `code`.  It counts with a
+/* A trigger that fails the next `times` updates or deletes (a completion moves the job to history) of
+ * pgjobq.jobs with SQLSTATE `code`.  It counts with a
  * sequence because nextval() is not rolled back with the failed statement. */
 static void inject(PGconn *pg, const char *code, int times)
 {
@@ -18,9 +19,9 @@ static void inject(PGconn *pg, const char *code, int times)
                    "CREATE OR REPLACE FUNCTION inject_failure() RETURNS trigger LANGUAGE plpgsql AS $$"
                    " BEGIN IF nextval('public.inject_seq') <= %d THEN"
                    "   RAISE EXCEPTION 'injected failure' USING ERRCODE = '%s'; END IF;"
-                   " RETURN NEW; END $$",
+                   " RETURN coalesce(NEW, OLD); END $$",
                    times, code));
-    PQclear(t_exec(pg, "CREATE OR REPLACE TRIGGER inject BEFORE UPDATE ON pgjobq.jobs"
+    PQclear(t_exec(pg, "CREATE OR REPLACE TRIGGER inject BEFORE UPDATE OR DELETE ON pgjobq.jobs"
                        " FOR EACH ROW EXECUTE FUNCTION public.inject_failure()"));
 }
 
@@ -41,7 +42,7 @@ TEST(conflict_serialization_failure_is_retried)
     inject(pg, "40P01", 2);
     CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
     CHECK_INT(t_int(pg, "SELECT last_value FROM inject_seq"), 3);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'"), 1);
     pgjobq_jobs_free(jobs);
     PQfinish(pg);
     pgjobq_client_close(c);
@@ -59,7 +60,7 @@ TEST(conflict_retries_are_bounded_and_change_nothing)
     CHECK_RC(c, pgjobq_claim(c, "default", 1, 60000, NULL, &jobs, &n), PGJOBQ_ECONFLICT);
     CHECK_STR(pgjobq_sqlstate(c), "40001");
     CHECK(t_int(pg, "SELECT last_value FROM inject_seq") <= 20);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued' AND attempt = 0"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'queued' AND attempt = 0"), 1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -148,7 +149,7 @@ TEST_FULL(conflict_concurrent_claims_under_serializable_isolation, 120, 0)
     CHECK_INT(atomic_load(&ser_errors), 0);
     for (int k = 1; k <= SER_JOBS; k++)
         CHECK_MSG(atomic_load(&ser_claims[k]) == 1, "job [%d] claimed %d times", k, atomic_load(&ser_claims[k]));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'"), SER_JOBS);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'"), SER_JOBS);
     /* The database default really is serializable; the library's own connections run READ COMMITTED,
      * which is what SKIP LOCKED claims are designed for (see pgjobq_client_open). */
     PGconn *check = t_pg();

@@ -12,7 +12,7 @@
 
 static long long count_jobs(PGconn *pg)
 {
-    return t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
+    return t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs");
 }
 
 TEST(enqueue_stores_every_field)
@@ -66,7 +66,7 @@ TEST(enqueue_delay_is_computed_by_the_database_clock)
     o.delay_ms = 3600 * 1000 + 250;
     CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
     CHECK_INT(t_int(pg,
-                    "SELECT (run_at - created_at = interval '1 hour 250 milliseconds')::int FROM pgjobq.jobs"
+                    "SELECT (run_at - created_at = interval '1 hour 250 milliseconds')::int FROM pgjobq.all_jobs"
                     " WHERE id = %lld",
                     (long long)id),
               1);
@@ -75,7 +75,7 @@ TEST(enqueue_delay_is_computed_by_the_database_clock)
     o.run_at = "2031-02-03 04:05:06+00";
     CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
     CHECK_INT(
-        t_int(pg, "SELECT (run_at = '2031-02-03 04:05:06+00')::int FROM pgjobq.jobs WHERE id = %lld", (long long)id),
+        t_int(pg, "SELECT (run_at = '2031-02-03 04:05:06+00')::int FROM pgjobq.all_jobs WHERE id = %lld", (long long)id),
         1);
     PQfinish(pg);
     pgjobq_client_close(c);
@@ -106,8 +106,8 @@ TEST(enqueue_batch_returns_ids_in_order)
     }
     /* Spot-check that each id belongs to its payload. */
     for (int i = 0; i < N; i += 997)
-        CHECK_INT(t_int(pg, "SELECT (payload->>'i')::int FROM pgjobq.jobs WHERE id = %lld", (long long)ids[i]), i);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'odd'"), N / 2);
+        CHECK_INT(t_int(pg, "SELECT (payload->>'i')::int FROM pgjobq.all_jobs WHERE id = %lld", (long long)ids[i]), i);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'odd'"), N / 2);
     PQfinish(pg);
     free(specs);
     free(payloads);
@@ -267,9 +267,9 @@ TEST(enqueue_in_callers_transaction_commits_or_rolls_back_with_it)
     PQclear(t_exec(app, "CREATE TABLE orders (id int)"));
     CHECK_OK(c, pgjobq_enqueue(c, "{\"order\": 1}", NULL, &id));
     CHECK_INT(PQtransactionStatus(app), PQTRANS_INTRANS); /* the library did not commit */
-    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     PQclear(t_exec(app, "ROLLBACK"));
-    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     CHECK_INT(notifications(listener, 200, queues, 8), 0);
 
     /* Commit: the job and the caller's data appear together, and workers are notified once. */
@@ -277,9 +277,9 @@ TEST(enqueue_in_callers_transaction_commits_or_rolls_back_with_it)
     PQclear(t_exec(app, "CREATE TABLE orders (id int)"));
     PQclear(t_exec(app, "INSERT INTO orders VALUES (1)"));
     CHECK_OK(c, pgjobq_enqueue(c, "{\"order\": 1}", NULL, &id));
-    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     PQclear(t_exec(app, "COMMIT"));
-    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld", (long long)id), 1);
     CHECK_INT(t_int(other, "SELECT count(*) FROM orders"), 1);
     CHECK_INT(notifications(listener, 2000, queues, 8), 1);
     CHECK_STR(queues[0], "default");

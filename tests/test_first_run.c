@@ -57,7 +57,7 @@ TEST_FULL(first_run_demo_creates_reuses_and_stops_the_embedded_database, 240, 0)
     out[strcspn(out, "\n")] = '\0';
     PGconn *pg = PQconnectdb(out);
     CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect to %s: %s", out, PQerrorMessage(pg));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 2500);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 2500);
     PQfinish(pg);
     free(out);
     free(err);

@@ -13,7 +13,7 @@ static long long cond_id;
 static int lease_expired(void *arg)
 {
     (void)arg;
-    return t_int(cond_pg, "SELECT (lease_until < now())::int FROM pgjobq.jobs WHERE id = %lld", cond_id) == 1;
+    return t_int(cond_pg, "SELECT (lease_until < now())::int FROM pgjobq.all_jobs WHERE id = %lld", cond_id) == 1;
 }
 
 static void wait_expired(PGconn *pg, int64_t id)
@@ -41,13 +41,13 @@ TEST(lease_is_database_now_plus_lease)
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pgjobq_job *j = claim_one(c, 45000, "w");
     /* started_at and lease_until come from the claim's own now(): exact, whatever the client's clock. */
-    CHECK_INT(t_int(pg, "SELECT (lease_until = started_at + interval '45 s')::int FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg, "SELECT (lease_until = started_at + interval '45 s')::int FROM pgjobq.all_jobs WHERE id = %lld",
                     (long long)id),
               1);
     CHECK_INT(j->lease_until - j->started_at, 45000000);
     /* A heartbeat moves it to the heartbeat's own now() + lease. */
     CHECK_OK(c, pgjobq_job_extend(c, j->id, j->lease_token, 600000));
-    CHECK_INT(t_int(pg, "SELECT (lease_until - started_at >= interval '600 s')::int FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg, "SELECT (lease_until - started_at >= interval '600 s')::int FROM pgjobq.all_jobs WHERE id = %lld",
                     (long long)id),
               1);
     pgjobq_jobs_free(j);
@@ -87,7 +87,7 @@ TEST(lease_expiry_lets_another_worker_claim_and_fences_the_old_one)
              PGJOBQ_ELEASE);
     CHECK_RC(old, pgjobq_job_extend(old, id, j1->lease_token, 30000), PGJOBQ_ELEASE);
     CHECK_INT(t_int(pg,
-                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND attempt = 2"
+                    "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'running' AND attempt = 2"
                     " AND worker_id = 'new-worker' AND result IS NULL AND lease_token = %lld",
                     (long long)id, (long long)j2->lease_token),
               1);
@@ -95,7 +95,7 @@ TEST(lease_expiry_lets_another_worker_claim_and_fences_the_old_one)
     /* The new holder completes normally. */
     CHECK_OK(fresh, pgjobq_job_complete(fresh, id, j2->lease_token, "{\"ok\": true}"));
     CHECK_INT(t_int(pg,
-                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'"
+                    "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'"
                     " AND result = '{\"ok\": true}'",
                     (long long)id),
               1);
@@ -126,9 +126,9 @@ TEST(lease_rescue_never_touches_a_completed_job_and_respects_attempts)
     CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
     CHECK_INT(rescued, 1);
     /* Its only attempt was used up by the lost run: failed, not queued. */
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'", (long long)last_id),
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'failed'", (long long)last_id),
               1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)done_id),
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)done_id),
               1);
     CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
     CHECK_INT(rescued, 0);
@@ -156,7 +156,7 @@ TEST(lease_heartbeat_keeps_a_job_past_its_first_lease)
         nanosleep(&pause, NULL); /* paces the heartbeat loop; nothing waits on it */
     }
     CHECK_OK(c, pgjobq_job_complete(c, j->id, j->lease_token, NULL));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed' AND attempt = 1",
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed' AND attempt = 1",
                     (long long)id),
               1);
     pgjobq_jobs_free(j);

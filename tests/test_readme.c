@@ -126,7 +126,7 @@ TEST_FULL(examples_producer_and_worker_run, 120, 0)
     CHECK_MSG(dir != NULL, "PGJOBQ_EXAMPLES is not set (run through make check)");
     snprintf(path, sizeof path, "%s/producer '%s' 50", dir, t_conninfo());
     sh("examples/producer", path);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'example'"), 52);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'example'"), 52);
 
     snprintf(path, sizeof path, "%s/worker", dir);
     pid_t pid = fork();
@@ -137,7 +137,7 @@ TEST_FULL(examples_producer_and_worker_run, 120, 0)
     }
     long long done = 0;
     for (int64_t deadline = t_now_ms() + 60000; t_now_ms() < deadline && done < 52;) {
-        done = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'example' AND state = 'completed'"
+        done = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'example' AND state = 'completed'"
                          " AND result->>'ok' = 'true'");
         struct timespec pause = {0, 20 * 1000 * 1000};
         nanosleep(&pause, NULL);

@@ -70,6 +70,8 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_RC(app, pgjobq_job_cancel(app, id, NULL), PGJOBQ_EPERM);
     CHECK_RC(app, pgjobq_stats(app, &stats, &n), PGJOBQ_EPERM);
     CHECK_STR(raw_as(app, "SELECT count(*) FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(app, "SELECT count(*) FROM pgjobq.history"), "42501");
+    CHECK_STR(raw_as(app, "SELECT count(*) FROM pgjobq.all_jobs"), "42501");
     CHECK_STR(raw_as(app, "UPDATE pgjobq.jobs SET priority = 5"), "42501");
     CHECK_STR(raw_as(app, "DELETE FROM pgjobq.jobs"), "42501");
     CHECK_STR(raw_as(app, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
@@ -83,6 +85,10 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_RC(wrk, pgjobq_enqueue(wrk, "{}", NULL, NULL), PGJOBQ_EPERM);
     CHECK_RC(wrk, pgjobq_job_retry(wrk, id), PGJOBQ_EPERM);
     CHECK_STR(raw_as(wrk, "SELECT count(*) FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT count(*) FROM pgjobq.history"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT count(*) FROM pgjobq.all_jobs"), "42501");
+    CHECK_STR(raw_as(wrk, "DELETE FROM pgjobq.history"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.history_partition_create(now())"), "42501");
     CHECK_STR(raw_as(wrk, "UPDATE pgjobq.jobs SET state = 'completed'"), "42501");
     int rescued = -1;
     CHECK_OK(wrk, pgjobq_rescue_expired(wrk, 100, &rescued));
@@ -129,8 +135,8 @@ TEST(roles_hostile_search_path_changes_nothing)
     CHECK_OK(wrk, pgjobq_job_complete(wrk, jobs[1].id, jobs[1].lease_token, NULL));
     pgjobq_jobs_free(jobs);
     /* The real clock and sequence were used, and the look-alike table is untouched. */
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE created_at > '2020-01-01'"), 2);
-    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.jobs"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE created_at > '2020-01-01'"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.all_jobs"), 2);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM evil.jobs"), 0);
     pgjobq_client_close(app);
     pgjobq_client_close(wrk);
@@ -156,6 +162,10 @@ TEST_FULL(roles_migrations_run_as_a_non_superuser_owner, 60, TEST_DB_EMPTY)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
                         " WHERE n.nspname = 'pgjobq' AND pg_get_userbyid(p.proowner) <> 'jobs_owner'"),
               0);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_tables WHERE schemaname = 'pgjobq' AND tableowner = 'jobs_owner'"), 2);
+    /* Every table (history partitions included) belongs to the owner, none to the superuser. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_tables WHERE schemaname = 'pgjobq' AND tableowner <> 'jobs_owner'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_tables WHERE schemaname = 'pgjobq' AND tableowner = 'jobs_owner'"
+                        " AND tablename IN ('jobs', 'history', 'history_failed', 'history_done')"),
+              4);
     PQfinish(pg);
 }

@@ -28,7 +28,7 @@ TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
     CHECK_INT(applied, 0);
     PGconn *pg = t_pg();
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schema_version"), PGJOBQ_SCHEMA_VERSION);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -84,7 +84,7 @@ TEST(schema_newer_than_library_is_a_clear_error)
     /* Nothing may be written through a library that does not know the schema. */
     CHECK_RC(c, pgjobq_enqueue(c, "{}", NULL, NULL), PGJOBQ_ESCHEMA);
     CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     pgjobq_client_close(c);
     PQfinish(pg);
 }
@@ -133,10 +133,10 @@ TEST(schema_check_constraints_stop_raw_inserts)
                   state ? state : "?");
         PQclear(r);
     }
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     /* And a good raw insert works, so the checks above are not refusing everything. */
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, kind, payload) VALUES ('mail', 'send', '{}')"));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 1);
     PQfinish(pg);
 }
 
@@ -152,9 +152,68 @@ TEST(schema_functions_are_not_executable_by_public)
     CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
     CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "42501");
     PQclear(r);
-    r = PQexec(pg, "SELECT count(*) FROM pgjobq.jobs");
+    r = PQexec(pg, "SELECT count(*) FROM pgjobq.all_jobs");
     CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
     PQclear(r);
     PQclear(t_exec(pg, "RESET ROLE"));
+    PQfinish(pg);
+}
+
+/* The migrations as the library embeds them (build/src/migrations.c). */
+extern const char *const pgjobq__migrations[];
+
+TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    int applied = -1;
+
+    /* A database at version 2, as an earlier pgjobq left it, with live and finished jobs. */
+    for (int v = 1; v <= 2; v++) {
+        PGresult *m = PQexec(pg, pgjobq__migrations[v - 1]); /* (longer than t_exec's buffer) */
+        CHECK_MSG(PQresultStatus(m) == PGRES_COMMAND_OK || PQresultStatus(m) == PGRES_TUPLES_OK, "migration %d: %s",
+                  v, PQerrorMessage(pg));
+        PQclear(m);
+        PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", v));
+    }
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload) VALUES ('q', '{\"live\": 1}')"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload, state, attempt, started_at, lease_until, lease_token)"
+                       " VALUES ('q', '{\"live\": 2}', 'running', 1, now(), now() + interval '1 minute', 1)"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload, state, attempt, started_at, finished_at, result)"
+                       " VALUES ('q', '{\"done\": 3}', 'completed', 1, now(), now() - interval '2 days', '{\"r\": 3}'),"
+                       " ('q', '{\"done\": 4}', 'failed', 2, now(), now(), NULL),"
+                       " ('q', '{\"done\": 5}', 'cancelled', 0, NULL, now(), NULL)"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET last_error = 'boom' WHERE state = 'failed'"));
+
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - 2);
+
+    /* Live jobs stay; finished ones moved with everything they had. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'live' IS NOT NULL"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history"), 3);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed' AND result = '{\"r\": 3}'"
+                        " AND finished_at < now() - interval '1 day'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'failed' AND last_error = 'boom'"
+                        " AND attempt = 2"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history_done_default"), 1); /* the old one */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 5);
+    /* The library reads them back, and the new ids do not collide with the moved ones. */
+    pgjobq_job *j = NULL;
+    CHECK_OK(c, pgjobq_job_get(c, 3, &j));
+    CHECK_INT(j->state, PGJOBQ_COMPLETED);
+    CHECK_STR(j->result, "{\"r\": 3}");
+    pgjobq_jobs_free(j);
+    int64_t id = 0;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    CHECK_INT(id, 6);
+    /* A raw INSERT of a finished job into the hot table is refused now. */
+    PGresult *r = PQexec(pg, "INSERT INTO pgjobq.jobs (state, finished_at) VALUES ('completed', now())");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23514");
+    PQclear(r);
+    pgjobq_client_close(c);
     PQfinish(pg);
 }

@@ -35,10 +35,10 @@ TEST(fail_retries_with_backoff_until_max_attempts)
     CHECK_INT(st, PGJOBQ_QUEUED);
     CHECK_INT(t_int(pg,
                     "SELECT (run_at - now() BETWEEN interval '0.5 s' AND interval '2.2 s')::int"
-                    " FROM pgjobq.jobs WHERE id = %lld",
+                    " FROM pgjobq.all_jobs WHERE id = %lld",
                     (long long)id),
               1);
-    char *err = t_str(pg, "SELECT last_error FROM pgjobq.jobs WHERE id = %lld", (long long)id);
+    char *err = t_str(pg, "SELECT last_error FROM pgjobq.all_jobs WHERE id = %lld", (long long)id);
     CHECK_STR(err, "first failure");
     free(err);
     pgjobq_jobs_free(j);
@@ -96,7 +96,7 @@ TEST(fail_permanent_and_retry_at_explicit_delay)
     /* The delay counts from the failing statement's now(), which this query cannot see exactly. */
     CHECK_INT(t_int(pg,
                     "SELECT (run_at - now() BETWEEN interval '3590 s' AND interval '3600 s')::int"
-                    " FROM pgjobq.jobs WHERE id = %lld",
+                    " FROM pgjobq.all_jobs WHERE id = %lld",
                     (long long)j->id),
               1);
     CHECK_RC(c, pgjobq_job_fail(c, j->id, j->lease_token, "x", -5, 0, &st), PGJOBQ_EINVAL);
@@ -123,10 +123,10 @@ TEST(fail_stores_any_error_text_sanitised_and_capped)
     CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, huge, 0, 0, NULL));
     CHECK_INT(t_int(pg,
                     "SELECT (octet_length(last_error) <= %d AND last_error LIKE 'bad bytes: %%')::int"
-                    " FROM pgjobq.jobs WHERE id = %lld",
+                    " FROM pgjobq.all_jobs WHERE id = %lld",
                     PGJOBQ_ERROR_MAX, (long long)id),
               1);
-    CHECK_INT(t_int(pg, "SELECT (state = 'queued')::int FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
+    CHECK_INT(t_int(pg, "SELECT (state = 'queued')::int FROM pgjobq.all_jobs WHERE id = %lld", (long long)id), 1);
     pgjobq_jobs_free(j);
     free(huge);
     PQfinish(pg);
@@ -152,14 +152,39 @@ TEST(complete_stores_the_result_and_keeps_history)
     CHECK_STR(j->payload, "{\"n\": 21}");
     CHECK(j->finished_at >= j->started_at && j->lease_until == PGJOBQ_TIME_NONE);
     pgjobq_jobs_free(j);
-    /* Finished jobs stay until retention prunes them. */
+    /* It left the hot table for history. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld", (long long)id), 1);
+    /* Finished jobs stay until retention prunes them, completed ones an hour at a time: the hour's
+     * partition is dropped once all of the hour is older than the retention, so this hour's job
+     * stays even with a retention of 0. */
     int deleted = -1;
     CHECK_OK(c, pgjobq_prune(c, 3600000, 3600000, 100, &deleted));
     CHECK_INT(deleted, 0);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 1);
-    CHECK_OK(c, pgjobq_prune(c, 0, 3600000, 100, &deleted));
-    CHECK_INT(deleted, 1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_OK(c, pgjobq_prune(c, 0, 0, 100, &deleted));
+    CHECK_INT(deleted, 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 1);
+    /* Older history: an hour three hours ago that has a partition, two days ago (no partition: the
+     * default one), a failure eight days ago and one two days ago. */
+    PQclear(t_exec(pg, "SELECT pgjobq.history_partition_create(now() - interval '3 hours')"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+                       " run_at, created_at, finished_at, lease_token)"
+                       " SELECT -g, 'old', 'default', '{}', 0, s::pgjobq.job_state, 1, 1, now(), now(),"
+                       " now() - a::interval, 1"
+                       " FROM (VALUES (1, 'completed', '3 hours'), (2, 'cancelled', '2 days'), (3, 'failed', '8 days'),"
+                       " (4, 'failed', '2 days')) v(g, s, a)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history_done_default"), 1);
+    CHECK_OK(c, pgjobq_prune(c, 3600000, INT64_C(7) * 24 * 3600000, 100, &deleted));
+    CHECK_INT(deleted, 3);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'old'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'old' AND state = 'failed'"
+                        " AND finished_at > now() - interval '3 days'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_class WHERE relname = 'history_p' ||"
+                        " to_char((now() - interval '3 hours') AT TIME ZONE 'UTC', 'YYYYMMDDHH24')"), 0);
+    /* The next 48 hours have partitions. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_class WHERE relname = 'history_p' ||"
+                        " to_char((now() + interval '47 hours') AT TIME ZONE 'UTC', 'YYYYMMDDHH24')"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue <> 'old'"), 1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -179,7 +204,7 @@ TEST(cancel_queued_running_and_finished_jobs)
     CHECK_OK(c, pgjobq_job_cancel(c, queued, &st));
     CHECK_INT(st, PGJOBQ_CANCELLED);
     CHECK_INT(t_int(pg,
-                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                    "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'cancelled'"
                     " AND finished_at IS NOT NULL",
                     (long long)queued),
               1);
@@ -188,7 +213,7 @@ TEST(cancel_queued_running_and_finished_jobs)
     CHECK_OK(c, pgjobq_job_cancel(c, running, &st));
     CHECK_INT(st, PGJOBQ_RUNNING);
     CHECK_RC(c, pgjobq_job_extend(c, j1->id, j1->lease_token, 60000), PGJOBQ_ECANCELLED);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'", (long long)running),
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'cancelled'", (long long)running),
               1);
     CHECK_RC(c, pgjobq_job_complete(c, j1->id, j1->lease_token, NULL), PGJOBQ_ELEASE);
 
@@ -196,7 +221,7 @@ TEST(cancel_queued_running_and_finished_jobs)
     CHECK_OK(c, pgjobq_job_cancel(c, running2, NULL));
     CHECK_RC(c, pgjobq_job_complete(c, j2->id, j2->lease_token, "{\"partial\": true}"), PGJOBQ_ECANCELLED);
     CHECK_INT(t_int(pg,
-                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'cancelled'"
+                    "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'cancelled'"
                     " AND result = '{\"partial\": true}'",
                     (long long)running2),
               1);
@@ -223,7 +248,7 @@ TEST(retry_runs_a_failed_job_again)
     CHECK_RC(c, pgjobq_job_retry(c, id), PGJOBQ_ESTATE); /* running */
     CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "boom", 0, 0, NULL));
     pgjobq_jobs_free(j);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'failed'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'failed'"), 1);
     CHECK_OK(c, pgjobq_job_retry(c, id));
     j = claim_one(c);
     CHECK_INT(j->id, id);

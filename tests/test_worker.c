@@ -149,7 +149,7 @@ TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
     CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
 
     wait_sql(pg,
-             "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('completed', 'failed', 'cancelled')",
+             "SELECT count(*) FROM pgjobq.all_jobs WHERE state IN ('completed', 'failed', 'cancelled')",
              300 + 5 + 3 + 2 + 1, 60000);
     pgjobq_worker_stop(w);
     pthread_join(th, NULL);
@@ -163,17 +163,17 @@ TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
     CHECK_INT(st.lost, 0);
     pgjobq_worker_free(w);
 
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'ok' AND state = 'completed'"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'ok' AND state = 'completed'"
                         " AND result = jsonb_build_object('doubled', 2 * (payload->>'n')::int) AND attempt = 1"
                         " AND worker_id = 'api-test'"),
               300);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'flaky' AND state = 'completed' AND attempt = 3"),
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'flaky' AND state = 'completed' AND attempt = 3"),
               5);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'doomed' AND state = 'failed'"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'doomed' AND state = 'failed'"
                         " AND attempt = 1 AND last_error = 'cannot ever work'"),
               3);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'pointless' AND state = 'cancelled'"), 2);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'nobody-handles-this' AND state = 'failed'"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'pointless' AND state = 'cancelled'"), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'nobody-handles-this' AND state = 'failed'"
                         " AND last_error LIKE 'no handler for kind%%'"),
               1);
     PQfinish(pg);
@@ -199,12 +199,12 @@ TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
     CHECK(pgjobq_worker_handle(w, "default", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
     r.w = w;
     CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 10000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 10000);
     pgjobq_state state;
     CHECK_OK(c, pgjobq_job_cancel(c, id, &state));
     CHECK_INT(state, PGJOBQ_RUNNING);
     /* The next heartbeat ends it cancelled and the handler is told to stop. */
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'cancelled'", 1, 10000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'cancelled'", 1, 10000);
     pgjobq_worker_stop(w);
     pthread_join(th, NULL);
     CHECK_INT(r.rc, PGJOBQ_OK);
@@ -295,7 +295,7 @@ TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
         pids[i] = t_spawn(log_path(id), "PGPASSWORD=hunter2", "work", "--queue", "bulk:6", "--exec", handler,
                           "--worker-id", id, NULL);
     }
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 2000, 180000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 2000, 180000);
     for (int i = 0; i < 3; i++)
         kill(pids[i], SIGTERM);
     for (int i = 0; i < 3; i++) {
@@ -309,21 +309,21 @@ TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
     PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger"), 2000);
     CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM ledger"), 2000);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger l JOIN pgjobq.jobs j USING (id)"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger l JOIN pgjobq.all_jobs j USING (id)"
                         " WHERE l.attempt = 1 AND l.queue = 'bulk' AND l.max_attempts = 25"),
               2000);
     /* Results are stored; the database password never reached the handler. */
-    PGresult *bad = t_exec(pg, "SELECT id, payload, result, attempt, worker_id FROM pgjobq.jobs"
+    PGresult *bad = t_exec(pg, "SELECT id, payload, result, attempt, worker_id FROM pgjobq.all_jobs"
                                " WHERE NOT ((result->>'id')::bigint = id AND result->'in' = payload AND result->>'pw' = '')"
                                " OR result IS NULL LIMIT 5");
     for (int i = 0; i < PQntuples(bad); i++)
         fprintf(stderr, "mismatch: id %s payload %s result %s attempt %s worker %s\n", PQgetvalue(bad, i, 0),
                 PQgetvalue(bad, i, 1), PQgetvalue(bad, i, 2), PQgetvalue(bad, i, 3), PQgetvalue(bad, i, 4));
     PQclear(bad);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE (result->>'id')::bigint = id"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE (result->>'id')::bigint = id"
                         " AND result->'in' = payload AND result->>'pw' = ''"),
               2000);
-    CHECK_INT(t_int(pg, "SELECT count(DISTINCT worker_id) FROM pgjobq.jobs"), 3);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT worker_id) FROM pgjobq.all_jobs"), 3);
     PQfinish(pg);
 }
 
@@ -353,24 +353,24 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
                         "100ms", NULL);
     /* The failing job: its stderr (NUL and invalid UTF-8 included) is stored, sanitised. */
     char sql[256];
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND last_error LIKE '%%exit status 3%%'",
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND last_error LIKE '%%exit status 3%%'",
              (long long)fail_id);
     wait_sql(pg, sql, 1, 30000);
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND last_error LIKE '%%temporary failure (exit status 75)%%try later%%'",
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND last_error LIKE '%%temporary failure (exit status 75)%%try later%%'",
              (long long)temp_id);
     wait_sql(pg, sql, 1, 30000);
     /* The slow job is killed at its timeout and, with one attempt, fails. */
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'"
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'failed'"
                               " AND last_error LIKE '%%timed out%%'",
              (long long)slow_id);
     wait_sql(pg, sql, 1, 30000);
     /* 1 MiB of binary on stderr: the job fails (one attempt) with the tail, made storable. */
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'failed'"
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'failed'"
                               " AND last_error LIKE 'failed (exit status 1)%%' AND octet_length(last_error) <= %d",
              (long long)garbage_id, PGJOBQ_ERROR_MAX);
     wait_sql(pg, sql, 1, 30000);
     /* Plain-text output is stored as a JSON string. */
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND result = '\"plain text, not JSON\"'",
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND result = '\"plain text, not JSON\"'",
                     (long long)text_id),
               1);
     kill(pid, SIGTERM);
@@ -395,7 +395,7 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow));
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:2", "--lease", "120s",
                         "--timeout", "100s", "--shutdown-timeout", "3s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 2, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 2, 20000);
     kill(pid, SIGTERM);
     /* The quick job finishes within the shutdown timeout; the slow one is stopped and handed back at
      * once, without using up its attempt: exit 75 says jobs had to be handed back. */
@@ -403,8 +403,8 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     if (status != EX_TEMPFAIL)
         show_log(log_path("w"));
     CHECK_INT(status, EX_TEMPFAIL);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
                         " AND run_at <= now() AND last_error LIKE 'handed back%%'",
                     (long long)slow),
               1);
@@ -414,10 +414,10 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     o.kind = "quick";
     CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
     pid = t_spawn(log_path("w2"), NULL, "work", "--exec", handler, "--shutdown-timeout", "20s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 20000);
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -434,15 +434,15 @@ TEST_FULL(work_kill_9_mid_job_another_worker_finishes_it, 120, 0)
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "a", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
     kill(a, SIGKILL);
     CHECK_INT(t_wait_exit(a, 10000), 128 + SIGKILL);
     int64_t killed_at = t_now_ms();
     pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "b", "--poll", "200ms", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 30000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 30000);
     printf("kill -9 to completion by another worker: %lld ms\n", (long long)(t_now_ms() - killed_at));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND attempt = 2 AND worker_id = 'b'"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND attempt = 2 AND worker_id = 'b'"
                         " AND result = '{\"by\": \"b\"}' AND last_error LIKE 'lease expired%%'",
                     (long long)id),
               1);
@@ -465,20 +465,20 @@ TEST_FULL(work_stalled_worker_cannot_write_after_losing_its_lease, 120, 0)
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "a", "--no-maintenance", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
     kill(a, SIGSTOP);
     /* Frozen past its lease: another worker rescues and completes the job. */
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND lease_until < now()", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND lease_until < now()", 1, 20000);
     pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "b", "--poll", "200ms", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 30000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 30000);
     /* The zombie wakes up with a finished handler and a lost lease: it must write nothing. */
     kill(a, SIGCONT);
     kill(a, SIGTERM);
     CHECK_INT(t_wait_exit(a, 30000), 0);
     kill(b, SIGTERM);
     CHECK_INT(t_wait_exit(b, 30000), 0);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'completed' AND attempt = 2"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed' AND attempt = 2"
                         " AND worker_id = 'b' AND result = '{\"by\": \"b\"}'",
                     (long long)id),
               1);
@@ -503,13 +503,13 @@ TEST_FULL(work_notify_wakes_an_idle_worker_and_survives_a_killed_listener, 120, 
      * first job is taken by the worker's start-up claim; the second finds it idle. */
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--poll", "60s", NULL);
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 20000);
     wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
                  " AND datname = current_database() AND query LIKE '%LISTEN%'",
              1, 20000);
     t0 = t_now_ms();
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 2, 10000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 2, 10000);
     printf("pickup of a new job by an idle worker: %lld ms (poll interval 60 s)\n", (long long)(t_now_ms() - t0));
 
     /* Kill the listener's backend: the worker notices, listens again, and is woken again. */
@@ -523,7 +523,7 @@ TEST_FULL(work_notify_wakes_an_idle_worker_and_survives_a_killed_listener, 120, 
     wait_sql(pg, sql, 1, 20000);
     t0 = t_now_ms();
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 3, 10000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 3, 10000);
     printf("pickup after the listener was killed: %lld ms\n", (long long)(t_now_ms() - t0));
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
@@ -539,7 +539,7 @@ TEST_FULL(work_uses_at_most_three_connections_at_concurrency_64, 120, 0)
 
     enqueue_n(400, "default");
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:64", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 32, 30000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 32, 30000);
     for (int i = 0; i < 20; i++) {
         long long n = t_int(pg, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                                 " AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
@@ -551,7 +551,7 @@ TEST_FULL(work_uses_at_most_three_connections_at_concurrency_64, 120, 0)
     printf("connections held at concurrency 64: %lld\n", most);
     CHECK(most >= 2); /* the measurement sees the worker at all */
     CHECK(most <= 3);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 400, 60000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 400, 60000);
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
     PQfinish(pg);
@@ -567,7 +567,7 @@ TEST_FULL(work_survives_a_database_restart, 180, TEST_EXCLUSIVE)
     for (int i = 0; i < 2; i++)
         pids[i] = t_spawn(log_path(i ? "w1" : "w0"), NULL, "work", "--exec", handler, "--queue", "default:4",
                           "--lease", "5s", "--timeout", "4s", "--poll", "200ms", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 50, 60000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 50, 60000);
     PQfinish(pg);
     CHECK_INT(t_pg_ctl("restart", "-m", "fast", "-w", "-t", "60", NULL), 0);
     /* The workers reconnect on their own; every job completes and none is lost. */
@@ -582,12 +582,12 @@ TEST_FULL(work_survives_a_database_restart, 180, TEST_EXCLUSIVE)
         nanosleep(&pause, NULL);
     }
     CHECK(again != NULL);
-    wait_sql(again, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 600, 120000);
+    wait_sql(again, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 600, 120000);
     for (int i = 0; i < 2; i++)
         kill(pids[i], SIGTERM);
     for (int i = 0; i < 2; i++)
         CHECK_INT(t_wait_exit(pids[i], 30000), 0);
-    CHECK_INT(t_int(again, "SELECT count(*) FROM pgjobq.jobs WHERE state <> 'completed'"), 0);
+    CHECK_INT(t_int(again, "SELECT count(*) FROM pgjobq.all_jobs WHERE state <> 'completed'"), 0);
     PQfinish(again);
 }
 
@@ -601,7 +601,7 @@ TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 1
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pgjobq_client_close(c);
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--shutdown-timeout", "2s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 20000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 20000);
     PQfinish(pg);
     /* The database goes away while the job runs; then the worker is asked to stop. */
     CHECK_INT(t_pg_ctl("stop", "-m", "fast", "-w", NULL), 0);
@@ -617,7 +617,7 @@ TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 1
     CHECK_MSG(took < 15000, "it took %lld ms to give up", (long long)took);
     /* The job is still running in the database; its lease will expire and it will run again. */
     pg = t_pg();
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", (long long)id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'running'", (long long)id), 1);
     PQfinish(pg);
 }
 
@@ -639,7 +639,7 @@ TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
     CHECK(pgjobq_worker_handle(w, "default", NULL, 4, outcome_handler, NULL) == PGJOBQ_OK);
     r.w = w;
     CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 300, 30000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 300, 30000);
 
     /* Then one batch: a long job first (lowest priority value), three instant ones behind it. */
     pgjobq_job_spec specs[4];
@@ -652,8 +652,8 @@ TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
     }
     CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 4, NULL, NULL));
     /* The instant ones finish while the long one still runs: another thread took them. */
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'completed'", 303, 3000);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'long' AND state = 'running'"), 1);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 303, 3000);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'long' AND state = 'running'"), 1);
     pgjobq_worker_stop(w);
     pgjobq_worker_stop(w); /* fast: the long job is handed back */
     pthread_join(th, NULL);
