@@ -64,7 +64,7 @@ $(B)/src/migrations.c: $(SQL) sql/roles.sql tools/embed-sql.awk | $(DEPS_OK)
 	@mkdir -p $(@D)
 	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql > $@.tmp && mv $@.tmp $@
 
-$(B)/src/%.o: src/%.c src/internal.h include/pgjobq.h | $(DEPS_OK)
+$(B)/src/%.o: src/%.c src/internal.h src/engine.h include/pgjobq.h | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -fPIC -fvisibility=hidden -DPGJOBQ_BUILDING -c $< -o $@
 
@@ -87,7 +87,7 @@ $(B)/cli/%.o: cli/%.c $(wildcard cli/*.h) include/pgjobq.h | $(DEPS_OK)
 $(CLI): $(CLI_OBJ) $(LIBA)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
 
-$(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h cli/pgserver.h | $(DEPS_OK)
+$(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h src/engine.h cli/pgserver.h | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -Isrc -Icli -c $< -o $@
 

@@ -12,6 +12,10 @@
 
 #include "pgjobq.h"
 
+/* Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC): binary timestamps on
+ * the wire count from the latter. */
+#define PGJOBQ__PG_EPOCH_US INT64_C(946684800000000)
+
 /* Built-in type OIDs (stable across PostgreSQL versions: they are in pg_type.dat). */
 #define OID_BOOL              16
 #define OID_INT8              20

@@ -9,8 +9,6 @@
 
 #include "internal.h"
 
-/* Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC). */
-#define PG_EPOCH_OFFSET_US INT64_C(946684800000000)
 
 void pgjobq__buf_free(pgjobq__buf *b)
 {
@@ -206,7 +204,7 @@ int64_t pgjobq__get_time(const PGresult *r, int row, int col)
     v = pgjobq__get_int8(r, row, col);
     if (v == INT64_MAX || v == INT64_MIN) /* +-infinity */
         return v;
-    return v + PG_EPOCH_OFFSET_US;
+    return v + PGJOBQ__PG_EPOCH_US;
 }
 
 const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len)

@@ -357,13 +357,19 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
                 restart_recovery_max = ms_since(t);
             break;
         }
-        case 4: { /* kill pgjobq's backends: listeners, claimers, maintenance */
+        case 4: { /* kill pgjobq's backends: claimers (which listen), writers, maintenance */
             int64_t t = t_now_ms();
+            char sql[400];
+            long long killed_at = int_retry(&pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
             PQclear(PQexec(pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
                                " current_database() AND application_name LIKE 'pgjobq%' AND pid <> pg_backend_pid()"));
-            while (int_retry(&pg, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                  " AND application_name = 'pgjobq-listener' AND query LIKE '%LISTEN%'") < WORKERS &&
-                   ms_since(t) < 60000)
+            /* A claim connection listens once it is past its set-up query (LISTEN is part of it). */
+            snprintf(sql, sizeof sql,
+                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                     " AND application_name = 'pgjobq-claim' AND query <> '' AND query NOT LIKE '%%schema_version%%'"
+                     " AND backend_start > to_timestamp(%lld / 1000000.0)",
+                     killed_at);
+            while (int_retry(&pg, sql) < WORKERS && ms_since(t) < 60000)
                 pause_ms(20);
             if (ms_since(t) > listener_recovery_max)
                 listener_recovery_max = ms_since(t);

@@ -486,9 +486,10 @@ TEST_FULL(work_stalled_worker_cannot_write_after_losing_its_lease, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* The claim connection also listens (LISTEN is part of its set-up, before its first claim). */
 static int listener_pid(PGconn *pg)
 {
-    return (int)t_int(pg, "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
+    return (int)t_int(pg, "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
                           " AND datname = current_database()");
 }
 
@@ -504,21 +505,24 @@ TEST_FULL(work_notify_wakes_an_idle_worker_and_survives_a_killed_listener, 120, 
     pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--poll", "60s", NULL);
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 20000);
-    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
-                 " AND datname = current_database() AND query LIKE '%LISTEN%'",
+    /* Listening: the claim connection is past its set-up query (which holds the LISTEN). */
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
              1, 20000);
     t0 = t_now_ms();
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 2, 10000);
     printf("pickup of a new job by an idle worker: %lld ms (poll interval 60 s)\n", (long long)(t_now_ms() - t0));
 
-    /* Kill the listener's backend: the worker notices, listens again, and is woken again. */
+    /* Kill the listener's backend: the worker notices, reconnects (listening again before it claims),
+     * and is woken again. */
     int old = listener_pid(pg);
     CHECK(old > 0);
     PQclear(t_exec(pg, "SELECT pg_terminate_backend(%d)", old));
     char sql[300];
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-listener'"
-                              " AND datname = current_database() AND pid <> %d AND query LIKE '%%LISTEN%%'",
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                              " AND datname = current_database() AND pid <> %d AND query <> ''"
+                              " AND query NOT LIKE '%%schema_version%%'",
              old);
     wait_sql(pg, sql, 1, 20000);
     t0 = t_now_ms();

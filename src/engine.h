@@ -1,0 +1,230 @@
+/*
+ * engine.h - what the worker's files share: the policy (policy.c), asynchronous connections
+ * (aconn.c), the handler pool (pool.c) and the engine loop (worker.c).  Not installed, not API.
+ *
+ * The shape of a worker:
+ *
+ *   engine thread (pgjobq_worker_run)          handler threads (one pool per queue)
+ *     claim connection:  claims, LISTEN  ──jobs──▶  list per queue ──▶ handler(ctx)
+ *     write connection:  outcomes, heartbeats  ◀──outcomes── done list ◀───┘
+ *     maintenance connection: rescue, prune
+ *
+ * The engine never blocks: every statement is sent with PQsendQuery* on a non-blocking connection
+ * and its result read when the socket says so; connecting is PQconnectPoll with a deadline.  Each
+ * connection carries one statement at a time, so outcomes that arrive while a write is in flight
+ * form the next batch by themselves, and a claim overlaps the previous batch's completion.
+ */
+#ifndef PGJOBQ_ENGINE_H
+#define PGJOBQ_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+/* ------------------------------------------------------------------------------------------------ */
+/* policy.c: decisions, as pure functions of the state and the clock (unit-tested without a database) */
+
+/* A claim with a start key is replaced by one from the head of the queue at least this often, so that
+ * a job sorting before the key (a higher priority enqueued meanwhile) waits at most this long. */
+#define PGJOBQ__HINT_REFRESH_MS 100
+
+/* What the engine knows about one queue when it decides whether to claim. */
+typedef struct pgjobq__claim_view {
+    int concurrency;      /* the queue's slots */
+    int running;          /* jobs claimed and not yet returned by their handlers */
+    int batch_max;        /* most jobs per claim */
+    int woken;            /* a notification, a reconnect or a short keyed claim: claim now */
+    int last_full;        /* the last claim returned all it asked for: there is a backlog */
+    int64_t next_poll_ms; /* claim by then even without a notification */
+    int hint_valid;       /* the largest key of the last claim is known */
+    int64_t head_ms;      /* when the last claim from the head of the queue was sent */
+} pgjobq__claim_view;
+
+/* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_hint (may be NULL) says
+ * whether to start after the last claim's largest key.  A notification or the poll claims whatever
+ * slots are free; under a backlog the engine waits until half a batch of slots is free (or nothing
+ * runs), so that claims do not fragment into one job each as handlers finish one by one. */
+int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint);
+
+/* When a queue that is not ready to claim now should be looked at again (INT64_MAX: only when a
+ * handler finishes or a notification arrives). */
+int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v);
+
+/* Whether to write pending outcomes now: when no handler still runs (nothing more can join the
+ * batch), when the oldest has waited linger_ms, or when stopping. */
+int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,
+                         int64_t linger_ms);
+
+/* The next reconnect delay after `current` (0 for the first): doubling from min_ms, at most max_ms. */
+int64_t pgjobq__backoff_next(int64_t current_ms, int64_t min_ms, int64_t max_ms);
+
+/* A delay with jitter, uniformly in [d/2, d], from a caller-owned seed (never 0 after the call). */
+int64_t pgjobq__jitter(int64_t d, unsigned *seed);
+
+/* How long before its local lease deadline a job is given up as lost: a tenth of the lease, at most
+ * 5 s, so that a stopping handler can end before another worker could claim the job. */
+int64_t pgjobq__lease_margin(int64_t lease_ms);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* aconn.c: one asynchronous connection                                                             */
+
+/* A statement the engine sends, named when prepared. */
+typedef struct pgjobq__stmtdef {
+    const char *name; /* prepared statement name */
+    const char *sql;
+    int nparams;
+    const Oid *types;
+} pgjobq__stmtdef;
+
+typedef enum pgjobq__ac_state {
+    PGJOBQ__AC_DOWN = 0,   /* not connected; retry_at_ms says when to try */
+    PGJOBQ__AC_CONNECTING, /* PQconnectPoll in progress */
+    PGJOBQ__AC_SETUP,      /* session settings, schema check, prepares */
+    PGJOBQ__AC_READY       /* idle or carrying one statement (busy) */
+} pgjobq__ac_state;
+
+/* What pgjobq__aconn_io() reports. */
+enum {
+    PGJOBQ__AC_EV_NONE = 0,
+    PGJOBQ__AC_EV_READY,  /* setup finished: the connection takes statements */
+    PGJOBQ__AC_EV_RESULT, /* the statement in flight finished: take its result */
+    PGJOBQ__AC_EV_LOST,   /* the connection failed or broke (err says why); it retries by itself */
+    PGJOBQ__AC_EV_SCHEMA  /* the schema is missing or of another version (err says which): fatal */
+};
+
+typedef struct pgjobq__aconn {
+    /* Configuration (set once). */
+    const char *name;               /* "claim", "write", "maintenance": for log lines */
+    const char *conninfo;
+    const char *setup_sql;          /* session setup: simple query, may hold several statements */
+    const pgjobq__stmtdef *stmts;   /* statements, prepared at setup when `prepare` */
+    int nstmts;
+    int prepare;
+    int64_t tcp_timeout_ms;
+    int64_t connect_timeout_ms;
+    /* State. */
+    PGconn *pg;
+    pgjobq__ac_state state;
+    int busy;                       /* a statement or setup step is in flight */
+    int lost_pending;               /* a send broke the connection: report it at the next io */
+    int flushing;                   /* libpq still holds output: wait for POLLOUT */
+    int poll_write;                 /* connecting: PQconnectPoll wants to write */
+    int step;                       /* setup: 0 the session query, then 1.. one prepare each */
+    int64_t deadline_ms;            /* connecting and setup must end by then */
+    int64_t retry_at_ms;
+    int64_t retry_delay_ms;
+    unsigned seed;
+    PGresult *result;               /* the finished statement's first result, for the caller */
+    char err[512];
+} pgjobq__aconn;
+
+/* Starts connecting if the connection is down and its retry time has come. */
+void pgjobq__aconn_start(pgjobq__aconn *ac, int64_t now_ms);
+
+/* Does the connection's work for the socket events in revents (0 when none): reads input, flushes
+ * output, advances connecting and setup, checks deadlines.  Returns a PGJOBQ__AC_EV_* event. */
+int pgjobq__aconn_io(pgjobq__aconn *ac, short revents, int64_t now_ms);
+
+/* Sends statement `stmt` (an index into stmts) with binary or text parameters.  The connection must be
+ * ready and idle.  Returns 0, or -1 after the connection broke (it retries by itself; err says why). */
+int pgjobq__aconn_send(pgjobq__aconn *ac, int stmt, const char *const *values, const int *lengths,
+                       const int *formats, int binary_result, int64_t now_ms);
+
+/* Sends a simple query without parameters (LISTEN, a check).  Same rules as pgjobq__aconn_send. */
+int pgjobq__aconn_send_simple(pgjobq__aconn *ac, const char *sql, int64_t now_ms);
+
+/* After PGJOBQ__AC_EV_RESULT: the statement's result (the caller clears it). */
+PGresult *pgjobq__aconn_take(pgjobq__aconn *ac);
+
+/* Whether the connection takes a statement now. */
+int pgjobq__aconn_idle(const pgjobq__aconn *ac);
+
+/* The descriptor and events to poll for (fd -1 when there is nothing to watch). */
+void pgjobq__aconn_pollfd(const pgjobq__aconn *ac, int *fd, short *events);
+
+/* When the connection needs attention without I/O (a deadline or a retry); INT64_MAX for never. */
+int64_t pgjobq__aconn_next_ms(const pgjobq__aconn *ac);
+
+/* Drops the connection and schedules a retry with backoff and jitter. */
+void pgjobq__aconn_fail(pgjobq__aconn *ac, const char *why, int64_t now_ms);
+
+/* Closes the connection for good. */
+void pgjobq__aconn_close(pgjobq__aconn *ac);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* pool.c: handler threads                                                                          */
+
+#define PGJOBQ__MAX_QUEUES 64
+#define PGJOBQ__MAX_HANDLERS 64
+
+typedef struct pgjobq__handler {
+    char kind[PGJOBQ_NAME_MAX + 1]; /* "" for any kind */
+    pgjobq_handler_fn fn;
+    void *arg;
+} pgjobq__handler;
+
+struct pgjobq_ctx {
+    pgjobq_job job;              /* its strings live in the same allocation, after the struct */
+    struct pgjobq__queue *q;
+    _Atomic int stop;            /* a pgjobq_stop_reason */
+    int64_t started_ms;
+    int64_t timeout_at_ms;
+    /* Engine only. */
+    int64_t lease_valid_until_ms;
+    size_t run_index;            /* position in the worker's running set */
+    int ended;                   /* the database already ended the job (cancelled) or we lost it */
+    /* Set by the handler. */
+    pgjobq_outcome outcome;
+    char *result;
+    char *error;
+    int64_t retry_delay_ms;      /* PGJOBQ_BACKOFF unless set */
+    struct pgjobq_ctx *next;
+};
+
+typedef struct pgjobq__queue {
+    struct pgjobq_worker *w;
+    char name[PGJOBQ_NAME_MAX + 1];
+    int concurrency;
+    pgjobq__handler handlers[PGJOBQ__MAX_HANDLERS];
+    int nhandlers;
+    /* The dispatch list, shared with the queue's threads. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pgjobq_ctx *head, *tail;
+    int exit_threads;
+    pthread_t *threads;
+    int nthreads;
+    /* Moving average of handler run time, ns: fast handlers share a batch among few threads. */
+    _Atomic int64_t handler_ns;
+    /* Engine only: the claim policy's view, and the key to start the next claim after. */
+    pgjobq__claim_view claim;
+    int next_due_wanted;    /* a claim from the head found nothing: ask when the next job is due */
+    int16_t hint_priority;  /* the largest key of the last claim: (priority, run_at, id) */
+    int64_t hint_run_at;    /* microseconds since the Unix epoch */
+    int64_t hint_id;
+} pgjobq__queue;
+
+/* Starts each queue's threads; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
+int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
+/* Stops and joins every thread; jobs still on a list are left there for the caller. */
+void pgjobq__pool_stop(pgjobq__queue *queues, int nqueues);
+/* Appends a chain of jobs to a queue's list and wakes one thread. */
+void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last);
+/* Whether any queue has jobs waiting on its list; if so, wakes one more thread for each such queue
+ * (so that a slow job cannot hold back the fast ones behind it). */
+int pgjobq__pool_help(pgjobq__queue *queues, int nqueues);
+/* Frees a context and everything it owns.  Accepts NULL. */
+void pgjobq__ctx_free(pgjobq_ctx *ctx);
+/* Asks a handler to stop, keeping the first reason given. */
+void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why);
+
+/* worker.c, called from the handler threads: hands a finished job back to the engine. */
+void pgjobq__worker_done(struct pgjobq_worker *w, pgjobq_ctx *ctx);
+/* worker.c: the worker's id, for messages from the pool. */
+const char *pgjobq__worker_id(const struct pgjobq_worker *w);
+
+/* A monotonic clock in milliseconds. */
+int64_t pgjobq__mono_ms(void);
+
+#endif /* PGJOBQ_ENGINE_H */

@@ -1,0 +1,81 @@
+/*
+ * policy.c - the worker's decisions: when to claim and how much, when to write outcomes, how long to
+ * wait before reconnecting, when a lease must be given up.  Pure functions of the state they are
+ * given and the clock; the engine (worker.c) carries them out.  tests/test_policy.c checks them
+ * without a database.
+ */
+#include <time.h>
+
+#include "engine.h"
+
+int64_t pgjobq__mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int batch_of(const pgjobq__claim_view *v)
+{
+    return v->concurrency < v->batch_max ? v->concurrency : v->batch_max;
+}
+
+int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint)
+{
+    int free_slots = v->concurrency - v->running, ready;
+
+    if (from_hint)
+        *from_hint = 0;
+    if (free_slots <= 0)
+        return 0;
+    ready = v->woken || now_ms >= v->next_poll_ms ||
+            (v->last_full && (free_slots >= (batch_of(v) + 1) / 2 || v->running == 0));
+    if (!ready)
+        return 0;
+    /* Start after the last claim's largest key only while there is a backlog (a claim that came back
+     * short means the head may hold jobs the key skips), and go back to the head regularly. */
+    if (from_hint)
+        *from_hint = v->hint_valid && v->last_full && now_ms - v->head_ms < PGJOBQ__HINT_REFRESH_MS;
+    return free_slots < v->batch_max ? free_slots : v->batch_max;
+}
+
+int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
+{
+    /* Full: a finishing handler wakes the engine.  Under a backlog, so does a finishing handler (the
+     * half-batch rule), and the poll would only fragment claims. */
+    if (v->running >= v->concurrency || v->last_full)
+        return INT64_MAX;
+    return v->next_poll_ms;
+}
+
+int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,
+                         int64_t linger_ms)
+{
+    if (pending == 0)
+        return 0;
+    return outstanding == 0 || stopping || now_ms - first_pending_ms >= linger_ms;
+}
+
+int64_t pgjobq__backoff_next(int64_t current_ms, int64_t min_ms, int64_t max_ms)
+{
+    if (current_ms <= 0)
+        return min_ms;
+    return current_ms > max_ms / 2 ? max_ms : current_ms * 2;
+}
+
+int64_t pgjobq__jitter(int64_t d, unsigned *seed)
+{
+    if (*seed == 0)
+        *seed = (unsigned)pgjobq__mono_ms() ^ (unsigned)(uintptr_t)seed ^ 0x9e3779b9u;
+    *seed = *seed * 1103515245u + 12345u;
+    if (*seed == 0)
+        *seed = 1;
+    if (d <= 1)
+        return d;
+    return d / 2 + (int64_t)((*seed >> 8) % (unsigned)(d / 2 + 1));
+}
+
+int64_t pgjobq__lease_margin(int64_t lease_ms)
+{
+    return lease_ms / 10 < 5000 ? lease_ms / 10 : 5000;
+}

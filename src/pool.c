@@ -1,0 +1,224 @@
+/*
+ * pool.c - the handler threads of a worker and the handler's view of its job (pgjobq_ctx_*).
+ *
+ * Each queue has its own threads and its own dispatch list.  The engine appends a claimed batch to the
+ * list under one lock and wakes one thread; a thread that takes a job wakes another only while jobs
+ * remain and the queue's handlers are slow.  Cheap handlers thus drain a batch on few threads
+ * (waking a thread per job made futex waits and context switches the worker's whole profile), and
+ * slow ones still fan out; the engine hands jobs still waiting to another thread every few
+ * milliseconds (pgjobq__pool_help), so that one slow job cannot hold back the rest.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+/* Handlers faster than this on average run a batch on one thread, without waking helpers. */
+#define FAST_HANDLER_NS 50000
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The handler's context                                                                             */
+
+const pgjobq_job *pgjobq_ctx_job(const pgjobq_ctx *ctx)
+{
+    return &ctx->job;
+}
+
+int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json)
+{
+    char *copy;
+    if (json == NULL) {
+        free(ctx->result);
+        ctx->result = NULL;
+        return PGJOBQ_OK;
+    }
+    if (pgjobq__json_check(json, strlen(json), NULL, 0) != 0)
+        return PGJOBQ_EINVAL;
+    if ((copy = strdup(json)) == NULL)
+        return PGJOBQ_ENOMEM;
+    free(ctx->result);
+    ctx->result = copy;
+    return PGJOBQ_OK;
+}
+
+void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text)
+{
+    free(ctx->error);
+    ctx->error = pgjobq__sanitize_text(text ? text : "", text ? strlen(text) : 0, PGJOBQ_ERROR_MAX, 0);
+}
+
+void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms)
+{
+    ctx->retry_delay_ms = delay_ms < 0 ? 0 : delay_ms;
+}
+
+int pgjobq_ctx_should_stop(const pgjobq_ctx *ctx)
+{
+    return atomic_load(&((pgjobq_ctx *)ctx)->stop) != PGJOBQ_STOP_NONE || pgjobq__mono_ms() >= ctx->timeout_at_ms;
+}
+
+pgjobq_stop_reason pgjobq_ctx_stop_reason(const pgjobq_ctx *ctx)
+{
+    int s = atomic_load(&((pgjobq_ctx *)ctx)->stop);
+    if (s == PGJOBQ_STOP_NONE && pgjobq__mono_ms() >= ctx->timeout_at_ms)
+        return PGJOBQ_STOP_TIMEOUT;
+    return (pgjobq_stop_reason)s;
+}
+
+int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx)
+{
+    int64_t left = ctx->timeout_at_ms - pgjobq__mono_ms();
+    return left > 0 ? left : 0;
+}
+
+void pgjobq__ctx_free(pgjobq_ctx *ctx)
+{
+    if (ctx == NULL)
+        return;
+    free(ctx->result);
+    free(ctx->error);
+    free(ctx);
+}
+
+void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why)
+{
+    int none = PGJOBQ_STOP_NONE;
+    atomic_compare_exchange_strong(&ctx->stop, &none, (int)why);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Threads                                                                                           */
+
+static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *kind)
+{
+    const pgjobq__handler *any = NULL;
+    for (int i = 0; i < q->nhandlers; i++) {
+        if (q->handlers[i].kind[0] == '\0')
+            any = &q->handlers[i];
+        else if (strcmp(q->handlers[i].kind, kind) == 0)
+            return &q->handlers[i];
+    }
+    return any;
+}
+
+/* Runs one job's handler (or explains why it did not run) and hands the job back to the engine. */
+static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
+{
+    const pgjobq__handler *h = find_handler(q, ctx->job.kind);
+
+    if (atomic_load(&ctx->stop) != PGJOBQ_STOP_NONE) {
+        /* Told to stop before it started (shutdown or a lost lease): nothing ran. */
+        ctx->outcome = PGJOBQ_OUTCOME_RETRY;
+        pgjobq_ctx_set_error(ctx, "not started: the worker was stopping");
+    } else if (h == NULL) {
+        char why[512];
+        snprintf(why, sizeof why, "no handler for kind %s in queue %s on worker %s", ctx->job.kind, q->name,
+                 pgjobq__worker_id(q->w));
+        ctx->outcome = PGJOBQ_OUTCOME_FAIL;
+        pgjobq_ctx_set_error(ctx, why);
+    } else {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ctx->started_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
+        ctx->outcome = h->fn(ctx, h->arg);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+        int64_t avg = atomic_load(&q->handler_ns);
+        atomic_store(&q->handler_ns, avg + (ns - avg) / 8); /* racy updates only blur the average */
+    }
+    pgjobq__worker_done(q->w, ctx);
+}
+
+static void *queue_thread(void *arg)
+{
+    pgjobq__queue *q = arg;
+
+    for (;;) {
+        pgjobq_ctx *ctx;
+
+        pthread_mutex_lock(&q->mu);
+        while (q->head == NULL && !q->exit_threads)
+            pthread_cond_wait(&q->cv, &q->mu);
+        if (q->head == NULL) {
+            pthread_mutex_unlock(&q->mu);
+            return NULL;
+        }
+        ctx = q->head;
+        q->head = ctx->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        else if (atomic_load(&q->handler_ns) > FAST_HANDLER_NS)
+            pthread_cond_signal(&q->cv); /* more work for slow handlers: wake a thread to share it */
+        ctx->next = NULL;
+        pthread_mutex_unlock(&q->mu);
+        run_one(q, ctx);
+    }
+}
+
+int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err_size)
+{
+    for (int i = 0; i < nqueues; i++) {
+        pgjobq__queue *q = &queues[i];
+        atomic_store(&q->handler_ns, INT64_C(1000000)); /* unknown: assume slow until measured */
+        q->threads = calloc((size_t)q->concurrency, sizeof *q->threads);
+        if (q->threads == NULL) {
+            snprintf(err, err_size, "out of memory starting threads");
+            return PGJOBQ_ENOMEM;
+        }
+        for (int t = 0; t < q->concurrency; t++) {
+            int rc = pthread_create(&q->threads[t], NULL, queue_thread, q);
+            if (rc != 0) {
+                snprintf(err, err_size, "cannot start thread %d of queue %s: %s", t, q->name, strerror(rc));
+                return PGJOBQ_ENOMEM;
+            }
+            q->nthreads++;
+        }
+    }
+    return PGJOBQ_OK;
+}
+
+void pgjobq__pool_stop(pgjobq__queue *queues, int nqueues)
+{
+    for (int i = 0; i < nqueues; i++) {
+        pgjobq__queue *q = &queues[i];
+        pthread_mutex_lock(&q->mu);
+        q->exit_threads = 1;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        for (int t = 0; t < q->nthreads; t++)
+            pthread_join(q->threads[t], NULL);
+        free(q->threads);
+        q->threads = NULL;
+        q->nthreads = 0;
+    }
+}
+
+void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last)
+{
+    pthread_mutex_lock(&q->mu);
+    if (q->tail)
+        q->tail->next = first;
+    else
+        q->head = first;
+    q->tail = last;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+int pgjobq__pool_help(pgjobq__queue *queues, int nqueues)
+{
+    int waiting = 0;
+    for (int i = 0; i < nqueues; i++) {
+        pgjobq__queue *q = &queues[i];
+        pthread_mutex_lock(&q->mu);
+        if (q->head) {
+            waiting = 1;
+            pthread_cond_signal(&q->cv);
+        }
+        pthread_mutex_unlock(&q->mu);
+    }
+    return waiting;
+}

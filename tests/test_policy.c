@@ -1,0 +1,141 @@
+/*
+ * test_policy.c - the worker's decisions (src/policy.c), checked as pure functions: when to claim and
+ * how much, when to start from the last claim's key, when to write outcomes, how reconnects back
+ * off.  No database is involved.
+ */
+#include <string.h>
+
+#include "engine.h"
+#include "harness.h"
+
+static pgjobq__claim_view view(int concurrency, int running)
+{
+    pgjobq__claim_view v;
+    memset(&v, 0, sizeof v);
+    v.concurrency = concurrency;
+    v.running = running;
+    v.batch_max = 100;
+    v.next_poll_ms = 1000000; /* far away unless a test says otherwise */
+    return v;
+}
+
+TEST(policy_claim_takes_free_slots_when_woken_or_polled)
+{
+    pgjobq__claim_view v = view(32, 0);
+    int hint = -1;
+
+    /* Idle and not woken: wait for the poll. */
+    CHECK_INT(pgjobq__claim_decide(&v, 0, &hint), 0);
+    CHECK_INT(hint, 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), 1000000);
+    /* The poll comes: claim every free slot. */
+    CHECK_INT(pgjobq__claim_decide(&v, 1000000, &hint), 32);
+    /* A notification: claim at once, free slots only, never more than a batch. */
+    v.woken = 1;
+    v.running = 30;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 2);
+    v.concurrency = 500;
+    v.running = 0;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 100);
+    /* Full: nothing, however woken, and nothing to wait for but a finishing handler. */
+    v.running = 500;
+    CHECK_INT(pgjobq__claim_decide(&v, 2000000, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), INT64_MAX);
+}
+
+TEST(policy_claim_under_a_backlog_waits_for_half_a_batch)
+{
+    pgjobq__claim_view v = view(32, 31);
+
+    v.last_full = 1;
+    /* One slot free of 32: a claim of one job would fragment the batches. */
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    v.running = 17;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    v.running = 16; /* half of the batch (32) free */
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 16);
+    /* With a larger concurrency the batch is capped: half of 100. */
+    v = view(1000, 951);
+    v.last_full = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    v.running = 950;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 50);
+    /* Nothing running: claim whatever is free, even one. */
+    v = view(1, 0);
+    v.last_full = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 1);
+    /* A backlog is never polled: finishing handlers drive the claims. */
+    v.running = 1;
+    CHECK_INT(pgjobq__claim_next_ms(&v), INT64_MAX);
+}
+
+TEST(policy_claim_starts_after_the_last_key_only_under_a_backlog_and_not_for_long)
+{
+    pgjobq__claim_view v = view(32, 0);
+    int hint = -1;
+
+    v.woken = 1;
+    v.hint_valid = 1;
+    v.head_ms = 1000;
+    /* No backlog known: from the head. */
+    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
+    CHECK_INT(hint, 0);
+    /* A backlog, and the last claim from the head was recent: after the key. */
+    v.last_full = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
+    CHECK_INT(hint, 1);
+    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__HINT_REFRESH_MS - 1, &hint), 32);
+    CHECK_INT(hint, 1);
+    /* Back to the head at least every PGJOBQ__HINT_REFRESH_MS, so that a job sorting before the key (a
+     * higher priority enqueued meanwhile) waits no longer than that. */
+    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__HINT_REFRESH_MS, &hint), 32);
+    CHECK_INT(hint, 0);
+    /* No key known: from the head. */
+    v.hint_valid = 0;
+    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
+    CHECK_INT(hint, 0);
+}
+
+TEST(policy_flush_when_nothing_more_can_join_or_after_the_linger)
+{
+    /* Nothing pending: nothing to do. */
+    CHECK_INT(pgjobq__flush_decide(0, 0, 0, 1, 100, 2), 0);
+    /* Handlers still running: wait up to the linger for more outcomes to join. */
+    CHECK_INT(pgjobq__flush_decide(5, 100, 3, 0, 101, 2), 0);
+    CHECK_INT(pgjobq__flush_decide(5, 100, 3, 0, 102, 2), 1);
+    /* No handler running: nothing more can join; write now. */
+    CHECK_INT(pgjobq__flush_decide(5, 100, 0, 0, 100, 2), 1);
+    /* Stopping: write now. */
+    CHECK_INT(pgjobq__flush_decide(1, 100, 3, 1, 100, 2), 1);
+}
+
+TEST(policy_backoff_doubles_to_a_cap_and_jitter_stays_in_range)
+{
+    int64_t d = 0;
+    unsigned seed = 0;
+
+    d = pgjobq__backoff_next(d, 100, 30000);
+    CHECK_INT(d, 100);
+    d = pgjobq__backoff_next(d, 100, 30000);
+    CHECK_INT(d, 200);
+    for (int i = 0; i < 20; i++)
+        d = pgjobq__backoff_next(d, 100, 30000);
+    CHECK_INT(d, 30000);
+    /* Jitter in [d/2, d], and not always the same value. */
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < 10000; i++) {
+        int64_t j = pgjobq__jitter(1000, &seed);
+        CHECK(j >= 500 && j <= 1000);
+        lo = j < lo ? j : lo;
+        hi = j > hi ? j : hi;
+    }
+    CHECK_MSG(lo < 550 && hi > 950, "jitter spans only [%lld, %lld] of [500, 1000]", (long long)lo, (long long)hi);
+    CHECK(seed != 0);
+}
+
+TEST(policy_lease_margin_is_a_tenth_of_the_lease_at_most_five_seconds)
+{
+    CHECK_INT(pgjobq__lease_margin(2000), 200);
+    CHECK_INT(pgjobq__lease_margin(60000), 5000);
+    CHECK_INT(pgjobq__lease_margin(3600000), 5000);
+}
