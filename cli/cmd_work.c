@@ -53,7 +53,7 @@ const cli_opt work_opts[] = {
     {"poll-only", OPT_POLL_ONLY, NULL, "do not LISTEN (for PgBouncer in transaction mode)"},
     {"shutdown-timeout", OPT_SHUTDOWN, "DURATION", "on SIGTERM, wait this long for running jobs (default 30s)"},
     {"worker-id", OPT_WORKER_ID, "ID", "recorded on claimed jobs (default hostname:pid)"},
-    {"batch", OPT_BATCH, "N", "most jobs per claim, 1..10000 (default 100)"},
+    {"batch", OPT_BATCH, "N", "most jobs per claim, 1..10000 (default 1000)"},
     {"max-output", OPT_MAX_OUTPUT, "BYTES", "stdout kept as the result, at most (default 1048576)"},
     {"retain-completed", OPT_RETAIN_COMPLETED, "DURATION", "prune completed jobs after this (default 24h)"},
     {"retain-failed", OPT_RETAIN_FAILED, "DURATION", "prune failed jobs after this (default 7d)"},

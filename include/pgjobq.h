@@ -481,7 +481,10 @@ typedef struct pgjobq_worker_opts {
                                     stopped at its timeout ends before its lease could expire */
     int64_t poll_ms;             /* claim at least this often even without a notification; 0: 1000 */
     int64_t shutdown_timeout_ms; /* how long a stop waits for running jobs; 0: 30000; < 0: none */
-    int batch_max;               /* most jobs per claim (sized to free slots); 0: 100 */
+    int batch_max;               /* most jobs per claim; 0: 1000.  A claim asks for the free slots, and
+                                    for fast handlers (under 20 ms a job) up to batch_max more, claimed
+                                    ahead so that the next batch is there when a slot frees; those wait
+                                    about 20 ms at most, and hold at most 8 MiB of payload */
     int poll_only;               /* nonzero: no LISTEN (PgBouncer transaction mode) */
     int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes */
     int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this; 0: 24 h;

@@ -14,11 +14,19 @@
 -- by queue that does not contain lease_until, so that a heartbeat (which only moves lease_until) can
 -- be a HOT update, and the index of finished jobs goes with the finished jobs.
 --
--- Plan shapes matter as much as the schema (bench/README.md, experiments): fenced writes take their
--- input as arrays and reach each row through the primary key, driven by the input
--- (`FROM unnest(ids, tokens) u ... WHERE j.id = u.id`), and test `lease_until > now()` rather than
--- `state = 'running'` (equivalent by jobs_lease_iff_running), so the planner is never tempted to walk
--- the running index and compare every running row with every input row.
+-- Plan shapes matter as much as the schema (bench/README.md, experiments).  Fenced writes take their
+-- input as arrays and must reach each row through the primary key, driven by the input: one probe
+-- per (id, token).  Every other shape compares every candidate row with every input row, and the
+-- planner picks one whenever it believes the table yields a single candidate, which statistics
+-- gathered while no job was running make it believe of any filter on the lease:
+--   * `state = 'running'` walked the running index (the old lease index) for each batch;
+--   * `lease_until > now()` is estimated at one row: a full scan joined to the input with a filter
+--     (2,000 x 2,000 comparisons, 600 ms for one batch, a minute per batch under 40 workers).
+-- So the lease is compared with `input.at`, the statement's now() carried by the (materialized)
+-- input: a join clause, which leaves the table's estimate alone (lease_until > now() and
+-- state = 'running' are equivalent by jobs_lease_iff_running).  The functions also run with
+-- enable_seqscan = off, so that on a small table a sequential scan never looks cheaper than the
+-- probes.
 
 -- ------------------------------------------------------------------------------------------------
 -- History
@@ -231,6 +239,7 @@ $$;
 CREATE FUNCTION pgjobq.history_move_cancelled(ids bigint[], reason text) RETURNS integer
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.id = ANY ($1) RETURNING j.*),
     moved AS (
@@ -251,6 +260,7 @@ CREATE OR REPLACE FUNCTION pgjobq.complete_many(ids bigint[], tokens bigint[], r
 RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
@@ -259,10 +269,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-    WITH input AS (SELECT u.id, u.token, u.result FROM unnest(ids, tokens, results) AS u(id, token, result)),
+    WITH input AS MATERIALIZED (
+        SELECT u.id, u.token, u.result, now() AS at FROM unnest(ids, tokens, results) AS u(id, token, result)),
     gone AS (
         DELETE FROM pgjobq.jobs j USING input
-         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > now()
+         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > input.at
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
                   input.result),
@@ -295,6 +306,7 @@ CREATE OR REPLACE FUNCTION pgjobq.fail_many(
 RETURNS TABLE (id bigint, outcome text, run_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_final bigint[];
@@ -314,10 +326,11 @@ BEGIN
     -- since this statement's snapshot); then move the finished ones and requeue the others.
     SELECT array_agg(held.id) FILTER (WHERE held.final), array_agg(held.id) FILTER (WHERE NOT held.final)
       INTO v_final, v_retry
-      FROM (SELECT j.id, j.cancel_requested OR coalesce(u.permanent, false) OR j.attempt >= j.max_attempts AS final
-              FROM unnest(ids, tokens, permanent) AS u(id, token, permanent)
-              JOIN pgjobq.jobs j ON j.id = u.id
-             WHERE j.lease_token = u.token AND j.lease_until > now()
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, u.permanent, now() AS at
+                                      FROM unnest(ids, tokens, permanent) AS u(id, token, permanent))
+            SELECT j.id, j.cancel_requested OR coalesce(u.permanent, false) OR j.attempt >= j.max_attempts AS final
+              FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     RETURN QUERY
     WITH input AS (
@@ -361,6 +374,7 @@ CREATE OR REPLACE FUNCTION pgjobq.extend_many(ids bigint[], tokens bigint[], lea
 RETURNS TABLE (id bigint, outcome text, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_held   bigint[];
@@ -377,11 +391,12 @@ BEGIN
     END IF;
     -- One UPDATE renews every held lease (and locks the rows, so the decision below is stable); a job
     -- whose cancellation was requested keeps its lease and is then moved to history as cancelled.
-    WITH held AS (
+    WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
+    held AS (
         UPDATE pgjobq.jobs j
            SET lease_until = CASE WHEN j.cancel_requested THEN j.lease_until ELSE now() + extend_many.lease END
-          FROM unnest(ids, tokens) AS u(id, token)
-         WHERE j.id = u.id AND j.lease_token = u.token AND j.lease_until > now()
+          FROM u
+         WHERE j.id = u.id AND j.lease_token = u.token AND j.lease_until > u.at
         RETURNING j.id, j.lease_until, j.cancel_requested)
     SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
            array_agg(held.lease_until) FILTER (WHERE NOT held.cancel_requested),
@@ -405,6 +420,7 @@ CREATE OR REPLACE FUNCTION pgjobq.release_many(ids bigint[], tokens bigint[], re
 RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_release bigint[];
@@ -419,9 +435,9 @@ BEGIN
     SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
            array_agg(held.id) FILTER (WHERE held.cancel_requested)
       INTO v_release, v_cancel
-      FROM (SELECT j.id, j.cancel_requested FROM unnest(ids, tokens) AS u(id, token)
-              JOIN pgjobq.jobs j ON j.id = u.id
-             WHERE j.lease_token = u.token AND j.lease_until > now()
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
+            SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     IF v_cancel IS NOT NULL THEN
         PERFORM pgjobq.history_move_cancelled(v_cancel, left(reason, 8192));
@@ -447,6 +463,7 @@ CREATE OR REPLACE FUNCTION pgjobq.cancel_many(ids bigint[], tokens bigint[], rea
 RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     IF cardinality(ids) IS DISTINCT FROM cardinality(tokens) THEN
@@ -454,10 +471,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-    WITH input AS (SELECT u.id, u.token FROM unnest(ids, tokens) AS u(id, token)),
+    WITH input AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
     gone AS (
         DELETE FROM pgjobq.jobs j USING input
-         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > now()
+         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > input.at
         RETURNING j.*),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,

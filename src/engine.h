@@ -29,10 +29,17 @@
  * a job sorting before the key (a higher priority enqueued meanwhile) waits at most this long. */
 #define PGJOBQ__HINT_REFRESH_MS 100
 
+/* A job claimed ahead of a free handler waits, by the handlers' measured speed, at most about this
+ * long before it starts; and the jobs claimed ahead hold at most about this much payload. */
+#define PGJOBQ__PREFETCH_WAIT_NS INT64_C(20000000)
+#define PGJOBQ__PREFETCH_BYTES (INT64_C(8) << 20)
+
 /* What the engine knows about one queue when it decides whether to claim. */
 typedef struct pgjobq__claim_view {
     int concurrency;      /* the queue's slots */
-    int running;          /* jobs claimed and not yet returned by their handlers */
+    int prefetch;         /* jobs that may be claimed beyond them, to wait for a free handler */
+    int running;          /* jobs claimed and not yet returned by their handlers (waiting included) */
+    int unwritten;        /* jobs returned whose outcome is not written yet */
     int batch_max;        /* most jobs per claim */
     int woken;            /* a notification, a reconnect or a short keyed claim: claim now */
     int last_full;        /* the last claim returned all it asked for: there is a backlog */
@@ -44,8 +51,21 @@ typedef struct pgjobq__claim_view {
 /* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_hint (may be NULL) says
  * whether to start after the last claim's largest key.  A notification or the poll claims whatever
  * slots are free; under a backlog the engine waits until half a batch of slots is free (or nothing
- * runs), so that claims do not fragment into one job each as handlers finish one by one. */
+ * runs), so that claims do not fragment into one job each as handlers finish one by one.  A slot is
+ * free as soon as its handler returns, so that the next claim overlaps the writing of the outcome;
+ * but while more outcomes wait to be written than there are slots, nothing is claimed (a stalled
+ * write connection must not let a worker hoard leases). */
 int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint);
+
+/* How many jobs beyond its concurrency a queue may claim ahead, so that the next batch is already here
+ * when handlers free their slots: as many as `concurrency` handlers taking handler_ns each get through
+ * in PGJOBQ__PREFETCH_WAIT_NS (so no job waits much longer than that for a handler), at most
+ * batch_max, at most PGJOBQ__PREFETCH_BYTES of payload at payload_bytes (the average) a job, and none
+ * until the handlers' speed is known (handled == 0).  Fast handlers thus claim in
+ * large batches whatever their concurrency (fewer claims: less contention between claimers and less
+ * work per job); slow handlers get none: a claim round trip is nothing beside them, and jobs held
+ * ahead would wait while other workers could run them. */
+int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int batch_max, int64_t payload_bytes);
 
 /* When a queue that is not ready to claim now should be looked at again (INT64_MAX: only when a
  * handler finishes or a notification arrives). */
@@ -169,11 +189,12 @@ struct pgjobq_ctx {
     struct pgjobq__queue *q;
     _Atomic int stop;            /* a pgjobq_stop_reason */
     int64_t started_ms;
-    int64_t timeout_at_ms;
+    _Atomic int64_t timeout_at_ms; /* INT64_MAX until the handler starts: the timeout counts from there */
     /* Engine only. */
     int64_t lease_valid_until_ms;
     size_t run_index;            /* position in the worker's running set */
     int ended;                   /* the database already ended the job (cancelled) or we lost it */
+    int unwritten;               /* its outcome waits to be written (counted in q->claim.unwritten) */
     /* Set by the handler. */
     pgjobq_outcome outcome;
     char *result;
@@ -195,8 +216,12 @@ typedef struct pgjobq__queue {
     int exit_threads;
     pthread_t *threads;
     int nthreads;
-    /* Moving average of handler run time, ns: fast handlers share a batch among few threads. */
+    int64_t timeout_ms;
+    /* Moving average of handler run time, ns: fast handlers share a batch among few threads, and
+     * get jobs claimed ahead (pgjobq__prefetch). */
     _Atomic int64_t handler_ns;
+    _Atomic int64_t handled;
+    int64_t payload_bytes; /* engine only: moving average of claimed payload sizes */
     /* Engine only: the claim policy's view, and the key to start the next claim after. */
     pgjobq__claim_view claim;
     int next_due_wanted;    /* a claim from the head found nothing: ask when the next job is due */
@@ -211,6 +236,8 @@ int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err
 void pgjobq__pool_stop(pgjobq__queue *queues, int nqueues);
 /* Appends a chain of jobs to a queue's list and wakes one thread. */
 void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last);
+/* Takes the jobs waiting on a queue's list (not started), as a chain; NULL when none. */
+pgjobq_ctx *pgjobq__pool_take_waiting(pgjobq__queue *q);
 /* Whether any queue has jobs waiting on its list; if so, wakes one more thread for each such queue
  * (so that a slow job cannot hold back the fast ones behind it). */
 int pgjobq__pool_help(pgjobq__queue *queues, int nqueues);

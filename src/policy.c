@@ -17,16 +17,30 @@ int64_t pgjobq__mono_ms(void)
 
 static int batch_of(const pgjobq__claim_view *v)
 {
-    return v->concurrency < v->batch_max ? v->concurrency : v->batch_max;
+    int slots = v->concurrency + v->prefetch;
+    return slots < v->batch_max ? slots : v->batch_max;
+}
+
+int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int batch_max, int64_t payload_bytes)
+{
+    int64_t n, by_bytes;
+
+    if (handled <= 0 || handler_ns >= PGJOBQ__PREFETCH_WAIT_NS)
+        return 0;
+    n = handler_ns <= 0 ? batch_max : PGJOBQ__PREFETCH_WAIT_NS / handler_ns * concurrency;
+    by_bytes = PGJOBQ__PREFETCH_BYTES / (payload_bytes > 0 ? payload_bytes : 1);
+    if (by_bytes < n)
+        n = by_bytes;
+    return n < batch_max ? (int)n : batch_max;
 }
 
 int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint)
 {
-    int free_slots = v->concurrency - v->running, ready;
+    int free_slots = v->concurrency + v->prefetch - v->running, ready;
 
     if (from_hint)
         *from_hint = 0;
-    if (free_slots <= 0)
+    if (free_slots <= 0 || v->unwritten > v->concurrency + v->prefetch)
         return 0;
     ready = v->woken || now_ms >= v->next_poll_ms ||
             (v->last_full && (free_slots >= (batch_of(v) + 1) / 2 || v->running == 0));
@@ -43,7 +57,7 @@ int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
 {
     /* Full: a finishing handler wakes the engine.  Under a backlog, so does a finishing handler (the
      * half-batch rule), and the poll would only fragment claims. */
-    if (v->running >= v->concurrency || v->last_full)
+    if (v->running >= v->concurrency + v->prefetch || v->last_full)
         return INT64_MAX;
     return v->next_poll_ms;
 }

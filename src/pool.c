@@ -57,20 +57,21 @@ void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms)
 
 int pgjobq_ctx_should_stop(const pgjobq_ctx *ctx)
 {
-    return atomic_load(&((pgjobq_ctx *)ctx)->stop) != PGJOBQ_STOP_NONE || pgjobq__mono_ms() >= ctx->timeout_at_ms;
+    return atomic_load(&((pgjobq_ctx *)ctx)->stop) != PGJOBQ_STOP_NONE ||
+           pgjobq__mono_ms() >= atomic_load(&((pgjobq_ctx *)ctx)->timeout_at_ms);
 }
 
 pgjobq_stop_reason pgjobq_ctx_stop_reason(const pgjobq_ctx *ctx)
 {
     int s = atomic_load(&((pgjobq_ctx *)ctx)->stop);
-    if (s == PGJOBQ_STOP_NONE && pgjobq__mono_ms() >= ctx->timeout_at_ms)
+    if (s == PGJOBQ_STOP_NONE && pgjobq__mono_ms() >= atomic_load(&((pgjobq_ctx *)ctx)->timeout_at_ms))
         return PGJOBQ_STOP_TIMEOUT;
     return (pgjobq_stop_reason)s;
 }
 
 int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx)
 {
-    int64_t left = ctx->timeout_at_ms - pgjobq__mono_ms();
+    int64_t left = atomic_load(&((pgjobq_ctx *)ctx)->timeout_at_ms) - pgjobq__mono_ms();
     return left > 0 ? left : 0;
 }
 
@@ -123,11 +124,13 @@ static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         ctx->started_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
+        atomic_store(&ctx->timeout_at_ms, ctx->started_ms + q->timeout_ms);
         ctx->outcome = h->fn(ctx, h->arg);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
         int64_t avg = atomic_load(&q->handler_ns);
-        atomic_store(&q->handler_ns, avg + (ns - avg) / 8); /* racy updates only blur the average */
+        /* The first measurement replaces the guess; then a moving average (racy updates only blur it). */
+        atomic_store(&q->handler_ns, atomic_fetch_add(&q->handled, 1) == 0 ? ns : avg + (ns - avg) / 8);
     }
     pgjobq__worker_done(q->w, ctx);
 }
@@ -206,6 +209,16 @@ void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last
     q->tail = last;
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
+}
+
+pgjobq_ctx *pgjobq__pool_take_waiting(pgjobq__queue *q)
+{
+    pgjobq_ctx *list;
+    pthread_mutex_lock(&q->mu);
+    list = q->head;
+    q->head = q->tail = NULL;
+    pthread_mutex_unlock(&q->mu);
+    return list;
 }
 
 int pgjobq__pool_help(pgjobq__queue *queues, int nqueues)

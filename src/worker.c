@@ -249,7 +249,7 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
     if (w->o.shutdown_timeout_ms == 0)
         w->o.shutdown_timeout_ms = 30000;
     if (w->o.batch_max == 0)
-        w->o.batch_max = 100;
+        w->o.batch_max = 1000;
     if (w->o.retain_completed_ms == 0)
         w->o.retain_completed_ms = INT64_C(24) * 3600 * 1000;
     if (w->o.retain_failed_ms == 0)
@@ -398,6 +398,8 @@ static int running_add(pgjobq_worker *w, pgjobq_ctx *ctx)
 static void running_drop(pgjobq_worker *w, pgjobq_ctx *ctx)
 {
     size_t i = ctx->run_index;
+    if (ctx->unwritten)
+        ctx->q->claim.unwritten--;
     if (i < w->nrunning && w->running[i] == ctx) {
         w->running[i] = w->running[--w->nrunning];
         w->running[i]->run_index = i;
@@ -459,6 +461,10 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         running_drop(w, ctx);
         return;
     }
+    if (!ctx->unwritten) {
+        ctx->unwritten = 1;
+        ctx->q->claim.unwritten++;
+    }
     if (w->first_pending_ms == 0)
         w->first_pending_ms = now;
 }
@@ -490,9 +496,25 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
     /* Stopping: claim nothing more; after the shutdown timeout (or at once on a second stop), ask the
      * remaining handlers to stop, and hand their jobs back. */
     if (requests > 0 && !w->stopping) {
+        size_t waiting = 0;
         w->stopping = 1;
         w->shutdown_at_ms = w->o.shutdown_timeout_ms < 0 ? INT64_MAX : now + w->o.shutdown_timeout_ms;
-        wlog(w, PGJOBQ_LOG_INFO, "stopping: %zu jobs still running", w->nrunning);
+        /* Jobs claimed ahead that no handler has started go back at once: another worker can run them. */
+        for (int i = 0; i < w->nqueues; i++) {
+            pgjobq_ctx *ctx = pgjobq__pool_take_waiting(&w->queues[i]);
+            while (ctx) {
+                pgjobq_ctx *next = ctx->next;
+                ctx->next = NULL;
+                ctx->q->claim.running--;
+                pgjobq__ctx_stop(ctx, PGJOBQ_STOP_SHUTDOWN);
+                ctx->outcome = PGJOBQ_OUTCOME_RETRY;
+                pend(w, ctx, now);
+                waiting++;
+                ctx = next;
+            }
+        }
+        wlog(w, PGJOBQ_LOG_INFO, "stopping: %zu jobs still running, %zu not started handed back", w->nrunning - waiting,
+             waiting);
     }
     if (w->stopping && (requests > 1 || now >= w->shutdown_at_ms)) {
         for (size_t i = 0; i < w->nrunning; i++)
@@ -838,7 +860,9 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
             continue;
         }
         ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
-        ctx->timeout_at_ms = rq->sent_ms + w->o.timeout_ms;
+        atomic_store(&ctx->timeout_at_ms, INT64_MAX); /* set when its handler starts */
+        int64_t plen = (int64_t)strlen(ctx->job.payload ? ctx->job.payload : "");
+        q->payload_bytes = q->payload_bytes == 0 ? plen + 1 : q->payload_bytes + (plen - q->payload_bytes) / 16;
         /* The largest key claimed: the next claim may start after it. */
         if (row == 0 || ctx->job.priority > q->hint_priority ||
             (ctx->job.priority == q->hint_priority &&
@@ -877,12 +901,17 @@ static void next_due_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t no
 {
     pgjobq__queue *q = &w->queues[rq->queue];
 
-    /* Nothing due: sleep until the next scheduled job, if it comes before the next poll. */
+    /* The claim from the head found nothing: sleep until the next scheduled job, if it comes before the
+     * next poll.  A job already due that the claim did not get is held by another claimer (or a
+     * transaction): claiming again at once would only spin (40 idle workers did, starving everything
+     * else), so the poll and notifications cover it. */
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0)) {
         double secs = atof(PQgetvalue(r, 0, 0));
-        int64_t at = now + (secs < 0 ? 0 : (int64_t)(secs * 1000.0)) + 1;
-        if (at < q->claim.next_poll_ms)
-            q->claim.next_poll_ms = at;
+        if (secs > 0) {
+            int64_t at = now + (int64_t)(secs * 1000.0) + 1;
+            if (at < q->claim.next_poll_ms)
+                q->claim.next_poll_ms = at;
+        }
     }
 }
 
@@ -939,6 +968,8 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
     for (int k = 0; k < w->nqueues; k++) {
         int qi = (w->claim_rr + k) % w->nqueues, from_hint;
         pgjobq__queue *q = &w->queues[qi];
+        q->claim.prefetch = pgjobq__prefetch(atomic_load(&q->handler_ns), atomic_load(&q->handled), q->concurrency,
+                                             w->o.batch_max, q->payload_bytes);
         if (q->next_due_wanted) {
             const char *values[1] = {q->name};
             q->next_due_wanted = 0;
@@ -1009,7 +1040,7 @@ static void phase_deadlines(pgjobq_worker *w, int64_t now)
         pgjobq_ctx *ctx = w->running[i];
         if (ctx->ended)
             continue;
-        if (now >= ctx->timeout_at_ms)
+        if (now >= atomic_load(&ctx->timeout_at_ms))
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_TIMEOUT);
         if (now >= ctx->lease_valid_until_ms - margin) {
             ctx->ended = 1;
@@ -1131,7 +1162,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     for (size_t i = 0; i < w->nrunning; i++) {
         if (w->running[i]->ended)
             continue;
-        SOONER(w->running[i]->timeout_at_ms);
+        SOONER(atomic_load(&w->running[i]->timeout_at_ms));
         SOONER(w->running[i]->lease_valid_until_ms - pgjobq__lease_margin(w->o.lease_ms));
     }
     for (int c = 0; c < NCONN; c++)
@@ -1301,6 +1332,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
         pthread_cond_init(&q->cv, NULL);
         q->claim.concurrency = q->concurrency;
         q->claim.batch_max = w->o.batch_max;
+        q->timeout_ms = w->o.timeout_ms;
     }
     init_connections(w);
     if ((rc = pgjobq__pool_start(w->queues, w->nqueues, err, sizeof err)) != PGJOBQ_OK) {

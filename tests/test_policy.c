@@ -139,3 +139,59 @@ TEST(policy_lease_margin_is_a_tenth_of_the_lease_at_most_five_seconds)
     CHECK_INT(pgjobq__lease_margin(60000), 5000);
     CHECK_INT(pgjobq__lease_margin(3600000), 5000);
 }
+
+TEST(policy_prefetch_holds_a_bounded_wait_ahead_and_none_for_slow_or_unknown_handlers)
+{
+    /* Unknown speed (nothing handled yet): nothing ahead. */
+    CHECK_INT(pgjobq__prefetch(1000, 0, 32, 100, 20), 0);
+    /* Fast handlers (5 us): a whole batch ahead, whatever the concurrency. */
+    CHECK_INT(pgjobq__prefetch(5000, 10, 8, 100, 20), 100);
+    CHECK_INT(pgjobq__prefetch(5000, 10, 500, 100, 20), 100);
+    /* 1 ms per job on 8 threads: 160 would take 20 ms; capped at the batch.  10 ms on 2 threads: the
+     * 4 jobs 2 threads run in 20 ms. */
+    CHECK_INT(pgjobq__prefetch(1000000, 10, 8, 100, 20), 100);
+    CHECK_INT(pgjobq__prefetch(10000000, 10, 2, 100, 20), 4);
+    /* Slower than the whole budget: none. */
+    CHECK_INT(pgjobq__prefetch(PGJOBQ__PREFETCH_WAIT_NS, 10, 1024, 100, 20), 0);
+    CHECK_INT(pgjobq__prefetch(INT64_C(5000000000), 10, 1024, 100, 20), 0);
+    /* Large payloads: at most 8 MiB held ahead (1 MiB payloads: 8 jobs). */
+    CHECK_INT(pgjobq__prefetch(5000, 10, 8, 100, 1 << 20), 8);
+    CHECK_INT(pgjobq__prefetch(5000, 10, 8, 100, 16 << 20), 0);
+}
+
+TEST(policy_claim_counts_prefetched_jobs_against_concurrency_plus_prefetch)
+{
+    pgjobq__claim_view v = view(32, 32);
+
+    v.woken = 1;
+    /* Every handler busy and nothing ahead allowed: no claim. */
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    /* Fast handlers: the next batch may be claimed while these run. */
+    v.prefetch = 32;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 32);
+    v.running = 64;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), INT64_MAX);
+    /* Under a backlog the half-batch rule counts the prefetch: half of 64. */
+    v.woken = 0;
+    v.last_full = 1;
+    v.running = 33;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0); /* 31 free of 64: less than half */
+    v.running = 32;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 32);
+}
+
+TEST(policy_claim_stops_while_outcomes_pile_up_unwritten)
+{
+    pgjobq__claim_view v = view(32, 0);
+
+    v.woken = 1;
+    /* A batch being written does not hold the next claim back... */
+    v.unwritten = 32;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 32);
+    /* ...but more unwritten outcomes than slots (a stalled write connection) stop the claims. */
+    v.unwritten = 33;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 0);
+    v.prefetch = 32;
+    CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 64);
+}
