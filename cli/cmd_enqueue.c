@@ -102,11 +102,12 @@ static void batch_clear(batch *b)
 
 static int send_batch(pgjobq_client *c, batch *b, int quiet, long *done, long *dups)
 {
-    int64_t *ids = malloc(b->n * sizeof *ids);
+    /* Quiet: no ids wanted, which spares the library reserving them. */
+    int64_t *ids = quiet ? NULL : malloc(b->n * sizeof *ids);
     unsigned char *dup = malloc(b->n);
     int rc;
 
-    if (ids == NULL || dup == NULL) {
+    if ((ids == NULL && !quiet) || dup == NULL) {
         free(ids);
         free(dup);
         return PGJOBQ_ENOMEM;

@@ -133,6 +133,22 @@ CREATE INDEX jobs_running_idx ON pgjobq.jobs (queue) WHERE state = 'running';
 ALTER TABLE pgjobq.jobs SET (fillfactor = 90);
 
 -- ------------------------------------------------------------------------------------------------
+-- Enqueue in bulk
+
+-- reserve_ids(n): n new job ids from the jobs' sequence, for a producer that writes a batch of jobs
+-- with COPY (pgjobq_enqueue_batch), so that every id still comes from the sequence and the caller
+-- learns the ids of its jobs.  Ids reserved by a batch that then fails are simply never used.
+CREATE FUNCTION pgjobq.reserve_ids(n integer) RETURNS bigint[]
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- The sequence is looked up once (a materialized CTE: a subquery is flattened, and then
+    -- pg_get_serial_sequence() ran for every id, 2.3 us of the 2.8 us an id took).
+    WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass AS seq)
+    SELECT ARRAY(SELECT nextval(s.seq) FROM s, generate_series(1, least(greatest($1, 0), 1000000)))
+$$;
+
+-- ------------------------------------------------------------------------------------------------
 -- Claim
 
 -- claim_batch: the claim the worker runs.  Takes up to max_jobs due jobs of one queue, in (priority,

@@ -27,8 +27,14 @@ GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin;
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text),
-    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[])
+    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[]),
+    pgjobq.reserve_ids(integer),
+    pgjobq.notify(text[])
 TO pgjobq_producer;
+-- (pgjobq_producer is not granted INSERT on pgjobq.jobs: with it, the library would enqueue large
+-- batches with COPY, but a producer could also choose ids the sequence has not issued yet and make
+-- later enqueues fail.  Grant INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON
+-- pgjobq.jobs to a producer you trust with that; pgjobq_enqueue_batch uses COPY when it may.)
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),

@@ -1,9 +1,16 @@
 /*
- * enqueue.c - inserting jobs: one, or a batch in one statement through pgjobq.enqueue_many().
+ * enqueue.c - inserting jobs: one, or a batch in one statement through pgjobq.enqueue_many(), or a
+ * large batch with COPY.
  *
  * Every job is checked here first, so that a bad one is reported by its index with a precise reason
  * and nothing is sent; the database's CHECK constraints then hold the same rules for anyone who
  * bypasses the library.
+ *
+ * COPY writes a batch about 2.5 times as fast as an INSERT from arrays (the server inserts its rows a
+ * page at a time), but it cannot skip rows whose unique key is held (ON CONFLICT), compute
+ * now() + delay, or take the column default for some rows and a value for others; batches that need
+ * any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
+ * (pgjobq.reserve_ids), and the batch is one transaction with its notifications.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +218,261 @@ out:
     return rc;
 }
 
+/* Batches of at least this many jobs go through COPY when they can: below it, the extra round trips
+ * (ids, COPY, notify) cost more than the INSERT they save. */
+#define COPY_MIN_JOBS 500
+
+/* Whether this client's role may write jobs with COPY (INSERT on the columns COPY writes); asked once
+ * per client, so that a batch never fails on a privilege (which would abort a caller's transaction). */
+static int copy_allowed(pgjobq_client *c)
+{
+    static const pgjobq__stmt st = {
+        "check privileges",
+        "SELECT pg_catalog.bool_and(pg_catalog.has_column_privilege('pgjobq.jobs', a, 'INSERT'))"
+        " FROM pg_catalog.unnest(ARRAY['id', 'queue', 'kind', 'payload', 'priority', 'run_at', 'max_attempts']) a",
+        0, NULL, NULL, NULL, NULL, 0};
+    PGresult *r;
+
+    if (c->copy_state == 0 && pgjobq__exec(c, &st, &r) == PGJOBQ_OK) {
+        c->copy_state = strcmp(PQgetvalue(r, 0, 0), "t") == 0 ? 1 : -1;
+        PQclear(r);
+    }
+    pgjobq__clearerr(c);
+    return c->copy_state == 1;
+}
+
+/* Whether a batch can be written with COPY: no unique key, no delay, run_at on every job or none. */
+static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
+{
+    size_t with_run_at = 0;
+    if (n < COPY_MIN_JOBS || n > 1000000) /* reserve_ids hands out at most 1,000,000 at once */
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (jobs[i].opts.unique_key || jobs[i].opts.delay_ms != 0)
+            return 0;
+        with_run_at += jobs[i].opts.run_at != NULL;
+    }
+    return with_run_at == 0 || with_run_at == n;
+}
+
+/* Appends s[0..len) to b in COPY's text format (backslash, tab, newline and carriage return escaped). */
+static void copy_text(pgjobq__buf *b, const char *s, size_t len)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < len; i++) {
+        const char *esc = s[i] == '\\' ? "\\\\" : s[i] == '\t' ? "\\t" : s[i] == '\n' ? "\\n" : s[i] == '\r' ? "\\r" : NULL;
+        if (esc == NULL)
+            continue;
+        pgjobq__buf_put(b, s + start, i - start);
+        pgjobq__buf_put(b, esc, 2);
+        start = i + 1;
+    }
+    pgjobq__buf_put(b, s + start, len - start);
+}
+
+/* Appends v in decimal (snprintf was a fifth of the client's time in a COPY). */
+static void copy_int(pgjobq__buf *b, int64_t v)
+{
+    char digits[24];
+    int n = 0;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+
+    do
+        digits[sizeof digits - 1 - n++] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        digits[sizeof digits - 1 - n++] = '-';
+    pgjobq__buf_put(b, digits + sizeof digits - n, (size_t)n);
+}
+
+/* Sends what the buffer holds as COPY data and empties it; -1 when the connection fails. */
+static int copy_flush(pgjobq_client *c, pgjobq__buf *b)
+{
+    int ok = b->len == 0 || PQputCopyData(c->conn, b->data, (int)b->len) == 1;
+    b->len = 0;
+    return ok ? 0 : -1;
+}
+
+/* Runs one simple command (BEGIN, COMMIT, ROLLBACK) on the client's connection. */
+static int simple_command(pgjobq_client *c, const char *sql)
+{
+    PGresult *r = PQexec(c->conn, sql);
+    int rc = PGJOBQ_OK;
+
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        const char *m = PQerrorMessage(c->conn);
+        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s: %.*s", sql,
+                            (int)strcspn(m, "\n"), m);
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* Reserves n ids from the sequence into ids[0..n). */
+static int reserve_ids(pgjobq_client *c, size_t n, int64_t *ids)
+{
+    static const Oid types[] = {OID_INT4};
+    char n_s[24];
+    const char *values[1] = {n_s};
+    PGresult *r;
+    int rc;
+
+    snprintf(n_s, sizeof n_s, "%zu", n);
+    pgjobq__stmt st = {"enqueue: reserve ids", "SELECT pgjobq.reserve_ids($1)", 1, types, values, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    /* A one-dimensional int8 array: ndim, has-null, element type, dimension, lower bound, elements. */
+    const char *p = PQgetvalue(r, 0, 0);
+    size_t len = (size_t)PQgetlength(r, 0, 0);
+    if (len < 20 || pgjobq__get_be32(p) != 1 || (size_t)pgjobq__get_be32(p + 12) != n || len != 20 + n * 12) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: the database reserved an unexpected set of ids");
+    }
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (int64_t)pgjobq__get_be64(p + 20 + i * 12 + 4);
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+/* COPY's error context says "line N": the job at index N - 1. */
+static int copy_error(pgjobq_client *c, PGresult *r)
+{
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    const char *context = PQresultErrorField(r, PG_DIAG_CONTEXT);
+    const char *line = context ? strstr(context, "line ") : NULL;
+    int code = pgjobq__code_from_sqlstate(state);
+
+    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+    if (line)
+        return pgjobq__seterr(c, code, "enqueue: job %ld: %s (SQLSTATE %s); nothing was enqueued",
+                              strtol(line + 5, NULL, 10) - 1, primary ? primary : "error", state ? state : "?");
+    return pgjobq__seterr(c, code, "enqueue: %s (SQLSTATE %s); nothing was enqueued", primary ? primary : "error",
+                          state ? state : "?");
+}
+
+/* Writes the batch with COPY.  The jobs have been checked. */
+static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out)
+{
+    static const Oid text_array[] = {OID_TEXT_ARRAY};
+    int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
+    int with_run_at = jobs[0].opts.run_at != NULL, rc;
+    /* Without ids_out the identity column numbers the rows itself. */
+    int64_t *ids = ids_out;
+    pgjobq__buf data = {0};
+    pgjobq__array queues;
+    const char **distinct = malloc(n * sizeof *distinct); /* the queues seen so far */
+    size_t ndistinct = 0;
+    PGresult *r = NULL;
+
+    static const char *const copy_sql[2][2] = {
+        {"COPY pgjobq.jobs (queue, kind, payload, priority, max_attempts) FROM STDIN",
+         "COPY pgjobq.jobs (queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"},
+        {"COPY pgjobq.jobs (id, queue, kind, payload, priority, max_attempts) FROM STDIN",
+         "COPY pgjobq.jobs (id, queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"}};
+
+    memset(&queues, 0, sizeof queues);
+    if (distinct == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    if (own_tx && (rc = simple_command(c, "BEGIN")) != PGJOBQ_OK)
+        goto out;
+    if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
+        goto out;
+
+    r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
+    if (PQresultStatus(r) != PGRES_COPY_IN) {
+        rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
+                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+        goto out;
+    }
+    PQclear(r);
+    r = NULL;
+
+    /* The rows, sent 64 KiB at a time while the next are built (the server parses as the client
+     * writes), and the distinct queues to notify. */
+    pgjobq__array_begin(&queues, OID_TEXT);
+    for (size_t i = 0; i < n; i++) {
+        const pgjobq_job_spec *j = &jobs[i];
+        const char *queue = j->opts.queue ? j->opts.queue : "default", *kind = j->opts.kind ? j->opts.kind : "default";
+        const char *payload = j->payload ? j->payload : "{}";
+        int seen = 0;
+        for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
+            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
+        if (!seen) {
+            distinct[ndistinct++] = queue;
+            pgjobq__array_text(&queues, queue, strlen(queue));
+        }
+        if (ids) {
+            copy_int(&data, ids[i]);
+            pgjobq__buf_put(&data, "\t", 1);
+        }
+        pgjobq__buf_put(&data, queue, strlen(queue)); /* names need no escaping */
+        pgjobq__buf_put(&data, "\t", 1);
+        pgjobq__buf_put(&data, kind, strlen(kind));
+        pgjobq__buf_put(&data, "\t", 1);
+        copy_text(&data, payload, strlen(payload));
+        pgjobq__buf_put(&data, "\t", 1);
+        copy_int(&data, j->opts.priority);
+        pgjobq__buf_put(&data, "\t", 1);
+        copy_int(&data, j->opts.max_attempts ? j->opts.max_attempts : PGJOBQ_DEFAULT_MAX_ATTEMPTS);
+        if (with_run_at) {
+            pgjobq__buf_put(&data, "\t", 1);
+            copy_text(&data, j->opts.run_at, strlen(j->opts.run_at));
+        }
+        pgjobq__buf_put(&data, "\n", 1);
+        if (data.oom)
+            break;
+        if (data.len >= 65536 && copy_flush(c, &data) != 0)
+            break;
+    }
+    if (data.oom || pgjobq__array_end(&queues) != 0) {
+        /* Abandon the COPY: nothing of it is written. */
+        PQputCopyEnd(c->conn, "out of memory");
+        while ((r = PQgetResult(c->conn)) != NULL)
+            PQclear(r);
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory building the batch");
+        goto out;
+    }
+    if (copy_flush(c, &data) != 0 || PQputCopyEnd(c->conn, NULL) != 1) {
+        rc = pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+        goto out;
+    }
+    r = PQgetResult(c->conn);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
+                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+        goto out;
+    }
+    PQclear(r);
+    while ((r = PQgetResult(c->conn)) != NULL) /* the end of the COPY command */
+        PQclear(r);
+
+    /* One notification per queue, delivered when the transaction commits. */
+    const char *values[1] = {queues.buf.data};
+    int lengths[1] = {(int)queues.buf.len}, formats[1] = {1};
+    pgjobq__stmt st = {"enqueue: notify", "SELECT pgjobq.notify($1)", 1, text_array, values, lengths, formats, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        goto out;
+    PQclear(r);
+    r = NULL;
+    if (own_tx && (rc = simple_command(c, "COMMIT")) != PGJOBQ_OK)
+        goto out;
+out:
+    PQclear(r);
+    if (rc != PGJOBQ_OK && own_tx && PQstatus(c->conn) == CONNECTION_OK &&
+        PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+        char keep[sizeof c->errmsg];
+        memcpy(keep, c->errmsg, sizeof keep); /* the rollback's own outcome does not matter */
+        PGresult *rb = PQexec(c->conn, "ROLLBACK");
+        PQclear(rb);
+        memcpy(c->errmsg, keep, sizeof keep);
+    }
+    pgjobq__buf_free(&data);
+    pgjobq__buf_free(&queues.buf);
+    free(distinct);
+    return rc;
+}
+
 int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                          unsigned char *dup_out)
 {
@@ -232,6 +494,11 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
         snprintf(label, sizeof label, "job %zu", i);
         if ((rc = check_spec(c, label, &jobs[i])) != PGJOBQ_OK)
             return rc;
+    }
+    if (copy_fits(jobs, n) && copy_allowed(c)) {
+        if (dup_out)
+            memset(dup_out, 0, n); /* no unique keys: nothing can be a duplicate */
+        return copy_batch(c, jobs, n, ids_out);
     }
     return insert_batch(c, jobs, n, ids_out, dup_out, &any_dup);
 }

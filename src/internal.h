@@ -47,6 +47,7 @@ struct pgjobq_client {
     char sqlstate[6];
     char errmsg[1024];
     unsigned conflict_retries; /* statements re-run after 40001/40P01, for tests and stats */
+    int copy_state;            /* may this role COPY into pgjobq.jobs: 0 not asked yet, 1 yes, -1 no */
 };
 
 /* One statement to run, with its parameters (all parameter arrays have nparams entries). */
@@ -108,6 +109,9 @@ void pgjobq__array_jsonb(pgjobq__array *a, const char *s, size_t n);
 void pgjobq__array_interval_us(pgjobq__array *a, int64_t us);
 int pgjobq__array_end(pgjobq__array *a); /* 0, or -1 on OOM */
 
+/* Big-endian integers at p (the binary wire format). */
+uint32_t pgjobq__get_be32(const char *p);
+uint64_t pgjobq__get_be64(const char *p);
 int64_t pgjobq__get_int8(const PGresult *r, int row, int col);
 int32_t pgjobq__get_int4(const PGresult *r, int row, int col);
 int16_t pgjobq__get_int2(const PGresult *r, int row, int col);

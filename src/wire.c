@@ -158,6 +158,17 @@ int pgjobq__array_end(pgjobq__array *a)
     return a->buf.oom ? -1 : 0;
 }
 
+uint32_t pgjobq__get_be32(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | (uint32_t)u[3];
+}
+
+uint64_t pgjobq__get_be64(const char *p)
+{
+    return (uint64_t)pgjobq__get_be32(p) << 32 | pgjobq__get_be32(p + 4);
+}
+
 static uint32_t read_u32(const char *p)
 {
     uint32_t v;

@@ -404,3 +404,136 @@ TEST(enqueue_connection_loss_is_its_own_error)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* Large batches go through COPY (src/enqueue.c): the same jobs, the same ids, the same all-or-none. */
+TEST(enqueue_batch_with_copy_keeps_every_field_and_returns_the_ids)
+{
+    enum { N = 3000 };
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    char (*payloads)[128] = calloc(N, sizeof *payloads);
+    int64_t *ids = calloc(N, sizeof *ids);
+    unsigned char *dups = calloc(N, 1);
+
+    CHECK(specs && payloads && ids && dups);
+    for (int i = 0; i < N; i++) {
+        /* Characters COPY's text format must escape, and some it need not. */
+        snprintf(payloads[i], sizeof payloads[i], "{\"n\": %d, \"s\": \"tab\\t nl\\n bs\\\\ q\\\" \\u00e9 é\"}\t\n", i);
+        specs[i].payload = payloads[i];
+        specs[i].opts.queue = i % 2 ? "odd" : "even";
+        specs[i].opts.kind = i % 3 ? NULL : "third";
+        specs[i].opts.priority = i % 7 - 3;
+        specs[i].opts.max_attempts = i % 5;
+    }
+    memset(dups, 7, N);
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), N);
+    for (int i = 0; i < N; i++)
+        CHECK_INT(dups[i], 0);
+    /* Each id is the job built from the same index, with every field as given. */
+    PQclear(t_exec(pg, "CREATE TEMP TABLE given (i int, id bigint)"));
+    char *array = malloc(N * 24 + 4);
+    CHECK(array != NULL);
+    size_t len = (size_t)sprintf(array, "{");
+    for (int i = 0; i < N; i++)
+        len += (size_t)sprintf(array + len, "%s%lld", i ? "," : "", (long long)ids[i]);
+    sprintf(array + len, "}");
+    const char *values[1] = {array};
+    PGresult *r = PQexecParams(pg, "INSERT INTO given SELECT u.i - 1, u.id FROM unnest($1::bigint[])"
+                                   " WITH ORDINALITY AS u(id, i)", 1, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_COMMAND_OK, "%s", PQerrorMessage(pg));
+    PQclear(r);
+    free(array);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM given g JOIN pgjobq.jobs j ON j.id = g.id"
+                        " WHERE (j.payload->>'n')::int = g.i"
+                        "   AND j.payload->>'s' = E'tab\\t nl\\n bs\\\\ q\" \\u00e9 \\u00e9'"
+                        "   AND j.queue = CASE WHEN g.i %% 2 = 1 THEN 'odd' ELSE 'even' END"
+                        "   AND j.kind = CASE WHEN g.i %% 3 = 0 THEN 'third' ELSE 'default' END"
+                        "   AND j.priority = g.i %% 7 - 3"
+                        "   AND j.max_attempts = CASE WHEN g.i %% 5 = 0 THEN 25 ELSE g.i %% 5 END"
+                        "   AND j.state = 'queued' AND j.attempt = 0 AND j.run_at <= now()"),
+              N);
+    /* With run_at on every job, and without ids wanted. */
+    for (int i = 0; i < N; i++)
+        specs[i].opts.run_at = "2031-05-04 03:02:01+00";
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE run_at = '2031-05-04 03:02:01+00'"), N);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.jobs"), 2 * N);
+    free(dups);
+    free(ids);
+    free(payloads);
+    free(specs);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_batch_with_copy_is_all_or_none_and_names_the_bad_job)
+{
+    enum { N = 1000 };
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    int64_t *ids = calloc(N, sizeof *ids);
+
+    CHECK(specs && ids);
+    for (int i = 0; i < N; i++)
+        specs[i].opts.run_at = "2030-01-01 00:00:00+00";
+    /* Only the server can tell that this is not a time. */
+    specs[700].opts.run_at = "soonish";
+    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, ids, NULL), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "job 700") != NULL, "message: %s", pgjobq_errmsg(c));
+    CHECK_INT(count_jobs(pg), 0);
+    /* The client is usable afterwards (its transaction was rolled back). */
+    specs[700].opts.run_at = "2030-01-01 00:00:00+00";
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, NULL));
+    CHECK_INT(count_jobs(pg), N);
+    /* A batch that needs what COPY cannot do (a unique key) takes the other path, same answers. */
+    specs[3].opts.unique_key = "only-one";
+    specs[4].opts.unique_key = "only-one";
+    unsigned char *dups = calloc(N, 1);
+    CHECK(dups != NULL);
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_INT(dups[3], 0);
+    CHECK_INT(dups[4], 1);
+    CHECK_INT(ids[4], ids[3]);
+    CHECK_INT(count_jobs(pg), 2 * N - 1);
+    free(dups);
+    free(ids);
+    free(specs);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(enqueue_batch_with_copy_joins_the_callers_transaction_and_notifies_at_commit)
+{
+    enum { N = 800 };
+    PGconn *app = t_pg(), *other = t_pg(), *listener = t_pg();
+    pgjobq_client *c = NULL;
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    char queues[8][32];
+
+    CHECK(specs != NULL);
+    for (int i = 0; i < N; i++)
+        specs[i].opts.queue = "bulk";
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    CHECK_OK(c, pgjobq_client_wrap(&c, app));
+    PQclear(t_exec(app, "BEGIN"));
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_INT(PQtransactionStatus(app), PQTRANS_INTRANS);
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    PQclear(t_exec(app, "ROLLBACK"));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(notifications(listener, 200, queues, 8), 0);
+    PQclear(t_exec(app, "BEGIN"));
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    PQclear(t_exec(app, "COMMIT"));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bulk'"), N);
+    CHECK_INT(notifications(listener, 2000, queues, 8), 1);
+    CHECK_STR(queues[0], "bulk");
+    pgjobq_client_close(c);
+    free(specs);
+    PQfinish(app);
+    PQfinish(other);
+    PQfinish(listener);
+}

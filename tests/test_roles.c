@@ -169,3 +169,62 @@ TEST_FULL(roles_migrations_run_as_a_non_superuser_owner, 60, TEST_DB_EMPTY)
               4);
     PQfinish(pg);
 }
+
+static long long fn_calls(PGconn *pg, const char *fn)
+{
+    return t_int(pg, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE schemaname = 'pgjobq'"
+                     " AND funcname = '%s'",
+                 fn);
+}
+
+typedef struct fn_wait {
+    PGconn *pg;
+    const char *fn;
+    long long at_least;
+} fn_wait;
+
+static int fn_called(void *arg)
+{
+    fn_wait *f = arg;
+    return fn_calls(f->pg, f->fn) >= f->at_least;
+}
+
+/* A producer without INSERT on the table enqueues large batches through pgjobq.enqueue_many(); one
+ * granted INSERT gets COPY.  Both get every job and its id. */
+TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
+{
+    enum { N = 600 };
+    PGconn *pg = t_pg();
+    pgjobq_job_spec *specs = calloc(N, sizeof *specs);
+    int64_t *ids = calloc(N, sizeof *ids);
+
+    CHECK(specs && ids);
+    roles_setup();
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'bulk') THEN"
+                       " CREATE ROLE bulk LOGIN; END IF; END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_producer TO bulk"));
+    PQclear(t_exec(pg, "GRANT INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON pgjobq.jobs TO bulk"));
+    PQclear(t_exec(pg, "ALTER DATABASE %s SET track_functions = 'all'", t_dbname()));
+    pgjobq_client *app = as_role("app"), *bulk = as_role("bulk");
+
+    CHECK_OK(app, pgjobq_enqueue_batch(app, specs, N, ids, NULL));
+    CHECK(ids[N - 1] > ids[0]);
+    pgjobq_client_close(app); /* its statistics reach the server when it leaves */
+    fn_wait w = {pg, "enqueue_many", 1};
+    CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer did not use pgjobq.enqueue_many()");
+    CHECK_INT(fn_calls(pg, "reserve_ids"), 0);
+
+    CHECK_OK(bulk, pgjobq_enqueue_batch(bulk, specs, N, ids, NULL));
+    CHECK(ids[N - 1] > ids[0]);
+    pgjobq_client_close(bulk);
+    w.fn = "reserve_ids";
+    CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer granted INSERT did not use COPY");
+    CHECK_INT(fn_calls(pg, "enqueue_many"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 2 * N);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.jobs"), 2 * N);
+    PQclear(t_exec(pg, "REVOKE INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON pgjobq.jobs"
+                       " FROM bulk"));
+    free(ids);
+    free(specs);
+    PQfinish(pg);
+}
