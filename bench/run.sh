@@ -1,23 +1,30 @@
 #!/bin/sh
-# bench/run.sh - the benchmark suite behind `make bench` (QUICK=1 for a short version).
+# bench/run.sh - the benchmark suite behind `make bench` (QUICK=1 for a short version, REPS=n).
 #
 # Starts its own throwaway PostgreSQL cluster with durable settings (fsync and synchronous_commit on),
-# runs every scenario REPS times through `pgjobq bench`, and writes medians to
-# bench/results/latest.json, a table to stdout, and PNG plots when gnuplot is available.
-# Every figure is also a ratio against another measured in the same run, because absolute times on a
-# shared machine drift.
+# and runs, REPS times over (interleaved, so that drift on a shared machine hits every scenario
+# alike):
+#
+#   ceilings  a minimal queue table (bench/ceiling/schema.sql) driven by pgbench: claim 100 + done at
+#             1, 2, 8 and 16 clients; 100-row INSERTs; COPY in batches of 10,000 rows.  Nothing of
+#             pgjobq is in them.
+#   T2        pgjobq's own claim and completion statements, through pgbench, at 8 clients.
+#   B1..B8    pgjobq itself, through `pgjobq bench` (cli/cmd_bench.c).
+#
+# It writes the medians to bench/results/latest.json, every run to bench/results/runs.jsonl, a table
+# with every target met or missed to stdout, and PNG plots when gnuplot is available.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
 pgjobq=${PGJOBQ:-$top/build/pgjobq}
 quick=${QUICK:-0}
-reps=${REPS:-3}
 if [ "$quick" = 1 ]; then
     reps=${REPS:-1}
     jobs=20000; noise=100000; mixed_s=10; latency_n=300; exec_jobs=1000
 else
-    jobs=100000; noise=1000000; mixed_s=60; latency_n=1000; exec_jobs=5000
+    reps=${REPS:-3}
+    jobs=100000; noise=1000000; mixed_s=30; latency_n=1000; exec_jobs=5000
 fi
 results="$here/results"
 mkdir -p "$results"
@@ -28,10 +35,10 @@ runs="$results/runs.jsonl"
 bindir=${PGJOBQ_PG_BINDIR:-}
 if [ -z "$bindir" ]; then
     for d in $(pg_config --bindir 2>/dev/null) $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-        if [ -x "$d/initdb" ]; then bindir=$d; break; fi
+        if [ -x "$d/initdb" ] && [ -x "$d/pgbench" ]; then bindir=$d; break; fi
     done
 fi
-[ -n "$bindir" ] || { echo "bench: PostgreSQL server programs not found (apt-get install postgresql)" >&2; exit 69; }
+[ -n "$bindir" ] || { echo "bench: PostgreSQL server programs and pgbench not found (apt-get install postgresql)" >&2; exit 69; }
 dir=$(mktemp -d /tmp/pgjobq-bench-XXXXXX)
 as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" = 0 ] && chown postgres "$dir"
@@ -44,7 +51,7 @@ as_owner "$bindir/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --locale=C
 cat >> "$dir/data/postgresql.conf" <<EOF
 listen_addresses = ''
 unix_socket_directories = '$dir'
-max_connections = 200
+max_connections = 300
 shared_buffers = 512MB
 max_wal_size = 8GB
 checkpoint_timeout = 30min
@@ -54,151 +61,219 @@ full_page_writes = on
 EOF
 as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 db="host=$dir user=postgres dbname=postgres"
+export PGHOST="$dir" PGUSER=postgres PGDATABASE=postgres
 "$pgjobq" --db "$db" migrate >/dev/null
+"$bindir/psql" -X -q -f "$here/ceiling/schema.sql"
 
-settings=$("$bindir/psql" -X -At -h "$dir" -U postgres -c "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_sync_method', 'shared_buffers', 'max_wal_size', 'server_version')")
+settings=$("$bindir/psql" -X -At -c "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_sync_method', 'shared_buffers', 'max_wal_size', 'server_version')")
 cpus=$(nproc)
 echo "# pgjobq bench: $(date -u +%Y-%m-%dT%H:%M:%SZ), $cpus CPUs, $reps repetitions, medians"
 echo "# PostgreSQL: $settings"
 
-run() { # run NAME ARGS... : REPS runs of one scenario, each JSON line tagged with NAME
+sql() { "$bindir/psql" -X -q -At -c "$1"; }
+record() { echo "{\"name\":\"$1\",${2#\{}" >> "$runs"; }
+bench() { # bench NAME ARGS... : one run of a pgjobq bench scenario
     name=$1; shift
-    i=0
-    while [ $i -lt "$reps" ]; do
-        line=$("$pgjobq" --db "$db" bench "$@" --json)
-        echo "{\"name\":\"$name\",${line#\{}" >> "$runs"
-        i=$((i + 1))
-    done
+    record "$name" "$("$pgjobq" --db "$db" bench "$@" --json)"
 }
 
-median() { # median NAME FIELD
+# pgbench_jobs NAME SCRIPT CLIENTS COUNT_SQL [PGBENCH ARGS]: runs SCRIPT for $jobs jobs of 100 per
+# transaction and records jobs/s, counting the jobs that were actually done (not transactions x 100).
+pgbench_jobs() {
+    name=$1 script=$2 clients=$3 count_sql=$4; shift 4
+    t=$((jobs / 100 / clients))
+    out=$("$bindir/pgbench" -n -M prepared -c "$clients" -j "$clients" -t "$t" "$@" -f "$here/ceiling/$script" 2>&1)
+    tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+    done_=$(sql "$count_sql")
+    [ -n "$tps" ] || { echo "bench: pgbench $script failed: $out" >&2; exit 70; }
+    record "$name" "{\"jobs_per_s\":$(awk -v d="$done_" -v t="$tps" -v n=$((t * clients)) 'BEGIN { printf "%.1f", d / (n / t) }'),\"jobs\":$done_,\"clients\":$clients}"
+}
+
+load_ceiling() { # the minimal table, with $1 available jobs
+    sql "TRUNCATE ceiling.jobs" >/dev/null
+    sql "INSERT INTO ceiling.jobs (queue, payload) SELECT 'q', '{\"noop\": true}' FROM generate_series(1, $1)" >/dev/null
+    sql "VACUUM ANALYZE ceiling.jobs" >/dev/null
+    sql "CHECKPOINT" >/dev/null
+}
+load_pgjobq() { # pgjobq's table, with $1 queued jobs in queue 'bench'
+    sql "DELETE FROM pgjobq.jobs WHERE queue = 'bench'" >/dev/null
+    sql "DELETE FROM pgjobq.history WHERE queue = 'bench'" >/dev/null
+    sql "INSERT INTO pgjobq.jobs (queue, payload) SELECT 'bench', '{\"noop\": true}' FROM generate_series(1, $1)" >/dev/null
+    sql "VACUUM ANALYZE pgjobq.jobs" >/dev/null
+    sql "CHECKPOINT" >/dev/null
+}
+
+copy_file="$dir/copy.txt"
+awk 'BEGIN { for (i = 0; i < 10000; i++) printf "q\t{\"to\": \"someone@example.org\", \"n\": 12345}\n" }' > "$copy_file"
+copy_script="$dir/copy.psql"
+: > "$copy_script"
+# (printf, not echo: dash's echo reads "\c" as "stop output")
+i=0; while [ $i -lt $((jobs / 10000)) ]; do printf '%s\n' "\\copy ceiling.jobs (queue, payload) FROM '$copy_file'" >> "$copy_script"; i=$((i + 1)); done
+file_jobs="$dir/jobs.jsonl"
+awk -v n="$jobs" 'BEGIN { for (i = 0; i < n; i++) printf "{\"to\": \"someone@example.org\", \"n\": %d}\n", i }' > "$file_jobs"
+
+slack=$((jobs * 11 / 10)) # every claim of 100 finds 100
+rep=1
+while [ $rep -le "$reps" ]; do
+    echo "# repetition $rep of $reps" >&2
+    # --- ceilings and T2 ---------------------------------------------------------------------------
+    for c in 1 2 8 16; do
+        load_ceiling $slack
+        pgbench_jobs "c_claim_$c" claim_done.sql $c "SELECT count(*) FROM ceiling.jobs WHERE state = 'done'"
+    done
+    load_pgjobq $slack
+    pgbench_jobs t2_head pgjobq_claim_done.sql 8 "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench'"
+    load_pgjobq $slack
+    pgbench_jobs t2_keyed pgjobq_claim_done_keyed.sql 8 "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench'" \
+        -D p=-32768 -D r=-infinity -D i=0
+    sql "TRUNCATE ceiling.jobs" >/dev/null; sql "CHECKPOINT" >/dev/null
+    pgbench_jobs c_insert insert100.sql 1 "SELECT count(*) FROM ceiling.jobs"
+    sql "TRUNCATE ceiling.jobs" >/dev/null; sql "CHECKPOINT" >/dev/null
+    t0=$(date +%s.%N); "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -f "$copy_script"; t1=$(date +%s.%N)
+    copied=$(sql "SELECT count(*) FROM ceiling.jobs")
+    [ "$copied" = "$jobs" ] || { echo "bench: the COPY ceiling wrote $copied rows, not $jobs" >&2; exit 70; }
+    record c_copy "{\"jobs_per_s\":$(awk -v n="$copied" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }')}"
+    sql "TRUNCATE ceiling.jobs" >/dev/null
+
+    # --- B1 bulk enqueue -----------------------------------------------------------------------------
+    bench b1_api enqueue --jobs "$jobs" --batch 10000
+    sql "DELETE FROM pgjobq.jobs WHERE queue = 'bench'" >/dev/null; sql "CHECKPOINT" >/dev/null
+    t0=$(date +%s.%N); "$pgjobq" --db "$db" enqueue --queue bench --file "$file_jobs" --batch 10000 --quiet; t1=$(date +%s.%N)
+    record b1_file "{\"jobs_per_s\":$(awk -v n="$jobs" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }')}"
+
+    # --- B2 drain: one process, several, and the seed thread's 40 x 8 ---------------------------------
+    for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do
+        p=${pc%x*}; c=${pc#*x}; n=$jobs
+        [ "$pc" = 1x1 ] && n=$((jobs / 20))
+        [ "$pc" = 1x8 ] && n=$((jobs / 4))
+        bench "b2_$pc" drain --jobs "$n" --processes "$p" --concurrency "$c"
+    done
+    rep=$((rep + 1))
+done
+
+m() { # m NAME FIELD: the median of a field over the runs of a scenario
     grep "\"name\":\"$1\"," "$runs" | sed -n "s/.*\"$2\":\([-0-9.]*\).*/\1/p" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "null"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0 || a == "null" || b == "null") print "null"; else printf "%.2f", a / b }'; }
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "null" && a + 0 >= b + 0) }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "null" && a + 0 <= b + 0) }'; }
 
-# --- B1 bulk enqueue ----------------------------------------------------------------------------
-run b1_enqueue enqueue --jobs "$jobs" --batch 10000
-seq_file="$dir/jobs.jsonl"
-awk -v n="$jobs" 'BEGIN { for (i = 0; i < n; i++) printf "{\"to\": \"someone@example.org\", \"n\": %d}\n", i }' > "$seq_file"
-i=0
-while [ $i -lt "$reps" ]; do
-    "$bindir/psql" -X -q -h "$dir" -U postgres -c "DELETE FROM pgjobq.jobs WHERE queue = 'bench'" -c "CHECKPOINT"
-    t0=$(date +%s.%N)
-    "$pgjobq" --db "$db" enqueue --queue bench --file "$seq_file" --batch 10000 --quiet
-    t1=$(date +%s.%N)
-    echo "{\"name\":\"b1_file\",\"jobs\":$jobs,\"jobs_per_s\":$(awk -v n="$jobs" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }')}" >> "$runs"
-    i=$((i + 1))
+best_multi=b2_2x64
+for n in b2_4x32 b2_8x16; do
+    if awk -v a="$(m $n jobs_per_s)" -v b="$(m $best_multi jobs_per_s)" 'BEGIN { exit !(a > b) }'; then best_multi=$n; fi
 done
+best_p=${best_multi#b2_}; best_c=${best_p#*x}; best_p=${best_p%x*}
+best_rate=$(m $best_multi jobs_per_s)
 
-# --- B2 drain, B3 ceiling at the batch size and client count B2 used, B6 resources ----------------
-for c in 1 8 32 128; do
-    n=$jobs
-    [ $c -eq 1 ] && n=$((jobs / 10))
-    [ $c -eq 8 ] && n=$((jobs / 4))
-    run "b2_c$c" drain --jobs "$n" --concurrency "$c"
-    batch=$(median "b2_c$c" avg_claim_batch | awk '{ printf "%d", $1 + 0.5 }')
-    [ "$batch" -ge 1 ] || batch=1
-    run "b3_c$c" ceiling --jobs "$n" --batch "$batch" --clients 1
+# --- once, after the repetitions: latency, scale, mixed load up to saturation, exec ---------------
+echo "# latency, scale, saturation, exec" >&2
+i=0; while [ $i -lt "$reps" ]; do bench b4_latency latency --jobs "$latency_n" --rate 200 --concurrency 8; i=$((i + 1)); done
+bench b5_empty drain --jobs "$jobs" --processes "$best_p" --concurrency "$best_c"
+bench b5_noise drain --jobs "$jobs" --processes "$best_p" --concurrency "$best_c" --noise "$noise"
+sql "DELETE FROM pgjobq.jobs" >/dev/null; sql "DELETE FROM pgjobq.history" >/dev/null; sql "VACUUM pgjobq.jobs" >/dev/null
+# B7: producers at a growing share of the best drain rate, with the best worker configuration; the
+# saturation point is the highest rate the workers kept up with.
+b7_sat=0; b7_kept_all=1
+for pct in 25 50 75 100 125; do
+    rate=$(awk -v r="$best_rate" -v p="$pct" 'BEGIN { printf "%d", r * p / 100 }')
+    bench "b7_$pct" mixed --seconds "$mixed_s" --rate "$rate" --processes "$best_p" --concurrency "$best_c"
+    if grep "\"name\":\"b7_$pct\"," "$runs" | grep -q '"kept_up":true'; then
+        b7_sat=$(m "b7_$pct" offered_per_s)
+    else
+        b7_kept_all=0
+    fi
 done
-run b2_p4x32 drain --jobs "$jobs" --concurrency 32 --processes 4
-batch=$(median b2_p4x32 avg_claim_batch | awk '{ printf "%d", $1 + 0.5 }')
-run b3_p4x32 ceiling --jobs "$jobs" --batch "$batch" --clients 4
-run b3_bare_c128 ceiling --jobs "$jobs" --batch "$(median b2_c128 avg_claim_batch | awk '{ printf "%d", $1 + 0.5 }')" --clients 1 --bare
-
-best=b2_c128
-for n in b2_c32 b2_p4x32; do
-    if awk -v a="$(median $n jobs_per_s)" -v b="$(median $best jobs_per_s)" 'BEGIN { exit !(a > b) }'; then best=$n; fi
-done
-best_rate=$(median $best jobs_per_s)
-
-# --- B4 pickup latency ---------------------------------------------------------------------------
-run b4_latency latency --jobs "$latency_n" --rate 200 --concurrency 8
-
-# --- B5 scale: the best drain on a table with history and another queue's backlog ----------------
-best_args="--jobs $jobs --concurrency 128"
-[ $best = b2_c32 ] && best_args="--jobs $jobs --concurrency 32"
-[ $best = b2_p4x32 ] && best_args="--jobs $jobs --concurrency 32 --processes 4"
-# shellcheck disable=SC2086
-run b5_empty drain $best_args
-# shellcheck disable=SC2086
-run b5_noise drain $best_args --noise "$noise"
-"$bindir/psql" -X -q -h "$dir" -U postgres -c "DELETE FROM pgjobq.jobs" -c "VACUUM pgjobq.jobs"
-
-# --- B7 mixed: producers at half the best drain rate ----------------------------------------------
-half=$(awk -v r="$best_rate" 'BEGIN { printf "%d", r / 2 }')
-run b7_mixed mixed --seconds "$mixed_s" --rate "$half" --concurrency 128
-
-# --- B8 exec worker ------------------------------------------------------------------------------
-run b8_exec drain-exec --jobs "$exec_jobs" --concurrency 32
-run b8_inproc drain --jobs "$exec_jobs" --concurrency 32
+bench b8_exec drain-exec --jobs "$exec_jobs" --concurrency 32
+bench b8_inproc drain --jobs "$exec_jobs" --concurrency 32
 
 # --- results -------------------------------------------------------------------------------------
-m() { median "$1" "$2"; }
+c8=$(m c_claim_8 jobs_per_s)
+copy_ceiling=$(m c_copy jobs_per_s)
+verdict() { if [ "$1" = met ]; then echo met; else echo MISSED; fi; }
+t1=$(ratio "$(m b2_1x32 jobs_per_s)" "$c8")
+t2=$(ratio "$(m t2_head jobs_per_s)" "$c8")
+t3a=$(ratio "$best_rate" "$c8")
+t3b=$(ratio "$(m b2_40x8 jobs_per_s)" "$best_rate")
+t4=$(ratio "$(m b1_api jobs_per_s)" "$copy_ceiling")
+ge "$t1" 0.6 && v1=met || v1=missed
+ge "$t2" 0.8 && v2=met || v2=missed
+ge "$t3a" 0.8 && ge "$t3b" 0.7 && v3=met || v3=missed
+ge "$(m b1_api jobs_per_s)" 150000 && ge "$t4" 0.7 && v4=met || v4=missed
+le "$(m b4_latency p50_ms)" 2 && le "$(m b4_latency p99_ms)" 8 && vl=met || vl=missed
+le "$(m b2_1x128 connections_max)" 3 && le "$(m b2_1x128 rss_kb_max)" 16384 && vr=met || vr=missed
+
 {
     echo "{"
-    echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpus\": $cpus, \"repetitions\": $reps, \"quick\": $quick,"
+    echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpus\": $cpus, \"repetitions\": $reps, \"quick\": $quick, \"jobs\": $jobs,"
     echo "  \"postgresql\": \"$settings\","
-    echo "  \"b1_enqueue_jobs_per_s\": $(m b1_enqueue jobs_per_s), \"b1_file_jobs_per_s\": $(m b1_file jobs_per_s),"
-    for c in 1 8 32 128; do
-        echo "  \"b2_c${c}_jobs_per_s\": $(m b2_c$c jobs_per_s), \"b2_c${c}_avg_claim_batch\": $(m b2_c$c avg_claim_batch), \"b3_c${c}_jobs_per_s\": $(m b3_c$c jobs_per_s), \"b2_b3_c${c}\": $(ratio "$(m b2_c$c jobs_per_s)" "$(m b3_c$c jobs_per_s)"),"
+    for n in c_claim_1 c_claim_2 c_claim_8 c_claim_16 t2_head t2_keyed c_insert c_copy b1_api b1_file b2_1x1 b2_1x8 b2_1x32 b2_1x128 b2_2x64 b2_4x32 b2_8x16 b2_40x8 b5_empty b5_noise b8_exec b8_inproc; do
+        echo "  \"${n}_jobs_per_s\": $(m $n jobs_per_s),"
     done
-    echo "  \"b2_p4x32_jobs_per_s\": $(m b2_p4x32 jobs_per_s), \"b3_p4x32_jobs_per_s\": $(m b3_p4x32 jobs_per_s), \"b2_b3_p4x32\": $(ratio "$(m b2_p4x32 jobs_per_s)" "$(m b3_p4x32 jobs_per_s)"),"
-    echo "  \"b3_bare_c128_jobs_per_s\": $(m b3_bare_c128 jobs_per_s), \"b2_best\": \"$best\", \"b2_best_jobs_per_s\": $best_rate,"
-    echo "  \"b4_p50_ms\": $(m b4_latency p50_ms), \"b4_p95_ms\": $(m b4_latency p95_ms), \"b4_p99_ms\": $(m b4_latency p99_ms), \"b4_max_ms\": $(m b4_latency max_ms),"
-    echo "  \"b5_empty_jobs_per_s\": $(m b5_empty jobs_per_s), \"b5_noise_jobs_per_s\": $(m b5_noise jobs_per_s), \"b5_ratio\": $(ratio "$(m b5_noise jobs_per_s)" "$(m b5_empty jobs_per_s)"), \"b5_noise_rows\": $((noise * 2)),"
-    echo "  \"b6_c1_connections\": $(m b2_c1 connections_max), \"b6_c128_connections\": $(m b2_c128 connections_max), \"b6_c1_rss_kb\": $(m b2_c1 rss_kb_max), \"b6_c128_rss_kb\": $(m b2_c128 rss_kb_max),"
-    echo "  \"b7_rate\": $half, \"b7_jobs_per_s\": $(m b7_mixed jobs_per_s), \"b7_depth_avg\": $(m b7_mixed depth_avg), \"b7_depth_max\": $(m b7_mixed depth_max), \"b7_p99_ms\": $(m b7_mixed p99_ms),"
-    echo "  \"b8_exec_jobs_per_s\": $(m b8_exec jobs_per_s), \"b8_inproc_jobs_per_s\": $(m b8_inproc jobs_per_s), \"b8_ratio\": $(ratio "$(m b8_exec jobs_per_s)" "$(m b8_inproc jobs_per_s)")"
+    for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do echo "  \"b2_${pc}_avg_claim_batch\": $(m b2_$pc avg_claim_batch),"; done
+    echo "  \"b2_best_multi\": \"$best_multi\", \"b4_p50_ms\": $(m b4_latency p50_ms), \"b4_p95_ms\": $(m b4_latency p95_ms), \"b4_p99_ms\": $(m b4_latency p99_ms), \"b4_max_ms\": $(m b4_latency max_ms),"
+    echo "  \"b6_c1_connections\": $(m b2_1x1 connections_max), \"b6_c128_connections\": $(m b2_1x128 connections_max), \"b6_c1_rss_kb\": $(m b2_1x1 rss_kb_max), \"b6_c128_rss_kb\": $(m b2_1x128 rss_kb_max),"
+    for pct in 25 50 75 100 125; do echo "  \"b7_${pct}_offered\": $(m b7_$pct offered_per_s), \"b7_${pct}_jobs_per_s\": $(m b7_$pct jobs_per_s), \"b7_${pct}_p99_ms\": $(m b7_$pct p99_ms), \"b7_${pct}_depth_end\": $(m b7_$pct depth_end),"; done
+    echo "  \"b7_saturation\": $b7_sat, \"b7_kept_up_with_all\": $b7_kept_all,"
+    echo "  \"t1\": $t1, \"t2\": $t2, \"t2_keyed\": $(ratio "$(m t2_keyed jobs_per_s)" "$c8"), \"t3_best\": $t3a, \"t3_40x8\": $t3b, \"t4\": $t4,"
+    echo "  \"t1_met\": \"$v1\", \"t2_met\": \"$v2\", \"t3_met\": \"$v3\", \"t4_met\": \"$v4\", \"latency_met\": \"$vl\", \"resources_met\": \"$vr\""
     echo "}"
 } > "$results/latest.json"
 
-printf '\n%-44s %14s %s\n' "scenario" "median" "ratio (same run)"
-printf '%-44s %14s %s\n' "B1 enqueue, batch API (batches of 10,000)" "$(m b1_enqueue jobs_per_s) /s" ""
-printf '%-44s %14s %s\n' "B1 enqueue, pgjobq enqueue --file" "$(m b1_file jobs_per_s) /s" "$(ratio "$(m b1_file jobs_per_s)" "$(m b1_enqueue jobs_per_s)") of the API"
-for c in 1 8 32 128; do
-    printf '%-44s %14s %s\n' "B2 drain, 1 process x $c (batch $(m b2_c$c avg_claim_batch))" "$(m b2_c$c jobs_per_s) /s" "B2/B3 $(ratio "$(m b2_c$c jobs_per_s)" "$(m b3_c$c jobs_per_s)") (B3 $(m b3_c$c jobs_per_s))"
+row() { printf '%-50s %12s  %s\n' "$1" "$2" "$3"; }
+echo
+row "scenario (medians)" "jobs/s" "ratio in the same run"
+row "ceiling: minimal table, claim 100 + done, 1 client" "$(m c_claim_1 jobs_per_s)" ""
+row "ceiling: ... 2 clients" "$(m c_claim_2 jobs_per_s)" ""
+row "ceiling: ... 8 clients (C8)" "$c8" ""
+row "ceiling: ... 16 clients" "$(m c_claim_16 jobs_per_s)" ""
+row "ceiling: 100-row INSERTs, 1 client" "$(m c_insert jobs_per_s)" ""
+row "ceiling: COPY, batches of 10,000 rows" "$copy_ceiling" ""
+row "T2 pgjobq statements, 8 clients, from the head" "$(m t2_head jobs_per_s)" "$t2 of C8 (target 0.8: $(verdict $v2))"
+row "T2 pgjobq statements, 8 clients, with the key" "$(m t2_keyed jobs_per_s)" "$(ratio "$(m t2_keyed jobs_per_s)" "$c8") of C8"
+row "B1 enqueue, API, batches of 10,000" "$(m b1_api jobs_per_s)" "$t4 of COPY, $(ratio "$(m b1_api jobs_per_s)" "$(m c_insert jobs_per_s)") of INSERT (T4: >= 150,000 and 0.7: $(verdict $v4))"
+row "B1 enqueue --file" "$(m b1_file jobs_per_s)" "$(ratio "$(m b1_file jobs_per_s)" "$copy_ceiling") of COPY"
+for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do
+    extra=""
+    [ "$pc" = 1x32 ] && extra=" (T1 >= 0.6: $(verdict $v1))"
+    [ "b2_$pc" = "$best_multi" ] && extra=" (best multi-process; T3 >= 0.8: $t3a)"
+    [ "$pc" = 40x8 ] && extra=" = $t3b of the best multi-process (T3 >= 0.7: $(verdict $v3))"
+    row "B2 drain, $pc (claim batch $(m b2_$pc avg_claim_batch))" "$(m b2_$pc jobs_per_s)" "$(ratio "$(m b2_$pc jobs_per_s)" "$c8") of C8$extra"
 done
-printf '%-44s %14s %s\n' "B2 drain, 4 processes x 32" "$(m b2_p4x32 jobs_per_s) /s" "B2/B3 $(ratio "$(m b2_p4x32 jobs_per_s)" "$(m b3_p4x32 jobs_per_s)") (B3 $(m b3_p4x32 jobs_per_s))"
-printf '%-44s %14s %s\n' "B3 bare statements (no function), batch as c128" "$(m b3_bare_c128 jobs_per_s) /s" "functions cost $(ratio "$(m b3_c128 jobs_per_s)" "$(m b3_bare_c128 jobs_per_s)") of bare"
-printf '%-44s %14s %s\n' "B4 pickup latency p50 / p95 / p99 / max" "$(m b4_latency p50_ms) ms" "$(m b4_latency p95_ms) / $(m b4_latency p99_ms) / $(m b4_latency max_ms) ms"
-printf '%-44s %14s %s\n' "B5 best drain with $((noise * 2)) other rows" "$(m b5_noise jobs_per_s) /s" "$(ratio "$(m b5_noise jobs_per_s)" "$(m b5_empty jobs_per_s)") of empty ($(m b5_empty jobs_per_s))"
-printf '%-44s %14s %s\n' "B6 connections at concurrency 1 / 128" "$(m b2_c1 connections_max) / $(m b2_c128 connections_max)" "peak RSS $(m b2_c1 rss_kb_max) / $(m b2_c128 rss_kb_max) KiB"
-printf '%-44s %14s %s\n' "B7 mixed at $half/s enqueued" "$(m b7_mixed jobs_per_s) /s" "depth avg $(m b7_mixed depth_avg) max $(m b7_mixed depth_max), p99 $(m b7_mixed p99_ms) ms"
-printf '%-44s %14s %s\n' "B8 exec worker (/bin/true), 32 threads" "$(m b8_exec jobs_per_s) /s" "$(ratio "$(m b8_exec jobs_per_s)" "$(m b8_inproc jobs_per_s)") of in-process"
+row "B4 pickup p50 / p95 / p99 / max (ms)" "$(m b4_latency p50_ms)" "$(m b4_latency p95_ms) / $(m b4_latency p99_ms) / $(m b4_latency max_ms) (<= 2 / 8: $(verdict $vl))"
+row "B5 best drain with $((noise * 2)) other rows" "$(m b5_noise jobs_per_s)" "$(ratio "$(m b5_noise jobs_per_s)" "$(m b5_empty jobs_per_s)") of empty"
+row "B6 connections 1x1 / 1x128, peak RSS KiB" "$(m b2_1x1 connections_max) / $(m b2_1x128 connections_max)" "$(m b2_1x1 rss_kb_max) / $(m b2_1x128 rss_kb_max) (<= 3, <= 16 MiB: $(verdict $vr))"
+for pct in 25 50 75 100 125; do
+    row "B7 $best_p x $best_c at $pct% of the best drain" "$(m b7_$pct jobs_per_s)" "offered $(m b7_$pct offered_per_s)/s, p99 $(m b7_$pct p99_ms) ms, backlog at the end $(m b7_$pct depth_end)"
+done
+if [ "$b7_kept_all" = 1 ]; then
+    row "B7 saturation: not reached; kept up with" "$b7_sat" "$(ratio "$b7_sat" "$best_rate") of the best drain (all the producer offered)"
+else
+    row "B7 saturation: the highest rate kept up with" "$b7_sat" "$(ratio "$b7_sat" "$best_rate") of the best drain"
+fi
+row "B8 --exec /bin/true, 1 x 32" "$(m b8_exec jobs_per_s)" "$(ratio "$(m b8_exec jobs_per_s)" "$(m b8_inproc jobs_per_s)") of in-process"
 echo
 echo "results: $results/latest.json (every run: $runs)"
 
 # --- plots ---------------------------------------------------------------------------------------
 if command -v gnuplot >/dev/null 2>&1; then
-    printf '1 %s %s\n8 %s %s\n32 %s %s\n128 %s %s\n' \
-        "$(m b2_c1 jobs_per_s)" "$(m b3_c1 jobs_per_s)" "$(m b2_c8 jobs_per_s)" "$(m b3_c8 jobs_per_s)" \
-        "$(m b2_c32 jobs_per_s)" "$(m b3_c32 jobs_per_s)" "$(m b2_c128 jobs_per_s)" "$(m b3_c128 jobs_per_s)" > "$dir/b2.dat"
+    : > "$dir/b2.dat"
+    i=0
+    for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do
+        echo "$i $pc $(m b2_$pc jobs_per_s) $c8" >> "$dir/b2.dat"; i=$((i + 1))
+    done
     gnuplot <<EOF
-set terminal png size 800,480
+set terminal png size 900,480
 set output "$results/drain.png"
-set title "B2 drain: jobs/s by worker concurrency (one process), against B3 at the same batch size"
-set logscale x 2
-set xlabel "threads"
-set ylabel "jobs/s"
-set key left top
-plot "$dir/b2.dat" using 1:2 with linespoints title "pgjobq worker (B2)", "$dir/b2.dat" using 1:3 with linespoints title "same statements, no library (B3)"
-EOF
-    "$bindir/psql" -X -At -h "$dir" -U postgres -c "SELECT 1" >/dev/null
-    grep '"name":"b4_latency"' "$runs" | head -1 >/dev/null
-    printf 'p50 %s\np95 %s\np99 %s\nmax %s\n' "$(m b4_latency p50_ms)" "$(m b4_latency p95_ms)" "$(m b4_latency p99_ms)" "$(m b4_latency max_ms)" > "$dir/b4.dat"
-    gnuplot <<EOF
-set terminal png size 800,480
-set output "$results/latency.png"
-set title "B4 pickup latency, 1 job at a time at 200/s (database clock)"
+set title "B2 drain (100 no-op jobs per claim or more), processes x threads, against the minimal-table ceiling at 8 clients"
 set style data histograms
 set style fill solid 0.6
-set ylabel "ms"
+set ylabel "jobs/s"
 set yrange [0:*]
-plot "$dir/b4.dat" using 2:xtic(1) title "created_at to claim"
+set xtics rotate by 0
+plot "$dir/b2.dat" using 3:xtic(2) title "pgjobq (B2)", "" using 4 with lines lw 2 title "ceiling: minimal table, pgbench, 8 clients"
 EOF
-    echo "plots: $results/drain.png $results/latency.png"
+    echo "plots: $results/drain.png"
 else
     echo "plots: skipped (install gnuplot-nox to draw them)"
 fi

@@ -42,8 +42,12 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
         *from_hint = 0;
     if (free_slots <= 0 || v->unwritten > v->concurrency + v->prefetch)
         return 0;
-    ready = v->woken || now_ms >= v->next_poll_ms ||
-            (v->last_full && (free_slots >= (batch_of(v) + 1) / 2 || v->running == 0));
+    /* Under a backlog, finishing handlers drive the claims (half a batch at a time): a poll then would
+     * only claim the few slots free at that instant. */
+    if (v->last_full)
+        ready = v->woken || free_slots >= (batch_of(v) + 1) / 2 || v->running == 0;
+    else
+        ready = v->woken || now_ms >= v->next_poll_ms;
     if (!ready)
         return 0;
     /* Start after the last claim's largest key only while there is a backlog (a claim that came back

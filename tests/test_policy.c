@@ -64,9 +64,13 @@ TEST(policy_claim_under_a_backlog_waits_for_half_a_batch)
     v = view(1, 0);
     v.last_full = 1;
     CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 1);
-    /* A backlog is never polled: finishing handlers drive the claims. */
+    /* A backlog is never polled: finishing handlers drive the claims, half a batch at a time (a poll
+     * would claim whatever few slots were free at that instant). */
     v.running = 1;
     CHECK_INT(pgjobq__claim_next_ms(&v), INT64_MAX);
+    v = view(32, 31);
+    v.last_full = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, v.next_poll_ms + 1, NULL), 0);
 }
 
 TEST(policy_claim_starts_after_the_last_key_only_under_a_backlog_and_not_for_long)
