@@ -26,7 +26,9 @@
 -- input: a join clause, which leaves the table's estimate alone (lease_until > now() and
 -- state = 'running' are equivalent by jobs_lease_iff_running).  The functions also run with
 -- enable_seqscan = off, so that on a small table a sequential scan never looks cheaper than the
--- probes.
+-- probes, and name the table's rows by `j.id = ANY (ids)` besides the join: that bounds the scan of
+-- the table to the input's ids whatever join the planner picks (with statistics saying no job runs
+-- it hashed the input and walked the whole primary key, every row of a backlog, for each batch).
 
 -- ------------------------------------------------------------------------------------------------
 -- History
@@ -289,7 +291,8 @@ BEGIN
         SELECT u.id, u.token, u.result, now() AS at FROM unnest(ids, tokens, results) AS u(id, token, result)),
     gone AS (
         DELETE FROM pgjobq.jobs j USING input
-         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > input.at
+         WHERE j.id = ANY (complete_many.ids) AND j.id = input.id AND j.lease_token = input.token
+           AND j.lease_until > input.at
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
                   input.result),
@@ -346,7 +349,7 @@ BEGIN
                                       FROM unnest(ids, tokens, permanent) AS u(id, token, permanent))
             SELECT j.id, j.cancel_requested OR coalesce(u.permanent, false) OR j.attempt >= j.max_attempts AS final
               FROM u JOIN pgjobq.jobs j ON j.id = u.id
-             WHERE j.lease_token = u.token AND j.lease_until > u.at
+             WHERE j.id = ANY (fail_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     RETURN QUERY
     WITH input AS (
@@ -412,7 +415,7 @@ BEGIN
         UPDATE pgjobq.jobs j
            SET lease_until = CASE WHEN j.cancel_requested THEN j.lease_until ELSE now() + extend_many.lease END
           FROM u
-         WHERE j.id = u.id AND j.lease_token = u.token AND j.lease_until > u.at
+         WHERE j.id = ANY (extend_many.ids) AND j.id = u.id AND j.lease_token = u.token AND j.lease_until > u.at
         RETURNING j.id, j.lease_until, j.cancel_requested)
     SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
            array_agg(held.lease_until) FILTER (WHERE NOT held.cancel_requested),
@@ -453,7 +456,7 @@ BEGIN
       INTO v_release, v_cancel
       FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
             SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
-             WHERE j.lease_token = u.token AND j.lease_until > u.at
+             WHERE j.id = ANY (release_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     IF v_cancel IS NOT NULL THEN
         PERFORM pgjobq.history_move_cancelled(v_cancel, left(reason, 8192));
@@ -490,7 +493,8 @@ BEGIN
     WITH input AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
     gone AS (
         DELETE FROM pgjobq.jobs j USING input
-         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > input.at
+         WHERE j.id = ANY (cancel_many.ids) AND j.id = input.id AND j.lease_token = input.token
+           AND j.lease_until > input.at
         RETURNING j.*),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,

@@ -251,3 +251,73 @@ TEST_FULL(claim_uses_the_partial_index_under_a_million_finished_jobs, 240, 0)
     pgjobq_client_close(c);
     PQfinish(pg);
 }
+
+TEST(claim_batch_starts_after_the_key_it_is_given)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, priority, run_at, payload)"
+                       " SELECT 'q', 0, now() - interval '1 minute', jsonb_build_object('n', g)"
+                       " FROM generate_series(1, 10) g"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, priority, run_at) VALUES ('q', 5, now() - interval '1 s')"));
+    /* From the head: the first three in (priority, run_at, id) order. */
+    CHECK_INT(t_int(pg, "SELECT max((payload->>'n')::int) FROM pgjobq.claim_batch('q', 3, '30 s', 'w')"), 3);
+    /* After the key of job 3: jobs 4 and 5, not 1..3 (taken) nor anything before the key. */
+    CHECK_INT(t_int(pg, "SELECT (string_agg(payload->>'n', ',' ORDER BY id) = '4,5')::int FROM pgjobq.claim_batch("
+                        "'q', 2, '30 s', 'w', 0::smallint, (SELECT run_at FROM pgjobq.jobs WHERE payload->>'n' = '3'),"
+                        " (SELECT id FROM pgjobq.jobs WHERE payload->>'n' = '3'))"),
+              1);
+    /* A job put back before the key (a retry due now, a higher priority) is not seen after the key... */
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET state = 'queued', lease_until = NULL WHERE payload->>'n' = '1'"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q', 100, '30 s', 'w', 0::smallint,"
+                        " (SELECT run_at FROM pgjobq.jobs WHERE payload->>'n' = '9'),"
+                        " (SELECT id FROM pgjobq.jobs WHERE payload->>'n' = '9'))"),
+              2); /* job 10 and the priority-5 job */
+    /* ... and is by a claim from the head. */
+    CHECK_INT(t_int(pg, "SELECT (string_agg(payload->>'n', ',' ORDER BY id) = '1,6,7,8,9')::int"
+                        " FROM pgjobq.claim_batch('q', 100, '30 s', 'w')"),
+              1);
+    /* The key is all three columns or none. */
+    PGresult *r = PQexec(pg, "SELECT * FROM pgjobq.claim_batch('q', 1, '30 s', 'w', 0::smallint, now(), NULL)");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK(strstr(PQresultErrorMessage(r), "after_priority, after_run_at and after_id") != NULL);
+    PQclear(r);
+    PQfinish(pg);
+}
+
+TEST_FULL(fenced_writes_look_jobs_up_by_id_when_statistics_say_none_run, 120, 0)
+{
+    PGconn *pg = t_pg();
+
+    /* The statistics are taken while all 3,000 jobs are queued: to the planner, "running with this
+     * token and a live lease" matches nothing, which once made completing 2,000 jobs a sequential
+     * scan or a join filtering every row (seconds per batch). */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (payload) SELECT jsonb_build_object('i', g)"
+                       " FROM generate_series(1, 3000) g"));
+    PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('default', 2000, '5 min', 'w')"), 2000);
+    PQsetNoticeProcessor(pg, collect_notice, NULL);
+    plans[0] = '\0';
+    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
+    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
+    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many("
+                        " (SELECT array_agg(id ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'),"
+                        " (SELECT array_agg(lease_token ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'))"
+                        " WHERE outcome = 'completed'"),
+              2000);
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = -1"));
+    /* The plan of the DELETE inside complete_many: the table's rows are read through the primary key,
+     * only those of the input's ids (not the whole key, as a hash join of the input did). */
+    const char *del = strstr(plans, "Delete on jobs");
+    CHECK_MSG(del != NULL, "no plan for the DELETE in:\n%s", plans);
+    printf("%.900s\n", del);
+    CHECK_MSG(strstr(del, "jobs_pkey") != NULL, "the completion did not use jobs_pkey");
+    CHECK_MSG(strstr(del, "Index Cond: (id = ANY") != NULL || strstr(del, "Index Cond: (id = input") != NULL,
+              "the completion read rows of jobs that are not in its input");
+    CHECK_MSG(strstr(plans, "Seq Scan on jobs") == NULL, "the completion scanned the table");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed'"), 2000);
+    PQfinish(pg);
+}
