@@ -71,6 +71,12 @@ int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int b
  * handler finishes or a notification arrives). */
 int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v);
 
+/* After a claim from the head found nothing: when to claim next, given next_due's answer (seconds
+ * until the queue's next queued job is due; NaN when nothing is queued) and the next poll.  A job
+ * already due that the claim did not get is held by another claimer (or a transaction): claiming
+ * again at once would only spin, so the poll and notifications cover it. */
+int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms);
+
 /* Whether to write pending outcomes now: when no handler still runs (nothing more can join the
  * batch), when the oldest has waited linger_ms, or when stopping. */
 int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,

@@ -66,6 +66,15 @@ int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
     return v->next_poll_ms;
 }
 
+int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms)
+{
+    if (!(due_in_s > 0)) /* nothing queued (NaN), or due already and held by someone else */
+        return next_poll_ms;
+    if (due_in_s * 1000.0 >= (double)(next_poll_ms - now_ms))
+        return next_poll_ms;
+    return now_ms + (int64_t)(due_in_s * 1000.0) + 1;
+}
+
 int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,
                          int64_t linger_ms)
 {

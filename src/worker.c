@@ -902,17 +902,10 @@ static void next_due_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t no
     pgjobq__queue *q = &w->queues[rq->queue];
 
     /* The claim from the head found nothing: sleep until the next scheduled job, if it comes before the
-     * next poll.  A job already due that the claim did not get is held by another claimer (or a
-     * transaction): claiming again at once would only spin (40 idle workers did, starving everything
-     * else), so the poll and notifications cover it. */
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0)) {
-        double secs = atof(PQgetvalue(r, 0, 0));
-        if (secs > 0) {
-            int64_t at = now + (int64_t)(secs * 1000.0) + 1;
-            if (at < q->claim.next_poll_ms)
-                q->claim.next_poll_ms = at;
-        }
-    }
+     * next poll (40 idle workers that re-claimed at once for a due job another held starved the
+     * database: pgjobq__claim_after_due). */
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+        q->claim.next_poll_ms = pgjobq__claim_after_due(atof(PQgetvalue(r, 0, 0)), now, q->claim.next_poll_ms);
 }
 
 /* A notification names a queue with new jobs: claim from it at once. */

@@ -199,3 +199,16 @@ TEST(policy_claim_stops_while_outcomes_pile_up_unwritten)
     v.prefetch = 32;
     CHECK_INT(pgjobq__claim_decide(&v, 0, NULL), 64);
 }
+
+TEST(policy_after_an_empty_claim_sleep_until_the_next_due_job_but_never_spin)
+{
+    /* The next job is due in 2.5 s, the poll in 1 s: the poll. In 0.3 s: then. */
+    CHECK_INT(pgjobq__claim_after_due(2.5, 1000, 2000), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.3, 1000, 2000), 1301);
+    /* Due already, yet the claim got nothing: another claimer holds it; do not claim again at once
+     * (forty idle workers did, every millisecond, and starved the database). */
+    CHECK_INT(pgjobq__claim_after_due(0.0, 1000, 2000), 2000);
+    CHECK_INT(pgjobq__claim_after_due(-5.0, 1000, 2000), 2000);
+    /* Nothing queued. */
+    CHECK_INT(pgjobq__claim_after_due(0.0 / 0.0, 1000, 2000), 2000);
+}
