@@ -2,6 +2,7 @@
  * test_worker.c - the worker runtime: the C API in-process, and `pgjobq work --exec` processes under
  * crashes, stalls, restarts, lost listeners and shutdowns.
  */
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -9,6 +10,8 @@
 #include <string.h>
 #include <sysexits.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -94,6 +97,13 @@ static pgjobq_outcome outcome_handler(pgjobq_ctx *ctx, void *arg)
     }
     if (strcmp(j->kind, "pointless") == 0)
         return PGJOBQ_OUTCOME_CANCEL;
+    if (strcmp(j->kind, "nap") == 0) {
+        /* Takes as many milliseconds as its payload's n. */
+        long ms = atol(strchr(j->payload, ':') + 1);
+        struct timespec pause = {ms / 1000, (ms % 1000) * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        return PGJOBQ_OUTCOME_COMPLETE;
+    }
     if (strcmp(j->kind, "long") == 0) {
         /* Runs until told to stop, and reports why through its error. */
         while (!pgjobq_ctx_should_stop(ctx)) {
@@ -118,6 +128,22 @@ static void add_jobs(pgjobq_client *c, const char *kind, int n, int max_attempts
         snprintf(payload, sizeof payload, "{\"n\": %d}", i);
         CHECK_OK(c, pgjobq_enqueue(c, payload, &o, NULL));
     }
+}
+
+/* Enqueues n jobs of kind in one batch, each with payload {"n": arg} and the given priority. */
+static void add_batch(pgjobq_client *c, const char *kind, int n, int arg, int priority)
+{
+    pgjobq_job_spec *specs = calloc((size_t)n, sizeof *specs);
+    char payload[32];
+    CHECK(specs);
+    snprintf(payload, sizeof payload, "{\"n\": %d}", arg);
+    for (int i = 0; i < n; i++) {
+        specs[i].payload = payload;
+        specs[i].opts.kind = kind;
+        specs[i].opts.priority = priority;
+    }
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    free(specs);
 }
 
 TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
@@ -662,6 +688,314 @@ TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
     pgjobq_worker_stop(w); /* fast: the long job is handed back */
     pthread_join(th, NULL);
     pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Claiming ahead, and the claim's start key                                                          */
+
+/* The most jobs the database shows running at once, sampled until cond_sql reaches cond_want. */
+static long long most_running_until(PGconn *pg, const char *done_sql, long long done_want, int timeout_ms)
+{
+    long long most = 0;
+    for (int64_t deadline = t_now_ms() + timeout_ms;;) {
+        long long n = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'");
+        if (n > most)
+            most = n;
+        if (t_int(pg, "%s", done_sql) >= done_want)
+            return most;
+        CHECK_MSG(t_now_ms() < deadline, "after %d ms, %s is below %lld", timeout_ms, done_sql, done_want);
+    }
+}
+
+TEST_FULL(worker_api_claims_ahead_only_for_fast_handlers_and_hands_unstarted_jobs_back, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+    long long most;
+
+    /* Handlers of 30 ms (longer than the 20 ms a claimed job may wait for a thread): the worker claims
+     * only for free threads.  A job the database shows running beyond the two threads is one finished
+     * but not yet written. */
+    add_batch(c, "nap", 40, 30, 0);
+    o.lease_ms = 20000;
+    o.batch_max = 50;
+    o.poll_ms = 50;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    most = most_running_until(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 40, 60000);
+    printf("slow handlers, 2 threads: at most %lld jobs running in the database\n", most);
+    CHECK(most >= 1);
+    CHECK(most <= 2 * 2);
+
+    /* Instant handlers: the worker learns they are fast, and claims whole batches ahead of them. */
+    add_batch(c, "ok", 2000, 1, 0);
+    most = most_running_until(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 2040, 60000);
+    printf("instant handlers, 2 threads: at most %lld jobs running in the database\n", most);
+    CHECK(most <= 2 * (2 + o.batch_max));
+
+    /* Then jobs that hold both threads until the worker stops: the ones claimed ahead wait, unstarted. */
+    add_batch(c, "long", 200, 0, 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 3, 20000);
+    most = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'");
+    printf("two handlers blocked: %lld jobs claimed\n", most);
+    CHECK(most <= 2 + o.batch_max);
+    pgjobq_worker_stop(w);
+    pgjobq_worker_stop(w); /* now: the two running jobs are handed back too */
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_ETIMEOUT, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.lost, 0);
+    CHECK(st.released >= most);
+    pgjobq_worker_free(w);
+    /* All handed back: queued, none running, the unstarted ones without a spent attempt. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'long' AND state = 'queued'"), 200);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state <> 'queued'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE attempt <> 0"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'"), 2040);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(worker_api_a_higher_priority_job_overtakes_a_backlog, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+
+    /* 10,000 jobs of 1 ms on 4 threads: at least 2.5 s of work.  Once the backlog is under way the
+     * worker claims after the largest key it has seen, which a new job of higher priority sorts
+     * before: it must still go back to the head of the queue. */
+    add_batch(c, "nap", 10000, 1, 0);
+    o.lease_ms = 30000;
+    o.batch_max = 200;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 4, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1000, 60000);
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    eo.kind = "ok";
+    eo.priority = -10;
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 7}", &eo, &id));
+    char sql[200];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'",
+             (long long)id);
+    wait_sql(pg, sql, 1, 60000);
+    long long left = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'nap' AND state = 'queued'");
+    printf("the high-priority job finished with %lld of the backlog still queued\n", left);
+    /* It did not wait for the backlog: most of it was still queued. */
+    CHECK(left >= 2000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 10001, 60000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_INT(r.rc, PGJOBQ_OK);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* A connection that hangs while connecting                                                           */
+
+/* A forwarding proxy on a Unix socket in front of the test server's socket.  While black_hole is set,
+ * new connections are accepted and then ignored (a server that never answers); connections made
+ * before keep forwarding. */
+typedef struct proxy {
+    int lfd;
+    char target[108];
+    _Atomic int black_hole, stop, swallowed;
+    pthread_t th;
+} proxy;
+
+#define PROXY_PAIRS 16
+
+static int unix_socket(const char *path, int listening)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    CHECK(strlen(path) < sizeof sa.sun_path);
+    strcpy(sa.sun_path, path);
+    if (listening) {
+        CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+        CHECK(listen(fd, 16) == 0);
+    } else if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Copies what one end has to the other; returns 0 when the pair should close. */
+static int forward(int from, int to)
+{
+    char buf[65536];
+    ssize_t n = read(from, buf, sizeof buf);
+    if (n <= 0)
+        return 0;
+    for (ssize_t off = 0; off < n;) {
+        ssize_t m = write(to, buf + off, (size_t)(n - off));
+        if (m <= 0)
+            return 0;
+        off += m;
+    }
+    return 1;
+}
+
+static void *proxy_thread(void *arg)
+{
+    proxy *p = arg;
+    int pairs[PROXY_PAIRS][2], npairs = 0, held[PROXY_PAIRS], nheld = 0;
+
+    while (!atomic_load(&p->stop)) {
+        struct pollfd pfd[1 + 2 * PROXY_PAIRS];
+        pfd[0] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+        for (int i = 0; i < npairs; i++) {
+            pfd[1 + 2 * i] = (struct pollfd){.fd = pairs[i][0], .events = POLLIN};
+            pfd[2 + 2 * i] = (struct pollfd){.fd = pairs[i][1], .events = POLLIN};
+        }
+        if (poll(pfd, (nfds_t)(1 + 2 * npairs), 20) < 0)
+            continue;
+        for (int i = npairs - 1; i >= 0; i--) {
+            int ok = 1;
+            if (pfd[1 + 2 * i].revents)
+                ok = forward(pairs[i][0], pairs[i][1]);
+            if (ok && pfd[2 + 2 * i].revents)
+                ok = forward(pairs[i][1], pairs[i][0]);
+            if (!ok) {
+                close(pairs[i][0]);
+                close(pairs[i][1]);
+                memcpy(pairs[i], pairs[--npairs], sizeof pairs[i]);
+            }
+        }
+        if (pfd[0].revents & POLLIN) {
+            int cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC), sfd;
+            if (cfd < 0)
+                continue;
+            if (atomic_load(&p->black_hole) && nheld < PROXY_PAIRS) {
+                held[nheld++] = cfd;
+                atomic_fetch_add(&p->swallowed, 1);
+            } else if (npairs < PROXY_PAIRS && (sfd = unix_socket(p->target, 0)) >= 0) {
+                pairs[npairs][0] = cfd;
+                pairs[npairs++][1] = sfd;
+            } else {
+                close(cfd);
+            }
+        }
+    }
+    for (int i = 0; i < npairs; i++) {
+        close(pairs[i][0]);
+        close(pairs[i][1]);
+    }
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    return NULL;
+}
+
+static void print_log(void *arg, pgjobq_log_level level, const char *msg)
+{
+    (void)arg;
+    printf("%lld worker %s: %s\n", (long long)t_now_ms(), pgjobq_log_level_name(level), msg);
+}
+
+TEST_FULL(worker_heartbeats_go_on_while_a_reconnect_hangs, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    static proxy p;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+    char path[200], conninfo[400], sql[300];
+
+    /* The worker reaches the server through the proxy: host is the proxy's directory, same port. */
+    snprintf(p.target, sizeof p.target, "%s/.s.PGSQL.5432", getenv("PGJOBQ_TEST_SOCKDIR"));
+    snprintf(path, sizeof path, "%s/.s.PGSQL.5432", t_tmpdir());
+    p.lfd = unix_socket(path, 1);
+    CHECK(pthread_create(&p.th, NULL, proxy_thread, &p) == 0);
+    snprintf(conninfo, sizeof conninfo, "host=%s port=5432 user=postgres dbname=%s", t_tmpdir(), t_dbname());
+
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    eo.kind = "long";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, &id));
+    o.lease_ms = 10000;
+    o.heartbeat_ms = 200;
+    o.timeout_ms = 9500;
+    o.poll_ms = 100;
+    o.log_fn = print_log;
+    CHECK(pgjobq_worker_new(&w, conninfo, &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 1, 20000);
+    long long token = t_int(pg, "SELECT lease_token FROM pgjobq.jobs WHERE id = %lld", (long long)id);
+
+    /* New connections now hang; the claim connection is killed, and its reconnect hangs. */
+    atomic_store(&p.black_hole, 1);
+    int claim_pid = listener_pid(pg);
+    CHECK(claim_pid > 0);
+    PQclear(t_exec(pg, "SELECT pg_terminate_backend(%d)", claim_pid));
+    int64_t t0 = t_now_ms();
+    while (atomic_load(&p.swallowed) == 0) {
+        CHECK_MSG(t_now_ms() - t0 < 20000, "the worker did not try to reconnect");
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    /* Heartbeats go out on the write connection meanwhile: every 200 ms the lease is renewed to 10 s
+     * from then, so it never has less than 8 s left (it would within 2 s of a stall).  The reconnect
+     * hangs for 10 s (libpq's default connect timeout, which the worker applies itself); 4 s of it are
+     * watched, well before the job's 9.5 s timeout. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND lease_token = %lld"
+             " AND lease_until > now() + interval '8 seconds'",
+             (long long)id, token);
+    long long renewed = 0;
+    for (t0 = t_now_ms(); t_now_ms() - t0 < 4000;) {
+        CHECK_MSG(t_int(pg, "%s", sql) == 1, "the job lost its lease while a reconnect hung (after %lld ms): %s",
+                  (long long)(t_now_ms() - t0),
+                  t_str(pg, "SELECT format('%%s %%s %%s', state, lease_token, lease_until - now()) FROM pgjobq.jobs"
+                            " WHERE id = %lld", (long long)id));
+        renewed++;
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL); /* samples spread over the period; nothing waits on them */
+    }
+    CHECK(renewed > 0);
+    printf("the lease was renewed for 4 s while %d connection attempt(s) hung\n", (int)atomic_load(&p.swallowed));
+
+    /* The server answers again: the worker reconnects and claims again. */
+    atomic_store(&p.black_hole, 0);
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 1}", NULL, NULL));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 30000);
+    pgjobq_worker_stop(w);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    /* The long job was handed back, or had reached its timeout and waits for a retry. */
+    CHECK_MSG(r.rc == PGJOBQ_OK || r.rc == PGJOBQ_ETIMEOUT, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.lost, 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+    pgjobq_worker_free(w);
+    atomic_store(&p.stop, 1);
+    pthread_join(p.th, NULL);
+    close(p.lfd);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
