@@ -415,10 +415,11 @@ PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64
 /* Worker                                                                                            */
 /*
  * A worker runs jobs from one or more queues on a pool of threads, with at most three database
- * connections whatever its concurrency: one claims, completes and heartbeats (from the thread that
- * called pgjobq_worker_run), one LISTENs for wakeups, one does maintenance (rescuing expired leases,
- * pruning history).  Claims are sized to free slots; completions are batched and fenced per job;
- * one statement renews every running lease of the process.
+ * connections whatever its concurrency, all driven without blocking by the thread that called
+ * pgjobq_worker_run: one claims and LISTENs for wakeups, one writes outcomes and renews leases, one
+ * does maintenance (rescuing expired leases, retention).  Claims are sized to free slots (and, for
+ * fast handlers, a batch ahead); completions are batched and fenced per job; one statement renews
+ * every running lease of the process.  See docs/worker.md.
  */
 
 typedef struct pgjobq_worker pgjobq_worker;
@@ -477,18 +478,21 @@ typedef struct pgjobq_worker_opts {
     const char *worker_id;       /* recorded on claimed jobs; NULL: "hostname:pid" */
     int64_t lease_ms;            /* lease per claim and per heartbeat; 0: 60000 */
     int64_t heartbeat_ms;        /* interval of lease renewal; 0: lease / 3; must be < lease */
-    int64_t timeout_ms;          /* job timeout; 0: 80% of the lease; must be < lease, so that a job
-                                    stopped at its timeout ends before its lease could expire */
+    int64_t timeout_ms;          /* job timeout, from the moment a handler starts the job; 0: 80% of
+                                    the lease; must be < lease, so that a job stopped at its timeout
+                                    ends before its lease could expire */
     int64_t poll_ms;             /* claim at least this often even without a notification; 0: 1000 */
     int64_t shutdown_timeout_ms; /* how long a stop waits for running jobs; 0: 30000; < 0: none */
     int batch_max;               /* most jobs per claim; 0: 1000.  A claim asks for the free slots, and
                                     for fast handlers (under 20 ms a job) up to batch_max more, claimed
                                     ahead so that the next batch is there when a slot frees; those wait
                                     about 20 ms at most, and hold at most 8 MiB of payload */
-    int poll_only;               /* nonzero: no LISTEN (PgBouncer transaction mode) */
-    int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes */
-    int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this; 0: 24 h;
-                                    < 0: never */
+    int poll_only;               /* nonzero: no LISTEN, no prepared statements (PgBouncer in
+                                    transaction mode) */
+    int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes (and
+                                    opens two connections, not three) */
+    int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this, an hour (a
+                                    partition) at a time; 0: 24 h; < 0: never */
     int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: 7 days; < 0: never */
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
