@@ -239,14 +239,10 @@ int pgjobq__aconn_io(pgjobq__aconn *ac, short revents, int64_t now_ms)
     return PGJOBQ__AC_EV_RESULT;
 }
 
-int pgjobq__aconn_send(pgjobq__aconn *ac, int stmt, const char *const *values, const int *lengths,
-                       const int *formats, int binary_result, int64_t now_ms)
+/* After PQsend*: the statement is in flight (0), or the connection broke (-1; reported as lost by the
+ * next pgjobq__aconn_io). */
+static int sent(pgjobq__aconn *ac, int ok, int64_t now_ms)
 {
-    const pgjobq__stmtdef *s = &ac->stmts[stmt];
-    int ok = ac->prepare
-                 ? PQsendQueryPrepared(ac->pg, s->name, s->nparams, values, lengths, formats, binary_result)
-                 : PQsendQueryParams(ac->pg, s->sql, s->nparams, s->types, values, lengths, formats, binary_result);
-
     if (!ok) {
         pgjobq__aconn_fail(ac, PQerrorMessage(ac->pg), now_ms);
         ac->lost_pending = 1;
@@ -260,19 +256,20 @@ int pgjobq__aconn_send(pgjobq__aconn *ac, int stmt, const char *const *values, c
     return 0;
 }
 
+int pgjobq__aconn_send(pgjobq__aconn *ac, int stmt, const char *const *values, const int *lengths,
+                       const int *formats, int binary_result, int64_t now_ms)
+{
+    const pgjobq__stmtdef *s = &ac->stmts[stmt];
+    int ok = ac->prepare
+                 ? PQsendQueryPrepared(ac->pg, s->name, s->nparams, values, lengths, formats, binary_result)
+                 : PQsendQueryParams(ac->pg, s->sql, s->nparams, s->types, values, lengths, formats, binary_result);
+
+    return sent(ac, ok, now_ms);
+}
+
 int pgjobq__aconn_send_simple(pgjobq__aconn *ac, const char *sql, int64_t now_ms)
 {
-    if (!PQsendQuery(ac->pg, sql)) {
-        pgjobq__aconn_fail(ac, PQerrorMessage(ac->pg), now_ms);
-        ac->lost_pending = 1;
-        return -1;
-    }
-    ac->busy = 1;
-    if (flush(ac, now_ms) != 0) {
-        ac->lost_pending = 1;
-        return -1;
-    }
-    return 0;
+    return sent(ac, PQsendQuery(ac->pg, sql), now_ms);
 }
 
 PGresult *pgjobq__aconn_take(pgjobq__aconn *ac)
