@@ -24,6 +24,10 @@ static const cli_cmd commands[] = {
     {"cancel", "ID", "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
      cmd_cancel},
     {"retry", "ID", "Run a finished or scheduled job again now.", retry_opts, cmd_retry},
+    {"queue", "ls|pause|resume|drain|set [QUEUE]",
+     "Show queues and their settings, pause and resume a queue on every worker, wait until a paused\n"
+     "queue has nothing running (drain), set a queue's concurrency and rate limits.",
+     queue_opts, cmd_queue},
     {"work", "",
      "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
      work_opts, cmd_work},

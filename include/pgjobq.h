@@ -48,7 +48,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 3
+#define PGJOBQ_SCHEMA_VERSION 4
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -390,6 +390,52 @@ typedef struct pgjobq_stat {
 /* Counts jobs per queue and state.  On PGJOBQ_OK *stats_out holds *n_out rows ordered by queue and
  * state (NULL, 0 for an empty table), one allocation to release with free(). */
 PGJOBQ_EXPORT int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out) PGJOBQ_WUR;
+
+/*
+ * Queue settings.  They live in the database (pgjobq.queues) and hold for every worker on every host,
+ * enforced inside the claim: a paused queue's claims return nothing; a concurrency limit caps the jobs
+ * of the queue running under a valid lease; a rate limit caps the jobs started in any window of its
+ * period.  A queue without settings behaves as if it had none.  Queue names follow
+ * pgjobq_name_check().  See docs/queues.md.
+ */
+
+/* Pauses a queue: from the call's commit on, no worker claims from it; jobs already running go on
+ * under their leases.  reason (may be NULL) is kept for `pgjobq queue ls`, at most 1,024 bytes.
+ * Pausing a paused queue replaces its reason. */
+PGJOBQ_EXPORT int pgjobq_queue_pause(pgjobq_client *c, const char *queue, const char *reason) PGJOBQ_WUR;
+
+/* Resumes a paused queue and wakes the workers that serve it.  Resuming a queue that is not paused
+ * does nothing and succeeds. */
+PGJOBQ_EXPORT int pgjobq_queue_resume(pgjobq_client *c, const char *queue) PGJOBQ_WUR;
+
+/* At most `limit` jobs of the queue running at once (1..1000000), across all workers; 0 removes the
+ * limit.  A job whose lease expired no longer counts. */
+PGJOBQ_EXPORT int pgjobq_queue_set_concurrency(pgjobq_client *c, const char *queue, int limit) PGJOBQ_WUR;
+
+/* At most `limit` jobs of the queue started in any window of period_ms (limit 1..10000, period 1 ms
+ * to one day), on the database clock; limit 0 removes the limit (period_ms is then ignored). */
+PGJOBQ_EXPORT int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_t period_ms) PGJOBQ_WUR;
+
+/* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
+typedef struct pgjobq_queue_info {
+    const char *name;
+    int64_t paused_at;         /* microseconds since the epoch; PGJOBQ_TIME_NONE when not paused */
+    const char *pause_reason;  /* NULL when none */
+    int concurrency;           /* 0: no limit */
+    int rate_limit;            /* 0: no limit */
+    int64_t rate_period_ms;    /* the rate limit's window, when there is one */
+    int64_t queued;            /* queued and due */
+    int64_t scheduled;         /* queued for later */
+    int64_t running;           /* running under a valid lease */
+    int64_t expired;           /* running, lease expired, not yet rescued */
+} pgjobq_queue_info;
+
+/* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds
+ * *n_out entries (NULL, 0 when there are none), to release with pgjobq_queue_list_free(). */
+PGJOBQ_EXPORT int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out) PGJOBQ_WUR;
+
+/* Releases what pgjobq_queue_list() returned (NULL is fine). */
+PGJOBQ_EXPORT void pgjobq_queue_list_free(pgjobq_queue_info *queues);
 
 /*
  * Maintenance: moves jobs whose lease expired back to queued (or to failed when no attempts remain, or

@@ -3,7 +3,8 @@
 --
 --   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
 --   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
---   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry.
+--   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, and queue
+--                    settings (pause, resume, limits).
 --
 -- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
 -- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
@@ -51,4 +52,7 @@ TO pgjobq_worker;
 
 GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(text), pgjobq.queue_set(text, jsonb),
+    pgjobq.queue_list() TO pgjobq_admin;
+GRANT SELECT ON pgjobq.queues TO pgjobq_admin;
 GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;

@@ -720,8 +720,15 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
             wlog(w, PGJOBQ_LOG_DEBUG, "job %lld finished: %.*s", (long long)id, PQgetlength(r, row, 1), outcome);
         }
     }
-    for (size_t i = 0; i < rq->items.n; i++)
+    /* Slots of the queue are free in the database now.  When the last claim came back short, jobs
+     * may be waiting for exactly that (a queue's concurrency limit): claim again at once rather than
+     * at the next poll. */
+    for (size_t i = 0; i < rq->items.n; i++) {
+        pgjobq__queue *q = rq->items.items[i]->q;
+        if (!q->claim.last_full)
+            q->claim.woken = 1;
         running_drop(w, rq->items.items[i]);
+    }
     rq->items.n = 0;
 }
 

@@ -1,0 +1,261 @@
+/*
+ * cmd_queue.c - `pgjobq queue ls|pause|resume|drain|set`: queue settings, which every worker obeys
+ * (pgjobq_queue_* in the library, pgjobq.queue_* in SQL).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_RATE = 1100, OPT_JSON = 1101 };
+
+const cli_opt queue_opts[] = {
+    {"reason", OPT_REASON, "TEXT", "pause: why the queue is paused (shown by ls)"},
+    {"wait", OPT_WAIT, "DURATION", "drain: give up after this long (default: wait as long as it takes)"},
+    {"concurrency", OPT_CONCURRENCY, "N|none", "set: at most N jobs of the queue running at once, on all workers"},
+    {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
+    {"json", OPT_JSON, NULL, "ls: print JSON"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+
+typedef struct queue_args {
+    const char *reason;
+    int64_t wait_ms; /* -1: no limit */
+    int set_concurrency, concurrency;
+    int set_rate, rate_limit;
+    int64_t rate_period_ms;
+    int json;
+    const cli_cmd *cmd;
+} queue_args;
+
+static int on_opt(int key, const char *arg, void *ctx)
+{
+    queue_args *a = ctx;
+    char why[160];
+    long long v;
+
+    switch (key) {
+    case OPT_REASON: a->reason = arg; return 0;
+    case OPT_JSON: a->json = 1; return 0;
+    case OPT_WAIT:
+        if (cli_parse_duration_ms(arg, &a->wait_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--wait: %s", why), -1;
+        return 0;
+    case OPT_CONCURRENCY:
+        a->set_concurrency = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->concurrency = 0;
+            return 0;
+        }
+        if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--concurrency: %s (or none)", why), -1;
+        a->concurrency = (int)v;
+        return 0;
+    case OPT_RATE: {
+        a->set_rate = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->rate_limit = 0;
+            return 0;
+        }
+        const char *slash = strchr(arg, '/');
+        char num[32];
+        if (slash == NULL || (size_t)(slash - arg) >= sizeof num)
+            return cli_usage_error(a->cmd, "--rate: '%.40s' is not N/DURATION (e.g. 100/1m) or none", arg), -1;
+        memcpy(num, arg, (size_t)(slash - arg));
+        num[slash - arg] = '\0';
+        if (cli_parse_int(num, 1, 10000, &v, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--rate: jobs: %s", why), -1;
+        a->rate_limit = (int)v;
+        if (cli_parse_duration_ms(slash + 1, &a->rate_period_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--rate: %s", why), -1;
+        if (a->rate_period_ms < 1 || a->rate_period_ms > INT64_C(86400000))
+            return cli_usage_error(a->cmd, "--rate: the window must be between 1ms and 1d"), -1;
+        return 0;
+    }
+    default: return -1;
+    }
+}
+
+static void print_period(FILE *f, int64_t ms)
+{
+    if (ms % 86400000 == 0)
+        fprintf(f, "%lldd", (long long)(ms / 86400000));
+    else if (ms % 3600000 == 0)
+        fprintf(f, "%lldh", (long long)(ms / 3600000));
+    else if (ms % 60000 == 0)
+        fprintf(f, "%lldm", (long long)(ms / 60000));
+    else if (ms % 1000 == 0)
+        fprintf(f, "%llds", (long long)(ms / 1000));
+    else
+        fprintf(f, "%lldms", (long long)ms);
+}
+
+static int list_queues(pgjobq_client *c, const queue_args *a)
+{
+    pgjobq_queue_info *q = NULL;
+    size_t n = 0;
+    int rc = pgjobq_queue_list(c, &q, &n);
+
+    if (rc != PGJOBQ_OK)
+        return cli_fail(c, rc);
+    if (a->json) {
+        fputs("{\"queues\":[", stdout);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ",{\"queue\":" : "{\"queue\":", stdout);
+            json_str(stdout, q[i].name);
+            fputs(",\"paused_at\":", stdout);
+            json_time(stdout, q[i].paused_at);
+            fputs(",\"pause_reason\":", stdout);
+            json_str(stdout, q[i].pause_reason);
+            if (q[i].concurrency)
+                printf(",\"concurrency\":%d", q[i].concurrency);
+            else
+                fputs(",\"concurrency\":null", stdout);
+            if (q[i].rate_limit)
+                printf(",\"rate_limit\":%d,\"rate_period_ms\":%lld", q[i].rate_limit, (long long)q[i].rate_period_ms);
+            else
+                fputs(",\"rate_limit\":null,\"rate_period_ms\":null", stdout);
+            printf(",\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld}", (long long)q[i].queued,
+                   (long long)q[i].scheduled, (long long)q[i].running, (long long)q[i].expired);
+        }
+        fputs("]}\n", stdout);
+    } else {
+        printf("%-24s %-7s %11s %-12s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "RATE", "QUEUED",
+               "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
+        for (size_t i = 0; i < n; i++) {
+            char conc[16], rate[48] = "-";
+            snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
+            if (q[i].rate_limit) {
+                char *buf = NULL;
+                size_t len = 0;
+                FILE *m = open_memstream(&buf, &len);
+                if (m) {
+                    fprintf(m, "%d/", q[i].rate_limit);
+                    print_period(m, q[i].rate_period_ms);
+                    fclose(m);
+                    snprintf(rate, sizeof rate, "%s", buf ? buf : "?");
+                    free(buf);
+                }
+            }
+            printf("%-24s %-7s %11s %-12s %9lld %9lld %9lld  %s\n", q[i].name,
+                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, rate, (long long)q[i].queued,
+                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired),
+                   q[i].pause_reason ? q[i].pause_reason : "");
+        }
+    }
+    pgjobq_queue_list_free(q);
+    return EX_OK;
+}
+
+/* Jobs of the queue running under a valid lease (an expired one can no longer write), or -1 on error. */
+static int64_t running_in(pgjobq_client *c, const char *queue, int *rc)
+{
+    pgjobq_queue_info *q = NULL;
+    size_t n = 0;
+    int64_t running = 0;
+
+    if ((*rc = pgjobq_queue_list(c, &q, &n)) != PGJOBQ_OK)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(q[i].name, queue) == 0)
+            running = q[i].running;
+    pgjobq_queue_list_free(q);
+    return running;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int drain(pgjobq_client *c, const char *queue, const queue_args *a)
+{
+    int rc = pgjobq_queue_pause(c, queue, a->reason ? a->reason : "draining");
+    int64_t start = mono_ms(), running, last = -1;
+
+    if (rc != PGJOBQ_OK)
+        return cli_fail(c, rc);
+    while ((running = running_in(c, queue, &rc)) != 0) {
+        if (running < 0)
+            return cli_fail(c, rc);
+        if (running != last)
+            fprintf(stderr, "pgjobq: queue %s paused; %lld jobs still running\n", queue, (long long)running);
+        last = running;
+        if (a->wait_ms >= 0 && mono_ms() - start >= a->wait_ms) {
+            cli_err("queue %s is paused, but %lld jobs were still running after %lld ms", queue, (long long)running,
+                    (long long)a->wait_ms);
+            return EX_TEMPFAIL;
+        }
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    printf("queue %s paused and drained: nothing of it is running\n", queue);
+    return EX_OK;
+}
+
+int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
+{
+    queue_args a = {.wait_ms = -1, .cmd = cmd};
+    int first = cli_parse(cmd, argc, argv, on_opt, &a), status, rc = PGJOBQ_OK;
+    const char *sub, *queue = NULL;
+    pgjobq_client *c;
+
+    if (first == -2)
+        return EX_OK;
+    if (first < 0)
+        return EX_USAGE;
+    if (first >= argc)
+        return cli_usage_error(cmd, "expected ls, pause, resume, drain or set");
+    sub = argv[first];
+    int is_ls = strcmp(sub, "ls") == 0, is_set = strcmp(sub, "set") == 0, is_drain = strcmp(sub, "drain") == 0,
+        is_pause = strcmp(sub, "pause") == 0;
+    if (!is_ls && !is_set && !is_drain && !is_pause && strcmp(sub, "resume") != 0)
+        return cli_usage_error(cmd, "unknown subcommand '%s' (ls, pause, resume, drain or set)", sub);
+    if (is_ls && argc - first != 1)
+        return cli_usage_error(cmd, "queue ls takes no queue name");
+    if (!is_ls) {
+        if (argc - first != 2)
+            return cli_usage_error(cmd, "queue %s takes one queue name", sub);
+        queue = argv[first + 1];
+        if (pgjobq_name_check(queue) != PGJOBQ_OK)
+            return cli_usage_error(cmd, "invalid queue name '%.80s' (a letter, then letters, digits and _ . : -, "
+                                        "at most 64)",
+                                   queue);
+    }
+    if (a.reason && !is_pause && !is_drain)
+        return cli_usage_error(cmd, "--reason goes with pause or drain");
+    if (a.wait_ms >= 0 && !is_drain)
+        return cli_usage_error(cmd, "--wait goes with drain");
+    if ((a.set_concurrency || a.set_rate) && !is_set)
+        return cli_usage_error(cmd, "--concurrency and --rate go with set");
+    if (is_set && !a.set_concurrency && !a.set_rate)
+        return cli_usage_error(cmd, "queue set needs --concurrency or --rate");
+    if (a.json && !is_ls)
+        return cli_usage_error(cmd, "--json goes with ls");
+
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if (is_ls) {
+        status = list_queues(c, &a);
+    } else if (is_drain) {
+        status = drain(c, queue, &a);
+    } else if (is_set) {
+        if (a.set_concurrency)
+            rc = pgjobq_queue_set_concurrency(c, queue, a.concurrency);
+        if (rc == PGJOBQ_OK && a.set_rate)
+            rc = pgjobq_queue_set_rate(c, queue, a.rate_limit, a.rate_period_ms);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK)
+            printf("queue %s updated\n", queue);
+    } else {
+        rc = is_pause ? pgjobq_queue_pause(c, queue, a.reason) : pgjobq_queue_resume(c, queue);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK)
+            printf("queue %s %s\n", queue, is_pause ? "paused" : "resumed");
+    }
+    pgjobq_client_close(c);
+    return status;
+}

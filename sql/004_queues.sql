@@ -1,0 +1,296 @@
+-- pgjobq schema version 4: queue settings, enforced inside the claim.
+--
+--   pgjobq.queues    one row per queue that has settings; a queue without a row behaves as before.
+--                    paused_at: the claim returns nothing (workers keep the leases they hold);
+--                    concurrency: at most N jobs of the queue running under a valid lease, across
+--                    every worker; rate_limit / rate_period: at most N jobs started in any window of
+--                    that length.
+--
+-- A claim from a queue with a limit first locks the queue's row (FOR UPDATE), so that limited claims
+-- of one queue run one at a time, and then counts, in a new snapshot, what the limit is about: the
+-- running jobs whose lease has not expired, or the starts still inside the rate window.  Counting in
+-- the claim's own snapshot instead lets two claims that start together both see a free slot (the
+-- race PgQueuer #761 describes); a separate counter drifts when a worker dies (Solid Queue #546).
+-- The count is derived from the job rows themselves, so an expired lease frees its slot at once,
+-- without waiting for the rescuer.  Claims from queues without limits take no lock and read the
+-- settings row only (one primary-key probe).
+--
+-- The rate window is exact: the queue's row keeps the start times of the jobs started inside the
+-- last rate_period (at most rate_limit of them), so "100 per minute" never lets 200 start within a
+-- minute across a boundary, as a token bucket of capacity 100 would.
+
+CREATE TABLE pgjobq.queues (
+    name          pgjobq.identifier PRIMARY KEY,
+    paused_at     timestamptz,
+    pause_reason  text,
+    concurrency   integer,
+    rate_limit    integer,
+    rate_period   interval,
+    recent_starts timestamptz[]     NOT NULL DEFAULT '{}',
+    updated_at    timestamptz       NOT NULL DEFAULT now(),
+    CONSTRAINT queues_concurrency_range CHECK (concurrency BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_range CHECK (rate_limit BETWEEN 1 AND 10000),
+    CONSTRAINT queues_rate_period_range CHECK (rate_period >= interval '1 millisecond'
+                                               AND rate_period <= interval '1 day'),
+    CONSTRAINT queues_rate_complete CHECK ((rate_limit IS NULL) = (rate_period IS NULL)),
+    CONSTRAINT queues_pause_reason_length CHECK (octet_length(pause_reason) <= 1024),
+    CONSTRAINT queues_reason_only_when_paused CHECK (pause_reason IS NULL OR paused_at IS NOT NULL)
+);
+
+-- ------------------------------------------------------------------------------------------------
+-- The claim, with the queue's settings
+
+CREATE OR REPLACE FUNCTION pgjobq.claim_batch(
+    queue          text,
+    max_jobs       integer,
+    lease          interval,
+    worker_id      text,
+    after_priority smallint    DEFAULT NULL,
+    after_run_at   timestamptz DEFAULT NULL,
+    after_id       bigint      DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
+               lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
+               lease_until timestamptz, unique_key text, last_error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s         pgjobq.queues%ROWTYPE;
+    v_limited boolean := false;
+    v_room    integer;
+    v_window  timestamptz[];
+    v_claimed integer;
+BEGIN
+    IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
+        RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'pgjobq.claim: lease must be positive, not %', lease
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (after_priority IS NULL) <> (after_run_at IS NULL) OR (after_priority IS NULL) <> (after_id IS NULL) THEN
+        RAISE EXCEPTION 'pgjobq.claim: give all of after_priority, after_run_at and after_id, or none'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_batch.queue;
+    IF FOUND THEN
+        IF s.paused_at IS NOT NULL THEN
+            RETURN;
+        END IF;
+        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'pgjobq.claim: queue % has a limit; claim from it in a READ COMMITTED transaction', queue
+                    USING ERRCODE = 'invalid_transaction_state',
+                          HINT = 'A snapshot older than the claim cannot see the jobs other claims just started.';
+            END IF;
+            -- Limited claims of this queue run one at a time from here to their commit.  The counts
+            -- below are new statements, so each sees every claim committed before this lock was given.
+            SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_batch.queue FOR UPDATE;
+            IF s.paused_at IS NOT NULL THEN
+                RETURN;
+            END IF;
+            v_room := max_jobs;
+            IF s.concurrency IS NOT NULL THEN
+                v_room := least(v_room, s.concurrency - (
+                    SELECT count(*)::integer FROM pgjobq.jobs j
+                     WHERE j.state = 'running' AND j.queue = claim_batch.queue AND j.lease_until > now()));
+            END IF;
+            IF s.rate_limit IS NOT NULL THEN
+                v_window := ARRAY(SELECT t FROM unnest(s.recent_starts) t WHERE t > now() - s.rate_period ORDER BY t);
+                v_room := least(v_room, s.rate_limit - cardinality(v_window));
+            END IF;
+            IF v_room <= 0 THEN
+                RETURN;
+            END IF;
+            v_limited := true;
+            max_jobs := v_room;
+            after_id := NULL; -- a limited claim takes the head: few jobs, and none may be passed over
+        END IF;
+    END IF;
+
+    -- Two statements rather than one with "after_id IS NULL OR ...": each keeps a plan whose index
+    -- scan starts where it should.
+    IF after_id IS NULL THEN
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT j.id FROM pgjobq.jobs j
+             WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.run_at <= now()
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT claim_batch.max_jobs
+               FOR UPDATE SKIP LOCKED)
+        UPDATE pgjobq.jobs j
+           SET state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
+                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error;
+    ELSE
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT j.id FROM pgjobq.jobs j
+             WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.run_at <= now()
+               AND (j.priority, j.run_at, j.id) > (claim_batch.after_priority, claim_batch.after_run_at,
+                                                    claim_batch.after_id)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT claim_batch.max_jobs
+               FOR UPDATE SKIP LOCKED)
+        UPDATE pgjobq.jobs j
+           SET state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
+                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error;
+    END IF;
+
+    IF v_limited AND s.rate_limit IS NOT NULL THEN
+        GET DIAGNOSTICS v_claimed = ROW_COUNT;
+        IF v_claimed > 0 THEN
+            UPDATE pgjobq.queues qs SET recent_starts = v_window || array_fill(now(), ARRAY[v_claimed])
+             WHERE qs.name = claim_batch.queue;
+        END IF;
+    END IF;
+END
+$$;
+
+-- claim (the SQL API of version 1) goes through claim_batch, so it obeys the settings too.
+
+-- next_due(queue): seconds until a claim from the queue can return a job (0 or less: now), or NULL
+-- when none can until something happens that wakes workers anyway (nothing queued, the queue
+-- paused: resuming notifies).  A rate-limited queue whose window is full is due when the oldest start
+-- leaves the window.  A queue whose concurrency is used up counts as due now: the worker then polls.
+CREATE OR REPLACE FUNCTION pgjobq.next_due(queue text) RETURNS double precision
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s      pgjobq.queues%ROWTYPE;
+    v_due  double precision;
+    v_full timestamptz;
+BEGIN
+    SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = next_due.queue;
+    IF s.paused_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT extract(epoch FROM min(f.run_at) - now())::double precision INTO v_due
+      FROM (SELECT j.run_at FROM pgjobq.jobs j
+             WHERE j.state = 'queued' AND j.queue = next_due.queue
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT 1000) f;
+    IF v_due IS NULL OR s.rate_limit IS NULL THEN
+        RETURN v_due;
+    END IF;
+    -- The window is full: the next start is possible when its oldest start leaves it.
+    SELECT min(t) + s.rate_period INTO v_full FROM unnest(s.recent_starts) t WHERE t > now() - s.rate_period
+    HAVING count(*) >= s.rate_limit;
+    IF v_full IS NOT NULL THEN
+        RETURN greatest(v_due, extract(epoch FROM v_full - now())::double precision);
+    END IF;
+    RETURN v_due;
+END
+$$;
+
+-- ------------------------------------------------------------------------------------------------
+-- Settings
+
+-- queue_pause(queue, reason): the queue's claims return nothing from now on, on every worker, until
+-- queue_resume.  Jobs already running go on under their leases.  Returns false when the queue was
+-- paused already (its reason is then replaced).
+CREATE FUNCTION pgjobq.queue_pause(queue text, reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_was timestamptz;
+BEGIN
+    SELECT qs.paused_at INTO v_was FROM pgjobq.queues qs WHERE qs.name = queue_pause.queue FOR UPDATE;
+    INSERT INTO pgjobq.queues AS qs (name, paused_at, pause_reason)
+    VALUES (queue_pause.queue, now(), left(reason, 1024))
+    ON CONFLICT (name) DO UPDATE
+       SET paused_at = coalesce(qs.paused_at, now()), pause_reason = left(queue_pause.reason, 1024),
+           updated_at = now();
+    RETURN v_was IS NULL;
+END
+$$;
+
+-- queue_resume(queue): claims from the queue return jobs again; workers are woken.  Returns false when
+-- the queue was not paused.
+CREATE FUNCTION pgjobq.queue_resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgjobq.queues qs SET paused_at = NULL, pause_reason = NULL, updated_at = now()
+     WHERE qs.name = queue_resume.queue AND qs.paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgjobq.notify(ARRAY[queue]);
+    RETURN true;
+END
+$$;
+
+-- queue_set(queue, settings): changes the settings named in a JSON object and leaves the others;
+-- null removes a limit.  Keys: "concurrency" (1..1000000), "rate_limit" (1..10000) with
+-- "rate_period" (an interval, 1 ms to 1 day; the two go together).  Workers are woken, as a limit may
+-- have been raised.
+CREATE FUNCTION pgjobq.queue_set(queue text, settings jsonb) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k text;
+BEGIN
+    IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: settings must be a JSON object'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(settings) LOOP
+        IF k NOT IN ('concurrency', 'rate_limit', 'rate_period') THEN
+            RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'The settings are concurrency, rate_limit and rate_period.';
+        END IF;
+    END LOOP;
+    IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO pgjobq.queues (name) VALUES (queue_set.queue) ON CONFLICT (name) DO NOTHING;
+    UPDATE pgjobq.queues qs
+       SET concurrency = CASE WHEN settings ? 'concurrency' THEN (settings ->> 'concurrency')::integer
+                              ELSE qs.concurrency END,
+           rate_limit = CASE WHEN settings ? 'rate_limit' THEN (settings ->> 'rate_limit')::integer
+                             ELSE qs.rate_limit END,
+           rate_period = CASE WHEN settings ? 'rate_period' THEN (settings ->> 'rate_period')::interval
+                              ELSE qs.rate_period END,
+           updated_at = now()
+     WHERE qs.name = queue_set.queue;
+    PERFORM pgjobq.notify(ARRAY[queue]);
+END
+$$;
+
+-- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
+-- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
+CREATE FUNCTION pgjobq.queue_list()
+RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, rate_limit integer,
+               rate_period interval, queued bigint, scheduled bigint, running bigint, expired bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH counts AS (
+        SELECT j.queue::text AS queue,
+               count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS queued,
+               count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS scheduled,
+               count(*) FILTER (WHERE j.state = 'running' AND j.lease_until > now()) AS running,
+               count(*) FILTER (WHERE j.state = 'running' AND j.lease_until <= now()) AS expired
+          FROM pgjobq.jobs j GROUP BY 1)
+    SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.rate_limit,
+           s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
+           coalesce(c.expired, 0)
+      FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
+     ORDER BY 1
+$$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC;

@@ -1,0 +1,191 @@
+/*
+ * queues.c - queue settings: pause and resume, concurrency and rate limits, and the list of queues.
+ * Each call is one statement of the SQL API (pgjobq.queue_pause, queue_resume, queue_set, queue_list,
+ * sql/004_queues.sql); the claim enforces what they set.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define REASON_MAX 1024
+
+/* Checks the client and the queue name, and clears the last error. */
+static int enter(pgjobq_client *c, const char *what, const char *queue)
+{
+    int rc;
+
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (pgjobq_name_check(queue) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
+                                                "and _ . : -, at most 64)",
+                              what, queue ? queue : "");
+    return PGJOBQ_OK;
+}
+
+/* Runs `SELECT f($1, $2)` with text arguments, discarding the result. */
+static int call2(pgjobq_client *c, const char *what, const char *sql, const char *a, const char *b)
+{
+    static const Oid types[] = {OID_TEXT, OID_TEXT};
+    const char *values[2] = {a, b};
+    PGresult *r;
+    int rc;
+
+    pgjobq__stmt st = {what, sql, 2, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) == PGJOBQ_OK)
+        PQclear(r);
+    return rc;
+}
+
+int pgjobq_queue_pause(pgjobq_client *c, const char *queue, const char *reason)
+{
+    char *clean = NULL;
+    int rc;
+
+    if ((rc = enter(c, "pause", queue)) != PGJOBQ_OK)
+        return rc;
+    if (reason) {
+        clean = pgjobq__sanitize_text(reason, strlen(reason), REASON_MAX, 0);
+        if (clean == NULL)
+            return pgjobq__seterr(c, PGJOBQ_ENOMEM, "pause: out of memory");
+    }
+    rc = call2(c, "pause", "SELECT pgjobq.queue_pause($1, $2)", queue, clean);
+    free(clean);
+    return rc;
+}
+
+int pgjobq_queue_resume(pgjobq_client *c, const char *queue)
+{
+    static const Oid types[] = {OID_TEXT};
+    const char *values[1] = {queue};
+    PGresult *r;
+    int rc;
+
+    if ((rc = enter(c, "resume", queue)) != PGJOBQ_OK)
+        return rc;
+    pgjobq__stmt st = {"resume", "SELECT pgjobq.queue_resume($1)", 1, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) == PGJOBQ_OK)
+        PQclear(r);
+    return rc;
+}
+
+int pgjobq_queue_set_concurrency(pgjobq_client *c, const char *queue, int limit)
+{
+    char settings[64];
+    int rc;
+
+    if ((rc = enter(c, "set concurrency", queue)) != PGJOBQ_OK)
+        return rc;
+    if (limit < 0 || limit > 1000000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set concurrency: the limit must be between 1 and 1000000 (0: none), "
+                                                "not %d",
+                              limit);
+    if (limit == 0)
+        snprintf(settings, sizeof settings, "{\"concurrency\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"concurrency\": %d}", limit);
+    return call2(c, "set concurrency", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
+int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_t period_ms)
+{
+    char settings[128];
+    int rc;
+
+    if ((rc = enter(c, "set rate", queue)) != PGJOBQ_OK)
+        return rc;
+    if (limit < 0 || limit > 10000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the limit must be between 1 and 10000 jobs (0: none), not %d",
+                              limit);
+    if (limit > 0 && (period_ms < 1 || period_ms > INT64_C(86400000)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the period must be between 1 ms and one day, not %lld ms",
+                              (long long)period_ms);
+    if (limit == 0)
+        snprintf(settings, sizeof settings, "{\"rate_limit\": null, \"rate_period\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"rate_limit\": %d, \"rate_period\": \"%lld milliseconds\"}", limit,
+                 (long long)period_ms);
+    return call2(c, "set rate", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
+enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
+       Q_NCOLS };
+
+int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
+{
+    pgjobq_queue_info *rows;
+    size_t n, bytes;
+    char *strings;
+    PGresult *r;
+    int rc;
+
+    if (queues_out)
+        *queues_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (queues_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list queues: queues_out and n_out are required");
+    pgjobq__stmt st = {"list queues",
+                       "SELECT queue, paused_at, pause_reason, concurrency, rate_limit,"
+                       " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired"
+                       " FROM pgjobq.queue_list()",
+                       0, NULL, NULL, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQnfields(r) != Q_NCOLS) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "list queues: unexpected result");
+    }
+    n = (size_t)PQntuples(r);
+    bytes = n * sizeof *rows;
+    for (size_t i = 0; i < n; i++)
+        bytes += (size_t)PQgetlength(r, (int)i, Q_NAME) + 1 + (size_t)PQgetlength(r, (int)i, Q_REASON) + 1;
+    rows = n ? calloc(1, bytes) : NULL;
+    if (n && rows == NULL) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "list queues: out of memory");
+    }
+    strings = (char *)(rows + n);
+    for (size_t i = 0; i < n; i++) {
+        int row = (int)i;
+        size_t len;
+        const char *s = pgjobq__get_text(r, row, Q_NAME, &len);
+        memcpy(strings, s ? s : "", s ? len : 0);
+        strings[s ? len : 0] = '\0';
+        rows[i].name = strings;
+        strings += (s ? len : 0) + 1;
+        if ((s = pgjobq__get_text(r, row, Q_REASON, &len)) != NULL) {
+            memcpy(strings, s, len);
+            strings[len] = '\0';
+            rows[i].pause_reason = strings;
+            strings += len + 1;
+        }
+        rows[i].paused_at = pgjobq__get_time(r, row, Q_PAUSED_AT);
+        rows[i].concurrency = PQgetisnull(r, row, Q_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, Q_CONCURRENCY);
+        rows[i].rate_limit = PQgetisnull(r, row, Q_RATE) ? 0 : pgjobq__get_int4(r, row, Q_RATE);
+        rows[i].rate_period_ms = PQgetisnull(r, row, Q_PERIOD_MS) ? 0 : pgjobq__get_int8(r, row, Q_PERIOD_MS);
+        rows[i].queued = pgjobq__get_int8(r, row, Q_QUEUED);
+        rows[i].scheduled = pgjobq__get_int8(r, row, Q_SCHEDULED);
+        rows[i].running = pgjobq__get_int8(r, row, Q_RUNNING);
+        rows[i].expired = pgjobq__get_int8(r, row, Q_EXPIRED);
+    }
+    PQclear(r);
+    *queues_out = rows;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+void pgjobq_queue_list_free(pgjobq_queue_info *queues)
+{
+    free(queues);
+}

@@ -1,0 +1,365 @@
+/*
+ * test_queues.c - queue settings against the real server: pause and resume (on every worker, woken by
+ * NOTIFY), the concurrency limit under racing worker processes, the rate limit on the database clock,
+ * and the command line's answers to bad input.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *log_path(const char *name)
+{
+    static char path[8][512];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
+    return p;
+}
+
+static void show_log(const char *path)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "tail -n 30 %s >&2", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log at %s)\n", path);
+}
+
+static void enqueue_n(pgjobq_client *c, const char *queue, int n)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = queue;
+    for (int i = 0; i < n; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+}
+
+/* Waits until the SQL count reaches want, or fails after timeout_ms. */
+static void wait_count(PGconn *pg, const char *sql, long long want, int timeout_ms)
+{
+    int64_t t0 = t_now_ms();
+    long long have;
+    while ((have = t_int(pg, "%s", sql)) < want) {
+        if (t_now_ms() - t0 > timeout_ms)
+            t_fail(__FILE__, __LINE__, "%s: %lld after %d ms, expected %lld", sql, have, timeout_ms, want);
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+TEST(queue_pause_holds_every_claim_and_resume_notifies)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg(), *listener = t_pg();
+    pgjobq_queue_info *q = NULL;
+    size_t n = 0;
+
+    enqueue_n(c, "mail", 3);
+    CHECK_OK(c, pgjobq_queue_pause(c, "mail", "smtp relay down"));
+    CHECK_OK(c, pgjobq_queue_pause(c, "mail", "smtp relay still down")); /* again: the reason is replaced */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('mail', 10, '30 s', 'w')"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim('mail', 10)"), 0);
+    CHECK(t_int(pg, "SELECT (pgjobq.next_due('mail') IS NULL)::int") == 1);
+
+    CHECK_OK(c, pgjobq_queue_list(c, &q, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_STR(q[0].name, "mail");
+    CHECK(q[0].paused_at != PGJOBQ_TIME_NONE);
+    CHECK_STR(q[0].pause_reason, "smtp relay still down");
+    CHECK_INT(q[0].queued, 3);
+    CHECK_INT(q[0].concurrency, 0);
+    pgjobq_queue_list_free(q);
+
+    /* Resuming wakes listeners, with the queue's name. */
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    CHECK_OK(c, pgjobq_queue_resume(c, "mail"));
+    CHECK_OK(c, pgjobq_queue_resume(c, "mail")); /* not paused: nothing to do */
+    int64_t t0 = t_now_ms();
+    PGnotify *note = NULL;
+    while (note == NULL && t_now_ms() - t0 < 5000) {
+        CHECK(PQconsumeInput(listener) == 1);
+        if ((note = PQnotifies(listener)) == NULL)
+            sleep_ms(10);
+    }
+    CHECK_MSG(note != NULL, "no notification after resume");
+    CHECK_STR(note->extra, "mail");
+    PQfreemem(note);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('mail', 10, '30 s', 'w')"), 3);
+
+    /* Bad input changes nothing. */
+    CHECK_RC(c, pgjobq_queue_pause(c, "no spaces", NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_queue_set_concurrency(c, "mail", -1), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_queue_set_rate(c, "mail", 5, 0), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_queue_set_rate(c, "mail", 10001, 1000), PGJOBQ_EINVAL);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL"),
+              0);
+    pgjobq_client_close(c);
+}
+
+TEST(queue_claim_from_a_limited_queue_needs_read_committed)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+
+    enqueue_n(c, "limited", 2);
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "limited", 1));
+    PQclear(t_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PGresult *r = PQexec(pg, "SELECT * FROM pgjobq.claim_batch('limited', 5, '30 s', 'w')");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "25000");
+    PQclear(r);
+    PQclear(t_exec(pg, "ROLLBACK"));
+    /* In READ COMMITTED: one at a time, whatever the batch asks for. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('limited', 5, '30 s', 'w')"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('limited', 5, '30 s', 'w')"), 0);
+    /* An expired lease frees its slot at once, before any rescue. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 s' WHERE state = 'running'"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('limited', 5, '30 s', 'w')"), 1);
+    pgjobq_client_close(c);
+}
+
+/* The issue's test: 4 worker processes x 8 slots on a queue limited to 3; handlers that sleep and
+ * record their start and end.  The overlap never exceeds 3, and every job completes. */
+TEST_FULL(queue_concurrency_limit_holds_across_worker_processes, 180, 0)
+{
+    enum { JOBS = 30, PROCS = 4 };
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char ledger[512], body[1024];
+    pid_t pids[PROCS];
+
+    snprintf(ledger, sizeof ledger, "%s/ledger", t_tmpdir());
+    snprintf(body, sizeof body,
+             "cat >/dev/null\n"
+             "start=$(date +%%s%%N)\n"
+             "sleep 0.3\n"
+             "echo \"$PGJOBQ_JOB_ID $start $(date +%%s%%N)\" >> %s\n"
+             "echo '{}'",
+             ledger);
+    const char *handler = t_script("handler.sh", body);
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "limited", 3));
+    enqueue_n(c, "limited", JOBS);
+    for (int i = 0; i < PROCS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "w%d", i);
+        pids[i] = t_spawn(log_path(id), NULL, "work", "--queue", "limited:8", "--exec", handler, "--worker-id", id,
+                          "--poll", "200ms", NULL);
+    }
+    wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'limited' AND state = 'completed'", JOBS,
+               150000);
+    for (int i = 0; i < PROCS; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < PROCS; i++) {
+        int status = t_wait_exit(pids[i], 30000);
+        if (status != 0)
+            show_log(log_path("w0"));
+        CHECK_MSG(status == 0, "worker %d exited with %d", i, status);
+    }
+    PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, s numeric, e numeric)"));
+    PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger));
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM ledger"), JOBS);
+    /* The most handlers running at one instant: at each start, those started and not yet ended. */
+    long long overlap = t_int(pg, "SELECT max((SELECT count(*) FROM ledger b WHERE b.s <= a.s AND b.e > a.s))"
+                                  " FROM ledger a");
+    long long workers_used = t_int(pg, "SELECT count(DISTINCT worker_id) FROM pgjobq.all_jobs WHERE queue = 'limited'");
+    printf("limit 3: at most %lld handlers at once, %lld workers took jobs\n", overlap, workers_used);
+    CHECK_MSG(overlap <= 3, "%lld handlers ran at once on a queue limited to 3", overlap);
+    CHECK_MSG(overlap >= 2, "the limit was never approached (%lld at once): the test proves nothing", overlap);
+    pgjobq_client_close(c);
+}
+
+/* Eight claimers on their own connections, racing: claim up to 5, look at how many jobs of the queue
+ * run under a valid lease, complete, again.  Every look is a snapshot of committed state; none may see
+ * more than the limit. */
+static _Atomic long long race_most, race_claimed;
+static void *race_claimer(void *arg)
+{
+    PGconn *pg = PQconnectdb(t_conninfo());
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    (void)arg;
+    if (PQstatus(pg) != CONNECTION_OK) {
+        PQfinish(pg);
+        return (void *)1;
+    }
+    for (int round = 0; round < 60; round++) {
+        PGresult *r = PQexec(pg, "SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(lease_token), '{}'),"
+                                 " count(*) FROM pgjobq.claim_batch('race', 5, '30 s', 'racer')");
+        if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+            PQclear(r);
+            PQfinish(pg);
+            return (void *)2;
+        }
+        char ids[4096], tokens[4096];
+        snprintf(ids, sizeof ids, "%s", PQgetvalue(r, 0, 0));
+        snprintf(tokens, sizeof tokens, "%s", PQgetvalue(r, 0, 1));
+        race_claimed += atoll(PQgetvalue(r, 0, 2));
+        PQclear(r);
+        r = PQexec(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'race' AND state = 'running'"
+                       " AND lease_until > now()");
+        long long running = PQresultStatus(r) == PGRES_TUPLES_OK ? atoll(PQgetvalue(r, 0, 0)) : 0;
+        PQclear(r);
+        long long most = atomic_load(&race_most);
+        while (running > most && !atomic_compare_exchange_weak(&race_most, &most, running))
+            ;
+        seed = seed * 1103515245u + 12345u;
+        sleep_ms((long)((seed >> 8) % 4));
+        const char *values[2] = {ids, tokens};
+        r = PQexecParams(pg, "SELECT count(*) FROM pgjobq.complete_many($1::bigint[], $2::bigint[], NULL)", 2, NULL,
+                         values, NULL, NULL, 0);
+        PQclear(r);
+    }
+    PQfinish(pg);
+    return NULL;
+}
+
+TEST_FULL(queue_concurrency_limit_holds_between_racing_claimers, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    pthread_t t[8];
+
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "race", 3));
+    enqueue_n(c, "race", 2000);
+    for (int i = 0; i < 8; i++)
+        CHECK(pthread_create(&t[i], NULL, race_claimer, (void *)(uintptr_t)(i + 1)) == 0);
+    for (int i = 0; i < 8; i++) {
+        void *rv = NULL;
+        pthread_join(t[i], &rv);
+        CHECK_MSG(rv == NULL, "claimer %d failed (%ld)", i, (long)(intptr_t)rv);
+    }
+    printf("8 claimers, limit 3: %lld jobs claimed, at most %lld running in any look\n", (long long)race_claimed,
+           (long long)race_most);
+    CHECK_MSG(race_most <= 3, "%lld jobs ran at once under a limit of 3", (long long)race_most);
+    CHECK_MSG(race_most == 3 && race_claimed >= 100, "the limit was not exercised (%lld claimed, %lld at most)",
+              (long long)race_claimed, (long long)race_most);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(queue_rate_limit_spaces_starts_on_the_database_clock, 120, 0)
+{
+    enum { JOBS = 12 };
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pid_t pids[2];
+
+    const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
+    CHECK_OK(c, pgjobq_queue_set_rate(c, "paced", 4, 2000));
+    enqueue_n(c, "paced", JOBS);
+    for (int i = 0; i < 2; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "r%d", i);
+        pids[i] = t_spawn(log_path(id), NULL, "work", "--queue", "paced:8", "--exec", handler, "--worker-id", id,
+                          "--poll", "5s", NULL);
+    }
+    wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'paced' AND state = 'completed'", JOBS, 90000);
+    for (int i = 0; i < 2; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < 2; i++)
+        CHECK_INT(t_wait_exit(pids[i], 30000), 0);
+    /* In any 2 s window starting at a start, at most 4 starts (started_at: the database clock). */
+    long long most = t_int(pg, "SELECT max((SELECT count(*) FROM pgjobq.all_jobs b WHERE b.queue = 'paced'"
+                               " AND b.started_at >= a.started_at AND b.started_at < a.started_at + interval '2 s'))"
+                               " FROM pgjobq.all_jobs a WHERE a.queue = 'paced'");
+    double spread = (double)t_int(pg, "SELECT (extract(epoch FROM max(started_at) - min(started_at)) * 1000)::bigint"
+                                      " FROM pgjobq.all_jobs WHERE queue = 'paced'") / 1000.0;
+    printf("rate 4/2s: at most %lld starts in a 2 s window; 12 starts over %.2f s\n", most, spread);
+    CHECK_MSG(most <= 4, "%lld jobs started within 2 s under a limit of 4 per 2 s", most);
+    CHECK_MSG(spread >= 3.9, "12 jobs at 4 per 2 s started within %.2f s", spread);
+    /* The workers learned when the window opened (next_due), not at their 5 s poll: done in well under
+     * 3 polls' time after the last window opened. */
+    CHECK_MSG(spread < 9.0, "starts spread over %.2f s: the workers waited for their poll", spread);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(queue_paused_with_a_worker_running_then_resumed, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+
+    const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
+    pid_t pid = t_spawn(log_path("p"), NULL, "work", "--queue", "held:4", "--exec", handler, "--poll", "30s", NULL);
+    enqueue_n(c, "held", 2);
+    wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'held' AND state = 'completed'", 2, 60000);
+    CHECK_OK(c, pgjobq_queue_pause(c, "held", "test"));
+    enqueue_n(c, "held", 5);
+    sleep_ms(1500);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'held' AND state = 'queued'"), 5);
+    int64_t t0 = t_now_ms();
+    CHECK_OK(c, pgjobq_queue_resume(c, "held"));
+    /* The worker polls every 30 s: only the resume's notification can bring it back this soon. */
+    wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'held' AND state = 'completed'", 7, 20000);
+    printf("resumed: 5 jobs done %lld ms later\n", (long long)(t_now_ms() - t0));
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    pgjobq_client_close(c);
+}
+
+TEST(queue_command_sets_lists_and_refuses_bad_input)
+{
+    PGconn *pg = t_pg();
+    char *out = NULL, *err = NULL;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--concurrency", "5", "--rate", "100/1m", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "api", "--reason", "<b>quota</b>", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"queue\":\"api\"") && strstr(out, "\"concurrency\":5") &&
+                  strstr(out, "\"rate_limit\":100,\"rate_period_ms\":60000") &&
+                  strstr(out, "\"pause_reason\":\"<b>quota</b>\""),
+              "queue ls --json printed: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(strstr(out, "paused") && strstr(out, "100/1m"), "queue ls printed: %s", out);
+    free(out);
+    free(err);
+    /* Drain of a paused queue with nothing running returns at once. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "drain", "api", "--wait", "5s", NULL), 0);
+    free(out);
+    free(err);
+
+    /* Bad input: exit 64, a message, nothing changed. */
+    static const char *const bad[][6] = {
+        {"queue", "set", "api", "--concurrency", "0", NULL},
+        {"queue", "set", "api", "--rate", "5", NULL},
+        {"queue", "set", "api", "--rate", "10001/1s", NULL},
+        {"queue", "set", "api", "--rate", "5/2d", NULL},
+        {"queue", "set", "bad name", "--concurrency", "2", NULL},
+        {"queue", "set", "api", NULL},
+        {"queue", "pause", NULL},
+        {"queue", "resume", "api", "--concurrency", "2", NULL},
+        {"queue", "explode", "api", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int status = t_cli(&out, &err, NULL, 0, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5]);
+        CHECK_MSG(status == 64 && err && strlen(err) > 10, "pgjobq %s %s %s: status %d, stderr %s", bad[i][1],
+                  bad[i][2] ? bad[i][2] : "", bad[i][3] ? bad[i][3] : "", status, err ? err : "");
+        free(out);
+        free(err);
+    }
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'api' AND concurrency = 5"
+                        " AND rate_limit = 100 AND rate_period = '1 minute' AND paused_at IS NOT NULL"),
+              1);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "resume", "api", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--concurrency", "none", "--rate", "none", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'api' AND concurrency IS NULL"
+                        " AND rate_limit IS NULL AND paused_at IS NULL"),
+              1);
+}
