@@ -419,3 +419,20 @@ const char *t_use_embedded_home(void)
     t_defer(stop_embedded);
     return embedded_home;
 }
+
+const char *t_log_path(const char *name)
+{
+    static char path[8][512];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
+    return p;
+}
+
+void t_show_log(const char *path)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "tail -n 30 '%s' >&2", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log at %s)\n", path);
+}

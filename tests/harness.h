@@ -122,6 +122,10 @@ pid_t t_spawn(const char *log_path, const char *extra_env, ...);
 int t_wait_exit(pid_t pid, int timeout_ms);
 /* A new temporary directory for this test (removed when the test process exits normally). */
 const char *t_tmpdir(void);
+/* dir/NAME.log in this test's temporary directory, for t_spawn (the last 8 paths stay valid). */
+const char *t_log_path(const char *name);
+/* Prints the last 30 lines of a log on stderr, to explain a failure. */
+void t_show_log(const char *path);
 /* Writes an executable shell script at dir/name with the given body; returns its path (static). */
 const char *t_script(const char *name, const char *body);
 

@@ -283,22 +283,6 @@ TEST(worker_api_refuses_a_timeout_not_shorter_than_the_lease)
 /* ------------------------------------------------------------------------------------------------ */
 /* pgjobq work --exec                                                                                */
 
-static const char *log_path(const char *name)
-{
-    static char path[8][512];
-    static int next;
-    char *p = path[next++ % 8];
-    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
-    return p;
-}
-
-static void show_log(const char *path)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "tail -n 30 '%s' >&2", path);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log at %s)\n", path);
-}
 
 TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
 {
@@ -318,7 +302,7 @@ TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
     for (int i = 0; i < 3; i++) {
         char id[32];
         snprintf(id, sizeof id, "worker-%d", i);
-        pids[i] = t_spawn(log_path(id), "PGPASSWORD=hunter2", "work", "--queue", "bulk:6", "--exec", handler,
+        pids[i] = t_spawn(t_log_path(id), "PGPASSWORD=hunter2", "work", "--queue", "bulk:6", "--exec", handler,
                           "--worker-id", id, NULL);
     }
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 2000, 180000);
@@ -327,7 +311,7 @@ TEST_FULL(work_exec_runs_2000_jobs_exactly_once_across_processes, 240, 0)
     for (int i = 0; i < 3; i++) {
         int status = t_wait_exit(pids[i], 30000);
         if (status != 0)
-            show_log(log_path("worker-0"));
+            t_show_log(t_log_path("worker-0"));
         CHECK_MSG(status == 0, "worker %d exited with %d", i, status);
     }
     /* Each job ran exactly once, on attempt 1, with its environment. */
@@ -375,7 +359,7 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow_id));
     CHECK_OK(c, pgjobq_enqueue(c, "\"text\"", &o, &text_id));
     CHECK_OK(c, pgjobq_enqueue(c, "\"garbage\"", &o, &garbage_id));
-    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--lease", "3s", "--timeout", "1s", "--poll",
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--lease", "3s", "--timeout", "1s", "--poll",
                         "100ms", NULL);
     /* The failing job: its stderr (NUL and invalid UTF-8 included) is stored, sanitised. */
     char sql[256];
@@ -412,22 +396,37 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
     int64_t quick, slow;
 
-    const char *handler = t_script("h.sh", "payload=$(cat)\n"
-                                           "case \"$payload\" in *slow*) exec sleep 60;; esac\n"
-                                           "sleep 1; echo '{\"done\": true}'");
+    char body[600];
+    snprintf(body, sizeof body,
+             "touch %s/started.$PGJOBQ_JOB_ID\n"
+             "payload=$(cat)\n"
+             "case \"$payload\" in *slow*) exec sleep 60;; esac\n"
+             "sleep 1; echo '{\"done\": true}'",
+             t_tmpdir());
+    const char *handler = t_script("h.sh", body);
     o.kind = "quick";
     CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
     o.kind = "slow";
     CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow));
-    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:2", "--lease", "120s",
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:2", "--lease", "120s",
                         "--timeout", "100s", "--shutdown-timeout", "3s", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 2, 20000);
+    /* Claimed is not started: wait until both handlers run (a job not started yet would be handed
+     * back at once, and the stop would be clean). */
+    char marker[2][600];
+    snprintf(marker[0], sizeof marker[0], "%s/started.%lld", t_tmpdir(), (long long)quick);
+    snprintf(marker[1], sizeof marker[1], "%s/started.%lld", t_tmpdir(), (long long)slow);
+    for (int64_t t0 = t_now_ms(); access(marker[0], F_OK) != 0 || access(marker[1], F_OK) != 0;) {
+        CHECK_MSG(t_now_ms() - t0 < 20000, "the two handlers did not both start");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     kill(pid, SIGTERM);
     /* The quick job finishes within the shutdown timeout; the slow one is stopped and handed back at
      * once, without using up its attempt: exit 75 says jobs had to be handed back. */
     int status = t_wait_exit(pid, 30000);
     if (status != EX_TEMPFAIL)
-        show_log(log_path("w"));
+        t_show_log(t_log_path("w"));
     CHECK_INT(status, EX_TEMPFAIL);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
@@ -439,7 +438,7 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     CHECK_OK(c, pgjobq_job_cancel(c, slow, NULL));
     o.kind = "quick";
     CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
-    pid = t_spawn(log_path("w2"), NULL, "work", "--exec", handler, "--shutdown-timeout", "20s", NULL);
+    pid = t_spawn(t_log_path("w2"), NULL, "work", "--exec", handler, "--shutdown-timeout", "20s", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 20000);
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
@@ -458,13 +457,13 @@ TEST_FULL(work_kill_9_mid_job_another_worker_finishes_it, 120, 0)
                                            "if [ \"$PGJOBQ_ATTEMPT\" = 1 ]; then sleep 20; fi\n"
                                            "echo \"{\\\"by\\\": \\\"$WHO\\\"}\"");
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
-    pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+    pid_t a = t_spawn(t_log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "a", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
     kill(a, SIGKILL);
     CHECK_INT(t_wait_exit(a, 10000), 128 + SIGKILL);
     int64_t killed_at = t_now_ms();
-    pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+    pid_t b = t_spawn(t_log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "b", "--poll", "200ms", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 30000);
     printf("kill -9 to completion by another worker: %lld ms\n", (long long)(t_now_ms() - killed_at));
@@ -489,13 +488,13 @@ TEST_FULL(work_stalled_worker_cannot_write_after_losing_its_lease, 120, 0)
                                            "if [ \"$PGJOBQ_ATTEMPT\" = 1 ]; then sleep 0.5; fi\n"
                                            "echo \"{\\\"by\\\": \\\"$WHO\\\"}\"");
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
-    pid_t a = t_spawn(log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+    pid_t a = t_spawn(t_log_path("a"), "WHO=a", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "a", "--no-maintenance", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND worker_id = 'a'", 1, 20000);
     kill(a, SIGSTOP);
     /* Frozen past its lease: another worker rescues and completes the job. */
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND lease_until < now()", 1, 20000);
-    pid_t b = t_spawn(log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
+    pid_t b = t_spawn(t_log_path("b"), "WHO=b", "work", "--exec", handler, "--lease", "2s", "--timeout", "1500ms",
                       "--worker-id", "b", "--poll", "200ms", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 30000);
     /* The zombie wakes up with a finished handler and a lost lease: it must write nothing. */
@@ -528,7 +527,7 @@ TEST_FULL(work_notify_wakes_an_idle_worker_and_survives_a_killed_listener, 120, 
 
     /* Polling every minute: only a notification can explain a pickup within a few seconds.  The
      * first job is taken by the worker's start-up claim; the second finds it idle. */
-    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--poll", "60s", NULL);
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--poll", "60s", NULL);
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 1, 20000);
     /* Listening: the claim connection is past its set-up query (which holds the LISTEN). */
@@ -568,7 +567,7 @@ TEST_FULL(work_uses_at_most_three_connections_at_concurrency_64, 120, 0)
     long long most = 0;
 
     enqueue_n(400, "default");
-    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:64", NULL);
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "default:64", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 32, 30000);
     for (int i = 0; i < 20; i++) {
         long long n = t_int(pg, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -595,7 +594,7 @@ TEST_FULL(work_survives_a_database_restart, 180, TEST_EXCLUSIVE)
 
     enqueue_n(600, "default");
     for (int i = 0; i < 2; i++)
-        pids[i] = t_spawn(log_path(i ? "w1" : "w0"), NULL, "work", "--exec", handler, "--queue", "default:4",
+        pids[i] = t_spawn(t_log_path(i ? "w1" : "w0"), NULL, "work", "--exec", handler, "--queue", "default:4",
                           "--lease", "5s", "--timeout", "4s", "--poll", "200ms", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 50, 60000);
     PQfinish(pg);
@@ -630,7 +629,7 @@ TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 1
 
     CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
     pgjobq_client_close(c);
-    pid_t pid = t_spawn(log_path("w"), NULL, "work", "--exec", handler, "--shutdown-timeout", "2s", NULL);
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--shutdown-timeout", "2s", NULL);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 20000);
     PQfinish(pg);
     /* The database goes away while the job runs; then the worker is asked to stop. */
@@ -641,7 +640,7 @@ TEST_FULL(work_sigterm_without_a_database_gives_up_after_the_shutdown_timeout, 1
     int64_t took = t_now_ms() - t0;
     CHECK_INT(t_pg_ctl("start", "-w", "-t", "60", NULL), 0);
     if (status != EX_TEMPFAIL)
-        show_log(log_path("w"));
+        t_show_log(t_log_path("w"));
     /* It gave up after its shutdown timeout and said the outcome was not written (75). */
     CHECK_INT(status, EX_TEMPFAIL);
     CHECK_MSG(took < 15000, "it took %lld ms to give up", (long long)took);
