@@ -293,4 +293,202 @@ AS $$
      ORDER BY 1
 $$;
 
+-- ------------------------------------------------------------------------------------------------
+-- The calendar of cron schedules: one implementation, in the database, on its clock.
+
+-- cron_field(spec, lo, hi, names, what): the values a cron field allows, sorted.  A field is a
+-- comma-separated list of *, N, N-M, each optionally /STEP (N/STEP means N-hi/STEP); names (jan..dec,
+-- sun..sat) stand for their numbers when given.
+CREATE FUNCTION pgjobq.cron_field(spec text, lo integer, hi integer, names text[], what text) RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part   text;
+    range  text;
+    a      integer;
+    b      integer;
+    step   integer;
+    v      integer;
+    vals   integer[] := '{}';
+    bounds text[];
+BEGIN
+    IF spec IS NULL OR spec = '' THEN
+        RAISE EXCEPTION 'pgjobq.cron: the % field is empty', what USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH part IN ARRAY string_to_array(lower(spec), ',') LOOP
+        step := 1;
+        range := part;
+        IF position('/' IN part) > 0 THEN
+            IF split_part(part, '/', 2) !~ '^[0-9]{1,4}$' OR split_part(part, '/', 2)::integer < 1 THEN
+                RAISE EXCEPTION 'pgjobq.cron: bad step in the % field "%"', what, spec
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            step := split_part(part, '/', 2)::integer;
+            range := split_part(part, '/', 1);
+        END IF;
+        IF range IN ('*', '?') THEN
+            a := lo;
+            b := hi;
+        ELSE
+            bounds := string_to_array(range, '-');
+            IF cardinality(bounds) > 2 THEN
+                RAISE EXCEPTION 'pgjobq.cron: bad range in the % field "%"', what, spec
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            FOR i IN 1 .. cardinality(bounds) LOOP
+                IF bounds[i] ~ '^[0-9]{1,4}$' THEN
+                    v := bounds[i]::integer;
+                ELSIF names IS NOT NULL AND array_position(names, bounds[i]) IS NOT NULL THEN
+                    v := lo + array_position(names, bounds[i]) - 1;
+                ELSE
+                    RAISE EXCEPTION 'pgjobq.cron: "%" is not a value of the % field', bounds[i], what
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                IF i = 1 THEN a := v; ELSE b := v; END IF;
+            END LOOP;
+            IF cardinality(bounds) = 1 THEN
+                b := CASE WHEN position('/' IN part) > 0 THEN hi ELSE a END;
+            END IF;
+        END IF;
+        IF a < lo OR b > hi OR a > b THEN
+            RAISE EXCEPTION 'pgjobq.cron: the % field "%" is outside %..%', what, spec, lo, hi
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v := a;
+        WHILE v <= b LOOP
+            vals := vals || v;
+            v := v + step;
+        END LOOP;
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT x FROM unnest(vals) x ORDER BY x);
+END
+$$;
+
+-- cron_instant(local, tz): the instant a cron schedule fires for a local time: the local time's first
+-- occurrence when clocks fall back and it happens twice; the first instant after the gap when clocks
+-- spring forward and it does not exist.
+CREATE FUNCTION pgjobq.cron_instant(local timestamp, tz text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    u      timestamptz := local AT TIME ZONE tz;
+    e      timestamptz;
+    lo_s   bigint;
+    hi_s   bigint;
+    mid_s  bigint;
+BEGIN
+    IF (u AT TIME ZONE tz) <> local THEN
+        -- In a gap: the first second whose local time is past it.  Local time is monotonic within a
+        -- day of the gap, so a binary search over that day finds the transition.
+        lo_s := extract(epoch FROM u - interval '1 day')::bigint;
+        hi_s := extract(epoch FROM u + interval '1 day')::bigint;
+        WHILE hi_s - lo_s > 1 LOOP
+            mid_s := (lo_s + hi_s) / 2;
+            IF (to_timestamp(mid_s) AT TIME ZONE tz) > local THEN
+                hi_s := mid_s;
+            ELSE
+                lo_s := mid_s;
+            END IF;
+        END LOOP;
+        RETURN to_timestamp(hi_s);
+    END IF;
+    -- Twice?  The same local time with the offset of a day earlier is the first occurrence.
+    e := (local - ((u - interval '1 day') AT TIME ZONE tz - (u - interval '1 day') AT TIME ZONE 'UTC'))
+         AT TIME ZONE 'UTC';
+    IF e < u AND (e AT TIME ZONE tz) = local THEN
+        RETURN e;
+    END IF;
+    RETURN u;
+END
+$$;
+
+-- cron_next(schedule, tz, after): the first instant after `after` at which the schedule fires.  A
+-- schedule has 5 fields (minute hour day-of-month month day-of-week) or 6 (second first); day of
+-- week 0-7 (0 and 7 are Sunday) or sun..sat, month 1-12 or jan..dec.  When both day fields are
+-- restricted a day matches either (as in cron).  tz is an IANA time zone name (UTC by default).
+-- Daylight saving: a local time that does not exist fires at the first instant after the gap (a
+-- schedule firing within the gap fires once there); a local time that occurs twice fires once, at
+-- its first occurrence.  NULL when it never fires within five years (30 February).
+CREATE FUNCTION pgjobq.cron_next(schedule text, tz text DEFAULT 'UTC', after timestamptz DEFAULT now())
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f       text[] := regexp_split_to_array(btrim(coalesce(schedule, '')), '[[:space:]]+');
+    o       integer;
+    secs    integer[];
+    mins    integer[];
+    hours   integer[];
+    doms    integer[];
+    months  integer[];
+    dows    integer[];
+    dom_any boolean;
+    dow_any boolean;
+    l       timestamp;
+    day     date;
+    d       date;
+    first   boolean;
+    h       integer;
+    m       integer;
+    sec     integer;
+    dom_ok  boolean;
+    dow_ok  boolean;
+    cand    timestamp;
+    inst    timestamptz;
+BEGIN
+    IF cardinality(f) NOT IN (5, 6) THEN
+        RAISE EXCEPTION 'pgjobq.cron: "%" has % fields; a schedule has 5 (minute hour day month weekday) or 6 (second first)',
+            schedule, cardinality(f) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF tz IS NULL OR after IS NULL THEN
+        RAISE EXCEPTION 'pgjobq.cron: tz and after are required' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    o := cardinality(f) - 5;
+    secs := CASE WHEN o = 1 THEN pgjobq.cron_field(f[1], 0, 59, NULL, 'second') ELSE '{0}' END;
+    mins := pgjobq.cron_field(f[o + 1], 0, 59, NULL, 'minute');
+    hours := pgjobq.cron_field(f[o + 2], 0, 23, NULL, 'hour');
+    doms := pgjobq.cron_field(f[o + 3], 1, 31, NULL, 'day of month');
+    months := pgjobq.cron_field(f[o + 4], 1, 12,
+                                '{jan,feb,mar,apr,may,jun,jul,aug,sep,oct,nov,dec}', 'month');
+    dows := pgjobq.cron_field(f[o + 5], 0, 7, '{sun,mon,tue,wed,thu,fri,sat}', 'day of week');
+    IF 7 = ANY (dows) THEN
+        dows := ARRAY(SELECT DISTINCT x FROM unnest(dows || 0) x WHERE x < 7 ORDER BY x);
+    END IF;
+    dom_any := f[o + 3] IN ('*', '?');
+    dow_any := f[o + 5] IN ('*', '?');
+
+    l := after AT TIME ZONE tz; -- raises for an unknown time zone
+    day := l::date;
+    FOR i IN 0 .. 366 * 5 LOOP
+        d := day + i;
+        CONTINUE WHEN NOT (extract(month FROM d)::integer = ANY (months));
+        dom_ok := extract(day FROM d)::integer = ANY (doms);
+        dow_ok := extract(dow FROM d)::integer = ANY (dows);
+        CONTINUE WHEN NOT CASE WHEN dom_any AND dow_any THEN true
+                               WHEN dom_any THEN dow_ok
+                               WHEN dow_any THEN dom_ok
+                               ELSE dom_ok OR dow_ok END;
+        first := i = 0;
+        FOREACH h IN ARRAY hours LOOP
+            CONTINUE WHEN first AND h < extract(hour FROM l);
+            FOREACH m IN ARRAY mins LOOP
+                CONTINUE WHEN first AND h = extract(hour FROM l) AND m < extract(minute FROM l);
+                FOREACH sec IN ARRAY secs LOOP
+                    cand := d + make_interval(hours => h, mins => m, secs => sec);
+                    CONTINUE WHEN cand <= l;
+                    inst := pgjobq.cron_instant(cand, tz);
+                    IF inst > after THEN
+                        RETURN inst;
+                    END IF;
+                END LOOP;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC;

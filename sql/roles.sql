@@ -47,7 +47,10 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cancel_many(bigint[], bigint[], text),
     pgjobq.next_due(text),
     pgjobq.rescue_expired(integer),
-    pgjobq.prune(interval, interval, integer)
+    pgjobq.prune(interval, interval, integer),
+    pgjobq.cron_next(text, text, timestamptz),
+    pgjobq.cron_field(text, integer, integer, text[], text),
+    pgjobq.cron_instant(timestamp, text)
 TO pgjobq_worker;
 
 GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;

@@ -13,22 +13,6 @@
 
 #include "harness.h"
 
-static const char *log_path(const char *name)
-{
-    static char path[8][512];
-    static int next;
-    char *p = path[next++ % 8];
-    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
-    return p;
-}
-
-static void show_log(const char *path)
-{
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "tail -n 30 %s >&2", path);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log at %s)\n", path);
-}
 
 static void enqueue_n(pgjobq_client *c, const char *queue, int n)
 {
@@ -103,6 +87,8 @@ TEST(queue_pause_holds_every_claim_and_resume_notifies)
     CHECK_RC(c, pgjobq_queue_set_rate(c, "mail", 10001, 1000), PGJOBQ_EINVAL);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL"),
               0);
+    PQfinish(pg);
+    PQfinish(listener);
     pgjobq_client_close(c);
 }
 
@@ -125,6 +111,7 @@ TEST(queue_claim_from_a_limited_queue_needs_read_committed)
     /* An expired lease frees its slot at once, before any rescue. */
     PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 s' WHERE state = 'running'"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('limited', 5, '30 s', 'w')"), 1);
+    PQfinish(pg);
     pgjobq_client_close(c);
 }
 
@@ -152,7 +139,7 @@ TEST_FULL(queue_concurrency_limit_holds_across_worker_processes, 180, 0)
     for (int i = 0; i < PROCS; i++) {
         char id[32];
         snprintf(id, sizeof id, "w%d", i);
-        pids[i] = t_spawn(log_path(id), NULL, "work", "--queue", "limited:8", "--exec", handler, "--worker-id", id,
+        pids[i] = t_spawn(t_log_path(id), NULL, "work", "--queue", "limited:8", "--exec", handler, "--worker-id", id,
                           "--poll", "200ms", NULL);
     }
     wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'limited' AND state = 'completed'", JOBS,
@@ -162,7 +149,7 @@ TEST_FULL(queue_concurrency_limit_holds_across_worker_processes, 180, 0)
     for (int i = 0; i < PROCS; i++) {
         int status = t_wait_exit(pids[i], 30000);
         if (status != 0)
-            show_log(log_path("w0"));
+            t_show_log(t_log_path("w0"));
         CHECK_MSG(status == 0, "worker %d exited with %d", i, status);
     }
     PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, s numeric, e numeric)"));
@@ -175,6 +162,7 @@ TEST_FULL(queue_concurrency_limit_holds_across_worker_processes, 180, 0)
     printf("limit 3: at most %lld handlers at once, %lld workers took jobs\n", overlap, workers_used);
     CHECK_MSG(overlap <= 3, "%lld handlers ran at once on a queue limited to 3", overlap);
     CHECK_MSG(overlap >= 2, "the limit was never approached (%lld at once): the test proves nothing", overlap);
+    PQfinish(pg);
     pgjobq_client_close(c);
 }
 
@@ -257,7 +245,7 @@ TEST_FULL(queue_rate_limit_spaces_starts_on_the_database_clock, 120, 0)
     for (int i = 0; i < 2; i++) {
         char id[32];
         snprintf(id, sizeof id, "r%d", i);
-        pids[i] = t_spawn(log_path(id), NULL, "work", "--queue", "paced:8", "--exec", handler, "--worker-id", id,
+        pids[i] = t_spawn(t_log_path(id), NULL, "work", "--queue", "paced:8", "--exec", handler, "--worker-id", id,
                           "--poll", "5s", NULL);
     }
     wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'paced' AND state = 'completed'", JOBS, 90000);
@@ -277,6 +265,7 @@ TEST_FULL(queue_rate_limit_spaces_starts_on_the_database_clock, 120, 0)
     /* The workers learned when the window opened (next_due), not at their 5 s poll: done in well under
      * 3 polls' time after the last window opened. */
     CHECK_MSG(spread < 9.0, "starts spread over %.2f s: the workers waited for their poll", spread);
+    PQfinish(pg);
     pgjobq_client_close(c);
 }
 
@@ -286,7 +275,7 @@ TEST_FULL(queue_paused_with_a_worker_running_then_resumed, 120, 0)
     PGconn *pg = t_pg();
 
     const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
-    pid_t pid = t_spawn(log_path("p"), NULL, "work", "--queue", "held:4", "--exec", handler, "--poll", "30s", NULL);
+    pid_t pid = t_spawn(t_log_path("p"), NULL, "work", "--queue", "held:4", "--exec", handler, "--poll", "30s", NULL);
     enqueue_n(c, "held", 2);
     wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'held' AND state = 'completed'", 2, 60000);
     CHECK_OK(c, pgjobq_queue_pause(c, "held", "test"));
@@ -300,6 +289,7 @@ TEST_FULL(queue_paused_with_a_worker_running_then_resumed, 120, 0)
     printf("resumed: 5 jobs done %lld ms later\n", (long long)(t_now_ms() - t0));
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
     pgjobq_client_close(c);
 }
 
@@ -362,4 +352,59 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'api' AND concurrency IS NULL"
                         " AND rate_limit IS NULL AND paused_at IS NULL"),
               1);
+    PQfinish(pg);
+}
+
+/* The calendar of schedules, pinned, daylight saving included (Europe/Berlin and America/New_York,
+ * 2026: spring forward on 29 March and 8 March, fall back on 25 October and 1 November). */
+TEST(cron_next_follows_the_calendar_and_daylight_saving)
+{
+    static const char *const cases[][4] = {
+        /* schedule, tz, after, expected (UTC) */
+        {"0 3 * * *", "UTC", "2026-01-01 05:00Z", "2026-01-02 03:00:00"},
+        {"*/15 * * * *", "UTC", "2026-01-01 10:07Z", "2026-01-01 10:15:00"},
+        {"*/10 * * * * *", "UTC", "2026-01-01 10:00:05Z", "2026-01-01 10:00:10"},
+        {"0 9 * * mon-fri", "Europe/Berlin", "2026-12-04 10:00+01", "2026-12-07 08:00:00"},
+        {"0 0 13 * fri", "UTC", "2026-02-01Z", "2026-02-06 00:00:00"},     /* either day field */
+        {"0 12 29 feb *", "UTC", "2026-02-01Z", "2028-02-29 12:00:00"},
+        {"0 0 * * 7", "UTC", "2026-12-01Z", "2026-12-06 00:00:00"},        /* 7 is Sunday too */
+        {"5/20 1 1 jan *", "UTC", "2026-06-01Z", "2027-01-01 01:05:00"},
+        /* Spring forward: 02:30 does not exist; it fires at the first instant after the gap. */
+        {"30 2 * * *", "Europe/Berlin", "2026-03-28 12:00Z", "2026-03-29 01:00:00"},
+        {"30 2 * * *", "America/New_York", "2026-03-07 12:00Z", "2026-03-08 07:00:00"},
+        {"* * * * *", "Europe/Berlin", "2026-03-29 00:59:30Z", "2026-03-29 01:00:00"},
+        /* Fall back: 02:30 (Berlin) and 01:30 (New York) happen twice; they fire once, the first time. */
+        {"30 2 * * *", "Europe/Berlin", "2026-10-24 12:00Z", "2026-10-25 00:30:00"},
+        {"30 2 * * *", "Europe/Berlin", "2026-10-25 00:30Z", "2026-10-26 01:30:00"},
+        {"30 1 * * *", "America/New_York", "2026-10-31 12:00Z", "2026-11-01 05:30:00"},
+        {"30 1 * * *", "America/New_York", "2026-11-01 05:30Z", "2026-11-02 06:30:00"},
+        {"* * * * *", "Europe/Berlin", "2026-10-25 00:59:30Z", "2026-10-25 02:00:00"},
+    };
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "SET timezone = 'UTC'"));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *values[3] = {cases[i][0], cases[i][1], cases[i][2]};
+        PGresult *r = PQexecParams(pg, "SELECT to_char(pgjobq.cron_next($1, $2, $3::timestamptz),"
+                                       " 'YYYY-MM-DD HH24:MI:SS')",
+                                   3, NULL, values, NULL, NULL, 0);
+        CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cron_next('%s', '%s', '%s'): %s", cases[i][0], cases[i][1],
+                  cases[i][2], PQresultErrorMessage(r));
+        CHECK_MSG(strcmp(PQgetvalue(r, 0, 0), cases[i][3]) == 0, "cron_next('%s', '%s', '%s') = %s, expected %s",
+                  cases[i][0], cases[i][1], cases[i][2], PQgetvalue(r, 0, 0), cases[i][3]);
+        PQclear(r);
+    }
+    CHECK_INT(t_int(pg, "SELECT (pgjobq.cron_next('0 0 30 2 *', 'UTC', now()) IS NULL)::int"), 1);
+
+    static const char *const bad[][2] = {{"61 * * * *", "UTC"}, {"a b c", "UTC"},      {"*/0 * * * *", "UTC"},
+                                         {"* * * * mon-xyz", "UTC"}, {"5-1 * * * *", "UTC"}, {"* * * * *", "Mars/Olympus"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *values[2] = {bad[i][0], bad[i][1]};
+        PGresult *r = PQexecParams(pg, "SELECT pgjobq.cron_next($1, $2, now())", 2, NULL, values, NULL, NULL, 0);
+        CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR, "cron_next('%s', '%s') was accepted", bad[i][0], bad[i][1]);
+        CHECK_MSG(strncmp(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22", 2) == 0, "cron_next('%s'): SQLSTATE %s",
+                  bad[i][0], PQresultErrorField(r, PG_DIAG_SQLSTATE));
+        PQclear(r);
+    }
+    PQfinish(pg);
 }
