@@ -99,6 +99,7 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv);
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv);
 int cmd_queue(const cli_cmd *cmd, int argc, char **argv);
+int cmd_schedule(const cli_cmd *cmd, int argc, char **argv);
 int cmd_work(const cli_cmd *cmd, int argc, char **argv);
 int cmd_db(const cli_cmd *cmd, int argc, char **argv);
 int cmd_demo(const cli_cmd *cmd, int argc, char **argv);
@@ -108,6 +109,6 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv);
 const char *cli_database_url(void);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], stats_opts[], cancel_opts[],
-    retry_opts[], queue_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[];
+    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[];
 
 #endif /* PGJOBQ_CLI_H */

@@ -259,3 +259,159 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
     pgjobq_client_close(c);
     return status;
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* pgjobq schedule ls|set|rm|enable|disable                                                          */
+
+enum { OPT_CRON = 1200, OPT_TZ, OPT_QUEUE, OPT_KIND, OPT_PAYLOAD, OPT_PRIORITY, OPT_MAX_ATTEMPTS, OPT_CATCH_UP,
+       OPT_SJSON };
+
+const cli_opt schedule_opts[] = {
+    {"cron", OPT_CRON, "EXPR", "set: when: 5 fields (minute hour day month weekday) or 6 (second first)"},
+    {"tz", OPT_TZ, "ZONE", "set: the IANA time zone of the expression (default UTC)"},
+    {"queue", OPT_QUEUE, "NAME", "set: the queue of the jobs (default: default)"},
+    {"kind", OPT_KIND, "NAME", "set: the kind of the jobs (default: default)"},
+    {"payload", OPT_PAYLOAD, "JSON", "set: the payload of each job (default {})"},
+    {"priority", OPT_PRIORITY, "N", "set: the jobs' priority, -100..100, lower first (default 0)"},
+    {"max-attempts", OPT_MAX_ATTEMPTS, "N", "set: the jobs' attempts, 1..1000 (default 25)"},
+    {"catch-up", OPT_CATCH_UP, "POLICY", "set: fire times missed while no worker ran: latest (default), all, skip"},
+    {"json", OPT_SJSON, NULL, "ls: print JSON"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+
+typedef struct schedule_args {
+    const char *cron;
+    pgjobq_schedule_opts o;
+    int json;
+    const cli_cmd *cmd;
+} schedule_args;
+
+static int on_schedule_opt(int key, const char *arg, void *ctx)
+{
+    schedule_args *a = ctx;
+    char why[160];
+    long long v;
+
+    switch (key) {
+    case OPT_CRON: a->cron = arg; return 0;
+    case OPT_TZ: a->o.tz = arg; return 0;
+    case OPT_QUEUE: a->o.queue = arg; return 0;
+    case OPT_KIND: a->o.kind = arg; return 0;
+    case OPT_PAYLOAD: a->o.payload = arg; return 0;
+    case OPT_CATCH_UP: a->o.catch_up = arg; return 0;
+    case OPT_SJSON: a->json = 1; return 0;
+    case OPT_PRIORITY:
+        if (cli_parse_int(arg, -100, 100, &v, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--priority: %s", why);
+        a->o.priority = (int)v;
+        return 0;
+    case OPT_MAX_ATTEMPTS:
+        if (cli_parse_int(arg, 1, 1000, &v, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--max-attempts: %s", why);
+        a->o.max_attempts = (int)v;
+        return 0;
+    default: return -1;
+    }
+}
+
+static int list_schedules(pgjobq_client *c, int json)
+{
+    pgjobq_schedule_info *s = NULL;
+    size_t n = 0;
+    int rc = pgjobq_schedule_list(c, &s, &n);
+
+    if (rc != PGJOBQ_OK)
+        return cli_fail(c, rc);
+    if (json) {
+        fputs("{\"schedules\":[", stdout);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+            json_str(stdout, s[i].name);
+            fputs(",\"cron\":", stdout);
+            json_str(stdout, s[i].cron);
+            fputs(",\"tz\":", stdout);
+            json_str(stdout, s[i].tz);
+            fputs(",\"queue\":", stdout);
+            json_str(stdout, s[i].queue);
+            fputs(",\"kind\":", stdout);
+            json_str(stdout, s[i].kind);
+            printf(",\"payload\":%s,\"priority\":%d,\"max_attempts\":%d,\"enabled\":%s,\"catch_up\":", s[i].payload,
+                   s[i].priority, s[i].max_attempts, s[i].enabled ? "true" : "false");
+            json_str(stdout, s[i].catch_up);
+            fputs(",\"next_run\":", stdout);
+            json_time(stdout, s[i].next_run);
+            fputs(",\"last_run\":", stdout);
+            json_time(stdout, s[i].last_run);
+            fputc('}', stdout);
+        }
+        fputs("]}\n", stdout);
+    } else {
+        printf("%-20s %-8s %-20s %-16s %-16s %-24s %s\n", "SCHEDULE", "STATE", "CRON", "TZ", "QUEUE", "NEXT RUN",
+               "LAST RUN");
+        for (size_t i = 0; i < n; i++) {
+            char next[40], last[40];
+            format_time(next, sizeof next, s[i].next_run);
+            format_time(last, sizeof last, s[i].last_run);
+            printf("%-20s %-8s %-20s %-16s %-16s %-24s %s\n", s[i].name, s[i].enabled ? "enabled" : "disabled",
+                   s[i].cron, s[i].tz, s[i].queue, next, last);
+        }
+    }
+    pgjobq_schedule_list_free(s);
+    return EX_OK;
+}
+
+int cmd_schedule(const cli_cmd *cmd, int argc, char **argv)
+{
+    schedule_args a = {.o = PGJOBQ_SCHEDULE_OPTS_INIT, .cmd = cmd};
+    int first = cli_parse(cmd, argc, argv, on_schedule_opt, &a), status, rc;
+    pgjobq_client *c;
+
+    if (first == -2)
+        return EX_OK;
+    if (first < 0)
+        return EX_USAGE;
+    if (first >= argc)
+        return cli_usage_error(cmd, "expected ls, set, rm, enable or disable");
+    const char *sub = argv[first], *name = argc - first >= 2 ? argv[first + 1] : NULL;
+    int is_ls = strcmp(sub, "ls") == 0, is_set = strcmp(sub, "set") == 0, is_rm = strcmp(sub, "rm") == 0,
+        is_enable = strcmp(sub, "enable") == 0, is_disable = strcmp(sub, "disable") == 0;
+    if (!is_ls && !is_set && !is_rm && !is_enable && !is_disable)
+        return cli_usage_error(cmd, "unknown subcommand '%s' (ls, set, rm, enable or disable)", sub);
+    if (is_ls ? argc - first != 1 : argc - first != 2)
+        return cli_usage_error(cmd, is_ls ? "schedule ls takes no name" : "schedule %s takes one schedule name", sub);
+    if (name && pgjobq_name_check(name) != PGJOBQ_OK)
+        return cli_usage_error(cmd, "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
+                                    "most 64)",
+                               name);
+    int has_set_opts = a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority ||
+                       a.o.max_attempts || a.o.catch_up;
+    if (is_set && a.cron == NULL)
+        return cli_usage_error(cmd, "schedule set needs --cron");
+    if (!is_set && has_set_opts)
+        return cli_usage_error(cmd, "--cron, --tz, --queue, --kind, --payload, --priority, --max-attempts and "
+                                    "--catch-up go with set");
+    if (a.json && !is_ls)
+        return cli_usage_error(cmd, "--json goes with ls");
+
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if (is_ls) {
+        status = list_schedules(c, a.json);
+    } else if (is_set) {
+        int64_t next = PGJOBQ_TIME_NONE;
+        rc = pgjobq_schedule_set(c, name, a.cron, &a.o, &next);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK) {
+            char when[40];
+            format_time(when, sizeof when, next);
+            printf("schedule %s set; next run %s\n", name, when);
+        }
+    } else {
+        rc = is_rm ? pgjobq_schedule_delete(c, name) : pgjobq_schedule_enable(c, name, is_enable);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK)
+            printf("schedule %s %s\n", name, is_rm ? "deleted" : is_enable ? "enabled" : "disabled");
+    }
+    pgjobq_client_close(c);
+    return status;
+}

@@ -438,6 +438,57 @@ PGJOBQ_EXPORT int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues
 PGJOBQ_EXPORT void pgjobq_queue_list_free(pgjobq_queue_info *queues);
 
 /*
+ * Schedules: jobs enqueued by a cron calendar, in the database.  Every worker with maintenance on
+ * ticks about once a second; each fire time enqueues its job exactly once however many workers run.
+ * See docs/queues.md ("Schedules").
+ */
+
+/* What a schedule enqueues, and how it catches up; initialise with PGJOBQ_SCHEDULE_OPTS_INIT. */
+typedef struct pgjobq_schedule_opts {
+    const char *tz;       /* an IANA time zone name; NULL: "UTC" */
+    const char *queue;    /* NULL: "default" */
+    const char *kind;     /* NULL: "default" */
+    const char *payload;  /* a JSON document; NULL: {} */
+    int priority;         /* -100..100 */
+    int max_attempts;     /* 1..1000; 0: 25 */
+    const char *catch_up; /* fire times missed while no worker ticked: "latest" (NULL: one job for the
+                             most recent), "all" (one each, at most 100) or "skip" (none over a minute late) */
+} pgjobq_schedule_opts;
+#define PGJOBQ_SCHEDULE_OPTS_INIT {NULL, NULL, NULL, NULL, 0, 0, NULL}
+
+/* Creates or replaces the schedule `name` (a queue-style name) firing on `cron`, a 5-field (minute
+ * hour day-of-month month day-of-week) or 6-field (seconds first) cron expression, enabled.
+ * *next_run_out (may be NULL) receives its next fire time (microseconds since the epoch).  A bad
+ * expression, time zone or payload is PGJOBQ_EINVAL, with the reason in pgjobq_errmsg(). */
+PGJOBQ_EXPORT int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron,
+                                      const pgjobq_schedule_opts *opts, int64_t *next_run_out) PGJOBQ_WUR;
+
+/* Disables (enabled = 0) or enables a schedule; enabling starts from the next fire time after now.
+ * PGJOBQ_ENOTFOUND when there is no such schedule. */
+PGJOBQ_EXPORT int pgjobq_schedule_enable(pgjobq_client *c, const char *name, int enabled) PGJOBQ_WUR;
+
+/* Deletes a schedule (the jobs it enqueued stay).  PGJOBQ_ENOTFOUND when there is no such schedule. */
+PGJOBQ_EXPORT int pgjobq_schedule_delete(pgjobq_client *c, const char *name) PGJOBQ_WUR;
+
+/* A schedule, as pgjobq_schedule_list() reports it. */
+typedef struct pgjobq_schedule_info {
+    const char *name, *cron, *tz, *queue, *kind, *payload, *catch_up;
+    int priority;
+    int max_attempts;
+    int enabled;
+    int64_t next_run; /* microseconds since the epoch; PGJOBQ_TIME_NONE when it never fires again */
+    int64_t last_run; /* the last fire time that enqueued a job; PGJOBQ_TIME_NONE before the first */
+} pgjobq_schedule_info;
+
+/* Lists the schedules by name.  On PGJOBQ_OK *schedules_out holds *n_out entries (NULL, 0 when there
+ * are none), to release with pgjobq_schedule_list_free(). */
+PGJOBQ_EXPORT int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out,
+                                       size_t *n_out) PGJOBQ_WUR;
+
+/* Releases what pgjobq_schedule_list() returned (NULL is fine). */
+PGJOBQ_EXPORT void pgjobq_schedule_list_free(pgjobq_schedule_info *schedules);
+
+/*
  * Maintenance: moves jobs whose lease expired back to queued (or to failed when no attempts remain, or
  * to cancelled when that was requested), at most max_jobs (1..PGJOBQ_BATCH_MAX) per call; a job
  * completed meanwhile is never touched.  *rescued_out (may be NULL) receives the count.

@@ -491,4 +491,157 @@ BEGIN
 END
 $$;
 
+-- ------------------------------------------------------------------------------------------------
+-- Schedules: jobs enqueued by the calendar, without a leader.
+--
+-- Every worker process ticks (pgjobq.schedule_tick, on its maintenance connection, about once a
+-- second).  A tick locks the due schedules it can (FOR UPDATE SKIP LOCKED), enqueues their jobs and
+-- moves next_run past now() in the same transaction: a schedule another tick holds is skipped, and
+-- one that a tick committed meanwhile is no longer due when re-checked under its lock, so each fire
+-- time enqueues exactly once however many workers tick.  Times are the database's.
+
+CREATE TABLE pgjobq.schedules (
+    name         pgjobq.identifier PRIMARY KEY,
+    cron         text              NOT NULL,
+    tz           text              NOT NULL DEFAULT 'UTC',
+    queue        pgjobq.identifier NOT NULL DEFAULT 'default',
+    kind         pgjobq.identifier NOT NULL DEFAULT 'default',
+    payload      pgjobq.payload    NOT NULL DEFAULT '{}',
+    priority     smallint          NOT NULL DEFAULT 0,
+    max_attempts integer           NOT NULL DEFAULT 25,
+    enabled      boolean           NOT NULL DEFAULT true,
+    catch_up     text              NOT NULL DEFAULT 'latest',
+    next_run     timestamptz,
+    last_run     timestamptz,
+    created_at   timestamptz       NOT NULL DEFAULT now(),
+    updated_at   timestamptz       NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_catch_up CHECK (catch_up IN ('skip', 'latest', 'all')),
+    CONSTRAINT schedules_priority_range CHECK (priority BETWEEN -100 AND 100),
+    CONSTRAINT schedules_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT schedules_cron_length CHECK (octet_length(cron) <= 256),
+    CONSTRAINT schedules_tz_length CHECK (octet_length(tz) <= 64)
+);
+CREATE INDEX schedules_due_idx ON pgjobq.schedules (next_run) WHERE enabled;
+
+-- schedule_set(name, cron, tz, queue, kind, payload, priority, max_attempts, catch_up): creates or
+-- replaces a schedule (enabled); its next run is the first fire time after now.  The expression and
+-- the time zone are checked here (SQLSTATE 22023).
+CREATE FUNCTION pgjobq.schedule_set(
+    name         text,
+    cron         text,
+    tz           text     DEFAULT 'UTC',
+    queue        text     DEFAULT 'default',
+    kind         text     DEFAULT 'default',
+    payload      jsonb    DEFAULT '{}',
+    priority     smallint DEFAULT 0,
+    max_attempts integer  DEFAULT 25,
+    catch_up     text     DEFAULT 'latest')
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_next timestamptz := pgjobq.cron_next(cron, tz, now());
+BEGIN
+    INSERT INTO pgjobq.schedules AS s (name, cron, tz, queue, kind, payload, priority, max_attempts, catch_up,
+                                       next_run)
+    VALUES (schedule_set.name, btrim(schedule_set.cron), schedule_set.tz, coalesce(schedule_set.queue, 'default'),
+            coalesce(schedule_set.kind, 'default'), coalesce(schedule_set.payload, '{}'),
+            coalesce(schedule_set.priority, 0), coalesce(schedule_set.max_attempts, 25),
+            coalesce(schedule_set.catch_up, 'latest'), v_next)
+    ON CONFLICT ON CONSTRAINT schedules_pkey DO UPDATE
+       SET cron = excluded.cron, tz = excluded.tz, queue = excluded.queue, kind = excluded.kind,
+           payload = excluded.payload, priority = excluded.priority, max_attempts = excluded.max_attempts,
+           catch_up = excluded.catch_up, next_run = excluded.next_run, enabled = true, updated_at = now();
+    RETURN v_next;
+END
+$$;
+
+-- schedule_enable(name, enabled): pauses (false) or resumes (true) a schedule; resuming starts from
+-- the next fire time after now (what was missed while disabled is not caught up).  False when there
+-- is no such schedule.
+CREATE FUNCTION pgjobq.schedule_enable(name text, enabled boolean) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgjobq.schedules s
+       SET enabled = schedule_enable.enabled, updated_at = now(),
+           next_run = CASE WHEN schedule_enable.enabled AND NOT s.enabled THEN pgjobq.cron_next(s.cron, s.tz, now())
+                           ELSE s.next_run END
+     WHERE s.name = schedule_enable.name;
+    RETURN FOUND;
+END
+$$;
+
+-- schedule_delete(name): false when there was no such schedule.  Jobs it enqueued stay.
+CREATE FUNCTION pgjobq.schedule_delete(name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgjobq.schedules s WHERE s.name = schedule_delete.name;
+    RETURN FOUND;
+END
+$$;
+
+-- schedule_list(): every schedule, by name.
+CREATE FUNCTION pgjobq.schedule_list() RETURNS SETOF pgjobq.schedules
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM pgjobq.schedules ORDER BY name
+$$;
+
+-- schedule_tick(max_schedules): enqueues the jobs of the schedules that are due, at most
+-- max_schedules of them, and returns how many jobs it enqueued.  Fire times missed while no worker
+-- ticked follow the schedule's catch_up: 'latest' enqueues one job for the most recent; 'all' one per
+-- fire time, at most 100 (the most recent); 'skip' only a fire time less than a minute late.
+CREATE FUNCTION pgjobq.schedule_tick(max_schedules integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s      pgjobq.schedules%ROWTYPE;
+    v_at   timestamptz;
+    v_due  timestamptz[];
+    v_n    integer;
+    v_jobs integer := 0;
+BEGIN
+    FOR s IN SELECT * FROM pgjobq.schedules sc
+              WHERE sc.enabled AND sc.next_run <= now()
+              ORDER BY sc.next_run LIMIT max_schedules
+                FOR UPDATE SKIP LOCKED LOOP
+        -- The fire times due now, oldest first; the 101st and older are not needed by any policy.
+        v_due := ARRAY[s.next_run];
+        v_at := s.next_run;
+        LOOP
+            v_at := pgjobq.cron_next(s.cron, s.tz, v_at);
+            EXIT WHEN v_at IS NULL OR v_at > now();
+            v_due := v_due || v_at;
+            IF cardinality(v_due) > 100 THEN
+                v_due := v_due[2:];
+            END IF;
+        END LOOP;
+        v_due := CASE s.catch_up
+                     WHEN 'all' THEN v_due
+                     WHEN 'latest' THEN v_due[cardinality(v_due):]
+                     ELSE (SELECT coalesce(array_agg(t), '{}') FROM unnest(v_due[cardinality(v_due):]) t
+                            WHERE t > now() - interval '1 minute') END;
+        v_n := cardinality(v_due);
+        IF v_n > 0 THEN
+            PERFORM pgjobq.enqueue_many(array_fill(s.queue::text, ARRAY[v_n]), array_fill(s.kind::text, ARRAY[v_n]),
+                                        array_fill(s.payload::jsonb, ARRAY[v_n]), array_fill(s.priority, ARRAY[v_n]),
+                                        NULL, NULL, array_fill(s.max_attempts, ARRAY[v_n]), NULL);
+            v_jobs := v_jobs + v_n;
+        END IF;
+        UPDATE pgjobq.schedules sc
+           SET next_run = pgjobq.cron_next(s.cron, s.tz, now()),
+               last_run = CASE WHEN v_n > 0 THEN v_due[v_n] ELSE sc.last_run END
+         WHERE sc.name = s.name;
+    END LOOP;
+    RETURN v_jobs;
+END
+$$;
+
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC;

@@ -1,5 +1,6 @@
 /*
- * queues.c - queue settings: pause and resume, concurrency and rate limits, and the list of queues.
+ * queues.c - flow control: queue settings (pause and resume, concurrency and rate limits, the list of
+ * queues) and schedules.
  * Each call is one statement of the SQL API (pgjobq.queue_pause, queue_resume, queue_set, queue_list,
  * sql/004_queues.sql); the claim enforces what they set.
  */
@@ -188,4 +189,154 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
 void pgjobq_queue_list_free(pgjobq_queue_info *queues)
 {
     free(queues);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Schedules                                                                                         */
+
+int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron, const pgjobq_schedule_opts *opts,
+                        int64_t *next_run_out)
+{
+    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_INT4, OID_TEXT};
+    pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
+    char prio_s[16], attempts_s[16], why[200];
+    PGresult *r;
+    int rc;
+
+    if (next_run_out)
+        *next_run_out = PGJOBQ_TIME_NONE;
+    if ((rc = enter(c, "schedule", name)) != PGJOBQ_OK)
+        return rc;
+    if (opts)
+        o = *opts;
+    if (cron == NULL || cron[0] == '\0' || strlen(cron) > 256)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: a cron expression of 1 to 256 bytes is required", name);
+    if (o.queue && pgjobq_name_check(o.queue) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: invalid queue name \"%.80s\"", name, o.queue);
+    if (o.kind && pgjobq_name_check(o.kind) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: invalid kind name \"%.80s\"", name, o.kind);
+    if (o.payload && pgjobq__json_check(o.payload, strlen(o.payload), why, sizeof why) != 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: the payload is not valid JSON: %s", name, why);
+    if (o.priority < -100 || o.priority > 100)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: priority must be between -100 and 100, not %d", name,
+                              o.priority);
+    if (o.max_attempts < 0 || o.max_attempts > 1000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: max_attempts must be between 1 and 1000, not %d", name,
+                              o.max_attempts);
+    if (o.catch_up && strcmp(o.catch_up, "latest") != 0 && strcmp(o.catch_up, "all") != 0 &&
+        strcmp(o.catch_up, "skip") != 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: catch-up must be latest, all or skip, not \"%.40s\"", name,
+                              o.catch_up);
+    snprintf(prio_s, sizeof prio_s, "%d", o.priority);
+    snprintf(attempts_s, sizeof attempts_s, "%d", o.max_attempts ? o.max_attempts : 25);
+    const char *values[9] = {name,         cron,   o.tz ? o.tz : "UTC", o.queue ? o.queue : "default",
+                             o.kind ? o.kind : "default", o.payload ? o.payload : "{}", prio_s, attempts_s,
+                             o.catch_up ? o.catch_up : "latest"};
+    pgjobq__stmt st = {"schedule", "SELECT pgjobq.schedule_set($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, types, values,
+                       NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (next_run_out && PQntuples(r) == 1)
+        *next_run_out = pgjobq__get_time(r, 0, 0);
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+/* Runs `SELECT f($1[, $2])` for a schedule and maps false to PGJOBQ_ENOTFOUND. */
+static int schedule_call(pgjobq_client *c, const char *what, const char *sql, const char *name, const char *arg)
+{
+    static const Oid types[] = {OID_TEXT, OID_TEXT};
+    const char *values[2] = {name, arg};
+    PGresult *r;
+    int rc;
+
+    if ((rc = enter(c, what, name)) != PGJOBQ_OK)
+        return rc;
+    pgjobq__stmt st = {what, sql, arg ? 2 : 1, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    int found = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return found ? PGJOBQ_OK : pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "%s: no schedule %s", what, name);
+}
+
+int pgjobq_schedule_enable(pgjobq_client *c, const char *name, int enabled)
+{
+    return schedule_call(c, enabled ? "enable schedule" : "disable schedule",
+                         "SELECT pgjobq.schedule_enable($1, $2::boolean)", name, enabled ? "true" : "false");
+}
+
+int pgjobq_schedule_delete(pgjobq_client *c, const char *name)
+{
+    return schedule_call(c, "delete schedule", "SELECT pgjobq.schedule_delete($1)", name, NULL);
+}
+
+enum { S_NAME, S_CRON, S_TZ, S_QUEUE, S_KIND, S_PAYLOAD, S_CATCH_UP, S_PRIORITY, S_MAX_ATTEMPTS, S_ENABLED,
+       S_NEXT_RUN, S_LAST_RUN, S_NCOLS };
+
+int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out, size_t *n_out)
+{
+    pgjobq_schedule_info *rows;
+    size_t n, bytes;
+    char *strings;
+    PGresult *r;
+    int rc;
+
+    if (schedules_out)
+        *schedules_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (schedules_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list schedules: schedules_out and n_out are required");
+    pgjobq__stmt st = {"list schedules",
+                       "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
+                       " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
+                       0, NULL, NULL, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQnfields(r) != S_NCOLS) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "list schedules: unexpected result");
+    }
+    n = (size_t)PQntuples(r);
+    bytes = n * sizeof *rows;
+    for (size_t i = 0; i < n; i++)
+        for (int k = S_NAME; k <= S_CATCH_UP; k++)
+            bytes += (size_t)PQgetlength(r, (int)i, k) + 1;
+    rows = n ? calloc(1, bytes) : NULL;
+    if (n && rows == NULL) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "list schedules: out of memory");
+    }
+    strings = (char *)(rows + n);
+    for (size_t i = 0; i < n; i++) {
+        const char **dst[] = {&rows[i].name, &rows[i].cron,    &rows[i].tz,      &rows[i].queue,
+                              &rows[i].kind, &rows[i].payload, &rows[i].catch_up};
+        for (int k = S_NAME; k <= S_CATCH_UP; k++) {
+            size_t len = (size_t)PQgetlength(r, (int)i, k);
+            memcpy(strings, PQgetvalue(r, (int)i, k), len);
+            strings[len] = '\0';
+            *dst[k] = strings;
+            strings += len + 1;
+        }
+        rows[i].priority = pgjobq__get_int4(r, (int)i, S_PRIORITY);
+        rows[i].max_attempts = pgjobq__get_int4(r, (int)i, S_MAX_ATTEMPTS);
+        rows[i].enabled = pgjobq__get_bool(r, (int)i, S_ENABLED);
+        rows[i].next_run = pgjobq__get_time(r, (int)i, S_NEXT_RUN);
+        rows[i].last_run = pgjobq__get_time(r, (int)i, S_LAST_RUN);
+    }
+    PQclear(r);
+    *schedules_out = rows;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+void pgjobq_schedule_list_free(pgjobq_schedule_info *schedules)
+{
+    free(schedules);
 }

@@ -9,7 +9,8 @@
  *   connect    connections that are down and due for a retry start connecting
  *   write      on the write connection, when idle: a heartbeat when due, else the pending outcomes
  *   claim      on the claim connection, when idle: a listener check, a claim, or a next-due query
- *   maintain   on the maintenance connection, when idle: rescue expired leases, prune history
+ *   maintain   on the maintenance connection, when idle: rescue expired leases, tick schedules,
+ *              prune history
  *   deadlines  job timeouts; leases that can no longer be known valid are given up
  *   poll       sleep until a socket, a handler or the next timer wants attention; read results
  *
@@ -35,6 +36,7 @@
 #include "engine.h"
 
 #define RESCUE_EVERY_MS 1000
+#define TICK_EVERY_MS 1000
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
 #define LISTEN_CHECK_MS 10000
@@ -80,7 +82,7 @@ static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
 static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
 
 /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
-enum { S_RESCUE, S_PRUNE, NMAINT_STMTS };
+enum { S_RESCUE, S_PRUNE, S_TICK, NMAINT_STMTS };
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
     {"pgjobq_rescue",
@@ -90,7 +92,9 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
     {"pgjobq_prune",
      "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 3) THEN pgjobq.prune($1, $2, 1000)"
      " ELSE -1 END",
-     2, prune_types}};
+     2, prune_types},
+    /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
+    {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL}};
 
 /* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
  * the schema check (its result must be last).  The claim connection also listens. */
@@ -108,7 +112,7 @@ typedef struct batch {
 } batch;
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_NEXT_DUE, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_RESCUE, R_PRUNE };
+enum { R_NONE, R_CLAIM, R_NEXT_DUE, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_RESCUE, R_PRUNE, R_TICK };
 typedef struct request {
     int kind;
     int queue;      /* claim, next due */
@@ -146,7 +150,7 @@ struct pgjobq_worker {
     size_t nrunning, caprunning;
     int stopping, handed_back, fatal, exit_rc;
     int64_t shutdown_at_ms;
-    int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, listen_check_ms, last_summary_ms;
+    int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
     int need_listen;
     int claim_rr; /* round-robin start among queues */
     char lease_s[48], completed_s[48], failed_s[48];
@@ -1001,6 +1005,10 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
     if (now >= w->next_rescue_ms) {
         if (pgjobq__aconn_send(ac, S_RESCUE, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_RESCUE;
+    } else if (now >= w->next_tick_ms) {
+        w->next_tick_ms = now + TICK_EVERY_MS;
+        if (pgjobq__aconn_send(ac, S_TICK, NULL, NULL, NULL, 0, now) == 0)
+            rq->kind = R_TICK;
     } else if (now >= w->next_prune_ms) {
         const char *values[2] = {w->completed_s, w->failed_s};
         if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
@@ -1026,6 +1034,17 @@ static void maintain_done(pgjobq_worker *w, int is_rescue, PGresult *r, int64_t 
     /* A full batch: more may be waiting; go again at once. */
     int64_t *next = is_rescue ? &w->next_rescue_ms : &w->next_prune_ms;
     *next = n >= MAINTENANCE_BATCH ? now : now + (is_rescue ? RESCUE_EVERY_MS : PRUNE_EVERY_MS);
+}
+
+static void tick_done(pgjobq_worker *w, PGresult *r)
+{
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+        wlog(w, PGJOBQ_LOG_WARN, "schedule tick failed: %s", PQresultErrorMessage(r));
+        return;
+    }
+    long long n = atoll(PQgetvalue(r, 0, 0));
+    if (n > 0)
+        wlog(w, PGJOBQ_LOG_DEBUG, "schedules enqueued %lld jobs", n);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1118,6 +1137,7 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
     case R_HEARTBEAT: heartbeat_done(w, rq, r); break;
     case R_RESCUE:
     case R_PRUNE: maintain_done(w, kind == R_RESCUE, r, now); break;
+    case R_TICK: tick_done(w, r); break;
     default: break;
     }
     PQclear(r);
@@ -1180,6 +1200,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     }
     if (!w->o.no_maintenance && pgjobq__aconn_idle(&w->conn[C_MAINT])) {
         SOONER(w->next_rescue_ms);
+        SOONER(w->next_tick_ms);
         SOONER(w->next_prune_ms);
     }
 #undef SOONER
@@ -1342,6 +1363,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
     int64_t now = pgjobq__mono_ms();
     w->next_heartbeat_ms = now + w->o.heartbeat_ms;
     w->next_rescue_ms = now;
+    w->next_tick_ms = now;
     w->next_prune_ms = now + FIRST_PRUNE_MS;
     w->last_summary_ms = now;
     wlog(w, PGJOBQ_LOG_INFO, "worker %s started: %d queue%s, lease %lld ms, heartbeat %lld ms, timeout %lld ms",

@@ -408,3 +408,159 @@ TEST(cron_next_follows_the_calendar_and_daylight_saving)
     }
     PQfinish(pg);
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Schedules                                                                                         */
+
+/* Eight tickers at once, as eight workers' maintenance connections would: every fire time of an
+ * every-second schedule (catch-up all) enqueues exactly one job, none twice, none missed. */
+static _Atomic int tick_failures;
+static void *ticker(void *arg)
+{
+    PGconn *pg = PQconnectdb(t_conninfo());
+    int64_t until = t_now_ms() + 3000;
+    (void)arg;
+    while (PQstatus(pg) == CONNECTION_OK && t_now_ms() < until) {
+        PGresult *r = PQexec(pg, "SELECT pgjobq.schedule_tick(100)");
+        if (PQresultStatus(r) != PGRES_TUPLES_OK)
+            atomic_fetch_add(&tick_failures, 1);
+        PQclear(r);
+        sleep_ms(7);
+    }
+    PQfinish(pg);
+    return NULL;
+}
+
+TEST_FULL(schedule_ticks_from_many_workers_enqueue_each_fire_time_once, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
+    pthread_t t[8];
+    int64_t first = 0;
+
+    o.queue = "cron";
+    o.catch_up = "all";
+    o.payload = "{\"report\": \"pulse\"}";
+    CHECK_OK(c, pgjobq_schedule_set(c, "pulse", "* * * * * *", &o, &first));
+    CHECK(first != PGJOBQ_TIME_NONE);
+    for (int i = 0; i < 8; i++)
+        CHECK(pthread_create(&t[i], NULL, ticker, NULL) == 0);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    CHECK_INT(tick_failures, 0);
+    long long jobs = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'cron' AND payload = '{\"report\": \"pulse\"}'");
+    long long fire_times = t_int(pg, "SELECT extract(epoch FROM last_run - to_timestamp(%lld / 1e6))::bigint + 1"
+                                     " FROM pgjobq.schedules WHERE name = 'pulse'",
+                                 (long long)first);
+    printf("8 tickers for 3 s: %lld fire times, %lld jobs\n", fire_times, jobs);
+    CHECK_MSG(fire_times >= 2, "the schedule fired %lld times in 3 s", fire_times);
+    CHECK_INT(jobs, fire_times);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+TEST(schedule_catch_up_policies_and_settings)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
+    static const char *const policies[][2] = {{"latest", "1"}, {"all", "11"}, {"skip", "1"}};
+
+    o.queue = "catchup";
+    /* Ten fire times missed (next_run 10 s ago), the eleventh due now. */
+    for (size_t i = 0; i < 3; i++) {
+        o.catch_up = policies[i][0];
+        CHECK_OK(c, pgjobq_schedule_set(c, "s", "* * * * * *", &o, NULL));
+        PQclear(t_exec(pg, "DELETE FROM pgjobq.jobs WHERE queue = 'catchup'"));
+        PQclear(t_exec(pg, "UPDATE pgjobq.schedules SET next_run = date_trunc('second', now()) - interval '10 s'"));
+        CHECK_INT(t_int(pg, "SELECT pgjobq.schedule_tick(100)"), atoll(policies[i][1]));
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'catchup'"), atoll(policies[i][1]));
+        CHECK_INT(t_int(pg, "SELECT (next_run > now())::int FROM pgjobq.schedules"), 1);
+    }
+    /* A yearly schedule last due two hours ago: skip runs nothing that late; latest runs it once. */
+    o.catch_up = "skip";
+    CHECK_OK(c, pgjobq_schedule_set(c, "yearly", "0 0 1 1 *", &o, NULL));
+    PQclear(t_exec(pg, "UPDATE pgjobq.schedules SET next_run = now() - interval '2 hours' WHERE name = 'yearly'"));
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.schedules WHERE name = 's'"));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.schedule_tick(100)"), 0);
+    CHECK_INT(t_int(pg, "SELECT (next_run > now() + interval '1 day')::int FROM pgjobq.schedules"), 1);
+
+    /* Disabled schedules do not fire; enabling starts from the next fire time, without catching up. */
+    o.catch_up = "all";
+    CHECK_OK(c, pgjobq_schedule_set(c, "often", "* * * * * *", &o, NULL));
+    CHECK_OK(c, pgjobq_schedule_enable(c, "often", 0));
+    PQclear(t_exec(pg, "UPDATE pgjobq.schedules SET next_run = now() - interval '1 minute' WHERE name = 'often'"));
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.jobs WHERE queue = 'catchup'"));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.schedule_tick(100)"), 0);
+    CHECK_OK(c, pgjobq_schedule_enable(c, "often", 1));
+    CHECK_INT(t_int(pg, "SELECT (next_run > now())::int FROM pgjobq.schedules WHERE name = 'often'"), 1);
+
+    pgjobq_schedule_info *s = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_schedule_list(c, &s, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_STR(s[0].name, "often");
+    CHECK_STR(s[0].catch_up, "all");
+    CHECK_STR(s[0].queue, "catchup");
+    CHECK(s[0].enabled && s[0].next_run != PGJOBQ_TIME_NONE);
+    CHECK_STR(s[1].cron, "0 0 1 1 *");
+    pgjobq_schedule_list_free(s);
+
+    /* Bad input changes nothing. */
+    CHECK_RC(c, pgjobq_schedule_set(c, "often", "61 * * * *", NULL, NULL), PGJOBQ_EINVAL);
+    o.tz = "Nowhere/Atlantis";
+    CHECK_RC(c, pgjobq_schedule_set(c, "often", "* * * * *", &o, NULL), PGJOBQ_EINVAL);
+    o.tz = NULL;
+    o.catch_up = "sometimes";
+    CHECK_RC(c, pgjobq_schedule_set(c, "often", "* * * * *", &o, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_schedule_enable(c, "missing", 1), PGJOBQ_ENOTFOUND);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules WHERE name = 'often' AND cron = '* * * * * *'"), 1);
+    CHECK_OK(c, pgjobq_schedule_delete(c, "often"));
+    CHECK_RC(c, pgjobq_schedule_delete(c, "often"), PGJOBQ_ENOTFOUND);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* A worker ticks schedules itself, and runs what they enqueue. */
+TEST_FULL(schedule_jobs_are_enqueued_by_a_running_worker, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *out = NULL, *err = NULL;
+
+    const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "set", "heartbeat", "--cron", "* * * * * *", "--queue", "beats",
+                    "--payload", "{\"beat\": true}", NULL),
+              0);
+    CHECK_MSG(strstr(out, "next run"), "schedule set printed: %s", out);
+    free(out);
+    free(err);
+    pid_t pid = t_spawn(t_log_path("sw"), NULL, "work", "--queue", "beats:2", "--exec", handler, NULL);
+    wait_count(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'beats' AND state = 'completed'"
+                   " AND payload = '{\"beat\": true}'", 2, 30000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "ls", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"name\":\"heartbeat\"") && strstr(out, "\"queue\":\"beats\""), "schedule ls: %s", out);
+    free(out);
+    free(err);
+    static const char *const bad[][6] = {
+        {"schedule", "set", "x", NULL},
+        {"schedule", "set", "x", "--cron", "61 * * * *", NULL},
+        {"schedule", "set", "bad name", "--cron", "* * * * *", NULL},
+        {"schedule", "rm", NULL},
+        {"schedule", "enable", "x", "--tz", "UTC", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int status = t_cli(&out, &err, NULL, 0, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5]);
+        CHECK_MSG((status == 64 || status == 65) && err && strlen(err) > 10, "pgjobq schedule %s %s: status %d, %s",
+                  bad[i][1], bad[i][2] ? bad[i][2] : "", status, err ? err : "");
+        free(out);
+        free(err);
+    }
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules"), 1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "rm", "heartbeat", NULL), 0);
+    free(out);
+    free(err);
+    PQfinish(pg);
+}
