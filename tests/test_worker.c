@@ -439,7 +439,12 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     o.kind = "quick";
     CHECK_OK(c, pgjobq_enqueue(c, "\"quick\"", &o, &quick));
     pid = t_spawn(t_log_path("w2"), NULL, "work", "--exec", handler, "--shutdown-timeout", "20s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'", 1, 20000);
+    snprintf(marker[0], sizeof marker[0], "%s/started.%lld", t_tmpdir(), (long long)quick);
+    for (int64_t t0 = t_now_ms(); access(marker[0], F_OK) != 0;) {
+        CHECK_MSG(t_now_ms() - t0 < 20000, "the handler did not start");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
