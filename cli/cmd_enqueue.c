@@ -20,6 +20,7 @@
 #define OPT_FILE         'f'
 #define OPT_QUIET        1003
 #define OPT_BATCH        1004
+#define OPT_CONC_KEY     1005
 
 const cli_opt enqueue_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "queue name (default: default)"},
@@ -29,6 +30,7 @@ const cli_opt enqueue_opts[] = {
     {"run-at", OPT_RUN_AT, "TIME", "run no sooner than TIME (a PostgreSQL timestamp, e.g. 2027-01-01T09:00Z)"},
     {"max-attempts", OPT_MAX_ATTEMPTS, "N", "attempts before the job fails for good, 1..1000 (default 25)"},
     {"unique-key", OPT_UNIQUE_KEY, "KEY", "skip the job if a queued or running job holds KEY"},
+    {"concurrency-key", OPT_CONC_KEY, "KEY", "limit running jobs per KEY (with `pgjobq queue set --key-concurrency`)"},
     {"file", OPT_FILE, "FILE", "one JSON payload per line of FILE ('-' for stdin); all or none"},
     {"batch", OPT_BATCH, "N", "with --file, jobs per round trip, 1..10000 (default 1000)"},
     {"quiet", OPT_QUIET, NULL, "print nothing on success"},
@@ -55,6 +57,7 @@ static int enqueue_opt(int key, const char *arg, void *ctx)
     case OPT_KIND: a->opts.kind = arg; return 0;
     case OPT_RUN_AT: a->opts.run_at = arg; return 0;
     case OPT_UNIQUE_KEY: a->opts.unique_key = arg; return 0;
+    case OPT_CONC_KEY: a->opts.concurrency_key = arg; return 0;
     case OPT_FILE: a->file = arg; return 0;
     case OPT_QUIET: a->quiet = 1; return 0;
     case OPT_PRIORITY:

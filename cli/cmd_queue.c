@@ -8,12 +8,14 @@
 
 #include "cli.h"
 
-enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_RATE = 1100, OPT_JSON = 1101 };
+enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
+       OPT_JSON = 1101 };
 
 const cli_opt queue_opts[] = {
     {"reason", OPT_REASON, "TEXT", "pause: why the queue is paused (shown by ls)"},
     {"wait", OPT_WAIT, "DURATION", "drain: give up after this long (default: wait as long as it takes)"},
     {"concurrency", OPT_CONCURRENCY, "N|none", "set: at most N jobs of the queue running at once, on all workers"},
+    {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none", "set: at most N jobs with the same concurrency key running at once"},
     {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     CLI_COMMON_OPTS,
@@ -23,6 +25,7 @@ typedef struct queue_args {
     const char *reason;
     int64_t wait_ms; /* -1: no limit */
     int set_concurrency, concurrency;
+    int set_key_concurrency, key_concurrency;
     int set_rate, rate_limit;
     int64_t rate_period_ms;
     int json;
@@ -51,6 +54,16 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0)
             return cli_usage_error(a->cmd, "--concurrency: %s (or none)", why), -1;
         a->concurrency = (int)v;
+        return 0;
+    case OPT_KEY_CONCURRENCY:
+        a->set_key_concurrency = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->key_concurrency = 0;
+            return 0;
+        }
+        if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--key-concurrency: %s (or none)", why), -1;
+        a->key_concurrency = (int)v;
         return 0;
     case OPT_RATE: {
         a->set_rate = 1;
@@ -112,6 +125,10 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 printf(",\"concurrency\":%d", q[i].concurrency);
             else
                 fputs(",\"concurrency\":null", stdout);
+            if (q[i].key_concurrency)
+                printf(",\"key_concurrency\":%d", q[i].key_concurrency);
+            else
+                fputs(",\"key_concurrency\":null", stdout);
             if (q[i].rate_limit)
                 printf(",\"rate_limit\":%d,\"rate_period_ms\":%lld", q[i].rate_limit, (long long)q[i].rate_period_ms);
             else
@@ -121,11 +138,12 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %-12s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "RATE", "QUEUED",
-               "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY", "RATE",
+               "QUEUED", "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], rate[48] = "-";
+            char conc[16], per_key[16], rate[48] = "-";
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
+            snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].rate_limit) {
                 char *buf = NULL;
                 size_t len = 0;
@@ -138,8 +156,8 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                     free(buf);
                 }
             }
-            printf("%-24s %-7s %11s %-12s %9lld %9lld %9lld  %s\n", q[i].name,
-                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, rate, (long long)q[i].queued,
+            printf("%-24s %-7s %11s %7s %-12s %9lld %9lld %9lld  %s\n", q[i].name,
+                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate, (long long)q[i].queued,
                    (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired),
                    q[i].pause_reason ? q[i].pause_reason : "");
         }
@@ -229,10 +247,10 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--reason goes with pause or drain");
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
-    if ((a.set_concurrency || a.set_rate) && !is_set)
-        return cli_usage_error(cmd, "--concurrency and --rate go with set");
-    if (is_set && !a.set_concurrency && !a.set_rate)
-        return cli_usage_error(cmd, "queue set needs --concurrency or --rate");
+    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate) && !is_set)
+        return cli_usage_error(cmd, "--concurrency, --key-concurrency and --rate go with set");
+    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate)
+        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency or --rate");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
 
@@ -245,6 +263,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
     } else if (is_set) {
         if (a.set_concurrency)
             rc = pgjobq_queue_set_concurrency(c, queue, a.concurrency);
+        if (rc == PGJOBQ_OK && a.set_key_concurrency)
+            rc = pgjobq_queue_set_key_concurrency(c, queue, a.key_concurrency);
         if (rc == PGJOBQ_OK && a.set_rate)
             rc = pgjobq_queue_set_rate(c, queue, a.rate_limit, a.rate_period_ms);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);

@@ -259,11 +259,14 @@ typedef struct pgjobq_enqueue_opts {
                                Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL. */
     const char *unique_key; /* NULL: none.  While a queued or running job holds the key, enqueueing
                                another job with it returns the existing job instead. */
+    const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
+                                    (pgjobq_queue_set_key_concurrency), at most that many jobs with
+                                    the same key run at once.  1 to 255 characters. */
 } pgjobq_enqueue_opts;
 
-#define PGJOBQ_ENQUEUE_OPTS_INIT        \
-    {                                   \
-        NULL, NULL, 0, 0, 0, NULL, NULL \
+#define PGJOBQ_ENQUEUE_OPTS_INIT              \
+    {                                         \
+        NULL, NULL, 0, 0, 0, NULL, NULL, NULL \
     }
 
 /*
@@ -412,6 +415,11 @@ PGJOBQ_EXPORT int pgjobq_queue_resume(pgjobq_client *c, const char *queue) PGJOB
  * limit.  A job whose lease expired no longer counts. */
 PGJOBQ_EXPORT int pgjobq_queue_set_concurrency(pgjobq_client *c, const char *queue, int limit) PGJOBQ_WUR;
 
+/* At most `limit` jobs with the same concurrency key (pgjobq_enqueue_opts.concurrency_key) running at
+ * once (1..1000000); 0 removes the limit.  Jobs of other keys, and jobs without a key, do not wait
+ * behind a busy key: a claim takes the keys in turn. */
+PGJOBQ_EXPORT int pgjobq_queue_set_key_concurrency(pgjobq_client *c, const char *queue, int limit) PGJOBQ_WUR;
+
 /* At most `limit` jobs of the queue started in any window of period_ms (limit 1..10000, period 1 ms
  * to one day), on the database clock; limit 0 removes the limit (period_ms is then ignored). */
 PGJOBQ_EXPORT int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_t period_ms) PGJOBQ_WUR;
@@ -422,6 +430,7 @@ typedef struct pgjobq_queue_info {
     int64_t paused_at;         /* microseconds since the epoch; PGJOBQ_TIME_NONE when not paused */
     const char *pause_reason;  /* NULL when none */
     int concurrency;           /* 0: no limit */
+    int key_concurrency;       /* per concurrency key; 0: no limit */
     int rate_limit;            /* 0: no limit */
     int64_t rate_period_ms;    /* the rate limit's window, when there is one */
     int64_t queued;            /* queued and due */

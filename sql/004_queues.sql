@@ -24,11 +24,13 @@ CREATE TABLE pgjobq.queues (
     paused_at     timestamptz,
     pause_reason  text,
     concurrency   integer,
+    key_concurrency integer,
     rate_limit    integer,
     rate_period   interval,
     recent_starts timestamptz[]     NOT NULL DEFAULT '{}',
     updated_at    timestamptz       NOT NULL DEFAULT now(),
     CONSTRAINT queues_concurrency_range CHECK (concurrency BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_key_concurrency_range CHECK (key_concurrency BETWEEN 1 AND 1000000),
     CONSTRAINT queues_rate_range CHECK (rate_limit BETWEEN 1 AND 10000),
     CONSTRAINT queues_rate_period_range CHECK (rate_period >= interval '1 millisecond'
                                                AND rate_period <= interval '1 day'),
@@ -36,6 +38,158 @@ CREATE TABLE pgjobq.queues (
     CONSTRAINT queues_pause_reason_length CHECK (octet_length(pause_reason) <= 1024),
     CONSTRAINT queues_reason_only_when_paused CHECK (pause_reason IS NULL OR paused_at IS NOT NULL)
 );
+
+-- A job may carry a concurrency key (a customer, a tenant, an API account): with the queue's
+-- key_concurrency set, at most that many jobs of one key run at once.  The key lives while the job
+-- does (the history does not keep it).  Claims under a key limit walk the distinct keys of the queued
+-- jobs through this index (one probe per key), so that a busy key never holds back the others.
+ALTER TABLE pgjobq.jobs ADD COLUMN concurrency_key pgjobq.short_text;
+CREATE INDEX jobs_key_idx ON pgjobq.jobs (queue, concurrency_key, priority, run_at, id)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+
+-- enqueue_many and enqueue take the concurrency key too (NULL: none).
+DROP FUNCTION pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text);
+DROP FUNCTION pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[]);
+CREATE FUNCTION pgjobq.enqueue_many(
+    queues       text[],
+    kinds        text[],
+    payloads     jsonb[],
+    priorities   smallint[]    DEFAULT NULL,
+    run_ats      timestamptz[] DEFAULT NULL,
+    delays       interval[]    DEFAULT NULL,
+    max_attempts integer[]     DEFAULT NULL,
+    unique_keys  text[]        DEFAULT NULL,
+    concurrency_keys text[]    DEFAULT NULL)
+RETURNS TABLE (ord integer, id bigint, duplicate boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n          integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
+                                   cardinality(priorities), cardinality(run_ats), cardinality(delays),
+                                   cardinality(max_attempts), cardinality(unique_keys),
+                                   cardinality(concurrency_keys));
+    v_ids      bigint[];
+    v_due      text[];
+    v_dup_ords integer[];
+    v_dup_keys text[];
+    v_found    bigint;
+    v_seq      regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
+    i          integer;
+BEGIN
+    IF n IS NULL OR n = 0 THEN
+        RETURN;
+    END IF;
+    IF (queues IS NOT NULL AND cardinality(queues) <> n)
+       OR (kinds IS NOT NULL AND cardinality(kinds) <> n)
+       OR (payloads IS NOT NULL AND cardinality(payloads) <> n)
+       OR (priorities IS NOT NULL AND cardinality(priorities) <> n)
+       OR (run_ats IS NOT NULL AND cardinality(run_ats) <> n)
+       OR (delays IS NOT NULL AND cardinality(delays) <> n)
+       OR (max_attempts IS NOT NULL AND cardinality(max_attempts) <> n)
+       OR (unique_keys IS NOT NULL AND cardinality(unique_keys) <> n)
+       OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n) THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_many: the arrays must all have % elements', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0') THEN
+        RAISE EXCEPTION 'pgjobq: delay must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(run_ats, delays) AS u(r, d) WHERE r IS NOT NULL AND d IS NOT NULL) THEN
+        RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Ids are drawn before the insert so that every input row knows its id, inserted or not.
+    -- unnest() of several arrays walks them together (subscripting a text array is linear in the
+    -- subscript, which would make a large batch quadratic).
+    WITH input AS MATERIALIZED (
+        SELECT nextval(v_seq) AS id, u.ord::integer AS ord,
+               coalesce(u.queue, 'default') AS queue,
+               coalesce(u.kind, 'default') AS kind,
+               coalesce(u.payload, '{}'::jsonb) AS payload,
+               coalesce(u.priority, 0::smallint) AS priority,
+               coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
+               coalesce(u.max_attempts, 25) AS max_attempts,
+               u.unique_key, u.concurrency_key
+          FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
+                      concurrency_keys)
+               WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
+                                    concurrency_key, ord)),
+    ins AS (
+        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
+                                 concurrency_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
+               input.max_attempts, input.unique_key, input.concurrency_key
+          FROM input ORDER BY input.ord
+        ON CONFLICT DO NOTHING
+        RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
+    SELECT array_agg(CASE WHEN ins.id IS NULL THEN 0 ELSE input.id END ORDER BY input.ord),
+           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.run_at <= now()),
+           array_agg(input.ord ORDER BY input.ord) FILTER (WHERE ins.id IS NULL),
+           array_agg(input.unique_key ORDER BY input.ord) FILTER (WHERE ins.id IS NULL)
+      INTO v_ids, v_due, v_dup_ords, v_dup_keys
+      FROM input LEFT JOIN ins ON ins.id = input.id;
+
+    PERFORM pgjobq.notify(v_due);
+
+    RETURN QUERY SELECT t.o::integer, t.job_id, false
+                   FROM unnest(v_ids) WITH ORDINALITY AS t(job_id, o) WHERE t.job_id <> 0;
+
+    -- Rows that hit a unique key: find the job holding the key.  This is a new statement, so it sees
+    -- jobs committed after the insert began and jobs inserted earlier in this very batch.  If the holder
+    -- finished in between, the key is free again and the job is inserted after all.
+    IF v_dup_ords IS NOT NULL THEN
+        FOR i IN 1 .. cardinality(v_dup_ords) LOOP
+            LOOP
+                SELECT j.id INTO v_found FROM pgjobq.jobs j
+                 WHERE j.unique_key = v_dup_keys[i] AND j.state IN ('queued', 'running');
+                IF FOUND THEN
+                    ord := v_dup_ords[i]; id := v_found; duplicate := true;
+                    RETURN NEXT;
+                    EXIT;
+                END IF;
+                INSERT INTO pgjobq.jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key,
+                                         concurrency_key)
+                VALUES (coalesce(queues[v_dup_ords[i]], 'default'), coalesce(kinds[v_dup_ords[i]], 'default'),
+                        coalesce(payloads[v_dup_ords[i]], '{}'::jsonb),
+                        coalesce(priorities[v_dup_ords[i]], 0::smallint),
+                        coalesce(run_ats[v_dup_ords[i]], now() + coalesce(delays[v_dup_ords[i]], interval '0')),
+                        coalesce(max_attempts[v_dup_ords[i]], 25), v_dup_keys[i],
+                        concurrency_keys[v_dup_ords[i]])
+                ON CONFLICT DO NOTHING
+                RETURNING pgjobq.jobs.id INTO v_found;
+                IF FOUND THEN
+                    ord := v_dup_ords[i]; id := v_found; duplicate := false;
+                    RETURN NEXT;
+                    PERFORM pgjobq.notify(ARRAY[coalesce(queues[v_dup_ords[i]], 'default')]);
+                    EXIT;
+                END IF;
+            END LOOP;
+        END LOOP;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgjobq.enqueue(
+    queue        text        DEFAULT 'default',
+    kind         text        DEFAULT 'default',
+    payload      jsonb       DEFAULT '{}',
+    priority     smallint    DEFAULT 0,
+    run_at       timestamptz DEFAULT NULL,
+    delay        interval    DEFAULT NULL,
+    max_attempts integer     DEFAULT 25,
+    unique_key   text        DEFAULT NULL,
+    concurrency_key text     DEFAULT NULL,
+    OUT id bigint,
+    OUT duplicate boolean)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e.id, e.duplicate
+      FROM pgjobq.enqueue_many(ARRAY[$1], ARRAY[$2], ARRAY[$3], ARRAY[$4], ARRAY[$5], ARRAY[$6], ARRAY[$7],
+                               ARRAY[$8], ARRAY[$9]) AS e
+$$;
 
 -- ------------------------------------------------------------------------------------------------
 -- The claim, with the queue's settings
@@ -79,7 +233,7 @@ BEGIN
         IF s.paused_at IS NOT NULL THEN
             RETURN;
         END IF;
-        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL THEN
+        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL THEN
             IF current_setting('transaction_isolation') <> 'read committed' THEN
                 RAISE EXCEPTION 'pgjobq.claim: queue % has a limit; claim from it in a READ COMMITTED transaction', queue
                     USING ERRCODE = 'invalid_transaction_state',
@@ -110,9 +264,60 @@ BEGIN
         END IF;
     END IF;
 
+    IF v_limited AND s.key_concurrency IS NOT NULL THEN
+        -- Per key: each key's due jobs, at most its free slots, then round-robin over the keys (every
+        -- key's first job before any key's second); jobs without a key compete as their own.
+        RETURN QUERY
+        WITH RECURSIVE keys(k) AS (
+            (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+              WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NOT NULL
+              ORDER BY j.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+                     WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NOT NULL
+                       AND j.concurrency_key > keys.k
+                     ORDER BY j.concurrency_key LIMIT 1)
+              FROM keys WHERE keys.k IS NOT NULL),
+        busy AS (
+            SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.jobs j
+             WHERE j.state = 'running' AND j.queue = claim_batch.queue AND j.lease_until > now()
+               AND j.concurrency_key IS NOT NULL
+             GROUP BY 1),
+        cand AS (
+            SELECT c.id, c.priority, c.run_at, c.rn
+              FROM keys
+              CROSS JOIN LATERAL (
+                  SELECT j.id, j.priority, j.run_at,
+                         row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rn
+                    FROM pgjobq.jobs j
+                   WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key = keys.k
+                     AND j.run_at <= now()
+                   ORDER BY j.priority, j.run_at, j.id
+                   LIMIT greatest(s.key_concurrency - coalesce((SELECT b.n FROM busy b WHERE b.k = keys.k), 0), 0)) c
+             WHERE keys.k IS NOT NULL
+            UNION ALL
+            SELECT u.id, u.priority, u.run_at, row_number() OVER (ORDER BY u.priority, u.run_at, u.id)
+              FROM (SELECT j.id, j.priority, j.run_at FROM pgjobq.jobs j
+                     WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NULL
+                       AND j.run_at <= now()
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT claim_batch.max_jobs) u),
+        picked AS MATERIALIZED (
+            SELECT j.id FROM pgjobq.jobs j
+             WHERE j.id = ANY (ARRAY(SELECT cand.id FROM cand
+                                      ORDER BY cand.rn, cand.priority, cand.run_at, cand.id
+                                      LIMIT claim_batch.max_jobs))
+               AND j.state = 'queued'
+               FOR UPDATE SKIP LOCKED)
+        UPDATE pgjobq.jobs j
+           SET state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
+                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error;
     -- Two statements rather than one with "after_id IS NULL OR ...": each keeps a plan whose index
     -- scan starts where it should.
-    IF after_id IS NULL THEN
+    ELSIF after_id IS NULL THEN
         RETURN QUERY
         WITH picked AS MATERIALIZED (
             SELECT j.id FROM pgjobq.jobs j
@@ -232,7 +437,8 @@ END
 $$;
 
 -- queue_set(queue, settings): changes the settings named in a JSON object and leaves the others;
--- null removes a limit.  Keys: "concurrency" (1..1000000), "rate_limit" (1..10000) with
+-- null removes a limit.  Keys: "concurrency" (1..1000000), "key_concurrency" (1..1000000: jobs of one
+-- concurrency key running at once), "rate_limit" (1..10000) with
 -- "rate_period" (an interval, 1 ms to 1 day; the two go together).  Workers are woken, as a limit may
 -- have been raised.
 CREATE FUNCTION pgjobq.queue_set(queue text, settings jsonb) RETURNS void
@@ -247,10 +453,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
-        IF k NOT IN ('concurrency', 'rate_limit', 'rate_period') THEN
+        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'The settings are concurrency, rate_limit and rate_period.';
+                      HINT = 'The settings are concurrency, key_concurrency, rate_limit and rate_period.';
         END IF;
     END LOOP;
     IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
@@ -261,6 +467,8 @@ BEGIN
     UPDATE pgjobq.queues qs
        SET concurrency = CASE WHEN settings ? 'concurrency' THEN (settings ->> 'concurrency')::integer
                               ELSE qs.concurrency END,
+           key_concurrency = CASE WHEN settings ? 'key_concurrency' THEN (settings ->> 'key_concurrency')::integer
+                                  ELSE qs.key_concurrency END,
            rate_limit = CASE WHEN settings ? 'rate_limit' THEN (settings ->> 'rate_limit')::integer
                              ELSE qs.rate_limit END,
            rate_period = CASE WHEN settings ? 'rate_period' THEN (settings ->> 'rate_period')::interval
@@ -274,8 +482,9 @@ $$;
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
 CREATE FUNCTION pgjobq.queue_list()
-RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, rate_limit integer,
-               rate_period interval, queued bigint, scheduled bigint, running bigint, expired bigint)
+RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
+               rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
+               expired bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -286,7 +495,8 @@ AS $$
                count(*) FILTER (WHERE j.state = 'running' AND j.lease_until > now()) AS running,
                count(*) FILTER (WHERE j.state = 'running' AND j.lease_until <= now()) AS expired
           FROM pgjobq.jobs j GROUP BY 1)
-    SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.rate_limit,
+    SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.key_concurrency,
+           s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
            coalesce(c.expired, 0)
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text

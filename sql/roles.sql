@@ -27,8 +27,8 @@ $$;
 GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin;
 
 GRANT EXECUTE ON FUNCTION
-    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text),
-    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[]),
+    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text),
+    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[]),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[])
 TO pgjobq_producer;

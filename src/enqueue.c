@@ -112,17 +112,26 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
             return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique key must have 1 to %d characters", label,
                                   PGJOBQ_UNIQUE_KEY_MAX);
     }
+    if (o->concurrency_key) {
+        size_t len = strlen(o->concurrency_key);
+        if (!pgjobq__utf8_valid(o->concurrency_key, len))
+            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key is not valid UTF-8", label);
+        if (len == 0 || utf8_chars(o->concurrency_key) > PGJOBQ_UNIQUE_KEY_MAX)
+            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key must have 1 to %d characters", label,
+                                  PGJOBQ_UNIQUE_KEY_MAX);
+    }
     return PGJOBQ_OK;
 }
 
-/* The eight parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
+/* The nine parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
  * sent as a NULL parameter instead. */
-enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_COUNT };
+enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_COUNT };
 
 static const Oid enqueue_types[A_COUNT] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
-                                           OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY};
+                                           OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
+                                           OID_TEXT_ARRAY};
 static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT,     OID_JSONB, OID_INT2,
-                                          OID_TEXT, OID_INTERVAL, OID_INT4,  OID_TEXT};
+                                          OID_TEXT, OID_INTERVAL, OID_INT4,  OID_TEXT, OID_TEXT};
 
 static int field_used(const pgjobq_job_spec *j, int f)
 {
@@ -135,6 +144,7 @@ static int field_used(const pgjobq_job_spec *j, int f)
     case A_DELAY: return j->opts.delay_ms != 0;
     case A_MAX_ATTEMPTS: return j->opts.max_attempts != 0;
     case A_UNIQUE: return j->opts.unique_key != NULL;
+    case A_KEY: return j->opts.concurrency_key != NULL;
     }
     return 0;
 }
@@ -154,6 +164,7 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     case A_DELAY: pgjobq__array_interval_us(a, j->opts.delay_ms * 1000); break;
     case A_MAX_ATTEMPTS: pgjobq__array_int4(a, j->opts.max_attempts); break;
     case A_UNIQUE: pgjobq__array_text(a, j->opts.unique_key, strlen(j->opts.unique_key)); break;
+    case A_KEY: pgjobq__array_text(a, j->opts.concurrency_key, strlen(j->opts.concurrency_key)); break;
     }
 }
 
@@ -161,7 +172,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
                         int *any_dup)
 {
     static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-                              "$5::pg_catalog.timestamptz[], $6, $7, $8)";
+                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9)";
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT];
     int lengths[A_COUNT], formats[A_COUNT];
@@ -241,14 +252,15 @@ static int copy_allowed(pgjobq_client *c)
     return c->copy_state == 1;
 }
 
-/* Whether a batch can be written with COPY: no unique key, no delay, run_at on every job or none. */
+/* Whether a batch can be written with COPY: no unique key, no concurrency key, no delay, run_at on
+ * every job or none. */
 static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
 {
     size_t with_run_at = 0;
     if (n < COPY_MIN_JOBS || n > 1000000) /* reserve_ids hands out at most 1,000,000 at once */
         return 0;
     for (size_t i = 0; i < n; i++) {
-        if (jobs[i].opts.unique_key || jobs[i].opts.delay_ms != 0)
+        if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.delay_ms != 0)
             return 0;
         with_run_at += jobs[i].opts.run_at != NULL;
     }

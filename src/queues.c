@@ -75,22 +75,32 @@ int pgjobq_queue_resume(pgjobq_client *c, const char *queue)
     return rc;
 }
 
-int pgjobq_queue_set_concurrency(pgjobq_client *c, const char *queue, int limit)
+/* Sets one integer limit (key "concurrency" or "key_concurrency"); 0 removes it. */
+static int set_limit(pgjobq_client *c, const char *what, const char *key, const char *queue, int limit)
 {
     char settings[64];
     int rc;
 
-    if ((rc = enter(c, "set concurrency", queue)) != PGJOBQ_OK)
+    if ((rc = enter(c, what, queue)) != PGJOBQ_OK)
         return rc;
     if (limit < 0 || limit > 1000000)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set concurrency: the limit must be between 1 and 1000000 (0: none), "
-                                                "not %d",
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: the limit must be between 1 and 1000000 (0: none), not %d", what,
                               limit);
     if (limit == 0)
-        snprintf(settings, sizeof settings, "{\"concurrency\": null}");
+        snprintf(settings, sizeof settings, "{\"%s\": null}", key);
     else
-        snprintf(settings, sizeof settings, "{\"concurrency\": %d}", limit);
-    return call2(c, "set concurrency", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+        snprintf(settings, sizeof settings, "{\"%s\": %d}", key, limit);
+    return call2(c, what, "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
+int pgjobq_queue_set_concurrency(pgjobq_client *c, const char *queue, int limit)
+{
+    return set_limit(c, "set concurrency", "concurrency", queue, limit);
+}
+
+int pgjobq_queue_set_key_concurrency(pgjobq_client *c, const char *queue, int limit)
+{
+    return set_limit(c, "set key concurrency", "key_concurrency", queue, limit);
 }
 
 int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_t period_ms)
@@ -114,7 +124,7 @@ int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_
     return call2(c, "set rate", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
-enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
+enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
        Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
@@ -137,7 +147,7 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
     if (queues_out == NULL || n_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "list queues: queues_out and n_out are required");
     pgjobq__stmt st = {"list queues",
-                       "SELECT queue, paused_at, pause_reason, concurrency, rate_limit,"
+                       "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
                        " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired"
                        " FROM pgjobq.queue_list()",
                        0, NULL, NULL, NULL, NULL, 1};
@@ -173,6 +183,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         }
         rows[i].paused_at = pgjobq__get_time(r, row, Q_PAUSED_AT);
         rows[i].concurrency = PQgetisnull(r, row, Q_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, Q_CONCURRENCY);
+        rows[i].key_concurrency =
+            PQgetisnull(r, row, Q_KEY_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, Q_KEY_CONCURRENCY);
         rows[i].rate_limit = PQgetisnull(r, row, Q_RATE) ? 0 : pgjobq__get_int4(r, row, Q_RATE);
         rows[i].rate_period_ms = PQgetisnull(r, row, Q_PERIOD_MS) ? 0 : pgjobq__get_int8(r, row, Q_PERIOD_MS);
         rows[i].queued = pgjobq__get_int8(r, row, Q_QUEUED);

@@ -170,6 +170,11 @@ TEST_FULL(queue_concurrency_limit_holds_across_worker_processes, 180, 0)
  * run under a valid lease, complete, again.  Every look is a snapshot of committed state; none may see
  * more than the limit. */
 static _Atomic long long race_most, race_claimed;
+/* What the claimers claim, and the look: the most running where the limit applies. */
+static const char *race_claim_sql = "SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(lease_token), '{}'),"
+                                    " count(*) FROM pgjobq.claim_batch('race', 5, '30 s', 'racer')";
+static const char *race_look_sql = "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'race' AND state = 'running'"
+                                   " AND lease_until > now()";
 static void *race_claimer(void *arg)
 {
     PGconn *pg = PQconnectdb(t_conninfo());
@@ -180,8 +185,7 @@ static void *race_claimer(void *arg)
         return (void *)1;
     }
     for (int round = 0; round < 60; round++) {
-        PGresult *r = PQexec(pg, "SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(lease_token), '{}'),"
-                                 " count(*) FROM pgjobq.claim_batch('race', 5, '30 s', 'racer')");
+        PGresult *r = PQexec(pg, race_claim_sql);
         if (PQresultStatus(r) != PGRES_TUPLES_OK) {
             PQclear(r);
             PQfinish(pg);
@@ -192,8 +196,7 @@ static void *race_claimer(void *arg)
         snprintf(tokens, sizeof tokens, "%s", PQgetvalue(r, 0, 1));
         race_claimed += atoll(PQgetvalue(r, 0, 2));
         PQclear(r);
-        r = PQexec(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'race' AND state = 'running'"
-                       " AND lease_until > now()");
+        r = PQexec(pg, race_look_sql);
         long long running = PQresultStatus(r) == PGRES_TUPLES_OK ? atoll(PQgetvalue(r, 0, 0)) : 0;
         PQclear(r);
         long long most = atomic_load(&race_most);
@@ -229,6 +232,95 @@ TEST_FULL(queue_concurrency_limit_holds_between_racing_claimers, 120, 0)
     CHECK_MSG(race_most <= 3, "%lld jobs ran at once under a limit of 3", (long long)race_most);
     CHECK_MSG(race_most == 3 && race_claimed >= 100, "the limit was not exercised (%lld claimed, %lld at most)",
               (long long)race_claimed, (long long)race_most);
+    pgjobq_client_close(c);
+}
+
+/* The same race under a per-key limit of 2 over four keys and jobs without a key: no key ever has more
+ * than 2 running, and jobs of other keys keep flowing. */
+TEST_FULL(queue_key_concurrency_holds_between_racing_claimers, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    static const char *const keys[] = {"customer:1", "customer:2", "customer:3", "customer:4", NULL};
+    pthread_t t[8];
+
+    o.queue = "keyed";
+    for (int i = 0; i < 600; i++) {
+        o.concurrency_key = keys[i % 5];
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    }
+    CHECK_OK(c, pgjobq_queue_set_key_concurrency(c, "keyed", 2));
+    race_claim_sql = "SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(lease_token), '{}'), count(*)"
+                     " FROM pgjobq.claim_batch('keyed', 5, '30 s', 'racer')";
+    race_look_sql = "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM pgjobq.jobs WHERE queue = 'keyed'"
+                    " AND state = 'running' AND lease_until > now() AND concurrency_key IS NOT NULL"
+                    " GROUP BY concurrency_key) k";
+    race_most = race_claimed = 0;
+    for (int i = 0; i < 8; i++)
+        CHECK(pthread_create(&t[i], NULL, race_claimer, (void *)(uintptr_t)(i + 1)) == 0);
+    for (int i = 0; i < 8; i++) {
+        void *rv = NULL;
+        pthread_join(t[i], &rv);
+        CHECK_MSG(rv == NULL, "claimer %d failed (%ld)", i, (long)(intptr_t)rv);
+    }
+    printf("8 claimers, 2 per key: %lld jobs claimed, at most %lld of one key running in any look\n",
+           (long long)race_claimed, (long long)race_most);
+    CHECK_MSG(race_most <= 2, "%lld jobs of one key ran at once under a limit of 2", (long long)race_most);
+    CHECK_MSG(race_most == 2 && race_claimed >= 100, "the limit was not exercised (%lld claimed, %lld at most)",
+              (long long)race_claimed, (long long)race_most);
+    /* Every job of every key ran: no key was starved behind another. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'keyed' AND state = 'completed'"), 600);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* A busy key does not hold back the others (no head-of-line blocking), whatever the order of the
+ * backlog; the key's next job runs once one of its slots is free. */
+TEST(queue_key_concurrency_takes_keys_in_turn)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    char *out = NULL, *err = NULL;
+
+    o.queue = "api";
+    o.concurrency_key = "big-customer";
+    for (int i = 0; i < 50; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    o.concurrency_key = "small-customer";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    o.concurrency_key = NULL;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--key-concurrency", "1", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('api', 10, '30 s', 'w')"), 3);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT coalesce(concurrency_key, '-')) FROM pgjobq.jobs WHERE state = 'running'"),
+              3);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('api', 10, '30 s', 'w')"), 0);
+    PQclear(t_exec(pg, "SELECT pgjobq.complete_many(array_agg(id), array_agg(lease_token)) FROM pgjobq.jobs"
+                       " WHERE state = 'running' AND concurrency_key = 'big-customer'"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('api', 10, '30 s', 'w')"), 1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"key_concurrency\":1"), "queue ls --json: %s", out);
+    free(out);
+    free(err);
+    /* Bad keys and limits are refused and write nothing. */
+    o.concurrency_key = "";
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", &o, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_queue_set_key_concurrency(c, "api", 1000001), PGJOBQ_EINVAL);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--key-concurrency", "0", NULL), 64);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'api'"), 51);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--queue", "api", "--concurrency-key", "small-customer", "{}", NULL),
+              0);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE concurrency_key = 'small-customer' AND state = 'queued'"),
+              1);
+    PQfinish(pg);
     pgjobq_client_close(c);
 }
 
