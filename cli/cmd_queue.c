@@ -2,6 +2,7 @@
  * cmd_queue.c - `pgjobq queue ls|pause|resume|drain|set`: queue settings, which every worker obeys
  * (pgjobq_queue_* in the library, pgjobq.queue_* in SQL).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -281,20 +282,20 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* pgjobq schedule ls|set|rm|enable|disable                                                          */
+/* pgjobq cron add|ls|rm|enable|disable|trigger|sync                                                */
 
 enum { OPT_CRON = 1200, OPT_TZ, OPT_QUEUE, OPT_KIND, OPT_PAYLOAD, OPT_PRIORITY, OPT_MAX_ATTEMPTS, OPT_CATCH_UP,
        OPT_SJSON };
 
 const cli_opt schedule_opts[] = {
-    {"cron", OPT_CRON, "EXPR", "set: when: 5 fields (minute hour day month weekday) or 6 (second first)"},
-    {"tz", OPT_TZ, "ZONE", "set: the IANA time zone of the expression (default UTC)"},
-    {"queue", OPT_QUEUE, "NAME", "set: the queue of the jobs (default: default)"},
-    {"kind", OPT_KIND, "NAME", "set: the kind of the jobs (default: default)"},
-    {"payload", OPT_PAYLOAD, "JSON", "set: the payload of each job (default {})"},
-    {"priority", OPT_PRIORITY, "N", "set: the jobs' priority, -100..100, lower first (default 0)"},
-    {"max-attempts", OPT_MAX_ATTEMPTS, "N", "set: the jobs' attempts, 1..1000 (default 25)"},
-    {"catch-up", OPT_CATCH_UP, "POLICY", "set: fire times missed while no worker ran: latest (default), all, skip"},
+    {"schedule", OPT_CRON, "EXPR", "add: when: 5 fields (minute hour day month weekday) or 6 (second first)"},
+    {"tz", OPT_TZ, "ZONE", "add: the IANA time zone of the expression (default UTC)"},
+    {"queue", OPT_QUEUE, "NAME", "add: the queue of the jobs (default: default)"},
+    {"kind", OPT_KIND, "NAME", "add: the kind of the jobs (default: default)"},
+    {"payload", OPT_PAYLOAD, "JSON", "add: the payload of each job (default {})"},
+    {"priority", OPT_PRIORITY, "N", "add: the jobs' priority, -100..100, lower first (default 0)"},
+    {"max-attempts", OPT_MAX_ATTEMPTS, "N", "add: the jobs' attempts, 1..1000 (default 25)"},
+    {"catch-up", OPT_CATCH_UP, "POLICY", "add: fire times missed while no worker ran: latest (default), all, skip"},
     {"json", OPT_SJSON, NULL, "ls: print JSON"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
@@ -380,6 +381,51 @@ static int list_schedules(pgjobq_client *c, int json)
     return EX_OK;
 }
 
+/* Reads a sync file (one JSON object per line; blank lines and lines starting with # are skipped) into
+ * one JSON array; NULL after printing why. */
+static char *read_sync_file(const char *path)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    char *line = NULL, *out = NULL;
+    size_t cap = 0, len = 0;
+    ssize_t n;
+    FILE *m;
+
+    if (f == NULL) {
+        cli_err("cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if ((m = open_memstream(&out, &len)) == NULL) {
+        cli_err("out of memory");
+        if (f != stdin)
+            fclose(f);
+        return NULL;
+    }
+    int first = 1;
+    fputc('[', m);
+    while ((n = getline(&line, &cap, f)) > 0) {
+        char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0')
+            continue;
+        if (!first)
+            fputc(',', m);
+        fputs(p, m);
+        first = 0;
+    }
+    fputs("]", m);
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    if (fclose(m) != 0) {
+        free(out);
+        cli_err("out of memory");
+        return NULL;
+    }
+    return out;
+}
+
 int cmd_schedule(const cli_cmd *cmd, int argc, char **argv)
 {
     schedule_args a = {.o = PGJOBQ_SCHEDULE_OPTS_INIT, .cmd = cmd};
@@ -391,47 +437,68 @@ int cmd_schedule(const cli_cmd *cmd, int argc, char **argv)
     if (first < 0)
         return EX_USAGE;
     if (first >= argc)
-        return cli_usage_error(cmd, "expected ls, set, rm, enable or disable");
+        return cli_usage_error(cmd, "expected add, ls, rm, enable, disable, trigger or sync");
     const char *sub = argv[first], *name = argc - first >= 2 ? argv[first + 1] : NULL;
-    int is_ls = strcmp(sub, "ls") == 0, is_set = strcmp(sub, "set") == 0, is_rm = strcmp(sub, "rm") == 0,
-        is_enable = strcmp(sub, "enable") == 0, is_disable = strcmp(sub, "disable") == 0;
-    if (!is_ls && !is_set && !is_rm && !is_enable && !is_disable)
-        return cli_usage_error(cmd, "unknown subcommand '%s' (ls, set, rm, enable or disable)", sub);
+    int is_ls = strcmp(sub, "ls") == 0, is_add = strcmp(sub, "add") == 0, is_rm = strcmp(sub, "rm") == 0,
+        is_enable = strcmp(sub, "enable") == 0, is_disable = strcmp(sub, "disable") == 0,
+        is_trigger = strcmp(sub, "trigger") == 0, is_sync = strcmp(sub, "sync") == 0;
+    if (!is_ls && !is_add && !is_rm && !is_enable && !is_disable && !is_trigger && !is_sync)
+        return cli_usage_error(cmd, "unknown subcommand '%s' (add, ls, rm, enable, disable, trigger or sync)", sub);
     if (is_ls ? argc - first != 1 : argc - first != 2)
-        return cli_usage_error(cmd, is_ls ? "schedule ls takes no name" : "schedule %s takes one schedule name", sub);
-    if (name && pgjobq_name_check(name) != PGJOBQ_OK)
+        return cli_usage_error(cmd, is_ls ? "cron ls takes no name" : is_sync ? "cron sync takes one FILE"
+                                                                             : "cron %s takes one schedule name",
+                               sub);
+    if (name && !is_sync && pgjobq_name_check(name) != PGJOBQ_OK)
         return cli_usage_error(cmd, "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
                                     "most 64)",
                                name);
-    int has_set_opts = a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority ||
+    int has_add_opts = a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority ||
                        a.o.max_attempts || a.o.catch_up;
-    if (is_set && a.cron == NULL)
-        return cli_usage_error(cmd, "schedule set needs --cron");
-    if (!is_set && has_set_opts)
-        return cli_usage_error(cmd, "--cron, --tz, --queue, --kind, --payload, --priority, --max-attempts and "
-                                    "--catch-up go with set");
+    if (is_add && a.cron == NULL)
+        return cli_usage_error(cmd, "cron add needs --schedule");
+    if (!is_add && has_add_opts)
+        return cli_usage_error(cmd, "--schedule, --tz, --queue, --kind, --payload, --priority, --max-attempts and "
+                                    "--catch-up go with add");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
 
-    if ((c = cli_connect(0, &status)) == NULL)
+    char *sync_json = NULL;
+    if (is_sync && (sync_json = read_sync_file(name)) == NULL)
+        return EX_NOINPUT;
+    if ((c = cli_connect(0, &status)) == NULL) {
+        free(sync_json);
         return status;
+    }
     if (is_ls) {
         status = list_schedules(c, a.json);
-    } else if (is_set) {
+    } else if (is_add) {
         int64_t next = PGJOBQ_TIME_NONE;
         rc = pgjobq_schedule_set(c, name, a.cron, &a.o, &next);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK) {
             char when[40];
             format_time(when, sizeof when, next);
-            printf("schedule %s set; next run %s\n", name, when);
+            printf("schedule %s added; next run %s\n", name, when);
         }
+    } else if (is_trigger) {
+        int64_t id = 0;
+        rc = pgjobq_schedule_trigger(c, name, &id);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK)
+            printf("schedule %s triggered: job %lld\n", name, (long long)id);
+    } else if (is_sync) {
+        int changed = 0;
+        rc = pgjobq_schedule_sync(c, sync_json, &changed);
+        status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+        if (rc == PGJOBQ_OK)
+            printf("schedules synced from %s: %d created, changed or removed\n", name, changed);
     } else {
         rc = is_rm ? pgjobq_schedule_delete(c, name) : pgjobq_schedule_enable(c, name, is_enable);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
-            printf("schedule %s %s\n", name, is_rm ? "deleted" : is_enable ? "enabled" : "disabled");
+            printf("schedule %s %s\n", name, is_rm ? "removed" : is_enable ? "enabled" : "disabled");
     }
+    free(sync_json);
     pgjobq_client_close(c);
     return status;
 }

@@ -28,8 +28,9 @@ static const cli_cmd commands[] = {
      "Show queues and their settings, pause and resume a queue on every worker, wait until a paused\n"
      "queue has nothing running (drain), set a queue's concurrency and rate limits.",
      queue_opts, cmd_queue},
-    {"schedule", "ls|set|rm|enable|disable [NAME]",
-     "Cron schedules in the database: every worker ticks them, and each fire time enqueues its job once.",
+    {"cron", "add|ls|rm|enable|disable|trigger|sync [NAME|FILE]",
+     "Cron schedules in the database: every worker ticks them, and each fire time enqueues its job once.\n"
+     "sync FILE makes the schedules exactly those of FILE (one JSON object per line).",
      schedule_opts, cmd_schedule},
     {"work", "",
      "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",

@@ -479,6 +479,17 @@ PGJOBQ_EXPORT int pgjobq_schedule_enable(pgjobq_client *c, const char *name, int
 /* Deletes a schedule (the jobs it enqueued stay).  PGJOBQ_ENOTFOUND when there is no such schedule. */
 PGJOBQ_EXPORT int pgjobq_schedule_delete(pgjobq_client *c, const char *name) PGJOBQ_WUR;
 
+/* Enqueues the schedule's job now, outside its calendar (its next run is unchanged); *id_out (may be
+ * NULL) receives the job's id.  PGJOBQ_ENOTFOUND when there is no such schedule. */
+PGJOBQ_EXPORT int pgjobq_schedule_trigger(pgjobq_client *c, const char *name, int64_t *id_out) PGJOBQ_WUR;
+
+/* Makes the set of schedules exactly `json`, a JSON array of objects with "name" and "schedule" (the
+ * cron expression) and optionally "tz", "queue", "kind", "payload", "priority", "max_attempts" and
+ * "catch_up": schedules missing from it are deleted, changed ones replaced, unchanged ones left alone
+ * (their next run too).  All or nothing.  *changed_out (may be NULL) receives how many schedules were
+ * created, changed or deleted. */
+PGJOBQ_EXPORT int pgjobq_schedule_sync(pgjobq_client *c, const char *json, int *changed_out) PGJOBQ_WUR;
+
 /* A schedule, as pgjobq_schedule_list() reports it. */
 typedef struct pgjobq_schedule_info {
     const char *name, *cron, *tz, *queue, *kind, *payload, *catch_up;

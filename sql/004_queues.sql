@@ -795,6 +795,86 @@ BEGIN
 END
 $$;
 
+-- schedule_trigger(name): enqueues the schedule's job now, outside its calendar (next_run is left
+-- alone).  Returns the job's id, or NULL when there is no such schedule.
+CREATE FUNCTION pgjobq.schedule_trigger(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s    pgjobq.schedules%ROWTYPE;
+    v_id bigint;
+BEGIN
+    SELECT * INTO s FROM pgjobq.schedules sc WHERE sc.name = schedule_trigger.name;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT e.id INTO v_id
+      FROM pgjobq.enqueue_many(ARRAY[s.queue::text], ARRAY[s.kind::text], ARRAY[s.payload::jsonb],
+                               ARRAY[s.priority], NULL, NULL, ARRAY[s.max_attempts], NULL) e;
+    RETURN v_id;
+END
+$$;
+
+-- schedule_sync(schedules): makes the set of schedules exactly the given JSON array of objects
+-- ({"name", "schedule", and optionally "tz", "queue", "kind", "payload", "priority", "max_attempts",
+-- "catch_up"}): schedules missing from it are deleted, changed ones replaced, unchanged ones left as
+-- they are (their next run included).  All or nothing.  Returns how many schedules it created,
+-- changed or deleted.
+CREATE FUNCTION pgjobq.schedule_sync(schedules jsonb) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    e       jsonb;
+    k       text;
+    n       integer := 0;
+    v_names text[] := '{}';
+    v_old   pgjobq.schedules%ROWTYPE;
+    v_name  text;
+    v_gone  integer;
+BEGIN
+    IF schedules IS NULL OR jsonb_typeof(schedules) <> 'array' THEN
+        RAISE EXCEPTION 'pgjobq.schedule_sync: schedules must be a JSON array of objects'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR e IN SELECT x FROM jsonb_array_elements(schedules) x LOOP
+        IF jsonb_typeof(e) <> 'object' OR NOT (e ? 'name') OR NOT (e ? 'schedule') THEN
+            RAISE EXCEPTION 'pgjobq.schedule_sync: each schedule is an object with "name" and "schedule": %', left(e::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        FOR k IN SELECT jsonb_object_keys(e) LOOP
+            IF k NOT IN ('name', 'schedule', 'tz', 'queue', 'kind', 'payload', 'priority', 'max_attempts', 'catch_up') THEN
+                RAISE EXCEPTION 'pgjobq.schedule_sync: schedule %: unknown field "%"', e ->> 'name', k
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        END LOOP;
+        v_name := e ->> 'name';
+        IF v_name = ANY (v_names) THEN
+            RAISE EXCEPTION 'pgjobq.schedule_sync: schedule % is given twice', v_name
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_names := v_names || v_name;
+        SELECT * INTO v_old FROM pgjobq.schedules sc WHERE sc.name = v_name;
+        IF FOUND AND v_old.cron = btrim(e ->> 'schedule') AND v_old.tz = coalesce(e ->> 'tz', 'UTC')
+           AND v_old.queue = coalesce(e ->> 'queue', 'default') AND v_old.kind = coalesce(e ->> 'kind', 'default')
+           AND v_old.payload::jsonb = coalesce(e -> 'payload', '{}') AND v_old.priority = coalesce((e ->> 'priority')::smallint, 0)
+           AND v_old.max_attempts = coalesce((e ->> 'max_attempts')::integer, 25)
+           AND v_old.catch_up = coalesce(e ->> 'catch_up', 'latest') AND v_old.enabled THEN
+            CONTINUE;
+        END IF;
+        PERFORM pgjobq.schedule_set(v_name, e ->> 'schedule', coalesce(e ->> 'tz', 'UTC'),
+                                    coalesce(e ->> 'queue', 'default'), coalesce(e ->> 'kind', 'default'),
+                                    coalesce(e -> 'payload', '{}'), coalesce((e ->> 'priority')::smallint, 0::smallint),
+                                    coalesce((e ->> 'max_attempts')::integer, 25), coalesce(e ->> 'catch_up', 'latest'));
+        n := n + 1;
+    END LOOP;
+    DELETE FROM pgjobq.schedules sc WHERE sc.name::text <> ALL (v_names);
+    GET DIAGNOSTICS v_gone = ROW_COUNT;
+    RETURN n + v_gone;
+END
+$$;
+
 -- schedule_list(): every schedule, by name.
 CREATE FUNCTION pgjobq.schedule_list() RETURNS SETOF pgjobq.schedules
 LANGUAGE sql STABLE SECURITY DEFINER

@@ -58,6 +58,7 @@ GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(text), pgjobq.queue_set(text, jsonb),
     pgjobq.queue_list(), pgjobq.schedule_set(text, text, text, text, text, jsonb, smallint, integer, text),
-    pgjobq.schedule_enable(text, boolean), pgjobq.schedule_delete(text), pgjobq.schedule_list() TO pgjobq_admin;
+    pgjobq.schedule_enable(text, boolean), pgjobq.schedule_delete(text), pgjobq.schedule_list(),
+    pgjobq.schedule_trigger(text), pgjobq.schedule_sync(jsonb) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
 GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;

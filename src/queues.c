@@ -352,3 +352,53 @@ void pgjobq_schedule_list_free(pgjobq_schedule_info *schedules)
 {
     free(schedules);
 }
+
+int pgjobq_schedule_trigger(pgjobq_client *c, const char *name, int64_t *id_out)
+{
+    static const Oid types[] = {OID_TEXT};
+    const char *values[1] = {name};
+    PGresult *r;
+    int rc;
+
+    if (id_out)
+        *id_out = 0;
+    if ((rc = enter(c, "trigger schedule", name)) != PGJOBQ_OK)
+        return rc;
+    pgjobq__stmt st = {"trigger schedule", "SELECT pgjobq.schedule_trigger($1)", 1, types, values, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "trigger schedule: no schedule %s", name);
+    }
+    if (id_out)
+        *id_out = pgjobq__get_int8(r, 0, 0);
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_schedule_sync(pgjobq_client *c, const char *json, int *changed_out)
+{
+    static const Oid types[] = {OID_JSONB};
+    const char *values[1] = {json};
+    char why[200];
+    PGresult *r;
+    int rc;
+
+    if (changed_out)
+        *changed_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (json == NULL || pgjobq__json_check(json, strlen(json), why, sizeof why) != 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "sync schedules: not valid JSON: %s", json ? why : "none given");
+    pgjobq__stmt st = {"sync schedules", "SELECT pgjobq.schedule_sync($1)", 1, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (changed_out && PQntuples(r) == 1)
+        *changed_out = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return PGJOBQ_OK;
+}

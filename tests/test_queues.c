@@ -621,7 +621,7 @@ TEST_FULL(schedule_jobs_are_enqueued_by_a_running_worker, 60, 0)
     char *out = NULL, *err = NULL;
 
     const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "set", "heartbeat", "--cron", "* * * * * *", "--queue", "beats",
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "add", "heartbeat", "--schedule", "* * * * * *", "--queue", "beats",
                     "--payload", "{\"beat\": true}", NULL),
               0);
     CHECK_MSG(strstr(out, "next run"), "schedule set printed: %s", out);
@@ -632,27 +632,110 @@ TEST_FULL(schedule_jobs_are_enqueued_by_a_running_worker, 60, 0)
                    " AND payload = '{\"beat\": true}'", 2, 30000);
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "ls", "--json", NULL), 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "ls", "--json", NULL), 0);
     CHECK_MSG(strstr(out, "\"name\":\"heartbeat\"") && strstr(out, "\"queue\":\"beats\""), "schedule ls: %s", out);
     free(out);
     free(err);
     static const char *const bad[][6] = {
-        {"schedule", "set", "x", NULL},
-        {"schedule", "set", "x", "--cron", "61 * * * *", NULL},
-        {"schedule", "set", "bad name", "--cron", "* * * * *", NULL},
-        {"schedule", "rm", NULL},
-        {"schedule", "enable", "x", "--tz", "UTC", NULL},
+        {"cron", "add", "x", NULL},
+        {"cron", "add", "x", "--schedule", "61 * * * *", NULL},
+        {"cron", "add", "bad name", "--schedule", "* * * * *", NULL},
+        {"cron", "rm", NULL},
+        {"cron", "enable", "x", "--tz", "UTC", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int status = t_cli(&out, &err, NULL, 0, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5]);
-        CHECK_MSG((status == 64 || status == 65) && err && strlen(err) > 10, "pgjobq schedule %s %s: status %d, %s",
+        CHECK_MSG((status == 64 || status == 65) && err && strlen(err) > 10, "pgjobq cron %s %s: status %d, %s",
                   bad[i][1], bad[i][2] ? bad[i][2] : "", status, err ? err : "");
         free(out);
         free(err);
     }
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules"), 1);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "schedule", "rm", "heartbeat", NULL), 0);
+    /* trigger enqueues one job now; sync makes the set exactly the file's. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "trigger", "heartbeat", NULL), 0);
+    CHECK_MSG(strstr(out, "triggered: job "), "cron trigger printed: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "trigger", "missing", NULL), 65);
+    free(out);
+    free(err);
+    char path[600];
+    snprintf(path, sizeof path, "%s/schedules.jsonl", t_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs("# the whole set\n"
+          "{\"name\": \"nightly\", \"schedule\": \"0 3 * * *\", \"tz\": \"Europe/Berlin\", \"queue\": \"reports\"}\n"
+          "\n"
+          "{\"name\": \"hourly\", \"schedule\": \"0 * * * *\", \"payload\": {\"n\": 1}, \"catch_up\": \"skip\"}\n",
+          f);
+    CHECK(fclose(f) == 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "sync", path, NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules"), 2); /* heartbeat is gone */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules WHERE name = 'hourly' AND catch_up = 'skip'"
+                        " AND payload = '{\"n\": 1}'"),
+              1);
+    long long next = t_int(pg, "SELECT extract(epoch FROM next_run)::bigint FROM pgjobq.schedules WHERE name = 'nightly'");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "sync", path, NULL), 0); /* again: nothing changes */
+    CHECK_MSG(strstr(out, ": 0 created"), "second sync printed: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT extract(epoch FROM next_run)::bigint FROM pgjobq.schedules WHERE name = 'nightly'"), next);
+    /* A bad file changes nothing. */
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs("{\"name\": \"nightly\", \"schedule\": \"0 3 * * *\"}\n{\"name\": \"broken\", \"schedule\": \"77 * * * *\"}\n", f);
+    CHECK(fclose(f) == 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "sync", path, NULL), 65);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules"), 2);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "rm", "hourly", NULL), 0);
     free(out);
     free(err);
     PQfinish(pg);
+}
+
+/* The issue's test: three worker processes and a schedule that fires every second, for 10 seconds:
+ * one job per fire time (catch-up all: a fire time a tick came late for still counts once). */
+TEST_FULL(schedule_three_workers_ten_seconds_one_job_per_tick, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
+    pid_t pids[3];
+    int64_t first = 0;
+
+    const char *handler = t_script("noop.sh", "cat >/dev/null\necho '{}'");
+    for (int i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "t%d", i);
+        pids[i] = t_spawn(t_log_path(id), NULL, "work", "--queue", "ticks:4", "--exec", handler, "--worker-id", id,
+                          NULL);
+    }
+    o.queue = "ticks";
+    o.catch_up = "all";
+    CHECK_OK(c, pgjobq_schedule_set(c, "every-second", "* * * * * *", &o, &first));
+    sleep_ms(10000);
+    CHECK_OK(c, pgjobq_schedule_enable(c, "every-second", 0));
+    sleep_ms(1500); /* a tick that took the schedule before it was disabled commits */
+    for (int i = 0; i < 3; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < 3; i++) {
+        int status = t_wait_exit(pids[i], 30000);
+        if (status != 0)
+            t_show_log(t_log_path("t0"));
+        CHECK_MSG(status == 0, "worker %d exited with %d", i, status);
+    }
+    long long jobs = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'ticks'");
+    long long fire_times = t_int(pg, "SELECT extract(epoch FROM last_run - to_timestamp(%lld / 1e6))::bigint + 1"
+                                     " FROM pgjobq.schedules WHERE name = 'every-second'",
+                                 (long long)first);
+    long long done = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'ticks' AND state = 'completed'");
+    printf("3 workers, 10 s: %lld fire times, %lld jobs, %lld completed\n", fire_times, jobs, done);
+    CHECK_MSG(fire_times >= 8, "only %lld fire times in 10 s", fire_times);
+    CHECK_INT(jobs, fire_times);
+    PQfinish(pg);
+    pgjobq_client_close(c);
 }
