@@ -9,6 +9,8 @@
 #             1, 2, 8 and 16 clients; 100-row INSERTs; COPY in batches of 10,000 rows.  Nothing of
 #             pgjobq is in them.
 #   T2        pgjobq's own claim and completion statements, through pgbench, at 8 clients.
+#   T10       the same with schema 3's claim (bench/ceiling/claim_batch_v3.sql): what queue settings
+#             cost a queue that has none.
 #   B1..B8    pgjobq itself, through `pgjobq bench` (cli/cmd_bench.c).
 #
 # It writes the medians to bench/results/latest.json, every run to bench/results/runs.jsonl, a table
@@ -64,6 +66,7 @@ db="host=$dir user=postgres dbname=postgres"
 export PGHOST="$dir" PGUSER=postgres PGDATABASE=postgres
 "$pgjobq" --db "$db" migrate >/dev/null
 "$bindir/psql" -X -q -f "$here/ceiling/schema.sql"
+"$bindir/psql" -X -q -v ON_ERROR_STOP=1 -f "$here/ceiling/claim_batch_v3.sql"
 
 settings=$("$bindir/psql" -X -At -c "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_sync_method', 'shared_buffers', 'max_wal_size', 'server_version')")
 cpus=$(nproc)
@@ -126,6 +129,9 @@ while [ $rep -le "$reps" ]; do
     load_pgjobq $slack
     pgbench_jobs t2_keyed pgjobq_claim_done_keyed.sql 8 "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench'" \
         -D p=-32768 -D r=-infinity -D i=0
+    # T10: the same statements with schema 3's claim (no queue settings lookup), right after.
+    load_pgjobq $slack
+    pgbench_jobs t2_v3 pgjobq_v3_claim_done.sql 8 "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench'"
     sql "TRUNCATE ceiling.jobs" >/dev/null; sql "CHECKPOINT" >/dev/null
     pgbench_jobs c_insert insert100.sql 1 "SELECT count(*) FROM ceiling.jobs"
     sql "TRUNCATE ceiling.jobs" >/dev/null; sql "CHECKPOINT" >/dev/null
@@ -199,18 +205,20 @@ t2=$(ratio "$(m t2_head jobs_per_s)" "$c8")
 t3a=$(ratio "$best_rate" "$c8")
 t3b=$(ratio "$(m b2_40x8 jobs_per_s)" "$best_rate")
 t4=$(ratio "$(m b1_api jobs_per_s)" "$copy_ceiling")
+t10=$(ratio "$(m t2_head jobs_per_s)" "$(m t2_v3 jobs_per_s)")
 ge "$t1" 0.6 && v1=met || v1=missed
 ge "$t2" 0.8 && v2=met || v2=missed
 ge "$t3a" 0.8 && ge "$t3b" 0.7 && v3=met || v3=missed
 ge "$(m b1_api jobs_per_s)" 150000 && ge "$t4" 0.7 && v4=met || v4=missed
 le "$(m b4_latency p50_ms)" 2 && le "$(m b4_latency p99_ms)" 8 && vl=met || vl=missed
 le "$(m b2_1x128 connections_max)" 3 && le "$(m b2_1x128 rss_kb_max)" 16384 && vr=met || vr=missed
+ge "$t10" 0.95 && v10=met || v10=missed
 
 {
     echo "{"
     echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpus\": $cpus, \"repetitions\": $reps, \"quick\": $quick, \"jobs\": $jobs,"
     echo "  \"postgresql\": \"$settings\","
-    for n in c_claim_1 c_claim_2 c_claim_8 c_claim_16 t2_head t2_keyed c_insert c_copy b1_api b1_file b2_1x1 b2_1x8 b2_1x32 b2_1x128 b2_2x64 b2_4x32 b2_8x16 b2_40x8 b5_empty b5_noise b8_exec b8_inproc; do
+    for n in c_claim_1 c_claim_2 c_claim_8 c_claim_16 t2_head t2_keyed t2_v3 c_insert c_copy b1_api b1_file b2_1x1 b2_1x8 b2_1x32 b2_1x128 b2_2x64 b2_4x32 b2_8x16 b2_40x8 b5_empty b5_noise b8_exec b8_inproc; do
         echo "  \"${n}_jobs_per_s\": $(m $n jobs_per_s),"
     done
     for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do echo "  \"b2_${pc}_avg_claim_batch\": $(m b2_$pc avg_claim_batch),"; done
@@ -218,8 +226,8 @@ le "$(m b2_1x128 connections_max)" 3 && le "$(m b2_1x128 rss_kb_max)" 16384 && v
     echo "  \"b6_c1_connections\": $(m b2_1x1 connections_max), \"b6_c128_connections\": $(m b2_1x128 connections_max), \"b6_c1_rss_kb\": $(m b2_1x1 rss_kb_max), \"b6_c128_rss_kb\": $(m b2_1x128 rss_kb_max),"
     for pct in 25 50 75 100 125; do echo "  \"b7_${pct}_offered\": $(m b7_$pct offered_per_s), \"b7_${pct}_jobs_per_s\": $(m b7_$pct jobs_per_s), \"b7_${pct}_p99_ms\": $(m b7_$pct p99_ms), \"b7_${pct}_depth_end\": $(m b7_$pct depth_end),"; done
     echo "  \"b7_saturation\": $b7_sat, \"b7_kept_up_with_all\": $b7_kept_all,"
-    echo "  \"t1\": $t1, \"t2\": $t2, \"t2_keyed\": $(ratio "$(m t2_keyed jobs_per_s)" "$c8"), \"t3_best\": $t3a, \"t3_40x8\": $t3b, \"t4\": $t4,"
-    echo "  \"t1_met\": \"$v1\", \"t2_met\": \"$v2\", \"t3_met\": \"$v3\", \"t4_met\": \"$v4\", \"latency_met\": \"$vl\", \"resources_met\": \"$vr\""
+    echo "  \"t1\": $t1, \"t2\": $t2, \"t2_keyed\": $(ratio "$(m t2_keyed jobs_per_s)" "$c8"), \"t3_best\": $t3a, \"t3_40x8\": $t3b, \"t4\": $t4, \"t10\": $t10,"
+    echo "  \"t1_met\": \"$v1\", \"t2_met\": \"$v2\", \"t3_met\": \"$v3\", \"t4_met\": \"$v4\", \"t10_met\": \"$v10\", \"latency_met\": \"$vl\", \"resources_met\": \"$vr\""
     echo "}"
 } > "$results/latest.json"
 
@@ -234,6 +242,7 @@ row "ceiling: 100-row INSERTs, 1 client" "$(m c_insert jobs_per_s)" ""
 row "ceiling: COPY, batches of 10,000 rows" "$copy_ceiling" ""
 row "T2 pgjobq statements, 8 clients, from the head" "$(m t2_head jobs_per_s)" "$t2 of C8 (target 0.8: $(verdict $v2))"
 row "T2 pgjobq statements, 8 clients, with the key" "$(m t2_keyed jobs_per_s)" "$(ratio "$(m t2_keyed jobs_per_s)" "$c8") of C8"
+row "T10 the same with schema 3's claim (no settings)" "$(m t2_v3 jobs_per_s)" "with settings lookup: $t10 of it (>= 0.95: $(verdict $v10))"
 row "B1 enqueue, API, batches of 10,000" "$(m b1_api jobs_per_s)" "$t4 of COPY, $(ratio "$(m b1_api jobs_per_s)" "$(m c_insert jobs_per_s)") of INSERT (T4: >= 150,000 and 0.7: $(verdict $v4))"
 row "B1 enqueue --file" "$(m b1_file jobs_per_s)" "$(ratio "$(m b1_file jobs_per_s)" "$copy_ceiling") of COPY"
 for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do

@@ -71,7 +71,7 @@ enum pgjobq_code {
     PGJOBQ_ESTATE = 7,      /* the job's state does not allow the operation */
     PGJOBQ_ELEASE = 8,      /* the lease is lost: token stale, lease expired, or job no longer running */
     PGJOBQ_ECANCELLED = 9,  /* the job was cancelled while held; it is now in state cancelled */
-    PGJOBQ_EDUPLICATE = 10, /* a queued or running job already holds this unique key */
+    PGJOBQ_EDUPLICATE = 10, /* a queued or running job of the queue already holds this unique key */
     PGJOBQ_ECONFLICT = 11,  /* serialization failure or deadlock (40001, 40P01); retry the transaction */
     PGJOBQ_EPERM = 12,      /* the database role lacks a privilege the operation needs */
     PGJOBQ_ETIMEOUT = 13,   /* a statement or lock timeout fired */
@@ -257,8 +257,8 @@ typedef struct pgjobq_enqueue_opts {
     int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
     const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
                                Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL. */
-    const char *unique_key; /* NULL: none.  While a queued or running job holds the key, enqueueing
-                               another job with it returns the existing job instead. */
+    const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
+                               key, enqueueing another job with it returns the existing job instead. */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
                                     (pgjobq_queue_set_key_concurrency), at most that many jobs with
                                     the same key run at once.  1 to 255 characters. */

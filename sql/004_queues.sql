@@ -47,6 +47,11 @@ ALTER TABLE pgjobq.jobs ADD COLUMN concurrency_key pgjobq.short_text;
 CREATE INDEX jobs_key_idx ON pgjobq.jobs (queue, concurrency_key, priority, run_at, id)
     WHERE state = 'queued' AND concurrency_key IS NOT NULL;
 
+-- Unique keys are scoped to their queue (they were global): the same key in two queues names two jobs.
+DROP INDEX pgjobq.jobs_unique_key_idx;
+CREATE UNIQUE INDEX jobs_unique_key_idx ON pgjobq.jobs (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('queued', 'running');
+
 -- enqueue_many and enqueue take the concurrency key too (NULL: none).
 DROP FUNCTION pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text);
 DROP FUNCTION pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[]);
@@ -143,7 +148,8 @@ BEGIN
         FOR i IN 1 .. cardinality(v_dup_ords) LOOP
             LOOP
                 SELECT j.id INTO v_found FROM pgjobq.jobs j
-                 WHERE j.unique_key = v_dup_keys[i] AND j.state IN ('queued', 'running');
+                 WHERE j.unique_key = v_dup_keys[i] AND j.queue = coalesce(queues[v_dup_ords[i]], 'default')
+                   AND j.state IN ('queued', 'running');
                 IF FOUND THEN
                     ord := v_dup_ords[i]; id := v_found; duplicate := true;
                     RETURN NEXT;

@@ -739,3 +739,27 @@ TEST_FULL(schedule_three_workers_ten_seconds_one_job_per_tick, 90, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* Unique keys are scoped to their queue. */
+TEST(unique_keys_are_scoped_to_their_queue)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t a = 0, b = 0, again = 0;
+
+    o.unique_key = "digest:ana";
+    o.queue = "mail";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &a));
+    o.queue = "sms";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &b));
+    CHECK(a != b);
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", &o, &again), PGJOBQ_EDUPLICATE);
+    CHECK_INT(again, b);
+    /* The same in one batch through the SQL function, across the two queues and within one. */
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FILTER (WHERE NOT duplicate) FROM pgjobq.enqueue_many("
+                        "ARRAY['push', 'push', 'web'], NULL, ARRAY['{}', '{}', '{}']::jsonb[], unique_keys => ARRAY['k', 'k', 'k'])"),
+              2);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
