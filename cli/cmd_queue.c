@@ -33,6 +33,24 @@ typedef struct queue_args {
     const cli_cmd *cmd;
 } queue_args;
 
+/* N (1..1000000) or "none" (0); -1 after a usage error. */
+static int parse_limit(const cli_cmd *cmd, const char *opt, const char *arg, int *out)
+{
+    char why[160];
+    long long v;
+
+    if (strcmp(arg, "none") == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0) {
+        cli_usage_error(cmd, "%s: %s (or none)", opt, why);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 static int on_opt(int key, const char *arg, void *ctx)
 {
     queue_args *a = ctx;
@@ -48,24 +66,10 @@ static int on_opt(int key, const char *arg, void *ctx)
         return 0;
     case OPT_CONCURRENCY:
         a->set_concurrency = 1;
-        if (strcmp(arg, "none") == 0) {
-            a->concurrency = 0;
-            return 0;
-        }
-        if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0)
-            return cli_usage_error(a->cmd, "--concurrency: %s (or none)", why), -1;
-        a->concurrency = (int)v;
-        return 0;
+        return parse_limit(a->cmd, "--concurrency", arg, &a->concurrency);
     case OPT_KEY_CONCURRENCY:
         a->set_key_concurrency = 1;
-        if (strcmp(arg, "none") == 0) {
-            a->key_concurrency = 0;
-            return 0;
-        }
-        if (cli_parse_int(arg, 1, 1000000, &v, why, sizeof why) != 0)
-            return cli_usage_error(a->cmd, "--key-concurrency: %s (or none)", why), -1;
-        a->key_concurrency = (int)v;
-        return 0;
+        return parse_limit(a->cmd, "--key-concurrency", arg, &a->key_concurrency);
     case OPT_RATE: {
         a->set_rate = 1;
         if (strcmp(arg, "none") == 0) {
