@@ -52,6 +52,65 @@ DROP INDEX pgjobq.jobs_unique_key_idx;
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgjobq.jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('queued', 'running');
 
+-- enqueue_explain(...): raises an error naming the first element of enqueue_many's arrays that breaks
+-- a rule, and what the rule is; returns quietly when it finds none.  Called only after a check
+-- violation, so that a bad argument through the SQL API reads "queues[2] ..." rather than a domain's
+-- constraint name and a page of CONTEXT.
+CREATE FUNCTION pgjobq.enqueue_explain(queues text[], kinds text[], payloads jsonb[], priorities smallint[],
+                                       max_attempts integer[], unique_keys text[], concurrency_keys text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v  text;
+    nm text;
+    i  integer;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(queues), 0) LOOP
+        v := queues[i];
+        IF v IS NOT NULL AND NOT (length(v) BETWEEN 1 AND 64 AND v ~ '^[A-Za-z][A-Za-z0-9_.:-]*$') THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: queues[%] "%" is not a queue name: a letter, then letters, digits, _ . : or -, 64 at most',
+                i, left(v, 80) USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(kinds), 0) LOOP
+        v := kinds[i];
+        IF v IS NOT NULL AND NOT (length(v) BETWEEN 1 AND 64 AND v ~ '^[A-Za-z][A-Za-z0-9_.:-]*$') THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: kinds[%] "%" is not a kind name: a letter, then letters, digits, _ . : or -, 64 at most',
+                i, left(v, 80) USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(payloads), 0) LOOP
+        IF octet_length(payloads[i]::text) > 1048576 THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: payloads[%] is % bytes; a payload is at most 1 MiB', i,
+                octet_length(payloads[i]::text) USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(priorities), 0) LOOP
+        IF priorities[i] NOT BETWEEN -100 AND 100 THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: priorities[%] is %; a priority is between -100 and 100', i, priorities[i]
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(max_attempts), 0) LOOP
+        IF max_attempts[i] NOT BETWEEN 1 AND 1000 THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: max_attempts[%] is %; it is between 1 and 1000', i, max_attempts[i]
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
+    FOREACH nm IN ARRAY ARRAY['unique_keys', 'concurrency_keys'] LOOP
+        FOR i IN 1 .. coalesce(cardinality(CASE nm WHEN 'unique_keys' THEN unique_keys ELSE concurrency_keys END), 0) LOOP
+            v := (CASE nm WHEN 'unique_keys' THEN unique_keys ELSE concurrency_keys END)[i];
+            IF v IS NOT NULL AND length(v) NOT BETWEEN 1 AND 255 THEN
+                RAISE EXCEPTION 'pgjobq.enqueue: %[%] has % characters; a key has 1 to 255', nm, i, length(v)
+                    USING ERRCODE = 'check_violation';
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
 -- enqueue_many and enqueue take the concurrency key too (NULL: none).
 DROP FUNCTION pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text);
 DROP FUNCTION pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[]);
@@ -107,34 +166,42 @@ BEGIN
     -- Ids are drawn before the insert so that every input row knows its id, inserted or not.
     -- unnest() of several arrays walks them together (subscripting a text array is linear in the
     -- subscript, which would make a large batch quadratic).
-    WITH input AS MATERIALIZED (
-        SELECT nextval(v_seq) AS id, u.ord::integer AS ord,
-               coalesce(u.queue, 'default') AS queue,
-               coalesce(u.kind, 'default') AS kind,
-               coalesce(u.payload, '{}'::jsonb) AS payload,
-               coalesce(u.priority, 0::smallint) AS priority,
-               coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
-               coalesce(u.max_attempts, 25) AS max_attempts,
-               u.unique_key, u.concurrency_key
-          FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
-                      concurrency_keys)
-               WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
-                                    concurrency_key, ord)),
-    ins AS (
-        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                 concurrency_key)
-        OVERRIDING SYSTEM VALUE
-        SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
-               input.max_attempts, input.unique_key, input.concurrency_key
-          FROM input ORDER BY input.ord
-        ON CONFLICT DO NOTHING
-        RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
-    SELECT array_agg(CASE WHEN ins.id IS NULL THEN 0 ELSE input.id END ORDER BY input.ord),
-           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.run_at <= now()),
-           array_agg(input.ord ORDER BY input.ord) FILTER (WHERE ins.id IS NULL),
-           array_agg(input.unique_key ORDER BY input.ord) FILTER (WHERE ins.id IS NULL)
-      INTO v_ids, v_due, v_dup_ords, v_dup_keys
-      FROM input LEFT JOIN ins ON ins.id = input.id;
+    BEGIN
+        WITH input AS MATERIALIZED (
+            SELECT nextval(v_seq) AS id, u.ord::integer AS ord,
+                   coalesce(u.queue, 'default') AS queue,
+                   coalesce(u.kind, 'default') AS kind,
+                   coalesce(u.payload, '{}'::jsonb) AS payload,
+                   coalesce(u.priority, 0::smallint) AS priority,
+                   coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
+                   coalesce(u.max_attempts, 25) AS max_attempts,
+                   u.unique_key, u.concurrency_key
+              FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
+                          concurrency_keys)
+                   WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
+                                        concurrency_key, ord)),
+        ins AS (
+            INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
+                                     concurrency_key)
+            OVERRIDING SYSTEM VALUE
+            SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
+                   input.max_attempts, input.unique_key, input.concurrency_key
+              FROM input ORDER BY input.ord
+            ON CONFLICT DO NOTHING
+            RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
+        SELECT array_agg(CASE WHEN ins.id IS NULL THEN 0 ELSE input.id END ORDER BY input.ord),
+               array_agg(DISTINCT ins.queue) FILTER (WHERE ins.run_at <= now()),
+               array_agg(input.ord ORDER BY input.ord) FILTER (WHERE ins.id IS NULL),
+               array_agg(input.unique_key ORDER BY input.ord) FILTER (WHERE ins.id IS NULL)
+          INTO v_ids, v_due, v_dup_ords, v_dup_keys
+          FROM input LEFT JOIN ins ON ins.id = input.id;
+    EXCEPTION WHEN check_violation THEN
+        -- Name the argument and the rule rather than the domain.  (The block costs a subtransaction per
+        -- call, small beside the commit; the scan of the arrays runs only on this path.)
+        PERFORM pgjobq.enqueue_explain(queues, kinds, payloads, priorities, max_attempts, unique_keys,
+                                       concurrency_keys);
+        RAISE;
+    END;
 
     PERFORM pgjobq.notify(v_due);
 

@@ -763,3 +763,26 @@ TEST(unique_keys_are_scoped_to_their_queue)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* Bad input through the SQL API names the argument and the rule, and writes nothing. */
+TEST(sql_enqueue_errors_name_the_argument_and_the_rule)
+{
+    PGconn *pg = t_pg();
+    static const char *const cases[][2] = {
+        {"SELECT pgjobq.enqueue('bad queue!')", "queues[1] \"bad queue!\" is not a queue name"},
+        {"SELECT pgjobq.enqueue('mail', '9kind')", "kinds[1] \"9kind\" is not a kind name"},
+        {"SELECT * FROM pgjobq.enqueue_many(ARRAY['a', 'b'], NULL, ARRAY['{}', '{}']::jsonb[], ARRAY[0, 200]::smallint[])",
+         "priorities[2] is 200"},
+        {"SELECT pgjobq.enqueue('mail', max_attempts => 0)", "max_attempts[1] is 0"},
+        {"SELECT pgjobq.enqueue('mail', unique_key => '')", "unique_keys[1] has 0 characters"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        PGresult *r = PQexec(pg, cases[i][0]);
+        CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR, "%s was accepted", cases[i][0]);
+        CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23514");
+        CHECK_MSG(strstr(PQresultErrorMessage(r), cases[i][1]) != NULL, "%s: %s", cases[i][0], PQresultErrorMessage(r));
+        PQclear(r);
+    }
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    PQfinish(pg);
+}
