@@ -124,14 +124,70 @@ int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_
     return call2(c, "set rate", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+/* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
+ * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
+ * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
+ * *rows_out (NULL when there are no rows); *n_out is the row count. */
+static int list_fetch(pgjobq_client *c, const char *what, const char *sql, int ncols, int outputs_given,
+                      size_t row_size, int text_first, int text_last, PGresult **r, void **rows_out, char **strings,
+                      size_t *n_out)
+{
+    size_t n, bytes;
+    int rc;
+
+    *rows_out = NULL;
+    *n_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (!outputs_given)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: both outputs are required", what);
+    pgjobq__stmt st = {what, sql, 0, NULL, NULL, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, r)) != PGJOBQ_OK)
+        return rc;
+    if (PQnfields(*r) != ncols) {
+        PQclear(*r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "%s: unexpected result", what);
+    }
+    n = (size_t)PQntuples(*r);
+    bytes = n * row_size;
+    for (size_t i = 0; i < n; i++)
+        for (int k = text_first; k <= text_last; k++)
+            bytes += (size_t)PQgetlength(*r, (int)i, k) + 1;
+    if (n && (*rows_out = calloc(1, bytes)) == NULL) {
+        PQclear(*r);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "%s: out of memory", what);
+    }
+    *strings = n ? (char *)*rows_out + n * row_size : NULL;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+/* Copies a text value into the room list_fetch made; NULL for SQL NULL. */
+static const char *take_text(char **strings, const PGresult *r, int row, int col)
+{
+    size_t len;
+    const char *s = pgjobq__get_text(r, row, col, &len);
+    char *out = *strings;
+
+    if (s == NULL)
+        return NULL;
+    memcpy(out, s, len);
+    out[len] = '\0';
+    *strings += len + 1;
+    return out;
+}
+
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
        Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
-    pgjobq_queue_info *rows;
-    size_t n, bytes;
-    char *strings;
+    pgjobq_queue_info *rows = NULL;
+    char *strings = NULL;
+    size_t n = 0;
     PGresult *r;
     int rc;
 
@@ -139,48 +195,17 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         *queues_out = NULL;
     if (n_out)
         *n_out = 0;
-    if (c == NULL)
-        return PGJOBQ_EINVAL;
-    pgjobq__clearerr(c);
-    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+    rc = list_fetch(c, "list queues",
+                    "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
+                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired"
+                    " FROM pgjobq.queue_list()",
+                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_REASON, &r, (void **)&rows, &strings, &n);
+    if (rc != PGJOBQ_OK)
         return rc;
-    if (queues_out == NULL || n_out == NULL)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list queues: queues_out and n_out are required");
-    pgjobq__stmt st = {"list queues",
-                       "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
-                       " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired"
-                       " FROM pgjobq.queue_list()",
-                       0, NULL, NULL, NULL, NULL, 1};
-    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
-        return rc;
-    if (PQnfields(r) != Q_NCOLS) {
-        PQclear(r);
-        return pgjobq__seterr(c, PGJOBQ_EDB, "list queues: unexpected result");
-    }
-    n = (size_t)PQntuples(r);
-    bytes = n * sizeof *rows;
-    for (size_t i = 0; i < n; i++)
-        bytes += (size_t)PQgetlength(r, (int)i, Q_NAME) + 1 + (size_t)PQgetlength(r, (int)i, Q_REASON) + 1;
-    rows = n ? calloc(1, bytes) : NULL;
-    if (n && rows == NULL) {
-        PQclear(r);
-        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "list queues: out of memory");
-    }
-    strings = (char *)(rows + n);
     for (size_t i = 0; i < n; i++) {
         int row = (int)i;
-        size_t len;
-        const char *s = pgjobq__get_text(r, row, Q_NAME, &len);
-        memcpy(strings, s ? s : "", s ? len : 0);
-        strings[s ? len : 0] = '\0';
-        rows[i].name = strings;
-        strings += (s ? len : 0) + 1;
-        if ((s = pgjobq__get_text(r, row, Q_REASON, &len)) != NULL) {
-            memcpy(strings, s, len);
-            strings[len] = '\0';
-            rows[i].pause_reason = strings;
-            strings += len + 1;
-        }
+        rows[i].name = take_text(&strings, r, row, Q_NAME);
+        rows[i].pause_reason = take_text(&strings, r, row, Q_REASON);
         rows[i].paused_at = pgjobq__get_time(r, row, Q_PAUSED_AT);
         rows[i].concurrency = PQgetisnull(r, row, Q_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, Q_CONCURRENCY);
         rows[i].key_concurrency =
@@ -288,9 +313,9 @@ enum { S_NAME, S_CRON, S_TZ, S_QUEUE, S_KIND, S_PAYLOAD, S_CATCH_UP, S_PRIORITY,
 
 int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out, size_t *n_out)
 {
-    pgjobq_schedule_info *rows;
-    size_t n, bytes;
-    char *strings;
+    pgjobq_schedule_info *rows = NULL;
+    char *strings = NULL;
+    size_t n = 0;
     PGresult *r;
     int rc;
 
@@ -298,49 +323,27 @@ int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out,
         *schedules_out = NULL;
     if (n_out)
         *n_out = 0;
-    if (c == NULL)
-        return PGJOBQ_EINVAL;
-    pgjobq__clearerr(c);
-    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+    rc = list_fetch(c, "list schedules",
+                    "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
+                    " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
+                    S_NCOLS, schedules_out && n_out, sizeof *rows, S_NAME, S_CATCH_UP, &r, (void **)&rows, &strings,
+                    &n);
+    if (rc != PGJOBQ_OK)
         return rc;
-    if (schedules_out == NULL || n_out == NULL)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list schedules: schedules_out and n_out are required");
-    pgjobq__stmt st = {"list schedules",
-                       "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
-                       " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
-                       0, NULL, NULL, NULL, NULL, 1};
-    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
-        return rc;
-    if (PQnfields(r) != S_NCOLS) {
-        PQclear(r);
-        return pgjobq__seterr(c, PGJOBQ_EDB, "list schedules: unexpected result");
-    }
-    n = (size_t)PQntuples(r);
-    bytes = n * sizeof *rows;
-    for (size_t i = 0; i < n; i++)
-        for (int k = S_NAME; k <= S_CATCH_UP; k++)
-            bytes += (size_t)PQgetlength(r, (int)i, k) + 1;
-    rows = n ? calloc(1, bytes) : NULL;
-    if (n && rows == NULL) {
-        PQclear(r);
-        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "list schedules: out of memory");
-    }
-    strings = (char *)(rows + n);
     for (size_t i = 0; i < n; i++) {
-        const char **dst[] = {&rows[i].name, &rows[i].cron,    &rows[i].tz,      &rows[i].queue,
-                              &rows[i].kind, &rows[i].payload, &rows[i].catch_up};
-        for (int k = S_NAME; k <= S_CATCH_UP; k++) {
-            size_t len = (size_t)PQgetlength(r, (int)i, k);
-            memcpy(strings, PQgetvalue(r, (int)i, k), len);
-            strings[len] = '\0';
-            *dst[k] = strings;
-            strings += len + 1;
-        }
-        rows[i].priority = pgjobq__get_int4(r, (int)i, S_PRIORITY);
-        rows[i].max_attempts = pgjobq__get_int4(r, (int)i, S_MAX_ATTEMPTS);
-        rows[i].enabled = pgjobq__get_bool(r, (int)i, S_ENABLED);
-        rows[i].next_run = pgjobq__get_time(r, (int)i, S_NEXT_RUN);
-        rows[i].last_run = pgjobq__get_time(r, (int)i, S_LAST_RUN);
+        int row = (int)i;
+        rows[i].name = take_text(&strings, r, row, S_NAME);
+        rows[i].cron = take_text(&strings, r, row, S_CRON);
+        rows[i].tz = take_text(&strings, r, row, S_TZ);
+        rows[i].queue = take_text(&strings, r, row, S_QUEUE);
+        rows[i].kind = take_text(&strings, r, row, S_KIND);
+        rows[i].payload = take_text(&strings, r, row, S_PAYLOAD);
+        rows[i].catch_up = take_text(&strings, r, row, S_CATCH_UP);
+        rows[i].priority = pgjobq__get_int4(r, row, S_PRIORITY);
+        rows[i].max_attempts = pgjobq__get_int4(r, row, S_MAX_ATTEMPTS);
+        rows[i].enabled = pgjobq__get_bool(r, row, S_ENABLED);
+        rows[i].next_run = pgjobq__get_time(r, row, S_NEXT_RUN);
+        rows[i].last_run = pgjobq__get_time(r, row, S_LAST_RUN);
     }
     PQclear(r);
     *schedules_out = rows;
