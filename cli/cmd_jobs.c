@@ -1,5 +1,6 @@
 /*
- * cmd_jobs.c - pgjobq migrate, list, show, stats, cancel and retry.
+ * cmd_jobs.c - pgjobq migrate, list, show, stats, cancel and retry (of one job, or of every job a filter
+ * matches).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,29 @@ const cli_opt list_opts[] = {
 const cli_opt show_opts[] = {
     {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
-const cli_opt cancel_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
-const cli_opt retry_opts[] = {CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+#define OPT_KIND    'k'
+#define OPT_SINCE   1001
+#define OPT_DRY_RUN 1002
+const cli_opt cancel_opts[] = {
+    {"queue", OPT_QUEUE, "QUEUE", "without ID: cancel the jobs of QUEUE (with --state)"},
+    {"state", OPT_STATE, "STATE", "without ID: queued (cancel them now) or running (request a cancel)"},
+    {"kind", OPT_KIND, "KIND", "without ID: only jobs of KIND"},
+    {"since", OPT_SINCE, "DURATION", "without ID: only jobs created within the last DURATION (30s, 10m, 2h, 1d)"},
+    {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
+    {"json", OPT_JSON, NULL, "print the count as a JSON object"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+const cli_opt retry_opts[] = {
+    {"queue", OPT_QUEUE, "QUEUE", "without ID: retry the jobs of QUEUE (with --state)"},
+    {"state", OPT_STATE, "STATE", "without ID: failed, cancelled or completed (finished jobs), or queued (make "
+                                  "scheduled jobs due now)"},
+    {"kind", OPT_KIND, "KIND", "without ID: only jobs of KIND"},
+    {"since", OPT_SINCE, "DURATION", "without ID: only jobs that finished (queued: were created) within the last "
+                                     "DURATION"},
+    {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
+    {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
 
 typedef struct list_args {
     const cli_cmd *cmd;
@@ -357,21 +379,134 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
+/* The options of cancel and retry: one job by ID, or every job a filter matches. */
+typedef struct bulk_args {
+    const cli_cmd *cmd;
+    pgjobq_filter filter;
+    int have_state, dry_run, json;
+} bulk_args;
+
+static int bulk_opt(int key, const char *arg, void *ctx)
+{
+    bulk_args *a = ctx;
+    char why[128];
+
+    switch (key) {
+    case OPT_QUEUE:
+    case OPT_KIND:
+        if (pgjobq_name_check(arg) != PGJOBQ_OK) {
+            cli_usage_error(a->cmd, "invalid %s '%s' (a letter, then letters, digits and _ . : -, at most 64)",
+                            key == OPT_QUEUE ? "queue name" : "kind", arg);
+            return -1;
+        }
+        if (key == OPT_QUEUE)
+            a->filter.queue = arg;
+        else
+            a->filter.kind = arg;
+        return 0;
+    case OPT_STATE:
+        if (pgjobq_state_parse(arg, &a->filter.state) != PGJOBQ_OK) {
+            cli_usage_error(a->cmd, "unknown state '%s' (queued, running, completed, failed, cancelled)", arg);
+            return -1;
+        }
+        a->have_state = 1;
+        return 0;
+    case OPT_SINCE:
+        if (cli_parse_duration_ms(arg, &a->filter.since_ms, why, sizeof why) != 0) {
+            cli_usage_error(a->cmd, "--since: %s", why);
+            return -1;
+        }
+        if (a->filter.since_ms <= 0) {
+            cli_usage_error(a->cmd, "--since: must be longer than zero");
+            return -1;
+        }
+        return 0;
+    case OPT_DRY_RUN: a->dry_run = 1; return 0;
+    case OPT_JSON: a->json = 1; return 0;
+    }
+    return -1;
+}
+
+/* Parses cancel's or retry's options and operands.  Returns 1 for one job (*id set), 0 for a filter
+ * (a->filter complete), or -1 with *status set. */
+static int parse_bulk(const cli_cmd *cmd, int argc, char **argv, bulk_args *a, int64_t *id, int *status)
+{
+    const pgjobq_filter init = PGJOBQ_FILTER_INIT;
+    int first, filtering;
+
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->filter = init;
+    first = cli_parse(cmd, argc, argv, bulk_opt, a);
+    if (first == -2) {
+        *status = EX_OK;
+        return -1;
+    }
+    if (first < 0) {
+        *status = EX_USAGE;
+        return -1;
+    }
+    filtering = a->filter.queue || a->have_state || a->filter.kind || a->filter.since_ms;
+    if (argc - first > 1) {
+        *status = cli_usage_error(cmd, "unexpected argument '%s'", argv[first + 1]);
+        return -1;
+    }
+    if (argc - first == 1) {
+        if (filtering) {
+            *status = cli_usage_error(cmd, "give a job ID or a filter (--queue, --state, ...), not both");
+            return -1;
+        }
+        if (a->dry_run) {
+            *status = cli_usage_error(cmd, "--dry-run goes with a filter (--queue and --state), not a job ID");
+            return -1;
+        }
+        if ((*status = parse_id(cmd, argv[first], id)) != EX_OK)
+            return -1;
+        return 1;
+    }
+    if (!a->filter.queue || !a->have_state) {
+        *status = cli_usage_error(cmd, "expected a job ID, or --queue QUEUE and --state STATE");
+        return -1;
+    }
+    return 0;
+}
+
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, rc;
+    int status, rc, one;
     pgjobq_state st = PGJOBQ_QUEUED;
     pgjobq_client *c;
-    int64_t id = 0;
+    int64_t id = 0, n = 0;
+    bulk_args a;
 
-    if ((c = open_for_id(cmd, argc, argv, NULL, NULL, &id, &status)) == NULL)
+    if ((one = parse_bulk(cmd, argc, argv, &a, &id, &status)) < 0)
         return status;
-    rc = pgjobq_job_cancel(c, id, &st);
-    if (rc == PGJOBQ_OK && st == PGJOBQ_RUNNING)
-        printf("job %lld is running: cancel requested; it ends cancelled at its worker's next heartbeat\n",
-               (long long)id);
-    else if (rc == PGJOBQ_OK)
-        printf("job %lld cancelled\n", (long long)id);
+    if (!one && a.filter.state != PGJOBQ_QUEUED && a.filter.state != PGJOBQ_RUNNING)
+        return cli_usage_error(cmd, "--state %s: only queued or running jobs can be cancelled",
+                               pgjobq_state_name(a.filter.state));
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if (one) {
+        rc = pgjobq_job_cancel(c, id, &st);
+        if (rc == PGJOBQ_OK && st == PGJOBQ_RUNNING)
+            printf("job %lld is running: cancel requested; it ends cancelled at its worker's next heartbeat\n",
+                   (long long)id);
+        else if (rc == PGJOBQ_OK)
+            printf("job %lld cancelled\n", (long long)id);
+    } else {
+        rc = pgjobq_cancel_where(c, &a.filter, a.dry_run ? PGJOBQ_DRY_RUN : 0, &n);
+        if (rc == PGJOBQ_OK && a.json)
+            printf("{\"%s\":%lld,\"dry_run\":%s}\n",
+                   a.filter.state == PGJOBQ_RUNNING ? "cancel_requested" : "cancelled", (long long)n,
+                   a.dry_run ? "true" : "false");
+        else if (rc == PGJOBQ_OK && a.filter.state == PGJOBQ_RUNNING)
+            printf("%s a cancel of %lld running job%s of queue %s%s\n", a.dry_run ? "would request" : "requested",
+                   (long long)n, n == 1 ? "" : "s", a.filter.queue,
+                   a.dry_run ? "" : ": each ends cancelled at its worker's next heartbeat");
+        else if (rc == PGJOBQ_OK)
+            printf("%s %lld queued job%s of queue %s\n", a.dry_run ? "would cancel" : "cancelled", (long long)n,
+                   n == 1 ? "" : "s", a.filter.queue);
+    }
     status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
     pgjobq_client_close(c);
     return status;
@@ -379,15 +514,39 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
 
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, rc;
+    int status, rc, one;
     pgjobq_client *c;
-    int64_t id = 0;
+    int64_t id = 0, n = 0, skipped = 0;
+    bulk_args a;
 
-    if ((c = open_for_id(cmd, argc, argv, NULL, NULL, &id, &status)) == NULL)
+    if ((one = parse_bulk(cmd, argc, argv, &a, &id, &status)) < 0)
         return status;
-    rc = pgjobq_job_retry(c, id);
-    if (rc == PGJOBQ_OK)
-        printf("job %lld queued to run again now\n", (long long)id);
+    if (!one && a.filter.state == PGJOBQ_RUNNING)
+        return cli_usage_error(cmd, "--state running: a running job is retried by its worker, or when its lease "
+                                    "expires");
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if (one) {
+        rc = pgjobq_job_retry(c, id);
+        if (rc == PGJOBQ_OK)
+            printf("job %lld queued to run again now\n", (long long)id);
+    } else {
+        rc = pgjobq_retry_where(c, &a.filter, a.dry_run ? PGJOBQ_DRY_RUN : 0, &n, &skipped);
+        if (rc == PGJOBQ_OK && a.json) {
+            printf("{\"retried\":%lld,\"skipped\":%lld,\"dry_run\":%s}\n", (long long)n, (long long)skipped,
+                   a.dry_run ? "true" : "false");
+        } else if (rc == PGJOBQ_OK && a.filter.state == PGJOBQ_QUEUED) {
+            printf("%s %lld scheduled job%s of queue %s due now\n", a.dry_run ? "would make" : "made", (long long)n,
+                   n == 1 ? "" : "s", a.filter.queue);
+        } else if (rc == PGJOBQ_OK) {
+            printf("%s %lld %s job%s of queue %s%s\n", a.dry_run ? "would retry" : "retried", (long long)n,
+                   pgjobq_state_name(a.filter.state), n == 1 ? "" : "s", a.filter.queue,
+                   a.dry_run || n == 0 ? "" : ": queued to run again now");
+            if (skipped)
+                printf("%s %lld: a queued or running job holds %s unique key\n", a.dry_run ? "would skip" : "skipped",
+                       (long long)skipped, skipped == 1 ? "its" : "their");
+        }
+    }
     status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
     pgjobq_client_close(c);
     return status;

@@ -21,9 +21,12 @@ static const cli_cmd commands[] = {
     {"list", "", "List jobs, newest first.", list_opts, cmd_list},
     {"show", "ID", "Show every field of one job.", show_opts, cmd_show},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
-    {"cancel", "ID", "Cancel a job: a queued job at once, a running one at its worker's next heartbeat.", cancel_opts,
-     cmd_cancel},
-    {"retry", "ID", "Run a finished or scheduled job again now.", retry_opts, cmd_retry},
+    {"cancel", "ID | --queue QUEUE --state STATE",
+     "Cancel a job, or every job a filter matches: queued jobs at once, running ones at their worker's next "
+     "heartbeat.",
+     cancel_opts, cmd_cancel},
+    {"retry", "ID | --queue QUEUE --state STATE",
+     "Run a finished or scheduled job, or every job a filter matches, again now.", retry_opts, cmd_retry},
     {"queue", "ls|pause|resume|drain|set [QUEUE]",
      "Show queues and their settings, pause and resume a queue on every worker, wait until a paused\n"
      "queue has nothing running (drain), set a queue's concurrency and rate limits.",

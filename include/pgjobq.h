@@ -48,7 +48,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 4
+#define PGJOBQ_SCHEMA_VERSION 5
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -360,6 +360,42 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
  * PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE for a running job.
  */
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
+
+/* Which jobs a bulk retry or cancel acts on; initialise with PGJOBQ_FILTER_INIT. */
+typedef struct pgjobq_filter {
+    const char *queue;  /* the queue (required) */
+    pgjobq_state state; /* the state the jobs are in (required; each call says which it accepts) */
+    const char *kind;   /* NULL: every kind */
+    int64_t since_ms;   /* 0: any age; otherwise only jobs that finished (finished jobs) or were created
+                           (live jobs) within the last since_ms milliseconds of the database clock */
+} pgjobq_filter;
+#define PGJOBQ_FILTER_INIT {NULL, PGJOBQ_FAILED, NULL, 0}
+
+/* A flag for pgjobq_retry_where and pgjobq_cancel_where: count, change nothing. */
+#define PGJOBQ_DRY_RUN 1
+
+/*
+ * Runs again now every job the filter matches, in one statement (all of them or, on an error, none).
+ * state PGJOBQ_FAILED, PGJOBQ_CANCELLED or PGJOBQ_COMPLETED: finished jobs become queued as with
+ * pgjobq_job_retry; one whose unique key a queued or running job of the queue holds (or a newer match
+ * with the same key) stays finished and is counted in *skipped_out.  state PGJOBQ_QUEUED: jobs waiting
+ * for a later run_at (scheduled, or backing off) become due now.  *retried_out (may be NULL) receives
+ * how many were retried, or with PGJOBQ_DRY_RUN in flags would be.  Returns PGJOBQ_OK; PGJOBQ_EINVAL
+ * for a bad filter; PGJOBQ_EDUPLICATE when a job with one of the unique keys was enqueued meanwhile
+ * (nothing moved: call again).
+ */
+PGJOBQ_EXPORT int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags, int64_t *retried_out,
+                                     int64_t *skipped_out) PGJOBQ_WUR;
+
+/*
+ * Cancels every job the filter matches, in one statement.  state PGJOBQ_QUEUED: the jobs end cancelled
+ * at once; a job being claimed at that instant is waited for and left alone if it started.  state
+ * PGJOBQ_RUNNING: a cancel is requested, as pgjobq_job_cancel does for a running job.  *count_out (may
+ * be NULL) receives how many jobs were cancelled or marked (with PGJOBQ_DRY_RUN, would be).  Returns
+ * PGJOBQ_OK or PGJOBQ_EINVAL for a bad filter.
+ */
+PGJOBQ_EXPORT int pgjobq_cancel_where(pgjobq_client *c, const pgjobq_filter *filter, int flags,
+                                      int64_t *count_out) PGJOBQ_WUR;
 
 /* Reads one job with all its fields.  On PGJOBQ_OK *job_out is a one-element array to release with
  * pgjobq_jobs_free().  Returns PGJOBQ_ENOTFOUND for an unknown id. */

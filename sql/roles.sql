@@ -59,6 +59,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.st
 GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(text), pgjobq.queue_set(text, jsonb),
     pgjobq.queue_list(), pgjobq.schedule_set(text, text, text, text, text, jsonb, smallint, integer, text),
     pgjobq.schedule_enable(text, boolean), pgjobq.schedule_delete(text), pgjobq.schedule_list(),
-    pgjobq.schedule_trigger(text), pgjobq.schedule_sync(jsonb) TO pgjobq_admin;
+    pgjobq.schedule_trigger(text), pgjobq.schedule_sync(jsonb),
+    pgjobq.retry_where(text, text, text, interval, boolean),
+    pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
 GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;

@@ -468,6 +468,104 @@ int pgjobq_job_retry(pgjobq_client *c, int64_t id)
     return PGJOBQ_OK;
 }
 
+/* Checks a bulk filter against the states the call accepts (a bit per pgjobq_state) and renders its
+ * parameters: queue, state, kind, since (an interval, or NULL) and the dry-run flag. */
+static int filter_params(pgjobq_client *c, const char *what, const pgjobq_filter *f, unsigned accepted, int flags,
+                         char *since, size_t since_size, const char *values[5])
+{
+    if (f == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: no filter", what);
+    if (pgjobq_name_check(f->queue) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
+                                                "and _ . : -, at most 64)",
+                              what, f->queue ? f->queue : "");
+    if (f->kind && pgjobq_name_check(f->kind) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: invalid kind \"%.80s\" (a letter, then letters, digits "
+                                                "and _ . : -, at most 64)",
+                              what, f->kind);
+    if ((unsigned)f->state > PGJOBQ_CANCELLED || !(accepted & (1u << f->state)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: jobs in state %s cannot be chosen here", what,
+                              pgjobq_state_name(f->state));
+    if (f->since_ms < 0)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: since must be positive (0: any age), not %lld ms", what,
+                              (long long)f->since_ms);
+    if (flags & ~PGJOBQ_DRY_RUN)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unknown flags 0x%x", what, (unsigned)flags);
+    snprintf(since, since_size, "%lld milliseconds", (long long)f->since_ms);
+    values[0] = f->queue;
+    values[1] = pgjobq_state_name(f->state);
+    values[2] = f->kind;
+    values[3] = f->since_ms > 0 ? since : NULL;
+    values[4] = (flags & PGJOBQ_DRY_RUN) ? "true" : "false";
+    return PGJOBQ_OK;
+}
+
+static const Oid filter_types[] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT};
+
+int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags, int64_t *retried_out,
+                       int64_t *skipped_out)
+{
+    const unsigned accepted = 1u << PGJOBQ_QUEUED | 1u << PGJOBQ_COMPLETED | 1u << PGJOBQ_FAILED |
+                              1u << PGJOBQ_CANCELLED;
+    const char *values[5];
+    char since[48];
+    PGresult *r;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = filter_params(c, "retry", filter, accepted, flags, since, sizeof since, values)) != PGJOBQ_OK)
+        return rc;
+    pgjobq__stmt st = {"retry",
+                       "SELECT retried, skipped FROM pgjobq.retry_where($1, $2, $3, $4::interval, $5::boolean)",
+                       5,
+                       filter_types,
+                       values,
+                       NULL,
+                       NULL,
+                       0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK) {
+        /* The message says what happened; the code says what to do: call again. */
+        return strcmp(pgjobq_sqlstate(c), "23505") == 0 ? PGJOBQ_EDUPLICATE : rc;
+    }
+    if (PQntuples(r) != 1 || PQnfields(r) != 2) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "retry: unexpected result");
+    }
+    if (retried_out)
+        *retried_out = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    if (skipped_out)
+        *skipped_out = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_cancel_where(pgjobq_client *c, const pgjobq_filter *filter, int flags, int64_t *count_out)
+{
+    const char *values[5];
+    char since[48];
+    PGresult *r;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = filter_params(c, "cancel", filter, 1u << PGJOBQ_QUEUED | 1u << PGJOBQ_RUNNING, flags, since,
+                            sizeof since, values)) != PGJOBQ_OK)
+        return rc;
+    pgjobq__stmt st = {"cancel", "SELECT pgjobq.cancel_where($1, $2, $3, $4::interval, $5::boolean)", 5,
+                       filter_types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQntuples(r) != 1 || PQnfields(r) != 1) {
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "cancel: unexpected result");
+    }
+    if (count_out)
+        *count_out = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
 int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
 {
     static const Oid types[] = {OID_INT8};

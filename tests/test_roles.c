@@ -101,6 +101,17 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     free(stats);
     CHECK_OK(adm, pgjobq_job_retry(adm, id));
     CHECK_OK(adm, pgjobq_job_cancel(adm, id, NULL));
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    int64_t count = -1, skipped = -1;
+    f.queue = "default";
+    f.state = PGJOBQ_CANCELLED;
+    CHECK_OK(adm, pgjobq_retry_where(adm, &f, 0, &count, &skipped));
+    CHECK_INT(count, 1);
+    f.state = PGJOBQ_QUEUED;
+    CHECK_OK(adm, pgjobq_cancel_where(adm, &f, 0, &count));
+    CHECK_INT(count, 1);
+    CHECK_RC(wrk, pgjobq_cancel_where(wrk, &f, PGJOBQ_DRY_RUN, &count), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_retry_where(app, &f, PGJOBQ_DRY_RUN, &count, NULL), PGJOBQ_EPERM);
     CHECK_STR(raw_as(adm, "DELETE FROM pgjobq.jobs"), "42501"); /* reading is not owning */
 
     pgjobq_client_close(app);
