@@ -98,6 +98,8 @@ TEST(retry_where_moves_the_failed_jobs_a_filter_matches)
     CHECK_OK(c, pgjobq_retry_where(c, &f, 0, &n, NULL));
     CHECK_INT(n, 3);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'sms' AND state = 'failed'"), 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(retry_where_leaves_a_job_whose_unique_key_is_held)
@@ -130,6 +132,8 @@ TEST(retry_where_leaves_a_job_whose_unique_key_is_held)
               1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE unique_key = 'k2' AND state = 'failed'"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 5);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(retry_where_queued_makes_scheduled_jobs_due_now)
@@ -155,6 +159,8 @@ TEST(retry_where_queued_makes_scheduled_jobs_due_now)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE run_at <= now()"), 4);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE run_at <= now() AND queue = 'later' AND kind = 'k'"),
               4);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(cancel_where_cancels_queued_jobs_and_marks_running_ones)
@@ -202,6 +208,8 @@ TEST(cancel_where_cancels_queued_jobs_and_marks_running_ones)
     pgjobq_jobs_free(jobs);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'cancelled'"), 7);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 9);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(bulk_calls_reject_bad_filters_by_name)
@@ -246,6 +254,8 @@ TEST(bulk_calls_reject_bad_filters_by_name)
         PQclear(r);
     }
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* Claimers racing a bulk cancel: each job ends either claimed or cancelled, never both, never neither,
@@ -308,6 +318,8 @@ TEST(cancel_where_racing_claimers_loses_and_doubles_nothing)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), 0);
     CHECK_INT(n + claimed, RACE_JOBS);
     CHECK_MSG(claimed > 0 && n > 0, "no race: claimed %lld, cancelled %lld", claimed, (long long)n);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* Two bulk retries at once: each job moves once, and the counts add up. */
@@ -351,6 +363,8 @@ TEST(retry_where_twice_at_once_moves_each_job_once)
     CHECK_INT(a[0].retried + a[1].retried, RACE_JOBS);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), RACE_JOBS);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history"), 0);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(cli_retry_and_cancel_by_filter)
@@ -409,4 +423,6 @@ TEST(cli_retry_and_cancel_by_filter)
     }
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), 4);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history"), 0);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
