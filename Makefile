@@ -30,6 +30,8 @@ endif
 # Found when used (not when the Makefile is read), so that a missing libpq can be installed first.
 PG_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I`pg_config --includedir`)
 PG_LIBS   = $(shell pkg-config --libs libpq 2>/dev/null || echo -L`pg_config --libdir` -lpq)
+# The pgjobq command's HTTP server (serve, work --metrics-listen); the library does not use it.
+MHD_LIBS  = $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) -Iinclude $(PG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(OPT) $(LDFLAGS)
@@ -85,7 +87,7 @@ $(B)/cli/%.o: cli/%.c $(wildcard cli/*.h) include/pgjobq.h | $(DEPS_OK)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 $(CLI): $(CLI_OBJ) $(LIBA)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) -lpthread -lm
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIBA) $(PG_LIBS) $(MHD_LIBS) -lpthread -lm
 
 $(B)/tests/%.o: tests/%.c tests/harness.h include/pgjobq.h src/internal.h src/engine.h cli/pgserver.h | $(DEPS_OK)
 	@mkdir -p $(@D)

@@ -104,11 +104,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv);
 int cmd_db(const cli_cmd *cmd, int argc, char **argv);
 int cmd_demo(const cli_cmd *cmd, int argc, char **argv);
 int cmd_bench(const cli_cmd *cmd, int argc, char **argv);
+int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
 
 /* The configured database URL (--db, $PGJOBQ_DATABASE_URL, $DATABASE_URL), or NULL. */
 const char *cli_database_url(void);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], stats_opts[], cancel_opts[],
-    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[];
+    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[];
 
 #endif /* PGJOBQ_CLI_H */

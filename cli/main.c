@@ -38,6 +38,10 @@ static const cli_cmd commands[] = {
     {"work", "",
      "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
      work_opts, cmd_work},
+    {"serve", "",
+     "Serve Prometheus metrics (/metrics) and a web dashboard (/) over HTTP; read-only unless\n"
+     "--allow-actions.",
+     serve_opts, cmd_serve},
     {"demo", "",
      "Enqueue many jobs and run them with an in-process worker pool, live, then summarise.", demo_opts,
      cmd_demo},

@@ -5,6 +5,8 @@
 --   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
 --   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, and queue
 --                    settings (pause, resume, limits).
+--   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
+--                    `pgjobq serve` needs without --allow-actions.
 --
 -- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
 -- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
@@ -21,10 +23,13 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_admin') THEN
         CREATE ROLE pgjobq_admin NOLOGIN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_monitor') THEN
+        CREATE ROLE pgjobq_monitor NOLOGIN;
+    END IF;
 END
 $$;
 
-GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin;
+GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor;
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text),
@@ -51,7 +56,9 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cron_next(text, text, timestamptz),
     pgjobq.cron_field(text, integer, integer, text[], text),
     pgjobq.cron_instant(timestamp, text),
-    pgjobq.schedule_tick(integer)
+    pgjobq.schedule_tick(integer),
+    pgjobq.worker_beat(text, text, integer, text, text),
+    pgjobq.worker_gone(text)
 TO pgjobq_worker;
 
 GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
@@ -64,3 +71,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
 GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;
+
+GRANT SELECT ON pgjobq.workers, pgjobq.tallies TO pgjobq_admin;
+GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs, pgjobq.queues, pgjobq.schedules, pgjobq.workers,
+    pgjobq.tallies TO pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list() TO pgjobq_monitor;

@@ -37,6 +37,7 @@
 
 #define RESCUE_EVERY_MS 1000
 #define TICK_EVERY_MS 1000
+#define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
 #define LISTEN_CHECK_MS 10000
@@ -68,17 +69,20 @@ static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
     {"pgjobq_next_due", "SELECT pgjobq.next_due($1)", 1, text_type}};
 
 /* The kinds of write the engine batches, in the order it writes them, then the heartbeat. */
-enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS, S_EXTEND = W_KINDS, NWRITE_STMTS };
+enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS, S_EXTEND = W_KINDS, S_BEAT, NWRITE_STMTS };
 static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
+static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT};
 static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
     {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3, complete_types},
     {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
     {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3, reason_types},
     {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
-    {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types}};
+    {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
+    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows. */
+    {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5)", 5, beat_types}};
 static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
 
 /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
@@ -112,7 +116,7 @@ typedef struct batch {
 } batch;
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_NEXT_DUE, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_RESCUE, R_PRUNE, R_TICK };
+enum { R_NONE, R_CLAIM, R_NEXT_DUE, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK };
 typedef struct request {
     int kind;
     int queue;      /* claim, next due */
@@ -151,6 +155,8 @@ struct pgjobq_worker {
     int stopping, handed_back, fatal, exit_rc;
     int64_t shutdown_at_ms;
     int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
+    int64_t next_beat_ms;
+    char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
     int need_listen;
     int claim_rr; /* round-robin start among queues */
     char lease_s[48], completed_s[48], failed_s[48];
@@ -232,6 +238,9 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
     char host[128] = "localhost";
 
     *out = NULL;
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "localhost");
+    host[sizeof host - 1] = '\0';
     w = calloc(1, sizeof *w);
     if (w == NULL)
         return PGJOBQ_ENOMEM;
@@ -282,11 +291,10 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
             return werr(w, PGJOBQ_EINVAL, "the worker id must be 1 to 255 bytes of UTF-8");
         memcpy(w->worker_id, w->o.worker_id, len + 1);
     } else {
-        if (gethostname(host, sizeof host) != 0)
-            snprintf(host, sizeof host, "localhost");
-        host[sizeof host - 1] = '\0';
         snprintf(w->worker_id, sizeof w->worker_id, "%s:%d", host, (int)getpid());
     }
+    snprintf(w->host, sizeof w->host, "%s", host);
+    snprintf(w->pid_s, sizeof w->pid_s, "%d", (int)getpid());
     w->o.worker_id = w->worker_id;
     return PGJOBQ_OK;
 }
@@ -660,12 +668,43 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
     pgjobq__buf_free(&tokens.buf);
 }
 
+/* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
+static void send_beat(pgjobq_worker *w, int64_t now)
+{
+    const char *values[5] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s};
+
+    w->next_beat_ms = now + BEAT_EVERY_MS;
+    if (w->queues_s[0] == '\0') {
+        size_t len = 0;
+        for (int i = 0; i < w->nqueues && len < sizeof w->queues_s; i++) {
+            int k = snprintf(w->queues_s + len, sizeof w->queues_s - len, "%s%s:%d", i ? "," : "", w->queues[i].name,
+                             w->queues[i].concurrency);
+            if (k < 0)
+                break;
+            len += (size_t)k;
+        }
+    }
+    if (pgjobq__aconn_send(&w->conn[C_WRITE], S_BEAT, values, NULL, NULL, 0, now) == 0)
+        w->req[C_WRITE].kind = R_BEAT;
+}
+
+static void beat_done(pgjobq_worker *w, PGresult *r)
+{
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        wlog(w, PGJOBQ_LOG_WARN, "could not record this worker in pgjobq.workers: %s", PQresultErrorMessage(r));
+}
+
 static void phase_write(pgjobq_worker *w, int64_t now)
 {
     if (!pgjobq__aconn_idle(&w->conn[C_WRITE]))
         return;
     if (w->nrunning > 0 && now >= w->next_heartbeat_ms) {
         send_heartbeat(w, now);
+        if (w->req[C_WRITE].kind != R_NONE)
+            return;
+    }
+    if (now >= w->next_beat_ms && !w->stopping) {
+        send_beat(w, now);
         if (w->req[C_WRITE].kind != R_NONE)
             return;
     }
@@ -1110,8 +1149,10 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
         w->need_listen = 0;
     } else {
         wlog(w, PGJOBQ_LOG_DEBUG, "the %s connection is ready", w->conn[c].name);
-        if (c == C_WRITE)
+        if (c == C_WRITE) {
             w->next_heartbeat_ms = now; /* leases may have gone unrenewed while it was down */
+            w->next_beat_ms = now;
+        }
     }
     w->was_ready[c] = 1;
 }
@@ -1135,6 +1176,7 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
         break;
     case R_WRITE: write_done(w, rq, r); break;
     case R_HEARTBEAT: heartbeat_done(w, rq, r); break;
+    case R_BEAT: beat_done(w, r); break;
     case R_RESCUE:
     case R_PRUNE: maintain_done(w, kind == R_RESCUE, r, now); break;
     case R_TICK: tick_done(w, r); break;
@@ -1174,6 +1216,8 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     if (pgjobq__aconn_idle(&w->conn[C_WRITE])) {
         if (w->nrunning > 0)
             SOONER(w->next_heartbeat_ms);
+        if (!w->stopping)
+            SOONER(w->next_beat_ms);
         if (w->first_pending_ms)
             SOONER(w->first_pending_ms + FLUSH_AFTER_MS);
     }
@@ -1309,6 +1353,15 @@ static void init_connections(pgjobq_worker *w)
 /* Everything has returned or given up: write what is left (best effort), then free it all. */
 static void finish(pgjobq_worker *w)
 {
+    /* A clean stop leaves pgjobq.workers at once (a crashed worker ages out of it). */
+    pgjobq__aconn *wc = &w->conn[C_WRITE];
+    if (wc->state == PGJOBQ__AC_READY && !wc->busy && wc->pg && !w->fatal) {
+        const char *values[1] = {w->worker_id};
+        PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1)", 1, NULL, values, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK)
+            wlog(w, PGJOBQ_LOG_DEBUG, "could not remove this worker from pgjobq.workers: %s", PQresultErrorMessage(r));
+        PQclear(r);
+    }
     for (int k = 0; k < W_KINDS; k++) {
         for (size_t i = 0; i < w->pending[k].n; i++)
             running_drop(w, w->pending[k].items[i]);

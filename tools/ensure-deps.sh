@@ -1,7 +1,7 @@
 #!/bin/sh
 # ensure-deps.sh [--server] - makes sure what the build (and, with --server, the tests) need is here:
-# libpq's headers and library, and with --server the PostgreSQL server binaries (initdb, pg_ctl,
-# postgres).  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
+# libpq's and libmicrohttpd's headers and libraries, and with --server the PostgreSQL server binaries
+# (initdb, pg_ctl, postgres), headless Chromium and promtool (the dashboard and metrics tests).  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
 # and prints the exact command to run.
 set -u
 
@@ -34,8 +34,12 @@ have_server() {
 missing=""
 have_libpq || missing="$missing libpq-dev"
 command -v pkg-config >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 || missing="$missing pkg-config"
-if [ $need_server = 1 ] && ! have_server; then
-    missing="$missing postgresql postgresql-contrib"
+[ -f /usr/include/microhttpd.h ] || { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libmicrohttpd; } ||
+    missing="$missing libmicrohttpd-dev"
+if [ $need_server = 1 ]; then
+    have_server || missing="$missing postgresql postgresql-contrib"
+    command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+    command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
 fi
 [ -z "$missing" ] && exit 0
 

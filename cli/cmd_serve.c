@@ -1,0 +1,976 @@
+/*
+ * cmd_serve.c - pgjobq serve: Prometheus metrics (serve_metrics.c) and a web dashboard on one HTTP
+ * server (http.c, libmicrohttpd).  Pages are rendered here from read-only queries, with every value
+ * HTML-escaped; no page runs a script (the Content-Security-Policy forbids it as a second line).
+ * With --allow-actions, forms POST retries, cancels, pauses and resumes, each carrying this
+ * process's CSRF token and logged on stderr.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "serve.h"
+
+#define OPT_LISTEN   'l'
+#define OPT_AUTH     1001
+#define OPT_ACTIONS  1002
+#define OPT_HIDE     1003
+#define OPT_INTERVAL 1004
+
+const cli_opt serve_opts[] = {
+    {"listen", OPT_LISTEN, "ADDR", "address and port to serve on (default 127.0.0.1:9464; port 0: any free one)"},
+    {"auth-file", OPT_AUTH, "FILE",
+     "require this token (first line of FILE, 16+ characters) as a bearer token or basic-auth password "
+     "(else $PGJOBQ_SERVE_TOKEN); required on a non-loopback address"},
+    {"allow-actions", OPT_ACTIONS, NULL, "allow retry, cancel, pause and resume from the dashboard"},
+    {"hide-payloads", OPT_HIDE, NULL, "never show payloads or results"},
+    {"interval", OPT_INTERVAL, "DURATION", "how often the metrics are collected (default 5s)"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
+
+#define POOL 4         /* page connections: one per HTTP thread */
+#define PAGE_ROWS 50   /* jobs per page */
+#define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
+
+typedef struct serve {
+    const char *conninfo;
+    int allow_actions, hide_payloads;
+    char csrf[65];
+    serve_metrics *metrics;
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_cv;
+    pgjobq_client *pool[POOL];
+    int pool_busy[POOL];
+} serve;
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void serve_log(const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&log_mu);
+    fputs("pgjobq serve: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Page connections                                                                                  */
+
+/* A connection for one request; NULL after logging why (the page then says the database is down). */
+static pgjobq_client *pool_get(serve *s, int *slot)
+{
+    pgjobq_client *c = NULL;
+
+    pthread_mutex_lock(&s->pool_mu);
+    for (;;) {
+        for (int i = 0; i < POOL; i++) {
+            if (!s->pool_busy[i]) {
+                *slot = i;
+                s->pool_busy[i] = 1;
+                goto got;
+            }
+        }
+        pthread_cond_wait(&s->pool_cv, &s->pool_mu);
+    }
+got:
+    c = s->pool[*slot];
+    pthread_mutex_unlock(&s->pool_mu);
+    if (c && PQstatus(pgjobq_client_conn(c)) != CONNECTION_OK) {
+        pgjobq_client_close(c);
+        c = NULL;
+    }
+    if (c == NULL) {
+        int rc = pgjobq_client_open(&c, s->conninfo);
+        if (rc != PGJOBQ_OK) {
+            serve_log("cannot connect: %s", c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
+            pgjobq_client_close(c);
+            c = NULL;
+        } else {
+            PGresult *r = PQexec(pgjobq_client_conn(c),
+                                 "SET statement_timeout = '5s'; SET application_name = 'pgjobq serve'");
+            PQclear(r);
+        }
+    }
+    pthread_mutex_lock(&s->pool_mu);
+    s->pool[*slot] = c;
+    if (c == NULL) {
+        s->pool_busy[*slot] = 0;
+        pthread_cond_signal(&s->pool_cv);
+    }
+    pthread_mutex_unlock(&s->pool_mu);
+    return c;
+}
+
+static void pool_put(serve *s, int slot)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->pool_busy[slot] = 0;
+    pthread_cond_signal(&s->pool_cv);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* Runs a read query; on error returns NULL and puts an escaped message on the page. */
+static PGresult *query(pgjobq_client *c, sbuf *page, const char *sql, int n, const char *const *values)
+{
+    PGresult *r = PQexecParams(pgjobq_client_conn(c), sql, n, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        sb_puts(page, "<p class=\"error\">The database said: ");
+        sb_html(page, PQresultErrorMessage(r));
+        sb_puts(page, "</p>");
+        PQclear(r);
+        return NULL;
+    }
+    return r;
+}
+
+#define V(r, i, k) PQgetvalue((r), (i), (k))
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Page frame                                                                                        */
+
+static const char css[] =
+    ":root{--fg:#1d2330;--mut:#5b6577;--bg:#f6f7f9;--card:#fff;--line:#e3e6eb;--acc:#2f6fde;--ok:#2e8b57;"
+    "--bad:#c8392e;--warn:#b7791f}\n"
+    "*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;"
+    "color:var(--fg);background:var(--bg)}\n"
+    "header{display:flex;gap:24px;align-items:center;padding:10px 24px;background:#1d2330;color:#fff}\n"
+    "header a{color:#cfd6e4;text-decoration:none}header a:hover{color:#fff}\n"
+    ".brand{font-weight:700;color:#fff!important;font-size:16px}nav{display:flex;gap:18px}\n"
+    ".mode{margin-left:auto;font-size:12px;color:#9aa4b5}\n"
+    "main{padding:20px 24px;max-width:1280px}h1{font-size:20px;margin:0 0 14px}h2{font-size:16px;margin:22px 0 8px}\n"
+    "table{border-collapse:collapse;width:100%;background:var(--card);border:1px solid var(--line)}\n"
+    "th,td{text-align:left;padding:6px 10px;border-bottom:1px solid var(--line);vertical-align:top}\n"
+    "th{font-weight:600;color:var(--mut);font-size:12px;text-transform:uppercase;letter-spacing:.03em}\n"
+    "td.n{text-align:right;font-variant-numeric:tabular-nums}a{color:var(--acc)}\n"
+    ".state{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#e8ecf3}\n"
+    ".s-completed{background:#dff3e7;color:#1f6b43}.s-failed{background:#fbe3e1;color:#9b2c23}\n"
+    ".s-running{background:#e1ebfd;color:#234f9e}.s-cancelled{background:#eee;color:#555}\n"
+    ".s-paused{background:#fdf0d9;color:#8a5a12}\n"
+    ".error{color:var(--bad)}pre{background:#f0f2f5;padding:10px;overflow:auto;max-height:360px;margin:0;"
+    "white-space:pre-wrap;word-break:break-word}\n"
+    "dl{display:grid;grid-template-columns:160px 1fr;gap:4px 16px;background:var(--card);padding:14px;"
+    "border:1px solid var(--line)}dt{color:var(--mut)}dd{margin:0}\n"
+    "form.inline{display:inline}button{font:inherit;padding:3px 10px;border:1px solid var(--line);"
+    "background:#fff;border-radius:4px;cursor:pointer}button.danger{color:var(--bad)}\n"
+    "form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}form.filters input,form.filters "
+    "select{font:inherit;padding:3px 6px}\n"
+    ".card{background:var(--card);border:1px solid var(--line);padding:12px;margin-bottom:12px}\n"
+    "svg text{font-size:11px;fill:var(--mut)}.muted{color:var(--mut)}\n";
+
+static void page_begin(serve *s, sbuf *b, const char *title, int refresh_s)
+{
+    sb_puts(b, "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>pgjobq - ");
+    sb_html(b, title);
+    sb_puts(b, "</title><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
+    if (refresh_s > 0)
+        sb_printf(b, "<meta http-equiv=\"refresh\" content=\"%d\">", refresh_s);
+    sb_puts(b, "<link rel=\"stylesheet\" href=\"/static/style.css\"></head><body><header>"
+               "<a class=\"brand\" href=\"/\">pgjobq</a><nav><a href=\"/\">Overview</a><a href=\"/jobs\">Jobs</a>"
+               "<a href=\"/queues\">Queues</a><a href=\"/workers\">Workers</a><a href=\"/metrics\">Metrics</a></nav>");
+    sb_printf(b, "<span class=\"mode\">%s%s</span></header><main>",
+              s->allow_actions ? "actions enabled" : "read-only", s->hide_payloads ? ", payloads hidden" : "");
+}
+
+static void page_end(sbuf *b)
+{
+    sb_puts(b, "</main></body></html>\n");
+}
+
+static void state_badge(sbuf *b, const char *state)
+{
+    sb_puts(b, "<span class=\"state s-");
+    sb_html(b, state);
+    sb_puts(b, "\">");
+    sb_html(b, state);
+    sb_puts(b, "</span>");
+}
+
+/* An action button: a POST form with the CSRF token, the operation, its fields and where to go back. */
+static void action_form(serve *s, sbuf *b, const char *op, const char *label, const char *const *fields,
+                        const char *back, int danger)
+{
+    if (!s->allow_actions)
+        return;
+    sb_puts(b, "<form class=\"inline\" method=\"post\" action=\"/actions\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    sb_html(b, s->csrf);
+    sb_puts(b, "\"><input type=\"hidden\" name=\"op\" value=\"");
+    sb_html(b, op);
+    sb_puts(b, "\"><input type=\"hidden\" name=\"back\" value=\"");
+    sb_html(b, back);
+    sb_puts(b, "\">");
+    for (int i = 0; fields && fields[i]; i += 2) {
+        if (fields[i + 1] == NULL || fields[i + 1][0] == '\0')
+            continue;
+        sb_puts(b, "<input type=\"hidden\" name=\"");
+        sb_html(b, fields[i]);
+        sb_puts(b, "\" value=\"");
+        sb_html(b, fields[i + 1]);
+        sb_puts(b, "\">");
+    }
+    sb_printf(b, "<button type=\"submit\"%s data-op=\"%s\">", danger ? " class=\"danger\"" : "", op);
+    sb_html(b, label);
+    sb_puts(b, "</button></form> ");
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Overview                                                                                          */
+
+static void chart(sbuf *b, PGresult *r)
+{
+    int64_t done[60] = {0}, failed[60] = {0}, max = 1;
+    const int w = 720, h = 140, pad = 28;
+
+    for (int i = 0; i < PQntuples(r); i++) {
+        int m = atoi(V(r, i, 0));
+        if (m < 0 || m >= 60)
+            continue;
+        done[59 - m] = atoll(V(r, i, 1));
+        failed[59 - m] = atoll(V(r, i, 2));
+        if (done[59 - m] + failed[59 - m] > max)
+            max = done[59 - m] + failed[59 - m];
+    }
+    sb_printf(b,
+              "<svg id=\"throughput\" role=\"img\" aria-label=\"jobs finished per minute, last hour\" width=\"%d\" "
+              "height=\"%d\" viewBox=\"0 0 %d %d\">",
+              w + pad, h + 20, w + pad, h + 20);
+    sb_printf(b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ccd\"/>", pad, h, w + pad, h);
+    for (int i = 0; i < 60; i++) {
+        double x = pad + i * (w / 60.0);
+        double hd = (double)done[i] * (h - 10) / (double)max, hf = (double)failed[i] * (h - 10) / (double)max;
+        if (done[i])
+            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#2e8b57\"><title>%lld "
+                         "completed</title></rect>",
+                      x + 1, h - hd, w / 60.0 - 2, hd, (long long)done[i]);
+        if (failed[i])
+            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#c8392e\"><title>%lld "
+                         "failed</title></rect>",
+                      x + 1, h - hd - hf, w / 60.0 - 2, hf, (long long)failed[i]);
+    }
+    sb_printf(b, "<text x=\"0\" y=\"12\">%lld</text><text x=\"0\" y=\"%d\">0</text>", (long long)max, h);
+    sb_printf(b, "<text x=\"%d\" y=\"%d\">60 min ago</text><text x=\"%d\" y=\"%d\">now</text></svg>", pad, h + 16,
+              w + pad - 26, h + 16);
+}
+
+static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
+{
+    sbuf *b = &out->body;
+    PGresult *r;
+
+    page_begin(s, b, "overview", 10);
+    sb_puts(b, "<h1>Overview</h1><table id=\"queues\"><thead><tr><th>Queue</th><th>State</th><th>Due</th>"
+               "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
+               "</tr></thead><tbody>");
+    r = query(c, b,
+              "WITH live AS (SELECT j.queue::text AS queue,"
+              "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,"
+              "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS later,"
+              "  count(*) FILTER (WHERE j.state = 'running') AS running,"
+              "  extract(epoch FROM now() - min(j.run_at) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()))"
+              "    AS lag FROM pgjobq.jobs j GROUP BY 1),"
+              " hour AS (SELECT h.queue, count(*) FILTER (WHERE h.state = 'completed') AS done,"
+              "  count(*) FILTER (WHERE h.state = 'failed') AS failed FROM pgjobq.history h"
+              "  WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1),"
+              " names AS (SELECT queue FROM live UNION SELECT queue FROM hour UNION SELECT name::text FROM pgjobq.queues)"
+              " SELECT n.queue, coalesce((SELECT (q.paused_at IS NOT NULL)::int FROM pgjobq.queues q"
+              "  WHERE q.name::text = n.queue), 0), coalesce(l.due, 0), coalesce(l.later, 0), coalesce(l.running, 0),"
+              "  coalesce(round(l.lag::numeric, 1)::text, ''), coalesce(h.done, 0), coalesce(h.failed, 0)"
+              " FROM names n LEFT JOIN live l ON l.queue = n.queue LEFT JOIN hour h ON h.queue = n.queue ORDER BY 1",
+              0, NULL);
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            sb_puts(b, "<tr data-queue=\"");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "\"><td><a href=\"/jobs?queue=");
+            sb_url(b, V(r, i, 0));
+            sb_puts(b, "\">");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</a></td><td>");
+            state_badge(b, atoi(V(r, i, 1)) ? "paused" : "active");
+            sb_puts(b, "</td>");
+            for (int k = 2; k < 8; k++) {
+                sb_printf(b, "<td class=\"n\" data-col=\"%d\">", k);
+                sb_html(b, V(r, i, k));
+                sb_puts(b, k == 5 && V(r, i, k)[0] ? " s</td>" : "</td>");
+            }
+            sb_puts(b, "</tr>");
+        }
+        if (PQntuples(r) == 0)
+            sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs yet.</td></tr>");
+        PQclear(r);
+    }
+    sb_puts(b, "</tbody></table><h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
+    r = query(c, b,
+              "SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,"
+              " count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')"
+              " FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1",
+              0, NULL);
+    if (r) {
+        chart(b, r);
+        PQclear(r);
+    }
+    sb_puts(b, "</div><h2>Failures, last hour</h2><table id=\"failures\"><thead><tr><th>Job</th><th>Queue</th>"
+               "<th>Kind</th><th>Finished (UTC)</th><th>Error</th></tr></thead><tbody>");
+    r = query(c, b,
+              "SELECT h.id, h.queue, h.kind, " TS("h.finished_at") ", left(coalesce(h.last_error, ''), 200)"
+              " FROM pgjobq.history h WHERE h.state = 'failed' AND h.finished_at > now() - interval '1 hour'"
+              " ORDER BY h.finished_at DESC LIMIT 10",
+              0, NULL);
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            sb_puts(b, "<tr><td><a href=\"/jobs/");
+            sb_url(b, V(r, i, 0));
+            sb_puts(b, "\">");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</a></td>");
+            for (int k = 1; k < 5; k++) {
+                sb_puts(b, "<td>");
+                sb_html(b, V(r, i, k));
+                sb_puts(b, "</td>");
+            }
+            sb_puts(b, "</tr>");
+        }
+        if (PQntuples(r) == 0)
+            sb_puts(b, "<tr><td colspan=\"5\" class=\"muted\">None.</td></tr>");
+        PQclear(r);
+    }
+    sb_puts(b, "</tbody></table><p class=\"muted\">This page refreshes every 10 seconds.</p>");
+    page_end(b);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Jobs                                                                                              */
+
+/* A filter value from the query string: NULL when absent or empty. */
+static const char *param(const http_req *req, const char *key)
+{
+    const char *v = http_param(req, key);
+    return v && v[0] ? v : NULL;
+}
+
+static void filter_input(sbuf *b, const char *name, const char *label, const char *value)
+{
+    sb_printf(b, "<label>%s <input name=\"%s\" value=\"", label, name);
+    sb_html(b, value);
+    sb_puts(b, "\"></label>");
+}
+
+static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
+{
+    static const char *const states[] = {"queued", "running", "completed", "failed", "cancelled"};
+    sbuf *b = &out->body;
+    const char *state = param(req, "state"), *queue = param(req, "queue"), *kind = param(req, "kind"),
+               *text = param(req, "q"), *worker = param(req, "worker"), *before = param(req, "before");
+    char before_s[24] = "";
+
+    if (before) {
+        char *end;
+        long long v = strtoll(before, &end, 10);
+        if (*end || v <= 0)
+            before = NULL;
+        else
+            snprintf(before_s, sizeof before_s, "%lld", v);
+    }
+    page_begin(s, b, "jobs", 0);
+    sb_puts(b, "<h1>Jobs</h1><form class=\"filters\" method=\"get\" action=\"/jobs\"><label>State <select name=\"state\">"
+               "<option value=\"\">any</option>");
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        sb_printf(b, "<option%s>%s</option>", state && strcmp(state, states[i]) == 0 ? " selected" : "", states[i]);
+    sb_puts(b, "</select></label>");
+    filter_input(b, "queue", "Queue", queue);
+    filter_input(b, "kind", "Kind", kind);
+    filter_input(b, "q", "Error contains", text);
+    filter_input(b, "worker", "Worker", worker);
+    sb_puts(b, "<button type=\"submit\">Filter</button></form>");
+
+    /* Bulk actions act on what the bulk functions can choose by: queue, state and kind. */
+    if (s->allow_actions && queue && state && !text && !worker) {
+        const char *fields[] = {"queue", queue, "state", state, "kind", kind, NULL};
+        sbuf back;
+        sb_init(&back);
+        sb_puts(&back, "/jobs?queue=");
+        sb_url(&back, queue);
+        sb_puts(&back, "&state=");
+        sb_url(&back, state);
+        if (kind) {
+            sb_puts(&back, "&kind=");
+            sb_url(&back, kind);
+        }
+        sb_puts(b, "<div class=\"card\" id=\"bulk\">All ");
+        sb_html(b, state);
+        sb_puts(b, " jobs of this filter: ");
+        if (strcmp(state, "running") != 0)
+            action_form(s, b, "retry_where", "Retry all", fields, back.failed ? "/jobs" : back.data, 0);
+        if (strcmp(state, "queued") == 0 || strcmp(state, "running") == 0)
+            action_form(s, b, "cancel_where", "Cancel all", fields, back.failed ? "/jobs" : back.data, 1);
+        sb_puts(b, "</div>");
+        sb_free(&back);
+    }
+
+    const char *values[7] = {state, queue, kind, text, before ? before_s : NULL, worker, NULL};
+    char limit[16];
+    snprintf(limit, sizeof limit, "%d", PAGE_ROWS + 1);
+    values[6] = limit;
+    PGresult *r = query(
+        c, b,
+        "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
+            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, '')"
+                             " FROM pgjobq.all_jobs a"
+                             " WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)"
+                             " AND ($3::text IS NULL OR a.kind = $3)"
+                             " AND ($4::text IS NULL OR a.last_error ILIKE '%' || replace(replace(replace($4, '\\', "
+                             "'\\\\'), '%', '\\%'), '_', '\\_') || '%')"
+                             " AND ($5::bigint IS NULL OR a.id < $5::bigint) AND ($6::text IS NULL OR a.worker_id = $6)"
+                             " ORDER BY a.id DESC LIMIT $7::int",
+        7, values);
+    if (r) {
+        int n = PQntuples(r);
+        sb_puts(b, "<table id=\"jobs\"><thead><tr><th>Job</th><th>Queue</th><th>Kind</th><th>State</th>"
+                   "<th>Attempt</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th></tr></thead><tbody>");
+        for (int i = 0; i < n && i < PAGE_ROWS; i++) {
+            sb_puts(b, "<tr data-id=\"");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "\"><td><a href=\"/jobs/");
+            sb_url(b, V(r, i, 0));
+            sb_puts(b, "\">");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</a></td><td>");
+            sb_html(b, V(r, i, 1));
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 2));
+            sb_puts(b, "</td><td>");
+            state_badge(b, V(r, i, 3));
+            sb_puts(b, "</td><td class=\"n\">");
+            sb_html(b, V(r, i, 4));
+            sb_puts(b, "/");
+            sb_html(b, V(r, i, 5));
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 6));
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 7));
+            sb_puts(b, "</td><td class=\"err\">");
+            sb_html(b, V(r, i, 8));
+            sb_puts(b, "</td></tr>");
+        }
+        if (n == 0)
+            sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs match.</td></tr>");
+        sb_puts(b, "</tbody></table>");
+        if (n > PAGE_ROWS) {
+            /* Keyset pagination: the next page starts below the last id shown. */
+            sb_puts(b, "<p><a id=\"older\" href=\"/jobs?before=");
+            sb_url(b, V(r, PAGE_ROWS - 1, 0));
+            const char *keys[] = {"state", "queue", "kind", "q", "worker"};
+            const char *vals[] = {state, queue, kind, text, worker};
+            for (int k = 0; k < 5; k++) {
+                if (!vals[k])
+                    continue;
+                sb_printf(b, "&amp;%s=", keys[k]);
+                sb_url(b, vals[k]);
+            }
+            sb_puts(b, "\">Older jobs &rarr;</a></p>");
+        }
+        PQclear(r);
+    }
+    page_end(b);
+}
+
+static void field(sbuf *b, const char *name, const char *value)
+{
+    sb_puts(b, "<dt>");
+    sb_html(b, name);
+    sb_puts(b, "</dt><dd>");
+    sb_html(b, value && value[0] ? value : "-");
+    sb_puts(b, "</dd>");
+}
+
+static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out)
+{
+    sbuf *b = &out->body;
+    char *end;
+    long long id = strtoll(id_s, &end, 10);
+    char idbuf[24];
+
+    if (*id_s == '\0' || *end || id <= 0) {
+        out->status = 404;
+        page_begin(s, b, "not found", 0);
+        sb_puts(b, "<h1>Not found</h1><p>A job's address is /jobs/ and its id.</p>");
+        page_end(b);
+        return;
+    }
+    snprintf(idbuf, sizeof idbuf, "%lld", id);
+    const char *values[2] = {idbuf, s->hide_payloads ? "1" : "0"};
+    page_begin(s, b, idbuf, 0);
+    PGresult *r = query(c, b,
+                        "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
+                        " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS("a.finished_at") ","
+                        " " TS("a.lease_until") ", a.lease_token, coalesce(a.worker_id, ''),"
+                        " coalesce(a.unique_key, ''), a.cancel_requested::text,"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.payload) END,"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error"
+                        " FROM pgjobq.all_jobs a WHERE a.id = $1::bigint",
+                        2, values);
+    if (r && PQntuples(r) == 0) {
+        out->status = 404;
+        sb_printf(b, "<h1>Job %lld</h1><p>No such job (it may have been pruned).</p>", id);
+    } else if (r) {
+        const char *state = V(r, 0, 3);
+        sb_printf(b, "<h1>Job %lld ", id);
+        state_badge(b, state);
+        sb_puts(b, "</h1><dl id=\"job\">");
+        static const char *const names[] = {NULL,         "queue",      "kind",       NULL,        "priority",
+                                            NULL,         NULL,         "run at (UTC)", "created (UTC)", "started (UTC)",
+                                            "finished (UTC)", "lease until (UTC)", "lease token", "worker", "unique key",
+                                            "cancel requested"};
+        for (int k = 1; k < 16; k++) {
+            if (names[k] == NULL)
+                continue;
+            field(b, names[k], V(r, 0, k));
+        }
+        sb_puts(b, "<dt>attempt</dt><dd>");
+        sb_html(b, V(r, 0, 5));
+        sb_puts(b, " of ");
+        sb_html(b, V(r, 0, 6));
+        sb_puts(b, "</dd></dl>");
+        if (s->allow_actions) {
+            const char *fields[] = {"id", idbuf, NULL};
+            char back[48];
+            snprintf(back, sizeof back, "/jobs/%lld", id);
+            sb_puts(b, "<div id=\"actions\">");
+            if (strcmp(state, "running") != 0)
+                action_form(s, b, "retry", "Retry now", fields, back, 0);
+            if (strcmp(state, "queued") == 0 || strcmp(state, "running") == 0)
+                action_form(s, b, "cancel", "Cancel", fields, back, 1);
+            sb_puts(b, "</div>");
+        }
+        sb_puts(b, "<h2>Payload</h2><pre id=\"payload\">");
+        sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 16));
+        sb_puts(b, "</pre><h2>Result</h2><pre id=\"result\">");
+        sb_html(b, s->hide_payloads ? "(hidden)" : PQgetisnull(r, 0, 17) ? "-" : V(r, 0, 17));
+        sb_puts(b, "</pre><h2>Last error</h2><pre id=\"last-error\">");
+        sb_html(b, PQgetisnull(r, 0, 18) ? "-" : V(r, 0, 18));
+        sb_puts(b, "</pre>");
+    }
+    PQclear(r);
+    page_end(b);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Queues and workers                                                                                */
+
+static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
+{
+    sbuf *b = &out->body;
+    PGresult *r;
+
+    page_begin(s, b, "queues", 0);
+    sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
+               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Due</th><th>Scheduled</th><th>Running</th>"
+               "<th>Expired</th><th></th></tr></thead><tbody>");
+    r = query(c, b,
+              "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
+              " coalesce(key_concurrency::text, ''), coalesce(rate_limit || ' per ' || rate_period, ''), queued,"
+              " scheduled, running, expired FROM pgjobq.queue_list()",
+              0, NULL);
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            int paused = atoi(V(r, i, 1));
+            sb_puts(b, "<tr data-queue=\"");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "\"><td><a href=\"/jobs?queue=");
+            sb_url(b, V(r, i, 0));
+            sb_puts(b, "\">");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</a></td><td>");
+            state_badge(b, paused ? "paused" : "active");
+            if (paused && V(r, i, 2)[0]) {
+                sb_puts(b, " <span class=\"muted\">");
+                sb_html(b, V(r, i, 2));
+                sb_puts(b, "</span>");
+            }
+            sb_puts(b, "</td>");
+            for (int k = 3; k < 10; k++) {
+                sb_puts(b, "<td class=\"n\">");
+                sb_html(b, V(r, i, k)[0] ? V(r, i, k) : "-");
+                sb_puts(b, "</td>");
+            }
+            sb_puts(b, "<td>");
+            const char *fields[] = {"queue", V(r, i, 0), NULL};
+            action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);
+            sb_puts(b, "</td></tr>");
+        }
+        if (PQntuples(r) == 0)
+            sb_puts(b, "<tr><td colspan=\"10\" class=\"muted\">No queues yet.</td></tr>");
+        PQclear(r);
+    }
+    sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"
+               "<th>Time zone</th><th>Queue</th><th>Kind</th><th>Enabled</th><th>Next run (UTC)</th>"
+               "<th>Last run (UTC)</th><th></th></tr></thead><tbody>");
+    r = query(c, b,
+              "SELECT name::text, cron, tz, queue::text, kind::text, enabled::int, " TS("next_run") ", " TS(
+                  "last_run") " FROM pgjobq.schedule_list()",
+              0, NULL);
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            int enabled = atoi(V(r, i, 5));
+            sb_puts(b, "<tr>");
+            for (int k = 0; k < 8; k++) {
+                sb_puts(b, "<td>");
+                sb_html(b, k == 5 ? (enabled ? "yes" : "no") : V(r, i, k));
+                sb_puts(b, "</td>");
+            }
+            sb_puts(b, "<td>");
+            const char *fields[] = {"name", V(r, i, 0), NULL};
+            action_form(s, b, enabled ? "disable" : "enable", enabled ? "Disable" : "Enable", fields, "/queues", 0);
+            sb_puts(b, "</td></tr>");
+        }
+        if (PQntuples(r) == 0)
+            sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No schedules.</td></tr>");
+        PQclear(r);
+    }
+    sb_puts(b, "</tbody></table>");
+    page_end(b);
+}
+
+static void page_workers(serve *s, pgjobq_client *c, http_resp *out)
+{
+    sbuf *b = &out->body;
+
+    page_begin(s, b, "workers", 10);
+    sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
+               "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
+               "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
+    PGresult *r = query(c, b,
+                        "SELECT w.id, (w.last_seen > now() - interval '15 seconds')::int, w.host, w.pid, w.queues,"
+                        " coalesce(r.n, 0), " TS("w.started_at") ","
+                        " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
+                        " FROM pgjobq.workers w LEFT JOIN (SELECT j.worker_id::text AS id, count(*) AS n"
+                        " FROM pgjobq.jobs j WHERE j.state = 'running' GROUP BY 1) r ON r.id = w.id"
+                        " WHERE w.last_seen > now() - interval '1 hour' ORDER BY 2 DESC, 1",
+                        0, NULL);
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            int alive = atoi(V(r, i, 1));
+            sb_puts(b, "<tr data-worker=\"");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "\"><td>");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</td><td>");
+            state_badge(b, alive ? "running" : "gone");
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 2));
+            sb_puts(b, "</td><td class=\"n\">");
+            sb_html(b, V(r, i, 3));
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 4));
+            sb_puts(b, "</td><td class=\"n\"><a href=\"/jobs?state=running&amp;worker=");
+            sb_url(b, V(r, i, 0));
+            sb_puts(b, "\">");
+            sb_html(b, V(r, i, 5));
+            sb_puts(b, "</a></td><td>");
+            sb_html(b, V(r, i, 6));
+            sb_puts(b, "</td><td>");
+            sb_html(b, V(r, i, 7));
+            sb_puts(b, " s ago</td><td>");
+            sb_html(b, V(r, i, 8));
+            sb_puts(b, "</td></tr>");
+        }
+        if (PQntuples(r) == 0)
+            sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No worker seen in the last hour.</td></tr>");
+        PQclear(r);
+    }
+    sb_puts(b, "</tbody></table><p class=\"muted\">A worker records itself every 5 seconds; one not seen for 15 "
+               "seconds is shown as gone.</p>");
+    page_end(b);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Actions                                                                                           */
+
+static void action_result(serve *s, http_resp *out, int status, const char *what, const char *detail)
+{
+    sbuf *b = &out->body;
+    out->status = status;
+    page_begin(s, b, what, 0);
+    sb_puts(b, "<h1>");
+    sb_html(b, what);
+    sb_puts(b, "</h1><p class=\"error\" id=\"refused\">");
+    sb_html(b, detail);
+    sb_puts(b, "</p>");
+    page_end(b);
+}
+
+static void do_action(serve *s, const http_req *req, http_resp *out)
+{
+    const char *op = http_param(req, "op"), *token = http_param(req, "csrf"), *back = http_param(req, "back");
+    const char *queue = param(req, "queue"), *state = param(req, "state"), *kind = param(req, "kind");
+    const char *id_s = param(req, "id"), *name = param(req, "name");
+    char msg[512];
+    int rc = PGJOBQ_EINVAL, slot;
+    int64_t n = 0, skipped = 0;
+
+    if (!s->allow_actions) {
+        serve_log("refused %s from %s: actions are not enabled (--allow-actions)", op ? op : "?", req->peer);
+        action_result(s, out, 403, "Refused", "Actions are not enabled on this server (pgjobq serve --allow-actions).");
+        return;
+    }
+    if (token == NULL || !http_secret_equal(token, s->csrf)) {
+        serve_log("refused %s from %s: missing or wrong CSRF token", op ? op : "?", req->peer);
+        action_result(s, out, 403, "Refused", "The form's token is missing or stale: reload the page and try again.");
+        return;
+    }
+    if (op == NULL) {
+        action_result(s, out, 400, "Bad request", "No operation.");
+        return;
+    }
+    pgjobq_client *c = pool_get(s, &slot);
+    if (c == NULL) {
+        action_result(s, out, 503, "Database unavailable", "The database cannot be reached.");
+        return;
+    }
+    snprintf(msg, sizeof msg, "%s", "unknown operation");
+    if ((strcmp(op, "retry") == 0 || strcmp(op, "cancel") == 0) && id_s) {
+        char *end;
+        long long id = strtoll(id_s, &end, 10);
+        if (*end == '\0' && id > 0) {
+            rc = op[0] == 'r' ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
+            snprintf(msg, sizeof msg, "%s job %lld", op, id);
+        }
+    } else if ((strcmp(op, "retry_where") == 0 || strcmp(op, "cancel_where") == 0) && queue && state) {
+        pgjobq_filter f = PGJOBQ_FILTER_INIT;
+        f.queue = queue;
+        f.kind = kind;
+        if (pgjobq_state_parse(state, &f.state) == PGJOBQ_OK) {
+            rc = op[0] == 'r' ? pgjobq_retry_where(c, &f, 0, &n, &skipped) : pgjobq_cancel_where(c, &f, 0, &n);
+            snprintf(msg, sizeof msg, "%s queue %s state %s%s%s: %lld jobs", op, queue, state, kind ? " kind " : "",
+                     kind ? kind : "", (long long)n);
+        }
+    } else if ((strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) && queue) {
+        rc = op[0] == 'p' ? pgjobq_queue_pause(c, queue, "paused from pgjobq serve") : pgjobq_queue_resume(c, queue);
+        snprintf(msg, sizeof msg, "%s queue %s", op, queue);
+    } else if ((strcmp(op, "enable") == 0 || strcmp(op, "disable") == 0) && name) {
+        rc = pgjobq_schedule_enable(c, name, op[0] == 'e');
+        snprintf(msg, sizeof msg, "%s schedule %s", op, name);
+    }
+    if (rc != PGJOBQ_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "%s: %s", msg, pgjobq_errmsg(c));
+        serve_log("action from %s failed: %s", req->peer, why);
+        pool_put(s, slot);
+        action_result(s, out, rc == PGJOBQ_EPERM ? 403 : 400, "Not done", why);
+        return;
+    }
+    pool_put(s, slot);
+    serve_log("action from %s: %s", req->peer, msg);
+    /* Back to the page it came from: a path on this server only. */
+    out->status = 303;
+    out->location = back && back[0] == '/' && back[1] != '/' && back[1] != '\\' && !strpbrk(back, "\r\n") ? back : "/";
+    sb_puts(&out->body, "done\n");
+    out->content_type = "text/plain; charset=utf-8";
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Routing                                                                                           */
+
+static void handle(void *arg, const http_req *req, http_resp *out)
+{
+    serve *s = arg;
+    int slot;
+
+    if (strcmp(req->path, "/healthz") == 0) {
+        out->content_type = "text/plain; charset=utf-8";
+        sb_puts(&out->body, "ok\n");
+        return;
+    }
+    if (strcmp(req->path, "/metrics") == 0) {
+        char *text = serve_metrics_text(s->metrics, 3000);
+        out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        if (text == NULL) {
+            out->status = 503;
+            sb_puts(&out->body, "# no collection yet\n");
+            return;
+        }
+        sb_puts(&out->body, text);
+        free(text);
+        return;
+    }
+    if (strcmp(req->path, "/static/style.css") == 0) {
+        out->content_type = "text/css; charset=utf-8";
+        sb_puts(&out->body, css);
+        return;
+    }
+    if (strcmp(req->method, "POST") == 0) {
+        if (strcmp(req->path, "/actions") == 0)
+            do_action(s, req, out);
+        else
+            action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
+        return;
+    }
+    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 || strncmp(req->path, "/jobs/", 6) == 0 ||
+                strcmp(req->path, "/queues") == 0 || strcmp(req->path, "/workers") == 0;
+    if (!known) {
+        out->status = 404;
+        page_begin(s, &out->body, "not found", 0);
+        sb_puts(&out->body, "<h1>Not found</h1><p><a href=\"/\">Overview</a></p>");
+        page_end(&out->body);
+        return;
+    }
+    pgjobq_client *c = pool_get(s, &slot);
+    if (c == NULL) {
+        out->status = 503;
+        page_begin(s, &out->body, "database unavailable", 10);
+        sb_puts(&out->body, "<h1>Database unavailable</h1><p class=\"error\">The database cannot be reached; this "
+                            "page retries every 10 seconds.</p>");
+        page_end(&out->body);
+        return;
+    }
+    if (strcmp(req->path, "/") == 0)
+        page_overview(s, c, out);
+    else if (strcmp(req->path, "/jobs") == 0)
+        page_jobs(s, c, req, out);
+    else if (strncmp(req->path, "/jobs/", 6) == 0)
+        page_job(s, c, req->path + 6, out);
+    else if (strcmp(req->path, "/queues") == 0)
+        page_queues(s, c, out);
+    else
+        page_workers(s, c, out);
+    pool_put(s, slot);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The command                                                                                       */
+
+typedef struct serve_args {
+    const cli_cmd *cmd;
+    const char *listen, *auth_file;
+    int allow_actions, hide_payloads;
+    int64_t interval_ms;
+} serve_args;
+
+static int serve_opt(int key, const char *arg, void *ctx)
+{
+    serve_args *a = ctx;
+    char why[128];
+
+    switch (key) {
+    case OPT_LISTEN: a->listen = arg; return 0;
+    case OPT_AUTH: a->auth_file = arg; return 0;
+    case OPT_ACTIONS: a->allow_actions = 1; return 0;
+    case OPT_HIDE: a->hide_payloads = 1; return 0;
+    case OPT_INTERVAL:
+        if (cli_parse_duration_ms(arg, &a->interval_ms, why, sizeof why) != 0 || a->interval_ms < 100 ||
+            a->interval_ms > 3600000) {
+            cli_usage_error(a->cmd, "--interval: %s", a->interval_ms ? "must be between 100ms and 1h" : why);
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
+{
+    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000};
+    http_addr addr;
+    char why[256];
+    char *token = NULL;
+    unsigned char rnd[32];
+    int first, status = EX_OK;
+    serve s;
+
+    first = cli_parse(cmd, argc, argv, serve_opt, &a);
+    if (first == -2)
+        return EX_OK;
+    if (first < 0)
+        return EX_USAGE;
+    if (first < argc)
+        return cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
+    if (http_addr_parse(a.listen, &addr, why, sizeof why) != 0)
+        return cli_usage_error(cmd, "--listen: %s", why);
+    if (a.auth_file) {
+        if ((token = http_token_from_file(a.auth_file, why, sizeof why)) == NULL) {
+            cli_err("serve: %s", why);
+            return EX_USAGE;
+        }
+    } else if (getenv("PGJOBQ_SERVE_TOKEN") && getenv("PGJOBQ_SERVE_TOKEN")[0]) {
+        if (strlen(getenv("PGJOBQ_SERVE_TOKEN")) < 16) {
+            cli_err("serve: $PGJOBQ_SERVE_TOKEN must be at least 16 characters");
+            return EX_USAGE;
+        }
+        if ((token = strdup(getenv("PGJOBQ_SERVE_TOKEN"))) == NULL)
+            return EX_OSERR;
+    }
+    if (!addr.loopback && token == NULL) {
+        cli_err("serve: %s is not a loopback address: require credentials with --auth-file FILE (or "
+                "$PGJOBQ_SERVE_TOKEN), or listen on 127.0.0.1",
+                a.listen);
+        return EX_USAGE;
+    }
+
+    memset(&s, 0, sizeof s);
+    s.allow_actions = a.allow_actions;
+    s.hide_payloads = a.hide_payloads;
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        cli_err("serve: no randomness for the CSRF token: %s", strerror(errno));
+        free(token);
+        return EX_OSERR;
+    }
+    for (size_t i = 0; i < sizeof rnd; i++)
+        snprintf(s.csrf + 2 * i, 3, "%02x", rnd[i]);
+    if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
+        free(token);
+        return status;
+    }
+    /* Check the database once before serving: a wrong URL is an error now, not a page later. */
+    pgjobq_client *probe = cli_connect(0, &status);
+    if (probe == NULL) {
+        free(token);
+        return status;
+    }
+    pgjobq_client_close(probe);
+    pthread_mutex_init(&s.pool_mu, NULL);
+    pthread_cond_init(&s.pool_cv, NULL);
+
+    /* Signals are taken by sigwait below; every thread started from here on has them blocked. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    if ((s.metrics = serve_metrics_start(s.conninfo, a.interval_ms)) == NULL) {
+        cli_err("serve: cannot start the metrics collector");
+        status = EX_OSERR;
+        goto out;
+    }
+    http_server *srv = http_start(&addr, token, handle, &s, why, sizeof why);
+    if (srv == NULL) {
+        cli_err("serve: %s", why);
+        status = EX_UNAVAILABLE;
+        goto out;
+    }
+    serve_log("listening on http://%s%s%s:%d/ (%s%s%s)", strchr(addr.host, ':') ? "[" : "", addr.host,
+              strchr(addr.host, ':') ? "]" : "", http_port(srv), s.allow_actions ? "actions enabled" : "read-only",
+              token ? ", credentials required" : "", s.hide_payloads ? ", payloads hidden" : "");
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    serve_log("stopping (signal %d)", sig);
+    http_stop(srv);
+out:
+    serve_metrics_stop(s.metrics);
+    for (int i = 0; i < POOL; i++)
+        pgjobq_client_close(s.pool[i]);
+    pthread_mutex_destroy(&s.pool_mu);
+    pthread_cond_destroy(&s.pool_cv);
+    free(token);
+    return status;
+}

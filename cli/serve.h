@@ -1,0 +1,29 @@
+/*
+ * serve.h - the parts of `pgjobq serve`: the metrics collector (serve_metrics.c) and the dashboard
+ * pages and actions (cmd_serve.c), over the HTTP layer of http.h.
+ */
+#ifndef PGJOBQ_CLI_SERVE_H
+#define PGJOBQ_CLI_SERVE_H
+
+#include <libpq-fe.h>
+
+#include "cli.h"
+#include "http.h"
+
+/* Prints "pgjobq serve: message" on stderr (thread-safe, one line at a time). */
+void serve_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+typedef struct serve_metrics serve_metrics;
+
+/* Starts the collector thread: it connects to conninfo (which must outlive it) and collects every
+ * interval_ms.  NULL when the thread cannot start. */
+serve_metrics *serve_metrics_start(const char *conninfo, int64_t interval_ms);
+
+/* A malloc'd copy of the latest Prometheus exposition; waits up to wait_first_ms for the first one.
+ * NULL when there is none yet. */
+char *serve_metrics_text(serve_metrics *m, int wait_first_ms);
+
+/* Stops the collector and frees everything.  Accepts NULL. */
+void serve_metrics_stop(serve_metrics *m);
+
+#endif /* PGJOBQ_CLI_SERVE_H */

@@ -1,0 +1,524 @@
+/*
+ * serve_metrics.c - the numbers behind `pgjobq serve`'s /metrics: one collector thread reads the
+ * database every few seconds, in one read-only REPEATABLE READ transaction under a statement
+ * timeout, and renders the Prometheus text that every scrape then gets as is.  So scrapes cost the
+ * database nothing, and however many Prometheus servers scrape, the queries run once per interval.
+ *
+ * Gauges come from the live table (pgjobq.jobs), pgjobq.queues and pgjobq.workers.  Counters and
+ * histograms count what happened since this process started: jobs that reached pgjobq.history (a
+ * BRIN index on finished_at keeps "the last few seconds" cheap) and retries and lost leases from
+ * pgjobq.tallies, each over (last watermark, now() - 2 s]; the settle time lets the transactions that
+ * wrote those rows commit before the window closes.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+/* Histogram bounds (seconds) of the wait and duration histograms. */
+static const double bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600};
+#define NB ((int)(sizeof bounds / sizeof bounds[0]))
+/* The same bounds negated, ascending, as width_bucket wants them (see collect_history). */
+#define NEG_BOUNDS "{-3600,-900,-300,-60,-30,-10,-5,-2.5,-1,-0.5,-0.25,-0.1,-0.05,-0.025,-0.01,-0.005}"
+
+#define SETTLE "interval '2 seconds'"
+#define FINISHED_EVERY 12 /* collections between counts of the history per state (a scan): a minute at 5 s */
+
+enum { F_COMPLETED, F_FAILED, F_CANCELLED, NFIN };
+static const char *const fin_names[NFIN] = {"completed", "failed", "cancelled"};
+
+typedef struct hist {
+    int64_t b[NB + 1]; /* non-cumulative; b[NB] is above every bound */
+    double sum;
+    int64_t n;
+} hist;
+
+typedef struct qm {
+    char name[80];
+    int live;                       /* seen in this collection's live counts or settings */
+    int64_t queued, scheduled, running;
+    double lag;
+    int paused;
+    int64_t held[NFIN];             /* rows in history, refreshed every FINISHED_EVERY collections */
+    int held_known;
+    int64_t fin[NFIN];              /* counters */
+    int64_t retried, lost;
+    hist wait, dur;
+} qm;
+
+typedef struct wm {
+    char *id, *host;
+    int alive;
+    int64_t jobs;
+} wm;
+
+struct serve_metrics {
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    const char *conninfo;
+    int64_t interval_ms;
+    char *text; /* the rendered exposition, under mu */
+    /* Collector-only state. */
+    pgjobq_client *c;
+    char watermark[64];
+    int since_held; /* collections since the last count of the history */
+    qm *q;
+    size_t nq, capq;
+    wm *w;
+    size_t nw;
+    int up;
+    double collect_s;
+    int64_t errors;
+    int64_t collections;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static qm *queue_of(serve_metrics *m, const char *name)
+{
+    for (size_t i = 0; i < m->nq; i++)
+        if (strcmp(m->q[i].name, name) == 0)
+            return &m->q[i];
+    if (m->nq == m->capq) {
+        size_t cap = m->capq ? m->capq * 2 : 16;
+        qm *p = realloc(m->q, cap * sizeof *p);
+        if (p == NULL)
+            return NULL;
+        m->q = p;
+        m->capq = cap;
+    }
+    qm *q = &m->q[m->nq++];
+    memset(q, 0, sizeof *q);
+    snprintf(q->name, sizeof q->name, "%s", name);
+    return q;
+}
+
+static void workers_free(serve_metrics *m)
+{
+    for (size_t i = 0; i < m->nw; i++) {
+        free(m->w[i].id);
+        free(m->w[i].host);
+    }
+    free(m->w);
+    m->w = NULL;
+    m->nw = 0;
+}
+
+/* Runs one statement of the collection; NULL after logging why. */
+static PGresult *run(serve_metrics *m, const char *sql, int n, const char *const *values)
+{
+    PGresult *r = PQexecParams(pgjobq_client_conn(m->c), sql, n, NULL, values, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        serve_log("metrics: %s", PQresultErrorMessage(r));
+        PQclear(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* The history and tallies of (watermark, upto]: added to the counters only when the whole
+ * collection commits, so a window is never counted twice or lost. */
+typedef struct delta {
+    PGresult *hist, *tallies;
+} delta;
+
+static void apply_delta(serve_metrics *m, const delta *d)
+{
+    for (int i = 0; i < PQntuples(d->hist); i++) {
+        qm *q = queue_of(m, PQgetvalue(d->hist, i, 0));
+        if (q == NULL)
+            continue;
+        const char *state = PQgetvalue(d->hist, i, 1);
+        int64_t n = atoll(PQgetvalue(d->hist, i, 4));
+        for (int f = 0; f < NFIN; f++)
+            if (strcmp(state, fin_names[f]) == 0)
+                q->fin[f] += n;
+        /* Bucket columns: how many bounds hold the value (width_bucket of the negated value over the
+         * negated bounds), or NULL for jobs that never started. */
+        int64_t started = atoll(PQgetvalue(d->hist, i, 5));
+        if (started > 0 && !PQgetisnull(d->hist, i, 2)) {
+            int holding = atoi(PQgetvalue(d->hist, i, 2));
+            q->wait.b[NB - holding] += started;
+            q->wait.sum += atof(PQgetvalue(d->hist, i, 6));
+            q->wait.n += started;
+        }
+        if (started > 0 && !PQgetisnull(d->hist, i, 3)) {
+            int holding = atoi(PQgetvalue(d->hist, i, 3));
+            q->dur.b[NB - holding] += started;
+            q->dur.sum += atof(PQgetvalue(d->hist, i, 7));
+            q->dur.n += started;
+        }
+    }
+    for (int i = 0; i < PQntuples(d->tallies); i++) {
+        qm *q = queue_of(m, PQgetvalue(d->tallies, i, 0));
+        if (q == NULL)
+            continue;
+        int64_t n = atoll(PQgetvalue(d->tallies, i, 2));
+        if (strcmp(PQgetvalue(d->tallies, i, 1), "retried") == 0)
+            q->retried += n;
+        else
+            q->lost += n;
+    }
+}
+
+static int collect(serve_metrics *m)
+{
+    PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL;
+    delta d = {NULL, NULL};
+    int ok = 0, want_held = m->since_held == 0;
+
+    if (m->c == NULL || PQstatus(pgjobq_client_conn(m->c)) != CONNECTION_OK) {
+        pgjobq_client_close(m->c);
+        m->c = NULL;
+        int rc = pgjobq_client_open(&m->c, m->conninfo);
+        if (rc != PGJOBQ_OK) {
+            serve_log("metrics: cannot connect: %s", m->c ? pgjobq_errmsg(m->c) : pgjobq_strerror(rc));
+            pgjobq_client_close(m->c);
+            m->c = NULL;
+            return -1;
+        }
+        r = PQexec(pgjobq_client_conn(m->c), "SET statement_timeout = '2s'; SET application_name = 'pgjobq serve (metrics)'");
+        PQclear(r);
+    }
+    if ((r = run(m, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL)) == NULL)
+        return -1;
+    PQclear(r);
+    if ((upto = run(m, "SELECT (now() - " SETTLE ")::text", 0, NULL)) == NULL)
+        goto out;
+    const char *win[2] = {m->watermark[0] ? m->watermark : PQgetvalue(upto, 0, 0), PQgetvalue(upto, 0, 0)};
+    live = run(m,
+               "SELECT j.queue::text, count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()),"
+               " count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()),"
+               " count(*) FILTER (WHERE j.state = 'running'),"
+               " coalesce(extract(epoch FROM now() - min(j.run_at) FILTER"
+               " (WHERE j.state = 'queued' AND j.run_at <= now())), 0)"
+               " FROM pgjobq.jobs j GROUP BY 1",
+               0, NULL);
+    paused = run(m, "SELECT q.name::text, (q.paused_at IS NOT NULL)::int FROM pgjobq.queues q", 0, NULL);
+    d.hist = run(m,
+                 "SELECT h.queue, h.state::text,"
+                 " width_bucket(-extract(epoch FROM h.started_at - h.run_at)::float8, '" NEG_BOUNDS "'::float8[]),"
+                 " width_bucket(-extract(epoch FROM h.finished_at - h.started_at)::float8, '" NEG_BOUNDS
+                 "'::float8[]),"
+                 " count(*), count(h.started_at),"
+                 " coalesce(sum(greatest(extract(epoch FROM h.started_at - h.run_at), 0)), 0),"
+                 " coalesce(sum(greatest(extract(epoch FROM h.finished_at - h.started_at), 0)), 0)"
+                 " FROM pgjobq.history h WHERE h.finished_at > $1::timestamptz AND h.finished_at <= $2::timestamptz"
+                 " GROUP BY 1, 2, 3, 4",
+                 2, win);
+    d.tallies = run(m,
+                    "SELECT t.queue, t.what, sum(t.n) FROM pgjobq.tallies t"
+                    " WHERE t.at > $1::timestamptz AND t.at <= $2::timestamptz GROUP BY 1, 2",
+                    2, win);
+    workers = run(m,
+                  "SELECT w.id, w.host, (w.last_seen > now() - interval '15 seconds')::int,"
+                  " coalesce(r.n, 0) FROM pgjobq.workers w LEFT JOIN"
+                  " (SELECT j.worker_id::text AS id, count(*) AS n FROM pgjobq.jobs j WHERE j.state = 'running'"
+                  " GROUP BY 1) r ON r.id = w.id"
+                  " WHERE w.last_seen > now() - interval '1 hour' ORDER BY 1",
+                  0, NULL);
+    if (want_held)
+        held = run(m, "SELECT h.queue, h.state::text, count(*) FROM pgjobq.history h GROUP BY 1, 2", 0, NULL);
+    if (!live || !paused || !d.hist || !d.tallies || !workers)
+        goto out;
+    if ((r = run(m, "COMMIT", 0, NULL)) == NULL)
+        goto out;
+    PQclear(r);
+    ok = 1;
+
+    /* Everything read: apply it. */
+    for (size_t i = 0; i < m->nq; i++) {
+        m->q[i].live = 0;
+        m->q[i].queued = m->q[i].scheduled = m->q[i].running = 0;
+        m->q[i].lag = 0;
+        m->q[i].paused = 0;
+    }
+    for (int i = 0; i < PQntuples(live); i++) {
+        qm *q = queue_of(m, PQgetvalue(live, i, 0));
+        if (q == NULL)
+            continue;
+        q->live = 1;
+        q->queued = atoll(PQgetvalue(live, i, 1)) + atoll(PQgetvalue(live, i, 2));
+        q->scheduled = atoll(PQgetvalue(live, i, 2));
+        q->running = atoll(PQgetvalue(live, i, 3));
+        q->lag = atof(PQgetvalue(live, i, 4));
+    }
+    for (int i = 0; i < PQntuples(paused); i++) {
+        qm *q = queue_of(m, PQgetvalue(paused, i, 0));
+        if (q) {
+            q->live = 1;
+            q->paused = atoi(PQgetvalue(paused, i, 1));
+        }
+    }
+    if (m->watermark[0])
+        apply_delta(m, &d);
+    snprintf(m->watermark, sizeof m->watermark, "%s", PQgetvalue(upto, 0, 0));
+    if (held) {
+        for (size_t i = 0; i < m->nq; i++) {
+            memset(m->q[i].held, 0, sizeof m->q[i].held);
+            m->q[i].held_known = 1;
+        }
+        for (int i = 0; i < PQntuples(held); i++) {
+            qm *q = queue_of(m, PQgetvalue(held, i, 0));
+            if (q == NULL)
+                continue;
+            q->held_known = 1;
+            for (int f = 0; f < NFIN; f++)
+                if (strcmp(PQgetvalue(held, i, 1), fin_names[f]) == 0)
+                    q->held[f] = atoll(PQgetvalue(held, i, 2));
+        }
+    }
+    workers_free(m);
+    if (PQntuples(workers) > 0 && (m->w = calloc((size_t)PQntuples(workers), sizeof *m->w)) != NULL) {
+        for (int i = 0; i < PQntuples(workers); i++) {
+            m->w[m->nw].id = strdup(PQgetvalue(workers, i, 0));
+            m->w[m->nw].host = strdup(PQgetvalue(workers, i, 1));
+            m->w[m->nw].alive = atoi(PQgetvalue(workers, i, 2));
+            m->w[m->nw].jobs = atoll(PQgetvalue(workers, i, 3));
+            m->nw++;
+            if (!m->w[m->nw - 1].id || !m->w[m->nw - 1].host)
+                break;
+        }
+    }
+out:
+    if (!ok) {
+        r = PQexec(pgjobq_client_conn(m->c), "ROLLBACK");
+        PQclear(r);
+    }
+    PQclear(upto);
+    PQclear(live);
+    PQclear(paused);
+    PQclear(held);
+    PQclear(workers);
+    PQclear(d.hist);
+    PQclear(d.tallies);
+    return ok ? 0 : -1;
+}
+
+static void family(sbuf *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_hist(sbuf *b, const serve_metrics *m, const char *name, int which)
+{
+    for (size_t i = 0; i < m->nq; i++) {
+        const hist *h = which ? &m->q[i].dur : &m->q[i].wait;
+        int64_t cum = 0;
+        for (int k = 0; k < NB; k++) {
+            cum += h->b[k];
+            sb_printf(b, "%s_bucket{queue=\"", name);
+            sb_label(b, m->q[i].name);
+            sb_printf(b, "\",le=\"%g\"} %lld\n", bounds[k], (long long)cum);
+        }
+        sb_printf(b, "%s_bucket{queue=\"", name);
+        sb_label(b, m->q[i].name);
+        sb_printf(b, "\",le=\"+Inf\"} %lld\n", (long long)h->n);
+        sb_printf(b, "%s_sum{queue=\"", name);
+        sb_label(b, m->q[i].name);
+        sb_printf(b, "\"} %.6f\n", h->sum);
+        sb_printf(b, "%s_count{queue=\"", name);
+        sb_label(b, m->q[i].name);
+        sb_printf(b, "\"} %lld\n", (long long)h->n);
+    }
+}
+
+static void render_counter(sbuf *b, const serve_metrics *m, const char *name, const char *help, int what)
+{
+    family(b, name, "counter", help);
+    for (size_t i = 0; i < m->nq; i++) {
+        const qm *q = &m->q[i];
+        int64_t v = what < NFIN ? q->fin[what] : what == NFIN ? q->retried : q->lost;
+        sb_printf(b, "%s{queue=\"", name);
+        sb_label(b, q->name);
+        sb_printf(b, "\"} %lld\n", (long long)v);
+    }
+}
+
+static char *render(const serve_metrics *m)
+{
+    sbuf b;
+
+    sb_init(&b);
+    family(&b, "pgjobq_up", "gauge", "1 when the last collection from the database succeeded.");
+    sb_printf(&b, "pgjobq_up %d\n", m->up);
+    family(&b, "pgjobq_collect_duration_seconds", "gauge", "How long the last collection took.");
+    sb_printf(&b, "pgjobq_collect_duration_seconds %.6f\n", m->collect_s);
+    family(&b, "pgjobq_collect_errors_total", "counter", "Collections that failed.");
+    sb_printf(&b, "pgjobq_collect_errors_total %lld\n", (long long)m->errors);
+
+    family(&b, "pgjobq_jobs", "gauge",
+           "Jobs by queue and state: queued and running now; completed, failed and cancelled jobs held "
+           "in the history (counted every 12 collections).");
+    for (size_t i = 0; i < m->nq; i++) {
+        const qm *q = &m->q[i];
+        const char *st[2] = {"queued", "running"};
+        int64_t v[2] = {q->queued, q->running};
+        for (int k = 0; k < 2; k++) {
+            sb_puts(&b, "pgjobq_jobs{queue=\"");
+            sb_label(&b, q->name);
+            sb_printf(&b, "\",state=\"%s\"} %lld\n", st[k], (long long)v[k]);
+        }
+        for (int f = 0; f < NFIN && q->held_known; f++) {
+            sb_puts(&b, "pgjobq_jobs{queue=\"");
+            sb_label(&b, q->name);
+            sb_printf(&b, "\",state=\"%s\"} %lld\n", fin_names[f], (long long)q->held[f]);
+        }
+    }
+    family(&b, "pgjobq_jobs_scheduled", "gauge", "Queued jobs whose run_at is still ahead (part of state=queued).");
+    for (size_t i = 0; i < m->nq; i++) {
+        sb_puts(&b, "pgjobq_jobs_scheduled{queue=\"");
+        sb_label(&b, m->q[i].name);
+        sb_printf(&b, "\"} %lld\n", (long long)m->q[i].scheduled);
+    }
+    family(&b, "pgjobq_queue_lag_seconds", "gauge", "Age of the oldest job that is due and not running (0: none).");
+    for (size_t i = 0; i < m->nq; i++) {
+        sb_puts(&b, "pgjobq_queue_lag_seconds{queue=\"");
+        sb_label(&b, m->q[i].name);
+        sb_printf(&b, "\"} %.3f\n", m->q[i].lag);
+    }
+    family(&b, "pgjobq_queue_paused", "gauge", "1 when the queue is paused.");
+    for (size_t i = 0; i < m->nq; i++) {
+        sb_puts(&b, "pgjobq_queue_paused{queue=\"");
+        sb_label(&b, m->q[i].name);
+        sb_printf(&b, "\"} %d\n", m->q[i].paused);
+    }
+    render_counter(&b, m, "pgjobq_jobs_completed_total", "Jobs that completed, since this server started.",
+                   F_COMPLETED);
+    render_counter(&b, m, "pgjobq_jobs_failed_total", "Jobs that ended failed, since this server started.", F_FAILED);
+    render_counter(&b, m, "pgjobq_jobs_cancelled_total", "Jobs that ended cancelled, since this server started.",
+                   F_CANCELLED);
+    render_counter(&b, m, "pgjobq_jobs_retried_total",
+                   "Failed attempts queued again for a retry, since this server started.", NFIN);
+    render_counter(&b, m, "pgjobq_jobs_lost_total",
+                   "Leases that expired and were rescued (the worker crashed, stalled or was cut off), since this "
+                   "server started.",
+                   NFIN + 1);
+    family(&b, "pgjobq_job_wait_seconds", "histogram",
+           "From when a finished job was due (run_at) to its last start, since this server started.");
+    render_hist(&b, m, "pgjobq_job_wait_seconds", 0);
+    family(&b, "pgjobq_job_duration_seconds", "histogram",
+           "From a finished job's last start to its end, since this server started.");
+    render_hist(&b, m, "pgjobq_job_duration_seconds", 1);
+    family(&b, "pgjobq_worker_up", "gauge", "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour.");
+    for (size_t i = 0; i < m->nw; i++) {
+        sb_puts(&b, "pgjobq_worker_up{worker=\"");
+        sb_label(&b, m->w[i].id);
+        sb_puts(&b, "\",host=\"");
+        sb_label(&b, m->w[i].host);
+        sb_printf(&b, "\"} %d\n", m->w[i].alive);
+    }
+    family(&b, "pgjobq_worker_jobs", "gauge", "Jobs a worker holds (running, under its lease).");
+    for (size_t i = 0; i < m->nw; i++) {
+        sb_puts(&b, "pgjobq_worker_jobs{worker=\"");
+        sb_label(&b, m->w[i].id);
+        sb_printf(&b, "\"} %lld\n", (long long)m->w[i].jobs);
+    }
+    if (b.failed) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+static void *collector(void *arg)
+{
+    serve_metrics *m = arg;
+
+    pthread_mutex_lock(&m->mu);
+    while (!m->stop) {
+        pthread_mutex_unlock(&m->mu);
+        int64_t t0 = mono_ms();
+        int rc = collect(m);
+        m->up = rc == 0;
+        if (rc != 0)
+            m->errors++;
+        else
+            m->collections++;
+        if (rc == 0)
+            m->since_held = (m->since_held + 1) % FINISHED_EVERY;
+        m->collect_s = (double)(mono_ms() - t0) / 1000.0;
+        char *text = render(m);
+        pthread_mutex_lock(&m->mu);
+        if (text) {
+            free(m->text);
+            m->text = text;
+        }
+        pthread_cond_broadcast(&m->cv);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        int64_t ns = (int64_t)until.tv_nsec + (m->interval_ms % 1000) * 1000000;
+        until.tv_sec += (time_t)(m->interval_ms / 1000 + ns / 1000000000);
+        until.tv_nsec = (long)(ns % 1000000000);
+        while (!m->stop && pthread_cond_timedwait(&m->cv, &m->mu, &until) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
+
+serve_metrics *serve_metrics_start(const char *conninfo, int64_t interval_ms)
+{
+    serve_metrics *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return NULL;
+    m->conninfo = conninfo;
+    m->interval_ms = interval_ms;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    if (pthread_create(&m->thread, NULL, collector, m) != 0) {
+        serve_metrics_stop(m);
+        return NULL;
+    }
+    m->started = 1;
+    return m;
+}
+
+char *serve_metrics_text(serve_metrics *m, int wait_first_ms)
+{
+    char *copy = NULL;
+
+    pthread_mutex_lock(&m->mu);
+    if (m->text == NULL && wait_first_ms > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += wait_first_ms / 1000 + 1;
+        while (m->text == NULL && pthread_cond_timedwait(&m->cv, &m->mu, &until) == 0) {
+        }
+    }
+    if (m->text)
+        copy = strdup(m->text);
+    pthread_mutex_unlock(&m->mu);
+    return copy;
+}
+
+void serve_metrics_stop(serve_metrics *m)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->stop = 1;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    if (m->started)
+        pthread_join(m->thread, NULL);
+    pgjobq_client_close(m->c);
+    workers_free(m);
+    free(m->q);
+    free(m->text);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv);
+    free(m);
+}

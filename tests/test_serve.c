@@ -1,0 +1,523 @@
+/*
+ * test_serve.c - `pgjobq serve` against the real server, seen the way its users see it: Prometheus
+ * text checked by promtool (Debian's prometheus package) and compared with the table, every page
+ * loaded in headless Chromium with assertions on its DOM, hostile payloads and errors shown as text,
+ * actions refused without the flag, credentials or CSRF token, and a public address refused without
+ * credentials.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+typedef struct served {
+    pid_t pid;
+    int port;
+    const char *log;
+} served;
+
+static served the_server;
+
+static void stop_server(void)
+{
+    if (the_server.pid > 0) {
+        kill(the_server.pid, SIGTERM);
+        t_wait_exit(the_server.pid, 10000);
+        the_server.pid = 0;
+    }
+}
+
+/* Reads the whole of a file into a malloc'd string ("" when missing). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *s;
+    long size;
+
+    if (f == NULL)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    rewind(f);
+    s = calloc(1, (size_t)size + 1);
+    CHECK(s != NULL);
+    size_t got = fread(s, 1, (size_t)size, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* Starts `pgjobq serve --listen 127.0.0.1:0 --interval 200ms` plus up to three more arguments, and
+ * waits for the port it prints.  The server is stopped when the test ends. */
+static served *serve_start(const char *env, const char *a1, const char *a2, const char *a3)
+{
+    static int n;
+    char name[32];
+    snprintf(name, sizeof name, "serve%d", n++);
+    stop_server();
+    the_server.log = t_log_path(name);
+    the_server.pid = t_spawn(the_server.log, env, "serve", "--listen", "127.0.0.1:0", "--interval", "200ms", a1, a2,
+                             a3, NULL);
+    t_defer(stop_server);
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        char *log = slurp(the_server.log);
+        const char *p = strstr(log, "listening on http://127.0.0.1:");
+        if (p) {
+            the_server.port = atoi(p + strlen("listening on http://127.0.0.1:"));
+            free(log);
+            return &the_server;
+        }
+        free(log);
+        if (t_now_ms() - t0 > 15000) {
+            t_show_log(the_server.log);
+            t_fail(__FILE__, __LINE__, "pgjobq serve did not start");
+        }
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static char last_headers[8192]; /* of the last response */
+
+/* One HTTP/1.0 request; returns the status, with the body in *body (malloc'd). */
+static int http(int port, const char *method, const char *path, const char *headers, const char *form, char **body)
+{
+    struct sockaddr_in sa;
+    char req[4096];
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    CHECK(fd >= 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_MSG(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d", port);
+    int n;
+    if (form)
+        n = snprintf(req, sizeof req,
+                     "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%sContent-Type: application/x-www-form-urlencoded\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     method, path, port, headers ? headers : "", strlen(form), form);
+    else
+        n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%s\r\n", method, path, port,
+                     headers ? headers : "");
+    CHECK(n > 0 && (size_t)n < sizeof req);
+    CHECK(write(fd, req, (size_t)n) == n);
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    CHECK(buf != NULL);
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            CHECK(buf != NULL);
+        }
+        ssize_t k = read(fd, buf + len, cap - len - 1);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    buf[len] = '\0';
+    close(fd);
+    int status = 0;
+    CHECK_MSG(sscanf(buf, "HTTP/%*s %d", &status) == 1, "no status line in: %.200s", buf);
+    char *b = strstr(buf, "\r\n\r\n");
+    snprintf(last_headers, sizeof last_headers, "%.*s", b ? (int)(b - buf) : 0, buf);
+    *body = strdup(b ? b + 4 : "");
+    free(buf);
+    return status;
+}
+
+/* The value of a metric line (exact name and labels, e.g. `pgjobq_jobs{queue="mail",state="queued"}`),
+ * or -1 when absent. */
+static double metric(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return atof(p + n + 1);
+    }
+    return -1;
+}
+
+static void promtool_check(const char *text)
+{
+    char path[512], cmd[1100];
+    snprintf(path, sizeof path, "%s/metrics.txt", t_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s.out 2>&1", path, path);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "%s.out", path);
+        t_show_log(cmd);
+    }
+    CHECK_MSG(rc == 0, "promtool check metrics failed (status %d)", rc);
+}
+
+/* Waits until the metric reaches want (the collector runs every 200 ms; counters settle 2 s). */
+static void wait_metric(int port, const char *series, double want)
+{
+    int64_t t0 = t_now_ms();
+    double have = -1;
+    for (;;) {
+        char *body = NULL;
+        if (http(port, "GET", "/metrics", NULL, NULL, &body) == 200)
+            have = metric(body, series);
+        free(body);
+        if (have == want)
+            return;
+        if (t_now_ms() - t0 > 15000)
+            t_fail(__FILE__, __LINE__, "%s is %g after 15 s, expected %g", series, have, want);
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int64_t put(pgjobq_client *c, const char *queue, const char *payload)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id = 0;
+    o.queue = queue;
+    CHECK_OK(c, pgjobq_enqueue(c, payload, &o, &id));
+    return id;
+}
+
+TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL;
+    char series[256];
+
+    for (int i = 0; i < 6; i++)
+        put(c, "mail", "{}");
+    put(c, "sms", "{}");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET run_at = now() + interval '1 hour' WHERE queue = 'sms'"));
+    CHECK_OK(c, pgjobq_queue_pause(c, "sms", NULL));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    wait_metric(s->port, "pgjobq_up", 1);
+
+    /* Things happen after the server started: 2 completions, a retry, a failure for good, a lost lease. */
+    CHECK_OK(c, pgjobq_claim(c, "mail", 5, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 5);
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[1].id, jobs[1].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[2].id, jobs[2].lease_token, "again", 3600 * 1000, 0, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[3].id, jobs[3].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %lld",
+                   (long long)jobs[4].id));
+    int rescued = 0;
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    pgjobq_jobs_free(jobs);
+    /* A worker that says it is alive, holding one job. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w1', 'host-a', 42, '0.1.0', 'mail:8')"));
+    CHECK_OK(c, pgjobq_claim(c, "mail", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    pgjobq_jobs_free(jobs);
+
+    wait_metric(s->port, "pgjobq_jobs_completed_total{queue=\"mail\"}", 2);
+    wait_metric(s->port, "pgjobq_jobs_failed_total{queue=\"mail\"}", 1);
+    wait_metric(s->port, "pgjobq_jobs_retried_total{queue=\"mail\"}", 1);
+    wait_metric(s->port, "pgjobq_jobs_lost_total{queue=\"mail\"}", 1);
+    wait_metric(s->port, "pgjobq_worker_up{worker=\"w1\",host=\"host-a\"}", 1);
+    wait_metric(s->port, "pgjobq_worker_jobs{worker=\"w1\"}", 1);
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    promtool_check(body);
+
+    /* The gauges are what the table holds. */
+    const char *queues[] = {"mail", "sms"};
+    for (int q = 0; q < 2; q++) {
+        for (int st = 0; st < 2; st++) {
+            const char *state = st ? "running" : "queued";
+            snprintf(series, sizeof series, "pgjobq_jobs{queue=\"%s\",state=\"%s\"}", queues[q], state);
+            CHECK_MSG(metric(body, series) == (double)t_int(pg,
+                                                            "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'"
+                                                            " AND state = '%s'",
+                                                            queues[q], state),
+                      "%s = %g", series, metric(body, series));
+        }
+    }
+    CHECK(metric(body, "pgjobq_jobs{queue=\"mail\",state=\"queued\"}") == 2); /* 1 + retried + rescued - claimed */
+    CHECK(metric(body, "pgjobq_jobs_scheduled{queue=\"sms\"}") == 1);
+    CHECK(metric(body, "pgjobq_jobs_scheduled{queue=\"mail\"}") == 1); /* the retry, an hour away */
+    CHECK(metric(body, "pgjobq_queue_paused{queue=\"sms\"}") == 1);
+    CHECK(metric(body, "pgjobq_queue_paused{queue=\"mail\"}") == 0);
+    CHECK(metric(body, "pgjobq_queue_lag_seconds{queue=\"mail\"}") >= 0);
+    /* 3 jobs finished after the server started; each started, so each is in both histograms. */
+    CHECK(metric(body, "pgjobq_job_duration_seconds_count{queue=\"mail\"}") == 3);
+    CHECK(metric(body, "pgjobq_job_wait_seconds_bucket{queue=\"mail\",le=\"+Inf\"}") == 3);
+    CHECK(metric(body, "pgjobq_job_duration_seconds_bucket{queue=\"mail\",le=\"3600\"}") == 3);
+    free(body);
+
+    /* The finished-state gauges are the history's counts. */
+    wait_metric(s->port, "pgjobq_jobs{queue=\"mail\",state=\"completed\"}",
+                (double)t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mail' AND state = 'completed'"));
+    CHECK_INT(http(s->port, "GET", "/healthz", NULL, NULL, &body), 200);
+    CHECK_STR(body, "ok\n");
+    free(body);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* Runs headless Chromium on a page; returns the DOM it ended with (malloc'd). */
+static char *chromium(int port, const char *path, const char *screenshot)
+{
+    char cmd[2048], out[600];
+    snprintf(out, sizeof out, "%s/dom.html", t_tmpdir());
+    if (screenshot)
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=%s/chrome "
+                 "--window-size=1280,800 --screenshot=%s 'http://127.0.0.1:%d%s' > /dev/null 2>&1",
+                 t_tmpdir(), screenshot, port, path);
+    else
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=%s/chrome "
+                 "--dump-dom 'http://127.0.0.1:%d%s' > %s 2>/dev/null",
+                 t_tmpdir(), port, path, out);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "chromium on %s: status %d", path, rc);
+    return screenshot ? NULL : slurp(out);
+}
+
+static const char *const evil_payload = "{\"note\": \"<script>document.title='pwned'</script>\\\"><img src=x>\"}";
+static const char *const evil_error = "\"><img src=x onerror=\"document.title='pwned'\"><script>alert(1)</script>";
+
+/* No element came from a job's text, and no script ran. */
+static void check_no_injection(const char *dom, const char *page)
+{
+    CHECK_MSG(strstr(dom, "<script") == NULL, "%s: a <script> element in the DOM", page);
+    CHECK_MSG(strstr(dom, "<img") == NULL, "%s: an <img> element in the DOM", page);
+    CHECK_MSG(strstr(dom, "pwned") == NULL || strstr(dom, "<title>pgjobq") != NULL, "%s: the title changed", page);
+    CHECK_MSG(strstr(dom, "<title>pwned") == NULL, "%s: a script ran", page);
+}
+
+TEST_FULL(serve_dashboard_pages_in_headless_chromium, 180, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char path[128];
+
+    int64_t evil = put(c, "sms", evil_payload);
+    for (int i = 0; i < 3; i++)
+        put(c, "mail", "{\"to\": \"ana@example.org\"}");
+    CHECK_OK(c, pgjobq_claim(c, "sms", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[0].id, jobs[0].lease_token, evil_error, 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    CHECK_OK(c, pgjobq_claim(c, "mail", 1, 60000, "w1", &jobs, &n));
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, "{\"sent\": true}"));
+    pgjobq_jobs_free(jobs);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w1', 'host-a', 42, '0.1.0', 'mail:8')"));
+    CHECK_OK(c, pgjobq_schedule_set(c, "nightly", "0 3 * * *", NULL, NULL));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+
+    char *dom = chromium(s->port, "/", NULL);
+    CHECK_MSG(strstr(dom, "<table id=\"queues\">") != NULL, "overview: no queue table");
+    CHECK(strstr(dom, "data-queue=\"mail\"") != NULL);
+    CHECK(strstr(dom, "data-queue=\"sms\"") != NULL);
+    CHECK(strstr(dom, "<svg id=\"throughput\"") != NULL);
+    CHECK(strstr(dom, "<table id=\"failures\">") != NULL);
+    CHECK(strstr(dom, "&lt;img src=x onerror=") != NULL); /* the error, as text */
+    CHECK(strstr(dom, "http-equiv=\"refresh\"") != NULL);
+    check_no_injection(dom, "/");
+    free(dom);
+
+    dom = chromium(s->port, "/jobs?state=failed&queue=sms", NULL);
+    snprintf(path, sizeof path, "data-id=\"%lld\"", (long long)evil);
+    CHECK_MSG(strstr(dom, path) != NULL, "/jobs: job %lld not listed", (long long)evil);
+    CHECK(strstr(dom, "data-id=\"2\"") == NULL); /* a mail job: filtered out */
+    check_no_injection(dom, "/jobs");
+    free(dom);
+
+    dom = chromium(s->port, "/jobs?q=onerror", NULL);
+    CHECK(strstr(dom, path) != NULL);
+    free(dom);
+    dom = chromium(s->port, "/jobs?q=no_such_text", NULL);
+    CHECK(strstr(dom, "No jobs match.") != NULL);
+    free(dom);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)evil);
+    dom = chromium(s->port, path, NULL);
+    CHECK(strstr(dom, "<dl id=\"job\">") != NULL);
+    CHECK(strstr(dom, "&lt;script&gt;document.title='pwned'&lt;/script&gt;") != NULL); /* the payload, as text */
+    CHECK(strstr(dom, "<pre id=\"last-error\">\"&gt;&lt;img src=x onerror=") != NULL);
+    CHECK(strstr(dom, "<form") == NULL); /* read-only: no action forms */
+    check_no_injection(dom, path);
+    free(dom);
+
+    dom = chromium(s->port, "/queues", NULL);
+    CHECK(strstr(dom, "<table id=\"queue-settings\">") != NULL);
+    CHECK(strstr(dom, "<table id=\"schedules\">") != NULL);
+    CHECK(strstr(dom, "nightly") != NULL);
+    free(dom);
+
+    dom = chromium(s->port, "/workers", NULL);
+    CHECK(strstr(dom, "data-worker=\"w1\"") != NULL);
+    CHECK(strstr(dom, "host-a") != NULL);
+    free(dom);
+
+    dom = chromium(s->port, "/jobs/999999", NULL);
+    CHECK(strstr(dom, "No such job") != NULL);
+    free(dom);
+
+    /* Screenshots render (the README's come from `make screenshots`). */
+    char shot[600];
+    struct stat st;
+    snprintf(shot, sizeof shot, "%s/overview.png", t_tmpdir());
+    chromium(s->port, "/", shot);
+    CHECK_MSG(stat(shot, &st) == 0 && st.st_size > 10000, "no screenshot of the overview");
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+TEST_FULL(serve_hides_payloads_when_asked, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    char *body = NULL, path[64];
+
+    int64_t id = put(c, "mail", "{\"secret\": \"hunter2\"}");
+    served *s = serve_start(NULL, "--hide-payloads", NULL, NULL);
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK(strstr(body, "hunter2") == NULL);
+    CHECK(strstr(body, "<pre id=\"payload\">(hidden)</pre>") != NULL);
+    free(body);
+    pgjobq_client_close(c);
+}
+
+/* The CSRF token of a page's first action form, copied into buf. */
+static void csrf_of(const char *page, char *buf, size_t size)
+{
+    const char *p = strstr(page, "name=\"csrf\" value=\"");
+    CHECK_MSG(p != NULL, "no CSRF token on the page");
+    p += strlen("name=\"csrf\" value=\"");
+    size_t n = strcspn(p, "\"");
+    CHECK(n > 0 && n < size);
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+}
+
+TEST_FULL(serve_actions_need_the_flag_and_the_token, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128], path[64];
+
+    int64_t id = put(c, "mail", "{}");
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+
+    /* Read-only: a forged POST is refused and changes nothing. */
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    snprintf(form, sizeof form, "op=cancel&id=%lld&csrf=x&back=/", (long long)id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+
+    /* With actions: no token, or a wrong one, is refused; the page's token works. */
+    s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    snprintf(form, sizeof form, "op=cancel&id=%lld&back=/", (long long)id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    snprintf(form, sizeof form, "op=cancel&id=%lld&csrf=%064d&back=/", (long long)id, 0);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK(strstr(body, "data-op=\"cancel\"") != NULL);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    snprintf(form, sizeof form, "op=cancel&id=%lld&csrf=%s&back=%%2Fjobs%%2F%lld", (long long)id, token, (long long)id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)id),
+              1);
+    /* Retry it, pause and resume its queue: the same token. */
+    snprintf(form, sizeof form, "op=retry&id=%lld&csrf=%s&back=/", (long long)id, token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+    snprintf(form, sizeof form, "op=pause&queue=mail&csrf=%s&back=/queues", token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'mail' AND paused_at IS NOT NULL"), 1);
+    /* Bulk: cancel every queued job of the queue. */
+    put(c, "mail", "{}");
+    snprintf(form, sizeof form, "op=cancel_where&queue=mail&state=queued&csrf=%s&back=/jobs", token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'mail'"), 0);
+    /* A redirect goes to this server only. */
+    snprintf(form, sizeof form, "op=resume&queue=mail&csrf=%s&back=%%2F%%2Fevil.example%%2F", token);
+    CHECK_INT(http(s->port, "POST", "/actions", "", form, &body), 303);
+    free(body);
+    CHECK_MSG(strstr(last_headers, "Location: /\r\n") != NULL || strstr(last_headers, "Location: /\0") != NULL ||
+                  (strstr(last_headers, "Location: /") && !strstr(last_headers, "evil")),
+              "redirected to: %s", last_headers);
+    /* Every action is logged, with who asked. */
+    FILE *f = fopen(s->log, "r");
+    CHECK(f != NULL);
+    char line[1024];
+    int logged = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "action from 127.0.0.1: cancel job"))
+            logged++;
+    fclose(f);
+    CHECK_INT(logged, 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+TEST_FULL(serve_requires_credentials_off_loopback, 60, 0)
+{
+    char *out = NULL, *err = NULL, *body = NULL, tokfile[512];
+
+    /* A public address without credentials: refused before anything starts. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "0.0.0.0:0", NULL), 64);
+    CHECK_MSG(strstr(err, "not a loopback address") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "nowhere", NULL), 64);
+    free(out);
+    free(err);
+
+    /* With a token: every page but /healthz needs it, as a bearer token or a basic-auth password. */
+    snprintf(tokfile, sizeof tokfile, "%s/token", t_tmpdir());
+    FILE *f = fopen(tokfile, "w");
+    CHECK(f != NULL);
+    fputs("s3cret-token-0123456789\n", f);
+    fclose(f);
+    served *s = serve_start(NULL, "--auth-file", tokfile, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 401);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer wrong-token-000000000\r\n", NULL, &body), 401);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer s3cret-token-0123456789\r\n", NULL, &body), 200);
+    CHECK(strstr(body, "pgjobq_up") != NULL);
+    free(body);
+    /* "any:s3cret-token-0123456789" in base64 */
+    CHECK_INT(http(s->port, "GET", "/", "Authorization: Basic YW55OnMzY3JldC10b2tlbi0wMTIzNDU2Nzg5\r\n", NULL, &body),
+              200);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/healthz", NULL, NULL, &body), 200);
+    free(body);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, "op=pause&queue=q", &body), 401);
+    free(body);
+}
