@@ -51,7 +51,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz screenshots
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -178,3 +178,8 @@ format:
 
 clean:
 	rm -rf build build-*
+
+# The README's pictures of `pgjobq serve` (docs/img/*.png), from a throwaway embedded database.
+screenshots: all
+	@sh tools/ensure-deps.sh --server
+	PGJOBQ=$(abspath $(CLI)) sh tools/screenshots.sh

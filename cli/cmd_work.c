@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "http.h"
 
 extern char **environ;
 
@@ -41,6 +42,7 @@ extern char **environ;
 #define OPT_RETAIN_COMPLETED 2013
 #define OPT_RETAIN_FAILED 2014
 #define OPT_NO_MAINTENANCE 2015
+#define OPT_METRICS_LISTEN 2016
 
 const cli_opt work_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
@@ -58,6 +60,9 @@ const cli_opt work_opts[] = {
     {"retain-completed", OPT_RETAIN_COMPLETED, "DURATION", "prune completed jobs after this (default 24h)"},
     {"retain-failed", OPT_RETAIN_FAILED, "DURATION", "prune failed jobs after this (default 7d)"},
     {"no-maintenance", OPT_NO_MAINTENANCE, NULL, "do not rescue expired leases or prune in this process"},
+    {"metrics-listen", OPT_METRICS_LISTEN, "ADDR",
+     "serve this worker's counters at http://ADDR/metrics (e.g. 127.0.0.1:9465; off loopback, "
+     "$PGJOBQ_SERVE_TOKEN is required)"},
     {"log-format", OPT_LOG_FORMAT, "FORMAT", "text or json (default text)"},
     {"log-level", OPT_LOG_LEVEL, "LEVEL", "debug, info, warn or error (default info)"},
     CLI_COMMON_OPTS,
@@ -85,6 +90,7 @@ typedef struct work_args {
     long long max_output;
     int json_log;
     int log_level;
+    const char *metrics_listen;
 } work_args;
 
 static pgjobq_worker *volatile the_worker;
@@ -121,6 +127,65 @@ static void log_line(void *arg, pgjobq_log_level level, const char *msg)
         fprintf(stderr, "%s %-5s %s\n", ts, pgjobq_log_level_name(level), msg);
     }
     funlockfile(stderr);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* --metrics-listen                                                                                  */
+
+typedef struct metrics_ctx {
+    pgjobq_worker *w;
+    const work_args *a;
+} metrics_ctx;
+
+static void counter(sbuf *b, const char *name, const char *help, int64_t v)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %lld\n", name, help, name, name, (long long)v);
+}
+
+/* This process's own counters, in the Prometheus text format (the queue's are `pgjobq serve`'s). */
+static void worker_metrics(void *arg, const http_req *req, http_resp *out)
+{
+    metrics_ctx *m = arg;
+    pgjobq_worker_stats st;
+    sbuf *b = &out->body;
+
+    out->content_type = "text/plain; charset=utf-8";
+    if (strcmp(req->path, "/healthz") == 0) {
+        sb_puts(b, "ok\n");
+        return;
+    }
+    if (strcmp(req->path, "/metrics") != 0) {
+        out->status = 404;
+        sb_puts(b, "not found: this worker serves /metrics and /healthz\n");
+        return;
+    }
+    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    pgjobq_worker_get_stats(m->w, &st);
+    sb_printf(b, "# HELP pgjobq_worker_running Jobs this worker holds now.\n# TYPE pgjobq_worker_running gauge\n"
+                 "pgjobq_worker_running %lld\n",
+              (long long)st.running);
+    sb_puts(b, "# HELP pgjobq_worker_slots Jobs this worker runs at once, per queue.\n"
+               "# TYPE pgjobq_worker_slots gauge\n");
+    for (int i = 0; i < m->a->nqueues; i++) {
+        sb_puts(b, "pgjobq_worker_slots{queue=\"");
+        sb_label(b, m->a->queues[i].name);
+        sb_printf(b, "\"} %d\n", m->a->queues[i].concurrency);
+    }
+    sb_printf(b, "# HELP pgjobq_worker_connections Database connections connected and set up (of 3).\n"
+                 "# TYPE pgjobq_worker_connections gauge\npgjobq_worker_connections %d\n",
+              pgjobq_worker_connections(m->w));
+    counter(b, "pgjobq_worker_claimed_total", "Jobs claimed.", st.claimed);
+    counter(b, "pgjobq_worker_claims_total", "Claim statements (claimed_total / claims_total is the mean batch).",
+            st.claims);
+    counter(b, "pgjobq_worker_completed_total", "Completions written.", st.completed);
+    counter(b, "pgjobq_worker_retried_total", "Failed attempts queued again.", st.retried);
+    counter(b, "pgjobq_worker_failed_total", "Jobs that ended failed.", st.failed);
+    counter(b, "pgjobq_worker_cancelled_total", "Jobs that ended cancelled.", st.cancelled);
+    counter(b, "pgjobq_worker_lost_total", "Jobs whose lease this worker lost (their outcome was not written).",
+            st.lost);
+    counter(b, "pgjobq_worker_released_total", "Jobs handed back unstarted at shutdown.", st.released);
+    counter(b, "pgjobq_worker_rescued_total", "Expired leases of other workers rescued by this one.", st.rescued);
+    counter(b, "pgjobq_worker_writes_total", "Statements that wrote outcomes.", st.writes);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -186,6 +251,7 @@ static int work_opt(int key, const char *arg, void *ctx)
     case OPT_RETAIN_FAILED: return duration_opt(a, "retain-failed", arg, &a->opts.retain_failed_ms);
     case OPT_POLL_ONLY: a->opts.poll_only = 1; return 0;
     case OPT_NO_MAINTENANCE: a->opts.no_maintenance = 1; return 0;
+    case OPT_METRICS_LISTEN: a->metrics_listen = arg; return 0;
     case OPT_WORKER_ID: a->opts.worker_id = arg; return 0;
     case OPT_BATCH:
         if (cli_parse_int(arg, 1, PGJOBQ_BATCH_MAX, &v, why, sizeof why) != 0) {
@@ -587,6 +653,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     const char *url;
     char why[160];
     int first, rc, status = EX_OK;
+    metrics_ctx mctx;
+    http_server *metrics = NULL;
 
     memset(&a, 0, sizeof a);
     a.cmd = cmd;
@@ -651,6 +719,34 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
             goto out;
         }
     }
+    if (a.metrics_listen) {
+        char mwhy[256], line[300];
+        http_addr addr;
+        const char *token = getenv("PGJOBQ_SERVE_TOKEN");
+        if (token && !token[0])
+            token = NULL;
+        if (http_addr_parse(a.metrics_listen, &addr, mwhy, sizeof mwhy) != 0) {
+            status = cli_usage_error(cmd, "--metrics-listen: %s", mwhy);
+            goto out;
+        }
+        if (!addr.loopback && (token == NULL || strlen(token) < 16)) {
+            cli_err("--metrics-listen %s is not a loopback address: set $PGJOBQ_SERVE_TOKEN (16+ characters) to "
+                    "require it as credentials, or listen on 127.0.0.1",
+                    a.metrics_listen);
+            status = EX_USAGE;
+            goto out;
+        }
+        mctx.w = w;
+        mctx.a = &a;
+        if ((metrics = http_start(&addr, token, worker_metrics, &mctx, mwhy, sizeof mwhy)) == NULL) {
+            cli_err("--metrics-listen: %s", mwhy);
+            status = EX_UNAVAILABLE;
+            goto out;
+        }
+        snprintf(line, sizeof line, "metrics at http://%s%s%s:%d/metrics", strchr(addr.host, ':') ? "[" : "",
+                 addr.host, strchr(addr.host, ':') ? "]" : "", http_port(metrics));
+        log_line(&a, PGJOBQ_LOG_INFO, line);
+    }
     the_worker = w;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -669,6 +765,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         status = cli_exit_status(rc);
     }
 out:
+    http_stop(metrics);
     pgjobq_worker_free(w);
     for (char **p = cfg.argv; p && *p; p++)
         free(*p);

@@ -7,8 +7,8 @@
  * Gauges come from the live table (pgjobq.jobs), pgjobq.queues and pgjobq.workers.  Counters and
  * histograms count what happened since this process started: jobs that reached pgjobq.history (a
  * BRIN index on finished_at keeps "the last few seconds" cheap) and retries and lost leases from
- * pgjobq.tallies, each over (last watermark, now() - 2 s]; the settle time lets the transactions that
- * wrote those rows commit before the window closes.
+ * pgjobq.tallies, each over (last watermark, now() - 2 s] (at most a minute of it per collection); the
+ * settle time lets the transactions that wrote those rows commit before the window closes.
  */
 #include <math.h>
 #include <pthread.h>
@@ -195,7 +195,11 @@ static int collect(serve_metrics *m)
     if ((r = run(m, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL)) == NULL)
         return -1;
     PQclear(r);
-    if ((upto = run(m, "SELECT (now() - " SETTLE ")::text", 0, NULL)) == NULL)
+    /* At most a minute of history per collection: after an outage the counters catch up over a few
+     * collections instead of one query too big for the statement timeout. */
+    const char *from[1] = {m->watermark[0] ? m->watermark : NULL};
+    if ((upto = run(m, "SELECT least(now() - " SETTLE ", coalesce($1::timestamptz + interval '1 minute', now()))::text",
+                    1, from)) == NULL)
         goto out;
     const char *win[2] = {m->watermark[0] ? m->watermark : PQgetvalue(upto, 0, 0), PQgetvalue(upto, 0, 0)};
     live = run(m,

@@ -705,6 +705,10 @@ typedef struct pgjobq_worker_stats {
 
 PGJOBQ_EXPORT void pgjobq_worker_get_stats(const pgjobq_worker *w, pgjobq_worker_stats *out);
 
+/* How many of the worker's database connections (claim, write, maintenance) are connected and set up
+ * now; safe to call from any thread while the worker runs.  0 for NULL. */
+PGJOBQ_EXPORT int pgjobq_worker_connections(const pgjobq_worker *w);
+
 /* The reason for the worker's last error; never NULL.  Not thread-safe against a running worker. */
 PGJOBQ_EXPORT const char *pgjobq_worker_errmsg(const pgjobq_worker *w);
 

@@ -164,6 +164,7 @@ struct pgjobq_worker {
     /* Statistics. */
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
         st_running, st_claims, st_rescued, st_writes;
+    _Atomic int st_connected; /* connections ready now */
 };
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -367,6 +368,12 @@ void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
     out->claims = atomic_load(&w->st_claims);
     out->rescued = atomic_load(&w->st_rescued);
     out->writes = atomic_load(&w->st_writes);
+}
+
+int pgjobq_worker_connections(const pgjobq_worker *cw)
+{
+    pgjobq_worker *w = (pgjobq_worker *)cw;
+    return w ? atomic_load(&w->st_connected) : 0;
 }
 
 const char *pgjobq_worker_errmsg(const pgjobq_worker *w)
@@ -1123,6 +1130,8 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
         wlog(w, PGJOBQ_LOG_WARN, "lost the %s connection: %s; reconnecting", w->conn[c].name, w->conn[c].err);
     else
         wlog(w, PGJOBQ_LOG_DEBUG, "the %s connection failed: %s; retrying", w->conn[c].name, w->conn[c].err);
+    if (w->was_ready[c])
+        atomic_fetch_sub(&w->st_connected, 1);
     w->was_ready[c] = 0;
     if (rq->kind == R_WRITE) {
         for (size_t i = 0; i < rq->items.n; i++)
@@ -1154,6 +1163,8 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
             w->next_beat_ms = now;
         }
     }
+    if (!w->was_ready[c])
+        atomic_fetch_add(&w->st_connected, 1);
     w->was_ready[c] = 1;
 }
 

@@ -317,7 +317,7 @@ static void options_in(const char *text, const char *end, char opts[][32], int *
 
 TEST(cli_help_and_man_page_list_the_same_options)
 {
-    static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry", "queue", "cron", "work", "demo", "db"};
+    static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry", "queue", "cron", "work", "serve", "demo", "db"};
     const char *src = getenv("PGJOBQ_SRCDIR") ? getenv("PGJOBQ_SRCDIR") : ".";
     char path[1024], *man;
     FILE *f;

@@ -239,3 +239,46 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
     free(specs);
     PQfinish(pg);
 }
+
+TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    pgjobq_stat *stats = NULL;
+    pgjobq_queue_info *queues = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+
+    roles_setup();
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", NULL, &id));
+    pgjobq_client *mon = as_role("mon");
+
+    /* What serve reads. */
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.jobs"), "");
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.history"), "");
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.all_jobs"), "");
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.workers"), "");
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.tallies"), "");
+    CHECK_STR(raw_as(mon, "SELECT * FROM pgjobq.schedule_list()"), "");
+    CHECK_OK(mon, pgjobq_queue_list(mon, &queues, &n));
+    pgjobq_queue_list_free(queues);
+    CHECK_OK(mon, pgjobq_stats(mon, &stats, &n));
+    free(stats);
+
+    /* Nothing it could change. */
+    CHECK_RC(mon, pgjobq_enqueue(mon, "{}", NULL, NULL), PGJOBQ_EPERM);
+    CHECK_RC(mon, pgjobq_job_cancel(mon, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(mon, pgjobq_job_retry(mon, id), PGJOBQ_EPERM);
+    CHECK_RC(mon, pgjobq_queue_pause(mon, "default", NULL), PGJOBQ_EPERM);
+    CHECK_STR(raw_as(mon, "DELETE FROM pgjobq.jobs"), "42501");
+    CHECK_STR(raw_as(mon, "UPDATE pgjobq.workers SET host = 'x'"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT pgjobq.worker_beat('w', 'h', 1, 'v', 'q')"), "42501");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+    pgjobq_client_close(mon);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}

@@ -521,3 +521,53 @@ TEST_FULL(serve_requires_credentials_off_loopback, 60, 0)
     CHECK_INT(http(s->port, "POST", "/actions", NULL, "op=pause&queue=q", &body), 401);
     free(body);
 }
+
+static pid_t worker_pid;
+
+static void stop_worker(void)
+{
+    if (worker_pid > 0) {
+        kill(worker_pid, SIGTERM);
+        t_wait_exit(worker_pid, 15000);
+        worker_pid = 0;
+    }
+}
+
+TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    const char *log = t_log_path("worker");
+    char *body = NULL;
+    int port = 0;
+
+    worker_pid = t_spawn(log, NULL, "work", "--queue", "mq:2", "--exec", "/bin/true", "--metrics-listen",
+                         "127.0.0.1:0", NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (port == 0) {
+        char *text = slurp(log);
+        const char *p = strstr(text, "metrics at http://127.0.0.1:");
+        if (p)
+            port = atoi(p + strlen("metrics at http://127.0.0.1:"));
+        free(text);
+        if (port == 0 && t_now_ms() - t0 > 15000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the worker did not say where its metrics are");
+        }
+        usleep(50000);
+    }
+    for (int i = 0; i < 5; i++)
+        put(c, "mq", "{}");
+    wait_metric(port, "pgjobq_worker_completed_total", 5);
+    wait_metric(port, "pgjobq_worker_connections", 3);
+    CHECK_INT(http(port, "GET", "/metrics", NULL, NULL, &body), 200);
+    promtool_check(body);
+    CHECK(metric(body, "pgjobq_worker_slots{queue=\"mq\"}") == 2);
+    CHECK(metric(body, "pgjobq_worker_claimed_total") == 5);
+    CHECK(metric(body, "pgjobq_worker_running") == 0);
+    free(body);
+    CHECK_INT(http(port, "GET", "/nothing", NULL, NULL, &body), 404);
+    free(body);
+    stop_worker();
+    pgjobq_client_close(c);
+}
