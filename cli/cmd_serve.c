@@ -196,6 +196,40 @@ static void state_badge(sbuf *b, const char *state)
     sb_puts(b, "</span>");
 }
 
+/* A table cell holding text (escaped); cls may be NULL. */
+static void td(sbuf *b, const char *cls, const char *text)
+{
+    if (cls)
+        sb_printf(b, "<td class=\"%s\">", cls);
+    else
+        sb_puts(b, "<td>");
+    sb_html(b, text);
+    sb_puts(b, "</td>");
+}
+
+/* A table cell holding a link to prefix + value (URL-encoded), showing text. */
+static void td_link(sbuf *b, const char *cls, const char *prefix, const char *value, const char *text)
+{
+    if (cls)
+        sb_printf(b, "<td class=\"%s\">", cls);
+    else
+        sb_puts(b, "<td>");
+    sb_puts(b, "<a href=\"");
+    sb_puts(b, prefix);
+    sb_url(b, value);
+    sb_puts(b, "\">");
+    sb_html(b, text);
+    sb_puts(b, "</a></td>");
+}
+
+/* The opening of a table row carrying data-NAME="value" for the tests and for styling. */
+static void tr(sbuf *b, const char *name, const char *value)
+{
+    sb_printf(b, "<tr data-%s=\"", name);
+    sb_html(b, value);
+    sb_puts(b, "\">");
+}
+
 /* An action button: a POST form with the CSRF token, the operation, its fields and where to go back. */
 static void action_form(serve *s, sbuf *b, const char *op, const char *label, const char *const *fields,
                         const char *back, int danger)
@@ -289,13 +323,9 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
-            sb_puts(b, "<tr data-queue=\"");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "\"><td><a href=\"/jobs?queue=");
-            sb_url(b, V(r, i, 0));
-            sb_puts(b, "\">");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "</a></td><td>");
+            tr(b, "queue", V(r, i, 0));
+            td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
+            sb_puts(b, "<td>");
             state_badge(b, atoi(V(r, i, 1)) ? "paused" : "active");
             sb_puts(b, "</td>");
             for (int k = 2; k < 8; k++) {
@@ -328,16 +358,10 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
-            sb_puts(b, "<tr><td><a href=\"/jobs/");
-            sb_url(b, V(r, i, 0));
-            sb_puts(b, "\">");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "</a></td>");
-            for (int k = 1; k < 5; k++) {
-                sb_puts(b, "<td>");
-                sb_html(b, V(r, i, k));
-                sb_puts(b, "</td>");
-            }
+            sb_puts(b, "<tr>");
+            td_link(b, NULL, "/jobs/", V(r, i, 0), V(r, i, 0));
+            for (int k = 1; k < 5; k++)
+                td(b, NULL, V(r, i, k));
             sb_puts(b, "</tr>");
         }
         if (PQntuples(r) == 0)
@@ -438,29 +462,21 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
         sb_puts(b, "<table id=\"jobs\"><thead><tr><th>Job</th><th>Queue</th><th>Kind</th><th>State</th>"
                    "<th>Attempt</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th></tr></thead><tbody>");
         for (int i = 0; i < n && i < PAGE_ROWS; i++) {
-            sb_puts(b, "<tr data-id=\"");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "\"><td><a href=\"/jobs/");
-            sb_url(b, V(r, i, 0));
-            sb_puts(b, "\">");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "</a></td><td>");
-            sb_html(b, V(r, i, 1));
-            sb_puts(b, "</td><td>");
-            sb_html(b, V(r, i, 2));
-            sb_puts(b, "</td><td>");
+            tr(b, "id", V(r, i, 0));
+            td_link(b, NULL, "/jobs/", V(r, i, 0), V(r, i, 0));
+            td(b, NULL, V(r, i, 1));
+            td(b, NULL, V(r, i, 2));
+            sb_puts(b, "<td>");
             state_badge(b, V(r, i, 3));
             sb_puts(b, "</td><td class=\"n\">");
             sb_html(b, V(r, i, 4));
             sb_puts(b, "/");
             sb_html(b, V(r, i, 5));
-            sb_puts(b, "</td><td>");
-            sb_html(b, V(r, i, 6));
-            sb_puts(b, "</td><td>");
-            sb_html(b, V(r, i, 7));
-            sb_puts(b, "</td><td class=\"err\">");
-            sb_html(b, V(r, i, 8));
-            sb_puts(b, "</td></tr>");
+            sb_puts(b, "</td>");
+            td(b, NULL, V(r, i, 6));
+            td(b, NULL, V(r, i, 7));
+            td(b, "err", V(r, i, 8));
+            sb_puts(b, "</tr>");
         }
         if (n == 0)
             sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs match.</td></tr>");
@@ -584,13 +600,9 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
-            sb_puts(b, "<tr data-queue=\"");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "\"><td><a href=\"/jobs?queue=");
-            sb_url(b, V(r, i, 0));
-            sb_puts(b, "\">");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "</a></td><td>");
+            tr(b, "queue", V(r, i, 0));
+            td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
+            sb_puts(b, "<td>");
             state_badge(b, paused ? "paused" : "active");
             if (paused && V(r, i, 2)[0]) {
                 sb_puts(b, " <span class=\"muted\">");
@@ -598,11 +610,8 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
                 sb_puts(b, "</span>");
             }
             sb_puts(b, "</td>");
-            for (int k = 3; k < 10; k++) {
-                sb_puts(b, "<td class=\"n\">");
-                sb_html(b, V(r, i, k)[0] ? V(r, i, k) : "-");
-                sb_puts(b, "</td>");
-            }
+            for (int k = 3; k < 10; k++)
+                td(b, "n", V(r, i, k)[0] ? V(r, i, k) : "-");
             sb_puts(b, "<td>");
             const char *fields[] = {"queue", V(r, i, 0), NULL};
             action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);
@@ -623,11 +632,8 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
         for (int i = 0; i < PQntuples(r); i++) {
             int enabled = atoi(V(r, i, 5));
             sb_puts(b, "<tr>");
-            for (int k = 0; k < 8; k++) {
-                sb_puts(b, "<td>");
-                sb_html(b, k == 5 ? (enabled ? "yes" : "no") : V(r, i, k));
-                sb_puts(b, "</td>");
-            }
+            for (int k = 0; k < 8; k++)
+                td(b, NULL, k == 5 ? (enabled ? "yes" : "no") : V(r, i, k));
             sb_puts(b, "<td>");
             const char *fields[] = {"name", V(r, i, 0), NULL};
             action_form(s, b, enabled ? "disable" : "enable", enabled ? "Disable" : "Enable", fields, "/queues", 0);
@@ -660,29 +666,21 @@ static void page_workers(serve *s, pgjobq_client *c, http_resp *out)
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int alive = atoi(V(r, i, 1));
-            sb_puts(b, "<tr data-worker=\"");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "\"><td>");
-            sb_html(b, V(r, i, 0));
-            sb_puts(b, "</td><td>");
+            tr(b, "worker", V(r, i, 0));
+            td(b, NULL, V(r, i, 0));
+            sb_puts(b, "<td>");
             state_badge(b, alive ? "running" : "gone");
-            sb_puts(b, "</td><td>");
-            sb_html(b, V(r, i, 2));
-            sb_puts(b, "</td><td class=\"n\">");
-            sb_html(b, V(r, i, 3));
-            sb_puts(b, "</td><td>");
-            sb_html(b, V(r, i, 4));
-            sb_puts(b, "</td><td class=\"n\"><a href=\"/jobs?state=running&amp;worker=");
-            sb_url(b, V(r, i, 0));
-            sb_puts(b, "\">");
-            sb_html(b, V(r, i, 5));
-            sb_puts(b, "</a></td><td>");
-            sb_html(b, V(r, i, 6));
-            sb_puts(b, "</td><td>");
+            sb_puts(b, "</td>");
+            td(b, NULL, V(r, i, 2));
+            td(b, "n", V(r, i, 3));
+            td(b, NULL, V(r, i, 4));
+            td_link(b, "n", "/jobs?state=running&amp;worker=", V(r, i, 0), V(r, i, 5));
+            td(b, NULL, V(r, i, 6));
+            sb_puts(b, "<td>");
             sb_html(b, V(r, i, 7));
-            sb_puts(b, " s ago</td><td>");
-            sb_html(b, V(r, i, 8));
-            sb_puts(b, "</td></tr>");
+            sb_puts(b, " s ago</td>");
+            td(b, NULL, V(r, i, 8));
+            sb_puts(b, "</tr>");
         }
         if (PQntuples(r) == 0)
             sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No worker seen in the last hour.</td></tr>");
