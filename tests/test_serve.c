@@ -571,3 +571,49 @@ TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
     stop_worker();
     pgjobq_client_close(c);
 }
+
+/* Counts occurrences of needle in s. */
+static int count_of(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+TEST_FULL(serve_jobs_pages_by_id, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, path[128];
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('many'::text, ARRAY[60]), NULL,"
+                       " array_fill('{}'::jsonb, ARRAY[60]))"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/jobs?queue=many", NULL, NULL, &body), 200);
+    CHECK_INT(count_of(body, "<tr data-id="), 50);
+    CHECK(strstr(body, "<tr data-id=\"60\">") != NULL && strstr(body, "<tr data-id=\"11\">") != NULL);
+    const char *older = strstr(body, "id=\"older\" href=\"");
+    CHECK_MSG(older != NULL, "no link to older jobs");
+    older += strlen("id=\"older\" href=\"");
+    size_t n = strcspn(older, "\"");
+    CHECK(n < sizeof path);
+    /* The link is HTML: &amp; stands for &. */
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < sizeof path; i++) {
+        if (strncmp(older + i, "&amp;", 5) == 0) {
+            path[k++] = '&';
+            i += 4;
+        } else {
+            path[k++] = older[i];
+        }
+    }
+    path[k] = '\0';
+    CHECK_STR(path, "/jobs?before=11&queue=many");
+    free(body);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_INT(count_of(body, "<tr data-id="), 10);
+    CHECK(strstr(body, "<tr data-id=\"10\">") != NULL && strstr(body, "<tr data-id=\"1\">") != NULL);
+    CHECK(strstr(body, "id=\"older\"") == NULL);
+    free(body);
+    PQfinish(pg);
+}
