@@ -4,7 +4,8 @@
  *
  *   enqueue     N jobs through pgjobq_enqueue_batch (COPY for large batches)              jobs_per_s
  *   drain       N preloaded no-op jobs, P worker processes x C threads (in-process)      jobs_per_s
- *   drain-exec  the same with `pgjobq work --exec /bin/true`                              jobs_per_s
+ *   drain-exec  the same with `pgjobq work --exec /bin/true` (or --handler)               jobs_per_s
+ *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
  *   latency     an idle worker; N jobs enqueued one at a time at R/s                      p50/p95/p99/max
  *   mixed       producers at R jobs/s while P x C workers run, for S seconds              throughput, depth, p99
  *
@@ -46,6 +47,7 @@
 #define OPT_NOISE 4001
 #define OPT_JSON 4002
 #define OPT_LEAD 4003
+#define OPT_HANDLER 4004
 
 #define MAX_PROCESSES 64
 
@@ -58,6 +60,8 @@ const cli_opt bench_opts[] = {
     {"seconds", OPT_SECONDS, "S", "mixed: how long to run (default 60)"},
     {"noise", OPT_NOISE, "N", "drain: also hold N completed jobs and N queued jobs of another queue"},
     {"lead", OPT_LEAD, "MS", "drain: schedule the jobs this long ahead (default 3000 + 100 per process)"},
+    {"handler", OPT_HANDLER, "'CMD ARGS'",
+     "drain-exec: the command per job (default /bin/true); drain-coproc: the coprocess (required)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
@@ -66,6 +70,7 @@ typedef struct bench_args {
     const cli_cmd *cmd;
     long long jobs, noise;
     int concurrency, processes, batch, rate, seconds, json, jobs_given, lead_ms;
+    const char *handler;
 } bench_args;
 
 static int bench_opt(int key, const char *arg, void *ctx)
@@ -77,6 +82,10 @@ static int bench_opt(int key, const char *arg, void *ctx)
 
     if (key == OPT_JSON) {
         a->json = 1;
+        return 0;
+    }
+    if (key == OPT_HANDLER) {
+        a->handler = arg;
         return 0;
     }
     if (cli_parse_int(arg, key == OPT_NOISE ? 0 : 1, max, &v, why, sizeof why) != 0) {
@@ -274,7 +283,8 @@ static long long total(_Atomic long long *v, int n)
     return t;
 }
 
-/* Starts the worker processes: in-process workers (forked children), or `pgjobq work --exec`. */
+/* Starts the worker processes: in-process workers (forked children), or `pgjobq work --exec` (exec_mode
+ * 1) or `--coproc` (exec_mode 2) with the handler command. */
 static int start_workers(const char *url, const bench_args *a, shared *sh, int exec_mode, pid_t *pids)
 {
     char exe[4096];
@@ -301,7 +311,8 @@ static int start_workers(const char *url, const bench_args *a, shared *sh, int e
         setenv("PGJOBQ_DATABASE_URL", url, 1);
         if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() == 1)
             _exit(1);
-        execl(exe, exe, "work", "--queue", q, "--exec", "/bin/true", "--batch", b, "--log-level", "warn", (char *)NULL);
+        execl(exe, exe, "work", "--queue", q, exec_mode == 2 ? "--coproc" : "--exec",
+              a->handler ? a->handler : "/bin/true", "--batch", b, "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
     return 0;
@@ -339,6 +350,8 @@ static int ready_workers(PGconn *ctl)
                                 " AND application_name = 'pgjobq-claim' AND query <> ''"
                                 " AND query NOT LIKE '%schema_version%'");
 }
+
+static const char *const mode_name[] = {"drain", "drain-exec", "drain-coproc"};
 
 static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ctl, pgjobq_client *c)
 {
@@ -441,13 +454,13 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
                "\"noise\":%lld,\"seconds\":%.3f,\"jobs_per_s\":%.1f,\"claims\":%lld,\"avg_claim_batch\":%.1f,"
                "\"avg_write_batch\":%.1f,\"connections_max\":%d,\"rss_kb_max\":%ld,\"completed\":%.0f,"
                "\"ready_before_due_ms\":%.0f}\n",
-               exec_mode ? "drain-exec" : "drain", a->jobs, a->processes, a->concurrency, a->batch, a->noise, secs,
+               mode_name[exec_mode], a->jobs, a->processes, a->concurrency, a->batch, a->noise, secs,
                (double)a->jobs / secs, claims, claims ? (double)claimed / (double)claims : 0.0,
                writes ? (double)a->jobs / (double)writes : 0.0, conns_max, rss, completed, ready_ms);
     else
         printf("%s: %lld jobs, %d x %d threads: %.0f jobs/s (%.2f s from due), avg claim batch %.1f, %d connections, "
                "peak RSS %ld KiB%s\n",
-               exec_mode ? "drain-exec" : "drain", a->jobs, a->processes, a->concurrency, (double)a->jobs / secs, secs,
+               mode_name[exec_mode], a->jobs, a->processes, a->concurrency, (double)a->jobs / secs, secs,
                claims ? (double)claimed / (double)claims : 0.0, conns_max, rss,
                ready_ms < 0 ? " (workers were not all ready when the jobs came due)" : "");
     status = completed >= (double)a->jobs ? EX_OK : EX_SOFTWARE;
@@ -696,7 +709,7 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
     if (first < 0)
         return EX_USAGE;
     if (argc - first != 1)
-        return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, latency, mixed");
+        return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed");
     const char *scenario = argv[first];
     if (strcmp(scenario, "mixed") == 0 && a.rate == 0)
         a.rate = 10000;
@@ -723,6 +736,10 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_drain(url, &a, 0, ctl, c);
     else if (strcmp(scenario, "drain-exec") == 0)
         status = bench_drain(url, &a, 1, ctl, c);
+    else if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
+        status = cli_usage_error(cmd, "drain-coproc needs --handler 'CMD ARGS' (e.g. 'python3 examples/coproc.py')");
+    else if (strcmp(scenario, "drain-coproc") == 0)
+        status = bench_drain(url, &a, 2, ctl, c);
     else if (strcmp(scenario, "latency") == 0)
         status = bench_latency(url, &a, ctl, c);
     else if (strcmp(scenario, "mixed") == 0)

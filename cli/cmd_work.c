@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "coproc.h"
 #include "http.h"
 
 extern char **environ;
@@ -43,10 +44,16 @@ extern char **environ;
 #define OPT_RETAIN_FAILED 2014
 #define OPT_NO_MAINTENANCE 2015
 #define OPT_METRICS_LISTEN 2016
+#define OPT_COPROC 2017
+#define OPT_COPROCS 2018
 
 const cli_opt work_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
-    {"exec", OPT_EXEC, "'CMD ARGS'", "the command to run for each job (required)"},
+    {"exec", OPT_EXEC, "'CMD ARGS'", "the command to run for each job (this or --coproc)"},
+    {"coproc", OPT_COPROC, "'CMD ARGS'",
+     "a long-lived handler: started once, it takes jobs as JSON lines on stdin and answers on stdout "
+     "(docs/coproc.md)"},
+    {"coprocs", OPT_COPROCS, "K", "with --coproc: run K copies, each taking its share of the slots (default 1)"},
     {"shell", OPT_SHELL, NULL, "run --exec through /bin/sh -c instead of splitting it into words"},
     {"lease", OPT_LEASE, "DURATION", "lease per claim and heartbeat (default 60s)"},
     {"heartbeat", OPT_HEARTBEAT, "DURATION", "lease renewal interval (default lease/3)"},
@@ -91,6 +98,8 @@ typedef struct work_args {
     int json_log;
     int log_level;
     const char *metrics_listen;
+    const char *coproc;
+    int coprocs;
 } work_args;
 
 static pgjobq_worker *volatile the_worker;
@@ -241,6 +250,14 @@ static int work_opt(int key, const char *arg, void *ctx)
         return 0;
     }
     case OPT_EXEC: a->exec = arg; return 0;
+    case OPT_COPROC: a->coproc = arg; return 0;
+    case OPT_COPROCS:
+        if (cli_parse_int(arg, 1, 256, &v, why, sizeof why) != 0) {
+            cli_usage_error(a->cmd, "--coprocs: %s", why);
+            return -1;
+        }
+        a->coprocs = (int)v;
+        return 0;
     case OPT_SHELL: a->shell = 1; return 0;
     case OPT_LEASE: return duration_opt(a, "lease", arg, &a->opts.lease_ms);
     case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->opts.heartbeat_ms);
@@ -655,6 +672,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     int first, rc, status = EX_OK;
     metrics_ctx mctx;
     http_server *metrics = NULL;
+    coproc_pool *pool = NULL;
 
     memset(&a, 0, sizeof a);
     a.cmd = cmd;
@@ -667,8 +685,14 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         return EX_USAGE;
     if (first < argc)
         return cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
-    if (a.exec == NULL)
-        return cli_usage_error(cmd, "--exec 'CMD ARGS' is required: the command to run for each job");
+    if (a.exec == NULL && a.coproc == NULL)
+        return cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
+                                    "handler) is required");
+    if (a.exec && a.coproc)
+        return cli_usage_error(cmd, "give --exec or --coproc, not both");
+    if (a.coprocs && !a.coproc)
+        return cli_usage_error(cmd, "--coprocs goes with --coproc");
+    const char *command = a.exec ? a.exec : a.coproc;
     if (a.nqueues == 0) {
         snprintf(a.queues[0].name, sizeof a.queues[0].name, "default");
         a.queues[0].concurrency = 10;
@@ -681,12 +705,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         if (cfg.argv) {
             cfg.argv[0] = strdup("/bin/sh");
             cfg.argv[1] = strdup("-c");
-            cfg.argv[2] = strdup(a.exec);
+            cfg.argv[2] = strdup(command);
         }
     } else {
-        cfg.argv = split_words(a.exec, why, sizeof why);
+        cfg.argv = split_words(command, why, sizeof why);
         if (cfg.argv == NULL)
-            return cli_usage_error(cmd, "--exec: %s", why);
+            return cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
     }
     cfg.env = clean_environment();
     if (cfg.argv == NULL || cfg.env == NULL) {
@@ -711,8 +735,20 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         int64_t room = (lease - timeout) / 2;
         cfg.kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
     }
+    if (a.coproc) {
+        /* Each copy takes its share of all the slots. */
+        int k = a.coprocs ? a.coprocs : 1, slots = 0;
+        for (int i = 0; i < a.nqueues; i++)
+            slots += a.queues[i].concurrency;
+        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, log_line, &a)) == NULL) {
+            cli_err("out of memory");
+            status = EX_OSERR;
+            goto out;
+        }
+    }
     for (int i = 0; i < a.nqueues; i++) {
-        rc = pgjobq_worker_handle(w, a.queues[i].name, NULL, a.queues[i].concurrency, exec_handler, &cfg);
+        rc = pgjobq_worker_handle(w, a.queues[i].name, NULL, a.queues[i].concurrency,
+                                  pool ? coproc_handler : exec_handler, pool ? (void *)pool : (void *)&cfg);
         if (rc != PGJOBQ_OK) {
             cli_err("%s", pgjobq_worker_errmsg(w));
             status = EX_USAGE;
@@ -766,6 +802,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     }
 out:
     http_stop(metrics);
+    coproc_stop(pool, 5000);
     pgjobq_worker_free(w);
     for (char **p = cfg.argv; p && *p; p++)
         free(*p);

@@ -1,0 +1,882 @@
+/*
+ * coproc.c - long-lived handler processes for `pgjobq work --coproc CMD` (protocol: docs/coproc.md).
+ *
+ * Each coprocess has one supervising thread: it starts the process (own process group, the worker's
+ * environment without database credentials, stdin/stdout/stderr on pipes), reads its stdout replies
+ * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
+ * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
+ * The worker's handler threads (one per slot) queue job lines (whichever finds no write in progress
+ * writes them all; the supervisor writes what a full pipe did not take) and wait for their reply; at most
+ * `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel, lost lease,
+ * shutdown) is given up by its handler thread, and the coprocess is told with a {"cancel": ID} line.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coproc.h"
+#include "http.h" /* sbuf */
+
+#define LINE_MAX_BYTES (4 * 1024 * 1024) /* a reply: a result of up to 1 MiB, escaped, and the rest */
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define QUOTE_MAX 200 /* how much of a bad line the log quotes */
+
+/* One job waiting for its reply; lives on its handler thread's stack. */
+typedef struct pending {
+    struct pending *next;
+    sem_t sem; /* posted (under the pool's mutex) when done: only its own handler thread wakes */
+    int64_t id;
+    int done;
+    pgjobq_outcome outcome;
+    char *result; /* JSON text (completed) */
+    char *error;  /* text (retry, failed) */
+    int64_t delay_ms; /* retry: -1 for the backoff */
+} pending;
+
+typedef struct coproc {
+    struct coproc_pool *pool;
+    int index;
+    pthread_t thread;
+    pid_t pid;        /* 0 while not running */
+    int in_fd;        /* its stdin (ours to write), -1 while not running */
+    sbuf outq;        /* lines not yet written to it */
+    int flushing;     /* a thread is writing outq (without the pool's mutex) */
+    pending *held;
+    int inflight;
+} coproc;
+
+struct coproc_pool {
+    char **argv, **env;
+    int k, share;
+    void (*log)(void *, pgjobq_log_level, const char *);
+    void *log_arg;
+    pthread_mutex_t mu; /* held, inflight, pid, in_fd, stopping */
+    pthread_cond_t cv;
+    int stopping;
+    coproc *cp;
+};
+
+static void plog(coproc_pool *p, pgjobq_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void plog(coproc_pool *p, pgjobq_log_level level, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (p->log)
+        p->log(p->log_arg, level, line);
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void deadline_in(struct timespec *ts, int64_t ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    int64_t ns = ts->tv_nsec + (ms % 1000) * 1000000;
+    ts->tv_sec += (time_t)(ms / 1000 + ns / 1000000000);
+    ts->tv_nsec = (long)(ns % 1000000000);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Replies                                                                                           */
+
+/* The top-level member `key` of a valid JSON object: its raw value, or NULL (*len set). */
+static const char *member(const char *obj, const char *key, size_t *len)
+{
+    const char *p = obj;
+    size_t klen = strlen(key);
+
+    while (*p && *p != '{')
+        p++;
+    if (*p != '{')
+        return NULL;
+    p++;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == ',')
+            p++;
+        if (*p != '"')
+            return NULL;
+        const char *k = ++p;
+        while (*p && *p != '"')
+            p += *p == '\\' && p[1] ? 2 : 1;
+        int match = (size_t)(p - k) == klen && memcmp(k, key, klen) == 0;
+        p++; /* the closing quote */
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == ':')
+            p++;
+        const char *v = p;
+        int depth = 0;
+        while (*p) {
+            if (*p == '"') {
+                p++;
+                while (*p && *p != '"')
+                    p += *p == '\\' && p[1] ? 2 : 1;
+                p++;
+                if (depth == 0)
+                    break;
+                continue;
+            }
+            if (*p == '{' || *p == '[')
+                depth++;
+            else if (*p == '}' || *p == ']') {
+                if (depth == 0)
+                    break;
+                if (--depth == 0) {
+                    p++;
+                    break;
+                }
+            } else if (depth == 0 && (*p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) {
+                break;
+            }
+            p++;
+        }
+        if (match) {
+            *len = (size_t)(p - v);
+            return v;
+        }
+        if (*p == '}' || *p == '\0')
+            return NULL;
+    }
+}
+
+/* Appends the code point as UTF-8. */
+static void put_utf8(sbuf *b, unsigned cp)
+{
+    char u[4];
+    size_t n;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | (cp >> 12));
+        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18));
+        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    sb_putn(b, u, n);
+}
+
+/* A JSON string value (with its quotes, already validated) as text; malloc'd, NULL if not a string. */
+static char *unquote(const char *v, size_t len)
+{
+    sbuf b;
+    if (len < 2 || v[0] != '"')
+        return NULL;
+    sb_init(&b);
+    sb_putn(&b, "", 0);
+    for (size_t i = 1; i + 1 < len; i++) {
+        if (v[i] != '\\') {
+            sb_putn(&b, v + i, 1);
+            continue;
+        }
+        char e = v[++i];
+        switch (e) {
+        case 'n': sb_putn(&b, "\n", 1); break;
+        case 't': sb_putn(&b, "\t", 1); break;
+        case 'r': sb_putn(&b, "\r", 1); break;
+        case 'b': sb_putn(&b, "\b", 1); break;
+        case 'f': sb_putn(&b, "\f", 1); break;
+        case 'u': {
+            unsigned cp = (unsigned)strtoul((char[5]){v[i + 1], v[i + 2], v[i + 3], v[i + 4], 0}, NULL, 16);
+            i += 4;
+            if (cp >= 0xD800 && cp < 0xDC00 && i + 6 < len && v[i + 1] == '\\' && v[i + 2] == 'u') {
+                unsigned lo = (unsigned)strtoul((char[5]){v[i + 3], v[i + 4], v[i + 5], v[i + 6], 0}, NULL, 16);
+                if (lo >= 0xDC00 && lo < 0xE000) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    i += 6;
+                }
+            }
+            put_utf8(&b, cp == 0 ? ' ' : cp);
+            break;
+        }
+        default: sb_putn(&b, &e, 1); break; /* \" \\ \/ */
+        }
+    }
+    if (b.failed) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+static int64_t integer(const char *v, size_t len, int *ok)
+{
+    char buf[32], *end;
+    *ok = 0;
+    if (v == NULL || len == 0 || len >= sizeof buf)
+        return 0;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    long long x = strtoll(buf, &end, 10);
+    *ok = *end == '\0';
+    return x;
+}
+
+/* Parses a reply line into its parts.  Returns 0 for a valid reply, -1 with why set otherwise; *id
+ * is set (and *have_id) whenever the line names a job, valid or not. */
+typedef struct reply {
+    int64_t id;
+    int have_id;
+    pgjobq_outcome outcome;
+    char *result, *error;
+    int64_t delay_ms;
+} reply;
+
+static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t why_size)
+{
+    size_t n;
+    const char *v;
+    int ok;
+
+    memset(r, 0, sizeof *r);
+    r->delay_ms = -1;
+    if (pgjobq_json_check(line, len, why, why_size) != PGJOBQ_OK)
+        return -1;
+    if (line[strspn(line, " \t")] != '{') {
+        snprintf(why, why_size, "not a JSON object");
+        return -1;
+    }
+    v = member(line, "id", &n);
+    r->id = integer(v, n, &ok);
+    if (!ok) {
+        snprintf(why, why_size, "no integer \"id\"");
+        return -1;
+    }
+    r->have_id = 1;
+    char *status = (v = member(line, "status", &n)) ? unquote(v, n) : NULL;
+    if (status == NULL) {
+        snprintf(why, why_size, "no \"status\" string");
+        return -1;
+    }
+    if (strcmp(status, "completed") == 0) {
+        r->outcome = PGJOBQ_OUTCOME_COMPLETE;
+        if ((v = member(line, "result", &n)) != NULL && !(n == 4 && memcmp(v, "null", 4) == 0)) {
+            r->result = strndup(v, n);
+        }
+    } else if (strcmp(status, "retry") == 0 || strcmp(status, "failed") == 0) {
+        r->outcome = status[0] == 'r' ? PGJOBQ_OUTCOME_RETRY : PGJOBQ_OUTCOME_FAIL;
+        if ((v = member(line, "error", &n)) != NULL)
+            r->error = v[0] == '"' ? unquote(v, n) : strndup(v, n);
+        if (r->outcome == PGJOBQ_OUTCOME_RETRY && (v = member(line, "delay_ms", &n)) != NULL) {
+            r->delay_ms = integer(v, n, &ok);
+            if (!ok || r->delay_ms < 0) {
+                snprintf(why, why_size, "\"delay_ms\" must be a non-negative integer");
+                free(status);
+                free(r->error);
+                r->error = NULL;
+                return -1;
+            }
+        }
+    } else {
+        snprintf(why, why_size, "unknown status \"%.40s\" (completed, retry or failed)", status);
+        free(status);
+        return -1;
+    }
+    free(status);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Supervision                                                                                       */
+
+/* Ends every job the coprocess holds with a failed attempt (retried): under p->mu. */
+static void fail_held(coproc *c, const char *why)
+{
+    for (pending *pe = c->held; pe; pe = pe->next) {
+        pe->done = 1;
+        pe->outcome = PGJOBQ_OUTCOME_RETRY;
+        pe->error = strdup(why);
+        sem_post(&pe->sem);
+    }
+    c->held = NULL;
+    c->inflight = 0;
+    pthread_cond_broadcast(&c->pool->cv);
+}
+
+/* Delivers a reply to the job that waits for it: under p->mu.  Returns 0 when no job of this
+ * coprocess waits for that id (a late answer to a job given up: ignored). */
+static int deliver(coproc *c, reply *r)
+{
+    for (pending **pp = &c->held; *pp; pp = &(*pp)->next) {
+        pending *pe = *pp;
+        if (pe->id != r->id)
+            continue;
+        *pp = pe->next;
+        c->inflight--;
+        pe->done = 1;
+        pe->outcome = r->outcome;
+        pe->result = r->result;
+        pe->error = r->error;
+        pe->delay_ms = r->delay_ms;
+        r->result = r->error = NULL;
+        sem_post(&pe->sem);
+        if (c->inflight == c->pool->share - 1)
+            pthread_cond_broadcast(&c->pool->cv); /* a slot opened on a full coprocess */
+        return 1;
+    }
+    return 0;
+}
+
+static pid_t spawn(coproc *c, int *in_fd, int *out_fd, int *err_fd)
+{
+    coproc_pool *p = c->pool;
+    int in[2], out[2], err[2];
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    pid_t pid = 0;
+
+    if (pipe2(in, O_CLOEXEC) != 0)
+        return -1;
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        close(in[0]);
+        close(in[1]);
+        close(out[0]);
+        close(out[1]);
+        return -1;
+    }
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    int rc = posix_spawnp(&pid, p->argv[0], &fa, &attr, p->argv, p->env);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    if (rc != 0) {
+        plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: cannot run %s: %s", c->index, p->argv[0], strerror(rc));
+        close(in[1]);
+        close(out[0]);
+        close(err[0]);
+        return -1;
+    }
+    fcntl(in[1], F_SETFL, O_NONBLOCK);
+    *in_fd = in[1];
+    *out_fd = out[0];
+    *err_fd = err[0];
+    return pid;
+}
+
+/* Writes the queued lines while the pipe takes them: called and returns under p->mu, which it drops
+ * while writing.  What the pipe does not take now stays queued, for the supervisor to write when the
+ * pipe has room.  (Threads that queue a line while another writes just leave it: one write call
+ * carries many lines under load.) */
+static void flush_locked(coproc *c)
+{
+    coproc_pool *p = c->pool;
+
+    c->flushing = 1;
+    while (c->outq.len > 0 && c->in_fd >= 0) {
+        int fd = c->in_fd, full = 0;
+        sbuf q = c->outq;
+        size_t done = 0;
+        sb_init(&c->outq);
+        pthread_mutex_unlock(&p->mu);
+        while (done < q.len) {
+            ssize_t n = write(fd, q.data + done, q.len - done);
+            if (n > 0)
+                done += (size_t)n;
+            else if (n < 0 && errno == EINTR)
+                continue;
+            else {
+                full = n < 0 && errno == EAGAIN;
+                break; /* full, or the coprocess is gone (its supervisor sees it exit) */
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+        if (full) {
+            sbuf rest;
+            sb_init(&rest);
+            sb_putn(&rest, q.data + done, q.len - done);
+            if (c->outq.len)
+                sb_putn(&rest, c->outq.data, c->outq.len);
+            sb_free(&c->outq);
+            c->outq = rest;
+            sb_free(&q);
+            break;
+        }
+        sb_free(&q);
+    }
+    c->flushing = 0;
+    pthread_cond_broadcast(&p->cv);
+}
+
+/* Queues a line for the coprocess and writes what the pipe takes now.  -1 when it is not running. */
+static int send_line(coproc *c, const char *line, size_t len)
+{
+    coproc_pool *p = c->pool;
+    int rc = 0;
+
+    pthread_mutex_lock(&p->mu);
+    if (c->in_fd < 0) {
+        rc = -1;
+    } else {
+        sb_putn(&c->outq, line, len);
+        if (c->outq.failed) {
+            sb_free(&c->outq);
+            rc = -1;
+        } else if (!c->flushing) {
+            flush_locked(c);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* Quotes the start of a bad line for the log. */
+static void quote(char *dst, size_t size, const char *line, size_t len)
+{
+    size_t n = len < QUOTE_MAX ? len : QUOTE_MAX;
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 2 < size; i++)
+        dst[k++] = (line[i] >= 32 && line[i] < 127) ? line[i] : '?';
+    dst[k] = '\0';
+    if (len > n && k + 4 < size)
+        strcat(dst, "...");
+}
+
+/* Runs one life of the coprocess: until it exits, breaks the protocol, or the pool stops.  Returns
+ * how long it lived (ms). */
+static int64_t one_life(coproc *c)
+{
+    coproc_pool *p = c->pool;
+    int in_fd = -1, out_fd = -1, err_fd = -1;
+    int64_t born = mono_ms();
+    sbuf out, err;
+    char why[300];
+    int status = 0, bad = 0;
+    reply *batch = NULL;
+    size_t nbatch = 0, capbatch = 0;
+
+    pid_t pid = spawn(c, &in_fd, &out_fd, &err_fd);
+    if (pid < 0)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    c->pid = pid;
+    c->in_fd = in_fd;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    plog(p, PGJOBQ_LOG_INFO, "coprocess %d started (pid %d)", c->index, (int)pid);
+
+    sb_init(&out);
+    sb_init(&err);
+    while (out_fd >= 0 || err_fd >= 0) {
+        /* Input: lines the pipe could not take yet; at a stop, its end once all is written. */
+        pthread_mutex_lock(&p->mu);
+        if (p->stopping && c->in_fd >= 0 && c->outq.len == 0 && !c->flushing) {
+            close(c->in_fd);
+            c->in_fd = -1;
+        }
+        int want_out = c->in_fd >= 0 && c->outq.len > 0 && !c->flushing ? c->in_fd : -1;
+        pthread_mutex_unlock(&p->mu);
+        struct pollfd fds[3] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}};
+        char buf[65536];
+        if (poll(fds, 3, 200) < 0 && errno != EINTR)
+            break;
+        if (fds[2].revents) {
+            pthread_mutex_lock(&p->mu);
+            if (!c->flushing)
+                flush_locked(c);
+            pthread_mutex_unlock(&p->mu);
+        }
+        for (int f = 0; f < 2; f++) {
+            int *fd = f ? &err_fd : &out_fd;
+            sbuf *b = f ? &err : &out;
+            if (*fd < 0 || !fds[f].revents)
+                continue;
+            ssize_t n = read(*fd, buf, sizeof buf);
+            if (n <= 0) {
+                if (n < 0 && (errno == EINTR || errno == EAGAIN))
+                    continue;
+                close(*fd);
+                *fd = -1;
+                continue;
+            }
+            sb_putn(b, buf, (size_t)n);
+            /* Every complete line. */
+            size_t start = 0;
+            for (size_t i = 0; i < b->len; i++) {
+                if (b->data[i] != '\n')
+                    continue;
+                b->data[i] = '\0';
+                const char *line = b->data + start;
+                size_t len = i - start;
+                start = i + 1;
+                if (f) {
+                    plog(p, PGJOBQ_LOG_WARN, "coprocess %d: %s", c->index, line);
+                    continue;
+                }
+                if (len == 0 || bad)
+                    continue;
+                reply r;
+                if (parse_reply(line, len, &r, why, sizeof why) != 0) {
+                    char q[QUOTE_MAX + 8], msg[600];
+                    quote(q, sizeof q, line, len);
+                    plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line that is not a valid reply (%s): '%s'; "
+                                              "restarting it",
+                         c->index, why, q);
+                    snprintf(msg, sizeof msg, "the coprocess wrote a malformed reply (%s): '%s'", why, q);
+                    pthread_mutex_lock(&p->mu);
+                    if (r.have_id) {
+                        r.outcome = PGJOBQ_OUTCOME_RETRY;
+                        r.error = strdup(msg);
+                        deliver(c, &r);
+                    }
+                    pthread_mutex_unlock(&p->mu);
+                    free(r.result);
+                    free(r.error);
+                    bad = 1;
+                    kill(-pid, SIGKILL);
+                    continue;
+                }
+                /* Kept, to be delivered with the rest of this read under one lock. */
+                if (nbatch == capbatch) {
+                    size_t cap = capbatch ? capbatch * 2 : 64;
+                    reply *nb = realloc(batch, cap * sizeof *nb);
+                    if (nb == NULL) {
+                        free(r.result);
+                        free(r.error);
+                        continue; /* its job times out, as if the reply were lost */
+                    }
+                    batch = nb;
+                    capbatch = cap;
+                }
+                batch[nbatch++] = r;
+            }
+            if (nbatch) {
+                pthread_mutex_lock(&p->mu);
+                for (size_t k = 0; k < nbatch; k++)
+                    if (!deliver(c, &batch[k]))
+                        plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)",
+                             c->index, (long long)batch[k].id);
+                pthread_mutex_unlock(&p->mu);
+                for (size_t k = 0; k < nbatch; k++) {
+                    free(batch[k].result);
+                    free(batch[k].error);
+                }
+                nbatch = 0;
+            }
+            if (start > 0) {
+                memmove(b->data, b->data + start, b->len - start);
+                b->len -= start;
+                b->data[b->len] = '\0';
+            }
+            if (b->len > LINE_MAX_BYTES || b->failed) {
+                if (!f && !bad) {
+                    plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line longer than %d bytes; restarting it",
+                         c->index, LINE_MAX_BYTES);
+                    bad = 1;
+                    kill(-pid, SIGKILL);
+                }
+                b->len = 0;
+                b->failed = 0;
+            }
+        }
+    }
+    if (out_fd >= 0)
+        close(out_fd);
+    if (err_fd >= 0)
+        close(err_fd);
+    sb_free(&out);
+    sb_free(&err);
+    free(batch);
+    /* Its input is closed once no thread is writing to it; lines still queued go nowhere. */
+    pthread_mutex_lock(&p->mu);
+    in_fd = c->in_fd;
+    c->in_fd = -1;
+    while (c->flushing)
+        pthread_cond_wait(&p->cv, &p->mu);
+    sb_free(&c->outq);
+    pthread_mutex_unlock(&p->mu);
+    if (in_fd >= 0)
+        close(in_fd);
+    kill(-pid, SIGKILL); /* whatever it left in its group */
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status))
+        snprintf(why, sizeof why, "the coprocess (pid %d) exited with status %d before answering", (int)pid,
+                 WEXITSTATUS(status));
+    else
+        snprintf(why, sizeof why, "the coprocess (pid %d) was killed by signal %d before answering", (int)pid,
+                 WTERMSIG(status));
+    pthread_mutex_lock(&p->mu);
+    c->pid = 0;
+    fail_held(c, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
+    int stopping = p->stopping;
+    pthread_mutex_unlock(&p->mu);
+    if (!stopping)
+        plog(p, PGJOBQ_LOG_WARN, "%s; restarting it", why + 4);
+    return mono_ms() - born;
+}
+
+static void *supervise(void *arg)
+{
+    coproc *c = arg;
+    coproc_pool *p = c->pool;
+    int64_t backoff = BACKOFF_MIN_MS;
+
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        int stopping = p->stopping;
+        pthread_mutex_unlock(&p->mu);
+        if (stopping)
+            break;
+        int64_t lived = one_life(c);
+        backoff = lived > 10000 ? BACKOFF_MIN_MS : backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+        struct timespec until;
+        deadline_in(&until, backoff);
+        pthread_mutex_lock(&p->mu);
+        while (!p->stopping && pthread_cond_timedwait(&p->cv, &p->mu, &until) == 0) {
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    return NULL;
+}
+
+coproc_pool *coproc_start(char **argv, char **env, int k, int share,
+                          void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg)
+{
+    coproc_pool *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->cp = calloc((size_t)k, sizeof *p->cp);
+    if (p->cp == NULL) {
+        free(p);
+        return NULL;
+    }
+    p->argv = argv;
+    p->env = env;
+    p->k = k;
+    p->share = share < 1 ? 1 : share;
+    p->log = log;
+    p->log_arg = log_arg;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    for (int i = 0; i < k; i++) {
+        coproc *c = &p->cp[i];
+        c->pool = p;
+        c->index = i;
+        c->in_fd = -1;
+        sb_init(&c->outq);
+        if (pthread_create(&c->thread, NULL, supervise, c) != 0) {
+            plog(p, PGJOBQ_LOG_ERROR, "cannot start the thread of coprocess %d", i);
+            c->thread = 0;
+        }
+    }
+    return p;
+}
+
+void coproc_stop(coproc_pool *p, int64_t grace_ms)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->cv);
+    /* Each supervisor now closes its coprocess's input (end of input: a well-behaved handler exits). */
+    pthread_mutex_unlock(&p->mu);
+    int64_t until = mono_ms() + grace_ms;
+    for (;;) {
+        int running = 0;
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->k; i++)
+            running += p->cp[i].pid > 0;
+        pthread_mutex_unlock(&p->mu);
+        if (!running || mono_ms() >= until)
+            break;
+        usleep(20000);
+    }
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->k; i++)
+        if (p->cp[i].pid > 0)
+            kill(-p->cp[i].pid, SIGKILL);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->k; i++) {
+        if (p->cp[i].thread)
+            pthread_join(p->cp[i].thread, NULL);
+        sb_free(&p->cp[i].outq);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->cp);
+    free(p);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The handler                                                                                       */
+
+static void json_text(sbuf *b, const char *s)
+{
+    sb_putn(b, "\"", 1);
+    for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
+        if (*q == '"' || *q == '\\') {
+            sb_putn(b, "\\", 1);
+            sb_putn(b, (const char *)q, 1);
+        } else if (*q < 0x20) {
+            sb_printf(b, "\\u%04x", *q);
+        } else {
+            sb_putn(b, (const char *)q, 1);
+        }
+    }
+    sb_putn(b, "\"", 1);
+}
+
+pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
+{
+    coproc_pool *p = arg;
+    const pgjobq_job *job = pgjobq_ctx_job(ctx);
+    pending pe;
+    coproc *c = NULL;
+    sbuf line;
+    char msg[PGJOBQ_ERROR_MAX];
+
+    memset(&pe, 0, sizeof pe);
+    pe.id = job->id;
+    pe.delay_ms = -1;
+    if (sem_init(&pe.sem, 0, 0) != 0) {
+        pgjobq_ctx_set_error(ctx, "the worker could not wait for the coprocess (sem_init failed)");
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+
+    /* A running coprocess with room; wait for one while the job may still run. */
+    pthread_mutex_lock(&p->mu);
+    while (c == NULL) {
+        for (int i = 0; i < p->k; i++) {
+            coproc *x = &p->cp[i];
+            if (x->pid > 0 && x->in_fd >= 0 && x->inflight < p->share && (c == NULL || x->inflight < c->inflight))
+                c = x;
+        }
+        if (c || p->stopping || pgjobq_ctx_should_stop(ctx))
+            break;
+        struct timespec until;
+        deadline_in(&until, 100);
+        pthread_cond_timedwait(&p->cv, &p->mu, &until);
+    }
+    if (c == NULL) {
+        pthread_mutex_unlock(&p->mu);
+        sem_destroy(&pe.sem);
+        pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    pe.next = c->held;
+    c->held = &pe;
+    c->inflight++;
+    pthread_mutex_unlock(&p->mu);
+
+    sb_init(&line);
+    sb_printf(&line, "{\"id\":%lld,\"queue\":", (long long)job->id);
+    json_text(&line, job->queue);
+    sb_puts(&line, ",\"kind\":");
+    json_text(&line, job->kind);
+    sb_printf(&line, ",\"attempt\":%d,\"max_attempts\":%d,\"deadline_ms\":%lld,\"payload\":", job->attempt,
+              job->max_attempts, (long long)pgjobq_ctx_time_left_ms(ctx));
+    sb_puts(&line, job->payload);
+    sb_puts(&line, "}\n");
+    int sent = !line.failed && send_line(c, line.data, line.len) == 0;
+    sb_free(&line);
+
+    /* Wait for the reply; every 100 ms, see whether the job must stop. */
+    pgjobq_stop_reason stopped = PGJOBQ_STOP_NONE;
+    int done = 0;
+    while (!done) {
+        if (sent) {
+            struct timespec until;
+            deadline_in(&until, 100);
+            if (sem_timedwait(&pe.sem, &until) == 0) {
+                done = 1;
+                break;
+            }
+            if (!pgjobq_ctx_should_stop(ctx))
+                continue;
+        }
+        /* Give the job up, unless its reply came meanwhile. */
+        pthread_mutex_lock(&p->mu);
+        if (pe.done) {
+            done = 1;
+        } else {
+            for (pending **pp = &c->held; *pp; pp = &(*pp)->next) {
+                if (*pp == &pe) {
+                    *pp = pe.next;
+                    c->inflight--;
+                    break;
+                }
+            }
+            stopped = sent ? pgjobq_ctx_stop_reason(ctx) : PGJOBQ_STOP_NONE;
+            pthread_cond_broadcast(&p->cv); /* its slot is free */
+        }
+        pthread_mutex_unlock(&p->mu);
+        break;
+    }
+    sem_destroy(&pe.sem);
+
+    if (!done) {
+        if (!sent) {
+            pgjobq_ctx_set_error(ctx, "could not send the job to the coprocess (it exited)");
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+        char cancel[64];
+        int n = snprintf(cancel, sizeof cancel, "{\"cancel\":%lld}\n", (long long)job->id);
+        (void)send_line(c, cancel, (size_t)n);
+        snprintf(msg, sizeof msg, "%s", stopped == PGJOBQ_STOP_TIMEOUT     ? "timed out: the coprocess was told to cancel it"
+                                        : stopped == PGJOBQ_STOP_CANCELLED ? "cancelled"
+                                        : stopped == PGJOBQ_STOP_SHUTDOWN  ? "stopped by the worker (shutdown)"
+                                                                           : "stopped by the worker (lease lost)");
+        pgjobq_ctx_set_error(ctx, msg);
+        return stopped == PGJOBQ_STOP_CANCELLED ? PGJOBQ_OUTCOME_CANCEL : PGJOBQ_OUTCOME_RETRY;
+    }
+    pgjobq_outcome out = pe.outcome;
+    if (out == PGJOBQ_OUTCOME_COMPLETE && pe.result && pgjobq_ctx_set_result(ctx, pe.result) != PGJOBQ_OK) {
+        pgjobq_ctx_set_error(ctx, "the coprocess's result is not storable JSON");
+        out = PGJOBQ_OUTCOME_RETRY;
+    } else if (out != PGJOBQ_OUTCOME_COMPLETE) {
+        pgjobq_ctx_set_error(ctx, pe.error ? pe.error : out == PGJOBQ_OUTCOME_FAIL ? "failed" : "retry");
+        if (out == PGJOBQ_OUTCOME_RETRY && pe.delay_ms >= 0)
+            pgjobq_ctx_set_retry_delay(ctx, pe.delay_ms);
+    }
+    free(pe.result);
+    free(pe.error);
+    return out;
+}

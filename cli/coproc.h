@@ -1,0 +1,27 @@
+/*
+ * coproc.h - `pgjobq work --coproc CMD`: long-lived handler processes that take jobs as JSON lines on
+ * stdin and answer on stdout (docs/coproc.md), so a handler in any language pays no process start
+ * per job.
+ */
+#ifndef PGJOBQ_CLI_COPROC_H
+#define PGJOBQ_CLI_COPROC_H
+
+#include "cli.h"
+
+typedef struct coproc_pool coproc_pool;
+
+/* Starts k copies of argv (environment env, which must outlive the pool), each taking at most
+ * `share` jobs at once.  log receives the coprocesses' stderr lines and the pool's own messages.
+ * NULL when out of memory (a copy that cannot start is retried with backoff, and logged). */
+coproc_pool *coproc_start(char **argv, char **env, int k, int share,
+                          void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg);
+
+/* The worker's handler (arg: the pool): sends the job to a coprocess and waits for its answer, the
+ * job's timeout, a cancel, or a shutdown. */
+pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg);
+
+/* Closes the coprocesses' input, waits up to grace_ms for them to exit, then kills them; frees the
+ * pool.  Accepts NULL. */
+void coproc_stop(coproc_pool *p, int64_t grace_ms);
+
+#endif /* PGJOBQ_CLI_COPROC_H */
