@@ -52,6 +52,7 @@ typedef struct coproc {
     int in_fd;        /* its stdin (ours to write), -1 while not running */
     sbuf outq;        /* lines not yet written to it */
     int flushing;     /* a thread is writing outq (without the pool's mutex) */
+    int retiring;     /* broke the protocol and is being killed: takes no new job */
     pending *held;
     int inflight;
 } coproc;
@@ -497,6 +498,7 @@ static int64_t one_life(coproc *c)
     pthread_mutex_lock(&p->mu);
     c->pid = pid;
     c->in_fd = in_fd;
+    c->retiring = 0;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     plog(p, PGJOBQ_LOG_INFO, "coprocess %d started (pid %d)", c->index, (int)pid);
@@ -560,6 +562,7 @@ static int64_t one_life(coproc *c)
                          c->index, why, q);
                     snprintf(msg, sizeof msg, "the coprocess wrote a malformed reply (%s): '%s'", why, q);
                     pthread_mutex_lock(&p->mu);
+                    c->retiring = 1;
                     if (r.have_id) {
                         r.outcome = PGJOBQ_OUTCOME_RETRY;
                         r.error = strdup(msg);
@@ -608,6 +611,9 @@ static int64_t one_life(coproc *c)
                 if (!f && !bad) {
                     plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line longer than %d bytes; restarting it",
                          c->index, LINE_MAX_BYTES);
+                    pthread_mutex_lock(&p->mu);
+                    c->retiring = 1;
+                    pthread_mutex_unlock(&p->mu);
                     bad = 1;
                     kill(-pid, SIGKILL);
                 }
@@ -786,7 +792,8 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     while (c == NULL) {
         for (int i = 0; i < p->k; i++) {
             coproc *x = &p->cp[i];
-            if (x->pid > 0 && x->in_fd >= 0 && x->inflight < p->share && (c == NULL || x->inflight < c->inflight))
+            if (x->pid > 0 && x->in_fd >= 0 && !x->retiring && x->inflight < p->share &&
+                (c == NULL || x->inflight < c->inflight))
                 c = x;
         }
         if (c || p->stopping || pgjobq_ctx_should_stop(ctx))

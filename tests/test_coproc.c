@@ -1,0 +1,206 @@
+/*
+ * test_coproc.c - `pgjobq work --coproc`: the Python and Node handlers of examples/ run real jobs;
+ * a coprocess that exits, writes garbage or a reply with a bad status is restarted and its jobs
+ * retried; a job past its timeout is given up and the coprocess told; the coprocess never sees the
+ * database credentials.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static pid_t worker;
+
+static void stop_worker(void)
+{
+    if (worker > 0) {
+        kill(worker, SIGTERM);
+        t_wait_exit(worker, 20000);
+        worker = 0;
+    }
+}
+
+static void enqueue(pgjobq_client *c, const char *queue, const char *payload, int max_attempts)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = queue;
+    o.max_attempts = max_attempts;
+    CHECK_OK(c, pgjobq_enqueue(c, payload, &o, NULL));
+}
+
+/* Waits until no job of the queue is queued or running. */
+static void wait_drained(PGconn *pg, const char *queue, const char *log, int timeout_ms)
+{
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND (state = 'running' OR run_at <= now())",
+                 queue) > 0) {
+        if (t_now_ms() - t0 > timeout_ms) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "queue %s not drained after %d ms", queue, timeout_ms);
+        }
+        usleep(50000);
+    }
+}
+
+/* Runs the example handler of one language over 200 jobs, some of which ask to fail. */
+static void run_example(const char *handler, const char *queue)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char command[1024], q[64];
+    const char *log = t_log_path(queue);
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('%s'::text, ARRAY[200]), NULL,"
+                       " (SELECT array_agg(jsonb_build_object('n', i)) FROM generate_series(1, 200) i))",
+                   queue));
+    for (int i = 0; i < 3; i++)
+        enqueue(c, queue, "{\"fail\": true}", 2);
+    snprintf(command, sizeof command, "%s %s/examples/%s", strstr(handler, ".py") ? "/usr/bin/python3" : "node",
+             getenv("PGJOBQ_SRCDIR") ? getenv("PGJOBQ_SRCDIR") : ".", handler);
+    snprintf(q, sizeof q, "%s:16", queue);
+    worker = t_spawn(log, NULL, "work", "--queue", q, "--coproc", command, "--coprocs", "2", NULL);
+    t_defer(stop_worker);
+    /* The failing jobs back off about 2 s before their second attempt. */
+    wait_drained(pg, queue, log, 30000);
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", queue) > 0) {
+        usleep(100000);
+        wait_drained(pg, queue, log, 30000);
+    }
+    stop_worker();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = '%s' AND state = 'completed'"
+                        " AND (result->'echo'->>'n')::int = (payload->>'n')::int AND attempt = 1",
+                    queue),
+              200);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = '%s' AND state = 'failed'"
+                        " AND attempt = 2 AND last_error = 'asked to fail'",
+                    queue),
+              3);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+TEST_FULL(coproc_python_example_runs_jobs, 90, 0)
+{
+    run_example("coproc.py", "py");
+}
+
+TEST_FULL(coproc_node_example_runs_jobs, 90, 0)
+{
+    run_example("coproc.js", "js");
+}
+
+/* A handler that misbehaves on request: exits, writes garbage, writes a bad status, sleeps past the
+ * timeout (and records the cancel it is sent), or reports whether it can see database credentials. */
+static const char misbehave[] =
+    "import json, os, sys, time\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'cancel' in m:\n"
+    "        open(os.environ['CANCEL_LOG'], 'a').write(str(m['cancel']) + '\\n')\n"
+    "        continue\n"
+    "    p = m['payload']\n"
+    "    first = m['attempt'] == 1\n"
+    "    if p.get('exit') and first:\n"
+    "        sys.exit(3)\n"
+    "    if p.get('garbage') and first:\n"
+    "        print('this is not json', flush=True)\n"
+    "        continue\n"
+    "    if p.get('bad_status') and first:\n"
+    "        print(json.dumps({'id': m['id'], 'status': 'maybe'}), flush=True)\n"
+    "        continue\n"
+    "    if p.get('sleep') and first:\n"
+    "        continue\n"
+    "    if p.get('noisy'):\n"
+    "        print('a line for the log', file=sys.stderr, flush=True)\n"
+    "    env = {k: True for k in os.environ if 'PGJOBQ_DATABASE_URL' in k or k == 'PGPASSWORD'}\n"
+    "    reply = {'id': m['id'], 'status': 'completed', 'result': {'env': env, 'attempt': m['attempt']}}\n"
+    "    if p.get('retry'):\n"
+    "        reply = {'id': m['id'], 'status': 'retry', 'error': 'later', 'delay_ms': 0} if first else reply\n"
+    "    print(json.dumps(reply), flush=True)\n";
+
+TEST_FULL(coproc_restarts_a_broken_handler_and_retries_its_jobs, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("misbehave");
+    char env[600], cancels[512];
+    char script[600], command[700];
+    snprintf(script, sizeof script, "%s/misbehave.py", t_tmpdir());
+    FILE *sf = fopen(script, "w");
+    CHECK(sf != NULL && fputs(misbehave, sf) >= 0 && fclose(sf) == 0);
+    snprintf(command, sizeof command, "/usr/bin/python3 %s", script);
+
+    snprintf(cancels, sizeof cancels, "%s/cancels", t_tmpdir());
+    snprintf(env, sizeof env, "CANCEL_LOG=%s", cancels);
+    enqueue(c, "mb", "{\"exit\": true}", 3);
+    enqueue(c, "mb", "{\"garbage\": true}", 3);
+    enqueue(c, "mb", "{\"bad_status\": true}", 3);
+    enqueue(c, "mb", "{\"sleep\": true}", 3);
+    enqueue(c, "mb", "{\"retry\": true}", 3);
+    enqueue(c, "mb", "{\"noisy\": true}", 3);
+    worker = t_spawn(log, env, "work", "--queue", "mb:1", "--coproc", command, "--lease", "6s", "--timeout", "2s", NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb'") < 6) {
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the jobs did not all finish");
+        }
+        usleep(100000);
+    }
+    stop_worker();
+
+    /* Every job ended completed, on its second attempt where the first misbehaved. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb' AND state = 'completed'"), 6);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb' AND attempt = 2"
+                        " AND payload ?| array['exit', 'garbage', 'bad_status', 'sleep', 'retry']"),
+              5);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb' AND payload ? 'noisy' AND attempt = 1"),
+              1);
+    /* No database credentials reached it. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb' AND result->'env' = '{}'"), 6);
+    /* The log says what happened, quoting the bad line; stderr went to the log. */
+    char *text = NULL;
+    FILE *f = fopen(log, "r");
+    CHECK(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    text = calloc(1, (size_t)size + 1);
+    CHECK(text && fread(text, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    CHECK_MSG(strstr(text, "'this is not json'") != NULL, "the garbage line is not quoted in the log");
+    CHECK(strstr(text, "unknown status \"maybe\"") != NULL);
+    CHECK(strstr(text, "exited with status 3") != NULL);
+    CHECK(strstr(text, "a line for the log") != NULL);
+    free(text);
+    /* The timed-out job was cancelled on the coprocess. */
+    f = fopen(cancels, "r");
+    CHECK_MSG(f != NULL, "the coprocess was never told to cancel");
+    fclose(f);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+TEST(coproc_options_are_checked)
+{
+    char *out = NULL, *err = NULL;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--exec", "/bin/true", "--coproc", "/bin/cat", NULL), 64);
+    CHECK(strstr(err, "not both") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--coprocs", "2", "--exec", "/bin/true", NULL), 64);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--coproc", "/bin/cat", "--coprocs", "0", NULL), 64);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", NULL), 64);
+    CHECK(strstr(err, "--coproc") != NULL);
+    free(out);
+    free(err);
+}
