@@ -23,10 +23,10 @@ pgjobq=${PGJOBQ:-$top/build/pgjobq}
 quick=${QUICK:-0}
 if [ "$quick" = 1 ]; then
     reps=${REPS:-1}
-    jobs=20000; noise=100000; mixed_s=10; latency_n=300; exec_jobs=1000
+    jobs=20000; noise=100000; mixed_s=10; latency_n=300; exec_jobs=1000; py_exec_jobs=200
 else
     reps=${REPS:-3}
-    jobs=100000; noise=1000000; mixed_s=30; latency_n=1000; exec_jobs=5000
+    jobs=100000; noise=1000000; mixed_s=30; latency_n=1000; exec_jobs=5000; py_exec_jobs=1000
 fi
 results="$here/results"
 mkdir -p "$results"
@@ -202,6 +202,15 @@ for pct in 25 50 75 100 125; do
 done
 bench b8_exec drain-exec --jobs "$exec_jobs" --concurrency 32
 bench b8_inproc drain --jobs "$exec_jobs" --concurrency 32
+# B9: a Python handler as a coprocess (examples/coproc.py), against the in-process drain and against
+# the same handler run per job with --exec, all at 32 slots, medians of the repetitions.
+python=$(command -v /usr/bin/python3 python3 | head -n 1)
+i=0; while [ $i -lt "$reps" ]; do
+    bench b9_coproc drain-coproc --jobs "$jobs" --concurrency 32 --handler "$python $top/examples/coproc.py"
+    bench b9_inproc drain --jobs "$jobs" --concurrency 32
+    i=$((i + 1))
+done
+bench b9_exec drain-exec --jobs "$py_exec_jobs" --concurrency 32 --handler "$python $here/handler_exec.py"
 
 # --- results -------------------------------------------------------------------------------------
 c8=$(m c_claim_8 jobs_per_s)
@@ -220,12 +229,14 @@ ge "$(m b1_api jobs_per_s)" 150000 && ge "$t4" 0.7 && v4=met || v4=missed
 le "$(m b4_latency p50_ms)" 2 && le "$(m b4_latency p99_ms)" 8 && vl=met || vl=missed
 le "$(m b2_1x128 connections_max)" 3 && le "$(m b2_1x128 rss_kb_max)" 16384 && vr=met || vr=missed
 ge "$t10" 0.95 && v10=met || v10=missed
+ge "$(ratio "$(m b9_coproc jobs_per_s)" "$(m b9_inproc jobs_per_s)")" 0.5 && v9a=met || v9a=missed
+ge "$(ratio "$(m b9_coproc jobs_per_s)" "$(m b9_exec jobs_per_s)")" 5 && v9b=met || v9b=missed
 
 {
     echo "{"
     echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpus\": $cpus, \"repetitions\": $reps, \"quick\": $quick, \"jobs\": $jobs,"
     echo "  \"postgresql\": \"$settings\","
-    for n in c_claim_1 c_claim_2 c_claim_8 c_claim_16 t2_head t2_keyed t2_v3 c_insert c_copy b1_api b1_file b2_1x1 b2_1x8 b2_1x32 b2_1x128 b2_2x64 b2_4x32 b2_8x16 b2_40x8 b5_empty b5_noise b8_exec b8_inproc; do
+    for n in c_claim_1 c_claim_2 c_claim_8 c_claim_16 t2_head t2_keyed t2_v3 c_insert c_copy b1_api b1_file b2_1x1 b2_1x8 b2_1x32 b2_1x128 b2_2x64 b2_4x32 b2_8x16 b2_40x8 b5_empty b5_noise b8_exec b8_inproc b9_coproc b9_inproc b9_exec; do
         echo "  \"${n}_jobs_per_s\": $(m $n jobs_per_s),"
     done
     for pc in 1x1 1x8 1x32 1x128 2x64 4x32 8x16 40x8; do echo "  \"b2_${pc}_avg_claim_batch\": $(m b2_$pc avg_claim_batch),"; done
@@ -271,6 +282,7 @@ else
     row "B7 saturation: the highest rate kept up with" "$b7_sat" "$(ratio "$b7_sat" "$best_rate") of the best drain"
 fi
 row "B8 --exec /bin/true, 1 x 32" "$(m b8_exec jobs_per_s)" "$(ratio "$(m b8_exec jobs_per_s)" "$(m b8_inproc jobs_per_s)") of in-process"
+row "B9 --coproc Python (examples/coproc.py), 1 x 32" "$(m b9_coproc jobs_per_s)" "$(ratio "$(m b9_coproc jobs_per_s)" "$(m b9_inproc jobs_per_s)") of in-process (>= 0.5: $(verdict $v9a)); $(ratio "$(m b9_coproc jobs_per_s)" "$(m b9_exec jobs_per_s)") x --exec Python (>= 5: $(verdict $v9b))"
 echo
 echo "results: $results/latest.json (every run: $runs)"
 
