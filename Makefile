@@ -117,6 +117,7 @@ $(PC): pgjobq.pc.in Makefile
 #   make check TESTS_ARGS='claim lease'
 check: all $(TESTS) $(EXAMPLES)
 	@sh tools/ensure-deps.sh --server
+	@[ -d examples/node/node_modules/pg ] || (cd examples/node && npm ci --no-audit --no-fund --loglevel=error)
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_EXAMPLES=$(abspath $(B)/examples) PGJOBQ_SRCDIR=$(CURDIR) \
 	    PGJOBQ_TEST_CFLAGS="$(OPT)" $(TESTS) $(TESTS_ARGS)
 
