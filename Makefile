@@ -51,7 +51,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz screenshots
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz screenshots abi
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -115,7 +115,7 @@ $(PC): pgjobq.pc.in Makefile
 
 # The tests start their own PostgreSQL; TESTS_ARGS selects tests by name (substring), e.g.
 #   make check TESTS_ARGS='claim lease'
-check: all $(TESTS) $(EXAMPLES)
+check: all $(TESTS) $(EXAMPLES) abi
 	@sh tools/ensure-deps.sh --server
 	@[ -d examples/node/node_modules/pg ] || (cd examples/node && npm ci --no-audit --no-fund --loglevel=error)
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_EXAMPLES=$(abspath $(B)/examples) PGJOBQ_SRCDIR=$(CURDIR) \
@@ -123,6 +123,19 @@ check: all $(TESTS) $(EXAMPLES)
 
 sanitize:
 	$(MAKE) B=build-san SAN=1 check
+
+# The ABI: the exported symbols are exactly those of pgjobq.sym (adding one is a deliberate change of
+# that file; removing one, or changing a public struct incompatibly, also bumps SOVER), and the header
+# compiles and works as C++.
+abi: $(LIBSO) $(LIBA)
+	@sh tools/ensure-deps.sh --server
+	@nm -D --defined-only $(LIBSO) | awk '$$2 == "T" { print $$3 }' | sort > $(B)/symbols.txt
+	@diff -u pgjobq.sym $(B)/symbols.txt || { echo "abi: the library exports a different set of symbols than pgjobq.sym" >&2; exit 1; }
+	@command -v $(CXX) >/dev/null 2>&1 || { echo "abi: a C++ compiler ($(CXX)) is needed to check the header" >&2; exit 1; }
+	@mkdir -p $(B)/tests
+	$(CXX) -std=c++11 -Wall -Wextra -Werror -pedantic $(OPT) -Iinclude $(PG_CFLAGS) -o $(B)/tests/cxx_header tests/cxx/header.cpp \
+	    $(LIBA) $(PG_LIBS) -lpthread
+	@$(B)/tests/cxx_header > /dev/null
 
 # libFuzzer on every parser of untrusted input, FUZZ_SECONDS each (corpus in tests/fuzz/corpus).
 FUZZ_SECONDS ?= 30

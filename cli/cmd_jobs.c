@@ -336,7 +336,7 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
         cli_err("out of memory");
         free(queues);
         free(counts);
-        free(rows);
+        pgjobq_stats_free(rows);
         pgjobq_client_close(c);
         return EX_OSERR;
     }
@@ -374,7 +374,7 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
     }
     free(queues);
     free(counts);
-    free(rows);
+    pgjobq_stats_free(rows);
     pgjobq_client_close(c);
     return EX_OK;
 }

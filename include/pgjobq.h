@@ -427,8 +427,11 @@ typedef struct pgjobq_stat {
 } pgjobq_stat;
 
 /* Counts jobs per queue and state.  On PGJOBQ_OK *stats_out holds *n_out rows ordered by queue and
- * state (NULL, 0 for an empty table), one allocation to release with free(). */
+ * state (NULL, 0 for an empty table), to release with pgjobq_stats_free(). */
 PGJOBQ_EXPORT int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out) PGJOBQ_WUR;
+
+/* Releases what pgjobq_stats returned.  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_stats_free(pgjobq_stat *stats);
 
 /*
  * Queue settings.  They live in the database (pgjobq.queues) and hold for every worker on every host,

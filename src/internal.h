@@ -124,6 +124,19 @@ const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n);
 
+/* The outcome a fenced write reports per job (complete_many, fail_many, extend_many, release_many,
+ * cancel_many), parsed once (jobs.c). */
+typedef enum pgjobq__outcome {
+    PGJOBQ__O_UNKNOWN = 0,
+    PGJOBQ__O_COMPLETED,
+    PGJOBQ__O_QUEUED,
+    PGJOBQ__O_FAILED,
+    PGJOBQ__O_CANCELLED,
+    PGJOBQ__O_LOST,
+    PGJOBQ__O_EXTENDED
+} pgjobq__outcome;
+pgjobq__outcome pgjobq__outcome_parse(const char *s, size_t len);
+
 /* json.c */
 int pgjobq__json_check(const char *s, size_t n, char *why, size_t why_size);
 /* Copies s[0..n) into a new string that is valid UTF-8 (bad sequences become U+FFFD), has no NUL

@@ -236,15 +236,32 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     return rc;
 }
 
+pgjobq__outcome pgjobq__outcome_parse(const char *s, size_t len)
+{
+    static const struct {
+        const char *name;
+        pgjobq__outcome o;
+    } names[] = {{"completed", PGJOBQ__O_COMPLETED}, {"queued", PGJOBQ__O_QUEUED},     {"failed", PGJOBQ__O_FAILED},
+                 {"cancelled", PGJOBQ__O_CANCELLED}, {"lost", PGJOBQ__O_LOST},         {"extended", PGJOBQ__O_EXTENDED}};
+
+    if (s == NULL)
+        return PGJOBQ__O_UNKNOWN;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i].name) == len && memcmp(names[i].name, s, len) == 0)
+            return names[i].o;
+    return PGJOBQ__O_UNKNOWN;
+}
+
 /* Maps a transition's outcome text to a result code. */
 static int outcome_code(pgjobq_client *c, const char *what, int64_t id, const char *outcome)
 {
-    if (strcmp(outcome, "lost") == 0)
+    pgjobq__outcome o = pgjobq__outcome_parse(outcome, strlen(outcome));
+    if (o == PGJOBQ__O_LOST)
         return pgjobq__seterr(c, PGJOBQ_ELEASE,
                               "%s job %lld: lease lost (the job is no longer running under this lease token, "
                               "or the lease expired)",
                               what, (long long)id);
-    if (strcmp(outcome, "cancelled") == 0)
+    if (o == PGJOBQ__O_CANCELLED)
         return pgjobq__seterr(c, PGJOBQ_ECANCELLED, "%s job %lld: the job was cancelled", what, (long long)id);
     return PGJOBQ_OK;
 }
@@ -647,6 +664,11 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
     rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
     PQclear(r);
     return rc;
+}
+
+void pgjobq_stats_free(pgjobq_stat *stats)
+{
+    free(stats);
 }
 
 int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out)

@@ -750,22 +750,27 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
              rq->items.n, write_what[rq->wkind], PQresultErrorMessage(r));
     } else {
         for (int row = 0; row < PQntuples(r); row++) {
-            const char *outcome = pgjobq__get_text(r, row, 1, NULL);
+            size_t len = 0;
+            const char *outcome = pgjobq__get_text(r, row, 1, &len);
             int64_t id = pgjobq__get_int8(r, row, 0);
             if (outcome == NULL)
                 continue;
-            if (strncmp(outcome, "completed", 9) == 0)
-                atomic_fetch_add(&w->st_completed, 1);
-            else if (strncmp(outcome, "queued", 6) == 0)
+            switch (pgjobq__outcome_parse(outcome, len)) {
+            case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
+            case PGJOBQ__O_QUEUED:
                 atomic_fetch_add(rq->wkind == W_RELEASE ? &w->st_released : &w->st_retried, 1);
-            else if (strncmp(outcome, "failed", 6) == 0)
-                atomic_fetch_add(&w->st_failed, 1);
-            else if (strncmp(outcome, "cancelled", 9) == 0)
-                atomic_fetch_add(&w->st_cancelled, 1);
-            else if (strncmp(outcome, "lost", 4) == 0) {
+                break;
+            case PGJOBQ__O_FAILED: atomic_fetch_add(&w->st_failed, 1); break;
+            case PGJOBQ__O_CANCELLED: atomic_fetch_add(&w->st_cancelled, 1); break;
+            case PGJOBQ__O_LOST:
                 atomic_fetch_add(&w->st_lost, 1);
                 wlog(w, PGJOBQ_LOG_WARN, "job %lld: lease lost before its outcome could be written; not written",
                      (long long)id);
+                break;
+            default:
+                wlog(w, PGJOBQ_LOG_ERROR, "job %lld: the database reported an unknown outcome '%.*s'", (long long)id,
+                     (int)len, outcome);
+                break;
             }
             wlog(w, PGJOBQ_LOG_DEBUG, "job %lld finished: %.*s", (long long)id, PQgetlength(r, row, 1), outcome);
         }
@@ -790,13 +795,15 @@ static void heartbeat_done(pgjobq_worker *w, request *rq, PGresult *r)
     }
     for (int row = 0; row < PQntuples(r); row++) {
         int64_t id = pgjobq__get_int8(r, row, 0);
-        const char *outcome = pgjobq__get_text(r, row, 1, NULL);
+        size_t len = 0;
+        const char *outcome = pgjobq__get_text(r, row, 1, &len);
+        pgjobq__outcome o = pgjobq__outcome_parse(outcome, len);
         pgjobq_ctx *ctx = running_find(w, id);
         if (ctx == NULL || ctx->ended)
             continue;
-        if (outcome && strncmp(outcome, "extended", 8) == 0) {
+        if (o == PGJOBQ__O_EXTENDED) {
             ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
-        } else if (outcome && strncmp(outcome, "cancelled", 9) == 0) {
+        } else if (o == PGJOBQ__O_CANCELLED) {
             ctx->ended = 1;
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_CANCELLED);
             atomic_fetch_add(&w->st_cancelled, 1);

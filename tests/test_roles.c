@@ -98,7 +98,7 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_INT(jobs[0].state, PGJOBQ_COMPLETED);
     pgjobq_jobs_free(jobs);
     CHECK_OK(adm, pgjobq_stats(adm, &stats, &n));
-    free(stats);
+    pgjobq_stats_free(stats);
     CHECK_OK(adm, pgjobq_job_retry(adm, id));
     CHECK_OK(adm, pgjobq_job_cancel(adm, id, NULL));
     pgjobq_filter f = PGJOBQ_FILTER_INIT;
@@ -267,7 +267,7 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     CHECK_OK(mon, pgjobq_queue_list(mon, &queues, &n));
     pgjobq_queue_list_free(queues);
     CHECK_OK(mon, pgjobq_stats(mon, &stats, &n));
-    free(stats);
+    pgjobq_stats_free(stats);
 
     /* Nothing it could change. */
     CHECK_RC(mon, pgjobq_enqueue(mon, "{}", NULL, NULL), PGJOBQ_EPERM);

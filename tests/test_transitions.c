@@ -284,7 +284,7 @@ TEST(stats_and_list_report_states)
     CHECK_INT(rows[1].jobs, 1);
     CHECK_STR(rows[2].queue, "b");
     CHECK_INT(rows[2].jobs, 2);
-    free(rows);
+    pgjobq_stats_free(rows);
 
     pgjobq_list_opts lo = PGJOBQ_LIST_OPTS_INIT;
     lo.queue = "a";

@@ -39,6 +39,7 @@ command -v pkg-config >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 ||
     missing="$missing libmicrohttpd-dev"
 if [ $need_server = 1 ]; then
     have_server || missing="$missing postgresql postgresql-contrib"
+    command -v g++ >/dev/null 2>&1 || missing="$missing g++"
     command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
     command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
     /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy' >/dev/null 2>&1 ||
