@@ -793,7 +793,9 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     rc = pgjobq_worker_run(w);
     the_worker = NULL;
-    if (rc == PGJOBQ_ETIMEOUT) {
+    if (rc == PGJOBQ_ESTOPPED) {
+        status = EX_OK; /* stopped by a signal before it started: nothing to do, nothing lost */
+    } else if (rc == PGJOBQ_ETIMEOUT) {
         cli_err("%s", pgjobq_worker_errmsg(w));
         status = EX_TEMPFAIL;
     } else if (rc != PGJOBQ_OK) {

@@ -17,6 +17,13 @@
  *
  * Times: every lease, schedule and backoff is computed by the database clock (now()).  Times returned
  * to the caller are microseconds since the Unix epoch, UTC; PGJOBQ_TIME_NONE marks an absent time.
+ *
+ * ABI: the shared library's soname is libpgjobq.so.0 for the whole 0.x series.  Every public struct
+ * ends with pgjobq_reserved[] (keep it zero): fields added later take that room, so a struct's size,
+ * and the stride of the arrays the library returns, do not change; initialise option structs with
+ * their *_INIT macro (designated initialisers in C; a value-initialising function in C++).  The exported symbols are listed in
+ * pgjobq.sym and checked at every build; a symbol is never removed, and a result code never
+ * renumbered, without a new soname.  Everything the library allocates has its own *_free function.
  */
 #ifndef PGJOBQ_H
 #define PGJOBQ_H
@@ -75,7 +82,7 @@ enum pgjobq_code {
     PGJOBQ_ECONFLICT = 11,  /* serialization failure or deadlock (40001, 40P01); retry the transaction */
     PGJOBQ_EPERM = 12,      /* the database role lacks a privilege the operation needs */
     PGJOBQ_ETIMEOUT = 13,   /* a statement or lock timeout fired */
-    PGJOBQ_ESTOPPED = 14    /* the worker was asked to stop (pgjobq_worker_stop) */
+    PGJOBQ_ESTOPPED = 14    /* pgjobq_worker_run: pgjobq_worker_stop came first, nothing ran */
 };
 
 /* One sentence describing a result code ("invalid argument"); never NULL. */
@@ -139,6 +146,7 @@ typedef struct pgjobq_job {
     const char *last_error; /* or NULL */
     const char *unique_key; /* or NULL */
     int cancel_requested;   /* nonzero when a cancel was requested while the job was running */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
@@ -262,12 +270,19 @@ typedef struct pgjobq_enqueue_opts {
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
                                     (pgjobq_queue_set_key_concurrency), at most that many jobs with
                                     the same key run at once.  1 to 255 characters. */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_enqueue_opts;
 
-#define PGJOBQ_ENQUEUE_OPTS_INIT              \
-    {                                         \
-        NULL, NULL, 0, 0, 0, NULL, NULL, NULL \
-    }
+#ifdef __cplusplus
+static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
+{
+    pgjobq_enqueue_opts o = {};
+    return o;
+}
+#define PGJOBQ_ENQUEUE_OPTS_INIT pgjobq_enqueue_opts_init_()
+#else
+#define PGJOBQ_ENQUEUE_OPTS_INIT {.queue = NULL}
+#endif
 
 /*
  * Enqueues one job.  payload is JSON text (NULL: "{}").  opts may be NULL for all defaults.
@@ -283,6 +298,7 @@ PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pg
 typedef struct pgjobq_job_spec {
     const char *payload; /* JSON text; NULL: "{}" */
     pgjobq_enqueue_opts opts;
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job_spec;
 
 /*
@@ -368,8 +384,19 @@ typedef struct pgjobq_filter {
     const char *kind;   /* NULL: every kind */
     int64_t since_ms;   /* 0: any age; otherwise only jobs that finished (finished jobs) or were created
                            (live jobs) within the last since_ms milliseconds of the database clock */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_filter;
-#define PGJOBQ_FILTER_INIT {NULL, PGJOBQ_FAILED, NULL, 0}
+#ifdef __cplusplus
+static inline pgjobq_filter pgjobq_filter_init_(void)
+{
+    pgjobq_filter o = {};
+    o.state = PGJOBQ_FAILED;
+    return o;
+}
+#define PGJOBQ_FILTER_INIT pgjobq_filter_init_()
+#else
+#define PGJOBQ_FILTER_INIT {.queue = NULL, .state = PGJOBQ_FAILED}
+#endif
 
 /* A flag for pgjobq_retry_where and pgjobq_cancel_where: count, change nothing. */
 #define PGJOBQ_DRY_RUN 1
@@ -407,12 +434,20 @@ typedef struct pgjobq_list_opts {
     int state;         /* a pgjobq_state, or -1 for all states */
     int limit;         /* 1..100000; 0: 100 */
     int64_t before_id; /* only jobs with id < before_id (paging); 0: no bound */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_list_opts;
 
-#define PGJOBQ_LIST_OPTS_INIT \
-    {                         \
-        NULL, -1, 0, 0        \
-    }
+#ifdef __cplusplus
+static inline pgjobq_list_opts pgjobq_list_opts_init_(void)
+{
+    pgjobq_list_opts o = {};
+    o.state = -1;
+    return o;
+}
+#define PGJOBQ_LIST_OPTS_INIT pgjobq_list_opts_init_()
+#else
+#define PGJOBQ_LIST_OPTS_INIT {.queue = NULL, .state = -1}
+#endif
 
 /* Lists jobs, newest (highest id) first.  On PGJOBQ_OK *jobs_out holds *n_out jobs (NULL, 0 if none),
  * to release with pgjobq_jobs_free(). */
@@ -424,6 +459,7 @@ typedef struct pgjobq_stat {
     const char *queue;
     pgjobq_state state;
     int64_t jobs;
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_stat;
 
 /* Counts jobs per queue and state.  On PGJOBQ_OK *stats_out holds *n_out rows ordered by queue and
@@ -476,6 +512,7 @@ typedef struct pgjobq_queue_info {
     int64_t scheduled;         /* queued for later */
     int64_t running;           /* running under a valid lease */
     int64_t expired;           /* running, lease expired, not yet rescued */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds
@@ -501,8 +538,18 @@ typedef struct pgjobq_schedule_opts {
     int max_attempts;     /* 1..1000; 0: 25 */
     const char *catch_up; /* fire times missed while no worker ticked: "latest" (NULL: one job for the
                              most recent), "all" (one each, at most 100) or "skip" (none over a minute late) */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_schedule_opts;
-#define PGJOBQ_SCHEDULE_OPTS_INIT {NULL, NULL, NULL, NULL, 0, 0, NULL}
+#ifdef __cplusplus
+static inline pgjobq_schedule_opts pgjobq_schedule_opts_init_(void)
+{
+    pgjobq_schedule_opts o = {};
+    return o;
+}
+#define PGJOBQ_SCHEDULE_OPTS_INIT pgjobq_schedule_opts_init_()
+#else
+#define PGJOBQ_SCHEDULE_OPTS_INIT {.tz = NULL}
+#endif
 
 /* Creates or replaces the schedule `name` (a queue-style name) firing on `cron`, a 5-field (minute
  * hour day-of-month month day-of-week) or 6-field (seconds first) cron expression, enabled.
@@ -537,6 +584,7 @@ typedef struct pgjobq_schedule_info {
     int enabled;
     int64_t next_run; /* microseconds since the epoch; PGJOBQ_TIME_NONE when it never fires again */
     int64_t last_run; /* the last fire time that enqueued a job; PGJOBQ_TIME_NONE before the first */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_schedule_info;
 
 /* Lists the schedules by name.  On PGJOBQ_OK *schedules_out holds *n_out entries (NULL, 0 when there
@@ -652,9 +700,19 @@ typedef struct pgjobq_worker_opts {
     int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: 7 days; < 0: never */
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;
 
-#define PGJOBQ_WORKER_OPTS_INIT {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL}
+#ifdef __cplusplus
+static inline pgjobq_worker_opts pgjobq_worker_opts_init_(void)
+{
+    pgjobq_worker_opts o = {};
+    return o;
+}
+#define PGJOBQ_WORKER_OPTS_INIT pgjobq_worker_opts_init_()
+#else
+#define PGJOBQ_WORKER_OPTS_INIT {.worker_id = NULL}
+#endif
 
 /*
  * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than
@@ -679,7 +737,8 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
  * and jitter, forever), claims, dispatches, completes, heartbeats, rescues and prunes.  On stop it
  * claims nothing more, waits up to the shutdown timeout for running jobs, then asks the remaining
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.
- * Returns PGJOBQ_OK after a clean drain, PGJOBQ_ETIMEOUT when jobs had to be handed back, or
+ * Returns PGJOBQ_OK after a clean drain, PGJOBQ_ETIMEOUT when jobs had to be handed back,
+ * PGJOBQ_ESTOPPED (having done nothing) when pgjobq_worker_stop was called before it, or
  * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  Call it once.
  */
 PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
@@ -704,6 +763,7 @@ typedef struct pgjobq_worker_stats {
     int64_t claims;      /* claim statements */
     int64_t rescued;     /* expired leases rescued by this process's maintenance */
     int64_t writes;      /* statements that wrote outcomes (completions, failures, hand-backs) */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_stats;
 
 PGJOBQ_EXPORT void pgjobq_worker_get_stats(const pgjobq_worker *w, pgjobq_worker_stats *out);

@@ -1411,6 +1411,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
     w->ran = 1;
     if (w->nqueues == 0)
         return werr(w, PGJOBQ_EINVAL, "no queue to serve: add a handler with pgjobq_worker_handle");
+    if (atomic_load(&w->stop_requests) > 0)
+        return werr(w, PGJOBQ_ESTOPPED, "pgjobq_worker_stop was called before the worker ran: it did nothing");
     if (pipe(w->wake_pipe) != 0)
         return werr(w, PGJOBQ_ENOMEM, "pipe: %s", strerror(errno));
     for (int k = 0; k < 2; k++) {

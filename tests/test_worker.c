@@ -1003,3 +1003,23 @@ TEST_FULL(worker_heartbeats_go_on_while_a_reconnect_hangs, 120, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+TEST(worker_api_stop_before_run_returns_estopped_and_does_nothing)
+{
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    CHECK_RC(NULL, pgjobq_worker_new(&w, t_conninfo(), &o), PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "default", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
+    pgjobq_worker_stop(w);
+    CHECK_INT(pgjobq_worker_run(w), PGJOBQ_ESTOPPED);
+    CHECK(strstr(pgjobq_worker_errmsg(w), "before the worker ran") != NULL);
+    CHECK_INT(pgjobq_worker_connections(w), 0);
+    pgjobq_worker_free(w);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}

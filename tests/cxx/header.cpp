@@ -1,5 +1,5 @@
 // header.cpp - pgjobq.h compiles as C++ (make check builds and runs this, with -Werror -pedantic), and
-// its initialiser macros work there.
+// its initialiser macros work there (from C++11 on).
 #include <pgjobq.h>
 
 #include <cstdio>
@@ -11,10 +11,9 @@ int main()
     pgjobq_filter f = PGJOBQ_FILTER_INIT;
     pgjobq_schedule_opts s = PGJOBQ_SCHEDULE_OPTS_INIT;
     pgjobq_worker_opts w = PGJOBQ_WORKER_OPTS_INIT;
-    (void)e;
-    (void)l;
-    (void)s;
-    (void)w;
     std::printf("%s %s %d\n", pgjobq_version(), pgjobq_state_name(f.state), PGJOBQ_SCHEMA_VERSION);
-    return pgjobq_errname(PGJOBQ_EINVAL)[0] == 'P' ? 0 : 1;
+    /* The defaults the macros promise. */
+    int ok = f.state == PGJOBQ_FAILED && l.state == -1 && e.queue == NULL && e.pgjobq_reserved[3] == 0 &&
+             w.lease_ms == 0 && s.tz == NULL;
+    return ok && pgjobq_errname(PGJOBQ_EINVAL)[0] == 'P' ? 0 : 1;
 }
