@@ -101,7 +101,9 @@ static PGresult *vexec(PGconn *conn, const char *fmt, va_list ap)
     char sql[8192];
     PGresult *r;
 
-    vsnprintf(sql, sizeof sql, fmt, ap);
+    int n = vsnprintf(sql, sizeof sql, fmt, ap);
+    if (n < 0 || (size_t)n >= sizeof sql)
+        t_fail(__FILE__, __LINE__, "SQL longer than %zu bytes (t_exec and t_int are for short statements)", sizeof sql);
     r = PQexec(conn, sql);
     if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
         t_fail(__FILE__, __LINE__, "SQL failed: %s\n  %s", sql, PQerrorMessage(conn));
@@ -435,4 +437,41 @@ void t_show_log(const char *path)
     snprintf(cmd, sizeof cmd, "tail -n 30 '%s' >&2", path);
     if (system(cmd) != 0)
         fprintf(stderr, "(no log at %s)\n", path);
+}
+
+void t_audit_install(PGconn *conn)
+{
+    PQclear(t_exec(conn, "CREATE TABLE public.job_audit (job_id bigint, old_state text, new_state text,"
+                         " old_token bigint, new_token bigint, old_lease_until timestamptz,"
+                         " new_lease_until timestamptz, at timestamptz, query text)"));
+    /* A job that finishes is deleted from pgjobq.jobs and inserted into pgjobq.history by one statement:
+     * its deletion is audited as the holder's write (new_state 'moved'). */
+    PQclear(t_exec(conn, "CREATE FUNCTION public.job_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                         " IF TG_OP = 'DELETE' THEN"
+                         "  INSERT INTO public.job_audit VALUES (OLD.id, OLD.state, 'moved', OLD.lease_token,"
+                         "  NULL, OLD.lease_until, NULL, now(), left(current_query(), 120));"
+                         " ELSE"
+                         "  INSERT INTO public.job_audit VALUES (OLD.id, OLD.state, NEW.state, OLD.lease_token,"
+                         "  NEW.lease_token, OLD.lease_until, NEW.lease_until, now(), left(current_query(), 120));"
+                         " END IF;"
+                         " RETURN NULL; END $$"));
+    /* The audit runs inside pgjobq's SECURITY DEFINER functions, owned by the test's superuser. */
+    PQclear(t_exec(conn, "CREATE TRIGGER job_audit AFTER UPDATE OR DELETE ON pgjobq.jobs FOR EACH ROW"
+                         " EXECUTE FUNCTION public.job_audit_row()"));
+}
+
+long long t_audit_claims_in_valid_lease(PGconn *conn)
+{
+    return t_int(conn, "WITH claims AS (SELECT job_id, new_token, at FROM public.job_audit"
+                       "                WHERE old_state = 'queued' AND new_state = 'running'),"
+                       " leases AS (SELECT job_id, new_token AS token, max(new_lease_until) AS until"
+                       "            FROM public.job_audit WHERE new_state = 'running' GROUP BY 1, 2)"
+                       " SELECT count(*) FROM claims c JOIN leases l ON l.job_id = c.job_id AND l.token = c.new_token - 1"
+                       " WHERE c.at < l.until");
+}
+
+long long t_audit_stale_writes(PGconn *conn)
+{
+    return t_int(conn, "SELECT count(*) FROM public.job_audit WHERE old_state = 'running'"
+                       " AND old_lease_until <= at AND query NOT LIKE '%%rescue_expired%%'");
 }

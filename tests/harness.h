@@ -129,6 +129,18 @@ void t_show_log(const char *path);
 /* Writes an executable shell script at dir/name with the given body; returns its path (static). */
 const char *t_script(const char *name, const char *body);
 
+/* An audit trail of every change to a row of pgjobq.jobs (table public.job_audit: job_id, old_state,
+ * new_state, old_token, new_token, old_lease_until, new_lease_until, at, query), written by a trigger
+ * in the changing statement's transaction.  A finished job's move to the history is audited as
+ * new_state 'moved'. */
+void t_audit_install(PGconn *conn);
+/* From the audit: claims of a job (token t) while the previous holder's lease (t - 1, as last
+ * extended) was still valid.  Must be 0. */
+long long t_audit_claims_in_valid_lease(PGconn *conn);
+/* From the audit: writes by a holder (complete, fail, heartbeat, hand-back) accepted at or after its
+ * lease ended, rescues excepted.  Must be 0. */
+long long t_audit_stale_writes(PGconn *conn);
+
 /* The cluster's facts, for tests that act on the server itself (restart, stop). */
 const char *t_pgdata(void);
 const char *t_bindir(void);

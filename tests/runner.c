@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -293,6 +296,12 @@ static void run_child(test *t, int index)
 
     close(reaper_fd);
     setpgid(0, 0);
+#ifdef __linux__
+    /* A test in a process group of its own does not get the terminal's or timeout(1)'s signal: it
+     * dies with the runner instead of running on, orphaned, with its servers. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
+        _exit(1);
+#endif
     fd = open(t->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
         dup2(fd, 1);

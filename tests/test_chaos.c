@@ -344,24 +344,7 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     CHECK_STR(sc, "on");
     free(sc);
 
-    /* The audit trail: every change of a job row, with the statement that made it. */
-    PQclear(t_exec(pg, "CREATE TABLE chaos_audit (job_id bigint, old_state text, new_state text, old_token bigint,"
-                       " new_token bigint, old_lease_until timestamptz, new_lease_until timestamptz,"
-                       " at timestamptz, query text)"));
-    /* A job that finishes is deleted from pgjobq.jobs and inserted into pgjobq.history by one statement:
-     * its deletion is audited as the holder's write (new_state 'moved'). */
-    PQclear(t_exec(pg, "CREATE FUNCTION chaos_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                       " IF TG_OP = 'DELETE' THEN"
-                       "  INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, 'moved', OLD.lease_token,"
-                       "  NULL, OLD.lease_until, NULL, now(), left(current_query(), 120));"
-                       " ELSE"
-                       "  INSERT INTO public.chaos_audit VALUES (OLD.id, OLD.state, NEW.state, OLD.lease_token,"
-                       "  NEW.lease_token, OLD.lease_until, NEW.lease_until, now(), left(current_query(), 120));"
-                       " END IF;"
-                       " RETURN NULL; END $$"));
-    PQclear(t_exec(pg, "CREATE TRIGGER chaos_audit AFTER UPDATE OR DELETE ON pgjobq.jobs FOR EACH ROW"
-                       " EXECUTE FUNCTION chaos_audit_row()"));
-    /* The audit runs inside pgjobq's SECURITY DEFINER functions, owned by the test's superuser. */
+    t_audit_install(pg);
 
     snprintf(ledger_path, sizeof ledger_path, "%s/ledger", t_tmpdir());
     char body[1024];
@@ -514,16 +497,8 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
                                " WHERE j.id IS NULL OR j.state <> 'completed'");
     long long unexpected = t_int(pg, "SELECT count(*) FROM (SELECT DISTINCT id FROM ledger) l"
                                      " LEFT JOIN pgjobq.all_jobs j USING (id) WHERE j.id IS NULL");
-    /* A claim of token t while token t-1's lease (as last extended) had not yet expired. */
-    long long claim_in_valid = t_int(pg,
-        "WITH claims AS (SELECT job_id, new_token, at FROM chaos_audit WHERE old_state = 'queued' AND new_state = 'running'),"
-        " leases AS (SELECT job_id, new_token AS token, max(new_lease_until) AS until FROM chaos_audit"
-        "            WHERE new_state = 'running' GROUP BY 1, 2)"
-        " SELECT count(*) FROM claims c JOIN leases l ON l.job_id = c.job_id AND l.token = c.new_token - 1"
-        " WHERE c.at < l.until");
-    /* A holder's write (complete, fail, heartbeat, hand-back) accepted at or after its lease's end. */
-    long long stale = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE old_state = 'running'"
-                                " AND old_lease_until <= at AND query NOT LIKE '%%rescue_expired%%'");
+    long long claim_in_valid = t_audit_claims_in_valid_lease(pg);
+    long long stale = t_audit_stale_writes(pg);
     long long stuck = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running'");
     long long over = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE attempt > max_attempts");
     /* Reported. */
@@ -533,12 +508,12 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
                                          " HAVING count(*) > 1) d");
     long long landed = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs j WHERE queue = 'chaos'"
                                  " AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = j.id)");
-    long long rescues = t_int(pg, "SELECT count(*) FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
+    long long rescues = t_int(pg, "SELECT count(*) FROM job_audit WHERE query LIKE '%%rescue_expired%%'");
     long long rescue_p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY"
-                                     " extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint FROM chaos_audit"
+                                     " extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint FROM job_audit"
                                      " WHERE query LIKE '%%rescue_expired%%'");
     long long rescue_max = t_int(pg, "SELECT coalesce(max(extract(epoch FROM at - old_lease_until) * 1000), 0)::bigint"
-                                     " FROM chaos_audit WHERE query LIKE '%%rescue_expired%%'");
+                                     " FROM job_audit WHERE query LIKE '%%rescue_expired%%'");
     long long p50 = t_int(pg, "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM"
                               " started_at - created_at) * 1000), 0)::bigint FROM pgjobq.all_jobs WHERE attempt = 1"
                               " AND queue = 'chaos'");
