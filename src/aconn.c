@@ -78,9 +78,39 @@ void pgjobq__aconn_start(pgjobq__aconn *ac, int64_t now_ms)
         ac->lost_pending = 1;
         return;
     }
+    if (ac->notice)
+        PQsetNoticeProcessor(ac->pg, ac->notice, ac->notice_arg);
     ac->state = PGJOBQ__AC_CONNECTING;
     ac->poll_write = 1; /* libpq: "consider the status to be PGRES_POLLING_WRITING" at first */
     ac->deadline_ms = now_ms + ac->connect_timeout_ms;
+}
+
+/* "host:port" of the server the connection reached (for log lines). */
+const char *pgjobq__aconn_where(const pgjobq__aconn *ac, char *buf, size_t size)
+{
+    const char *host = ac->pg ? PQhost(ac->pg) : NULL, *port = ac->pg ? PQport(ac->pg) : NULL;
+
+    if (host == NULL || *host == '\0')
+        snprintf(buf, size, "(unknown)");
+    else if (host[0] == '/')
+        snprintf(buf, size, "%s/.s.PGSQL.%s", host, port && *port ? port : "5432");
+    else
+        snprintf(buf, size, "%s:%s", host, port && *port ? port : "5432");
+    return buf;
+}
+
+/* The session reached a server that cannot write (a standby, or default_transaction_read_only): it is
+ * dropped and connected again later, which with target_session_attrs=read-write (or once the server
+ * is promoted) reaches the primary. */
+static void read_only(pgjobq__aconn *ac, int64_t now_ms)
+{
+    char where[300], why[400];
+
+    snprintf(why, sizeof why,
+             "the server at %s is read-only (a standby, or default_transaction_read_only is on): dropped;"
+             " add target_session_attrs=read-write to a multi-host URL",
+             pgjobq__aconn_where(ac, where, sizeof where));
+    pgjobq__aconn_fail(ac, why, now_ms);
 }
 
 /* Flushes what libpq still holds; -1 when the connection broke. */
@@ -122,6 +152,10 @@ static int setup_result(pgjobq__aconn *ac, PGresult *r, int64_t now_ms)
     if (st == PGRES_FATAL_ERROR || (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)) {
         const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         char why[400];
+        if (state && strcmp(state, "25006") == 0) { /* LISTEN on a standby */
+            read_only(ac, now_ms);
+            return PGJOBQ__AC_EV_LOST;
+        }
         snprintf(why, sizeof why, "setting up the %s connection: %s", ac->name, PQresultErrorMessage(r));
         if (ac->step == 0 && state && strcmp(state, "42P01") == 0) {
             set_err(ac, "the pgjobq schema is not installed in this database: run `pgjobq migrate`");
@@ -133,7 +167,13 @@ static int setup_result(pgjobq__aconn *ac, PGresult *r, int64_t now_ms)
     }
     if (ac->step == 0) {
         int version = st == PGRES_TUPLES_OK && PQntuples(r) == 1 ? atoi(PQgetvalue(r, 0, 0)) : -1;
-        if (version != PGJOBQ_SCHEMA_VERSION) {
+        /* The setup's last statement also says whether this session can write. */
+        if (st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 1 && strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
+            read_only(ac, now_ms);
+            return PGJOBQ__AC_EV_LOST;
+        }
+        int needs = st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 2 ? atoi(PQgetvalue(r, 0, 2)) : 0;
+        if (!pgjobq__schema_usable(version, needs)) {
             char why[300];
             snprintf(why, sizeof why,
                      "the database has pgjobq schema version %d; this pgjobq %s needs version %d: %s", version,
@@ -227,6 +267,15 @@ int pgjobq__aconn_io(pgjobq__aconn *ac, short revents, int64_t now_ms)
     if (PQstatus(ac->pg) == CONNECTION_BAD) {
         pgjobq__aconn_fail(ac, PQerrorMessage(ac->pg), now_ms);
         return PGJOBQ__AC_EV_LOST;
+    }
+    /* A server that became read-only under a live session (demoted by an HA manager without a restart,
+     * or default_transaction_read_only set): nothing more can be written here. */
+    if (ac->state == PGJOBQ__AC_READY && ac->result && PQresultStatus(ac->result) == PGRES_FATAL_ERROR) {
+        const char *state = PQresultErrorField(ac->result, PG_DIAG_SQLSTATE);
+        if (state && strcmp(state, "25006") == 0) {
+            read_only(ac, now_ms);
+            return PGJOBQ__AC_EV_LOST;
+        }
     }
     if (ac->state == PGJOBQ__AC_SETUP) {
         PGresult *r = ac->result;

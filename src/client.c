@@ -220,6 +220,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
      * the caller can retry; on our own (idle) connection the statement was its own transaction. */
     in_tx = PQtransactionStatus(c->conn) != PQTRANS_IDLE;
 
+    int reset_read_only = 0;
     for (unsigned attempt = 0;; attempt++) {
         PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
                                    st->binary_result);
@@ -238,6 +239,25 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
         }
         state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         code = pgjobq__code_from_sqlstate(state);
+        /* A read-only server (a standby reached by mistake, or a primary demoted under a live session):
+         * our own idle connection is dropped and made again once, which with a multi-host URL and
+         * target_session_attrs=read-write reaches the primary. */
+        if (state && strcmp(state, "25006") == 0 && c->owned && !in_tx && !reset_read_only) {
+            const char *host = PQhost(c->conn), *port = PQport(c->conn);
+            pgjobq__log(c, PGJOBQ_LOG_WARN, "%s: the server at %s:%s is read-only; connecting again", st->what,
+                        host ? host : "?", port ? port : "?");
+            PQclear(r);
+            reset_read_only = 1;
+            PQreset(c->conn);
+            if (PQstatus(c->conn) != CONNECTION_OK) {
+                set_conn_error(c, st->what);
+                return PGJOBQ_ECONN;
+            }
+            int rc = session_setup(c);
+            if (rc != PGJOBQ_OK)
+                return rc;
+            continue;
+        }
         if (code == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
             pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what, state,
                         attempt + 1);
@@ -247,6 +267,12 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
             continue;
         }
         set_result_error(c, st->what, r);
+        if (state && strcmp(state, "25006") == 0) {
+            size_t n = strlen(c->errmsg);
+            snprintf(c->errmsg + n, sizeof c->errmsg - n,
+                     "; the server is read-only (a standby?): use a URL that reaches the primary, e.g. with"
+                     " target_session_attrs=read-write");
+        }
         snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
         PQclear(r);
         return code;

@@ -129,6 +129,8 @@ typedef struct pgjobq__aconn {
     int prepare;
     int64_t tcp_timeout_ms;
     int64_t connect_timeout_ms;
+    PQnoticeProcessor notice;       /* the server's notices and warnings (NULL: libpq's, to stderr) */
+    void *notice_arg;
     /* State. */
     PGconn *pg;
     pgjobq__ac_state state;
@@ -144,6 +146,9 @@ typedef struct pgjobq__aconn {
     PGresult *result;               /* the finished statement's first result, for the caller */
     char err[512];
 } pgjobq__aconn;
+
+/* Writes "host:port" (or the socket's path) of the server the connection reached into buf. */
+const char *pgjobq__aconn_where(const pgjobq__aconn *ac, char *buf, size_t size);
 
 /* Starts connecting if the connection is down and its retry time has come. */
 void pgjobq__aconn_start(pgjobq__aconn *ac, int64_t now_ms);

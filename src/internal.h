@@ -76,6 +76,11 @@ int pgjobq__require_schema(pgjobq_client *c);
 /* migrate.c */
 int pgjobq__check_schema(pgjobq_client *c);
 
+/* Whether this library can use a database at schema `version` whose migrations need library schema
+ * `needs` or later.  Newer compatible schemas are accepted, so that a
+ * rolling deploy may migrate before every worker is upgraded. */
+int pgjobq__schema_usable(int version, int needs);
+
 /* wire.c: binary wire formats */
 typedef struct pgjobq__buf {
     char *data;

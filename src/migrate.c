@@ -15,12 +15,19 @@
 extern const char *const pgjobq__migrations[];
 extern const char *const pgjobq__migration_names[];
 extern const int pgjobq__migration_count;
+extern const int pgjobq__migration_needs[];
+
+/* The first migration whose schema_version row says which libraries can use the database. */
+#define FIRST_WITH_NEEDS 7
 extern const char *const pgjobq__roles_sql;
 
 /* Advisory lock key of the migration runner: ('pgjq', 1). */
 #define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(1885825649, 1)"
 
-static int read_version(pgjobq_client *c, int *version)
+/* The database's schema version, and (needs, may be NULL) the oldest library schema version that can
+ * use it: the largest "needs" of the applied migrations, a migration that does not say (all before
+ * version 7) needing its own version. */
+static int read_version(pgjobq_client *c, int *version, int *needs)
 {
     /* A plain query of the catalogs, not to_regclass(): the latter answers from the backend's cache,
      * which a migrator that waited on the advisory lock has not refreshed, so it would miss the table
@@ -35,8 +42,11 @@ static int read_version(pgjobq_client *c, int *version)
         NULL,
         NULL,
         0};
+    /* needs through to_jsonb: the column does not exist before version 7. */
     static const pgjobq__stmt max = {"read schema version",
-                                     "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version",
+                                     "SELECT coalesce(max(version), 0), coalesce(max(coalesce("
+                                     "(pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"
+                                     " FROM pgjobq.schema_version s",
                                      0,
                                      NULL,
                                      NULL,
@@ -47,6 +57,8 @@ static int read_version(pgjobq_client *c, int *version)
     int rc;
 
     *version = 0;
+    if (needs)
+        *needs = 0;
     rc = pgjobq__exec(c, &exists, &r);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -58,30 +70,39 @@ static int read_version(pgjobq_client *c, int *version)
     if (rc != PGJOBQ_OK)
         return rc;
     *version = atoi(PQgetvalue(r, 0, 0));
+    if (needs)
+        *needs = atoi(PQgetvalue(r, 0, 1));
     PQclear(r);
     return PGJOBQ_OK;
+}
+
+int pgjobq__schema_usable(int version, int needs)
+{
+    if (version == PGJOBQ_SCHEMA_VERSION)
+        return 1;
+    return version > PGJOBQ_SCHEMA_VERSION && needs <= PGJOBQ_SCHEMA_VERSION;
 }
 
 int pgjobq_schema_version(pgjobq_client *c, int *version)
 {
     if (c == NULL || version == NULL)
         return PGJOBQ_EINVAL;
-    return read_version(c, version);
+    return read_version(c, version, NULL);
 }
 
 int pgjobq__check_schema(pgjobq_client *c)
 {
-    int version, rc;
+    int version, needs, rc;
 
-    rc = read_version(c, &version);
+    rc = read_version(c, &version, &needs);
     if (rc != PGJOBQ_OK)
         return rc;
-    if (version > PGJOBQ_SCHEMA_VERSION) {
+    if (version > PGJOBQ_SCHEMA_VERSION && !pgjobq__schema_usable(version, needs)) {
         c->schema_state = -1;
         return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
                               "the database has pgjobq schema version %d, newer than this pgjobq %s "
-                              "understands (version %d): upgrade pgjobq",
-                              version, PGJOBQ_VERSION, PGJOBQ_SCHEMA_VERSION);
+                              "understands (version %d), and it needs at least version %d: upgrade pgjobq",
+                              version, PGJOBQ_VERSION, PGJOBQ_SCHEMA_VERSION, needs);
     }
     if (version < PGJOBQ_SCHEMA_VERSION) {
         c->schema_state = 0;
@@ -124,15 +145,15 @@ static int simple(pgjobq_client *c, const char *what, const char *sql)
 static int apply_one(pgjobq_client *c, int n, int *applied)
 {
     char what[160], record[128];
-    int version, rc;
+    int version, needs, rc;
 
     snprintf(what, sizeof what, "migration %s", pgjobq__migration_names[n - 1]);
     rc = simple(c, what, "BEGIN");
     if (rc == PGJOBQ_OK)
         rc = simple(c, what, MIGRATE_LOCK_SQL);
     if (rc == PGJOBQ_OK)
-        rc = read_version(c, &version);
-    if (rc == PGJOBQ_OK && version > pgjobq__migration_count) {
+        rc = read_version(c, &version, &needs);
+    if (rc == PGJOBQ_OK && version > pgjobq__migration_count && !pgjobq__schema_usable(version, needs)) {
         c->schema_state = -1;
         rc = pgjobq__seterr(c, PGJOBQ_ESCHEMA,
                             "the database has pgjobq schema version %d, newer than this pgjobq understands "
@@ -141,7 +162,11 @@ static int apply_one(pgjobq_client *c, int n, int *applied)
     }
     if (rc == PGJOBQ_OK && version < n) {
         rc = simple(c, what, pgjobq__migrations[n - 1]);
-        snprintf(record, sizeof record, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", n);
+        if (n >= FIRST_WITH_NEEDS)
+            snprintf(record, sizeof record, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)", n,
+                     pgjobq__migration_needs[n - 1]);
+        else
+            snprintf(record, sizeof record, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", n);
         if (rc == PGJOBQ_OK)
             rc = simple(c, what, record);
         if (rc == PGJOBQ_OK) {

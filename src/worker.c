@@ -41,6 +41,7 @@
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
 #define LISTEN_CHECK_MS 10000
+#define DOWN_WARN_EVERY_MS 30000 /* a connection that cannot connect says so at most this often */
 #define SUMMARY_EVERY_MS 60000
 /* Outcomes wait at most this long for more to join their batch (unless no handler still runs). */
 #define FLUSH_AFTER_MS 2
@@ -103,7 +104,11 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
 /* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
  * the schema check (its result must be last).  The claim connection also listens. */
 #define SETUP_SQL "SET default_transaction_isolation = 'read committed';"
-#define SCHEMA_SQL "SELECT coalesce(max(version), 0) FROM pgjobq.schema_version"
+#define SCHEMA_SQL                                                                                   \
+    "SELECT coalesce(max(version), 0), pg_catalog.pg_is_in_recovery() OR"                           \
+    " pg_catalog.current_setting('transaction_read_only')::boolean,"                                 \
+    " coalesce(max(coalesce((pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"            \
+    " FROM pgjobq.schema_version s"
 static const char setup_plain[] = SETUP_SQL SCHEMA_SQL;
 static const char setup_listen[] = SETUP_SQL "LISTEN pgjobq;" SCHEMA_SQL;
 
@@ -148,6 +153,10 @@ struct pgjobq_worker {
     pgjobq__aconn conn[NCONN];
     request req[NCONN];
     int was_ready[NCONN];
+    int ever_ready[NCONN];
+    int failed_connects[NCONN];    /* connection attempts failed since it was last ready */
+    int64_t down_since_ms[NCONN];  /* when it was lost (or first failed); 0 while up */
+    int64_t next_down_warn_ms[NCONN];
     batch pending[W_KINDS];
     int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
     pgjobq_ctx **running;     /* every claimed job not yet written or given up */
@@ -1133,10 +1142,26 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
 {
     request *rq = &w->req[c];
 
+    int64_t retry_in = w->conn[c].retry_at_ms > now ? w->conn[c].retry_at_ms - now : 0;
+
+    if (w->down_since_ms[c] == 0)
+        w->down_since_ms[c] = now;
+    w->failed_connects[c] += !w->was_ready[c];
     if (w->was_ready[c])
-        wlog(w, PGJOBQ_LOG_WARN, "lost the %s connection: %s; reconnecting", w->conn[c].name, w->conn[c].err);
-    else
-        wlog(w, PGJOBQ_LOG_DEBUG, "the %s connection failed: %s; retrying", w->conn[c].name, w->conn[c].err);
+        wlog(w, PGJOBQ_LOG_WARN, "lost the %s connection: %s; reconnecting in %lld ms", w->conn[c].name,
+             w->conn[c].err, (long long)retry_in);
+    else if (now >= w->next_down_warn_ms[c]) {
+        /* The first failure of a streak, then one line every 30 s: clear without flooding the log. */
+        const char *e = w->conn[c].err;
+        int full = strstr(e, "too many clients") != NULL || strstr(e, "remaining connection slots") != NULL;
+        wlog(w, PGJOBQ_LOG_WARN, "cannot connect the %s connection (%d attempts in %.1f s): %s%s; retrying in %lld ms",
+             w->conn[c].name, w->failed_connects[c], (double)(now - w->down_since_ms[c]) / 1000.0, e,
+             full ? " (the server's max_connections is reached: a worker process needs 3 connections)" : "",
+             (long long)retry_in);
+        w->next_down_warn_ms[c] = now + DOWN_WARN_EVERY_MS;
+    } else
+        wlog(w, PGJOBQ_LOG_DEBUG, "the %s connection failed: %s; retrying in %lld ms", w->conn[c].name,
+             w->conn[c].err, (long long)retry_in);
     if (w->was_ready[c])
         atomic_fetch_sub(&w->st_connected, 1);
     w->was_ready[c] = 0;
@@ -1155,8 +1180,18 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
 
 static void connection_ready(pgjobq_worker *w, int c, int64_t now)
 {
+    char where[300];
+
+    pgjobq__aconn_where(&w->conn[c], where, sizeof where);
+    if (w->down_since_ms[c] != 0 && w->ever_ready[c])
+        wlog(w, PGJOBQ_LOG_WARN, "reconnected the %s connection, to %s, after %.1f s (%d failed attempts)",
+             w->conn[c].name, where, (double)(now - w->down_since_ms[c]) / 1000.0, w->failed_connects[c]);
+    w->down_since_ms[c] = 0;
+    w->failed_connects[c] = 0;
+    w->next_down_warn_ms[c] = 0;
+    w->ever_ready[c] = 1;
     if (c == C_CLAIM) {
-        wlog(w, PGJOBQ_LOG_INFO, "connected to the database as worker %s%s", w->worker_id,
+        wlog(w, PGJOBQ_LOG_INFO, "connected to the database at %s as worker %s%s", where, w->worker_id,
              w->o.poll_only ? " (polling)" : "; listening for new jobs");
         /* Jobs may have arrived while nobody listened. */
         for (int i = 0; i < w->nqueues; i++)
@@ -1341,6 +1376,16 @@ static int phase_done(pgjobq_worker *w, int64_t now)
     return 0;
 }
 
+/* A server's notice or warning ("WARNING:  terminating connection due to ..."), into the log as one
+ * line instead of onto stderr. */
+static void server_notice(void *arg, const char *message)
+{
+    pgjobq_worker *w = arg;
+    size_t n = strcspn(message, "\n");
+    wlog(w, strncmp(message, "WARNING:", 8) == 0 ? PGJOBQ_LOG_WARN : PGJOBQ_LOG_INFO, "server: %.*s", (int)n,
+         message);
+}
+
 static void init_connections(pgjobq_worker *w)
 {
     static const char *const names[NCONN] = {"claim", "write", "maintenance"};
@@ -1359,6 +1404,8 @@ static void init_connections(pgjobq_worker *w)
          * named prepared statements would not be there. */
         ac->prepare = !w->o.poll_only;
         ac->tcp_timeout_ms = tcp_timeout(w);
+        ac->notice = server_notice;
+        ac->notice_arg = w;
     }
     pgjobq__ms_interval(w->lease_s, sizeof w->lease_s, w->o.lease_ms);
     /* A negative retention means "never": an age nothing reaches. */

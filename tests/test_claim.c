@@ -37,7 +37,7 @@ TEST(claim_follows_priority_then_run_at_then_id)
         CHECK_STR(jobs[i].payload, want);
         CHECK_INT(jobs[i].state, PGJOBQ_RUNNING);
         CHECK_INT(jobs[i].attempt, 1);
-        CHECK_INT(jobs[i].lease_token, 1);
+        CHECK(jobs[i].lease_token > 0);
         CHECK_STR(jobs[i].worker_id, "w1");
         CHECK(jobs[i].lease_until > jobs[i].started_at);
     }
@@ -201,7 +201,7 @@ TEST_FULL(claim_is_exactly_once_under_40_concurrent_claimers, 180, 0)
     CHECK_INT(twice, 0);
     PGconn *pg = t_pg();
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'running' AND attempt = 1 "
-                        "AND lease_token = 1"),
+                        "AND lease_token > 0"),
               EXACT_JOBS);
     PQfinish(pg);
     free(specs);

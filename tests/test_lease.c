@@ -106,6 +106,42 @@ TEST(lease_expiry_lets_another_worker_claim_and_fences_the_old_one)
     pgjobq_client_close(fresh);
 }
 
+/* After a failover to an asynchronous standby the new primary may lack a claim the old one made (and
+ * the old holder may still be running).  The row then looks as it did before that claim: the next claim
+ * must not give out the same token, or the old holder would pass the fencing check of a lease it never
+ * had.  The lost claim is reproduced by putting the row back as it was before it. */
+TEST(lease_token_is_not_given_out_again_after_the_database_lost_a_claim)
+{
+    pgjobq_client *old = t_client(), *fresh = t_client();
+    PGconn *pg = t_pg();
+    int64_t id;
+
+    CHECK_OK(old, pgjobq_enqueue(old, "{}", NULL, &id));
+    pgjobq_job *j1 = claim_one(old, 60000, "old-primary-worker");
+    PQclear(t_exec(pg,
+                   "UPDATE pgjobq.jobs SET state = 'queued', attempt = 0, lease_token = 0, lease_until = NULL,"
+                   " started_at = NULL, worker_id = NULL WHERE id = %lld",
+                   (long long)id));
+    pgjobq_job *j2 = claim_one(fresh, 60000, "new-primary-worker");
+    CHECK_INT(j2->id, id);
+    CHECK_INT(j2->attempt, 1);
+    CHECK_MSG(j2->lease_token != j1->lease_token, "token %lld given out twice", (long long)j1->lease_token);
+    /* The token is at least the claim's time in microseconds (database clock). */
+    CHECK_INT(t_int(pg,
+                    "SELECT (lease_token >= (extract(epoch FROM started_at) * 1000000)::bigint)::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    CHECK_RC(old, pgjobq_job_complete(old, id, j1->lease_token, "{\"stale\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(old, pgjobq_job_extend(old, id, j1->lease_token, 30000), PGJOBQ_ELEASE);
+    CHECK_OK(fresh, pgjobq_job_complete(fresh, id, j2->lease_token, NULL));
+    pgjobq_jobs_free(j1);
+    pgjobq_jobs_free(j2);
+    PQfinish(pg);
+    pgjobq_client_close(old);
+    pgjobq_client_close(fresh);
+}
+
 TEST(lease_rescue_never_touches_a_completed_job_and_respects_attempts)
 {
     pgjobq_client *c = t_client();

@@ -2,6 +2,8 @@
  * test_schema.c - migrations, the schema version check, and the CHECK constraints that stop a raw
  * INSERT which bypasses the library.
  */
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +88,55 @@ TEST(schema_newer_than_library_is_a_clear_error)
     CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
     pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+static PGconn *compat_pg;
+static int compat_job_done(void *arg)
+{
+    (void)arg;
+    return t_int(compat_pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'") == 1;
+}
+
+/* A rolling deploy migrates before every worker is upgraded: a newer schema whose migrations say this
+ * library can still use it (schema_version.needs) is accepted by the client and by `pgjobq work`; one
+ * that needs a newer library is refused by both, before anything is written. */
+TEST(schema_newer_but_compatible_is_used_and_incompatible_is_refused)
+{
+    PGconn *pg = compat_pg = t_pg();
+    pgjobq_client *c = NULL;
+    int applied = -1;
+    char *err = NULL;
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)",
+                   PGJOBQ_SCHEMA_VERSION + 1, PGJOBQ_SCHEMA_VERSION));
+    CHECK_OK(c, pgjobq_client_open(&c, t_conninfo()));
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, 0);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, NULL));
+    pgjobq_client_close(c);
+    c = NULL;
+    pid_t w = t_spawn(t_log_path("compat"), NULL, "work", "--queue", "default", "--exec", "/bin/true", "--poll",
+                      "100ms", NULL);
+    int done = t_wait_until(compat_job_done, NULL, 20000);
+    kill(w, SIGTERM);
+    CHECK_INT(t_wait_exit(w, 20000), 0);
+    if (!done)
+        t_show_log(t_log_path("compat"));
+    CHECK_MSG(done, "`pgjobq work` did not run the job on a compatible newer schema");
+
+    /* A later migration that needs a library newer than this one. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)",
+                   PGJOBQ_SCHEMA_VERSION + 2, PGJOBQ_SCHEMA_VERSION + 1));
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "upgrade pgjobq") != NULL, "message: %s", pgjobq_errmsg(c));
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", NULL, NULL), PGJOBQ_ESCHEMA);
+    CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
+    pgjobq_client_close(c);
+    int status = t_cli(NULL, &err, NULL, 0, "work", "--queue", "default", "--exec", "/bin/true", NULL);
+    CHECK_MSG(status != 0 && strstr(err, "upgrade pgjobq") != NULL, "status %d, stderr: %s", status, err);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 1);
     PQfinish(pg);
 }
 

@@ -17,8 +17,14 @@ FNR == 1 {
     } else {
         n++
         names[n] = name
+        needs[n] = n
         printf "static const char m%d[] =\n", n
     }
+}
+# "-- needs: N" in a migration's header: libraries of schema version N and later can use the database
+# once it is applied (by default only libraries that know the migration).
+FNR <= 5 && name != "roles.sql" && /^-- needs: [0-9]+$/ {
+    needs[n] = $3 + 0
 }
 {
     line = $0
@@ -35,6 +41,9 @@ END {
     print "const char *const pgjobq__migration_names[] = {"
     for (i = 1; i <= n; i++) printf "    \"%s\",\n", names[i]
     print "    NULL};"
+    print "const int pgjobq__migration_needs[] = {"
+    for (i = 1; i <= n; i++) printf "    %d,\n", needs[i]
+    print "    0};"
     printf "const int pgjobq__migration_count = %d;\n", n
     print "const char *const pgjobq__roles_sql = roles;"
 }
