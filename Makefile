@@ -157,7 +157,7 @@ fuzz: | $(DEPS_OK)
 CHAOS_SECONDS ?= 240
 chaos: all $(TESTS)
 	@sh tools/ensure-deps.sh --server
-	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_SRCDIR=$(CURDIR) PGJOBQ_CHAOS_SECONDS=$(CHAOS_SECONDS) $(TESTS) -v chaos
+	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_SRCDIR=$(CURDIR) PGJOBQ_CHAOS_SECONDS=$(CHAOS_SECONDS) $(TESTS) -v chaos failover max_connections worker_on_a_standby
 
 # Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run.
 # Plots need gnuplot (installed with apt-get when running as root; skipped otherwise).

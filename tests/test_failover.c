@@ -96,7 +96,7 @@ static int run_owner(const char *log, const char *prog, ...)
 }
 
 /* Starts a program in the background as the cluster owner, output to log; returns its pid. */
-__attribute__((unused)) static pid_t spawn_owner(const char *log, const char *const argv[], const char *path_env)
+static pid_t spawn_owner(const char *log, const char *const argv[], const char *path_env)
 {
     pid_t pid = fork();
 
@@ -508,6 +508,7 @@ static void load_acks(PGconn *conn)
 
 typedef struct verdict {
     long long enq_stall, done_stall; /* acknowledged while the standby was detached */
+    long long max_gap_ms; /* the longest time without a completion: what the workers saw of the failover */
     long long enq_lost, ids_reused, done_lost, claims_in_valid, stale, stuck, cli_first_ms;
 } verdict;
 
@@ -526,6 +527,9 @@ static verdict check_new_primary(PGconn *conn, int64_t promoted_wall_ms)
     v.claims_in_valid = t_audit_claims_in_valid_lease(conn);
     v.stale = t_audit_stale_writes(conn);
     v.stuck = t_int(conn, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'fo' AND state = 'running'");
+    v.max_gap_ms = t_int(conn, "SELECT coalesce(round(extract(epoch FROM max(gap)) * 1000), -1)::bigint FROM"
+                               " (SELECT finished_at - lag(finished_at) OVER (ORDER BY finished_at) AS gap"
+                               " FROM pgjobq.history WHERE queue = 'fo' AND state = 'completed') g");
     v.cli_first_ms = t_int(conn,
                            "SELECT coalesce(round(extract(epoch FROM min(finished_at)) * 1000 - %lld), -1)::bigint"
                            " FROM pgjobq.history WHERE queue = 'fo' AND worker_id LIKE 'cli%%'"
@@ -633,6 +637,7 @@ static verdict crash_and_promote(node *primary, node *standby, int sync, int sta
     printf("  %-60s %5lld ms\n", "crash to promoted", (long long)(promoted - crash));
     printf("  %-60s %5lld ms\n", "promoted to first completion (C API)", first ? (long long)(first - promoted_wall) : -1LL);
     printf("  %-60s %5lld ms\n", "promoted to first completion (pgjobq work)", v.cli_first_ms);
+    printf("  %-60s %5lld ms\n", "longest time without a completion", v.max_gap_ms);
     printf("  %-60s %8s\n", "`pgjobq work` logs name the new primary", reconnected ? "yes" : "no");
     printf("  %-60s %8d / %d\n", "enqueue / completion calls that failed (indeterminate)", atomic_load(&load.enq_errors),
            atomic_load(&load.done_errors));
@@ -840,4 +845,205 @@ TEST_FULL(worker_on_a_standby_says_read_only_and_runs_jobs_after_promotion, 120,
     kill(w, SIGTERM);
     CHECK_INT(t_wait_exit(w, 20000), 0);
     PQfinish(cond_conn);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* pg_auto_failover: a monitor, a primary and a secondary, a failover performed through the monitor  */
+
+static const char *autoctl_path(void)
+{
+    static char path[600];
+    snprintf(path, sizeof path, "%s/pg_autoctl", t_bindir());
+    if (access(path, X_OK) != 0)
+        snprintf(path, sizeof path, "/usr/bin/pg_autoctl");
+    CHECK_MSG(access(path, X_OK) == 0,
+              "pg_autoctl not found: install postgresql-<major>-auto-failover (tools/ensure-deps.sh --server)");
+    return path;
+}
+
+/* `pg_autoctl create ... --run` in the background, as the cluster owner. */
+static void autoctl_create(node *n, const char *what, const char *name, const char *monitor_url)
+{
+    char port[16], pgctl[600];
+    const char *argv[40];
+    int argc = 0;
+
+    snprintf(port, sizeof port, "%d", n->port);
+    snprintf(pgctl, sizeof pgctl, "%s/pg_ctl", t_bindir());
+    argv[argc++] = autoctl_path();
+    argv[argc++] = "create";
+    argv[argc++] = what;
+    argv[argc++] = "--pgctl";
+    argv[argc++] = pgctl;
+    argv[argc++] = "--pgdata";
+    argv[argc++] = n->data;
+    argv[argc++] = "--pgport";
+    argv[argc++] = port;
+    argv[argc++] = "--hostname";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "--listen";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "--auth";
+    argv[argc++] = "trust";
+    argv[argc++] = "--no-ssl";
+    if (monitor_url) {
+        argv[argc++] = "--name";
+        argv[argc++] = name;
+        argv[argc++] = "--dbname";
+        argv[argc++] = "fo";
+        argv[argc++] = "--monitor";
+        argv[argc++] = monitor_url;
+    }
+    argv[argc++] = "--run";
+    argv[argc] = NULL;
+    track_node(n); /* pg_ctl stop by data directory if pg_autoctl itself is killed */
+    track_pid(spawn_owner(n->log, argv, NULL));
+}
+
+/* Runs a pg_autoctl command to completion; its output in dir/autoctl.out; returns the exit status. */
+static int autoctl(const char *out, const char *a1, const char *a2, const char *a3, const char *a4, const char *a5,
+                   const char *a6)
+{
+    return run_owner(out, autoctl_path(), a1, a2, a3, a4, a5, a6, NULL);
+}
+
+static long long monitor_count(PGconn *mon, const char *states)
+{
+    return t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE reportedstate::text = ANY ('{%s}')"
+                      " AND goalstate = reportedstate", states);
+}
+
+TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300, 0)
+{
+    static node mon, n1, n2;
+    pthread_t threads[PRODUCERS + API_WORKERS];
+    char dir[600], sub[700], monitor_url[200], mci[200];
+
+    /* pg_autoctl keeps its state under XDG directories: this test's own. */
+    snprintf(dir, sizeof dir, "%s/xdg", t_tmpdir());
+    mkdir_owned(dir);
+    const char *xdg[] = {"XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(sub, sizeof sub, "%s/%d", dir, i);
+        mkdir_owned(sub);
+        setenv(xdg[i], sub, 1);
+    }
+    setenv("HOME", dir, 1);
+    setenv("PGUSER", "postgres", 1); /* the URI that `pg_autoctl show uri` prints names no user */
+
+    node_paths(&mon, "monitor");
+    node_paths(&n1, "n1");
+    node_paths(&n2, "n2");
+    autoctl_create(&mon, "monitor", NULL, NULL);
+    snprintf(mci, sizeof mci, "host=127.0.0.1 port=%d user=postgres dbname=pg_auto_failover connect_timeout=5",
+             mon.port);
+    PGconn *m = NULL;
+    int64_t t = t_now_ms();
+    for (;;) {
+        m = PQconnectdb(mci);
+        if (PQstatus(m) == CONNECTION_OK) {
+            PGresult *r = PQexec(m, "SELECT 1 FROM pg_extension WHERE extname = 'pgautofailover'");
+            int ready = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+            PQclear(r);
+            if (ready)
+                break;
+        }
+        PQfinish(m);
+        if (t_now_ms() - t > 60000) {
+            t_show_log(mon.log);
+            t_fail(__FILE__, __LINE__, "the pg_auto_failover monitor did not start");
+        }
+        pause_ms(200);
+    }
+    snprintf(monitor_url, sizeof monitor_url, "postgres://autoctl_node@127.0.0.1:%d/pg_auto_failover?sslmode=disable",
+             mon.port);
+    autoctl_create(&n1, "postgres", "n1", monitor_url);
+    t = t_now_ms();
+    while (monitor_count(m, "single,wait_primary,primary") < 1) {
+        if (t_now_ms() - t > 90000) {
+            t_show_log(n1.log);
+            t_fail(__FILE__, __LINE__, "the first node did not become primary");
+        }
+        pause_ms(200);
+    }
+    autoctl_create(&n2, "postgres", "n2", monitor_url);
+    t = t_now_ms();
+    while (monitor_count(m, "secondary") < 1 || monitor_count(m, "primary") < 1) {
+        /* pg_basebackup waits for a checkpoint, spread over minutes by default: hurry it. */
+        char ci[200];
+        snprintf(ci, sizeof ci, "host=127.0.0.1 port=%d user=postgres dbname=postgres connect_timeout=2", n1.port);
+        PGconn *pc = PQconnectdb(ci);
+        if (PQstatus(pc) == CONNECTION_OK)
+            PQclear(PQexec(pc, "CHECKPOINT"));
+        PQfinish(pc);
+        if (t_now_ms() - t > 120000) {
+            t_show_log(n2.log);
+            t_fail(__FILE__, __LINE__, "the second node did not become a secondary");
+        }
+        pause_ms(500);
+    }
+
+    /* The workers' URL is the one pg_autoctl prints. */
+    char out[700];
+    snprintf(out, sizeof out, "%s/uri.out", t_tmpdir());
+    CHECK_INT(autoctl(out, "show", "uri", "--formation", "default", "--pgdata", mon.data), 0);
+    FILE *f = fopen(out, "r");
+    CHECK(f != NULL);
+    url[0] = '\0';
+    char line[700];
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "postgres", 8) == 0)
+            snprintf(url, sizeof url, "%.590s", line);
+    fclose(f);
+    url[strcspn(url, "\r\n")] = '\0';
+    CHECK_MSG(strstr(url, "target_session_attrs=read-write") != NULL, "pg_autoctl show uri printed \"%s\"", url);
+    printf("pg_autoctl show uri: %s\n", url);
+
+    pgjobq_client *c = NULL;
+    CHECK_RC(c, pgjobq_client_open(&c, url), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, NULL));
+    pgjobq_client_close(c);
+    PGconn *pc = connect_node(&n1, "fo");
+    t_audit_install(pc);
+    PQfinish(pc);
+
+    start_load(threads);
+    pause_ms(4000);
+    CHECK_MSG(atomic_load(&load.ndone) > 0, "no completion before the failover");
+    int enq_before = atomic_load(&load.nenq), done_before = atomic_load(&load.ndone);
+    int64_t asked = t_now_ms(), asked_wall = wall_ms();
+    atomic_store(&load.mark_ms, asked_wall);
+    snprintf(out, sizeof out, "%s/failover.out", t_tmpdir());
+    CHECK_INT(autoctl(out, "perform", "failover", "--formation", "default", "--pgdata", mon.data), 0);
+    int64_t done = t_now_ms();
+    CHECK_INT(t_int(m, "SELECT count(*) FROM pgautofailover.node WHERE nodename = 'n2' AND reportedstate = 'primary'"),
+              1);
+    PQfinish(m);
+    pause_ms(4000);
+
+    PGconn *nc = connect_node(&n2, "fo");
+    drain_and_stop(threads, nc);
+    verdict v = check_new_primary(nc, asked_wall);
+    int64_t first = atomic_load(&load.first_done_after_ms);
+    char port[32];
+    snprintf(port, sizeof port, "to 127.0.0.1:%d", n2.port);
+    int reconnected = log_mentions(t_log_path("cli0"), port) && log_mentions(t_log_path("cli1"), port);
+    printf("pg_auto_failover: %d enqueues and %d completions acknowledged (%d and %d before the failover)\n",
+           atomic_load(&load.nenq), atomic_load(&load.ndone), enq_before, done_before);
+    printf("  %-60s %8lld\n", "acknowledged enqueues missing on the new primary", v.enq_lost);
+    printf("  %-60s %8lld\n", "acknowledged completions lost", v.done_lost);
+    printf("  %-60s %8lld\n", "claims while another lease was valid", v.claims_in_valid);
+    printf("  %-60s %8lld\n", "stale writes accepted", v.stale);
+    printf("  %-60s %8lld\n", "stuck running after the drain", v.stuck);
+    printf("  %-60s %5lld ms\n", "pg_autoctl perform failover took", (long long)(done - asked));
+    printf("  %-60s %5lld ms\n", "longest time without a completion", v.max_gap_ms);
+    printf("  %-60s %8s\n", "`pgjobq work` logs name the new primary", reconnected ? "yes" : "no");
+    CHECK_INT(v.enq_lost, 0);
+    CHECK_INT(v.done_lost, 0);
+    CHECK_INT(v.claims_in_valid, 0);
+    CHECK_INT(v.stale, 0);
+    CHECK_INT(v.stuck, 0);
+    CHECK_MSG(first > 0 && v.cli_first_ms >= 0, "no completion after the failover");
+    CHECK_MSG(reconnected, "a worker's log does not say it reconnected %s", port);
+    PQfinish(nc);
 }

@@ -2,7 +2,8 @@
 # ensure-deps.sh [--server] - makes sure what the build (and, with --server, the tests) need is here:
 # libpq's and libmicrohttpd's headers and libraries, and with --server the PostgreSQL server binaries
 # (initdb, pg_ctl, postgres), headless Chromium and promtool (the dashboard and metrics tests), Python
-# with psycopg 3, psycopg2 and SQLAlchemy, Node.js with npm (the client examples), and PgBouncer.  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
+# with psycopg 3, psycopg2 and SQLAlchemy, Node.js with npm (the client examples), PgBouncer, and
+# pg_auto_failover.  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
 # and prints the exact command to run.
 set -u
 
@@ -47,6 +48,13 @@ if [ $need_server = 1 ]; then
     command -v node >/dev/null 2>&1 || missing="$missing nodejs"
     command -v npm >/dev/null 2>&1 || missing="$missing npm"
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1 || missing="$missing pgbouncer"
+    # pg_auto_failover (the failover test's HA manager), built for the server's major version (the
+    # newest installed, as the tests use; Debian 12's 15 when none is yet).
+    major=$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -n 1)
+    [ -n "$major" ] || major=15
+    { command -v pg_autoctl >/dev/null 2>&1 &&
+      [ -f "/usr/share/postgresql/$major/extension/pgautofailover.control" ]; } ||
+        missing="$missing postgresql-$major-auto-failover"
 fi
 [ -z "$missing" ] && exit 0
 
