@@ -51,7 +51,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench chaos fuzz screenshots abi
+.PHONY: all check sanitize install uninstall clean format deps demo examples bench soak chaos fuzz screenshots abi
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -158,6 +158,11 @@ CHAOS_SECONDS ?= 240
 chaos: all $(TESTS)
 	@sh tools/ensure-deps.sh --server
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_SRCDIR=$(CURDIR) PGJOBQ_CHAOS_SECONDS=$(CHAOS_SECONDS) $(TESTS) -v chaos failover max_connections worker_on_a_standby
+
+# The seed's deployment for a long time (SOAK_SECONDS, default 600; see bench/soak.sh).
+soak: all
+	@sh tools/ensure-deps.sh --server
+	PGJOBQ=$(abspath $(CLI)) sh bench/soak.sh
 
 # Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run.
 # Plots need gnuplot (installed with apt-get when running as root; skipped otherwise).

@@ -8,6 +8,8 @@
  *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
  *   latency     an idle worker; N jobs enqueued one at a time at R/s                      p50/p95/p99/max
  *   mixed       producers at R jobs/s while P x C workers run, for S seconds              throughput, depth, p99
+ *   soak        P x C workers on a standing backlog of N (refilled), over --noise history,  per-minute throughput,
+ *               for S seconds (`make soak`)                                                 RSS, table, dead tuples
  *
  * The ceilings these are compared with (a minimal queue table driven by pgbench) are in bench/ceiling
  * and bench/run.sh: they do not go through this program, so that nothing of pgjobq is in them.
@@ -56,9 +58,9 @@ const cli_opt bench_opts[] = {
     {"concurrency", OPT_CONCURRENCY, "C", "worker threads per process (default 32)"},
     {"processes", OPT_PROCESSES, "P", "worker processes, at most 64 (default 1)"},
     {"batch", OPT_BATCH, "B", "enqueue: jobs per batch (default 10000); workers: most jobs per claim (default 1000)"},
-    {"rate", OPT_RATE, "R", "latency, mixed: jobs enqueued per second (default 200; mixed 10000)"},
-    {"seconds", OPT_SECONDS, "S", "mixed: how long to run (default 60)"},
-    {"noise", OPT_NOISE, "N", "drain: also hold N completed jobs and N queued jobs of another queue"},
+    {"rate", OPT_RATE, "R", "latency, mixed, soak: jobs enqueued per second (default 200; mixed 10000; soak 0: refill what drains)"},
+    {"seconds", OPT_SECONDS, "S", "mixed, soak: how long to run (default 60)"},
+    {"noise", OPT_NOISE, "N", "drain: also hold N completed jobs and N queued jobs of another queue; soak: N finished jobs"},
     {"lead", OPT_LEAD, "MS", "drain: schedule the jobs this long ahead (default 3000 + 100 per process)"},
     {"handler", OPT_HANDLER, "'CMD ARGS'",
      "drain-exec: the command per job (default /bin/true); drain-coproc: the coprocess (required)"},
@@ -180,6 +182,19 @@ static int preload(pgjobq_client *c, const char *queue, long long n, const char 
     }
     free(specs);
     return rc;
+}
+
+/* Inserts n completed jobs of queue into the history (untimed): what a busy production table holds. */
+static int insert_finished(PGconn *ctl, const char *queue, long long n)
+{
+    char sql[600];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+             " run_at, created_at, started_at, finished_at, lease_token)"
+             " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), '%s', 'default', '{}', 0,"
+             " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
+             queue, n);
+    return run_sql(ctl, sql);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -372,13 +387,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         goto soft_fail;
     if (a->noise > 0) {
         /* History and another queue's backlog: what a busy production table holds. */
-        snprintf(sql, sizeof sql,
-                 "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
-                 " run_at, created_at, started_at, finished_at, lease_token)"
-                 " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), 'bench_noise', 'default', '{}', 0,"
-                 " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
-                 a->noise);
-        if (run_sql(ctl, sql) != 0)
+        if (insert_finished(ctl, "bench_noise", a->noise) != 0)
             goto soft_fail;
         snprintf(sql, sizeof sql,
                  "INSERT INTO pgjobq.jobs (queue, payload) SELECT 'bench_noise', '{}' FROM generate_series(1, %lld)",
@@ -695,6 +704,231 @@ out:
     return status;
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* Soak: the seed thread's deployment, for a long time                                               */
+
+enum { SOAK_SAMPLE_S = 10, SOAK_MAX_SAMPLES = 8640 };
+
+typedef struct soak_sample {
+    double t;                  /* seconds since the workers were ready */
+    long long completed;       /* completions so far */
+    long long dead, live;      /* pgjobq.jobs: dead and live tuples (statistics, approximate) */
+    long long jobs_bytes;      /* pgjobq.jobs with its indexes and TOAST */
+    long long history_bytes;   /* every partition of pgjobq.history */
+    long long conns;           /* the workers' connections */
+    long long vacuums;         /* autovacuum runs on pgjobq.jobs so far */
+    long rss_kb_max, rss_kb_sum;
+} soak_sample;
+
+/* Resident set of a process, KiB (0 when unknown). */
+static long rss_kb(pid_t pid)
+{
+    char path[64];
+    long pages = 0, resident = 0;
+    snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int soak_measure(PGconn *ctl, const bench_args *a, shared *sh, const pid_t *pids, double t, soak_sample *s)
+{
+    PGresult *r = PQexec(ctl,
+                         "SELECT n_dead_tup, n_live_tup, pg_total_relation_size('pgjobq.jobs'),"
+                         " (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+                         "   JOIN pg_namespace n ON n.oid = c.relnamespace"
+                         "   WHERE n.nspname = 'pgjobq' AND c.relkind = 'r' AND c.relname LIKE 'history%'),"
+                         " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                         "   AND application_name IN ('pgjobq-claim', 'pgjobq-write', 'pgjobq-maintenance')),"
+                         " autovacuum_count"
+                         " FROM pg_stat_user_tables WHERE relid = 'pgjobq.jobs'::regclass");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+        cli_err("bench: soak statistics: %s", PQerrorMessage(ctl));
+        PQclear(r);
+        return -1;
+    }
+    memset(s, 0, sizeof *s);
+    s->t = t;
+    s->completed = total(sh->completed, a->processes);
+    s->dead = atoll(PQgetvalue(r, 0, 0));
+    s->live = atoll(PQgetvalue(r, 0, 1));
+    s->jobs_bytes = atoll(PQgetvalue(r, 0, 2));
+    s->history_bytes = atoll(PQgetvalue(r, 0, 3));
+    s->conns = atoll(PQgetvalue(r, 0, 4));
+    s->vacuums = atoll(PQgetvalue(r, 0, 5));
+    PQclear(r);
+    for (int i = 0; i < a->processes; i++) {
+        long kb = rss_kb(pids[i]);
+        s->rss_kb_sum += kb;
+        if (kb > s->rss_kb_max)
+            s->rss_kb_max = kb;
+    }
+    return 0;
+}
+
+/* Completions per second between two samples. */
+static double soak_rate(const soak_sample *from, const soak_sample *to)
+{
+    return to->t > from->t ? (double)(to->completed - from->completed) / (to->t - from->t) : 0.0;
+}
+
+/* P worker processes (C threads each) over --noise finished jobs and N queued ones, for S seconds.
+ * With --rate 0 the N jobs are due and refilled as fast as they drain (saturation); with --rate R they
+ * are scheduled a day ahead (a table that holds millions of queued jobs) while a producer offers R
+ * due jobs a second.  Checks that the last minute's throughput is at least 0.9 of the first's (and,
+ * with a rate, of R), that worker RSS, the hot table and its dead tuples stay bounded, and that no
+ * connection leaks; reports the pickup lag of the last minute. */
+static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
+{
+    enum { REFILL_MAX = 10000 };
+    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    soak_sample *smp = calloc(SOAK_MAX_SAMPLES, sizeof *smp);
+    pgjobq_job_spec *specs = calloc(REFILL_MAX, sizeof *specs);
+    pid_t pids[MAX_PROCESSES] = {0};
+    int n = 0, status = EX_OK;
+    long long refilled = 0;
+    char sql[800];
+
+    if (sh == MAP_FAILED || smp == NULL || specs == NULL) {
+        status = EX_OSERR;
+        goto out;
+    }
+    if (a->processes > MAX_PROCESSES || a->seconds < 120 || a->seconds / SOAK_SAMPLE_S >= SOAK_MAX_SAMPLES) {
+        status = cli_usage_error(a->cmd, "soak: --processes at most %d, --seconds from 120 to %d", MAX_PROCESSES,
+                                 SOAK_SAMPLE_S * (SOAK_MAX_SAMPLES - 1));
+        goto out;
+    }
+    memset(sh, 0, sizeof *sh);
+    fprintf(stderr, "soak: loading %lld finished and %lld queued jobs\n", a->noise, a->jobs);
+    if (run_sql(ctl, BENCH_RESET_SQL) != 0)
+        goto soft_fail;
+    if (a->noise > 0 && insert_finished(ctl, "bench", a->noise) != 0)
+        goto soft_fail;
+    char later[64] = "";
+    if (a->rate > 0) {
+        PGresult *lr = PQexec(ctl, "SELECT to_char((now() + interval '1 day') AT TIME ZONE 'UTC',"
+                                   " 'YYYY-MM-DD HH24:MI:SS.US') || '+00'");
+        if (PQresultStatus(lr) == PGRES_TUPLES_OK && PQntuples(lr) == 1)
+            snprintf(later, sizeof later, "%s", PQgetvalue(lr, 0, 0));
+        PQclear(lr);
+        if (later[0] == '\0')
+            goto soft_fail;
+    }
+    int rc = preload(c, "bench", a->jobs, later[0] ? later : NULL);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        goto out;
+    }
+    if (run_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || run_sql(ctl, "CHECKPOINT") != 0)
+        goto soft_fail;
+    for (int i = 0; i < REFILL_MAX; i++) {
+        specs[i].payload = "{\"noop\": true}";
+        specs[i].opts.queue = "bench";
+    }
+    if (start_ready_workers(url, a, sh, pids, ctl) != 0)
+        goto soft_fail;
+    double t0 = now_s(), next = t0;
+    long long since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
+    for (;;) {
+        double now = now_s();
+        if (now >= next) {
+            if (soak_measure(ctl, a, sh, pids, now - t0, &smp[n]) != 0)
+                goto soft_fail;
+            const soak_sample *s = &smp[n];
+            fprintf(stderr,
+                    "soak: %4.0f s  %7.0f jobs/s  jobs table %6.1f MiB (%lld live, %lld dead, %lld autovacuums)"
+                    "  history %6.1f MiB  %lld connections  worker RSS max %ld KiB\n",
+                    s->t, n > 0 ? soak_rate(&smp[n - 1], s) : 0.0, (double)s->jobs_bytes / 1048576.0, s->live, s->dead,
+                    s->vacuums, (double)s->history_bytes / 1048576.0, s->conns, s->rss_kb_max);
+            n++;
+            if (now - t0 >= a->seconds)
+                break;
+            next += SOAK_SAMPLE_S;
+        }
+        /* Saturation: put back what was drained.  A rate: what is due by now. */
+        long long drained = a->rate > 0 ? (long long)((now_s() - t0) * a->rate) - refilled
+                                        : total(sh->completed, a->processes) - refilled;
+        while (drained > 0) {
+            size_t k = (size_t)(drained < REFILL_MAX ? drained : REFILL_MAX);
+            if ((rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL)) != PGJOBQ_OK) {
+                status = cli_fail(c, rc);
+                goto out;
+            }
+            refilled += (long long)k;
+            drained -= (long long)k;
+        }
+        pause_ms(100);
+    }
+    stop_workers(a, pids);
+
+    /* Minutes: the first full one after the workers were ready, and the last. */
+    int per_min = 60 / SOAK_SAMPLE_S, last = n - 1;
+    double first_rate = soak_rate(&smp[0], &smp[per_min]);
+    double last_rate = soak_rate(&smp[last - per_min], &smp[last]);
+    /* RSS, the hot table and its dead tuples: the second half may not exceed the first half's peak by
+     * more than a margin (a leak or a vacuum that falls behind grows without bound). */
+    long rss_first = 0, rss_second = 0;
+    long long bytes_first = 0, bytes_second = 0, dead_first = 0, dead_second = 0, conns_min = -1, conns_max = 0;
+    for (int i = 1; i < n; i++) {
+        int second = i > n / 2;
+        soak_sample *s = &smp[i];
+        long *rss = second ? &rss_second : &rss_first;
+        long long *bytes = second ? &bytes_second : &bytes_first, *dead = second ? &dead_second : &dead_first;
+        *rss = s->rss_kb_max > *rss ? s->rss_kb_max : *rss;
+        *bytes = s->jobs_bytes > *bytes ? s->jobs_bytes : *bytes;
+        *dead = s->dead > *dead ? s->dead : *dead;
+        conns_min = conns_min < 0 || s->conns < conns_min ? s->conns : conns_min;
+        conns_max = s->conns > conns_max ? s->conns : conns_max;
+    }
+    snprintf(sql, sizeof sql,
+             "SELECT coalesce(percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY"
+             " extract(epoch FROM started_at - greatest(run_at, created_at)) * 1000), ARRAY[-1, -1]::float8[])::text"
+             " FROM pgjobq.history WHERE queue = 'bench' AND id > %lld AND finished_at > now() - interval '60 s'"
+             " AND run_at <= created_at + interval '1 hour'",
+             since);
+    PGresult *r = PQexec(ctl, sql);
+    double lag50 = -1, lag99 = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        sscanf(PQgetvalue(r, 0, 0), "{%lf,%lf}", &lag50, &lag99);
+    PQclear(r);
+    int steady = last_rate >= 0.9 * first_rate && (a->rate == 0 || last_rate >= 0.9 * a->rate);
+    int rss_flat = rss_second <= rss_first + rss_first / 5 + 1024;
+    int table_bounded = bytes_second <= bytes_first + bytes_first / 2;
+    int dead_bounded = dead_second <= 2 * dead_first + 100000;
+    /* Two connections per process, and the maintenance connection of the one process that maintains. */
+    int no_leak = conns_max == conns_min && conns_max == 2LL * a->processes + 1;
+    printf("{\"scenario\":\"soak\",\"seconds\":%d,\"rate\":%d,\"processes\":%d,\"concurrency\":%d,\"queued\":%lld,"
+           "\"finished_before\":%lld,\"completed\":%lld,\"first_minute_jobs_per_s\":%.1f,"
+           "\"last_minute_jobs_per_s\":%.1f,\"last_over_first\":%.3f,\"rss_kb_max_first_half\":%ld,"
+           "\"rss_kb_max_second_half\":%ld,\"jobs_bytes_max_first_half\":%lld,\"jobs_bytes_max_second_half\":%lld,"
+           "\"dead_max_first_half\":%lld,\"dead_max_second_half\":%lld,\"history_bytes_start\":%lld,"
+           "\"history_bytes_end\":%lld,\"autovacuums\":%lld,\"connections_min\":%lld,\"connections_max\":%lld,"
+           "\"pickup_lag_p50_ms\":%.1f,\"pickup_lag_p99_ms\":%.1f,\"steady\":%s,\"rss_flat\":%s,"
+           "\"table_bounded\":%s,\"dead_bounded\":%s,\"no_connection_leak\":%s}\n",
+           a->seconds, a->rate, a->processes, a->concurrency, a->jobs, a->noise, smp[last].completed, first_rate, last_rate,
+           first_rate > 0 ? last_rate / first_rate : 0.0, rss_first, rss_second, bytes_first, bytes_second,
+           dead_first, dead_second, smp[0].history_bytes, smp[last].history_bytes,
+           smp[last].vacuums - smp[0].vacuums, conns_min, conns_max, lag50, lag99, steady ? "true" : "false",
+           rss_flat ? "true" : "false", table_bounded ? "true" : "false", dead_bounded ? "true" : "false",
+           no_leak ? "true" : "false");
+    status = steady && rss_flat && table_bounded && dead_bounded && no_leak ? EX_OK : EX_SOFTWARE;
+    goto out;
+soft_fail:
+    status = EX_SOFTWARE;
+out:
+    if (sh != MAP_FAILED) {
+        stop_workers(a, pids);
+        munmap(sh, sizeof *sh);
+    }
+    free(smp);
+    free(specs);
+    return status;
+}
+
 int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
 {
     bench_args a = {.cmd = cmd, .jobs = 100000, .concurrency = 32, .processes = 1, .seconds = 60};
@@ -709,7 +943,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
     if (first < 0)
         return EX_USAGE;
     if (argc - first != 1)
-        return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed");
+        return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed, "
+                                    "soak");
     const char *scenario = argv[first];
     if (strcmp(scenario, "mixed") == 0 && a.rate == 0)
         a.rate = 10000;
@@ -744,6 +979,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_latency(url, &a, ctl, c);
     else if (strcmp(scenario, "mixed") == 0)
         status = bench_mixed(url, &a, ctl, c);
+    else if (strcmp(scenario, "soak") == 0)
+        status = bench_soak(url, &a, ctl, c);
     else
         status = cli_usage_error(cmd, "unknown scenario '%s'", scenario);
     PQfinish(ctl);

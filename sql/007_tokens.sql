@@ -1,4 +1,5 @@
--- pgjobq schema, migration 7: lease tokens that a failover cannot hand out twice.
+-- pgjobq schema, migration 7: lease tokens that a failover cannot hand out twice, and an unthrottled
+-- autovacuum of the queue table.
 -- needs: 6
 --
 -- A lease token was the job's previous token plus one.  After a failover to an asynchronous standby
@@ -14,6 +15,11 @@
 -- deploy).  This migration changes no signature, so libraries of version 6 work with it.
 
 ALTER TABLE pgjobq.schema_version ADD COLUMN needs integer;
+
+-- The queue table's vacuum is never throttled: under churn a throttled vacuum (1 ms of sleep per 200
+-- cost units) scanned about 20 MB/s while 40 workers made the table grow faster than that, and the
+-- claim slowed as dead tuples piled up (`make soak`, bench/README.md).
+ALTER TABLE pgjobq.jobs SET (autovacuum_vacuum_cost_delay = 0);
 
 CREATE OR REPLACE FUNCTION pgjobq.claim_batch(
     queue          text,
