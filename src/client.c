@@ -162,6 +162,17 @@ void pgjobq_client_set_log(pgjobq_client *c, pgjobq_log_fn fn, void *arg)
     }
 }
 
+/* Opens an owned connection again and sets its session up; PGJOBQ_OK or the error, set on c. */
+static int reconnect(pgjobq_client *c, const char *what)
+{
+    PQreset(c->conn);
+    if (PQstatus(c->conn) != CONNECTION_OK) {
+        set_conn_error(c, what);
+        return PGJOBQ_ECONN;
+    }
+    return session_setup(c);
+}
+
 /* A short random pause before re-running a statement that lost a serialization conflict, so that the
  * contenders do not collide again in lockstep: up to 1, 2, 4 ... 32 ms. */
 static void conflict_pause(unsigned attempt)
@@ -206,12 +217,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
             set_conn_error(c, st->what);
             return PGJOBQ_ECONN;
         }
-        PQreset(c->conn);
-        if (PQstatus(c->conn) != CONNECTION_OK) {
-            set_conn_error(c, st->what);
-            return PGJOBQ_ECONN;
-        }
-        int rc = session_setup(c);
+        int rc = reconnect(c, st->what);
         if (rc != PGJOBQ_OK)
             return rc;
         pgjobq__log(c, PGJOBQ_LOG_INFO, "reconnected to the database");
@@ -248,12 +254,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
                         host ? host : "?", port ? port : "?");
             PQclear(r);
             reset_read_only = 1;
-            PQreset(c->conn);
-            if (PQstatus(c->conn) != CONNECTION_OK) {
-                set_conn_error(c, st->what);
-                return PGJOBQ_ECONN;
-            }
-            int rc = session_setup(c);
+            int rc = reconnect(c, st->what);
             if (rc != PGJOBQ_OK)
                 return rc;
             continue;
