@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 7
+#define PGJOBQ_SCHEMA_VERSION 9
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -95,13 +95,15 @@ PGJOBQ_EXPORT const char *pgjobq_errname(int code);
 /* Jobs                                                                                              */
 
 /* A job's state.  queued -> running -> completed, or failed (attempts exhausted or failed for good),
- * or cancelled.  A retry is queued again with a later run_at. */
+ * or cancelled.  A retry is queued again with a later run_at.  A job enqueued after other jobs
+ * (pgjobq_enqueue_opts.after) is waiting until they have all completed, then queued. */
 typedef enum pgjobq_state {
     PGJOBQ_QUEUED = 0,
     PGJOBQ_RUNNING = 1,
     PGJOBQ_COMPLETED = 2,
     PGJOBQ_FAILED = 3,
-    PGJOBQ_CANCELLED = 4
+    PGJOBQ_CANCELLED = 4,
+    PGJOBQ_WAITING = 5
 } pgjobq_state;
 
 /* The state's name as stored in the database ("queued", ...); "unknown" for an out-of-range value. */
@@ -146,7 +148,22 @@ typedef struct pgjobq_job {
     const char *last_error; /* or NULL */
     const char *unique_key; /* or NULL */
     int cancel_requested;   /* nonzero when a cancel was requested while the job was running */
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    union {
+        const char *tags; /* the job's tags as a JSON array of strings, or NULL (none, or a claimed job) */
+        uint64_t pgjobq_slot0_;
+    };
+    union {
+        const char *progress; /* the last progress the job reported (JSON), or NULL */
+        uint64_t pgjobq_slot1_;
+    };
+    union {
+        /* A claimed job that waited for parents: a JSON array of {"id", "state", "result"} of each
+           parent, in id order; NULL for other jobs, and from pgjobq_job_get and pgjobq_job_list (use
+           pgjobq_job_parents there). */
+        const char *parents;
+        uint64_t pgjobq_slot2_;
+    };
+    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
@@ -270,8 +287,28 @@ typedef struct pgjobq_enqueue_opts {
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
                                     (pgjobq_queue_set_key_concurrency), at most that many jobs with
                                     the same key run at once.  1 to 255 characters. */
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    union {
+        /* NULL: none.  Ids of jobs this job waits for, ending with 0 (at most 10000).  The job is
+           waiting until every one has completed, then queued.  Not with unique_key. */
+        const int64_t *after;
+        uint64_t pgjobq_slot0_;
+    };
+    union {
+        /* NULL: none.  Tags, ending with NULL: 1 to 20 of 1 to 64 characters (pgjobq_list_opts.tag
+           finds the jobs of a tag).  Not with unique_key. */
+        const char *const *tags;
+        uint64_t pgjobq_slot1_;
+    };
+    int32_t on_parent_failure; /* with after: PGJOBQ_PARENT_FAILURE_CANCEL (0, the default: a parent
+                                  that fails for good or is cancelled cancels this job) or
+                                  PGJOBQ_PARENT_FAILURE_RUN (it runs once every parent has finished) */
+    uint32_t pgjobq_reserved32;  /* zero */
+    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_enqueue_opts;
+
+/* pgjobq_enqueue_opts.on_parent_failure */
+#define PGJOBQ_PARENT_FAILURE_CANCEL 0
+#define PGJOBQ_PARENT_FAILURE_RUN    1
 
 #ifdef __cplusplus
 static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
@@ -310,6 +347,18 @@ typedef struct pgjobq_job_spec {
  */
 PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                        unsigned char *dup_out) PGJOBQ_WUR;
+
+/*
+ * Enqueues a graph of jobs in one transaction, all or none: graph_json is what the SQL function
+ * pgjobq.enqueue_graph takes (docs/workflows.md): a JSON array of jobs, each with optional "ref",
+ * "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key", "run_at" or "delay"
+ * (seconds), "tags", "after" (refs of jobs of the graph, or ids of jobs already enqueued),
+ * "on_parent_failure" ("cancel" or "run") and "callback" (a batch callback).  A cycle, an unknown
+ * ref or parent, or a bad field is PGJOBQ_EINVAL and writes nothing.  ids_out (may be NULL) receives
+ * the jobs' ids in input order, at most max_ids of them; *n_out (may be NULL) the number of jobs.
+ */
+PGJOBQ_EXPORT int pgjobq_enqueue_graph(pgjobq_client *c, const char *graph_json, int64_t *ids_out, size_t max_ids,
+                                       size_t *n_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Claim, complete, fail, heartbeat                                                                  */
@@ -358,6 +407,21 @@ PGJOBQ_EXPORT int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_to
  * job has now ended cancelled: stop working on it).
  */
 PGJOBQ_EXPORT int pgjobq_job_extend(pgjobq_client *c, int64_t id, int64_t lease_token, int64_t lease_ms) PGJOBQ_WUR;
+
+/*
+ * Records the progress of a running job (any JSON text of at most 8 KiB), fenced like a completion:
+ * PGJOBQ_ELEASE, and nothing written, when lease_token is no longer the job's running lease.  The
+ * last progress stays on the job, in history too (pgjobq_job.progress, `pgjobq show`).
+ */
+PGJOBQ_EXPORT int pgjobq_job_progress(pgjobq_client *c, int64_t id, int64_t lease_token, const char *json) PGJOBQ_WUR;
+
+/*
+ * Reads the jobs that job `id` waits (or waited) for, with their results: *parents_out holds *n_out
+ * jobs in id order (NULL, 0 when it has none), to release with pgjobq_jobs_free().  A parent that
+ * retention has removed is left out.
+ */
+PGJOBQ_EXPORT int pgjobq_job_parents(pgjobq_client *c, int64_t id, pgjobq_job **parents_out,
+                                     size_t *n_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Administration                                                                                    */
@@ -434,7 +498,11 @@ typedef struct pgjobq_list_opts {
     int state;         /* a pgjobq_state, or -1 for all states */
     int limit;         /* 1..100000; 0: 100 */
     int64_t before_id; /* only jobs with id < before_id (paging); 0: no bound */
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    union {
+        const char *tag; /* NULL: any; else only jobs with this tag */
+        uint64_t pgjobq_slot0_;
+    };
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_list_opts;
 
 #ifdef __cplusplus

@@ -32,7 +32,9 @@ $$;
 GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text),
+    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text),
+    pgjobq.enqueue_graph(jsonb),
+    pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[]),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[])
@@ -58,11 +60,16 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cron_instant(timestamp, text),
     pgjobq.schedule_tick(integer),
     pgjobq.worker_beat(text, text, integer, text, text),
-    pgjobq.worker_gone(text)
+    pgjobq.worker_gone(text),
+    pgjobq.set_progress(bigint, bigint, jsonb),
+    pgjobq.parents(bigint)
 TO pgjobq_worker;
 
 GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.children(bigint), pgjobq.graph(bigint) TO pgjobq_admin, pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.parents(bigint) TO pgjobq_monitor;
+GRANT SELECT ON pgjobq.deps TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(text), pgjobq.queue_set(text, jsonb),
     pgjobq.queue_list(), pgjobq.schedule_set(text, text, text, text, text, jsonb, smallint, integer, text),
     pgjobq.schedule_enable(text, boolean), pgjobq.schedule_delete(text), pgjobq.schedule_list(),

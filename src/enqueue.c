@@ -13,6 +13,7 @@
  * (pgjobq.reserve_ids), and the batch is one transaction with its notifications.
  */
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,7 +121,196 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
             return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key must have 1 to %d characters", label,
                                   PGJOBQ_UNIQUE_KEY_MAX);
     }
+    if ((o->after || o->tags) && o->unique_key)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: a job with parents or tags cannot have a unique key", label);
+    if (o->after) {
+        size_t n = 0;
+        for (; o->after[n] != 0; n++)
+            if (o->after[n] < 0 || n >= 10000)
+                return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: after: %s", label,
+                                      n >= 10000 ? "more than 10000 parents" : "a job id must be positive");
+        if (n == 0)
+            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: after is empty (end the ids with 0)", label);
+    }
+    if (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL &&
+        (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_RUN || o->after == NULL))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: on_parent_failure must be CANCEL or RUN, and only with after",
+                              label);
+    if (o->tags) {
+        size_t n = 0;
+        for (; o->tags[n] != NULL; n++) {
+            size_t len = strlen(o->tags[n]);
+            if (n >= 20 || len == 0 || !pgjobq__utf8_valid(o->tags[n], len) || utf8_chars(o->tags[n]) > 64)
+                return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tags: at most 20, each 1 to 64 characters of UTF-8",
+                                      label);
+        }
+        if (n == 0)
+            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tags is empty (end the tags with NULL)", label);
+    }
     return PGJOBQ_OK;
+}
+
+/* The fields that took the place of pgjobq_reserved[4] left the size as it was. */
+_Static_assert(sizeof(pgjobq_enqueue_opts) == offsetof(pgjobq_enqueue_opts, after) + 4 * sizeof(uint64_t),
+               "pgjobq_enqueue_opts changed size");
+_Static_assert(sizeof(pgjobq_job) == offsetof(pgjobq_job, tags) + 4 * sizeof(uint64_t), "pgjobq_job changed size");
+_Static_assert(sizeof(pgjobq_list_opts) == offsetof(pgjobq_list_opts, tag) + 4 * sizeof(uint64_t),
+               "pgjobq_list_opts changed size");
+
+static int spec_needs_graph(const pgjobq_job_spec *j)
+{
+    return j->opts.after != NULL || j->opts.tags != NULL;
+}
+
+/* Appends s as a JSON string (s is valid UTF-8). */
+static void json_string(pgjobq__buf *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    pgjobq__buf_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            pgjobq__buf_put(b, esc, 2);
+        } else if (*p < 0x20) {
+            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
+            pgjobq__buf_put(b, esc, 6);
+        } else {
+            pgjobq__buf_put(b, p, 1);
+        }
+    }
+    pgjobq__buf_put(b, "\"", 1);
+}
+
+static void json_key(pgjobq__buf *b, const char *key)
+{
+    pgjobq__buf_put(b, ",", 1);
+    json_string(b, key);
+    pgjobq__buf_put(b, ":", 1);
+}
+
+/* The jobs as the graph pgjobq.enqueue_graph takes (checked by check_spec). */
+static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n)
+{
+    char num[64];
+    pgjobq__buf_put(b, "[", 1);
+    for (size_t i = 0; i < n; i++) {
+        const pgjobq_enqueue_opts *o = &jobs[i].opts;
+        const char *payload = jobs[i].payload ? jobs[i].payload : "{}";
+        pgjobq__buf_put(b, i ? ",{\"payload\":" : "{\"payload\":", i ? 12 : 11);
+        pgjobq__buf_put(b, payload, strlen(payload));
+        if (o->queue) {
+            json_key(b, "queue");
+            json_string(b, o->queue);
+        }
+        if (o->kind) {
+            json_key(b, "kind");
+            json_string(b, o->kind);
+        }
+        json_key(b, "priority");
+        pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->priority));
+        if (o->max_attempts) {
+            json_key(b, "max_attempts");
+            pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->max_attempts));
+        }
+        if (o->concurrency_key) {
+            json_key(b, "concurrency_key");
+            json_string(b, o->concurrency_key);
+        }
+        if (o->run_at) {
+            json_key(b, "run_at");
+            json_string(b, o->run_at);
+        } else if (o->delay_ms) {
+            json_key(b, "delay");
+            pgjobq__buf_put(b, num,
+                            (size_t)snprintf(num, sizeof num, "%lld.%03lld", (long long)(o->delay_ms / 1000),
+                                             (long long)(o->delay_ms % 1000)));
+        }
+        if (o->tags) {
+            json_key(b, "tags");
+            for (size_t k = 0; o->tags[k]; k++) {
+                pgjobq__buf_put(b, k ? "," : "[", 1);
+                json_string(b, o->tags[k]);
+            }
+            pgjobq__buf_put(b, "]", 1);
+        }
+        if (o->after) {
+            json_key(b, "after");
+            for (size_t k = 0; o->after[k]; k++)
+                pgjobq__buf_put(b, num,
+                                (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "[", (long long)o->after[k]));
+            pgjobq__buf_put(b, "]", 1);
+            json_key(b, "on_parent_failure");
+            json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
+        }
+        pgjobq__buf_put(b, "}", 1);
+    }
+    pgjobq__buf_put(b, "]", 1);
+}
+
+/* Runs pgjobq.enqueue_graph(graph); the ids in input order into ids_out (at most max_ids). */
+static int graph_call(pgjobq_client *c, const char *graph, size_t len, int64_t *ids_out, size_t max_ids,
+                      size_t *n_out)
+{
+    static const Oid types[] = {OID_TEXT};
+    const char *values[1] = {graph};
+    int lengths[1] = {(int)len}, formats[1] = {0};
+    PGresult *r;
+    int rc;
+
+    if (len > INT32_MAX)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "enqueue graph: the graph is larger than 2 GiB");
+    pgjobq__stmt st = {"enqueue graph",
+                       "SELECT g.id FROM pgjobq.enqueue_graph($1::pg_catalog.jsonb) AS g",
+                       1,
+                       types,
+                       values,
+                       lengths,
+                       formats,
+                       0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    size_t n = (size_t)PQntuples(r);
+    for (size_t i = 0; ids_out && i < n && i < max_ids; i++)
+        ids_out[i] = strtoll(PQgetvalue(r, (int)i, 0), NULL, 10);
+    if (n_out)
+        *n_out = n;
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
+int pgjobq_enqueue_graph(pgjobq_client *c, const char *graph_json, int64_t *ids_out, size_t max_ids, size_t *n_out)
+{
+    char why[128];
+    int rc;
+
+    if (n_out)
+        *n_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
+        return rc;
+    if (graph_json == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "enqueue graph: no graph given");
+    if (pgjobq_json_check(graph_json, strlen(graph_json), why, sizeof why) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "enqueue graph: %s", why);
+    return graph_call(c, graph_json, strlen(graph_json), ids_out, max_ids, n_out);
+}
+
+/* Jobs with parents or tags go through pgjobq.enqueue_graph, as a graph without edges of its own. */
+static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out)
+{
+    pgjobq__buf b = {0};
+    int rc;
+
+    specs_to_graph(&b, jobs, n);
+    pgjobq__buf_put(&b, "", 1); /* sent as text: NUL-terminated */
+    if (b.oom)
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory building the graph");
+    else
+        rc = graph_call(c, b.data, b.len - 1, ids_out, n, NULL);
+    pgjobq__buf_free(&b);
+    return rc;
 }
 
 /* The nine parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
@@ -507,6 +697,17 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
         if ((rc = check_spec(c, label, &jobs[i])) != PGJOBQ_OK)
             return rc;
     }
+    for (size_t i = 0; i < n; i++) {
+        if (spec_needs_graph(&jobs[i])) {
+            for (size_t k = 0; k < n; k++)
+                if (jobs[k].opts.unique_key)
+                    return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                                          "job %zu: a batch with parents or tags cannot have unique keys", k);
+            if (dup_out)
+                memset(dup_out, 0, n); /* no unique keys in a graph */
+            return enqueue_as_graph(c, jobs, n, ids_out);
+        }
+    }
     if (copy_fits(jobs, n) && copy_allowed(c)) {
         if (dup_out)
             memset(dup_out, 0, n); /* no unique keys: nothing can be a duplicate */
@@ -534,7 +735,10 @@ int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_o
         spec.opts = *opts;
     if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK)
         return rc;
-    rc = insert_batch(c, &spec, 1, &id, NULL, &dup);
+    if (spec_needs_graph(&spec))
+        rc = enqueue_as_graph(c, &spec, 1, &id);
+    else
+        rc = insert_batch(c, &spec, 1, &id, NULL, &dup);
     if (rc != PGJOBQ_OK)
         return rc;
     if (id_out)

@@ -14,7 +14,7 @@
     "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "     \
     "state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at, " \
     "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                   \
-    "unique_key::pg_catalog.text, cancel_requested"
+    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, NULL::pg_catalog.jsonb"
 
 enum {
     C_ID,
@@ -36,10 +36,13 @@ enum {
     C_LAST_ERROR,
     C_UNIQUE_KEY,
     C_CANCEL_REQUESTED,
+    C_TAGS,
+    C_PROGRESS,
+    C_PARENTS,
     C_NCOLS
 };
 
-static const char *const state_names[] = {"queued", "running", "completed", "failed", "cancelled"};
+static const char *const state_names[] = {"queued", "running", "completed", "failed", "cancelled", "waiting"};
 
 const char *pgjobq_state_name(pgjobq_state state)
 {
@@ -67,8 +70,8 @@ void pgjobq_jobs_free(pgjobq_job *jobs)
 /* Copies one job into its own allocation (struct and strings), released with pgjobq_jobs_free. */
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
 {
-    const char *const *fields[] = {&j->queue, &j->kind, &j->payload, &j->worker_id,
-                                   &j->result, &j->last_error, &j->unique_key};
+    const char *const *fields[] = {&j->queue,      &j->kind,       &j->payload, &j->worker_id, &j->result,
+                                   &j->last_error, &j->unique_key, &j->tags,    &j->progress, &j->parents};
     size_t bytes = sizeof *j;
     pgjobq_job *copy;
     char *p;
@@ -81,8 +84,8 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
         return NULL;
     *copy = *j;
     p = (char *)(copy + 1);
-    const char **dst[] = {&copy->queue, &copy->kind, &copy->payload, &copy->worker_id,
-                          &copy->result, &copy->last_error, &copy->unique_key};
+    const char **dst[] = {&copy->queue,      &copy->kind,       &copy->payload, &copy->worker_id, &copy->result,
+                          &copy->last_error, &copy->unique_key, &copy->tags,    &copy->progress, &copy->parents};
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (*fields[k] == NULL)
             continue;
@@ -94,7 +97,8 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
     return copy;
 }
 
-static const int text_cols[] = {C_QUEUE, C_KIND, C_PAYLOAD, C_WORKER_ID, C_RESULT, C_LAST_ERROR, C_UNIQUE_KEY};
+static const int text_cols[] = {C_QUEUE,      C_KIND,       C_PAYLOAD, C_WORKER_ID, C_RESULT,
+                                C_LAST_ERROR, C_UNIQUE_KEY, C_TAGS,    C_PROGRESS, C_PARENTS};
 
 /* Copies a result of JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n_out)
@@ -142,6 +146,10 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         j->result = field[4];
         j->last_error = field[5];
         j->unique_key = field[6];
+        j->tags = field[7];
+        j->progress = field[8];
+        j->parents = field[9];
+        memset(j->pgjobq_reserved, 0, sizeof j->pgjobq_reserved);
         j->priority = pgjobq__get_int2(r, row, C_PRIORITY);
         {
             size_t sl;
@@ -221,7 +229,8 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     pgjobq__stmt st = {"claim",
                        "SELECT id, $1::pg_catalog.text, kind, payload, priority, 'running', attempt, max_attempts,"
                        " lease_token, run_at, created_at, started_at, NULL::pg_catalog.timestamptz, lease_until,"
-                       " $4::pg_catalog.text, NULL::pg_catalog.jsonb, last_error, unique_key, false"
+                       " $4::pg_catalog.text, NULL::pg_catalog.jsonb, last_error, unique_key, false, NULL::pg_catalog.jsonb,"
+                       " NULL::pg_catalog.jsonb, parents"
                        " FROM pgjobq.claim_batch($1, $2, $3, $4) ORDER BY priority, run_at, id",
                        4,
                        types,
@@ -610,12 +619,73 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     return rc;
 }
 
+int pgjobq_job_parents(pgjobq_client *c, int64_t id, pgjobq_job **parents_out, size_t *n_out)
+{
+    static const Oid types[] = {OID_INT8};
+    char id_s[24];
+    const char *values[1] = {id_s};
+    PGresult *r;
+    int rc;
+
+    if (parents_out)
+        *parents_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (parents_out == NULL || n_out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "parents: parents_out and n_out are required");
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    pgjobq__stmt st = {"parents",
+                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
+                       " WHERE id = ANY (ARRAY(SELECT p.id FROM pgjobq.parents($1) AS p)) ORDER BY id",
+                       1,
+                       types,
+                       values,
+                       NULL,
+                       NULL,
+                       1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    rc = pgjobq__jobs_from_result(c, r, parents_out, n_out);
+    PQclear(r);
+    return rc;
+}
+
+int pgjobq_job_progress(pgjobq_client *c, int64_t id, int64_t lease_token, const char *json)
+{
+    static const Oid types[] = {OID_INT8, OID_INT8, OID_TEXT};
+    char id_s[24], token_s[24], why[128];
+    const char *values[3] = {id_s, token_s, json};
+    PGresult *r;
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (json == NULL || strlen(json) > 8192)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "progress: give JSON text of at most 8 KiB");
+    if (pgjobq_json_check(json, strlen(json), why, sizeof why) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "progress: %s", why);
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    snprintf(token_s, sizeof token_s, "%lld", (long long)lease_token);
+    pgjobq__stmt st = {"progress", "SELECT pgjobq.set_progress($1, $2, $3::pg_catalog.jsonb)", 3, types, values, NULL,
+                       NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    int written = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!written)
+        return pgjobq__seterr(c, PGJOBQ_ELEASE, "progress: job %lld is not running under lease %lld",
+                              (long long)id, (long long)lease_token);
+    return PGJOBQ_OK;
+}
+
 int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job **jobs_out, size_t *n_out)
 {
-    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT4};
+    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT4, OID_TEXT};
     pgjobq_list_opts o = PGJOBQ_LIST_OPTS_INIT;
     char before_s[24], limit_s[16];
-    const char *values[4];
+    const char *values[5];
     PGresult *r;
     int rc;
 
@@ -635,16 +705,19 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: limit must be between 1 and 100000, not %d", o.limit);
     if (o.queue && (rc = pgjobq__check_name(c, "list: queue", o.queue)) != PGJOBQ_OK)
         return rc;
-    if (o.state != -1 && (o.state < PGJOBQ_QUEUED || o.state > PGJOBQ_CANCELLED))
+    if (o.state != -1 && (o.state < PGJOBQ_QUEUED || o.state > PGJOBQ_WAITING))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: unknown state %d", o.state);
     if (o.before_id < 0)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: before_id must not be negative");
+    if (o.tag && (o.tag[0] == '\0' || strlen(o.tag) > 256 || !pgjobq__utf8_valid(o.tag, strlen(o.tag))))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "list: a tag is 1 to 64 characters of UTF-8");
     snprintf(before_s, sizeof before_s, "%lld", (long long)o.before_id);
     snprintf(limit_s, sizeof limit_s, "%d", o.limit);
     values[0] = o.queue;
     values[1] = o.state == -1 ? NULL : pgjobq_state_name((pgjobq_state)o.state);
     values[2] = before_s;
     values[3] = limit_s;
+    values[4] = o.tag;
     /* An unnamed statement is planned with its actual values, so the NULL tests fold away and a filter
      * on queue and state can use the claim index. */
     pgjobq__stmt st = {"list jobs",
@@ -652,8 +725,9 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
                        " WHERE ($1::pg_catalog.text IS NULL OR queue = $1)"
                        "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
                        "   AND ($3 = 0 OR id < $3)"
+                       "   AND ($5::pg_catalog.text IS NULL OR tags OPERATOR(pg_catalog.@>) ARRAY[$5])"
                        " ORDER BY id DESC LIMIT $4",
-                       4,
+                       5,
                        types,
                        values,
                        NULL,

@@ -59,9 +59,9 @@ enum { C_CLAIM, C_WRITE, C_MAINT, NCONN };
 enum { S_CLAIM, S_CLAIM_AFTER, S_NEXT_DUE, NCLAIM_STMTS };
 #define CLAIM_COLUMNS                                                                                         \
     "SELECT id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error FROM pgjobq.claim_batch"
+    " lease_until, unique_key, last_error, parents FROM pgjobq.claim_batch"
 enum { K_ID, K_KIND, K_PAYLOAD, K_PRIORITY, K_ATTEMPT, K_MAX_ATTEMPTS, K_TOKEN, K_RUN_AT, K_CREATED_AT, K_STARTED_AT,
-       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_NCOLS };
+       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_NCOLS };
 static const Oid claim_types[] = {OID_TEXT, OID_INT4, OID_INTERVAL, OID_TEXT, OID_INT2, OID_TIMESTAMPTZ, OID_INT8};
 static const Oid text_type[] = {OID_TEXT};
 static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
@@ -833,13 +833,13 @@ static void heartbeat_done(pgjobq_worker *w, request *rq, PGresult *r)
  * strings. */
 static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *r, int row)
 {
-    static const int text_cols[] = {K_KIND, K_PAYLOAD, K_UNIQUE_KEY, K_LAST_ERROR};
-    const char *s[4];
-    size_t len[4], bytes = sizeof(pgjobq_ctx);
+    static const int text_cols[] = {K_KIND, K_PAYLOAD, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS};
+    const char *s[5];
+    size_t len[5], bytes = sizeof(pgjobq_ctx);
     pgjobq_ctx *ctx;
     char *p;
 
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         s[k] = pgjobq__get_text(r, row, text_cols[k], &len[k]);
         if (s[k])
             bytes += len[k] + 1;
@@ -848,8 +848,9 @@ static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *
     if (ctx == NULL)
         return NULL;
     p = (char *)(ctx + 1);
-    const char **dst[4] = {&ctx->job.kind, &ctx->job.payload, &ctx->job.unique_key, &ctx->job.last_error};
-    for (int k = 0; k < 4; k++) {
+    const char **dst[5] = {&ctx->job.kind, &ctx->job.payload, &ctx->job.unique_key, &ctx->job.last_error,
+                           &ctx->job.parents};
+    for (int k = 0; k < 5; k++) {
         if (s[k] == NULL)
             continue;
         memcpy(p, s[k], len[k]);
