@@ -21,6 +21,13 @@
 #define OPT_QUIET        1003
 #define OPT_BATCH        1004
 #define OPT_CONC_KEY     1005
+#define OPT_AFTER        1006
+#define OPT_TAG          1007
+#define OPT_ON_PARENT    1008
+#define OPT_GRAPH        1009
+
+#define MAX_TAGS  20
+#define MAX_AFTER 10000
 
 const cli_opt enqueue_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "queue name (default: default)"},
@@ -31,6 +38,10 @@ const cli_opt enqueue_opts[] = {
     {"max-attempts", OPT_MAX_ATTEMPTS, "N", "attempts before the job fails for good, 1..1000 (default 25)"},
     {"unique-key", OPT_UNIQUE_KEY, "KEY", "skip the job if a queued or running job holds KEY"},
     {"concurrency-key", OPT_CONC_KEY, "KEY", "limit running jobs per KEY (with `pgjobq queue set --key-concurrency`)"},
+    {"after", OPT_AFTER, "ID[,ID...]", "wait (state waiting) until these jobs have completed; repeatable"},
+    {"on-parent-failure", OPT_ON_PARENT, "WHAT", "with --after: cancel (default) or run when a parent fails for good"},
+    {"tag", OPT_TAG, "TAG", "tag the job (1 to 64 characters; repeatable, at most 20); `list --tag` finds it"},
+    {"graph", OPT_GRAPH, "FILE", "enqueue the jobs of a JSON graph (docs/workflows.md; '-' for stdin); all or none"},
     {"file", OPT_FILE, "FILE", "one JSON payload per line of FILE ('-' for stdin); all or none"},
     {"batch", OPT_BATCH, "N", "with --file, jobs per round trip, 1..10000 (default 1000)"},
     {"quiet", OPT_QUIET, NULL, "print nothing on success"},
@@ -41,9 +52,44 @@ typedef struct enqueue_args {
     const cli_cmd *cmd;
     pgjobq_enqueue_opts opts;
     const char *file;
+    const char *graph;
     int quiet;
     int batch;
+    int64_t *after; /* ends with 0 */
+    size_t n_after;
+    const char *tags[MAX_TAGS + 1]; /* ends with NULL */
+    size_t n_tags;
 } enqueue_args;
+
+/* --after 12,13 --after 14: each id positive, at most MAX_AFTER in all. */
+static int add_after(enqueue_args *a, const char *arg, char *why, size_t why_size)
+{
+    const char *p = arg;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 1 || (*end != ',' && *end != '\0')) {
+            snprintf(why, why_size, "'%s' is not a list of job ids (positive integers, separated by commas)", arg);
+            return -1;
+        }
+        if (a->n_after >= MAX_AFTER) {
+            snprintf(why, why_size, "more than %d parents", MAX_AFTER);
+            return -1;
+        }
+        int64_t *grown = realloc(a->after, (a->n_after + 2) * sizeof *grown);
+        if (grown == NULL) {
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        a->after = grown;
+        a->after[a->n_after++] = v;
+        a->after[a->n_after] = 0;
+        if (*end == '\0')
+            return 0;
+        p = end + 1;
+    }
+}
 
 static int enqueue_opt(int key, const char *arg, void *ctx)
 {
@@ -59,6 +105,31 @@ static int enqueue_opt(int key, const char *arg, void *ctx)
     case OPT_UNIQUE_KEY: a->opts.unique_key = arg; return 0;
     case OPT_CONC_KEY: a->opts.concurrency_key = arg; return 0;
     case OPT_FILE: a->file = arg; return 0;
+    case OPT_GRAPH: a->graph = arg; return 0;
+    case OPT_AFTER:
+        if (add_after(a, arg, why, sizeof why) != 0)
+            break;
+        a->opts.after = a->after;
+        return 0;
+    case OPT_TAG:
+        if (a->n_tags >= MAX_TAGS) {
+            snprintf(why, sizeof why, "at most %d tags", MAX_TAGS);
+            break;
+        }
+        a->tags[a->n_tags++] = arg;
+        a->tags[a->n_tags] = NULL;
+        a->opts.tags = a->tags;
+        return 0;
+    case OPT_ON_PARENT:
+        if (strcmp(arg, "cancel") == 0)
+            a->opts.on_parent_failure = PGJOBQ_PARENT_FAILURE_CANCEL;
+        else if (strcmp(arg, "run") == 0)
+            a->opts.on_parent_failure = PGJOBQ_PARENT_FAILURE_RUN;
+        else {
+            snprintf(why, sizeof why, "'%s' is neither cancel nor run", arg);
+            break;
+        }
+        return 0;
     case OPT_QUIET: a->quiet = 1; return 0;
     case OPT_PRIORITY:
         if (cli_parse_int(arg, PGJOBQ_PRIORITY_MIN, PGJOBQ_PRIORITY_MAX, &v, why, sizeof why) != 0)
@@ -222,40 +293,106 @@ out:
     return status;
 }
 
-int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv)
+/* --graph FILE: the whole file is one JSON graph, sent in one statement. */
+static int enqueue_graph_file(enqueue_args *a, pgjobq_client *c)
 {
-    enqueue_args a = {cmd, PGJOBQ_ENQUEUE_OPTS_INIT, NULL, 0, 1000};
+    FILE *f = strcmp(a->graph, "-") == 0 ? stdin : fopen(a->graph, "r");
+    char *text = NULL, why[160];
+    size_t len = 0, cap = 0, n = 0;
+    int64_t *ids = NULL;
+    int status = EX_OK, rc;
+
+    if (f == NULL) {
+        cli_err("cannot read %s: %s", a->graph, strerror(errno));
+        return EX_NOINPUT;
+    }
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            char *grown = realloc(text, cap = 2 * cap + 65536 + 1);
+            if (grown == NULL) {
+                cli_err("out of memory");
+                status = EX_OSERR;
+                goto out;
+            }
+            text = grown;
+        }
+        size_t got = fread(text + len, 1, 65536, f);
+        len += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        cli_err("reading %s: %s; nothing was enqueued", a->graph, strerror(errno));
+        status = EX_IOERR;
+        goto out;
+    }
+    text[len] = '\0';
+    if (strlen(text) != len || pgjobq_json_check(text, len, why, sizeof why) != PGJOBQ_OK) {
+        cli_err("%s: not valid JSON: %s; nothing was enqueued", a->graph, strlen(text) != len ? "a NUL byte" : why);
+        status = EX_DATAERR;
+        goto out;
+    }
+    if ((ids = malloc(MAX_AFTER * sizeof *ids)) == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    rc = pgjobq_enqueue_graph(c, text, ids, MAX_AFTER, &n);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        cli_err("nothing from %s was enqueued", a->graph);
+        goto out;
+    }
+    for (size_t i = 0; !a->quiet && i < n && i < MAX_AFTER; i++)
+        printf("%lld\n", (long long)ids[i]);
+    if (!a->quiet)
+        fprintf(stderr, "enqueued %zu job%s from %s\n", n, n == 1 ? "" : "s", a->graph);
+out:
+    free(ids);
+    free(text);
+    if (f != stdin)
+        fclose(f);
+    return status;
+}
+
+/* Everything after the options are parsed; a->after is freed by the caller. */
+static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
+{
     const char *payload = NULL;
     pgjobq_client *c;
-    int first, status, rc;
+    int status, rc;
     int64_t id = 0;
 
-    first = cli_parse(cmd, argc, argv, enqueue_opt, &a);
-    if (first == -2)
-        return EX_OK;
-    if (first < 0)
-        return EX_USAGE;
     if (argc - first > 1)
-        return cli_usage_error(cmd, "unexpected argument '%s' (quote the payload as one argument)", argv[first + 1]);
+        return cli_usage_error(a->cmd, "unexpected argument '%s' (quote the payload as one argument)",
+                               argv[first + 1]);
     if (argc - first == 1)
         payload = argv[first];
-    if (payload && a.file)
-        return cli_usage_error(cmd, "give a PAYLOAD or --file, not both");
-    if (a.opts.run_at && a.opts.delay_ms)
-        return cli_usage_error(cmd, "give --delay or --run-at, not both");
+    if ((payload != NULL) + (a->file != NULL) + (a->graph != NULL) > 1)
+        return cli_usage_error(a->cmd, "give a PAYLOAD, --file or --graph, not both");
+    if (a->graph && (a->opts.after || a->opts.tags || a->opts.queue || a->opts.kind || a->opts.unique_key ||
+                     a->opts.concurrency_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
+                     a->opts.max_attempts))
+        return cli_usage_error(a->cmd, "with --graph, give each job's options in the graph");
+    if (a->opts.run_at && a->opts.delay_ms)
+        return cli_usage_error(a->cmd, "give --delay or --run-at, not both");
+    if ((a->opts.after || a->opts.tags) && a->opts.unique_key)
+        return cli_usage_error(a->cmd, "--unique-key cannot go with --after or --tag");
+    if (a->opts.on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL && a->opts.after == NULL)
+        return cli_usage_error(a->cmd, "--on-parent-failure needs --after");
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
-    if (a.file) {
-        status = enqueue_file(&a, c);
+    if (a->file || a->graph) {
+        status = a->file ? enqueue_file(a, c) : enqueue_graph_file(a, c);
         pgjobq_client_close(c);
         return status;
     }
-    rc = pgjobq_enqueue(c, payload, &a.opts, &id);
+    rc = pgjobq_enqueue(c, payload, &a->opts, &id);
     if (rc == PGJOBQ_EDUPLICATE) {
-        if (!a.quiet) {
+        if (!a->quiet) {
             printf("%lld\n", (long long)id);
             fprintf(stderr, "pgjobq: not enqueued: job %lld already holds unique key \"%s\"\n", (long long)id,
-                    a.opts.unique_key);
+                    a->opts.unique_key);
         }
         pgjobq_client_close(c);
         return EX_OK;
@@ -265,8 +402,23 @@ int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv)
         pgjobq_client_close(c);
         return status;
     }
-    if (!a.quiet)
+    if (!a->quiet)
         printf("%lld\n", (long long)id);
     pgjobq_client_close(c);
     return EX_OK;
+}
+
+int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv)
+{
+    enqueue_args a = {.cmd = cmd, .opts = PGJOBQ_ENQUEUE_OPTS_INIT, .batch = 1000};
+    int first = cli_parse(cmd, argc, argv, enqueue_opt, &a), status;
+
+    if (first == -2)
+        status = EX_OK;
+    else if (first < 0)
+        status = EX_USAGE;
+    else
+        status = enqueue_main(&a, argc, first, argv);
+    free(a.after);
+    return status;
 }

@@ -5,12 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <libpq-fe.h>
+
 #include "cli.h"
 
 #define OPT_JSON  'j'
 #define OPT_STATE 's'
 #define OPT_QUEUE 'q'
 #define OPT_LIMIT 'n'
+#define OPT_TAG   't'
 
 #define OPT_ROLES 'r'
 const cli_opt migrate_opts[] = {
@@ -18,14 +21,19 @@ const cli_opt migrate_opts[] = {
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt list_opts[] = {
-    {"state", OPT_STATE, "STATE", "only jobs in STATE: queued, running, completed, failed or cancelled"},
+    {"state", OPT_STATE, "STATE", "only jobs in STATE: waiting, queued, running, completed, failed or cancelled"},
     {"queue", OPT_QUEUE, "QUEUE", "only jobs of QUEUE"},
+    {"tag", OPT_TAG, "TAG", "only jobs tagged TAG"},
     {"limit", OPT_LIMIT, "N", "at most N jobs (1..100000, default 100)"},
     {"json", OPT_JSON, NULL, "print a JSON array of job objects"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt show_opts[] = {
     {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt graph_opts[] = {
+    {"json", OPT_JSON, NULL, "print a JSON array: id, depth, state, queue, kind, parents"},
+    CLI_COMMON_OPTS,
+    {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 #define OPT_KIND    'k'
 #define OPT_SINCE   1001
@@ -152,7 +160,8 @@ static int list_opt(int key, const char *arg, void *ctx)
     switch (key) {
     case OPT_STATE:
         if (pgjobq_state_parse(arg, &st) != PGJOBQ_OK) {
-            cli_usage_error(a->cmd, "unknown state '%s' (queued, running, completed, failed, cancelled)", arg);
+            cli_usage_error(a->cmd, "unknown state '%s' (waiting, queued, running, completed, failed, cancelled)",
+                            arg);
             return -1;
         }
         a->opts.state = (int)st;
@@ -171,12 +180,20 @@ static int list_opt(int key, const char *arg, void *ctx)
         }
         a->opts.limit = (int)v;
         return 0;
+    case OPT_TAG:
+        if (arg[0] == '\0' || strlen(arg) > 256) {
+            cli_usage_error(a->cmd, "--tag: a tag has 1 to 64 characters");
+            return -1;
+        }
+        a->opts.tag = arg;
+        return 0;
     case OPT_JSON: a->json = 1; return 0;
     }
     return -1;
 }
 
-static void print_job_json(FILE *f, const pgjobq_job *j)
+/* A job as a JSON object, without its closing brace (show adds fields). */
+static void print_job_fields(FILE *f, const pgjobq_job *j)
 {
     fprintf(f, "{\"id\":%lld,\"queue\":", (long long)j->id);
     json_str(f, j->queue);
@@ -200,9 +217,15 @@ static void print_job_json(FILE *f, const pgjobq_job *j)
     json_str(f, j->unique_key);
     fprintf(f, ",\"cancel_requested\":%s", j->cancel_requested ? "true" : "false");
     /* payload and result are JSON already (checked by the database): embed them as they are. */
-    fprintf(f, ",\"payload\":%s,\"result\":%s,\"last_error\":", j->payload ? j->payload : "null",
-            j->result ? j->result : "null");
+    fprintf(f, ",\"payload\":%s,\"result\":%s,\"tags\":%s,\"progress\":%s,\"last_error\":",
+            j->payload ? j->payload : "null", j->result ? j->result : "null", j->tags ? j->tags : "null",
+            j->progress ? j->progress : "null");
     json_str(f, j->last_error);
+}
+
+static void print_job_json(FILE *f, const pgjobq_job *j)
+{
+    print_job_fields(f, j);
     fputc('}', f);
 }
 
@@ -271,6 +294,64 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
+/* The jobs that wait (or waited) for `id`: id, state and kind, from the SQL API. */
+static PGresult *children_of(pgjobq_client *c, int64_t id)
+{
+    char id_s[24];
+    const char *values[1] = {id_s};
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT id, state, coalesce(kind, '-') FROM pgjobq.children($1)",
+                               1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        cli_err("reading the children of job %lld: %s", (long long)id, PQresultErrorMessage(r));
+        PQclear(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* show: the job's place in a workflow (parents with their results, children), if it has one. */
+static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
+{
+    pgjobq_job *parents = NULL;
+    size_t np = 0;
+    int rc = pgjobq_job_parents(c, j->id, &parents, &np);
+    if (rc != PGJOBQ_OK)
+        return cli_fail(c, rc);
+    PGresult *kids = children_of(c, j->id);
+    if (kids == NULL) {
+        pgjobq_jobs_free(parents);
+        return EX_SOFTWARE;
+    }
+    int nk = PQntuples(kids);
+    if (json) {
+        fputs(",\"parents\":[", stdout);
+        for (size_t i = 0; i < np; i++)
+            printf("%s{\"id\":%lld,\"state\":\"%s\",\"result\":%s}", i ? "," : "", (long long)parents[i].id,
+                   pgjobq_state_name(parents[i].state), parents[i].result ? parents[i].result : "null");
+        fputs("],\"children\":[", stdout);
+        for (int i = 0; i < nk; i++) {
+            printf("%s{\"id\":%s,\"state\":", i ? "," : "", PQgetvalue(kids, i, 0));
+            json_str(stdout, PQgetvalue(kids, i, 1));
+            fputs(",\"kind\":", stdout);
+            json_str(stdout, PQgetvalue(kids, i, 2));
+            fputc('}', stdout);
+        }
+        fputc(']', stdout);
+    } else {
+        for (size_t i = 0; i < np; i++)
+            printf("%-15s%lld %s%s%s\n", i ? "" : "parents:", (long long)parents[i].id,
+                   pgjobq_state_name(parents[i].state), parents[i].result ? " result " : "",
+                   parents[i].result ? parents[i].result : "");
+        for (int i = 0; i < nk; i++)
+            printf("%-15s%s %s %s\n", i ? "" : "children:", PQgetvalue(kids, i, 0), PQgetvalue(kids, i, 1),
+                   PQgetvalue(kids, i, 2));
+    }
+    PQclear(kids);
+    pgjobq_jobs_free(parents);
+    return EX_OK;
+}
+
 int cmd_show(const cli_cmd *cmd, int argc, char **argv)
 {
     int json = 0, status, rc;
@@ -287,8 +368,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         return status;
     }
     if (json) {
-        print_job_json(stdout, j);
-        fputc('\n', stdout);
+        print_job_fields(stdout, j);
     } else {
         char t[5][48];
         format_time(t[0], sizeof t[0], j->run_at);
@@ -305,8 +385,84 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
                t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
                j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
                j->last_error ? j->last_error : "-");
+        if (j->tags)
+            printf("tags:          %s\n", j->tags);
+        if (j->progress)
+            printf("progress:      %s\n", j->progress);
     }
+    status = show_relatives(c, j, json);
+    if (json && status == EX_OK)
+        fputs("}\n", stdout);
     pgjobq_jobs_free(j);
+    if (status != EX_OK) {
+        pgjobq_client_close(c);
+        return status;
+    }
+    pgjobq_client_close(c);
+    return EX_OK;
+}
+
+int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
+{
+    int json = 0, status;
+    pgjobq_client *c;
+    int64_t id = 0;
+    char id_s[24];
+    const char *values[1] = {id_s};
+
+    if ((c = open_for_id(cmd, argc, argv, flag_opt, &json, &id, &status)) == NULL)
+        return status;
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    PGresult *r = PQexecParams(pgjobq_client_conn(c),
+                               "SELECT id, depth, state, coalesce(queue, '-'), coalesce(kind, '-'),"
+                               " array_to_string(parents, ',') FROM pgjobq.graph($1)",
+                               1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        cli_err("graph: %s", PQresultErrorMessage(r));
+        PQclear(r);
+        pgjobq_client_close(c);
+        return EX_SOFTWARE;
+    }
+    int n = PQntuples(r);
+    /* graph(ID) always holds ID; a job that is nowhere is unknown. */
+    if (n == 1 && strcmp(PQgetvalue(r, 0, 2), "pruned") == 0) {
+        cli_err("no job %lld", (long long)id);
+        PQclear(r);
+        pgjobq_client_close(c);
+        return EX_NOINPUT;
+    }
+    if (json)
+        fputc('[', stdout);
+    for (int i = 0; i < n; i++) {
+        const char *parents = PQgetvalue(r, i, 5);
+        int depth = atoi(PQgetvalue(r, i, 1));
+        if (json) {
+            printf("%s{\"id\":%s,\"depth\":%d,\"state\":", i ? "," : "", PQgetvalue(r, i, 0), depth);
+            json_str(stdout, PQgetvalue(r, i, 2));
+            fputs(",\"queue\":", stdout);
+            json_str(stdout, PQgetvalue(r, i, 3));
+            fputs(",\"kind\":", stdout);
+            json_str(stdout, PQgetvalue(r, i, 4));
+            printf(",\"parents\":[%s]}", parents);
+        } else {
+            printf("%*s#%s %s %s/%s", depth * 2, "", PQgetvalue(r, i, 0), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+                   PQgetvalue(r, i, 4));
+            if (parents[0]) {
+                fputs("  after", stdout);
+                for (const char *p = parents; *p;) {
+                    size_t len = strcspn(p, ",");
+                    printf(" #%.*s", (int)len, p);
+                    p += len + (p[len] == ',');
+                }
+            }
+            if (strtoll(PQgetvalue(r, i, 0), NULL, 10) == id)
+                fputs("  <", stdout);
+            fputc('\n', stdout);
+        }
+    }
+    if (json)
+        fputs("]\n", stdout);
+    PQclear(r);
     pgjobq_client_close(c);
     return EX_OK;
 }
@@ -330,8 +486,8 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
     }
     /* Rows come ordered by queue: fold them into one line per queue. */
     const char **queues = calloc(n ? n : 1, sizeof *queues);
-    int64_t(*counts)[5] = calloc(n ? n : 1, sizeof *counts);
-    int64_t total[5] = {0};
+    int64_t(*counts)[6] = calloc(n ? n : 1, sizeof *counts);
+    int64_t total[6] = {0};
     if (queues == NULL || counts == NULL) {
         cli_err("out of memory");
         free(queues);
@@ -341,6 +497,8 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
         return EX_OSERR;
     }
     for (size_t i = 0; i < n; i++) {
+        if ((unsigned)rows[i].state > PGJOBQ_WAITING)
+            continue;
         if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0)
             queues[nq++] = rows[i].queue;
         counts[nq - 1][rows[i].state] += rows[i].jobs;
@@ -360,16 +518,19 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
                 json_str(stdout, queues[q]);
                 fputc(',', stdout);
             }
-            printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld}",
-                   (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4]);
+            printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
+                   "\"waiting\":%lld}",
+                   (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
+                   (long long)k[5]);
         }
         fputs("}\n", stdout);
     } else {
-        printf("%-24s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED");
+        printf("%-24s %10s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
+               "CANCELLED", "WAITING");
         for (size_t q = 0; q <= nq; q++) {
             const int64_t *k = q < nq ? counts[q] : total;
-            printf("%-24s %10lld %10lld %10lld %10lld %10lld\n", q < nq ? queues[q] : "(all)", (long long)k[0],
-                   (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4]);
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", q < nq ? queues[q] : "(all)", (long long)k[0],
+                   (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
         }
     }
     free(queues);

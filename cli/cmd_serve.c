@@ -156,6 +156,7 @@ static const char css[] =
     ".state{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#e8ecf3}\n"
     ".s-completed{background:#dff3e7;color:#1f6b43}.s-failed{background:#fbe3e1;color:#9b2c23}\n"
     ".s-running{background:#e1ebfd;color:#234f9e}.s-cancelled{background:#eee;color:#555}\n"
+    ".s-waiting{background:#fdf3d8;color:#7a5a00}\n"
     ".s-paused{background:#fdf0d9;color:#8a5a12}\n"
     ".error{color:var(--bad)}pre{background:#f0f2f5;padding:10px;overflow:auto;max-height:360px;margin:0;"
     "white-space:pre-wrap;word-break:break-word}\n"
@@ -391,7 +392,7 @@ static void filter_input(sbuf *b, const char *name, const char *label, const cha
 
 static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
 {
-    static const char *const states[] = {"queued", "running", "completed", "failed", "cancelled"};
+    static const char *const states[] = {"waiting", "queued", "running", "completed", "failed", "cancelled"};
     sbuf *b = &out->body;
     const char *state = param(req, "state"), *queue = param(req, "queue"), *kind = param(req, "kind"),
                *text = param(req, "q"), *worker = param(req, "worker"), *before = param(req, "before");
@@ -532,7 +533,9 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
                         " " TS("a.lease_until") ", a.lease_token, coalesce(a.worker_id, ''),"
                         " coalesce(a.unique_key, ''), a.cancel_requested::text,"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.payload) END,"
-                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
+                        " coalesce(array_to_string(a.tags, ', '), ''),"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END"
                         " FROM pgjobq.all_jobs a WHERE a.id = $1::bigint",
                         2, values);
     if (r && PQntuples(r) == 0) {
@@ -552,6 +555,8 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
                 continue;
             field(b, names[k], V(r, 0, k));
         }
+        if (*V(r, 0, 19))
+            field(b, "tags", V(r, 0, 19));
         sb_puts(b, "<dt>attempt</dt><dd>");
         sb_html(b, V(r, 0, 5));
         sb_puts(b, " of ");
@@ -575,6 +580,30 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
         sb_puts(b, "</pre><h2>Last error</h2><pre id=\"last-error\">");
         sb_html(b, PQgetisnull(r, 0, 18) ? "-" : V(r, 0, 18));
         sb_puts(b, "</pre>");
+        if (!PQgetisnull(r, 0, 20) || s->hide_payloads) {
+            sb_puts(b, "<h2>Progress</h2><pre id=\"progress\">");
+            sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 20));
+            sb_puts(b, "</pre>");
+        }
+        /* Its place in a workflow: parents and children, linked. */
+        PGresult *rel = query(c, b,
+                              "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"
+                              " SELECT 'child', k.id::text, k.state FROM pgjobq.children($1::bigint) k",
+                              1, values);
+        if (rel && PQntuples(rel) > 0) {
+            sb_puts(b, "<h2>Workflow</h2><table id=\"relatives\"><thead><tr><th></th><th>Job</th><th>State</th>"
+                       "</tr></thead><tbody>");
+            for (int i = 0; i < PQntuples(rel); i++) {
+                sb_puts(b, "<tr>");
+                td(b, NULL, V(rel, i, 0));
+                td_link(b, NULL, "/jobs/", V(rel, i, 1), V(rel, i, 1));
+                sb_puts(b, "<td>");
+                state_badge(b, V(rel, i, 2));
+                sb_puts(b, "</td></tr>");
+            }
+            sb_puts(b, "</tbody></table>");
+        }
+        PQclear(rel);
     }
     PQclear(r);
     page_end(b);

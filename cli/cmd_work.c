@@ -494,7 +494,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     const exec_cfg *cfg = arg;
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
     int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status = 0, exited = 0;
-    char vars[6][96], **env = NULL;
+    char vars[6][96], **env = NULL, *parents_var = NULL;
     output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
@@ -508,7 +508,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     err.data = malloc(err.cap + 1);
     while (cfg->env[nenv])
         nenv++;
-    env = calloc(nenv + 7, sizeof *env);
+    env = calloc(nenv + 8, sizeof *env);
     if (out.data == NULL || err.data == NULL || env == NULL || pipe2(in, O_CLOEXEC) != 0 ||
         pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
         pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
@@ -523,6 +523,16 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     snprintf(vars[5], sizeof vars[5], "PGJOBQ_LEASE_TOKEN=%lld", (long long)job->lease_token);
     for (int i = 0; i < 6; i++)
         env[nenv + (size_t)i] = vars[i];
+    if (job->parents) { /* a job that waited for others: their states and results, as JSON */
+        size_t parents_len = strlen(job->parents);
+        if (parents_len > 65536 || (parents_var = malloc(parents_len + sizeof "PGJOBQ_PARENTS=")) == NULL) {
+            pgjobq_ctx_set_error(ctx, "the parents' results are too large for the environment (more than 64 KiB)");
+            goto cleanup_retry;
+        }
+        memcpy(parents_var, "PGJOBQ_PARENTS=", sizeof "PGJOBQ_PARENTS=" - 1);
+        memcpy(parents_var + sizeof "PGJOBQ_PARENTS=" - 1, job->parents, parents_len + 1);
+        env[nenv + 6] = parents_var;
+    }
 
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
@@ -633,6 +643,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         free(out.data);
         free(err.data);
         free(env);
+        free(parents_var);
         return PGJOBQ_OUTCOME_COMPLETE;
     }
     if (WIFEXITED(status))
@@ -657,6 +668,7 @@ cleanup_retry:
     free(out.data);
     free(err.data);
     free(env);
+    free(parents_var);
     return PGJOBQ_OUTCOME_RETRY;
 }
 

@@ -821,6 +821,10 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     sb_printf(&line, ",\"attempt\":%d,\"max_attempts\":%d,\"deadline_ms\":%lld,\"payload\":", job->attempt,
               job->max_attempts, (long long)pgjobq_ctx_time_left_ms(ctx));
     sb_puts(&line, job->payload);
+    if (job->parents) { /* a job that waited for others: their states and results */
+        sb_puts(&line, ",\"parents\":");
+        sb_puts(&line, job->parents);
+    }
     sb_puts(&line, "}\n");
     int sent = !line.failed && send_line(c, line.data, line.len) == 0;
     sb_free(&line);

@@ -16,10 +16,14 @@ static const cli_cmd commands[] = {
      migrate_opts, cmd_migrate},
     {"enqueue", "[PAYLOAD]",
      "Add a job whose payload is the JSON document PAYLOAD ({} when omitted) and print its id;\n"
-     "with --file, add one job per line of a JSON-lines file, all or none.",
+     "with --file, add one job per line of a JSON-lines file, all or none; with --graph, the jobs of a\n"
+     "JSON graph (jobs that wait for others), all or none.",
      enqueue_opts, cmd_enqueue},
     {"list", "", "List jobs, newest first.", list_opts, cmd_list},
-    {"show", "ID", "Show every field of one job.", show_opts, cmd_show},
+    {"show", "ID", "Show every field of one job, its parents (with their results) and its children.", show_opts,
+     cmd_show},
+    {"graph", "ID", "Print the workflow a job belongs to: every job connected to it, by depth, with its parents.",
+     graph_opts, cmd_graph},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
     {"cancel", "ID | --queue QUEUE --state STATE",
      "Cancel a job, or every job a filter matches: queued jobs at once, running ones at their worker's next "
