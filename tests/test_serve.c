@@ -617,3 +617,34 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     free(body);
     PQfinish(pg);
 }
+
+TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, path[64];
+
+    long long parent = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', tags => ARRAY['night<ly>'])");
+    long long child = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', after => ARRAY[%lld::bigint])", parent);
+    PQclear(t_exec(pg, "SELECT pgjobq.claim_batch('wf', 1, '1 minute', 'w')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.set_progress(%lld, (SELECT lease_token FROM pgjobq.jobs WHERE id = %lld),"
+                       " '{\"step\": \"<b>two</b>\"}')",
+                   parent, parent));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    snprintf(path, sizeof path, "/jobs/%lld", parent);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    char want[160];
+    snprintf(want, sizeof want, "<td>child</td><td><a href=\"/jobs/%lld\">%lld</a></td>", child, child);
+    CHECK_MSG(strstr(body, want) != NULL && strstr(body, "s-waiting") != NULL, "%s", body);
+    CHECK_MSG(strstr(body, "&lt;b&gt;two&lt;/b&gt;") != NULL && strstr(body, "<b>two") == NULL, "progress: %s", body);
+    CHECK_MSG(strstr(body, "night&lt;ly&gt;") != NULL, "tags: %s", body);
+    free(body);
+    snprintf(path, sizeof path, "/jobs/%lld", child);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    snprintf(want, sizeof want, "<td>parent</td><td><a href=\"/jobs/%lld\">%lld</a></td>", parent, parent);
+    CHECK_MSG(strstr(body, want) != NULL, "%s", body);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs?state=waiting", NULL, NULL, &body), 200);
+    CHECK_INT(count_of(body, "<tr data-id="), 1);
+    free(body);
+    PQfinish(pg);
+}
