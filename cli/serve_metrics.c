@@ -39,7 +39,7 @@ typedef struct hist {
 typedef struct qm {
     char name[80];
     int live;                       /* seen in this collection's live counts or settings */
-    int64_t queued, scheduled, running;
+    int64_t queued, scheduled, running, waiting;
     double lag;
     int paused;
     int64_t held[NFIN];             /* rows in history, refreshed every FINISHED_EVERY collections */
@@ -207,7 +207,8 @@ static int collect(serve_metrics *m)
                " count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()),"
                " count(*) FILTER (WHERE j.state = 'running'),"
                " coalesce(extract(epoch FROM now() - min(j.run_at) FILTER"
-               " (WHERE j.state = 'queued' AND j.run_at <= now())), 0)"
+               " (WHERE j.state = 'queued' AND j.run_at <= now())), 0),"
+               " count(*) FILTER (WHERE j.state = 'waiting')"
                " FROM pgjobq.jobs j GROUP BY 1",
                0, NULL);
     paused = run(m, "SELECT q.name::text, (q.paused_at IS NOT NULL)::int FROM pgjobq.queues q", 0, NULL);
@@ -245,7 +246,7 @@ static int collect(serve_metrics *m)
     /* Everything read: apply it. */
     for (size_t i = 0; i < m->nq; i++) {
         m->q[i].live = 0;
-        m->q[i].queued = m->q[i].scheduled = m->q[i].running = 0;
+        m->q[i].queued = m->q[i].scheduled = m->q[i].running = m->q[i].waiting = 0;
         m->q[i].lag = 0;
         m->q[i].paused = 0;
     }
@@ -258,6 +259,7 @@ static int collect(serve_metrics *m)
         q->scheduled = atoll(PQgetvalue(live, i, 2));
         q->running = atoll(PQgetvalue(live, i, 3));
         q->lag = atof(PQgetvalue(live, i, 4));
+        q->waiting = atoll(PQgetvalue(live, i, 5));
     }
     for (int i = 0; i < PQntuples(paused); i++) {
         qm *q = queue_of(m, PQgetvalue(paused, i, 0));
@@ -364,13 +366,13 @@ static char *render(const serve_metrics *m)
     sb_printf(&b, "pgjobq_collect_errors_total %lld\n", (long long)m->errors);
 
     family(&b, "pgjobq_jobs", "gauge",
-           "Jobs by queue and state: queued and running now; completed, failed and cancelled jobs held "
+           "Jobs by queue and state: waiting, queued and running now; completed, failed and cancelled jobs held "
            "in the history (counted every 12 collections).");
     for (size_t i = 0; i < m->nq; i++) {
         const qm *q = &m->q[i];
-        const char *st[2] = {"queued", "running"};
-        int64_t v[2] = {q->queued, q->running};
-        for (int k = 0; k < 2; k++) {
+        const char *st[3] = {"queued", "running", "waiting"};
+        int64_t v[3] = {q->queued, q->running, q->waiting};
+        for (int k = 0; k < 3; k++) {
             sb_puts(&b, "pgjobq_jobs{queue=\"");
             sb_label(&b, q->name);
             sb_printf(&b, "\",state=\"%s\"} %lld\n", st[k], (long long)v[k]);

@@ -646,5 +646,6 @@ TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
     CHECK_INT(http(s->port, "GET", "/jobs?state=waiting", NULL, NULL, &body), 200);
     CHECK_INT(count_of(body, "<tr data-id="), 1);
     free(body);
+    wait_metric(s->port, "pgjobq_jobs{queue=\"wf\",state=\"waiting\"}", 1);
     PQfinish(pg);
 }
