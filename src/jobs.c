@@ -489,7 +489,9 @@ int pgjobq_job_retry(pgjobq_client *c, int64_t id)
     if (strcmp(outcome, "not_found") == 0)
         return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "retry: no job %lld", (long long)id);
     if (strcmp(outcome, "queued") != 0)
-        return pgjobq__seterr(c, PGJOBQ_ESTATE, "retry: job %lld is %s; only a job that is not running can be retried",
+        return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                              "retry: job %lld is %s; a running job is retried by its worker, a waiting one runs "
+                              "when its parents have completed",
                               (long long)id, outcome);
     return PGJOBQ_OK;
 }
