@@ -8,6 +8,8 @@
  *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
  *   latency     an idle worker; N jobs enqueued one at a time at R/s                      p50/p95/p99/max
  *   mixed       producers at R jobs/s while P x C workers run, for S seconds              throughput, depth, p99
+ *   steady      the same in windows, for minutes, optionally while a snapshot is held     per window: rates, pickup
+ *               open (--pin) (bench_steady.c)                                              p99, table, claim time
  *   soak        P x C workers on a standing backlog of N (refilled), over --noise history,  per-minute throughput,
  *               for S seconds (`make soak`)                                                 RSS, table, dead tuples
  *
@@ -36,9 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <libpq-fe.h>
-
-#include "cli.h"
+#include "bench.h"
 
 #define OPT_JOBS 'n'
 #define OPT_CONCURRENCY 'c'
@@ -50,8 +50,9 @@
 #define OPT_JSON 4002
 #define OPT_LEAD 4003
 #define OPT_HANDLER 4004
-
-#define MAX_PROCESSES 64
+#define OPT_PIN 4005
+#define OPT_WINDOW 4006
+#define OPT_PRODUCERS 4007
 
 const cli_opt bench_opts[] = {
     {"jobs", OPT_JOBS, "N", "jobs (default 100000; latency: 1000)"},
@@ -64,16 +65,14 @@ const cli_opt bench_opts[] = {
     {"lead", OPT_LEAD, "MS", "drain: schedule the jobs this long ahead (default 3000 + 100 per process)"},
     {"handler", OPT_HANDLER, "'CMD ARGS'",
      "drain-exec: the command per job (default /bin/true); drain-coproc: the coprocess (required)"},
+    {"pin", OPT_PIN, "snapshot|dump",
+     "steady: hold a snapshot open in another session for the whole run (dump: and ACCESS SHARE on every pgjobq table, as pg_dump does)"},
+    {"window", OPT_WINDOW, "S", "steady: seconds per measurement window (default 60; a third of the run when shorter than 3 minutes)"},
+    {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate (default 2)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
-typedef struct bench_args {
-    const cli_cmd *cmd;
-    long long jobs, noise;
-    int concurrency, processes, batch, rate, seconds, json, jobs_given, lead_ms;
-    const char *handler;
-} bench_args;
 
 static int bench_opt(int key, const char *arg, void *ctx)
 {
@@ -88,6 +87,14 @@ static int bench_opt(int key, const char *arg, void *ctx)
     }
     if (key == OPT_HANDLER) {
         a->handler = arg;
+        return 0;
+    }
+    if (key == OPT_PIN) {
+        if (strcmp(arg, "snapshot") != 0 && strcmp(arg, "dump") != 0) {
+            cli_usage_error(a->cmd, "--pin: expected snapshot or dump, not '%s'", arg);
+            return -1;
+        }
+        a->pin = arg;
         return 0;
     }
     if (cli_parse_int(arg, key == OPT_NOISE ? 0 : 1, max, &v, why, sizeof why) != 0) {
@@ -105,294 +112,39 @@ static int bench_opt(int key, const char *arg, void *ctx)
     case OPT_SECONDS: a->seconds = (int)v; return 0;
     case OPT_NOISE: a->noise = v; return 0;
     case OPT_LEAD: a->lead_ms = (int)v; return 0;
+    case OPT_WINDOW: a->window = (int)v; return 0;
+    case OPT_PRODUCERS: a->producers = (int)v; return 0;
     }
     return -1;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void pause_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* A control connection for setup and measurements (not counted as the worker's). */
-static PGconn *control(const char *url)
-{
-    const char *const keys[] = {"dbname", "application_name", NULL};
-    const char *const vals[] = {url, "pgjobq-bench", NULL};
-    PGconn *c = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(c) != CONNECTION_OK) {
-        cli_err("bench: %s", PQerrorMessage(c));
-        PQfinish(c);
-        return NULL;
-    }
-    return c;
-}
-
-static int run_sql(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
-    if (!ok)
-        cli_err("bench: %s: %s", sql, PQerrorMessage(c));
-    PQclear(r);
-    return ok ? 0 : -1;
-}
-
-static double sql_number(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    double v = -1;
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 && !PQgetisnull(r, 0, 0))
-        v = atof(PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return v;
-}
-
-/* Removes the benchmark's jobs, live and finished (and nothing else). */
-#define BENCH_RESET_SQL                                                \
-    "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise');" \
-    "DELETE FROM pgjobq.history WHERE queue IN ('bench', 'bench_noise')"
-
-/* Loads n no-op jobs into queue (untimed), due at run_at (NULL: now). */
-static int preload(pgjobq_client *c, const char *queue, long long n, const char *run_at)
-{
-    enum { BATCH = 10000 };
-    pgjobq_job_spec *specs = calloc(BATCH, sizeof *specs);
-    int rc = PGJOBQ_OK;
-
-    if (specs == NULL)
-        return PGJOBQ_ENOMEM;
-    for (long long done = 0; done < n && rc == PGJOBQ_OK;) {
-        size_t k = (size_t)(n - done < BATCH ? n - done : BATCH);
-        for (size_t i = 0; i < k; i++) {
-            specs[i].payload = "{\"noop\": true}";
-            specs[i].opts.queue = queue;
-            specs[i].opts.run_at = run_at;
-        }
-        rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL);
-        done += (long long)k;
-    }
-    free(specs);
-    return rc;
-}
-
-/* Inserts n completed jobs of queue into the history (untimed): what a busy production table holds. */
-static int insert_finished(PGconn *ctl, const char *queue, long long n)
-{
-    char sql[600];
-    snprintf(sql, sizeof sql,
-             "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
-             " run_at, created_at, started_at, finished_at, lease_token)"
-             " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), '%s', 'default', '{}', 0,"
-             " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
-             queue, n);
-    return run_sql(ctl, sql);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Worker children                                                                                   */
-
-typedef struct shared {
-    _Atomic long long completed[MAX_PROCESSES];
-    _Atomic long long claims[MAX_PROCESSES];
-    _Atomic long long claimed[MAX_PROCESSES];
-    _Atomic long long writes[MAX_PROCESSES];
-    _Atomic long rss_kb[MAX_PROCESSES];
-    _Atomic int ready;
-} shared;
-
-static pgjobq_outcome noop(pgjobq_ctx *ctx, void *arg)
-{
-    (void)ctx;
-    (void)arg;
-    return PGJOBQ_OUTCOME_COMPLETE;
-}
-
-typedef struct child_watch {
-    pgjobq_worker *w;
-    shared *sh;
-    int slot;
-    _Atomic int done;
-} child_watch;
-
-static void publish(pgjobq_worker *w, shared *sh, int slot)
-{
-    pgjobq_worker_stats s;
-    pgjobq_worker_get_stats(w, &s);
-    atomic_store(&sh->completed[slot], s.completed);
-    atomic_store(&sh->claims[slot], s.claims);
-    atomic_store(&sh->claimed[slot], s.claimed);
-    atomic_store(&sh->writes[slot], s.writes);
-}
-
-static void *child_watcher(void *arg)
-{
-    child_watch *cw = arg;
-    while (!atomic_load(&cw->done)) {
-        publish(cw->w, cw->sh, cw->slot);
-        /* Often enough to time a drain to 20 ms, seldom enough not to load the machine it measures
-         * (every 2 ms, 40 processes woke 20,000 times a second). */
-        pause_ms(20);
-    }
-    return NULL;
-}
-
-static pgjobq_worker *child_worker;
-
-static void child_stop(int sig)
-{
-    (void)sig;
-    if (child_worker)
-        pgjobq_worker_stop(child_worker);
-}
-
-/* A worker process: runs until SIGTERM, publishing its counters in shared memory. */
-static void worker_child(const char *url, const bench_args *a, shared *sh, int slot)
-{
-    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
-    child_watch cw;
-    pthread_t th;
-    struct rusage ru;
-
-    /* A worker never outlives the benchmark that started it (killed or not, it would hold jobs and
-     * load the database forever). */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() == 1)
-        _exit(1);
-    o.batch_max = a->batch;
-    o.no_maintenance = slot != 0; /* one process maintains, as a fleet would */
-    if (pgjobq_worker_new(&child_worker, url, &o) != PGJOBQ_OK ||
-        pgjobq_worker_handle(child_worker, "bench", NULL, a->concurrency, noop, NULL) != PGJOBQ_OK) {
-        fprintf(stderr, "bench worker: %s\n", pgjobq_worker_errmsg(child_worker));
-        _exit(1);
-    }
-    signal(SIGTERM, child_stop);
-    cw.w = child_worker;
-    cw.sh = sh;
-    cw.slot = slot;
-    atomic_store(&cw.done, 0);
-    if (pthread_create(&th, NULL, child_watcher, &cw) != 0)
-        _exit(1);
-    int rc = pgjobq_worker_run(child_worker);
-    atomic_store(&cw.done, 1);
-    pthread_join(th, NULL);
-    publish(child_worker, sh, slot);
-    getrusage(RUSAGE_SELF, &ru);
-    atomic_store(&sh->rss_kb[slot], ru.ru_maxrss);
-    pgjobq_worker_free(child_worker);
-    _exit(rc == PGJOBQ_OK ? 0 : 1);
-}
-
-static long long total(_Atomic long long *v, int n)
-{
-    long long t = 0;
-    for (int i = 0; i < n; i++)
-        t += atomic_load(&v[i]);
-    return t;
-}
-
-/* Starts the worker processes: in-process workers (forked children), or `pgjobq work --exec` (exec_mode
- * 1) or `--coproc` (exec_mode 2) with the handler command. */
-static int start_workers(const char *url, const bench_args *a, shared *sh, int exec_mode, pid_t *pids)
-{
-    char exe[4096];
-    ssize_t len = exec_mode ? readlink("/proc/self/exe", exe, sizeof exe - 1) : 0;
-
-    if (len < 0) {
-        cli_err("bench: cannot find my own executable");
-        return -1;
-    }
-    exe[len] = '\0';
-    for (int i = 0; i < a->processes; i++) {
-        pids[i] = fork();
-        if (pids[i] < 0) {
-            cli_err("bench: fork: %s", strerror(errno));
-            return -1;
-        }
-        if (pids[i] > 0)
-            continue;
-        if (!exec_mode)
-            worker_child(url, a, sh, i);
-        char q[32], b[16];
-        snprintf(q, sizeof q, "bench:%d", a->concurrency);
-        snprintf(b, sizeof b, "%d", a->batch ? a->batch : 1000);
-        setenv("PGJOBQ_DATABASE_URL", url, 1);
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() == 1)
-            _exit(1);
-        execl(exe, exe, "work", "--queue", q, exec_mode == 2 ? "--coproc" : "--exec",
-              a->handler ? a->handler : "/bin/true", "--batch", b, "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    return 0;
-}
-
-static void stop_workers(const bench_args *a, pid_t *pids)
-{
-    for (int i = 0; i < a->processes; i++)
-        if (pids[i] > 0)
-            kill(pids[i], SIGTERM);
-    for (int i = 0; i < a->processes; i++)
-        if (pids[i] > 0) {
-            waitpid(pids[i], NULL, 0);
-            pids[i] = 0;
-        }
-}
-
-/* Counts the worker processes' connections: pgjobq's, but neither the control connection nor the
- * benchmark's own client (which loaded the jobs). */
-static int worker_connections(PGconn *ctl, pgjobq_client *mine)
-{
-    char sql[400];
-    snprintf(sql, sizeof sql,
-             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-             " AND backend_type = 'client backend' AND application_name LIKE 'pgjobq%%'"
-             " AND application_name <> 'pgjobq-bench' AND pid <> pg_backend_pid() AND pid <> %d",
-             PQbackendPID(pgjobq_client_conn(mine)));
-    return (int)sql_number(ctl, sql);
-}
-
-/* Claim connections past their set-up: workers that are ready. */
-static int ready_workers(PGconn *ctl)
-{
-    return (int)sql_number(ctl, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                " AND application_name = 'pgjobq-claim' AND query <> ''"
-                                " AND query NOT LIKE '%schema_version%'");
 }
 
 static const char *const mode_name[] = {"drain", "drain-exec", "drain-coproc"};
 
 static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ctl, pgjobq_client *c)
 {
-    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[MAX_PROCESSES] = {0};
+    bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[BENCH_MAX_PROCESSES] = {0};
     int conns_max = 0, rc, status = EX_OK;
     char run_at[64], sql[600];
     double due, ready_at = -1, t1;
 
     if (sh == MAP_FAILED)
         return EX_OSERR;
-    if (a->processes > MAX_PROCESSES) {
+    if (a->processes > BENCH_MAX_PROCESSES) {
         munmap(sh, sizeof *sh);
-        return cli_usage_error(a->cmd, "--processes: at most %d", MAX_PROCESSES);
+        return cli_usage_error(a->cmd, "--processes: at most %d", BENCH_MAX_PROCESSES);
     }
     memset(sh, 0, sizeof *sh);
-    if (run_sql(ctl, BENCH_RESET_SQL) != 0)
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0)
         goto soft_fail;
     if (a->noise > 0) {
         /* History and another queue's backlog: what a busy production table holds. */
-        if (insert_finished(ctl, "bench_noise", a->noise) != 0)
+        if (bench_insert_finished(ctl, "bench_noise", a->noise) != 0)
             goto soft_fail;
         snprintf(sql, sizeof sql,
                  "INSERT INTO pgjobq.jobs (queue, payload) SELECT 'bench_noise', '{}' FROM generate_series(1, %lld)",
                  a->noise);
-        if (run_sql(ctl, sql) != 0)
+        if (bench_sql(ctl, sql) != 0)
             goto soft_fail;
     }
     /* The jobs come due a little later, by the database's clock; until then the workers start. */
@@ -407,56 +159,56 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     }
     snprintf(run_at, sizeof run_at, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    if ((rc = preload(c, "bench", a->jobs, run_at)) != PGJOBQ_OK) {
+    if ((rc = bench_preload(c, "bench", a->jobs, run_at)) != PGJOBQ_OK) {
         munmap(sh, sizeof *sh);
         return cli_fail(c, rc);
     }
-    if (run_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || run_sql(ctl, "CHECKPOINT") != 0)
+    if (bench_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
-    if (start_workers(url, a, sh, exec_mode, pids) != 0) {
+    if (bench_start_workers(url, a, sh, exec_mode, pids) != 0) {
         status = EX_OSERR;
         goto out;
     }
     /* Wait for the workers, then for the moment the jobs are due (local clock from the database's). */
     snprintf(sql, sizeof sql, "SELECT extract(epoch FROM '%s'::timestamptz - clock_timestamp())", run_at);
-    due = now_s() + sql_number(ctl, sql);
-    while (now_s() < due) {
-        if (ready_at < 0 && ready_workers(ctl) >= a->processes)
-            ready_at = now_s();
-        pause_ms(10);
+    due = bench_now() + bench_number(ctl, sql);
+    while (bench_now() < due) {
+        if (ready_at < 0 && bench_ready_workers(ctl) >= a->processes)
+            ready_at = bench_now();
+        bench_pause_ms(10);
     }
     /* Claims made while waiting (polls of a queue with nothing due) do not count. */
-    long long claims0 = total(sh->claims, a->processes), claimed0 = total(sh->claimed, a->processes);
-    double next_conn_sample = now_s();
+    long long claims0 = bench_total(sh->claims, a->processes), claimed0 = bench_total(sh->claimed, a->processes);
+    double next_conn_sample = bench_now();
     /* Until every job is completed: in-process workers report through shared memory; exec workers are
      * counted in the database (cheaply: the hot table holds only live jobs). */
     for (;;) {
         long long done;
         if (exec_mode)
-            done = a->jobs - (long long)sql_number(ctl, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'");
+            done = a->jobs - (long long)bench_number(ctl, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'");
         else
-            done = total(sh->completed, a->processes);
+            done = bench_total(sh->completed, a->processes);
         /* Sampled every 200 ms: the sampling query must not load the database it measures. */
-        if (now_s() >= next_conn_sample) {
-            int conns = worker_connections(ctl, c);
+        if (bench_now() >= next_conn_sample) {
+            int conns = bench_worker_connections(ctl, c);
             if (conns > conns_max)
                 conns_max = conns;
-            next_conn_sample = now_s() + 0.2;
+            next_conn_sample = bench_now() + 0.2;
         }
         if (done >= a->jobs)
             break;
-        pause_ms(exec_mode ? 50 : 5);
+        bench_pause_ms(exec_mode ? 50 : 5);
     }
-    t1 = now_s();
-    stop_workers(a, pids);
+    t1 = bench_now();
+    bench_stop_workers(a, pids);
     double secs = t1 - due;
-    long long claims = total(sh->claims, a->processes) - claims0, claimed = total(sh->claimed, a->processes) - claimed0;
-    long long writes = total(sh->writes, a->processes);
+    long long claims = bench_total(sh->claims, a->processes) - claims0, claimed = bench_total(sh->claimed, a->processes) - claimed0;
+    long long writes = bench_total(sh->writes, a->processes);
     long rss = 0;
     for (int i = 0; i < a->processes; i++)
         if (atomic_load(&sh->rss_kb[i]) > rss)
             rss = atomic_load(&sh->rss_kb[i]);
-    double completed = sql_number(ctl, "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench' AND state = 'completed'");
+    double completed = bench_number(ctl, "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench' AND state = 'completed'");
     double ready_ms = ready_at < 0 ? -1 : (due - ready_at) * 1000; /* how long the fleet waited, ready */
     if (a->json)
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
@@ -477,7 +229,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
 soft_fail:
     status = EX_SOFTWARE;
 out:
-    stop_workers(a, pids);
+    bench_stop_workers(a, pids);
     munmap(sh, sizeof *sh);
     return status;
 }
@@ -494,8 +246,8 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
 
     if (specs == NULL)
         return EX_OSERR;
-    if (run_sql(ctl, BENCH_RESET_SQL) != 0 || run_sql(ctl, "VACUUM pgjobq.jobs") != 0 ||
-        run_sql(ctl, "CHECKPOINT") != 0) {
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_sql(ctl, "VACUUM pgjobq.jobs") != 0 ||
+        bench_sql(ctl, "CHECKPOINT") != 0) {
         free(specs);
         return EX_SOFTWARE;
     }
@@ -503,13 +255,13 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
         specs[i].payload = "{\"to\": \"someone@example.org\", \"n\": 12345}";
         specs[i].opts.queue = "bench";
     }
-    double t0 = now_s();
+    double t0 = bench_now();
     for (long long done = 0; done < a->jobs && rc == PGJOBQ_OK;) {
         size_t k = (size_t)(a->jobs - done < b ? a->jobs - done : b);
         rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL);
         done += (long long)k;
     }
-    double secs = now_s() - t0;
+    double secs = bench_now() - t0;
     free(specs);
     if (rc != PGJOBQ_OK)
         return cli_fail(c, rc);
@@ -538,30 +290,15 @@ static void latency_stats(PGconn *ctl, long long since_id, double out[4])
                      "SELECT max(extract(epoch FROM started_at - created_at)) * 1000"
                      " FROM pgjobq.all_jobs WHERE queue = 'bench' AND id > %lld AND started_at IS NOT NULL",
                      since_id);
-        out[i] = sql_number(ctl, sql);
+        out[i] = bench_number(ctl, sql);
     }
-}
-
-/* Starts the worker processes and waits until each is connected and listening. */
-static int start_ready_workers(const char *url, bench_args *a, shared *sh, pid_t *pids, PGconn *ctl)
-{
-    if (start_workers(url, a, sh, 0, pids) != 0)
-        return -1;
-    for (double give_up = now_s() + 30; ready_workers(ctl) < a->processes;) {
-        if (now_s() > give_up) {
-            cli_err("bench: the workers did not connect within 30 s");
-            return -1;
-        }
-        pause_ms(10);
-    }
-    return 0;
 }
 
 static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
 {
-    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     long long n = a->jobs_given ? a->jobs : 1000, since;
-    pid_t pids[MAX_PROCESSES] = {0};
+    pid_t pids[BENCH_MAX_PROCESSES] = {0};
     double lat[4];
     pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
     int status = EX_OK;
@@ -570,23 +307,23 @@ static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_cli
         return EX_OSERR;
     memset(sh, 0, sizeof *sh);
     a->processes = 1;
-    if (run_sql(ctl, BENCH_RESET_SQL) != 0) {
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0) {
         munmap(sh, sizeof *sh);
         return EX_SOFTWARE;
     }
-    since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
-    if (start_ready_workers(url, a, sh, pids, ctl) != 0) {
+    since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
+    if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0) {
         status = EX_SOFTWARE;
         goto out;
     }
-    pause_ms(500); /* idle: its first claim found nothing */
+    bench_pause_ms(500); /* idle: its first claim found nothing */
     o.queue = "bench";
-    double t0 = now_s(), interval = 1.0 / (a->rate > 0 ? a->rate : 200);
+    double t0 = bench_now(), interval = 1.0 / (a->rate > 0 ? a->rate : 200);
     for (long long i = 0; i < n; i++) {
         /* Paced on an absolute schedule, so that a slow call does not shift the next ones. */
-        double due = t0 + (double)i * interval, wait = due - now_s();
+        double due = t0 + (double)i * interval, wait = due - bench_now();
         if (wait > 0)
-            pause_ms((long)(wait * 1000));
+            bench_pause_ms((long)(wait * 1000));
         int rc = pgjobq_enqueue(c, "{\"ping\": true}", &o, NULL);
         if (rc != PGJOBQ_OK) {
             status = cli_fail(c, rc);
@@ -594,25 +331,25 @@ static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_cli
         }
     }
     while (atomic_load(&sh->completed[0]) < n)
-        pause_ms(5);
-    stop_workers(a, pids);
+        bench_pause_ms(5);
+    bench_stop_workers(a, pids);
     latency_stats(ctl, since, lat);
     if (a->json)
         printf("{\"scenario\":\"latency\",\"jobs\":%lld,\"rate\":%d,\"concurrency\":%d,\"p50_ms\":%.2f,"
                "\"p95_ms\":%.2f,\"p99_ms\":%.2f,\"max_ms\":%.2f,\"jobs_per_s\":%.1f}\n",
-               n, a->rate, a->concurrency, lat[0], lat[1], lat[2], lat[3], (double)n / (now_s() - t0));
+               n, a->rate, a->concurrency, lat[0], lat[1], lat[2], lat[3], (double)n / (bench_now() - t0));
     else
         printf("latency: %lld jobs at %d/s: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms\n", n, a->rate, lat[0],
                lat[1], lat[2], lat[3]);
 out:
-    stop_workers(a, pids);
+    bench_stop_workers(a, pids);
     munmap(sh, sizeof *sh);
     return status;
 }
 
 static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
 {
-    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     /* A batch every 10 ms; at high rates batches of 500 (COPY), less often, so that one producer can
      * offer more than the workers take. */
     int per_tick = a->rate / 100 > 0 ? a->rate / 100 : 1;
@@ -621,54 +358,54 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
     double tick_s = (double)per_tick / a->rate;
     pgjobq_job_spec *specs = calloc((size_t)per_tick, sizeof *specs);
     long long enqueued = 0, since, depth_max = 0, depth_sum = 0, depth_n = 0, depth_end = 0;
-    pid_t pids[MAX_PROCESSES] = {0};
+    pid_t pids[BENCH_MAX_PROCESSES] = {0};
     double lat[4];
     int status = EX_OK;
 
-    if (sh == MAP_FAILED || specs == NULL || a->processes > MAX_PROCESSES) {
+    if (sh == MAP_FAILED || specs == NULL || a->processes > BENCH_MAX_PROCESSES) {
         free(specs);
         if (sh != MAP_FAILED)
             munmap(sh, sizeof *sh);
-        return a->processes > MAX_PROCESSES ? cli_usage_error(a->cmd, "--processes: at most %d", MAX_PROCESSES)
+        return a->processes > BENCH_MAX_PROCESSES ? cli_usage_error(a->cmd, "--processes: at most %d", BENCH_MAX_PROCESSES)
                                             : EX_OSERR;
     }
     memset(sh, 0, sizeof *sh);
-    if (run_sql(ctl, BENCH_RESET_SQL) != 0) {
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0) {
         status = EX_SOFTWARE;
         goto out;
     }
-    since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
+    since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
     for (int i = 0; i < per_tick; i++) {
         specs[i].payload = "{\"mixed\": true}";
         specs[i].opts.queue = "bench";
     }
-    if (start_ready_workers(url, a, sh, pids, ctl) != 0) {
+    if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0) {
         status = EX_SOFTWARE;
         goto out;
     }
-    double t0 = now_s(), next_sample = t0 + 1;
+    double t0 = bench_now(), next_sample = t0 + 1;
     long long done_at_warm = 0;
     double warm = t0 + (a->seconds > 20 ? 10 : a->seconds / 4.0);
     int warmed = 0;
     for (long long tick = 0;; tick++) {
-        double due = t0 + (double)tick * tick_s, now = now_s();
+        double due = t0 + (double)tick * tick_s, now = bench_now();
         if (now - t0 >= a->seconds)
             break;
         if (due > now)
-            pause_ms((long)((due - now) * 1000));
+            bench_pause_ms((long)((due - now) * 1000));
         int rc = pgjobq_enqueue_batch(c, specs, (size_t)per_tick, NULL, NULL);
         if (rc != PGJOBQ_OK) {
             status = cli_fail(c, rc);
             goto out;
         }
         enqueued += per_tick;
-        if (!warmed && now_s() >= warm) {
+        if (!warmed && bench_now() >= warm) {
             warmed = 1;
-            done_at_warm = total(sh->completed, a->processes);
-            warm = now_s();
+            done_at_warm = bench_total(sh->completed, a->processes);
+            warm = bench_now();
         }
-        if (now_s() >= next_sample) {
-            long long depth = enqueued - total(sh->completed, a->processes);
+        if (bench_now() >= next_sample) {
+            long long depth = enqueued - bench_total(sh->completed, a->processes);
             depth_max = depth > depth_max ? depth : depth_max;
             depth_sum += depth;
             depth_n++;
@@ -676,9 +413,9 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
             next_sample += 1;
         }
     }
-    double t_end = now_s();
-    long long done_at_end = total(sh->completed, a->processes);
-    stop_workers(a, pids);
+    double t_end = bench_now();
+    long long done_at_end = bench_total(sh->completed, a->processes);
+    bench_stop_workers(a, pids);
     latency_stats(ctl, since, lat);
     double steady = (double)(done_at_end - done_at_warm) / (t_end - warm);
     double offered = (double)enqueued / (t_end - t0);
@@ -698,7 +435,7 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
                depth_n ? (double)depth_sum / (double)depth_n : 0.0, depth_max, depth_end, lat[0], lat[2],
                kept_up ? "kept up" : "fell behind");
 out:
-    stop_workers(a, pids);
+    bench_stop_workers(a, pids);
     free(specs);
     munmap(sh, sizeof *sh);
     return status;
@@ -735,7 +472,7 @@ static long rss_kb(pid_t pid)
     return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-static int soak_measure(PGconn *ctl, const bench_args *a, shared *sh, const pid_t *pids, double t, soak_sample *s)
+static int soak_measure(PGconn *ctl, const bench_args *a, bench_shared *sh, const pid_t *pids, double t, soak_sample *s)
 {
     PGresult *r = PQexec(ctl,
                          "SELECT n_dead_tup, n_live_tup, pg_total_relation_size('pgjobq.jobs'),"
@@ -753,7 +490,7 @@ static int soak_measure(PGconn *ctl, const bench_args *a, shared *sh, const pid_
     }
     memset(s, 0, sizeof *s);
     s->t = t;
-    s->completed = total(sh->completed, a->processes);
+    s->completed = bench_total(sh->completed, a->processes);
     s->dead = atoll(PQgetvalue(r, 0, 0));
     s->live = atoll(PQgetvalue(r, 0, 1));
     s->jobs_bytes = atoll(PQgetvalue(r, 0, 2));
@@ -785,10 +522,10 @@ static double soak_rate(const soak_sample *from, const soak_sample *to)
 static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
 {
     enum { REFILL_MAX = 10000 };
-    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     soak_sample *smp = calloc(SOAK_MAX_SAMPLES, sizeof *smp);
     pgjobq_job_spec *specs = calloc(REFILL_MAX, sizeof *specs);
-    pid_t pids[MAX_PROCESSES] = {0};
+    pid_t pids[BENCH_MAX_PROCESSES] = {0};
     int n = 0, status = EX_OK;
     long long refilled = 0;
     char sql[800];
@@ -797,16 +534,16 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
         status = EX_OSERR;
         goto out;
     }
-    if (a->processes > MAX_PROCESSES || a->seconds < 120 || a->seconds / SOAK_SAMPLE_S >= SOAK_MAX_SAMPLES) {
-        status = cli_usage_error(a->cmd, "soak: --processes at most %d, --seconds from 120 to %d", MAX_PROCESSES,
+    if (a->processes > BENCH_MAX_PROCESSES || a->seconds < 120 || a->seconds / SOAK_SAMPLE_S >= SOAK_MAX_SAMPLES) {
+        status = cli_usage_error(a->cmd, "soak: --processes at most %d, --seconds from 120 to %d", BENCH_MAX_PROCESSES,
                                  SOAK_SAMPLE_S * (SOAK_MAX_SAMPLES - 1));
         goto out;
     }
     memset(sh, 0, sizeof *sh);
     fprintf(stderr, "soak: loading %lld finished and %lld queued jobs\n", a->noise, a->jobs);
-    if (run_sql(ctl, BENCH_RESET_SQL) != 0)
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0)
         goto soft_fail;
-    if (a->noise > 0 && insert_finished(ctl, "bench", a->noise) != 0)
+    if (a->noise > 0 && bench_insert_finished(ctl, "bench", a->noise) != 0)
         goto soft_fail;
     char later[64] = "";
     if (a->rate > 0) {
@@ -818,23 +555,23 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
         if (later[0] == '\0')
             goto soft_fail;
     }
-    int rc = preload(c, "bench", a->jobs, later[0] ? later : NULL);
+    int rc = bench_preload(c, "bench", a->jobs, later[0] ? later : NULL);
     if (rc != PGJOBQ_OK) {
         status = cli_fail(c, rc);
         goto out;
     }
-    if (run_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || run_sql(ctl, "CHECKPOINT") != 0)
+    if (bench_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
     for (int i = 0; i < REFILL_MAX; i++) {
         specs[i].payload = "{\"noop\": true}";
         specs[i].opts.queue = "bench";
     }
-    if (start_ready_workers(url, a, sh, pids, ctl) != 0)
+    if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0)
         goto soft_fail;
-    double t0 = now_s(), next = t0;
-    long long since = (long long)sql_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
+    double t0 = bench_now(), next = t0;
+    long long since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
     for (;;) {
-        double now = now_s();
+        double now = bench_now();
         if (now >= next) {
             if (soak_measure(ctl, a, sh, pids, now - t0, &smp[n]) != 0)
                 goto soft_fail;
@@ -850,8 +587,8 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
             next += SOAK_SAMPLE_S;
         }
         /* Saturation: put back what was drained.  A rate: what is due by now. */
-        long long drained = a->rate > 0 ? (long long)((now_s() - t0) * a->rate) - refilled
-                                        : total(sh->completed, a->processes) - refilled;
+        long long drained = a->rate > 0 ? (long long)((bench_now() - t0) * a->rate) - refilled
+                                        : bench_total(sh->completed, a->processes) - refilled;
         while (drained > 0) {
             size_t k = (size_t)(drained < REFILL_MAX ? drained : REFILL_MAX);
             if ((rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL)) != PGJOBQ_OK) {
@@ -861,9 +598,9 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
             refilled += (long long)k;
             drained -= (long long)k;
         }
-        pause_ms(100);
+        bench_pause_ms(100);
     }
-    stop_workers(a, pids);
+    bench_stop_workers(a, pids);
 
     /* Minutes: the first full one after the workers were ready, and the last. */
     int per_min = 60 / SOAK_SAMPLE_S, last = n - 1;
@@ -921,7 +658,7 @@ soft_fail:
     status = EX_SOFTWARE;
 out:
     if (sh != MAP_FAILED) {
-        stop_workers(a, pids);
+        bench_stop_workers(a, pids);
         munmap(sh, sizeof *sh);
     }
     free(smp);
@@ -944,10 +681,10 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return EX_USAGE;
     if (argc - first != 1)
         return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed, "
-                                    "soak");
+                                    "steady, soak");
     const char *scenario = argv[first];
-    if (strcmp(scenario, "mixed") == 0 && a.rate == 0)
-        a.rate = 10000;
+    if ((strcmp(scenario, "mixed") == 0 || strcmp(scenario, "steady") == 0) && a.rate == 0)
+        a.rate = strcmp(scenario, "steady") == 0 ? 15000 : 10000;
     if (strcmp(scenario, "latency") == 0 && a.rate == 0)
         a.rate = 200;
     if ((url = cli_resolve_db(&status)) == NULL)
@@ -960,7 +697,7 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         pgjobq_client_close(c);
         return status;
     }
-    if ((ctl = control(url)) == NULL) {
+    if ((ctl = bench_control(url)) == NULL) {
         pgjobq_client_close(c);
         return EX_UNAVAILABLE;
     }
@@ -979,6 +716,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_latency(url, &a, ctl, c);
     else if (strcmp(scenario, "mixed") == 0)
         status = bench_mixed(url, &a, ctl, c);
+    else if (strcmp(scenario, "steady") == 0)
+        status = bench_steady(url, &a, ctl, c);
     else if (strcmp(scenario, "soak") == 0)
         status = bench_soak(url, &a, ctl, c);
     else

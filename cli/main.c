@@ -50,7 +50,7 @@ static const cli_cmd commands[] = {
      "Enqueue many jobs and run them with an in-process worker pool, live, then summarise.", demo_opts,
      cmd_demo},
     {"bench", "SCENARIO",
-     "Measure: enqueue, drain, drain-exec, drain-coproc, latency, mixed or soak (see bench/README.md).", bench_opts,
+     "Measure: enqueue, drain, drain-exec, drain-coproc, latency, mixed, steady or soak (see bench/README.md).", bench_opts,
      cmd_bench},
     {"db", "start|stop|status|url|psql [PSQL ARGS]",
      "Manage the embedded PostgreSQL that pgjobq uses when no database is configured.", db_opts, cmd_db},
