@@ -2,6 +2,7 @@
  * test_schema.c - migrations, the schema version check, and the CHECK constraints that stop a raw
  * INSERT which bypasses the library.
  */
+#include <glob.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,70 @@
 #include <unistd.h>
 
 #include "harness.h"
+
+/* A file of the source tree (PGJOBQ_SRCDIR, which make check sets), read whole into a malloc'd string. */
+static char *src_read(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    char *s = malloc((size_t)n + 1);
+    CHECK(s != NULL);
+    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
+    s[n] = '\0';
+    CHECK(fclose(f) == 0);
+    return s;
+}
+
+static const char *srcdir(void)
+{
+    const char *dir = getenv("PGJOBQ_SRCDIR");
+    CHECK_MSG(dir != NULL, "PGJOBQ_SRCDIR is not set (make check sets it)");
+    return dir;
+}
+
+/* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
+ * released them, each creating its own functions, before sql/functions held them). */
+static char *released_migration(int v)
+{
+    char pattern[4096];
+    glob_t g;
+
+    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", srcdir(), v);
+    CHECK_MSG(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single file matches %s", pattern);
+    char *sql = src_read(g.gl_pathv[0]);
+    globfree(&g);
+    return sql;
+}
+
+/* Runs a script of several statements (longer than t_exec takes). */
+static void run_script(PGconn *pg, const char *sql, const char *what)
+{
+    PGresult *r = PQexec(pg, sql);
+    CHECK_MSG(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK, "%s: %s", what,
+              PQerrorMessage(pg));
+    PQclear(r);
+}
+
+/* Makes the database what an earlier pgjobq left at schema version k: the released migrations 1..k,
+ * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on). */
+static void build_released(PGconn *pg, int k)
+{
+    for (int v = 1; v <= k; v++) {
+        char *sql = released_migration(v);
+        run_script(pg, sql, "a released migration");
+        if (v >= 7) {
+            const char *needs = strstr(sql, "\n-- needs: ");
+            PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)", v,
+                           needs ? atoi(needs + strlen("\n-- needs: ")) : v));
+        } else {
+            PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", v));
+        }
+        free(sql);
+    }
+}
 
 TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
 {
@@ -210,9 +275,6 @@ TEST(schema_functions_are_not_executable_by_public)
     PQfinish(pg);
 }
 
-/* The migrations as the library embeds them (build/src/migrations.c). */
-extern const char *const pgjobq__migrations[];
-
 TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST_DB_EMPTY)
 {
     PGconn *pg = t_pg();
@@ -220,13 +282,7 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
     int applied = -1;
 
     /* A database at version 2, as an earlier pgjobq left it, with live and finished jobs. */
-    for (int v = 1; v <= 2; v++) {
-        PGresult *m = PQexec(pg, pgjobq__migrations[v - 1]); /* (longer than t_exec's buffer) */
-        CHECK_MSG(PQresultStatus(m) == PGRES_COMMAND_OK || PQresultStatus(m) == PGRES_TUPLES_OK, "migration %d: %s",
-                  v, PQerrorMessage(pg));
-        PQclear(m);
-        PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", v));
-    }
+    build_released(pg, 2);
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload) VALUES ('q', '{\"live\": 1}')"));
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload, state, attempt, started_at, lease_until, lease_token)"
                        " VALUES ('q', '{\"live\": 2}', 'running', 1, now(), now() + interval '1 minute', 1)"));
