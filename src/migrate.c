@@ -275,7 +275,8 @@ static int regrant_roles(pgjobq_client *c)
 
 /* Inside a transaction that holds the lock, on a database at this library's schema version: applies
  * the function files unless their checksum is the one recorded, then what every migration used to end
- * with (no function is executable by PUBLIC) and the roles' grants. */
+ * with, and the roles' grants.  Functions are executable by PUBLIC by default; pgjobq's are granted
+ * explicitly instead (the owner of the schema always has them). */
 static int apply_functions(pgjobq_client *c)
 {
     char md5[33], what[160];
