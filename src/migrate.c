@@ -200,12 +200,11 @@ static int checksum_table(pgjobq_client *c)
     static const char *const exists =
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
         " ON n.oid = c.relnamespace WHERE n.nspname = 'pgjobq' AND c.relname = 'function_files')";
-    static const char *const create =
-        "CREATE TABLE pgjobq.function_files ("
-        " checksum   text        NOT NULL,"
-        " library    text        NOT NULL,"
-        " applied_at timestamptz NOT NULL DEFAULT now());"
-        "GRANT SELECT ON pgjobq.function_files TO PUBLIC";
+    static const char *const create = "CREATE TABLE pgjobq.function_files ("
+                                      " checksum   text        NOT NULL,"
+                                      " library    text        NOT NULL,"
+                                      " applied_at timestamptz NOT NULL DEFAULT now());"
+                                      "GRANT SELECT ON pgjobq.function_files TO PUBLIC";
     PGresult *r = NULL;
     int rc = run(c, "function files", exists, 0, NULL, &r);
 

@@ -516,8 +516,8 @@ TEST(schema_function_files_are_applied_when_they_change_and_keep_a_replaced_back
     /* Other files (a library whose functions differ), but a database newer than this library: a rolling
      * deploy's newer schema keeps the functions of the library that migrated it. */
     PQclear(t_exec(pg, "UPDATE pgjobq.function_files SET checksum = 'another build'"));
-    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)",
-                   PGJOBQ_SCHEMA_VERSION + 1, PGJOBQ_SCHEMA_VERSION));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)", PGJOBQ_SCHEMA_VERSION + 1,
+                   PGJOBQ_SCHEMA_VERSION));
     CHECK_OK(c, pgjobq_migrate(c, &applied));
     CHECK_INT(t_int(pg, "SELECT pgjobq.next_due('q')"), 12345);
     PQclear(t_exec(pg, "DELETE FROM pgjobq.schema_version WHERE version > %d", PGJOBQ_SCHEMA_VERSION));
@@ -573,6 +573,14 @@ static char *jobs_snapshot(PGconn *pg, const char *table)
                  " worker_id::text, result, last_error, unique_key::text, cancel_requested)::text, E'\\n' ORDER BY id)"
                  " FROM %s",
                  table);
+}
+
+/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4). */
+static char *settings_snapshot(PGconn *pg)
+{
+    return t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
+                     " || (SELECT string_agg(s::text, E'\\n' ORDER BY name) FROM pgjobq.schedules s) || E'\\n'"
+                     " || (SELECT string_agg(ROW(id, concurrency_key)::text, ',' ORDER BY id) FROM pgjobq.jobs)");
 }
 
 /* Jobs in every state version k knows, made by that version's own functions, payload {"n": N}:
@@ -690,10 +698,7 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         int64_t token3 = t_int(pg, "SELECT lease_token FROM pgjobq.jobs WHERE payload->>'n' = '3'");
         before = jobs_snapshot(pg, jobs_table);
         if (k >= 4)
-            extra_before = t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q)"
-                                     " || E'\\n' || (SELECT string_agg(s::text, E'\\n' ORDER BY name)"
-                                     " FROM pgjobq.schedules s) || E'\\n' || (SELECT string_agg(ROW(id, concurrency_key)"
-                                     "::text, ',' ORDER BY id) FROM pgjobq.jobs)");
+            extra_before = settings_snapshot(pg);
         if (k == RELEASED_VERSIONS) {
             char path[4096];
             snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
@@ -725,10 +730,7 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
                              " ORDER BY (payload->>'n')::int) FROM pgjobq.history");
         CHECK_STR(finished, "4 completed, 5 failed, 6 cancelled");
         if (k >= 4) {
-            extra_after = t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q)"
-                                    " || E'\\n' || (SELECT string_agg(s::text, E'\\n' ORDER BY name)"
-                                    " FROM pgjobq.schedules s) || E'\\n' || (SELECT string_agg(ROW(id, concurrency_key)"
-                                    "::text, ',' ORDER BY id) FROM pgjobq.jobs)");
+            extra_after = settings_snapshot(pg);
             CHECK_STR(extra_after, extra_before);
             free(extra_after);
         }
