@@ -8,8 +8,8 @@
  * PgBouncer in transaction mode.
  *
  * The functions are not in the numbered migrations: each is defined once, as it is now, in a file of
- * sql/functions (CREATE OR REPLACE).  Those files are applied, all of them, whenever the md5 of their
- * text differs from the one recorded in pgjobq.function_files: in the transaction of the last
+ * sql/functions (CREATE OR REPLACE).  Those files are applied, all of them, whenever the SHA-256 of
+ * their text differs from the one recorded in pgjobq.function_files: in the transaction of the last
  * migration when one is applied (so that the schema and its functions change together), else in a
  * transaction of their own.  Only a database at this library's schema version gets them: a newer one
  * (a rolling deploy) keeps the functions of the library that migrated it.
@@ -215,9 +215,10 @@ static int checksum_table(pgjobq_client *c)
     return present ? PGJOBQ_OK : simple(c, "function files", create);
 }
 
-/* The checksum of the function files as the library embeds them, computed by the database (md5 of their
- * text, in order), into md5 (33 bytes), and whether it is the one recorded (*same). */
-static int functions_checksum(pgjobq_client *c, char *md5, int *same)
+/* The checksum of the function files as the library embeds them, computed by the database (the SHA-256
+ * of their text, in order, in hex; not md5(), which a server in FIPS mode refuses), into sum (65
+ * bytes), and whether it is the one recorded (*same). */
+static int functions_checksum(pgjobq_client *c, char *sum, int *same)
 {
     pgjobq__buf text = {0};
     PGresult *r = NULL;
@@ -232,13 +233,13 @@ static int functions_checksum(pgjobq_client *c, char *md5, int *same)
     }
     const char *values[1] = {text.data};
     rc = run(c, "function files",
-             "SELECT pg_catalog.md5($1), pg_catalog.md5($1) IS NOT DISTINCT FROM"
-             " (SELECT f.checksum FROM pgjobq.function_files f)",
+             "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
+             " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
              1, values, &r);
     pgjobq__buf_free(&text);
     if (rc != PGJOBQ_OK)
         return rc;
-    snprintf(md5, 33, "%s", PQgetvalue(r, 0, 0));
+    snprintf(sum, 65, "%s", PQgetvalue(r, 0, 0));
     *same = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
     PQclear(r);
     return PGJOBQ_OK;
@@ -278,12 +279,12 @@ static int regrant_roles(pgjobq_client *c)
  * explicitly instead (the owner of the schema always has them). */
 static int apply_functions(pgjobq_client *c)
 {
-    char md5[33], what[160];
+    char sum[65], what[160];
     int same = 0, rc;
 
     rc = checksum_table(c);
     if (rc == PGJOBQ_OK)
-        rc = functions_checksum(c, md5, &same);
+        rc = functions_checksum(c, sum, &same);
     if (rc != PGJOBQ_OK || same)
         return rc;
     for (int i = 0; i < pgjobq__function_file_count && rc == PGJOBQ_OK; i++) {
@@ -297,12 +298,12 @@ static int apply_functions(pgjobq_client *c)
     if (rc == PGJOBQ_OK)
         rc = simple(c, "function files", "DELETE FROM pgjobq.function_files");
     if (rc == PGJOBQ_OK) {
-        const char *values[2] = {md5, PGJOBQ_VERSION};
+        const char *values[2] = {sum, PGJOBQ_VERSION};
         rc = run(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)", 2,
                  values, NULL);
     }
     if (rc == PGJOBQ_OK)
-        pgjobq__log(c, PGJOBQ_LOG_INFO, "applied the function files (md5 %s)", md5);
+        pgjobq__log(c, PGJOBQ_LOG_INFO, "applied the function files (sha256 %.12s...)", sum);
     return rc;
 }
 

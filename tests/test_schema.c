@@ -500,7 +500,7 @@ TEST(schema_function_files_are_applied_when_they_change_and_keep_a_replaced_back
     pgjobq_state st;
 
     char *checksum = t_str(pg, "SELECT checksum FROM pgjobq.function_files");
-    CHECK_INT(strlen(checksum), 32);
+    CHECK_INT(strlen(checksum), 64);
     PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.backoff(attempt integer) RETURNS interval"
                        " LANGUAGE sql AS $$ SELECT interval '7 minutes' $$"));
     /* A function the files define, changed behind their back: what applying them puts right. */
