@@ -191,6 +191,20 @@ static int end_locked(pgjobq_client *c, const char *what, int rc)
     return rc;
 }
 
+/* Runs a query whose one row holds booleans, into flags[0 .. n). */
+static int ask(pgjobq_client *c, const char *what, const char *sql, int *flags, int n)
+{
+    PGresult *r = NULL;
+    int rc = run(c, what, sql, 0, NULL, &r);
+
+    if (rc != PGJOBQ_OK)
+        return rc;
+    for (int i = 0; i < n; i++)
+        flags[i] = strcmp(PQgetvalue(r, 0, i), "t") == 0;
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
 /* Creates pgjobq.function_files, where the checksum of the function files is recorded, unless it
  * exists: here, not in a migration, because recording the checksum is no change of the schema version.
  * Anyone may read it, as pgjobq.schema_version, so that `pgjobq migrate` on an up-to-date database
@@ -205,14 +219,11 @@ static int checksum_table(pgjobq_client *c)
                                       " library    text        NOT NULL,"
                                       " applied_at timestamptz NOT NULL DEFAULT now());"
                                       "GRANT SELECT ON pgjobq.function_files TO PUBLIC";
-    PGresult *r = NULL;
-    int rc = run(c, "function files", exists, 0, NULL, &r);
+    int present = 0, rc = ask(c, "function files", exists, &present, 1);
 
-    if (rc != PGJOBQ_OK)
+    if (rc != PGJOBQ_OK || present)
         return rc;
-    int present = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-    PQclear(r);
-    return present ? PGJOBQ_OK : simple(c, "function files", create);
+    return simple(c, "function files", create);
 }
 
 /* The checksum of the function files as the library embeds them, computed by the database (the SHA-256
@@ -257,16 +268,13 @@ static int regrant_roles(pgjobq_client *c)
         "               WHERE n.nspname = 'pgjobq' AND r.rolname = 'pgjobq_worker'),"
         " (SELECT count(*) FROM pg_catalog.pg_roles"
         "   WHERE rolname IN ('pgjobq_producer', 'pgjobq_worker', 'pgjobq_admin', 'pgjobq_monitor')) = 4";
-    PGresult *r = NULL;
-    int rc = run(c, "roles", sql, 0, NULL, &r);
+    int flags[2] = {0, 0}, rc = ask(c, "roles", sql, flags, 2); /* granted here before, all exist */
 
     if (rc != PGJOBQ_OK)
         return rc;
-    int granted = strcmp(PQgetvalue(r, 0, 0), "t") == 0, all = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
-    PQclear(r);
-    if (granted && all)
+    if (flags[0] && flags[1])
         return simple(c, "roles", pgjobq__roles_sql);
-    if (granted)
+    if (flags[0])
         pgjobq__log(c, PGJOBQ_LOG_WARN,
                     "the pgjobq roles have grants in this database but not all of them exist: run "
                     "`pgjobq migrate --roles` to create them and grant the functions");
