@@ -777,3 +777,38 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
     free(checksum);
     PQfinish(pg);
 }
+
+/* The schema's owner need not have CREATEROLE: when the function files re-create a function (here one
+ * dropped behind their back, as a migration that changes a signature does), `pgjobq migrate` grants
+ * the roles again as that owner, once the roles exist. */
+TEST_FULL(schema_migrate_grants_the_roles_again_without_createrole, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = NULL, *super = NULL;
+    char ci[1024];
+
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'plain_owner') THEN"
+                       " CREATE ROLE plain_owner LOGIN NOCREATEROLE; END IF; END $$"));
+    PQclear(t_exec(pg, "GRANT CREATE ON DATABASE %s TO plain_owner", t_dbname()));
+    snprintf(ci, sizeof ci, "%s user=plain_owner", t_conninfo());
+    CHECK_RC(owner, pgjobq_client_open(&owner, ci), PGJOBQ_ESCHEMA);
+    CHECK_OK(owner, pgjobq_migrate(owner, NULL));
+    /* The roles, made and granted once by someone who may (as `pgjobq migrate --roles` would be). */
+    CHECK_OK(super, pgjobq_client_open(&super, t_conninfo()));
+    migrate_roles(super);
+    pgjobq_client_close(super);
+    /* Once they exist, `pgjobq migrate --roles` needs no CREATEROLE either. */
+    CHECK_OK(owner, pgjobq_migrate_roles(owner));
+
+    PQclear(t_exec(pg, "DROP FUNCTION pgjobq.complete_many(bigint[], bigint[], jsonb[])"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.function_files SET checksum = 'another build'"));
+    CHECK_OK(owner, pgjobq_migrate(owner, NULL));
+    CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_worker', 'pgjobq.complete_many(bigint[], bigint[],"
+                        " jsonb[])', 'EXECUTE')::int"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobq'::regnamespace"
+                        " AND pg_get_userbyid(proowner) <> 'plain_owner'"),
+              0);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}
