@@ -1,8 +1,8 @@
 -- pgjobq roles: least privilege, optional.  Applied by `pgjobq migrate --roles` (pgjobq_migrate_roles)
--- after the migrations, by a role with CREATEROLE that owns the pgjobq schema.  Idempotent.  Once it
--- has been applied to a database, every `pgjobq migrate` that applies the function files applies it
--- again (when all four roles exist), so that a function a migration dropped and the files created
--- again is granted again; that needs no CREATEROLE.
+-- after the migrations, by the owner of the pgjobq schema, with CREATEROLE while a role is missing.
+-- Idempotent.  Once it has been applied to a database, every `pgjobq migrate` that applies the
+-- function files applies it again (when all four roles exist), so that a function a migration
+-- dropped and the files created again is granted again; that needs no CREATEROLE.
 --
 --   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
 --   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
