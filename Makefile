@@ -43,6 +43,7 @@ CLI_OBJ  := $(patsubst cli/%.c,$(B)/cli/%.o,$(CLI_SRC))
 TEST_SRC := $(wildcard tests/*.c)
 TEST_OBJ := $(patsubst tests/%.c,$(B)/tests/%.o,$(TEST_SRC))
 SQL      := $(sort $(wildcard sql/[0-9][0-9][0-9]_*.sql))
+SQL_FUNCTIONS := $(sort $(wildcard sql/functions/*.sql))
 
 LIBA  := $(B)/libpgjobq.a
 LIBSO := $(B)/libpgjobq.so.$(VERSION)
@@ -62,9 +63,11 @@ $(DEPS_OK): tools/ensure-deps.sh
 deps:
 	@sh tools/ensure-deps.sh --server
 
-$(B)/src/migrations.c: $(SQL) sql/roles.sql tools/embed-sql.awk | $(DEPS_OK)
+# The numbered migrations, the role grants and the function files, as C strings (src/migrate.c).  The
+# directory is a prerequisite too, so that a function file removed or renamed rebuilds it.
+$(B)/src/migrations.c: $(SQL) sql/roles.sql $(SQL_FUNCTIONS) $(wildcard sql/functions) tools/embed-sql.awk | $(DEPS_OK)
 	@mkdir -p $(@D)
-	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql > $@.tmp && mv $@.tmp $@
+	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql $(SQL_FUNCTIONS) > $@.tmp && mv $@.tmp $@
 
 $(B)/src/%.o: src/%.c src/internal.h src/engine.h include/pgjobq.h | $(DEPS_OK)
 	@mkdir -p $(@D)

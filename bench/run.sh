@@ -9,7 +9,8 @@
 #             1, 2, 8 and 16 clients; 100-row INSERTs; COPY in batches of 10,000 rows.  Nothing of
 #             pgjobq is in them.
 #   T2        pgjobq's own claim and completion statements, through pgbench, at 8 clients.
-#   T10       the same with schema 3's claim (taken from sql/003_history.sql): what queue settings
+#   T10       the same with schema 3's claim (taken from the released migration 3,
+#             tests/fixtures/released/003_history.sql): what queue settings
 #             cost a queue that has none.
 #   B1..B8    pgjobq itself, through `pgjobq bench` (cli/cmd_bench.c).
 #
@@ -37,13 +38,15 @@ runs="$results/runs.jsonl"
 . "$here/cluster.sh"
 "$pgjobq" --db "$db" migrate >/dev/null
 "$bindir/psql" -X -q -f "$here/ceiling/schema.sql"
-# T10's baseline: schema 3's claim_batch, taken from its migration (not a copy), as bench_v3.claim_batch.
+# T10's baseline: schema 3's claim_batch, taken from its migration as released (not a copy), as
+# bench_v3.claim_batch.  (Today's sql/ defines each function once, as it is now, in sql/functions.)
+v3="$top/tests/fixtures/released/003_history.sql"
 {
     echo "CREATE SCHEMA bench_v3;"
-    awk '/^CREATE FUNCTION pgjobq.claim_batch\(/ { on = 1 } on { print } on && /^\$\$;/ { exit }' "$top/sql/003_history.sql" |
+    awk '/^CREATE FUNCTION pgjobq.claim_batch\(/ { on = 1 } on { print } on && /^\$\$;/ { exit }' "$v3" |
         sed 's/^CREATE FUNCTION pgjobq.claim_batch(/CREATE FUNCTION bench_v3.claim_batch(/'
 } > "$dir/claim_batch_v3.sql"
-grep -q 'bench_v3.claim_batch' "$dir/claim_batch_v3.sql" || { echo "bench: schema 3's claim_batch not found in sql/003_history.sql" >&2; exit 70; }
+grep -q 'bench_v3.claim_batch' "$dir/claim_batch_v3.sql" || { echo "bench: schema 3's claim_batch not found in $v3" >&2; exit 70; }
 "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -f "$dir/claim_batch_v3.sql"
 
 settings=$("$bindir/psql" -X -At -c "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_sync_method', 'shared_buffers', 'max_wal_size', 'server_version')")

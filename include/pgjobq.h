@@ -250,8 +250,12 @@ PGJOBQ_EXPORT int pgjobq_rollback(pgjobq_client *c) PGJOBQ_WUR;
 /*
  * Creates or upgrades the pgjobq schema to PGJOBQ_SCHEMA_VERSION.  Each migration runs in its own
  * transaction under a transaction-scoped advisory lock, so running it twice, or from many hosts at
- * once, is safe (the later runs find nothing to do).  Needs an owned connection (not inside a
- * transaction).  *applied_out (may be NULL) receives the number of migrations applied by this call.
+ * once, is safe (the later runs find nothing to do).  Then the SQL functions are created or replaced
+ * when they differ from those the database has, with the last migration or in a transaction of their
+ * own, never on a newer schema (a replaced pgjobq.backoff is kept), and the roles of
+ * pgjobq_migrate_roles are granted them again where they have grants.  Needs an owned connection (not
+ * inside a transaction).  *applied_out (may be NULL) receives the number of migrations applied by
+ * this call (the functions do not count).
  * Returns PGJOBQ_OK, PGJOBQ_ESCHEMA (the database is newer than this library), PGJOBQ_ESTATE (the
  * connection is inside a transaction), or a connection/database error; a failed migration leaves the
  * schema at the previous version.
@@ -261,7 +265,8 @@ PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
 /*
  * Creates (if missing) the roles pgjobq_producer (enqueue only), pgjobq_worker (claim, complete, fail,
  * heartbeat, maintenance) and pgjobq_admin (both, plus reading jobs, stats, cancel, retry), and grants
- * them their functions; idempotent.  Needs the CREATEROLE privilege and the schema's ownership.
+ * them their functions; idempotent.  Needs the schema's ownership, and the CREATEROLE privilege while
+ * a role is missing.
  * Grant the roles to your login roles yourself.  Returns PGJOBQ_OK, PGJOBQ_EPERM, or an error.
  */
 PGJOBQ_EXPORT int pgjobq_migrate_roles(pgjobq_client *c) PGJOBQ_WUR;

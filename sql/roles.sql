@@ -1,5 +1,8 @@
 -- pgjobq roles: least privilege, optional.  Applied by `pgjobq migrate --roles` (pgjobq_migrate_roles)
--- after the migrations, by a role with CREATEROLE that owns the pgjobq schema.  Idempotent.
+-- after the migrations, by the owner of the pgjobq schema, with CREATEROLE while a role is missing.
+-- Idempotent.  Once it has been applied to a database, every `pgjobq migrate` that applies the
+-- function files applies it again (when all four roles exist), so that a function a migration
+-- dropped and the files created again is granted again; that needs no CREATEROLE.
 --
 --   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
 --   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
@@ -65,7 +68,21 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.parents(bigint)
 TO pgjobq_worker;
 
-GRANT pgjobq_producer, pgjobq_worker TO pgjobq_admin;
+-- pgjobq_admin is both of the above.  Granted only when it is not yet: granting a membership needs
+-- CREATEROLE even when it changes nothing, and `pgjobq migrate` applies this file again (after the
+-- function files) wherever the roles exist, as the schema's owner, who may not have CREATEROLE.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                    WHERE m.roleid = 'pgjobq_producer'::regrole AND m.member = 'pgjobq_admin'::regrole) THEN
+        GRANT pgjobq_producer TO pgjobq_admin;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                    WHERE m.roleid = 'pgjobq_worker'::regrole AND m.member = 'pgjobq_admin'::regrole) THEN
+        GRANT pgjobq_worker TO pgjobq_admin;
+    END IF;
+END
+$$;
 GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.children(bigint), pgjobq.graph(bigint) TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.parents(bigint) TO pgjobq_monitor;

@@ -1,7 +1,10 @@
 /*
  * test_schema.c - migrations, the schema version check, and the CHECK constraints that stop a raw
- * INSERT which bypasses the library.
+ * INSERT which bypasses the library; the function files (sql/functions) and upgrades from every
+ * released schema version.
  */
+#include <dirent.h>
+#include <glob.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +12,72 @@
 #include <unistd.h>
 
 #include "harness.h"
+
+/* A file of the source tree (PGJOBQ_SRCDIR, which make check sets), read whole into a malloc'd string. */
+static char *src_read(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    char *s = malloc((size_t)n + 1);
+    CHECK(s != NULL);
+    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
+    s[n] = '\0';
+    CHECK(fclose(f) == 0);
+    return s;
+}
+
+static const char *srcdir(void)
+{
+    const char *dir = getenv("PGJOBQ_SRCDIR");
+    CHECK_MSG(dir != NULL, "PGJOBQ_SRCDIR is not set (make check sets it)");
+    return dir;
+}
+
+/* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
+ * released them, each creating its own functions, before sql/functions held them): 1 to
+ * RELEASED_VERSIONS. */
+#define RELEASED_VERSIONS 9
+static char *released_migration(int v)
+{
+    char pattern[4096];
+    glob_t g;
+
+    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", srcdir(), v);
+    CHECK_MSG(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single file matches %s", pattern);
+    char *sql = src_read(g.gl_pathv[0]);
+    globfree(&g);
+    return sql;
+}
+
+/* Runs a script of several statements (longer than t_exec takes). */
+static void run_script(PGconn *pg, const char *sql, const char *what)
+{
+    PGresult *r = PQexec(pg, sql);
+    CHECK_MSG(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK, "%s: %s", what,
+              PQerrorMessage(pg));
+    PQclear(r);
+}
+
+/* Makes the database what an earlier pgjobq left at schema version k: the released migrations 1..k,
+ * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on). */
+static void build_released(PGconn *pg, int k)
+{
+    for (int v = 1; v <= k; v++) {
+        char *sql = released_migration(v);
+        run_script(pg, sql, "a released migration");
+        if (v >= 7) {
+            const char *needs = strstr(sql, "\n-- needs: ");
+            PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)", v,
+                           needs ? atoi(needs + strlen("\n-- needs: ")) : v));
+        } else {
+            PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", v));
+        }
+        free(sql);
+    }
+}
 
 TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
 {
@@ -210,9 +279,6 @@ TEST(schema_functions_are_not_executable_by_public)
     PQfinish(pg);
 }
 
-/* The migrations as the library embeds them (build/src/migrations.c). */
-extern const char *const pgjobq__migrations[];
-
 TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST_DB_EMPTY)
 {
     PGconn *pg = t_pg();
@@ -220,13 +286,7 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
     int applied = -1;
 
     /* A database at version 2, as an earlier pgjobq left it, with live and finished jobs. */
-    for (int v = 1; v <= 2; v++) {
-        PGresult *m = PQexec(pg, pgjobq__migrations[v - 1]); /* (longer than t_exec's buffer) */
-        CHECK_MSG(PQresultStatus(m) == PGRES_COMMAND_OK || PQresultStatus(m) == PGRES_TUPLES_OK, "migration %d: %s",
-                  v, PQerrorMessage(pg));
-        PQclear(m);
-        PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version) VALUES (%d)", v));
-    }
+    build_released(pg, 2);
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload) VALUES ('q', '{\"live\": 1}')"));
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue, payload, state, attempt, started_at, lease_until, lease_token)"
                        " VALUES ('q', '{\"live\": 2}', 'running', 1, now(), now() + interval '1 minute', 1)"));
@@ -266,5 +326,489 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
     CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23514");
     PQclear(r);
     pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The function files and upgrades from the released versions */
+
+/* What a database's pgjobq schema is, one line per object, in order: every function (its whole
+ * definition, as pg_get_functiondef prints it, and its grants), every relation (kind, options,
+ * grants, columns, index or view definition, partition bound), constraint and type, the schema's
+ * grants.  The hourly history partitions, named after the hour they were made in, count by number. */
+static const char SCHEMA_DIGEST[] =
+    "WITH lines(l) AS ("
+    " SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid)) || ' grants '"
+    "        || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(p.proacl) x), '-')"
+    "   FROM pg_proc p WHERE p.pronamespace = 'pgjobq'::regnamespace"
+    " UNION ALL"
+    " SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.reloptions::text, '-')"
+    "        || ' grants ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(c.relacl) x), '-')"
+    "        || ' columns ' || coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)"
+    "               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END"
+    "               || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), ''), ', ' ORDER BY a.attnum)"
+    "          FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
+    "         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '-')"
+    "        || ' ' || coalesce(pg_get_indexdef(c.oid), '') || coalesce(pg_get_viewdef(c.oid), '')"
+    "        || coalesce(pg_get_expr(c.relpartbound, c.oid), '')"
+    "   FROM pg_class c WHERE c.relnamespace = 'pgjobq'::regnamespace AND c.relname !~ '^history_p[0-9]{10}'"
+    " UNION ALL"
+    " SELECT 'constraint ' || r.conrelid::regclass::text || ' ' || r.conname || ' ' || pg_get_constraintdef(r.oid)"
+    "        || CASE WHEN r.convalidated THEN '' ELSE ' not valid' END"
+    "   FROM pg_constraint r WHERE r.connamespace = 'pgjobq'::regnamespace"
+    "    AND r.conrelid::regclass::text !~ 'history_p[0-9]{10}'"
+    " UNION ALL"
+    " SELECT 'type ' || t.typname || ' ' || t.typtype::text || ' ' || coalesce((SELECT string_agg(e.enumlabel, ','"
+    "        ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), '')"
+    "   FROM pg_type t WHERE t.typnamespace = 'pgjobq'::regnamespace"
+    " UNION ALL"
+    " SELECT 'hourly partitions ' || count(*) FROM pg_class c"
+    "  WHERE c.relnamespace = 'pgjobq'::regnamespace AND c.relname ~ '^history_p[0-9]{10}$'"
+    " UNION ALL"
+    " SELECT 'schema grants ' || (SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(n.nspacl) x)"
+    "   FROM pg_namespace n WHERE n.nspname = 'pgjobq')"
+    " SELECT string_agg(l, E'\\n' ORDER BY l) FROM lines";
+
+static char *schema_digest(PGconn *pg)
+{
+    return t_str(pg, "%s", SCHEMA_DIGEST);
+}
+
+/* Fails, naming the first line that differs, unless the two digests are the same. */
+static void check_same_schema(const char *want, const char *got, const char *what)
+{
+    size_t i = 0;
+
+    if (strcmp(want, got) == 0)
+        return;
+    while (want[i] && want[i] == got[i])
+        i++;
+    while (i > 0 && want[i - 1] != '\n')
+        i--;
+    int wn = (int)strcspn(want + i, "\n"), gn = (int)strcspn(got + i, "\n");
+    CHECK_MSG(0, "%s: not what a new database has; first difference:\n    new: %.*s\n    got: %.*s", what,
+              wn > 400 ? 400 : wn, want + i, gn > 400 ? 400 : gn, got + i);
+}
+
+/* The roles of sql/roles.sql, made by another test at the same moment maybe (roles are cluster-wide):
+ * a CREATE ROLE that loses that race is run again. */
+static void migrate_roles(pgjobq_client *c)
+{
+    int rc = pgjobq_migrate_roles(c);
+    if (rc != PGJOBQ_OK && (strcmp(pgjobq_sqlstate(c), "23505") == 0 || strcmp(pgjobq_sqlstate(c), "42710") == 0))
+        rc = pgjobq_migrate_roles(c);
+    CHECK_RC(c, rc, PGJOBQ_OK);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names of the functions sql/functions defines, sorted, comma-separated (malloc'd). */
+static char *function_file_names(void)
+{
+    char dirpath[4096], path[4400], *names[256], *out;
+    size_t n = 0, len = 1;
+    struct dirent *e;
+
+    snprintf(dirpath, sizeof dirpath, "%s/sql/functions", srcdir());
+    DIR *d = opendir(dirpath);
+    CHECK_MSG(d != NULL, "cannot open %s", dirpath);
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
+        char *text = src_read(path);
+        for (char *p = text; (p = strstr(p, "FUNCTION pgjobq.")) != NULL; p++) {
+            /* A definition: "CREATE FUNCTION" or "CREATE OR REPLACE FUNCTION", not a mention. */
+            int created = (p - text >= 7 && strncmp(p - 7, "CREATE ", 7) == 0) ||
+                          (p - text >= 18 && strncmp(p - 18, "CREATE OR REPLACE ", 18) == 0);
+            if (!created)
+                continue;
+            const char *name = p + strlen("FUNCTION pgjobq.");
+            size_t nl = strcspn(name, "(");
+            CHECK(n < sizeof names / sizeof names[0]);
+            names[n] = strndup(name, nl);
+            CHECK(names[n] != NULL);
+            len += nl + 1;
+            n++;
+        }
+        free(text);
+    }
+    CHECK(closedir(d) == 0);
+    qsort(names, n, sizeof names[0], cmp_names);
+    out = calloc(1, len);
+    CHECK(out != NULL);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            strcat(out, ",");
+        strcat(out, names[i]);
+        free(names[i]);
+    }
+    return out;
+}
+
+/* The names of the functions in schema pgjobq, sorted as function_file_names() sorts them. */
+static char *database_function_names(PGconn *pg)
+{
+    return t_str(pg, "SELECT coalesce(string_agg(proname::text, ',' ORDER BY proname COLLATE \"C\"), '')"
+                     " FROM pg_proc WHERE pronamespace = 'pgjobq'::regnamespace");
+}
+
+/* Migrates the database (missing or older) and checks that its functions are those named. */
+static void migrate_and_check_functions(PGconn *pg, const char *files)
+{
+    pgjobq_client *c = NULL;
+
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, NULL));
+    pgjobq_client_close(c);
+    char *db = database_function_names(pg);
+    CHECK_STR(db, files);
+    free(db);
+}
+
+/* Every function of a migrated database is one that sql/functions defines, and each file's function is
+ * there once: nothing an old migration made is left over, new or upgraded from version 1. */
+TEST_FULL(schema_functions_are_exactly_those_of_the_function_files, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    char *files = function_file_names();
+
+    CHECK(strlen(files) > 0 && strstr(files, "claim_batch") != NULL && strstr(files, "backoff") != NULL);
+    migrate_and_check_functions(pg, files);
+    PQclear(t_exec(pg, "SET client_min_messages = warning"));
+    PQclear(t_exec(pg, "DROP SCHEMA pgjobq CASCADE"));
+    build_released(pg, 1);
+    migrate_and_check_functions(pg, files);
+    free(files);
+    PQfinish(pg);
+}
+
+/* The function files are applied when their checksum is not the one the database records (a library
+ * with other files migrates), and not otherwise; a replaced pgjobq.backoff (its documented use) stays;
+ * a database newer than the library keeps its functions. */
+TEST(schema_function_files_are_applied_when_they_change_and_keep_a_replaced_backoff)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client(), *other = NULL;
+    char ci[1024];
+    int applied = -1;
+    int64_t id;
+    size_t n;
+    pgjobq_job *j;
+    pgjobq_state st;
+
+    char *checksum = t_str(pg, "SELECT checksum FROM pgjobq.function_files");
+    CHECK_INT(strlen(checksum), 64);
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.backoff(attempt integer) RETURNS interval"
+                       " LANGUAGE sql AS $$ SELECT interval '7 minutes' $$"));
+    /* A function the files define, changed behind their back: what applying them puts right. */
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.next_due(queue text) RETURNS double precision"
+                       " LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+                       " AS $$ SELECT 12345::double precision $$"));
+
+    /* The same files: nothing is applied. */
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, 0);
+    CHECK_INT(t_int(pg, "SELECT pgjobq.next_due('q')"), 12345);
+
+    /* Other files (a library whose functions differ), but a database newer than this library: a rolling
+     * deploy's newer schema keeps the functions of the library that migrated it. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.function_files SET checksum = 'another build'"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.schema_version (version, needs) VALUES (%d, %d)", PGJOBQ_SCHEMA_VERSION + 1,
+                   PGJOBQ_SCHEMA_VERSION));
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.next_due('q')"), 12345);
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.schema_version WHERE version > %d", PGJOBQ_SCHEMA_VERSION));
+
+    /* Other files at this version: all applied again, and recorded, but the replaced backoff stays. */
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, 0);
+    CHECK_INT(t_int(pg, "SELECT (pgjobq.next_due('q') IS NULL)::int"), 1);
+    char *now = t_str(pg, "SELECT checksum FROM pgjobq.function_files");
+    CHECK_STR(now, checksum);
+    free(now);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.function_files"), 1);
+    CHECK_INT(t_int(pg, "SELECT (pgjobq.backoff(1) = interval '7 minutes')::int"), 1);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    CHECK_OK(c, pgjobq_claim(c, "default", 1, 30000, NULL, &j, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, j->id, j->lease_token, "once", PGJOBQ_BACKOFF, 0, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    pgjobq_jobs_free(j);
+    CHECK_INT(t_int(pg,
+                    "SELECT (run_at - now() BETWEEN interval '6 minutes 50 seconds' AND interval '7 minutes')::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    /* Still nobody but the owner may run it. */
+    CHECK_INT(t_int(pg, "SELECT has_function_privilege('public', 'pgjobq.backoff(integer)', 'EXECUTE')::int"), 0);
+
+    /* A backoff that is gone comes back from the file, with the documented policy. */
+    PQclear(t_exec(pg, "DROP FUNCTION pgjobq.backoff(integer)"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.function_files SET checksum = 'another build'"));
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(t_int(pg, "SELECT (pgjobq.backoff(1) BETWEEN interval '1.8 s' AND interval '2.2 s')::int"), 1);
+
+    /* On an up-to-date database `pgjobq migrate` needs no privilege, as before the function files. */
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'schema_reader') THEN"
+                       " CREATE ROLE schema_reader LOGIN; END IF; END $$"));
+    snprintf(ci, sizeof ci, "%s user=schema_reader", t_conninfo());
+    CHECK_OK(other, pgjobq_client_open(&other, ci));
+    CHECK_OK(other, pgjobq_migrate(other, &applied));
+    CHECK_INT(applied, 0);
+    pgjobq_client_close(other);
+    free(checksum);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* Every job of a database, with the columns all versions have, one line each. */
+static char *jobs_snapshot(PGconn *pg, const char *table)
+{
+    return t_str(pg,
+                 "SELECT string_agg(ROW(id, queue::text, kind::text, payload::jsonb, priority, state::text, attempt,"
+                 " max_attempts, run_at, created_at, started_at, finished_at, lease_until, lease_token,"
+                 " worker_id::text, result, last_error, unique_key::text, cancel_requested)::text, E'\\n' ORDER BY id)"
+                 " FROM %s",
+                 table);
+}
+
+/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4). */
+static char *settings_snapshot(PGconn *pg)
+{
+    return t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
+                     " || (SELECT string_agg(s::text, E'\\n' ORDER BY name) FROM pgjobq.schedules s) || E'\\n'"
+                     " || (SELECT string_agg(ROW(id, concurrency_key)::text, ',' ORDER BY id) FROM pgjobq.jobs)");
+}
+
+/* Jobs in every state version k knows, made by that version's own functions, payload {"n": N}:
+ *   1 queued, 2 scheduled an hour ahead, 3 running under a lease, 4 completed with a result, 5 failed
+ *   for good, 6 cancelled while it ran, 7 failed once and queued again;
+ *   from version 4: 10 with a concurrency key in a queue with limits, a paused queue, a schedule;
+ *   from version 6: a worker's heartbeat (and 7's retry is tallied);
+ *   from version 9: 8 a parent, 9 its child, waiting, with tags; 3 reports progress. */
+static void released_jobs(PGconn *pg, int k)
+{
+    for (int i = 3; i <= 7; i++)
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": %d}')", i));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim('q', 5, '10 minutes', 'old-worker')"), 5);
+    PQclear(t_exec(pg, "SELECT pgjobq.complete_many(ARRAY[id], ARRAY[lease_token], ARRAY['{\"r\": 4}'::jsonb])"
+                       " FROM pgjobq.jobs WHERE payload->>'n' = '4'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.fail_many(ARRAY[id], ARRAY[lease_token], ARRAY['boom'], NULL, ARRAY[true])"
+                       " FROM pgjobq.jobs WHERE payload->>'n' = '5'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.cancel(id) FROM pgjobq.jobs WHERE payload->>'n' = '6'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.complete_many(ARRAY[id], ARRAY[lease_token])"
+                       " FROM pgjobq.jobs WHERE payload->>'n' = '6'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.fail_many(ARRAY[id], ARRAY[lease_token], ARRAY['try again'],"
+                       " ARRAY[interval '0']) FROM pgjobq.jobs WHERE payload->>'n' = '7'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 1}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 2}', delay => interval '1 hour')"));
+    if (k >= 4) {
+        PQclear(t_exec(pg, "SELECT pgjobq.queue_set('limited', '{\"concurrency\": 2, \"key_concurrency\": 1,"
+                           " \"rate_limit\": 10, \"rate_period\": \"1 minute\"}')"));
+        PQclear(t_exec(pg, "SELECT pgjobq.queue_pause('paused', 'for the upgrade')"));
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'limited', payload => '{\"n\": 10}',"
+                           " concurrency_key => 'tenant-a')"));
+        PQclear(t_exec(pg, "SELECT pgjobq.schedule_set('nightly', '0 3 * * *', 'Europe/Paris')"));
+    }
+    if (k >= 6)
+        PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    if (k >= 9) {
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 8}')"));
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 9}', tags => ARRAY['t1', 't2'],"
+                           " after => ARRAY[(SELECT id FROM pgjobq.jobs WHERE payload->>'n' = '8')])"));
+        PQclear(t_exec(pg, "SELECT pgjobq.set_progress(id, lease_token, '{\"p\": 50}')"
+                           " FROM pgjobq.jobs WHERE payload->>'n' = '3'"));
+    }
+}
+
+static int64_t job_id(PGconn *pg, int n)
+{
+    return t_int(pg, "SELECT id FROM pgjobq.all_jobs WHERE payload->>'n' = '%d'", n);
+}
+
+/* The library's transitions on the upgraded database: the job the old version's worker holds completes
+ * under its old token; enqueue, claim (tokens from the clock now), complete, fail and retry, cancel;
+ * a child waiting since the old version runs once its parent completes. */
+static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t token3)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    pgjobq_state st;
+    size_t n = 0;
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_job_complete(c, job_id(pg, 3), token3, "{\"done\": 3}"));
+    o.queue = "q";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 11}", &o, &id));
+    CHECK_INT(id, job_id(pg, 11));
+    CHECK_OK(c, pgjobq_claim(c, "q", 10, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, k >= 9 ? 4 : 3); /* 7, 1, (8 from version 9,) 11 */
+    for (size_t i = 0; i < n; i++) {
+        CHECK(jobs[i].lease_token > INT64_C(1000000000000000)); /* at least the claim's time in µs */
+        if (i == 0) {
+            CHECK_OK(c, pgjobq_job_fail(c, jobs[i].id, jobs[i].lease_token, "again", 0, 0, &st));
+            CHECK_INT(st, PGJOBQ_QUEUED);
+        } else {
+            CHECK_OK(c, pgjobq_job_complete(c, jobs[i].id, jobs[i].lease_token, NULL));
+        }
+    }
+    pgjobq_jobs_free(jobs);
+    if (k >= 9)
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '9' AND state = 'queued'"), 1);
+    CHECK_OK(c, pgjobq_job_cancel(c, job_id(pg, 2), &st));
+    CHECK_INT(st, PGJOBQ_CANCELLED);
+    CHECK_OK(c, pgjobq_job_retry(c, job_id(pg, 5)));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '5' AND state = 'queued'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'n' IN ('2', '3', '11')"), 3);
+}
+
+/* A database at each released schema version, with jobs in every state it knows, upgraded by this
+ * library: the jobs are all there as they were, the functions, their definitions and the grants are
+ * exactly those of a new database, and the transitions work.  Roles arrived with version 2: from there
+ * on the database has the schema grants that `pgjobq migrate --roles` gave it (at version 9, the
+ * released roles.sql itself), so migrating grants the roles again what the function files re-created,
+ * a claim_batch that migration 9 dropped included. */
+TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    int applied = -1, rc;
+
+    PQclear(t_exec(pg, "SET client_min_messages = warning"));
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, NULL));
+    char *fresh_plain = schema_digest(pg);
+    migrate_roles(c);
+    pgjobq_client_close(c);
+    char *fresh_roles = schema_digest(pg);
+    char *checksum = t_str(pg, "SELECT checksum FROM pgjobq.function_files");
+
+    for (int k = 1; k <= RELEASED_VERSIONS; k++) {
+        char what[64], *before, *after, *extra_before = NULL, *extra_after, *got, *sum, *live, *finished;
+        const char *jobs_table = k >= 3 ? "pgjobq.all_jobs" : "pgjobq.jobs";
+        char want_live[128];
+
+        snprintf(what, sizeof what, "upgraded from version %d", k);
+        PQclear(t_exec(pg, "DROP SCHEMA pgjobq CASCADE"));
+        build_released(pg, k);
+        released_jobs(pg, k);
+        int64_t token3 = t_int(pg, "SELECT lease_token FROM pgjobq.jobs WHERE payload->>'n' = '3'");
+        before = jobs_snapshot(pg, jobs_table);
+        if (k >= 4)
+            extra_before = settings_snapshot(pg);
+        if (k == RELEASED_VERSIONS) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+            char *roles = src_read(path);
+            run_script(pg, roles, "the released roles.sql");
+            free(roles);
+        } else if (k >= 2) {
+            PQclear(t_exec(pg, "GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin,"
+                               " pgjobq_monitor"));
+            if (k == 8)
+                PQclear(t_exec(pg, "GRANT EXECUTE ON FUNCTION pgjobq.claim_batch(text, integer, interval, text,"
+                                   " smallint, timestamptz, bigint) TO pgjobq_worker"));
+        }
+
+        rc = pgjobq_client_open(&c, t_conninfo());
+        CHECK_MSG(rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA, "%s: open: %s", what, pgjobq_errmsg(c));
+        CHECK_OK(c, pgjobq_migrate(c, &applied));
+        CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - k);
+
+        /* The jobs, as they were; finished ones in the history. */
+        after = jobs_snapshot(pg, "pgjobq.all_jobs");
+        CHECK_MSG(strcmp(before, after) == 0, "%s: the jobs changed:\n%s\n  became\n%s", what, before, after);
+        live = t_str(pg, "SELECT string_agg((payload->>'n') || ' ' || state::text, ', ' ORDER BY (payload->>'n')::int)"
+                         " FROM pgjobq.jobs");
+        snprintf(want_live, sizeof want_live, "1 queued, 2 queued, 3 running, 7 queued%s%s",
+                 k >= 9 ? ", 8 queued, 9 waiting" : "", k >= 4 ? ", 10 queued" : "");
+        CHECK_STR(live, want_live);
+        finished = t_str(pg, "SELECT string_agg((payload->>'n') || ' ' || state::text, ', '"
+                             " ORDER BY (payload->>'n')::int) FROM pgjobq.history");
+        CHECK_STR(finished, "4 completed, 5 failed, 6 cancelled");
+        if (k >= 4) {
+            extra_after = settings_snapshot(pg);
+            CHECK_STR(extra_after, extra_before);
+            free(extra_after);
+        }
+        if (k >= 6)
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker'"), 1);
+        if (k >= 9) {
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps"), 1);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '9'"
+                                " AND tags = '{t1,t2}' AND pending_parents = 1"),
+                      1);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '3'"
+                                " AND progress = '{\"p\": 50}'"),
+                      1);
+        }
+
+        /* The schema, the functions and their grants: those of a new database. */
+        got = schema_digest(pg);
+        check_same_schema(k >= 2 ? fresh_roles : fresh_plain, got, what);
+        free(got);
+        sum = t_str(pg, "SELECT string_agg(checksum, ',') FROM pgjobq.function_files");
+        CHECK_STR(sum, checksum);
+        free(sum);
+        if (k >= 2)
+            CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_worker', 'pgjobq.claim_batch(text, integer,"
+                                " interval, text, smallint, timestamptz, bigint)', 'EXECUTE')::int"),
+                      1);
+        migrate_roles(c);
+        got = schema_digest(pg);
+        check_same_schema(fresh_roles, got, what);
+        free(got);
+
+        upgraded_database_works(pg, c, k, token3);
+        pgjobq_client_close(c);
+        free(before);
+        free(after);
+        free(extra_before);
+        free(live);
+        free(finished);
+    }
+    free(fresh_plain);
+    free(fresh_roles);
+    free(checksum);
+    PQfinish(pg);
+}
+
+/* The schema's owner need not have CREATEROLE: when the function files re-create a function (here one
+ * dropped behind their back, as a migration that changes a signature does), `pgjobq migrate` grants
+ * the roles again as that owner, once the roles exist. */
+TEST_FULL(schema_migrate_grants_the_roles_again_without_createrole, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = NULL, *super = NULL;
+    char ci[1024];
+
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'plain_owner') THEN"
+                       " CREATE ROLE plain_owner LOGIN NOCREATEROLE; END IF; END $$"));
+    PQclear(t_exec(pg, "GRANT CREATE ON DATABASE %s TO plain_owner", t_dbname()));
+    snprintf(ci, sizeof ci, "%s user=plain_owner", t_conninfo());
+    CHECK_RC(owner, pgjobq_client_open(&owner, ci), PGJOBQ_ESCHEMA);
+    CHECK_OK(owner, pgjobq_migrate(owner, NULL));
+    /* The roles, made and granted once by someone who may (as `pgjobq migrate --roles` would be). */
+    CHECK_OK(super, pgjobq_client_open(&super, t_conninfo()));
+    migrate_roles(super);
+    pgjobq_client_close(super);
+    /* Once they exist, `pgjobq migrate --roles` needs no CREATEROLE either. */
+    CHECK_OK(owner, pgjobq_migrate_roles(owner));
+
+    PQclear(t_exec(pg, "DROP FUNCTION pgjobq.complete_many(bigint[], bigint[], jsonb[])"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.function_files SET checksum = 'another build'"));
+    CHECK_OK(owner, pgjobq_migrate(owner, NULL));
+    CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_worker', 'pgjobq.complete_many(bigint[], bigint[],"
+                        " jsonb[])', 'EXECUTE')::int"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobq'::regnamespace"
+                        " AND pg_get_userbyid(proowner) <> 'plain_owner'"),
+              0);
+    pgjobq_client_close(owner);
     PQfinish(pg);
 }

@@ -1,20 +1,30 @@
-# embed-sql.awk - turns the numbered migrations sql/NNN_*.sql into C string literals, so that the
-# library needs no .sql file at run time.  Usage: awk -f tools/embed-sql.awk sql/*.sql > migrations.c
+# embed-sql.awk - turns the SQL of sql/ into C string literals, so that the library needs no .sql file
+# at run time.  Usage:
+#   awk -f tools/embed-sql.awk sql/NNN_*.sql sql/roles.sql sql/functions/*.sql > migrations.c
+# The numbered files are the migrations, in order; roles.sql is the optional role grants; the files
+# under functions/ define every function, applied after the migrations (src/migrate.c).
 BEGIN {
-    print "/* Generated from sql/*.sql by tools/embed-sql.awk: do not edit. */"
+    print "/* Generated from sql/ by tools/embed-sql.awk: do not edit. */"
     print "#include <stddef.h>"
     n = 0
+    nf = 0
     open = 0
 }
-# Numbered files are the migrations, in order; roles.sql is the optional role grants.
 FNR == 1 {
     if (open) print ";"
     open = 1
     name = FILENAME
     sub(/.*\//, "", name)
-    if (name == "roles.sql") {
+    if (FILENAME ~ /(^|\/)functions\//) {
+        kind = "function"
+        nf++
+        fnames[nf] = name
+        printf "static const char f%d[] =\n", nf
+    } else if (name == "roles.sql") {
+        kind = "roles"
         printf "static const char roles[] =\n"
     } else {
+        kind = "migration"
         n++
         names[n] = name
         needs[n] = n
@@ -23,7 +33,7 @@ FNR == 1 {
 }
 # "-- needs: N" in a migration's header: libraries of schema version N and later can use the database
 # once it is applied (by default only libraries that know the migration).
-FNR <= 5 && name != "roles.sql" && /^-- needs: [0-9]+$/ {
+FNR <= 5 && kind == "migration" && /^-- needs: [0-9]+$/ {
     needs[n] = $3 + 0
 }
 {
@@ -46,4 +56,11 @@ END {
     print "    0};"
     printf "const int pgjobq__migration_count = %d;\n", n
     print "const char *const pgjobq__roles_sql = roles;"
+    print "const char *const pgjobq__function_files[] = {"
+    for (i = 1; i <= nf; i++) printf "    f%d,\n", i
+    print "    NULL};"
+    print "const char *const pgjobq__function_file_names[] = {"
+    for (i = 1; i <= nf; i++) printf "    \"%s\",\n", fnames[i]
+    print "    NULL};"
+    printf "const int pgjobq__function_file_count = %d;\n", nf
 }

@@ -1,0 +1,266 @@
+-- pgjobq functions: an operator's transitions: cancel and retry one job, or every job a filter
+-- chooses.
+--
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
+-- is defined once, here, as it is now.
+
+-- cancel: a queued or waiting job becomes cancelled at once (it moves to history, and its waiting
+-- children are cancelled with it); a running job is marked, and ends cancelled at its holder's next
+-- heartbeat, completion or failure (or when its lease expires).  Returns 'cancelled',
+-- 'cancel_requested', 'not_found', or 'already_' and the final state the job already had
+-- ('already_completed', 'already_failed', 'already_cancelled').
+CREATE OR REPLACE FUNCTION pgjobq.cancel(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_state pgjobq.job_state;
+BEGIN
+    SELECT j.state INTO v_state FROM pgjobq.jobs j WHERE j.id = cancel.id FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT h.state INTO v_state FROM pgjobq.history h WHERE h.id = cancel.id;
+        IF NOT FOUND THEN
+            RETURN 'not_found';
+        END IF;
+        RETURN 'already_' || v_state::text;
+    END IF;
+    IF v_state = 'running' THEN
+        UPDATE pgjobq.jobs j SET cancel_requested = true WHERE j.id = cancel.id;
+        RETURN 'cancel_requested';
+    END IF;
+    PERFORM pgjobq.history_move_cancelled(ARRAY[cancel.id], NULL);
+    RETURN 'cancelled';
+END
+$$;
+
+-- retry: run a finished (completed, failed or cancelled) or scheduled job again now.  A finished job
+-- moves back from history, keeping its id, attempt count, result, tags and concurrency key;
+-- max_attempts is raised when needed so that one more attempt is allowed.  Returns 'queued',
+-- 'not_found', 'running' (a running job cannot be retried) or 'waiting' (a waiting job stays waiting
+-- for its parents).  Fails with a unique violation if the job's unique key is held by another queued
+-- or running job.
+CREATE OR REPLACE FUNCTION pgjobq.retry(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_state pgjobq.job_state;
+    v_queue text;
+BEGIN
+    SELECT j.state, j.queue INTO v_state, v_queue FROM pgjobq.jobs j WHERE j.id = retry.id FOR UPDATE;
+    IF FOUND THEN
+        IF v_state = 'running' OR v_state = 'waiting' THEN
+            RETURN v_state::text;
+        END IF;
+        UPDATE pgjobq.jobs j SET run_at = now(), max_attempts = greatest(j.max_attempts, j.attempt + 1)
+         WHERE j.id = retry.id;
+    ELSE
+        -- DELETE ... RETURNING locks and removes the history row in one step, so two retries of one
+        -- job cannot both move it.
+        WITH gone AS (DELETE FROM pgjobq.history h WHERE h.id = retry.id RETURNING h.*)
+        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                 created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
+                                 tags, progress, concurrency_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
+               greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
+          FROM gone g
+        RETURNING queue INTO v_queue;
+        IF NOT FOUND THEN
+            -- Another retry may have just moved it: look again (a new statement sees its commit).
+            IF EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = retry.id) THEN
+                RETURN 'queued';
+            END IF;
+            RETURN 'not_found';
+        END IF;
+    END IF;
+    PERFORM pgjobq.notify(ARRAY[v_queue]);
+    RETURN 'queued';
+END
+$$;
+
+-- Retry and cancel many jobs at once, chosen by a filter: retry_where and cancel_where.  Each acts in
+-- one statement: every job that matches moves, or (on an error) none does.  They take the queue and
+-- the state the jobs are in; the job kind and an age bound are optional.
+
+-- filter_check(fn, queue, kind, since): the checks retry_where and cancel_where share; raises an error
+-- naming the argument that breaks a rule.
+CREATE OR REPLACE FUNCTION pgjobq.filter_check(fn text, queue text, kind text, since interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'pgjobq.%: queue must not be null', fn USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(queue) NOT BETWEEN 1 AND 64 OR queue !~ '^[A-Za-z][A-Za-z0-9_.:-]*$' THEN
+        RAISE EXCEPTION 'pgjobq.%: queue "%" is not a queue name', fn, left(queue, 200)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A name is a letter, then up to 63 letters, digits and _ . : -';
+    END IF;
+    IF kind IS NOT NULL AND (length(kind) NOT BETWEEN 1 AND 64 OR kind !~ '^[A-Za-z][A-Za-z0-9_.:-]*$') THEN
+        RAISE EXCEPTION 'pgjobq.%: kind "%" is not a kind name', fn, left(kind, 200)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A name is a letter, then up to 63 letters, digits and _ . : -';
+    END IF;
+    IF since IS NOT NULL AND since <= interval '0' THEN
+        RAISE EXCEPTION 'pgjobq.%: since must be a positive interval (not %)', fn, since
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- retry_where(queue, state, kind, since, dry_run): runs again now every job of `queue` in `state`:
+--   'failed', 'cancelled' or 'completed': finished jobs move back from history to queued, keeping
+--     their id, attempt count, result, last error, tags and concurrency key (max_attempts is raised
+--     to allow one more attempt), as pgjobq.retry does for one; `since` keeps those that finished
+--     within that interval;
+--   'queued': jobs waiting for a later run_at (scheduled, or backing off before a retry) become due
+--     now; `since` keeps those created within that interval.
+-- `kind` keeps jobs of that kind.  A finished job whose unique key is held by a queued or running job
+-- of the queue, or by a newer finished job chosen in the same call (the newest of a key may go), stays
+-- where it is and is counted as skipped.  Each history row is locked and removed in one step (DELETE
+-- ... RETURNING): a job that another retry moved meanwhile is not found again, and is not counted.
+-- When a job with one of these unique keys is enqueued while this runs, nothing moves: the call fails
+-- with a unique violation, and run again it skips that job.  With dry_run nothing changes and the
+-- counts say what would.  Returns one row: how many jobs were (or would be) retried and skipped.
+-- Workers of the queue are woken.
+CREATE OR REPLACE FUNCTION pgjobq.retry_where(queue text, state text, kind text DEFAULT NULL, since interval DEFAULT NULL,
+                                              dry_run boolean DEFAULT false)
+RETURNS TABLE (retried bigint, skipped bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ids     bigint[];
+    v_skipped bigint;
+    v_moved   bigint;
+BEGIN
+    PERFORM pgjobq.filter_check('retry_where', queue, kind, since);
+    IF state IS NULL OR state NOT IN ('queued', 'failed', 'cancelled', 'completed') THEN
+        RAISE EXCEPTION 'pgjobq.retry_where: state must be failed, cancelled, completed or queued (not %)',
+                        coalesce('"' || left(state, 40) || '"', 'null')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A running job is retried by its worker or when its lease expires.';
+    END IF;
+
+    IF state = 'queued' THEN
+        IF dry_run THEN
+            SELECT count(*) INTO v_moved FROM pgjobq.jobs j
+             WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
+               AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+               AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);
+            RETURN QUERY SELECT v_moved, 0::bigint;
+            RETURN;
+        END IF;
+        -- A row a claimer holds at this instant is waited for and re-checked (it is running by then).
+        UPDATE pgjobq.jobs j SET run_at = now()
+         WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
+           AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+           AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);
+        GET DIAGNOSTICS v_moved = ROW_COUNT;
+        IF v_moved > 0 THEN
+            PERFORM pgjobq.notify(ARRAY[queue]);
+        END IF;
+        RETURN QUERY SELECT v_moved, 0::bigint;
+        RETURN;
+    END IF;
+
+    SELECT array_agg(c.id) FILTER (WHERE c.ok), count(*) FILTER (WHERE NOT c.ok)
+      INTO v_ids, v_skipped
+      FROM (SELECT h.id,
+                   h.unique_key IS NULL
+                   OR (row_number() OVER (PARTITION BY h.unique_key ORDER BY h.finished_at DESC, h.id DESC) = 1
+                       AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j
+                                        WHERE j.queue = retry_where.queue AND j.unique_key = h.unique_key
+                                          AND j.state IN ('queued', 'running'))) AS ok
+              FROM pgjobq.history h
+             WHERE h.state = retry_where.state::pgjobq.job_state AND h.queue = retry_where.queue
+               AND (retry_where.kind IS NULL OR h.kind = retry_where.kind)
+               AND (retry_where.since IS NULL OR h.finished_at >= now() - retry_where.since)) c;
+    IF dry_run OR v_ids IS NULL THEN
+        RETURN QUERY SELECT coalesce(cardinality(v_ids), 0)::bigint, v_skipped;
+        RETURN;
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM pgjobq.history h
+         WHERE h.id = ANY (v_ids) AND h.state = retry_where.state::pgjobq.job_state
+        RETURNING h.*),
+    moved AS (
+        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                 created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
+                                 tags, progress, concurrency_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
+               greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
+          FROM gone g
+        RETURNING 1)
+    SELECT count(*) INTO v_moved FROM moved;
+    IF v_moved > 0 THEN
+        PERFORM pgjobq.notify(ARRAY[queue]);
+    END IF;
+    RETURN QUERY SELECT v_moved, v_skipped;
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'pgjobq.retry_where: a job of queue "%" with the unique key of a job to retry was enqueued meanwhile; nothing was retried',
+                    queue
+        USING ERRCODE = 'unique_violation', HINT = 'Run it again: that job is now skipped.';
+END
+$$;
+
+-- cancel_where(queue, state, kind, since, dry_run): cancels every job of `queue` in `state`:
+--   'queued': the jobs end cancelled at once (they move to history), as pgjobq.cancel does for one;
+--   'running': a cancel is requested, and each ends cancelled at its holder's next heartbeat or
+--     write, or when its lease expires.
+-- `kind` keeps jobs of that kind, `since` those created within that interval.  A queued job that a
+-- claim holds at this instant is waited for, and left alone if it started.  With dry_run nothing
+-- changes.  Returns how many jobs were (or would be) cancelled or marked.
+CREATE OR REPLACE FUNCTION pgjobq.cancel_where(queue text, state text, kind text DEFAULT NULL, since interval DEFAULT NULL,
+                                    dry_run boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ids bigint[];
+    v_n   bigint;
+BEGIN
+    PERFORM pgjobq.filter_check('cancel_where', queue, kind, since);
+    IF state IS NULL OR state NOT IN ('queued', 'running') THEN
+        RAISE EXCEPTION 'pgjobq.cancel_where: state must be queued or running (not %)',
+                        coalesce('"' || left(state, 40) || '"', 'null')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'A finished job cannot be cancelled.';
+    END IF;
+
+    IF dry_run THEN
+        SELECT count(*) INTO v_n FROM pgjobq.jobs j
+         WHERE j.state = cancel_where.state::pgjobq.job_state AND j.queue = cancel_where.queue
+           AND (cancel_where.state = 'queued' OR NOT j.cancel_requested)
+           AND (cancel_where.kind IS NULL OR j.kind = cancel_where.kind)
+           AND (cancel_where.since IS NULL OR j.created_at >= now() - cancel_where.since);
+        RETURN v_n;
+    END IF;
+
+    IF state = 'running' THEN
+        UPDATE pgjobq.jobs j SET cancel_requested = true
+         WHERE j.state = 'running' AND j.queue = cancel_where.queue AND NOT j.cancel_requested
+           AND (cancel_where.kind IS NULL OR j.kind = cancel_where.kind)
+           AND (cancel_where.since IS NULL OR j.created_at >= now() - cancel_where.since);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        RETURN v_n;
+    END IF;
+
+    SELECT array_agg(l.id) INTO v_ids
+      FROM (SELECT j.id FROM pgjobq.jobs j
+             WHERE j.state = 'queued' AND j.queue = cancel_where.queue
+               AND (cancel_where.kind IS NULL OR j.kind = cancel_where.kind)
+               AND (cancel_where.since IS NULL OR j.created_at >= now() - cancel_where.since)
+               FOR UPDATE) l;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN pgjobq.history_move_cancelled(v_ids, NULL);
+END
+$$;

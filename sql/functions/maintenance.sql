@@ -1,0 +1,194 @@
+-- pgjobq functions: maintenance that every worker runs: rescuing expired leases, and retention (the
+-- hourly partitions of pgjobq.history_done).
+--
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
+-- is defined once, here, as it is now.
+
+-- rescue_expired: jobs whose lease ended without a completion (the worker crashed, stalled or lost its
+-- connection) go back to queued, or end failed when no attempts remain, or cancelled when that was
+-- requested (both move to history, and their waiting children are cancelled or run, as they asked).
+-- Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state and the lease, so a job
+-- completed meanwhile is never touched.  At most max_jobs per call; returns how many were rescued.
+CREATE OR REPLACE FUNCTION pgjobq.rescue_expired(max_jobs integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_final   bigint[];
+    v_requeue bigint[];
+    v_due     text[];
+    v_kids    bigint[];
+BEGIN
+    -- Lock expired leases (skipping rows others hold) and decide from their latest versions.
+    SELECT array_agg(e.id) FILTER (WHERE e.final), array_agg(e.id) FILTER (WHERE NOT e.final),
+           array_agg(e.id) FILTER (WHERE e.final AND e.has_children)
+      INTO v_final, v_requeue, v_kids
+      FROM (SELECT j.id, j.cancel_requested OR j.attempt >= j.max_attempts AS final, j.has_children
+              FROM pgjobq.jobs j
+             WHERE j.state = 'running' AND j.lease_until < now()
+             LIMIT rescue_expired.max_jobs
+               FOR UPDATE SKIP LOCKED) e;
+    IF v_final IS NOT NULL OR v_requeue IS NOT NULL THEN
+        INSERT INTO pgjobq.tallies (queue, what, n)
+        SELECT j.queue, 'lost', count(*) FROM pgjobq.jobs j
+         WHERE j.id = ANY (v_final) OR j.id = ANY (v_requeue) GROUP BY j.queue;
+    END IF;
+    IF v_final IS NOT NULL THEN
+        WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final) RETURNING j.*)
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token, worker_id, result,
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority,
+               CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
+               g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
+               g.result,
+               format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its connection)',
+                      g.lease_until, coalesce(g.worker_id, '?')),
+               g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+          FROM gone g;
+    END IF;
+    IF v_requeue IS NOT NULL THEN
+        WITH requeued AS (
+            UPDATE pgjobq.jobs j
+               SET state = 'queued', run_at = now(), lease_until = NULL,
+                   last_error = format('lease expired at %s: worker %s stopped renewing it (crashed, stalled '
+                                       'or lost its connection)', j.lease_until, coalesce(j.worker_id, '?'))
+             WHERE j.id = ANY (v_requeue)
+            RETURNING j.queue::text AS queue)
+        SELECT array_agg(DISTINCT requeued.queue) INTO v_due FROM requeued;
+        PERFORM pgjobq.notify(v_due);
+    END IF;
+    IF v_kids IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
+    END IF;
+    RETURN coalesce(cardinality(v_final), 0) + coalesce(cardinality(v_requeue), 0);
+END
+$$;
+
+-- history_partition_create(hour): creates the partition of completed and cancelled jobs that
+-- finished in the hour starting at `hour` (UTC hours), unless it exists.  Returns true if it created
+-- one.  Partitions are named history_pYYYYMMDDHH (UTC).  Creating a partition takes an ACCESS
+-- EXCLUSIVE lock on pgjobq.history_done, which completions need too: the caller sets a short
+-- lock_timeout and tries again later rather than stall them.
+CREATE OR REPLACE FUNCTION pgjobq.history_partition_create(hour timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_from timestamptz := date_trunc('hour', hour, 'UTC');
+    v_name text := 'history_p' || to_char(date_trunc('hour', hour, 'UTC') AT TIME ZONE 'UTC', 'YYYYMMDDHH24');
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'pgjobq' AND c.relname = v_name) THEN
+        RETURN false;
+    END IF;
+    -- Bounds as ISO text in UTC, whatever the caller's DateStyle and TimeZone.
+    EXECUTE format('CREATE TABLE pgjobq.%I PARTITION OF pgjobq.history_done FOR VALUES FROM (%L) TO (%L)',
+                   v_name, to_char(v_from AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00',
+                   to_char((v_from + interval '1 hour') AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00');
+    RETURN true;
+END
+$$;
+
+-- prune: retention.  Completed and cancelled jobs are removed an hour at a time: the partition of an
+-- hour is dropped once the whole hour (the partition's end) is older than completed_age (so a job is
+-- kept at least completed_age and at most an hour longer), without a DELETE or a VACUUM.  Failed jobs
+-- older than failed_age, and rows in the default partition older than their age, are deleted, at most
+-- max_jobs per call.  Parents that a waiting job still waits on outlive their age: a partition that
+-- holds one is detached, they move to the default partition (no partition covers their hour any
+-- more), and the rest goes with the partition.  Edges (pgjobq.deps) whose child is gone are deleted
+-- once older than the shorter retention.  Also creates the partitions of the next 48 hours (only
+-- future hours: the default partition cannot hold their rows).  DDL waits at most 100 ms for its lock
+-- (completions need the same lock) and is otherwise left for the next call.  Returns how many jobs
+-- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
+-- when it was never analyzed); call again while it returns max_jobs or more.
+CREATE OR REPLACE FUNCTION pgjobq.prune(
+    completed_age interval DEFAULT '24 hours',
+    failed_age    interval DEFAULT '7 days',
+    max_jobs      integer  DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_count   integer := 0;
+    v_n       integer;
+    v_part    record;
+    v_keep    bigint[];
+    v_created integer := 0;
+BEGIN
+    IF completed_age IS NULL OR failed_age IS NULL OR completed_age < interval '0' OR failed_age < interval '0' THEN
+        RAISE EXCEPTION 'pgjobq.prune: ages must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR v_part IN
+        SELECT c.relname, c.reltuples
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'pgjobq.history_done'::regclass AND c.relname ~ '^history_p[0-9]{10}$'
+           AND make_timestamp(substr(c.relname, 10, 4)::integer, substr(c.relname, 14, 2)::integer,
+                              substr(c.relname, 16, 2)::integer, substr(c.relname, 18, 2)::integer, 0, 0)
+               AT TIME ZONE 'UTC' + interval '1 hour' <= now() - prune.completed_age
+         ORDER BY c.relname
+    LOOP
+        BEGIN
+            IF v_part.reltuples >= 0 THEN
+                v_n := v_part.reltuples;
+            ELSE
+                EXECUTE format('SELECT count(*) FROM pgjobq.%I', v_part.relname) INTO v_n;
+            END IF;
+            -- Parents that a waiting job still waits on outlive their hour: the partition is detached,
+            -- they move to the default partition (no partition covers their hour any more), and the
+            -- rest goes with the partition.
+            EXECUTE format('SELECT array_agg(p.id) FROM pgjobq.%I p WHERE p.id IN (SELECT d.parent'
+                           ' FROM pgjobq.jobs c JOIN pgjobq.deps d ON d.child = c.id WHERE c.state = ''waiting'')',
+                           v_part.relname) INTO v_keep;
+            IF v_keep IS NOT NULL THEN
+                EXECUTE format('ALTER TABLE pgjobq.history_done DETACH PARTITION pgjobq.%I', v_part.relname);
+                EXECUTE format('INSERT INTO pgjobq.history SELECT * FROM pgjobq.%I p WHERE p.id = ANY ($1)',
+                               v_part.relname) USING v_keep;
+                v_n := greatest(v_n - cardinality(v_keep), 0);
+            END IF;
+            EXECUTE format('DROP TABLE pgjobq.%I', v_part.relname);
+            v_count := v_count + v_n;
+        EXCEPTION WHEN lock_not_available THEN
+            EXIT; -- busy: the next call tries again
+        END;
+    END LOOP;
+    FOR h IN 1 .. 48 LOOP
+        BEGIN
+            IF pgjobq.history_partition_create(now() + make_interval(hours => h)) THEN
+                v_created := v_created + 1;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
+            EXIT;
+        END;
+    END LOOP;
+    WITH old AS MATERIALIZED (
+        SELECT h.id FROM pgjobq.history_failed h WHERE h.finished_at < now() - prune.failed_age
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d JOIN pgjobq.jobs c ON c.id = d.child AND c.state = 'waiting'
+                            WHERE d.parent = h.id)
+         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED)
+    DELETE FROM pgjobq.history_failed h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
+       AND h.finished_at < now() - prune.failed_age;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_count := v_count + v_n;
+    WITH old AS MATERIALIZED (
+        SELECT h.id FROM pgjobq.history_done_default h WHERE h.finished_at < now() - prune.completed_age
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d JOIN pgjobq.jobs c ON c.id = d.child AND c.state = 'waiting'
+                            WHERE d.parent = h.id)
+         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED)
+    DELETE FROM pgjobq.history_done_default h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
+       AND h.finished_at < now() - prune.completed_age;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_count := v_count + v_n;
+    -- Edges whose child is gone (pruned), older than the shorter retention.
+    DELETE FROM pgjobq.deps d
+     WHERE (d.parent, d.child) IN (
+        SELECT x.parent, x.child FROM pgjobq.deps x
+         WHERE x.created_at < now() - least(prune.completed_age, prune.failed_age)
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = x.child)
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = x.child)
+         ORDER BY x.created_at LIMIT prune.max_jobs);
+    RETURN v_count;
+END
+$$;

@@ -1,0 +1,109 @@
+-- pgjobq functions: queue settings (pgjobq.queues): pause, resume, limits, and the list of queues.
+-- The claim enforces the settings (claim.sql).
+--
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
+-- is defined once, here, as it is now.
+
+-- queue_pause(queue, reason): the queue's claims return nothing from now on, on every worker, until
+-- queue_resume.  Jobs already running go on under their leases.  Returns false when the queue was
+-- paused already (its reason is then replaced).
+CREATE OR REPLACE FUNCTION pgjobq.queue_pause(queue text, reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_was timestamptz;
+BEGIN
+    SELECT qs.paused_at INTO v_was FROM pgjobq.queues qs WHERE qs.name = queue_pause.queue FOR UPDATE;
+    INSERT INTO pgjobq.queues AS qs (name, paused_at, pause_reason)
+    VALUES (queue_pause.queue, now(), left(reason, 1024))
+    ON CONFLICT (name) DO UPDATE
+       SET paused_at = coalesce(qs.paused_at, now()), pause_reason = left(queue_pause.reason, 1024),
+           updated_at = now();
+    RETURN v_was IS NULL;
+END
+$$;
+
+-- queue_resume(queue): claims from the queue return jobs again; workers are woken.  Returns false when
+-- the queue was not paused.
+CREATE OR REPLACE FUNCTION pgjobq.queue_resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgjobq.queues qs SET paused_at = NULL, pause_reason = NULL, updated_at = now()
+     WHERE qs.name = queue_resume.queue AND qs.paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgjobq.notify(ARRAY[queue]);
+    RETURN true;
+END
+$$;
+
+-- queue_set(queue, settings): changes the settings named in a JSON object and leaves the others;
+-- null removes a limit.  Keys: "concurrency" (1..1000000), "key_concurrency" (1..1000000: jobs of one
+-- concurrency key running at once), "rate_limit" (1..10000) with
+-- "rate_period" (an interval, 1 ms to 1 day; the two go together).  Workers are woken, as a limit may
+-- have been raised.
+CREATE OR REPLACE FUNCTION pgjobq.queue_set(queue text, settings jsonb) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k text;
+BEGIN
+    IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: settings must be a JSON object'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(settings) LOOP
+        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period') THEN
+            RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'The settings are concurrency, key_concurrency, rate_limit and rate_period.';
+        END IF;
+    END LOOP;
+    IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO pgjobq.queues (name) VALUES (queue_set.queue) ON CONFLICT (name) DO NOTHING;
+    UPDATE pgjobq.queues qs
+       SET concurrency = CASE WHEN settings ? 'concurrency' THEN (settings ->> 'concurrency')::integer
+                              ELSE qs.concurrency END,
+           key_concurrency = CASE WHEN settings ? 'key_concurrency' THEN (settings ->> 'key_concurrency')::integer
+                                  ELSE qs.key_concurrency END,
+           rate_limit = CASE WHEN settings ? 'rate_limit' THEN (settings ->> 'rate_limit')::integer
+                             ELSE qs.rate_limit END,
+           rate_period = CASE WHEN settings ? 'rate_period' THEN (settings ->> 'rate_period')::interval
+                              ELSE qs.rate_period END,
+           updated_at = now()
+     WHERE qs.name = queue_set.queue;
+    PERFORM pgjobq.notify(ARRAY[queue]);
+END
+$$;
+
+-- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
+-- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
+CREATE OR REPLACE FUNCTION pgjobq.queue_list()
+RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
+               rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
+               expired bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH counts AS (
+        SELECT j.queue::text AS queue,
+               count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS queued,
+               count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS scheduled,
+               count(*) FILTER (WHERE j.state = 'running' AND j.lease_until > now()) AS running,
+               count(*) FILTER (WHERE j.state = 'running' AND j.lease_until <= now()) AS expired
+          FROM pgjobq.jobs j GROUP BY 1)
+    SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.key_concurrency,
+           s.rate_limit,
+           s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
+           coalesce(c.expired, 0)
+      FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
+     ORDER BY 1
+$$;

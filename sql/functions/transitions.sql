@@ -1,0 +1,370 @@
+-- pgjobq functions: the writes of a lease holder (running -> completed, failed, queued, cancelled) and
+-- the retry policy.
+--
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
+-- is defined once, here, as it is now.
+--
+-- Fenced writes by the holder.  Each (id, token) is accepted only while the job is running under that
+-- token and its lease has not expired (lease_until > now(): only running jobs have a lease).  Jobs that
+-- finish move to pgjobq.history in the same statement.
+--
+-- Plan shapes matter as much as the schema (bench/README.md, experiments).  Fenced writes take their
+-- input as arrays and must reach each row through the primary key, driven by the input: one probe
+-- per (id, token).  Every other shape compares every candidate row with every input row, and the
+-- planner picks one whenever it believes the table yields a single candidate, which statistics
+-- gathered while no job was running make it believe of any filter on the lease:
+--   * `state = 'running'` walked the running index (the old lease index) for each batch;
+--   * `lease_until > now()` is estimated at one row: a full scan joined to the input with a filter
+--     (2,000 x 2,000 comparisons, 600 ms for one batch, a minute per batch under 40 workers).
+-- So the lease is compared with `input.at`, the statement's now() carried by the (materialized)
+-- input: a join clause, which leaves the table's estimate alone (lease_until > now() and
+-- state = 'running' are equivalent by jobs_lease_iff_running).  The functions also run with
+-- enable_seqscan = off, so that on a small table a sequential scan never looks cheaper than the
+-- probes, and name the table's rows by `j.id = ANY (ids)` besides the join: that bounds the scan of
+-- the table to the input's ids whatever join the planner picks (with statistics saying no job runs
+-- it hashed the input and walked the whole primary key, every row of a backlog, for each batch).
+
+-- backoff(attempt): how long to wait before retrying after failed attempt number `attempt` (1-based).
+-- 2^attempt seconds, capped at one hour, with +-10% jitter so that jobs that failed together do not
+-- retry together.  Replace this function (CREATE OR REPLACE, same signature) to change the policy.
+-- It is created only when it does not exist, so that `pgjobq migrate` keeps a replacement when it
+-- applies these files again.
+DO $do$
+BEGIN
+    IF to_regprocedure('pgjobq.backoff(integer)') IS NULL THEN
+        CREATE FUNCTION pgjobq.backoff(attempt integer) RETURNS interval
+        LANGUAGE sql VOLATILE
+        SET search_path = pg_catalog, pg_temp
+        AS $$
+    SELECT make_interval(secs => least(power(2, least(greatest(attempt, 1), 30)), 3600)
+                                 * (0.9 + 0.2 * random()))
+$$;
+    END IF;
+END
+$do$;
+
+-- history_move_cancelled(ids, reason): moves live jobs (locked by the caller) to history as cancelled,
+-- with reason as last_error when given, and with their tags, progress and concurrency key.  Their
+-- waiting children are then released as by parents that did not complete (children_release).
+-- Returns how many moved.
+CREATE OR REPLACE FUNCTION pgjobq.history_move_cancelled(ids bigint[], reason text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_n    integer;
+    v_kids bigint[];
+BEGIN
+    WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.id = ANY ($1) RETURNING j.*),
+    moved AS (
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token, worker_id, result,
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
+               g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
+               coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+          FROM gone g
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM moved)::integer, array_agg(g.id) FILTER (WHERE g.has_children)
+      INTO v_n, v_kids FROM gone g;
+    IF v_kids IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
+    END IF;
+    RETURN coalesce(v_n, 0);
+END
+$$;
+
+-- complete_many: running -> completed (history), or cancelled when a cancel was requested, for jobs
+-- the caller holds (fenced, see above).  The job's tags, progress and concurrency key go with it to
+-- history, and a statement after the move releases its waiting children (children_release).  Returns
+-- one row per input: outcome 'completed', 'cancelled' or 'lost'.
+CREATE OR REPLACE FUNCTION pgjobq.complete_many(ids bigint[], tokens bigint[], results jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_ids      bigint[];
+    v_outcomes text[];
+    v_kids     bigint[];
+    v_kids_ok  boolean[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
+       OR (results IS NOT NULL AND cardinality(results) <> cardinality(ids)) THEN
+        RAISE EXCEPTION 'pgjobq.complete_many: ids, tokens and results must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH input AS MATERIALIZED (
+        SELECT u.id, u.token, u.result, now() AS at FROM unnest(ids, tokens, results) AS u(id, token, result)),
+    gone AS (
+        DELETE FROM pgjobq.jobs j USING input
+         WHERE j.id = ANY (complete_many.ids) AND j.id = input.id AND j.lease_token = input.token
+           AND j.lease_until > input.at
+        RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
+                  j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
+                  j.tags, j.progress, j.concurrency_key, j.has_children, input.result),
+    moved AS (
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token, worker_id, result,
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority,
+               CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state
+                    ELSE 'completed'::pgjobq.job_state END,
+               g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
+               g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+          FROM gone g
+        RETURNING pgjobq.history.id, pgjobq.history.state)
+    SELECT array_agg(input.id), array_agg(coalesce(moved.state::text, 'lost')),
+           array_agg(input.id) FILTER (WHERE gone.has_children),
+           array_agg(moved.state = 'completed') FILTER (WHERE gone.has_children)
+      INTO v_ids, v_outcomes, v_kids, v_kids_ok
+      FROM input LEFT JOIN moved ON moved.id = input.id LEFT JOIN gone ON gone.id = input.id;
+    IF v_kids IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_kids, v_kids_ok);
+    END IF;
+    RETURN QUERY SELECT u.id, u.outcome FROM unnest(v_ids, v_outcomes) AS u(id, outcome);
+END
+$$;
+
+-- fail_many: record failed attempts (same fencing as complete_many).  While attempts remain the job
+-- goes back to queued with run_at = now() + retry_delay (or + backoff(attempt) when the delay is
+-- NULL), and the retry is counted in pgjobq.tallies; otherwise, or with permanent = true, it ends
+-- failed (history), and its waiting children are cancelled (or run, as they asked).  A job whose
+-- cancellation was requested ends cancelled.  The error text is kept in last_error (the first 8 KiB).
+-- Returns one row per input: outcome 'queued', 'failed', 'cancelled' or 'lost', and the new run_at.
+CREATE OR REPLACE FUNCTION pgjobq.fail_many(
+    ids          bigint[],
+    tokens       bigint[],
+    errors       text[]     DEFAULT NULL,
+    retry_delays interval[] DEFAULT NULL,
+    permanent    boolean[]  DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text, run_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_final bigint[];
+    v_retry bigint[];
+    v_kids  bigint[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
+       OR (errors IS NOT NULL AND cardinality(errors) <> cardinality(ids))
+       OR (retry_delays IS NOT NULL AND cardinality(retry_delays) <> cardinality(ids))
+       OR (permanent IS NOT NULL AND cardinality(permanent) <> cardinality(ids)) THEN
+        RAISE EXCEPTION 'pgjobq.fail_many: the arrays must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(retry_delays) AS d WHERE d < interval '0') THEN
+        RAISE EXCEPTION 'pgjobq: retry delay must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Lock the held rows first and decide from their latest versions (a cancel may have committed
+    -- since this statement's snapshot); then move the finished ones and requeue the others.
+    SELECT array_agg(held.id) FILTER (WHERE held.final), array_agg(held.id) FILTER (WHERE NOT held.final),
+           array_agg(held.id) FILTER (WHERE held.final AND held.has_children)
+      INTO v_final, v_retry, v_kids
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, u.permanent, now() AS at
+                                      FROM unnest(ids, tokens, permanent) AS u(id, token, permanent))
+            SELECT j.id, j.cancel_requested OR coalesce(u.permanent, false) OR j.attempt >= j.max_attempts AS final,
+                   j.has_children
+              FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.id = ANY (fail_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
+               FOR UPDATE OF j) held;
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, left(u.error, 8192) AS error, u.delay
+          FROM unnest(ids, errors, retry_delays) AS u(id, error, delay)),
+    gone AS (
+        DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final)
+        RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
+                  j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.unique_key, j.tags,
+                  j.progress, j.concurrency_key),
+    moved AS (
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token, worker_id, result,
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority,
+               CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
+               g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
+               NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+          FROM gone g JOIN input ON input.id = g.id
+        RETURNING pgjobq.history.id, pgjobq.history.state),
+    retried AS (
+        UPDATE pgjobq.jobs j
+           SET state = 'queued', run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
+               lease_until = NULL, last_error = input.error
+          FROM input
+         WHERE j.id = ANY (v_retry) AND j.id = input.id
+        RETURNING j.id, j.run_at, j.queue::text AS queue),
+    tallied AS (
+        INSERT INTO pgjobq.tallies (queue, what, n)
+        SELECT retried.queue, 'retried', count(*) FROM retried GROUP BY retried.queue),
+    notified AS (
+        SELECT pgjobq.notify(array_agg(retried.queue)) AS x FROM retried WHERE retried.run_at <= now())
+    SELECT input.id, coalesce(moved.state::text, CASE WHEN retried.id IS NOT NULL THEN 'queued' END, 'lost'),
+           retried.run_at
+      FROM input LEFT JOIN moved ON moved.id = input.id LEFT JOIN retried ON retried.id = input.id
+     CROSS JOIN notified;
+    -- A job that ended failed or cancelled: its waiting children are cancelled (or run).  A retry
+    -- releases nothing.
+    IF v_kids IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
+    END IF;
+END
+$$;
+
+-- extend_many: the heartbeat.  Moves the lease of each held job to now() + lease (same fencing as
+-- complete_many); the update touches no indexed column, so it can be HOT.  A job whose cancellation
+-- was requested ends cancelled here, so its holder learns to stop.  Returns one row per input:
+-- outcome 'extended', 'cancelled' or 'lost', and the new lease_until.
+CREATE OR REPLACE FUNCTION pgjobq.extend_many(ids bigint[], tokens bigint[], lease interval DEFAULT '30 seconds')
+RETURNS TABLE (id bigint, outcome text, lease_until timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_held   bigint[];
+    v_until  timestamptz[];
+    v_cancel bigint[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens) THEN
+        RAISE EXCEPTION 'pgjobq.extend_many: ids and tokens must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'pgjobq.extend_many: lease must be positive, not %', lease
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One UPDATE renews every held lease (and locks the rows, so the decision below is stable); a job
+    -- whose cancellation was requested keeps its lease and is then moved to history as cancelled.
+    WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
+    held AS (
+        UPDATE pgjobq.jobs j
+           SET lease_until = CASE WHEN j.cancel_requested THEN j.lease_until ELSE now() + extend_many.lease END
+          FROM u
+         WHERE j.id = ANY (extend_many.ids) AND j.id = u.id AND j.lease_token = u.token AND j.lease_until > u.at
+        RETURNING j.id, j.lease_until, j.cancel_requested)
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
+           array_agg(held.lease_until) FILTER (WHERE NOT held.cancel_requested),
+           array_agg(held.id) FILTER (WHERE held.cancel_requested)
+      INTO v_held, v_until, v_cancel FROM held;
+    IF v_cancel IS NOT NULL THEN
+        PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
+    END IF;
+    RETURN QUERY
+    SELECT u.id,
+           CASE WHEN h.id IS NOT NULL THEN 'extended' WHEN u.id = ANY (v_cancel) THEN 'cancelled' ELSE 'lost' END,
+           h.until
+      FROM unnest(ids) AS u(id) LEFT JOIN unnest(v_held, v_until) AS h(id, until) ON h.id = u.id;
+END
+$$;
+
+-- release_many: running -> queued now, attempt given back, for jobs the caller holds (worker shutdown;
+-- same fencing as complete_many); a job whose cancellation was requested ends cancelled instead.
+-- Returns one row per input: outcome 'queued', 'cancelled' or 'lost'.
+CREATE OR REPLACE FUNCTION pgjobq.release_many(ids bigint[], tokens bigint[], reason text DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_release bigint[];
+    v_cancel  bigint[];
+    v_queues  text[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens) THEN
+        RAISE EXCEPTION 'pgjobq.release_many: ids and tokens must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Lock the held rows and decide from their latest versions, then act.
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
+           array_agg(held.id) FILTER (WHERE held.cancel_requested)
+      INTO v_release, v_cancel
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
+            SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.id = ANY (release_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
+               FOR UPDATE OF j) held;
+    IF v_cancel IS NOT NULL THEN
+        PERFORM pgjobq.history_move_cancelled(v_cancel, left(reason, 8192));
+    END IF;
+    WITH released AS (
+        UPDATE pgjobq.jobs j
+           SET state = 'queued', attempt = j.attempt - 1, run_at = now(), lease_until = NULL,
+               last_error = coalesce(left(release_many.reason, 8192), j.last_error)
+         WHERE j.id = ANY (v_release)
+        RETURNING j.queue::text AS queue)
+    SELECT array_agg(DISTINCT released.queue) INTO v_queues FROM released;
+    PERFORM pgjobq.notify(v_queues);
+    RETURN QUERY
+    SELECT u.id, CASE WHEN u.id = ANY (v_release) THEN 'queued' WHEN u.id = ANY (v_cancel) THEN 'cancelled'
+                      ELSE 'lost' END
+      FROM unnest(ids) AS u(id);
+END
+$$;
+
+-- cancel_many: a holder that decides its job should not run at all ends it cancelled (same fencing as
+-- complete_many); its waiting children are cancelled (or run, as they asked).  Returns one row per
+-- input: outcome 'cancelled' or 'lost'.
+CREATE OR REPLACE FUNCTION pgjobq.cancel_many(ids bigint[], tokens bigint[], reason text DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_ids      bigint[];
+    v_outcomes text[];
+    v_kids     bigint[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens) THEN
+        RAISE EXCEPTION 'pgjobq.cancel_many: ids and tokens must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH input AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
+    gone AS (
+        DELETE FROM pgjobq.jobs j USING input
+         WHERE j.id = ANY (cancel_many.ids) AND j.id = input.id AND j.lease_token = input.token
+           AND j.lease_until > input.at
+        RETURNING j.*),
+    moved AS (
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token, worker_id, result,
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
+               g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
+               coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
+               g.progress, g.concurrency_key
+          FROM gone g
+        RETURNING pgjobq.history.id)
+    SELECT array_agg(input.id), array_agg(CASE WHEN moved.id IS NULL THEN 'lost' ELSE 'cancelled' END),
+           array_agg(input.id) FILTER (WHERE gone.has_children)
+      INTO v_ids, v_outcomes, v_kids
+      FROM input LEFT JOIN moved ON moved.id = input.id LEFT JOIN gone ON gone.id = input.id;
+    IF v_kids IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
+    END IF;
+    RETURN QUERY SELECT u.id, u.outcome FROM unnest(v_ids, v_outcomes) AS u(id, outcome);
+END
+$$;
+
+-- set_progress(id, token, progress): a running job reports its progress (any JSON value of at most
+-- 8 KiB), fenced like a completion: returns false, and writes nothing, when the lease is no longer
+-- the caller's.
+CREATE OR REPLACE FUNCTION pgjobq.set_progress(id bigint, token bigint, progress jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF progress IS NULL OR octet_length(progress::text) > 8192 THEN
+        RAISE EXCEPTION 'pgjobq.set_progress: progress must be JSON of at most 8 KiB'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pgjobq.jobs j SET progress = set_progress.progress
+     WHERE j.id = set_progress.id AND j.lease_token = set_progress.token AND j.lease_until > now();
+    RETURN FOUND;
+END
+$$;

@@ -1,0 +1,457 @@
+-- pgjobq functions: workflows: jobs that wait for other jobs (pgjobq.deps), graphs and batches
+-- enqueued at once, and reading a workflow.
+--
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
+-- is defined once, here, as it is now.
+
+-- children_release(parents, ok, among): the parents have finished (ok: completed; otherwise failed
+-- or cancelled).  Each child still waiting on them counts them off; a child whose count reaches 0 is
+-- queued (and its queue notified).  A child of a parent that did not complete is cancelled, with the
+-- parent named in last_error, unless it was enqueued with on_parent_failure 'run' (or is a batch
+-- callback): then the parent counts as finished.  Cancelling a child cancels its own waiting children
+-- in turn.  `among` limits the first round to those children (an enqueue whose parents had already
+-- finished).  Must run in a statement that starts after the statement that finished the parents, so
+-- that it sees every edge committed while that statement waited for a parent's row.
+CREATE OR REPLACE FUNCTION pgjobq.children_release(parents bigint[], ok boolean[], among bigint[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_parents bigint[]  := parents;
+    v_ok      boolean[] := ok;
+    v_only    bigint[]  := among;
+    v_kid     bigint[];
+    v_nok     bigint[];
+    v_nbad    bigint[];
+    v_bad     bigint[];
+    v_due     text[];
+    v_next    bigint[];
+BEGIN
+    WHILE v_parents IS NOT NULL LOOP
+        SELECT array_agg(k.child ORDER BY k.child), array_agg(k.n_ok ORDER BY k.child),
+               array_agg(k.n_bad ORDER BY k.child), array_agg(k.bad ORDER BY k.child)
+          INTO v_kid, v_nok, v_nbad, v_bad
+          FROM (SELECT d.child, count(*) FILTER (WHERE p.ok) AS n_ok, count(*) FILTER (WHERE NOT p.ok) AS n_bad,
+                       min(p.id) FILTER (WHERE NOT p.ok) AS bad
+                  FROM (SELECT DISTINCT u.id, coalesce(u.ok, false) AS ok FROM unnest(v_parents, v_ok) AS u(id, ok)) p
+                  JOIN pgjobq.deps d ON d.parent = p.id
+                 WHERE v_only IS NULL OR d.child = ANY (v_only)
+                 GROUP BY d.child) k;
+        EXIT WHEN v_kid IS NULL;
+        -- Lock the waiting children in id order: the completions of a fan-in queue here one after the
+        -- other, and the statements below read the latest count.
+        PERFORM 1 FROM pgjobq.jobs j WHERE j.id = ANY (v_kid) AND j.state = 'waiting' ORDER BY j.id FOR UPDATE;
+
+        WITH u AS (SELECT * FROM unnest(v_kid, v_nbad, v_bad) AS u(id, n_bad, bad)),
+        gone AS (
+            DELETE FROM pgjobq.jobs j USING u
+             WHERE j.id = ANY (v_kid) AND j.id = u.id AND j.state = 'waiting' AND u.n_bad > 0
+               AND j.on_parent_failure = 'cancel'
+            RETURNING j.*, u.bad),
+        moved AS (
+            INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                        created_at, started_at, finished_at, lease_token, worker_id, result,
+                                        last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+            SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
+                   g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
+                   format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
+                   g.progress, g.concurrency_key
+              FROM gone g
+            RETURNING 1)
+        SELECT array_agg(g.id) FILTER (WHERE g.has_children) INTO v_next
+          FROM gone g CROSS JOIN (SELECT count(*) FROM moved) m;
+
+        WITH u AS (SELECT u.id, u.n_ok + u.n_bad AS n FROM unnest(v_kid, v_nok, v_nbad) AS u(id, n_ok, n_bad)),
+        released AS (
+            UPDATE pgjobq.jobs j
+               SET pending_parents = CASE WHEN j.pending_parents - u.n > 0 THEN j.pending_parents - u.n END,
+                   state = CASE WHEN j.pending_parents - u.n > 0 THEN 'waiting'::pgjobq.job_state
+                                ELSE 'queued'::pgjobq.job_state END,
+                   payload = CASE WHEN j.on_parent_failure = 'batch' AND j.pending_parents - u.n <= 0
+                                  THEN j.payload || jsonb_build_object('batch', pgjobq.batch_counts(j.id))
+                                  ELSE j.payload END
+              FROM u
+             WHERE j.id = ANY (v_kid) AND j.id = u.id AND j.state = 'waiting'
+            RETURNING j.queue::text AS queue, j.state, j.run_at)
+        SELECT array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'queued' AND r.run_at <= now()) INTO v_due
+          FROM released r;
+        PERFORM pgjobq.notify(v_due);
+
+        v_parents := v_next;
+        v_ok := array_fill(false, ARRAY[coalesce(cardinality(v_next), 0)]);
+        v_only := NULL;
+    END LOOP;
+END
+$$;
+
+-- batch_counts(callback): what a batch's callback job finds in its payload under "batch" when it is
+-- released: how many jobs the batch had and how each ended.
+CREATE OR REPLACE FUNCTION pgjobq.batch_counts(callback bigint) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT jsonb_build_object('id', $1, 'jobs', count(*),
+                              'completed', count(*) FILTER (WHERE a.state = 'completed'),
+                              'failed', count(*) FILTER (WHERE a.state = 'failed'),
+                              'cancelled', count(*) FILTER (WHERE a.state = 'cancelled'))
+      FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.parent
+     WHERE d.child = $1
+$$;
+
+-- enqueue_graph(graph): enqueues the jobs of a graph in one transaction, all or none.  graph is a
+-- JSON array of jobs (or an object whose "jobs" is one).  Each job is an object with any of:
+--   "ref"                a name other jobs of the graph use in "after" (default: its index, "0", "1"...)
+--   "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key"   as for enqueue
+--   "run_at" (timestamptz text) or "delay" (seconds, a number)
+--   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
+--   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
+--                        already enqueued (numbers)
+--   "on_parent_failure"  "cancel" (the default: a parent that fails for good or is cancelled cancels
+--                        this job) or "run" (it runs once every parent has finished, however)
+--   "callback"           true: a batch callback (runs once every parent has finished, however, and
+--                        finds {"batch": {"id", "jobs", "completed", "failed", "cancelled"}} added
+--                        to its payload)
+-- A job with parents waits (state 'waiting') until they have all completed.  The graph must be
+-- acyclic.  Unique keys are not accepted in a graph.  Returns one row per job, in input order: its
+-- ref and its id.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_graph(graph jsonb)
+RETURNS TABLE (ref text, id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_jobs    jsonb := CASE jsonb_typeof(graph) WHEN 'array' THEN graph WHEN 'object' THEN graph -> 'jobs' END;
+    v_n       integer;
+    v_seq     regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
+    v_refs    text[];
+    v_ids     bigint[];
+    v_bad     record;
+    v_e_child integer[];   -- edges: child's position, parent's position (in the graph) or id (outside)
+    v_e_in    integer[];
+    v_e_out   bigint[];
+    v_left    integer[];
+    v_ready   integer[];
+    v_ext     bigint[];
+    v_live    bigint[];
+    v_done    bigint[];
+    v_done_ok boolean[];
+    v_due     text[];
+BEGIN
+    IF v_jobs IS NULL OR jsonb_typeof(v_jobs) <> 'array' THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: give an array of jobs, or an object whose "jobs" is one'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_n := jsonb_array_length(v_jobs);
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF v_n > 10000 THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: % jobs is too many for one graph (at most 10000)', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Each job: an object with known keys and values of the right types.
+    FOR v_bad IN
+        SELECT e.o - 1 AS i, e.j,
+               CASE
+                 WHEN jsonb_typeof(e.j) <> 'object' THEN 'is not a JSON object'
+                 WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e.j) AS k
+                               WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
+                                               'concurrency_key', 'run_at', 'delay', 'tags', 'after',
+                                               'on_parent_failure', 'callback'))
+                   THEN 'has an unknown key: ' || (SELECT string_agg(k, ', ') FROM jsonb_object_keys(e.j) AS k
+                               WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
+                                               'concurrency_key', 'run_at', 'delay', 'tags', 'after',
+                                               'on_parent_failure', 'callback'))
+                                 || ' (unique keys are not accepted in a graph)'
+                 WHEN e.j ? 'ref' AND (jsonb_typeof(e.j -> 'ref') <> 'string' OR length(e.j ->> 'ref') NOT BETWEEN 1 AND 255)
+                   THEN '"ref" must be a string of 1 to 255 characters'
+                 WHEN jsonb_typeof(e.j -> 'queue') IS DISTINCT FROM 'string' AND e.j ? 'queue'
+                      OR (e.j ->> 'queue') !~ '^[A-Za-z][A-Za-z0-9_.:-]{0,63}$'
+                   THEN '"queue" must be a name: a letter, then up to 63 letters, digits, _ . : -'
+                 WHEN jsonb_typeof(e.j -> 'kind') IS DISTINCT FROM 'string' AND e.j ? 'kind'
+                      OR (e.j ->> 'kind') !~ '^[A-Za-z][A-Za-z0-9_.:-]{0,63}$'
+                   THEN '"kind" must be a name: a letter, then up to 63 letters, digits, _ . : -'
+                 WHEN e.j ? 'priority' AND (jsonb_typeof(e.j -> 'priority') <> 'number'
+                      OR (e.j ->> 'priority')::numeric NOT BETWEEN -100 AND 100
+                      OR (e.j ->> 'priority')::numeric <> trunc((e.j ->> 'priority')::numeric))
+                   THEN '"priority" must be an integer from -100 to 100'
+                 WHEN e.j ? 'max_attempts' AND (jsonb_typeof(e.j -> 'max_attempts') <> 'number'
+                      OR (e.j ->> 'max_attempts')::numeric NOT BETWEEN 1 AND 1000
+                      OR (e.j ->> 'max_attempts')::numeric <> trunc((e.j ->> 'max_attempts')::numeric))
+                   THEN '"max_attempts" must be an integer from 1 to 1000'
+                 WHEN e.j ? 'concurrency_key' AND (jsonb_typeof(e.j -> 'concurrency_key') <> 'string'
+                      OR length(e.j ->> 'concurrency_key') NOT BETWEEN 1 AND 255)
+                   THEN '"concurrency_key" must be a string of 1 to 255 characters'
+                 WHEN e.j ? 'delay' AND (jsonb_typeof(e.j -> 'delay') <> 'number'
+                      OR (e.j ->> 'delay')::numeric < 0 OR (e.j ->> 'delay')::numeric > 3153600000)
+                   THEN '"delay" must be a number of seconds, not negative'
+                 WHEN e.j ? 'run_at' AND e.j ? 'delay' THEN 'give "run_at" or "delay", not both'
+                 WHEN e.j ? 'run_at' AND (jsonb_typeof(e.j -> 'run_at') <> 'string'
+                      OR pgjobq.timestamp_ok(e.j ->> 'run_at') IS NOT TRUE)
+                   THEN '"run_at" must be a timestamp (text such as "2026-12-01 10:00:00+00")'
+                 WHEN e.j ? 'payload' AND octet_length((e.j -> 'payload')::text) > 1048576
+                   THEN '"payload" is larger than 1 MiB'
+                 WHEN e.j ? 'tags' AND (jsonb_typeof(e.j -> 'tags') <> 'array'
+                      OR jsonb_array_length(e.j -> 'tags') NOT BETWEEN 1 AND 20
+                      OR EXISTS (SELECT 1 FROM jsonb_array_elements(e.j -> 'tags') AS t
+                                  WHERE jsonb_typeof(t) <> 'string' OR length(t #>> '{}') NOT BETWEEN 1 AND 64))
+                   THEN '"tags" must be an array of 1 to 20 strings of 1 to 64 characters'
+                 WHEN e.j ? 'after' AND (jsonb_typeof(e.j -> 'after') <> 'array'
+                      OR jsonb_array_length(e.j -> 'after') > 10000
+                      OR EXISTS (SELECT 1 FROM jsonb_array_elements(e.j -> 'after') AS a
+                                  WHERE NOT (jsonb_typeof(a) = 'string'
+                                             OR (jsonb_typeof(a) = 'number' AND (a #>> '{}')::numeric >= 1
+                                                 AND (a #>> '{}')::numeric <= 9223372036854775807
+                                                 AND (a #>> '{}')::numeric = trunc((a #>> '{}')::numeric)))))
+                   THEN '"after" must be an array of refs (strings) and job ids (positive integers)'
+                 WHEN e.j ? 'on_parent_failure' AND (e.j ->> 'on_parent_failure') NOT IN ('cancel', 'run')
+                   THEN '"on_parent_failure" must be "cancel" or "run"'
+                 WHEN e.j ? 'callback' AND jsonb_typeof(e.j -> 'callback') <> 'boolean'
+                   THEN '"callback" must be true or false'
+               END AS why
+          FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
+    LOOP
+        IF v_bad.why IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job %: %', v_bad.i, v_bad.why
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    SELECT array_agg(coalesce(e.j ->> 'ref', (e.o - 1)::text) ORDER BY e.o) INTO v_refs
+      FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o);
+    SELECT d.r INTO v_bad FROM unnest(v_refs) AS d(r) GROUP BY d.r HAVING count(*) > 1 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: two jobs have the ref "%"', v_bad.r
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The edges.  A string names a job of the graph by its ref; a number, a job already enqueued.
+    SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid)
+      INTO v_e_child, v_e_in, v_e_out
+      FROM (SELECT DISTINCT e.o::integer AS child, r.o::integer AS pin,
+                   CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid,
+                   a AS raw
+              FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
+             CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a
+              LEFT JOIN unnest(v_refs) WITH ORDINALITY AS r(ref, o)
+                     ON jsonb_typeof(a) = 'string' AND r.ref = a #>> '{}') x;
+    IF v_e_child IS NOT NULL THEN
+        SELECT u.child, v_refs[u.child] AS cref, u.pin, u.pid INTO v_bad
+          FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid)
+         WHERE (u.pin IS NULL AND u.pid IS NULL) OR u.pin = u.child LIMIT 1;
+        IF FOUND THEN
+            IF v_bad.pin = v_bad.child THEN
+                RAISE EXCEPTION 'pgjobq.enqueue_graph: job "%" is after itself', v_bad.cref
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job "%" is after a ref that no job of the graph has', v_bad.cref
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- Cycle check (Kahn): take away, round after round, the jobs none of whose parents in the
+        -- graph is left; what cannot be taken away is on a cycle.
+        v_left := ARRAY(SELECT DISTINCT u.child FROM unnest(v_e_child, v_e_in) AS u(child, pin) WHERE u.pin IS NOT NULL);
+        LOOP
+            v_ready := ARRAY(SELECT l FROM unnest(v_left) AS l
+                              WHERE NOT EXISTS (SELECT 1 FROM unnest(v_e_child, v_e_in) AS u(child, pin)
+                                                 WHERE u.child = l AND u.pin = ANY (v_left)));
+            EXIT WHEN cardinality(v_ready) = 0;
+            v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE NOT (l = ANY (v_ready)));
+        END LOOP;
+        IF cardinality(v_left) > 0 THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: the graph has a cycle through job "%"',
+                            v_refs[(SELECT min(l) FROM unnest(v_left) AS l)]
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    -- Parents already enqueued: lock the live ones in id order (their completion waits for this
+    -- transaction, then sees the edges), and find the others among the finished jobs.
+    v_ext := ARRAY(SELECT DISTINCT u.pid FROM unnest(v_e_out) AS u(pid) WHERE u.pid IS NOT NULL ORDER BY 1);
+    IF cardinality(v_ext) > 0 THEN
+        v_live := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_ext) ORDER BY j.id FOR UPDATE);
+        UPDATE pgjobq.jobs j SET has_children = true WHERE j.id = ANY (v_live) AND NOT j.has_children;
+        SELECT array_agg(h.id), array_agg(h.state = 'completed') INTO v_done, v_done_ok
+          FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT (h.id = ANY (v_live));
+        SELECT x INTO v_bad FROM unnest(v_ext) AS x
+         WHERE NOT (x = ANY (v_live)) AND NOT (x = ANY (coalesce(v_done, '{}'))) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % (a parent) does not exist', v_bad.x
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+    END IF;
+
+    v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
+    BEGIN
+        WITH input AS (
+            SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id,
+                   (SELECT count(*) FROM unnest(v_e_child) AS c WHERE c = e.o)::integer AS parents,
+                   EXISTS (SELECT 1 FROM unnest(v_e_in) AS p WHERE p = e.o) AS has_children
+              FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)),
+        ins AS (
+            INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
+                                     concurrency_key, tags, has_children, pending_parents, on_parent_failure)
+            OVERRIDING SYSTEM VALUE
+            SELECT i.id, coalesce(i.j ->> 'queue', 'default'), coalesce(i.j ->> 'kind', 'default'),
+                   coalesce(i.j -> 'payload', '{}'), coalesce((i.j ->> 'priority')::numeric::smallint, 0),
+                   CASE WHEN i.parents > 0 THEN 'waiting'::pgjobq.job_state ELSE 'queued'::pgjobq.job_state END,
+                   coalesce((i.j ->> 'run_at')::timestamptz,
+                            now() + make_interval(secs => coalesce((i.j ->> 'delay')::double precision, 0))),
+                   coalesce((i.j ->> 'max_attempts')::numeric::integer, 25), i.j ->> 'concurrency_key',
+                   CASE WHEN i.j ? 'tags' THEN ARRAY(SELECT DISTINCT t FROM jsonb_array_elements_text(i.j -> 'tags') AS t ORDER BY 1) END,
+                   i.has_children, CASE WHEN i.parents > 0 THEN i.parents END,
+                   CASE WHEN i.parents = 0 THEN NULL
+                        WHEN (i.j -> 'callback') = 'true' THEN 'batch'
+                        ELSE coalesce(i.j ->> 'on_parent_failure', 'cancel') END
+              FROM input i ORDER BY i.o
+            RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.state, pgjobq.jobs.run_at)
+        SELECT array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'queued' AND ins.run_at <= now())
+          INTO v_due FROM ins;
+    EXCEPTION WHEN check_violation THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: a job breaks a rule of pgjobq.jobs: %', SQLERRM
+            USING ERRCODE = 'check_violation';
+    END;
+    INSERT INTO pgjobq.deps (parent, child)
+    SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
+      FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
+    PERFORM pgjobq.notify(v_due);
+
+    -- Parents that had already finished count off now, as their completion would have.
+    IF v_done IS NOT NULL THEN
+        PERFORM pgjobq.children_release(v_done, v_done_ok, v_ids);
+    END IF;
+
+    RETURN QUERY SELECT r.ref, v_ids[r.o]::bigint FROM unnest(v_refs) WITH ORDINALITY AS r(ref, o) ORDER BY r.o;
+END
+$$;
+
+-- timestamp_ok(t): whether t reads as a finite timestamptz (pg_input_is_valid arrives in 16).
+CREATE OR REPLACE FUNCTION pgjobq.timestamp_ok(t text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN isfinite(t::timestamptz);
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END
+$$;
+
+-- enqueue_batch(jobs, callback): the jobs (an array, as for enqueue_graph, whose refs must not be
+-- "callback") and a callback job that runs once, when every one of them has finished, however it
+-- ended, with {"batch": {"id", "jobs", "completed", "failed", "cancelled"}} added to its payload.
+-- Returns the callback's id (the batch's id) and the jobs' ids, in input order.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_batch(jobs jsonb, callback jsonb DEFAULT '{}')
+RETURNS TABLE (batch_id bigint, ids bigint[])
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_graph jsonb;
+    v_ids   bigint[];
+BEGIN
+    IF jsonb_typeof(jobs) IS DISTINCT FROM 'array' OR jsonb_array_length(jobs) = 0 THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_batch: jobs must be a non-empty array' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(callback) IS DISTINCT FROM 'object' OR callback ?| ARRAY['after', 'ref', 'callback'] THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_batch: callback must be an object without "after", "ref" or "callback"'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT jsonb_agg(CASE WHEN jsonb_typeof(e.j) = 'object' AND NOT e.j ? 'ref'
+                          THEN e.j || jsonb_build_object('ref', 'job ' || (e.o - 1)) ELSE e.j END ORDER BY e.o)
+      INTO v_graph FROM jsonb_array_elements(jobs) WITH ORDINALITY AS e(j, o);
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(v_graph) AS j WHERE j ->> 'ref' = 'callback') THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_batch: the ref "callback" is the callback''s' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_graph := v_graph || jsonb_build_array(callback || jsonb_build_object(
+        'ref', 'callback', 'callback', true,
+        'after', (SELECT jsonb_agg(j -> 'ref') FROM jsonb_array_elements(v_graph) AS j)));
+    SELECT array_agg(e.id ORDER BY e.ord) INTO v_ids
+      FROM pgjobq.enqueue_graph(v_graph) WITH ORDINALITY AS e(ref, id, ord);
+    RETURN QUERY SELECT v_ids[cardinality(v_ids)], v_ids[1:cardinality(v_ids) - 1];
+END
+$$;
+
+-- parents(job): the jobs `job` waits (or waited) for, with their state and result ('pruned' when
+-- retention has removed one).
+CREATE OR REPLACE FUNCTION pgjobq.parents(job bigint)
+RETURNS TABLE (id bigint, state text, kind text, result jsonb, finished_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.parent, coalesce(a.state::text, 'pruned'), a.kind, a.result, a.finished_at
+      FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.parent
+     WHERE d.child = $1 ORDER BY d.parent
+$$;
+
+-- children(job): the jobs that wait (or waited) for `job`.
+CREATE OR REPLACE FUNCTION pgjobq.children(job bigint)
+RETURNS TABLE (id bigint, state text, kind text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.child, coalesce(a.state::text, 'pruned'), a.kind
+      FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.child
+     WHERE d.parent = $1 ORDER BY d.child
+$$;
+
+-- graph(job): every job connected to `job` through parents and children (at most 10000), each with
+-- its depth (the longest chain of parents above it within the graph) and its parents.
+CREATE OR REPLACE FUNCTION pgjobq.graph(job bigint)
+RETURNS TABLE (id bigint, depth integer, state text, queue text, kind text, parents bigint[])
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_nodes bigint[] := ARRAY[graph.job];
+    v_more  bigint[];
+    v_par   bigint[];
+    v_chi   bigint[];
+    v_left  bigint[];
+    v_ready bigint[];
+    v_at    bigint[] := '{}';
+    v_depth integer[] := '{}';
+    v_level integer;
+BEGIN
+    LOOP
+        v_more := ARRAY(SELECT DISTINCT x FROM (
+                            SELECT d.parent AS x FROM pgjobq.deps d WHERE d.child = ANY (v_nodes)
+                            UNION SELECT d.child FROM pgjobq.deps d WHERE d.parent = ANY (v_nodes)) n
+                         WHERE NOT (x = ANY (v_nodes)));
+        EXIT WHEN cardinality(v_more) = 0 OR cardinality(v_nodes) >= 10000;
+        v_nodes := v_nodes || v_more;
+    END LOOP;
+    -- Depth by layers (Kahn): a job's depth is one more than its deepest parent's.
+    WITH e AS (SELECT d.parent, d.child FROM pgjobq.deps d WHERE d.child = ANY (v_nodes) AND d.parent = ANY (v_nodes))
+    SELECT array_agg(e.parent), array_agg(e.child) INTO v_par, v_chi FROM e;
+    v_left := v_nodes;
+    v_level := 0;
+    LOOP
+        v_ready := ARRAY(SELECT l FROM unnest(v_left) AS l
+                          WHERE NOT EXISTS (SELECT 1 FROM unnest(v_par, v_chi) AS u(p, c)
+                                             WHERE u.c = l AND u.p = ANY (v_left)));
+        EXIT WHEN cardinality(v_ready) = 0;
+        v_at := v_at || v_ready;
+        v_depth := v_depth || array_fill(v_level, ARRAY[cardinality(v_ready)]);
+        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE NOT (l = ANY (v_ready)));
+        v_level := v_level + 1;
+    END LOOP;
+    RETURN QUERY
+    SELECT u.n, u.dp, coalesce(a.state::text, 'pruned'), a.queue, a.kind,
+           ARRAY(SELECT d.parent FROM pgjobq.deps d WHERE d.child = u.n ORDER BY 1)
+      FROM unnest(v_at, v_depth) AS u(n, dp) LEFT JOIN pgjobq.all_jobs a ON a.id = u.n
+     ORDER BY u.dp, u.n;
+END
+$$;
+
+-- parents_json(job): [{"id", "state", "result"}, ...] of the job's parents, in id order.
+CREATE OR REPLACE FUNCTION pgjobq.parents_json(job bigint) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object('id', d.parent, 'state', coalesce(a.state::text, 'pruned'),
+                                                 'result', a.result) ORDER BY d.parent), '[]')
+      FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.parent
+     WHERE d.child = $1
+$$;
