@@ -147,7 +147,8 @@ static void *producer_main(void *arg)
     double every = BATCH / p->rate;
     for (long long k = 0;; k++) {
         double due = p->start + p->offset_s + (double)k * every, now = bench_now();
-        if (due >= p->end || atomic_load(&p->stop))
+        /* Open loop, and it ends on time: batches it fell behind with are not offered late. */
+        if (due >= p->end || now >= p->end || atomic_load(&p->stop))
             break;
         if (due > now)
             bench_pause_ms((long)((due - now) * 1000));
@@ -158,8 +159,9 @@ static void *producer_main(void *arg)
             break;
         }
         int w = (int)((realtime_s() - p->m->t0) / p->m->window_s);
-        if (w >= 0 && w < p->m->nwindows)
-            atomic_fetch_add(&p->m->offered[w], BATCH);
+        /* (A batch that commits just after the end counts in the last window.) */
+        w = w < 0 ? 0 : w >= p->m->nwindows ? p->m->nwindows - 1 : w;
+        atomic_fetch_add(&p->m->offered[w], BATCH);
     }
     pgjobq_client_close(c);
     return NULL;

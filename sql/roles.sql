@@ -40,7 +40,8 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[]),
     pgjobq.reserve_ids(integer),
-    pgjobq.notify(text[])
+    pgjobq.notify(text[]),
+    pgjobq.levels_add(text[], smallint[])
 TO pgjobq_producer;
 -- (pgjobq_producer is not granted INSERT on pgjobq.jobs: with it, the library would enqueue large
 -- batches with COPY, but a producer could also choose ids the sequence has not issued yet and make
@@ -50,13 +51,14 @@ TO pgjobq_producer;
 GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),
     pgjobq.claim_batch(text, integer, interval, text, smallint, timestamptz, bigint),
+    pgjobq.claim_next(text, integer, interval, text, smallint[], timestamptz[], bigint[], timestamptz[], bigint[]),
     pgjobq.complete_many(bigint[], bigint[], jsonb[]),
     pgjobq.fail_many(bigint[], bigint[], text[], interval[], boolean[]),
     pgjobq.extend_many(bigint[], bigint[], interval),
     pgjobq.release_many(bigint[], bigint[], text),
     pgjobq.cancel_many(bigint[], bigint[], text),
     pgjobq.next_due(text),
-    pgjobq.rescue_expired(integer),
+    pgjobq.rescue_expired(integer, timestamptz),
     pgjobq.prune(interval, interval, integer),
     pgjobq.cron_next(text, text, timestamptz),
     pgjobq.cron_field(text, integer, integer, text[], text),

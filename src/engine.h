@@ -25,9 +25,10 @@
 /* ------------------------------------------------------------------------------------------------ */
 /* policy.c: decisions, as pure functions of the state and the clock (unit-tested without a database) */
 
-/* A claim with a start key is replaced by one from the head of the queue at least this often, so that
- * a job sorting before the key (a higher priority enqueued meanwhile) waits at most this long. */
-#define PGJOBQ__HINT_REFRESH_MS 100
+/* A claim starts at the worker's cursor, except at least this often, when it starts at the queue's
+ * published low-water marks instead (and moves them on): that claim finds the jobs a claim that rolled
+ * back left behind every cursor. */
+#define PGJOBQ__LOW_CLAIM_MS 1000
 
 /* A job claimed ahead of a free handler waits, by the handlers' measured speed, at most about this
  * long before it starts; and the jobs claimed ahead hold at most about this much payload. */
@@ -44,18 +45,18 @@ typedef struct pgjobq__claim_view {
     int woken;            /* a notification, a reconnect or a short keyed claim: claim now */
     int last_full;        /* the last claim returned all it asked for: there is a backlog */
     int64_t next_poll_ms; /* claim by then even without a notification */
-    int hint_valid;       /* the largest key of the last claim is known */
-    int64_t head_ms;      /* when the last claim from the head of the queue was sent */
+    int cursor_valid;     /* the worker has a cursor for the queue (cursor.c) */
+    int64_t low_ms;       /* when the last claim from the low-water marks was sent */
 } pgjobq__claim_view;
 
-/* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_hint (may be NULL) says
- * whether to start after the last claim's largest key.  A notification or the poll claims whatever
+/* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_cursor (may be NULL) says
+ * whether to start at the worker's cursor (else at the queue's low-water marks).  A notification or the poll claims whatever
  * slots are free; under a backlog the engine waits until half a batch of slots is free (or nothing
  * runs), so that claims do not fragment into one job each as handlers finish one by one.  A slot is
  * free as soon as its handler returns, so that the next claim overlaps the writing of the outcome;
  * but while more outcomes wait to be written than there are slots, nothing is claimed (a stalled
  * write connection must not let a worker hoard leases). */
-int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint);
+int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_cursor);
 
 /* How many jobs beyond its concurrency a queue may claim ahead, so that the next batch is already here
  * when handlers free their slots: as many as `concurrency` handlers taking handler_ns each get through
@@ -71,8 +72,8 @@ int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int b
  * handler finishes or a notification arrives). */
 int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v);
 
-/* After a claim from the head found nothing: when to claim next, given next_due's answer (seconds
- * until the queue's next queued job is due; NaN when nothing is queued) and the next poll.  A job
+/* After a claim that found nothing: when to claim next, given the claim's answer of when the queue's
+ * next queued job is due (seconds; NaN when nothing is queued) and the next poll.  A job
  * already due that the claim did not get is held by another claimer (or a transaction): claiming
  * again at once would only spin, so the poll and notifications cover it. */
 int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms);
@@ -91,6 +92,62 @@ int64_t pgjobq__jitter(int64_t d, unsigned *seed);
 /* How long before its local lease deadline a job is given up as lost: a tenth of the lease, at most
  * 5 s, so that a stopping handler can end before another worker could claim the job. */
 int64_t pgjobq__lease_margin(int64_t lease_ms);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* cursor.c: where a claim starts (pure functions, unit-tested without a database)                   */
+
+#define PGJOBQ__LEVELS 201 /* priorities -100 .. 100 */
+#define PGJOBQ__TIERS 4
+#define PGJOBQ__TIER_TICKS 16
+
+/* A tick: a claim's moment on the database clock, read before its transaction id was assigned, and that
+ * id.  Once no transaction older than the id runs, every row that is not yet visible has a claim key
+ * later than the moment. */
+typedef struct pgjobq__tick {
+    int64_t at_us; /* microseconds since the Unix epoch */
+    int64_t xid;
+} pgjobq__tick;
+
+/* A worker's recent ticks: the last few claims', and older ones thinned out (at least 100 ms, 1 s and
+ * 10 s apart), so that a cap can still be found while some transaction runs for a while (the cap is
+ * the latest tick older than every transaction running). */
+typedef struct pgjobq__tick_tier {
+    pgjobq__tick t[PGJOBQ__TIER_TICKS];
+    int n, next;
+} pgjobq__tick_tier;
+
+typedef struct pgjobq__ticks {
+    pgjobq__tick_tier tier[PGJOBQ__TIERS];
+} pgjobq__ticks;
+
+/* Calls fn(arg, tick) for every tick remembered (some may be repeated). */
+void pgjobq__ticks_each(const pgjobq__ticks *t, void (*fn)(void *arg, const pgjobq__tick *tick), void *arg);
+
+/* Per priority level, the key (claim key, id) after which the worker's next claim of the level starts. */
+typedef struct pgjobq__cursor {
+    int64_t key_us[PGJOBQ__LEVELS];
+    int64_t id[PGJOBQ__LEVELS];
+    unsigned char valid[PGJOBQ__LEVELS];
+    int nvalid;
+} pgjobq__cursor;
+
+/* One claimed job, as the cursor needs it. */
+typedef struct pgjobq__claimed {
+    int16_t priority;
+    int64_t key_us;
+    int64_t id;
+} pgjobq__claimed;
+
+/* Remembers a tick, forgetting what the tiers no longer need. */
+void pgjobq__ticks_add(pgjobq__ticks *t, int64_t at_us, int64_t xid);
+/* Forgets every level's position. */
+void pgjobq__cursor_reset(pgjobq__cursor *c);
+/* Moves the cursor on after a claim: `jobs` are the n jobs it claimed, `exhausted` the levels it read to
+ * the end of their due jobs, cap_us the claim's cap (PGJOBQ_TIME_NONE when none was known: the cursor
+ * then stays where it was).  A level the claim read to the end moves to the cap; a level it filled its
+ * batch from moves to the largest key it claimed there, or to the cap if that is earlier. */
+void pgjobq__cursor_update(pgjobq__cursor *c, const pgjobq__claimed *jobs, int n, const int16_t *exhausted,
+                           int nexhausted, int64_t cap_us);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* aconn.c: one asynchronous connection                                                             */
@@ -233,12 +290,9 @@ typedef struct pgjobq__queue {
     _Atomic int64_t handler_ns;
     _Atomic int64_t handled;
     int64_t payload_bytes; /* engine only: moving average of claimed payload sizes */
-    /* Engine only: the claim policy's view, and the key to start the next claim after. */
+    /* Engine only: the claim policy's view, and where the next claim starts. */
     pgjobq__claim_view claim;
-    int next_due_wanted;    /* a claim from the head found nothing: ask when the next job is due */
-    int16_t hint_priority;  /* the largest key of the last claim: (priority, run_at, id) */
-    int64_t hint_run_at;    /* microseconds since the Unix epoch */
-    int64_t hint_id;
+    pgjobq__cursor cursor;
 } pgjobq__queue;
 
 /* Starts each queue's threads; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */

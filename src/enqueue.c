@@ -556,15 +556,16 @@ static int copy_error(pgjobq_client *c, PGresult *r)
 /* Writes the batch with COPY.  The jobs have been checked. */
 static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out)
 {
-    static const Oid text_array[] = {OID_TEXT_ARRAY};
+    static const Oid after_types[] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_INT2_ARRAY};
     int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
     int with_run_at = jobs[0].opts.run_at != NULL, rc;
     /* Without ids_out the identity column numbers the rows itself. */
     int64_t *ids = ids_out;
     pgjobq__buf data = {0};
-    pgjobq__array queues;
+    pgjobq__array queues, level_queues, level_priorities;
     const char **distinct = malloc(n * sizeof *distinct); /* the queues seen so far */
-    size_t ndistinct = 0;
+    const pgjobq_job_spec **levels = malloc(n * sizeof *levels); /* a job of each (queue, priority) */
+    size_t ndistinct = 0, nlevels = 0;
     PGresult *r = NULL;
 
     static const char *const copy_sql[2][2] = {
@@ -574,12 +575,25 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
          "COPY pgjobq.jobs (id, queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"}};
 
     memset(&queues, 0, sizeof queues);
-    if (distinct == NULL)
+    memset(&level_queues, 0, sizeof level_queues);
+    memset(&level_priorities, 0, sizeof level_priorities);
+    if (distinct == NULL || levels == NULL) {
+        free(distinct);
+        free(levels);
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    }
     if (own_tx && (rc = simple_command(c, "BEGIN")) != PGJOBQ_OK)
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
         goto out;
+    /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
+    r = PQexec(c->conn, "SELECT pg_catalog.pg_current_xact_id()");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s",
+                            PQerrorMessage(c->conn));
+        goto out;
+    }
+    PQclear(r);
 
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
@@ -591,8 +605,10 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     r = NULL;
 
     /* The rows, sent 64 KiB at a time while the next are built (the server parses as the client
-     * writes), and the distinct queues to notify. */
+     * writes), the distinct queues to notify and the distinct (queue, priority) levels to record. */
     pgjobq__array_begin(&queues, OID_TEXT);
+    pgjobq__array_begin(&level_queues, OID_TEXT);
+    pgjobq__array_begin(&level_priorities, OID_INT2);
     for (size_t i = 0; i < n; i++) {
         const pgjobq_job_spec *j = &jobs[i];
         const char *queue = j->opts.queue ? j->opts.queue : "default", *kind = j->opts.kind ? j->opts.kind : "default";
@@ -603,6 +619,16 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         if (!seen) {
             distinct[ndistinct++] = queue;
             pgjobq__array_text(&queues, queue, strlen(queue));
+        }
+        seen = 0;
+        for (size_t k = nlevels; k > 0 && !seen; k--) {
+            const char *q = levels[k - 1]->opts.queue ? levels[k - 1]->opts.queue : "default";
+            seen = levels[k - 1]->opts.priority == j->opts.priority && (q == queue || strcmp(q, queue) == 0);
+        }
+        if (!seen) {
+            levels[nlevels++] = j;
+            pgjobq__array_text(&level_queues, queue, strlen(queue));
+            pgjobq__array_int2(&level_priorities, (int16_t)j->opts.priority);
         }
         if (ids) {
             copy_int(&data, ids[i]);
@@ -627,7 +653,8 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         if (data.len >= 65536 && copy_flush(c, &data) != 0)
             break;
     }
-    if (data.oom || pgjobq__array_end(&queues) != 0) {
+    if (data.oom || pgjobq__array_end(&queues) != 0 || pgjobq__array_end(&level_queues) != 0 ||
+        pgjobq__array_end(&level_priorities) != 0) {
         /* Abandon the COPY: nothing of it is written. */
         PQputCopyEnd(c->conn, "out of memory");
         while ((r = PQgetResult(c->conn)) != NULL)
@@ -649,10 +676,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     while ((r = PQgetResult(c->conn)) != NULL) /* the end of the COPY command */
         PQclear(r);
 
-    /* One notification per queue, delivered when the transaction commits. */
-    const char *values[1] = {queues.buf.data};
-    int lengths[1] = {(int)queues.buf.len}, formats[1] = {1};
-    pgjobq__stmt st = {"enqueue: notify", "SELECT pgjobq.notify($1)", 1, text_array, values, lengths, formats, 0};
+    /* One notification per queue, delivered when the transaction commits, and the levels the claims
+     * visit. */
+    const char *values[3] = {queues.buf.data, level_queues.buf.data, level_priorities.buf.data};
+    int lengths[3] = {(int)queues.buf.len, (int)level_queues.buf.len, (int)level_priorities.buf.len},
+        formats[3] = {1, 1, 1};
+    pgjobq__stmt st = {"enqueue: notify", "SELECT pgjobq.notify($1), pgjobq.levels_add($2, $3)", 3, after_types,
+                       values, lengths, formats, 0};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         goto out;
     PQclear(r);
@@ -671,7 +701,10 @@ out:
     }
     pgjobq__buf_free(&data);
     pgjobq__buf_free(&queues.buf);
+    pgjobq__buf_free(&level_queues.buf);
+    pgjobq__buf_free(&level_priorities.buf);
     free(distinct);
+    free(levels);
     return rc;
 }
 

@@ -34,12 +34,12 @@ int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int b
     return n < batch_max ? (int)n : batch_max;
 }
 
-int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_hint)
+int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_cursor)
 {
     int free_slots = v->concurrency + v->prefetch - v->running, ready;
 
-    if (from_hint)
-        *from_hint = 0;
+    if (from_cursor)
+        *from_cursor = 0;
     if (free_slots <= 0 || v->unwritten > v->concurrency + v->prefetch)
         return 0;
     /* Under a backlog, finishing handlers drive the claims (half a batch at a time): a poll then would
@@ -50,10 +50,10 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
         ready = v->woken || now_ms >= v->next_poll_ms;
     if (!ready)
         return 0;
-    /* Start after the last claim's largest key only while there is a backlog (a claim that came back
-     * short means the head may hold jobs the key skips), and go back to the head regularly. */
-    if (from_hint)
-        *from_hint = v->hint_valid && v->last_full && now_ms - v->head_ms < PGJOBQ__HINT_REFRESH_MS;
+    /* From the cursor, which nothing that can still appear is behind (cursor.c), but from the low-water
+     * marks regularly: they find what a rolled-back claim left behind. */
+    if (from_cursor)
+        *from_cursor = v->cursor_valid && now_ms - v->low_ms < PGJOBQ__LOW_CLAIM_MS;
     return free_slots < v->batch_max ? free_slots : v->batch_max;
 }
 

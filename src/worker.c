@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,10 @@
 #include "engine.h"
 
 #define RESCUE_EVERY_MS 1000
+/* A rescue looks at the leases that ended since a little before the previous one (RESCUE_MARGIN_MS),
+ * and at every expired lease this often. */
+#define RESCUE_FULL_EVERY_MS 300000
+#define RESCUE_MARGIN_US INT64_C(2000000)
 #define TICK_EVERY_MS 1000
 #define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
 #define FIRST_PRUNE_MS 5000
@@ -55,19 +60,19 @@
 
 enum { C_CLAIM, C_WRITE, C_MAINT, NCONN };
 
-/* The claim connection's statements.  claim_batch's columns, in this order, are what make_ctx reads. */
-enum { S_CLAIM, S_CLAIM_AFTER, S_NEXT_DUE, NCLAIM_STMTS };
+/* The claim connection's statement.  claim_next's columns, in this order, are what make_ctx and
+ * claim_done read: a row per claimed job (meta NULL), then rows that say where the claim got to (meta
+ * 'exhausted': a level read to its end; 'tick': the claim's tick, cap and the next due job). */
+enum { S_CLAIM, NCLAIM_STMTS };
 #define CLAIM_COLUMNS                                                                                         \
     "SELECT id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error, parents FROM pgjobq.claim_batch"
+    " lease_until, unique_key, last_error, parents, key, meta, cap, tick_xid, next_due FROM pgjobq.claim_next"
 enum { K_ID, K_KIND, K_PAYLOAD, K_PRIORITY, K_ATTEMPT, K_MAX_ATTEMPTS, K_TOKEN, K_RUN_AT, K_CREATED_AT, K_STARTED_AT,
-       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_NCOLS };
-static const Oid claim_types[] = {OID_TEXT, OID_INT4, OID_INTERVAL, OID_TEXT, OID_INT2, OID_TIMESTAMPTZ, OID_INT8};
-static const Oid text_type[] = {OID_TEXT};
+       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_KEY, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_NCOLS };
+static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
+                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
 static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
-    {"pgjobq_claim", CLAIM_COLUMNS "($1, $2, $3, $4)", 4, claim_types},
-    {"pgjobq_claim_after", CLAIM_COLUMNS "($1, $2, $3, $4, $5, $6, $7)", 7, claim_types},
-    {"pgjobq_next_due", "SELECT pgjobq.next_due($1)", 1, text_type}};
+    {"pgjobq_claim", CLAIM_COLUMNS "($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, claim_types}};
 
 /* The kinds of write the engine batches, in the order it writes them, then the heartbeat. */
 enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS, S_EXTEND = W_KINDS, S_BEAT, NWRITE_STMTS };
@@ -89,11 +94,14 @@ static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "
 /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
 enum { S_RESCUE, S_PRUNE, S_TICK, NMAINT_STMTS };
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
+static const Oid since_type[] = {OID_INT8};
 static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
+    /* $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
     {"pgjobq_rescue",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 2) THEN pgjobq.rescue_expired(1000)"
-     " ELSE -1 END",
-     0, NULL},
+     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 2)"
+     " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
+     " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
+     1, since_type},
     {"pgjobq_prune",
      "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 3) THEN pgjobq.prune($1, $2, 1000)"
      " ELSE -1 END",
@@ -121,12 +129,12 @@ typedef struct batch {
 } batch;
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_NEXT_DUE, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK };
+enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK };
 typedef struct request {
     int kind;
     int queue;      /* claim, next due */
     int want;       /* claim */
-    int from_hint;  /* claim */
+    int from_cursor; /* claim */
     int wkind;      /* write: W_* */
     batch items;    /* write: the jobs it writes, owned until its result */
     int64_t sent_ms;
@@ -165,9 +173,12 @@ struct pgjobq_worker {
     int64_t shutdown_at_ms;
     int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
     int64_t next_beat_ms;
+    int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
+    int64_t next_full_rescue_ms;
     char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
     int need_listen;
     int claim_rr; /* round-robin start among queues */
+    pgjobq__ticks ticks; /* the latest claims' ticks (cursor.c) */
     char lease_s[48], completed_s[48], failed_s[48];
 
     /* Statistics. */
@@ -876,55 +887,122 @@ static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *
     return ctx;
 }
 
-/* Writes v big-endian into out[8] (the binary wire format of int8 and timestamptz). */
-static void put_be64(char *out, int64_t v)
+/* Appends a tick to the claim's tick_times (a[0]) and tick_xids (a[1]) arrays. */
+static void put_tick(void *arg, const pgjobq__tick *t)
 {
-    uint64_t u = (uint64_t)v;
-    for (int i = 7; i >= 0; i--, u >>= 8)
-        out[i] = (char)(u & 0xff);
+    pgjobq__array *a = arg;
+    pgjobq__array_int8(&a[0], t->at_us - PGJOBQ__PG_EPOCH_US); /* on the wire: since 2000-01-01 */
+    pgjobq__array_int8(&a[1], t->xid);
 }
 
-static void send_claim(pgjobq_worker *w, int qi, int want, int from_hint, int64_t now)
+/* Sends a claim for queue qi: from the worker's cursor, or (from_cursor 0) from the queue's low-water
+ * marks, which that claim moves on. */
+static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int64_t now)
 {
     pgjobq__queue *q = &w->queues[qi];
-    char want_s[16], prio_be[2], run_at_be[8], id_be[8];
-    const char *values[7] = {q->name, want_s, w->lease_s, w->worker_id, prio_be, run_at_be, id_be};
-    int lengths[7] = {0, 0, 0, 0, 2, 8, 8}, formats[7] = {0, 0, 0, 0, 1, 1, 1};
+    pgjobq__array a[5];
+    char want_s[16];
+    const char *values[9] = {q->name, want_s, w->lease_s, w->worker_id};
+    int lengths[9] = {0}, formats[9] = {0, 0, 0, 0, 1, 1, 1, 1, 1};
 
     snprintf(want_s, sizeof want_s, "%d", want);
-    prio_be[0] = (char)((uint16_t)q->hint_priority >> 8);
-    prio_be[1] = (char)((uint16_t)q->hint_priority & 0xff);
-    put_be64(run_at_be, q->hint_run_at - PGJOBQ__PG_EPOCH_US); /* on the wire: since 2000-01-01 */
-    put_be64(id_be, q->hint_id);
-    if (pgjobq__aconn_send(&w->conn[C_CLAIM], from_hint ? S_CLAIM_AFTER : S_CLAIM, values, lengths, formats, 1,
-                           now) != 0)
-        return;
+    memset(a, 0, sizeof a);
+    pgjobq__array_begin(&a[0], OID_INT2);
+    pgjobq__array_begin(&a[1], OID_TIMESTAMPTZ);
+    pgjobq__array_begin(&a[2], OID_INT8);
+    pgjobq__array_begin(&a[3], OID_TIMESTAMPTZ);
+    pgjobq__array_begin(&a[4], OID_INT8);
+    for (int l = 0; from_cursor && l < PGJOBQ__LEVELS; l++) {
+        if (!q->cursor.valid[l])
+            continue;
+        pgjobq__array_int2(&a[0], (int16_t)(l - 100));
+        pgjobq__array_int8(&a[1], q->cursor.key_us[l] - PGJOBQ__PG_EPOCH_US); /* on the wire: since 2000-01-01 */
+        pgjobq__array_int8(&a[2], q->cursor.id[l]);
+    }
+    pgjobq__ticks_each(&w->ticks, put_tick, &a[3]);
+    for (int k = 0; k < 5; k++) {
+        if (pgjobq__array_end(&a[k]) != 0) {
+            wlog(w, PGJOBQ_LOG_ERROR, "out of memory sending a claim");
+            goto out;
+        }
+        /* No cursor (a claim from the low-water marks): NULL levels. */
+        if (k < 3 && !from_cursor)
+            continue;
+        values[4 + k] = a[k].buf.data;
+        lengths[4 + k] = (int)a[k].buf.len;
+    }
+    if (pgjobq__aconn_send(&w->conn[C_CLAIM], S_CLAIM, values, lengths, formats, 1, now) != 0)
+        goto out;
     atomic_fetch_add(&w->st_claims, 1);
     request *rq = &w->req[C_CLAIM];
     rq->kind = R_CLAIM;
     rq->queue = qi;
     rq->want = want;
-    rq->from_hint = from_hint;
+    rq->from_cursor = from_cursor;
     rq->sent_ms = now;
-    if (!from_hint)
-        q->claim.head_ms = now;
+    if (!from_cursor)
+        q->claim.low_ms = now;
+out:
+    for (int k = 0; k < 5; k++)
+        pgjobq__buf_free(&a[k].buf);
+}
+
+/* The claim's rows that say where it got to: the levels it read to their end, its tick and cap, and
+ * (when it came back short) when the next queued job is due. */
+typedef struct claim_meta {
+    int16_t exhausted[PGJOBQ__LEVELS];
+    int nexhausted;
+    int64_t cap_us;   /* PGJOBQ_TIME_NONE when the claim knew none */
+    double next_due;  /* seconds; NaN when nothing is queued */
+} claim_meta;
+
+static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *m)
+{
+    size_t len = 0;
+    const char *what = pgjobq__get_text(r, row, K_META, &len);
+
+    if (what == NULL)
+        return;
+    if (len == 9 && memcmp(what, "exhausted", 9) == 0) {
+        if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, K_PRIORITY))
+            m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, K_PRIORITY);
+    } else if (len == 4 && memcmp(what, "tick", 4) == 0) {
+        m->cap_us = pgjobq__get_time(r, row, K_CAP);
+        if (!PQgetisnull(r, row, K_KEY) && !PQgetisnull(r, row, K_TICK_XID))
+            pgjobq__ticks_add(&w->ticks, pgjobq__get_time(r, row, K_KEY), pgjobq__get_int8(r, row, K_TICK_XID));
+        if (!PQgetisnull(r, row, K_NEXT_DUE)) {
+            uint64_t u = pgjobq__get_be64(PQgetvalue(r, row, K_NEXT_DUE));
+            memcpy(&m->next_due, &u, sizeof m->next_due);
+        }
+    }
 }
 
 static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
 {
     pgjobq__queue *q = &w->queues[rq->queue];
     pgjobq_ctx *first = NULL, *last = NULL;
-    int n;
+    pgjobq__claimed *claimed = NULL;
+    claim_meta meta;
+    int n = 0, rows;
 
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != K_NCOLS) {
         wlog(w, PGJOBQ_LOG_WARN, "claim from %s failed: %s", q->name, PQresultErrorMessage(r));
         q->claim.next_poll_ms = now + w->o.poll_ms;
-        q->claim.woken = q->claim.last_full = q->claim.hint_valid = 0;
+        q->claim.woken = q->claim.last_full = 0;
+        /* Rows it had locked may be queued again behind the cursor: the next claim starts low. */
+        q->claim.cursor_valid = 0;
         return;
     }
-    n = PQntuples(r);
-    atomic_fetch_add(&w->st_claimed, n);
-    for (int row = 0; row < n; row++) {
+    memset(&meta, 0, sizeof meta);
+    meta.cap_us = PGJOBQ_TIME_NONE;
+    meta.next_due = NAN;
+    rows = PQntuples(r);
+    claimed = rows > 0 ? malloc((size_t)rows * sizeof *claimed) : NULL;
+    for (int row = 0; row < rows; row++) {
+        if (PQgetisnull(r, row, K_ID)) {
+            read_meta(w, r, row, &meta);
+            continue;
+        }
         pgjobq_ctx *ctx = make_ctx(w, q, r, row);
         if (ctx == NULL || running_add(w, ctx) != 0) {
             /* Out of memory: the job's lease will expire and it will run elsewhere. */
@@ -933,18 +1011,16 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
             pgjobq__ctx_free(ctx);
             continue;
         }
+        n++;
+        if (claimed) {
+            claimed[n - 1].priority = (int16_t)ctx->job.priority;
+            claimed[n - 1].key_us = pgjobq__get_time(r, row, K_KEY);
+            claimed[n - 1].id = ctx->job.id;
+        }
         ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
         atomic_store(&ctx->timeout_at_ms, INT64_MAX); /* set when its handler starts */
         int64_t plen = (int64_t)strlen(ctx->job.payload ? ctx->job.payload : "");
         q->payload_bytes = q->payload_bytes == 0 ? plen + 1 : q->payload_bytes + (plen - q->payload_bytes) / 16;
-        /* The largest key claimed: the next claim may start after it. */
-        if (row == 0 || ctx->job.priority > q->hint_priority ||
-            (ctx->job.priority == q->hint_priority &&
-             (ctx->job.run_at > q->hint_run_at || (ctx->job.run_at == q->hint_run_at && ctx->job.id > q->hint_id)))) {
-            q->hint_priority = (int16_t)ctx->job.priority;
-            q->hint_run_at = ctx->job.run_at;
-            q->hint_id = ctx->job.id;
-        }
         if (w->stopping) {
             /* Claimed while the worker began to stop: hand it back without running it. */
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_SHUTDOWN);
@@ -961,25 +1037,25 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
             first = ctx;
         last = ctx;
     }
+    atomic_fetch_add(&w->st_claimed, n);
     if (first)
         pgjobq__pool_dispatch(q, first, last);
-    /* A short claim after a key: the head may hold jobs the key skipped; claim from the head at once. */
-    q->claim.woken = rq->from_hint && n < rq->want;
+    if (claimed) {
+        pgjobq__cursor_update(&q->cursor, claimed, n, meta.exhausted, meta.nexhausted, meta.cap_us);
+        q->claim.cursor_valid = q->cursor.nvalid > 0;
+    } else if (rows > 0) {
+        /* Out of memory for the list: start from the low-water marks next time. */
+        q->claim.cursor_valid = 0;
+    }
+    free(claimed);
+    q->claim.woken = 0;
     q->claim.last_full = n == rq->want;
-    q->claim.hint_valid = n > 0 && !(rq->from_hint && n < rq->want);
     q->claim.next_poll_ms = now + w->o.poll_ms;
-    q->next_due_wanted = n == 0 && !rq->from_hint;
-}
-
-static void next_due_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
-{
-    pgjobq__queue *q = &w->queues[rq->queue];
-
-    /* The claim from the head found nothing: sleep until the next scheduled job, if it comes before the
-     * next poll (40 idle workers that re-claimed at once for a due job another held starved the
-     * database: pgjobq__claim_after_due). */
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-        q->claim.next_poll_ms = pgjobq__claim_after_due(atof(PQgetvalue(r, 0, 0)), now, q->claim.next_poll_ms);
+    /* Nothing due: sleep until the next scheduled job, if it comes before the next poll (40 idle workers
+     * that re-claimed at once for a due job another held starved the database:
+     * pgjobq__claim_after_due). */
+    if (n == 0)
+        q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
 }
 
 /* A notification names a queue with new jobs: claim from it at once. */
@@ -1033,23 +1109,14 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
         return;
     /* Queues in turn, starting after the one served last, so that a busy queue cannot starve others. */
     for (int k = 0; k < w->nqueues; k++) {
-        int qi = (w->claim_rr + k) % w->nqueues, from_hint;
+        int qi = (w->claim_rr + k) % w->nqueues, from_cursor;
         pgjobq__queue *q = &w->queues[qi];
         q->claim.prefetch = pgjobq__prefetch(atomic_load(&q->handler_ns), atomic_load(&q->handled), q->concurrency,
                                              w->o.batch_max, q->payload_bytes);
-        if (q->next_due_wanted) {
-            const char *values[1] = {q->name};
-            q->next_due_wanted = 0;
-            if (pgjobq__aconn_send(ac, S_NEXT_DUE, values, NULL, NULL, 0, now) == 0) {
-                rq->kind = R_NEXT_DUE;
-                rq->queue = qi;
-            }
-            return;
-        }
-        int want = pgjobq__claim_decide(&q->claim, now, &from_hint);
+        int want = pgjobq__claim_decide(&q->claim, now, &from_cursor);
         if (want > 0) {
             w->claim_rr = (qi + 1) % w->nqueues;
-            send_claim(w, qi, want, from_hint, now);
+            send_claim(w, qi, want, from_cursor, now);
             return;
         }
     }
@@ -1066,8 +1133,19 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
     if (w->o.no_maintenance || !pgjobq__aconn_idle(ac))
         return;
     if (now >= w->next_rescue_ms) {
-        if (pgjobq__aconn_send(ac, S_RESCUE, NULL, NULL, NULL, 0, now) == 0)
+        char since[32];
+        const char *values[1] = {NULL};
+        if (now >= w->next_full_rescue_ms)
+            w->rescue_since_us = PGJOBQ_TIME_NONE;
+        if (w->rescue_since_us != PGJOBQ_TIME_NONE) {
+            snprintf(since, sizeof since, "%lld", (long long)w->rescue_since_us);
+            values[0] = since;
+        }
+        if (pgjobq__aconn_send(ac, S_RESCUE, values, NULL, NULL, 0, now) == 0) {
             rq->kind = R_RESCUE;
+            if (values[0] == NULL)
+                w->next_full_rescue_ms = now + RESCUE_FULL_EVERY_MS;
+        }
     } else if (now >= w->next_tick_ms) {
         w->next_tick_ms = now + TICK_EVERY_MS;
         if (pgjobq__aconn_send(ac, S_TICK, NULL, NULL, NULL, 0, now) == 0)
@@ -1083,9 +1161,13 @@ static void maintain_done(pgjobq_worker *w, int is_rescue, PGresult *r, int64_t 
 {
     long long n = -1;
 
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
         n = atoll(PQgetvalue(r, 0, 0));
-    else
+        /* A rescue that ran (not another process's turn) and saw everything up to its now(): the next one
+         * looks from a little before that. */
+        if (is_rescue && n >= 0 && n < MAINTENANCE_BATCH && PQnfields(r) == 2)
+            w->rescue_since_us = atoll(PQgetvalue(r, 0, 1)) - RESCUE_MARGIN_US;
+    } else
         wlog(w, PGJOBQ_LOG_WARN, "maintenance (%s) failed: %s", is_rescue ? "rescue" : "prune",
              PQresultErrorMessage(r));
     if (is_rescue && n > 0) {
@@ -1176,6 +1258,11 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
     }
     if (rq->kind == R_LISTEN)
         w->need_listen = 1;
+    /* A claim whose result never came may have rolled back: the rows it had locked are queued again,
+     * and other workers' cursors have passed them.  The next claims start at the low-water marks. */
+    if (c == C_CLAIM)
+        for (int i = 0; i < w->nqueues; i++)
+            w->queues[i].claim.cursor_valid = 0;
     rq->kind = R_NONE;
 }
 
@@ -1222,7 +1309,6 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
         return;
     switch (kind) {
     case R_CLAIM: claim_done(w, rq, r, now); break;
-    case R_NEXT_DUE: next_due_done(w, rq, r, now); break;
     case R_LISTEN_CHECK: listen_check_done(w, r); break;
     case R_LISTEN:
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
@@ -1291,7 +1377,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
             SOONER(w->listen_check_ms);
         for (int i = 0; i < w->nqueues && !w->stopping; i++) {
             pgjobq__queue *q = &w->queues[i];
-            if (q->next_due_wanted || pgjobq__claim_decide(&q->claim, now, NULL) > 0)
+            if (pgjobq__claim_decide(&q->claim, now, NULL) > 0)
                 return now;
             SOONER(pgjobq__claim_next_ms(&q->claim));
         }
@@ -1484,6 +1570,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
     int64_t now = pgjobq__mono_ms();
     w->next_heartbeat_ms = now + w->o.heartbeat_ms;
     w->next_rescue_ms = now;
+    w->rescue_since_us = PGJOBQ_TIME_NONE;
+    w->next_full_rescue_ms = now;
     w->next_tick_ms = now;
     w->next_prune_ms = now + FIRST_PRUNE_MS;
     w->last_summary_ms = now;

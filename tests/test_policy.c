@@ -1,7 +1,7 @@
 /*
  * test_policy.c - the worker's decisions (src/policy.c), checked as pure functions: when to claim and
- * how much, when to start from the last claim's key, when to write outcomes, how reconnects back
- * off.  No database is involved.
+ * how much, where a claim starts (the cursor, src/cursor.c), when to write outcomes, how reconnects
+ * back off.  No database is involved.
  */
 #include <string.h>
 
@@ -22,14 +22,14 @@ static pgjobq__claim_view view(int concurrency, int running)
 TEST(policy_claim_takes_free_slots_when_woken_or_polled)
 {
     pgjobq__claim_view v = view(32, 0);
-    int hint = -1;
+    int from_cursor = -1;
 
     /* Idle and not woken: wait for the poll. */
-    CHECK_INT(pgjobq__claim_decide(&v, 0, &hint), 0);
-    CHECK_INT(hint, 0);
+    CHECK_INT(pgjobq__claim_decide(&v, 0, &from_cursor), 0);
+    CHECK_INT(from_cursor, 0);
     CHECK_INT(pgjobq__claim_next_ms(&v), 1000000);
     /* The poll comes: claim every free slot. */
-    CHECK_INT(pgjobq__claim_decide(&v, 1000000, &hint), 32);
+    CHECK_INT(pgjobq__claim_decide(&v, 1000000, &from_cursor), 32);
     /* A notification: claim at once, free slots only, never more than a batch. */
     v.woken = 1;
     v.running = 30;
@@ -73,31 +73,103 @@ TEST(policy_claim_under_a_backlog_waits_for_half_a_batch)
     CHECK_INT(pgjobq__claim_decide(&v, v.next_poll_ms + 1, NULL), 0);
 }
 
-TEST(policy_claim_starts_after_the_last_key_only_under_a_backlog_and_not_for_long)
+TEST(policy_claim_starts_at_the_cursor_and_regularly_at_the_low_water_marks)
 {
     pgjobq__claim_view v = view(32, 0);
-    int hint = -1;
+    int from_cursor = -1;
 
     v.woken = 1;
-    v.hint_valid = 1;
-    v.head_ms = 1000;
-    /* No backlog known: from the head. */
-    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
-    CHECK_INT(hint, 0);
-    /* A backlog, and the last claim from the head was recent: after the key. */
+    v.low_ms = 1000;
+    /* No cursor yet: from the low-water marks. */
+    CHECK_INT(pgjobq__claim_decide(&v, 1010, &from_cursor), 32);
+    CHECK_INT(from_cursor, 0);
+    /* A cursor, and the last claim from the marks was recent: from the cursor, backlog or not (it is
+     * behind nothing that can still appear, src/cursor.c). */
+    v.cursor_valid = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 1010, &from_cursor), 32);
+    CHECK_INT(from_cursor, 1);
     v.last_full = 1;
-    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
-    CHECK_INT(hint, 1);
-    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__HINT_REFRESH_MS - 1, &hint), 32);
-    CHECK_INT(hint, 1);
-    /* Back to the head at least every PGJOBQ__HINT_REFRESH_MS, so that a job sorting before the key (a
-     * higher priority enqueued meanwhile) waits no longer than that. */
-    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__HINT_REFRESH_MS, &hint), 32);
-    CHECK_INT(hint, 0);
-    /* No key known: from the head. */
-    v.hint_valid = 0;
-    CHECK_INT(pgjobq__claim_decide(&v, 1010, &hint), 32);
-    CHECK_INT(hint, 0);
+    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__LOW_CLAIM_MS - 1, &from_cursor), 32);
+    CHECK_INT(from_cursor, 1);
+    /* From the marks at least every PGJOBQ__LOW_CLAIM_MS: they find what a rolled-back claim left behind
+     * every cursor. */
+    CHECK_INT(pgjobq__claim_decide(&v, 1000 + PGJOBQ__LOW_CLAIM_MS, &from_cursor), 32);
+    CHECK_INT(from_cursor, 0);
+}
+
+/* A claimed job for the cursor tests: priority, key (microseconds), id. */
+static pgjobq__claimed job(int priority, int64_t key, int64_t id)
+{
+    pgjobq__claimed j = {(int16_t)priority, key, id};
+    return j;
+}
+
+TEST(policy_cursor_moves_to_the_largest_key_claimed_but_never_past_the_cap)
+{
+    pgjobq__cursor c;
+    pgjobq__claimed jobs[4];
+    int16_t exhausted[2];
+
+    pgjobq__cursor_reset(&c);
+    CHECK_INT(c.nvalid, 0);
+    /* Without a cap nothing moves: rows not yet visible could be anywhere after the claim's start. */
+    jobs[0] = job(0, 500, 7);
+    CHECK_INT((pgjobq__cursor_update(&c, jobs, 1, NULL, 0, PGJOBQ_TIME_NONE), c.nvalid), 0);
+    /* A full batch from level 0: to the largest (key, id) claimed there, in any order. */
+    jobs[0] = job(0, 500, 9);
+    jobs[1] = job(0, 700, 3);
+    jobs[2] = job(0, 700, 2);
+    jobs[3] = job(5, 100, 50);
+    pgjobq__cursor_update(&c, jobs, 4, NULL, 0, 10000);
+    CHECK_INT(c.nvalid, 2);
+    CHECK(c.valid[100] && c.key_us[100] == 700 && c.id[100] == 3);
+    CHECK(c.valid[105] && c.key_us[105] == 100 && c.id[105] == 50);
+    /* Past the cap: to the cap, where everything not yet visible is after it. */
+    jobs[0] = job(0, 20000, 11);
+    pgjobq__cursor_update(&c, jobs, 1, NULL, 0, 15000);
+    CHECK(c.key_us[100] == 15000 && c.id[100] == 0);
+    /* A level read to its end moves to the cap, claimed rows or not; other levels stay. */
+    exhausted[0] = 5;
+    exhausted[1] = -100;
+    pgjobq__cursor_update(&c, NULL, 0, exhausted, 2, 16000);
+    CHECK(c.key_us[105] == 16000 && c.id[105] == 0);
+    CHECK(c.valid[0] && c.key_us[0] == 16000);
+    CHECK(c.key_us[100] == 15000);
+    CHECK_INT(c.nvalid, 3);
+    /* Levels out of range are ignored. */
+    jobs[0] = job(101, 1, 1);
+    exhausted[0] = -101;
+    pgjobq__cursor_update(&c, jobs, 1, exhausted, 1, 17000);
+    CHECK_INT(c.nvalid, 3);
+}
+
+static void count_tick(void *arg, const pgjobq__tick *t)
+{
+    int64_t *seen = arg;
+    seen[0]++;
+    if (seen[1] == 0 || t->at_us < seen[1])
+        seen[1] = t->at_us;
+    if (t->at_us > seen[2])
+        seen[2] = t->at_us;
+}
+
+TEST(policy_ticks_keep_the_latest_claims_and_older_ones_thinned_out)
+{
+    pgjobq__ticks t;
+    int64_t seen[3] = {0, 0, 0};
+
+    memset(&t, 0, sizeof t);
+    /* A claim every millisecond for ten minutes. */
+    for (int64_t ms = 1; ms <= 600000; ms++)
+        pgjobq__ticks_add(&t, ms * 1000, ms);
+    pgjobq__ticks_each(&t, count_tick, seen);
+    /* Bounded, the latest claim is there, and ticks reach back minutes (a cap can be found while a
+     * transaction runs for that long). */
+    CHECK(seen[0] <= PGJOBQ__TIERS * PGJOBQ__TIER_TICKS);
+    CHECK_INT(seen[2], 600000 * 1000);
+    CHECK(seen[1] <= (600000 - 120000) * 1000);
+    /* The first tier holds the last PGJOBQ__TIER_TICKS claims. */
+    CHECK_INT(t.tier[0].n, PGJOBQ__TIER_TICKS);
 }
 
 TEST(policy_flush_when_nothing_more_can_join_or_after_the_linger)

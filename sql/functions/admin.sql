@@ -52,7 +52,10 @@ BEGIN
         IF v_state = 'running' OR v_state = 'waiting' THEN
             RETURN v_state::text;
         END IF;
-        UPDATE pgjobq.jobs j SET run_at = now(), max_attempts = greatest(j.max_attempts, j.attempt + 1)
+        -- Due now, and claimable from now on: ready_at is read after the row lock gave this
+        -- transaction its id (claim.sql).
+        UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(),
+                                 max_attempts = greatest(j.max_attempts, j.attempt + 1)
          WHERE j.id = retry.id;
     ELSE
         -- DELETE ... RETURNING locks and removes the history row in one step, so two retries of one
@@ -155,7 +158,9 @@ BEGIN
             RETURN;
         END IF;
         -- A row a claimer holds at this instant is waited for and re-checked (it is running by then).
-        UPDATE pgjobq.jobs j SET run_at = now()
+        -- Claimable from now on: ready_at is read after this transaction has its id (claim.sql).
+        PERFORM pg_current_xact_id();
+        UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp()
          WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
            AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
            AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);

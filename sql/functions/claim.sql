@@ -2,21 +2,24 @@
 --
 -- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
 -- is defined once, here, as it is now.
-
--- claim_batch: the claim the worker runs.  Takes up to max_jobs due jobs of one queue, in (priority,
--- run_at, id) order, skipping rows others hold (SKIP LOCKED); each becomes running with attempt + 1,
--- a new lease token and a lease until now() + lease.  Returns only what a worker needs, and a job that
--- had parents comes with their results (`parents`: a column that is NULL for every other job, so the
--- claim of a plain job costs one test of a NULL column; it is the last, so a library of version 7,
--- which names the columns it reads, is not affected).
 --
--- after_priority, after_run_at, after_id (all three, or none): start after this key.  A claimer that
--- passes the largest key its previous claim returned skips the index entries of every job claimed
--- since the last vacuum (they are dead but stay in the index until vacuum removes them, and a claim
--- from the head walks all of them: ~2 us per index page, growing with every job).  A job that sorts
--- before the key (a higher priority enqueued meanwhile, an explicit run_at in the past, a claim that
--- rolled back) is not seen by such a claim: the caller must also claim without a key regularly (the
--- worker does at least every 100 ms, and whenever a claim with a key comes back short).
+-- The order of a queue: by priority (lower first), then by the claim key greatest(run_at, ready_at)
+-- (when the job is due, or when it became claimable if that was later: enqueued, retried, released,
+-- its parents done), then by id.  The claim index jobs_ready_idx (queue, priority, key, id) WHERE
+-- state = 'queued' matches it.
+--
+-- Where a claim starts (docs/design.md, "The claim's cursor").  Claimed and finished jobs leave dead
+-- index entries, and while any session holds a snapshot open vacuum can remove none of those that died
+-- after it was taken: a claim that starts at the head of a level steps over every one.  So a claim
+-- starts each level at a place nothing claimable is behind: the caller's cursor (src/cursor.c), or the
+-- level's low-water mark in pgjobq.lows.  Both rest on one fact: a row that becomes claimable has a key
+-- no earlier than the database clock when its transaction had already been given its id (ready_at is
+-- read after the id: the enqueue functions ask for the id first, and jobs_ready_stamp does when a job
+-- goes back to queued).  So once no transaction older than some moment is still running, every row
+-- that is not yet visible will appear after that moment, and a scan may start there.  What a claim
+-- that rolled back gives back sits behind every cursor; a low-water mark never passes it (the mark
+-- stops at the first row that is queued in the snapshot of the claim that moves it, and a row locked
+-- by a running claim is), and every worker claims from the marks once a second.
 --
 -- The lease token is the job's previous token plus one, and at least the claim's time on the database
 -- clock in microseconds.  Plus one alone could repeat itself after a failover to an asynchronous
@@ -36,6 +39,304 @@
 -- primary-key probe).  The rate window is exact: the queue's row keeps the start times of the jobs
 -- started inside the last rate_period (at most rate_limit of them), so "100 per minute" never lets
 -- 200 start within a minute across a boundary, as a token bucket of capacity 100 would.
+
+-- claim_next: the claim the worker runs.  Takes up to max_jobs due jobs of one queue, level by level
+-- in priority order and within a level in key order, skipping rows others hold (SKIP LOCKED); each
+-- becomes running with attempt + 1, a new lease token and a lease until now() + lease.
+--
+-- Where each level starts:
+--   from_levels, from_keys, from_ids   the caller's cursor: for each level listed, after (key, id).
+--                                      NULL: every level at its low-water mark, which this claim then
+--                                      moves on, and priorities with queued jobs that no enqueue
+--                                      recorded (rows inserted by hand) are found (a "low claim").
+--   tick_times, tick_xids              the ticks of the caller's earlier claims (the tick row below).
+-- A level without a cursor starts at its mark.
+--
+-- Returns a row per claimed job (meta NULL; key = its claim key), then a row per level read to the
+-- end of its due jobs (meta 'exhausted', priority = the level), then a last row (meta 'tick'): this
+-- claim's tick (key: its moment on the database clock, read before its transaction got an id;
+-- tick_xid: that id), its cap (the moment of the latest of the caller's ticks older than every
+-- transaction running at this claim's start: every row not yet visible will have a key after it; NULL
+-- when none is) and, when it claimed nothing, next_due (seconds until a claim can return a job, as
+-- next_due() says).  The caller may then move its cursor: a level read to the end to the cap, a level
+-- it filled its batch from to the largest key it claimed there or to the cap if that is earlier
+-- (src/cursor.c).  A claim under a key limit takes jobs out of key order and reports no cap.
+CREATE OR REPLACE FUNCTION pgjobq.claim_next(
+    queue       text,
+    max_jobs    integer,
+    lease       interval,
+    worker_id   text,
+    from_levels smallint[]    DEFAULT NULL,
+    from_keys   timestamptz[] DEFAULT NULL,
+    from_ids    bigint[]      DEFAULT NULL,
+    tick_times  timestamptz[] DEFAULT NULL,
+    tick_xids   bigint[]      DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
+               lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
+               lease_until timestamptz, unique_key text, last_error text, parents jsonb, key timestamptz,
+               meta text, cap timestamptz, tick_xid bigint, next_due double precision)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    -- The tick's moment first: before this transaction has an id.
+    v_tick    timestamptz := clock_timestamp();
+    v_xid     bigint;
+    v_cap     timestamptz;
+    s         pgjobq.queues%ROWTYPE;
+    v_left    integer := max_jobs;
+    v_window  timestamptz[];
+    v_n       integer;
+    v_lv      record;
+    v_key     timestamptz;
+    v_id      bigint;
+    v_first   record;
+    v_due     double precision;
+    v_keyed   boolean := false;
+    v_room    integer;
+    v_exhausted smallint[] := '{}';
+BEGIN
+    IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
+        RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'pgjobq.claim: lease must be positive, not %', lease
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(from_levels) IS DISTINCT FROM cardinality(from_keys)
+       OR cardinality(from_levels) IS DISTINCT FROM cardinality(from_ids)
+       OR cardinality(tick_times) IS DISTINCT FROM cardinality(tick_xids) THEN
+        RAISE EXCEPTION 'pgjobq.claim: from_levels, from_keys and from_ids (and tick_times and tick_xids) must have '
+                        'one element each per level (per tick)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_xid := pg_current_xact_id()::text::bigint;
+    -- The cap: the latest tick older than every transaction running now (this one aside).
+    SELECT max(t.at) INTO v_cap
+      FROM unnest(tick_times, tick_xids) AS t(at, xid)
+     WHERE t.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+    SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue;
+    IF FOUND THEN
+        IF s.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
+                                NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                                NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text,
+                                v_cap, v_xid, NULL::double precision;
+            RETURN;
+        END IF;
+        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'pgjobq.claim: queue % has a limit; claim from it in a READ COMMITTED transaction', queue
+                    USING ERRCODE = 'invalid_transaction_state',
+                          HINT = 'A snapshot older than the claim cannot see the jobs other claims just started.';
+            END IF;
+            -- Limited claims of this queue run one at a time from here to their commit.  The counts
+            -- below are new statements, so each sees every claim committed before this lock was given.
+            SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue FOR UPDATE;
+            IF s.paused_at IS NULL THEN
+                IF s.concurrency IS NOT NULL THEN
+                    v_left := least(v_left, s.concurrency - (
+                        SELECT count(*)::integer FROM pgjobq.jobs j
+                         WHERE j.state = 'running' AND j.queue = claim_next.queue AND j.lease_until > now()));
+                END IF;
+                IF s.rate_limit IS NOT NULL THEN
+                    v_window := ARRAY(SELECT t FROM unnest(s.recent_starts) t WHERE t > now() - s.rate_period ORDER BY t);
+                    v_left := least(v_left, s.rate_limit - cardinality(v_window));
+                END IF;
+            ELSE
+                v_left := 0;
+            END IF;
+            IF v_left <= 0 THEN
+                -- Full.  A full rate window frees its first slot when its oldest start leaves it.
+                IF s.rate_limit IS NOT NULL AND cardinality(v_window) >= s.rate_limit THEN
+                    v_due := extract(epoch FROM v_window[1] + s.rate_period - now());
+                END IF;
+                RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer,
+                                    NULL::integer, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
+                                    NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick,
+                                    'tick'::text, v_cap, v_xid, v_due;
+                RETURN;
+            END IF;
+            v_keyed := s.key_concurrency IS NOT NULL;
+        END IF;
+    END IF;
+    v_room := v_left;
+
+    IF v_keyed THEN
+        -- Per key: each key's due jobs, at most its free slots, then round-robin over the keys (every
+        -- key's first job before any key's second); jobs without a key compete as their own.  Not in
+        -- key order, so this claim moves no cursor (it reports no cap).
+        RETURN QUERY
+        WITH RECURSIVE keys(k) AS (
+            (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+              WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NOT NULL
+              ORDER BY j.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+                     WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NOT NULL
+                       AND j.concurrency_key > keys.k
+                     ORDER BY j.concurrency_key LIMIT 1)
+              FROM keys WHERE keys.k IS NOT NULL),
+        busy AS (
+            SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.jobs j
+             WHERE j.state = 'running' AND j.queue = claim_next.queue AND j.lease_until > now()
+               AND j.concurrency_key IS NOT NULL
+             GROUP BY 1),
+        cand AS (
+            SELECT c.id, c.priority, c.k, c.rn
+              FROM keys
+              CROSS JOIN LATERAL (
+                  SELECT j.id, j.priority, greatest(j.run_at, j.ready_at) AS k,
+                         row_number() OVER (ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id) AS rn
+                    FROM pgjobq.jobs j
+                   WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key = keys.k
+                     AND greatest(j.run_at, j.ready_at) <= now()
+                   ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
+                   LIMIT greatest(s.key_concurrency - coalesce((SELECT b.n FROM busy b WHERE b.k = keys.k), 0), 0)) c
+             WHERE keys.k IS NOT NULL
+            UNION ALL
+            SELECT u.id, u.priority, u.k, row_number() OVER (ORDER BY u.priority, u.k, u.id)
+              FROM (SELECT j.id, j.priority, greatest(j.run_at, j.ready_at) AS k FROM pgjobq.jobs j
+                     WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NULL
+                       AND greatest(j.run_at, j.ready_at) <= now()
+                     ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
+                     LIMIT v_left) u),
+        picked AS MATERIALIZED (
+            SELECT j.id FROM pgjobq.jobs j
+             WHERE j.id = ANY (ARRAY(SELECT cand.id FROM cand ORDER BY cand.rn, cand.priority, cand.k, cand.id
+                                      LIMIT v_left))
+               AND j.state = 'queued'
+               FOR UPDATE SKIP LOCKED)
+        UPDATE pgjobq.jobs j
+           SET state = 'running', attempt = j.attempt + 1,
+               lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
+               lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
+                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
+                  CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END,
+                  greatest(j.run_at, j.ready_at), NULL::text, NULL::timestamptz, NULL::bigint,
+                  NULL::double precision;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_left := v_left - v_n;
+        v_cap := NULL;
+    ELSE
+        IF from_levels IS NULL THEN
+            -- Priorities with queued jobs that no enqueue recorded (rows inserted by hand): one probe per
+            -- priority not known, at the head of an index range no claim has taken from.
+            PERFORM pgjobq.levels_add(array_agg(claim_next.queue), array_agg(g.p::smallint))
+               FROM generate_series(-100, 100) AS g(p)
+              WHERE NOT EXISTS (SELECT 1 FROM pgjobq.levels l WHERE l.queue = claim_next.queue AND l.priority = g.p)
+                AND EXISTS (SELECT 1 FROM pgjobq.jobs j
+                             WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = g.p);
+        END IF;
+        FOR v_lv IN
+            SELECT l.priority AS p, f.key AS fkey, f.id AS fid, lo.key AS lkey, lo.id AS lid
+              FROM pgjobq.levels l
+              LEFT JOIN LATERAL (SELECT from_keys[o] AS key, from_ids[o] AS id
+                                   FROM generate_subscripts(from_levels, 1) o
+                                  WHERE from_levels[o] = l.priority LIMIT 1) f ON true
+              LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                                  WHERE x.queue = claim_next.queue AND x.priority = l.priority
+                                  ORDER BY x.at DESC LIMIT 1) lo ON true
+             WHERE l.queue = claim_next.queue
+             ORDER BY l.priority
+        LOOP
+            -- Start at the later of the caller's cursor and the low-water mark: both are behind nothing
+            -- that can still be claimed (a claim without a cursor starts at the mark).
+            v_key := coalesce(v_lv.lkey, '-infinity');
+            v_id := coalesce(v_lv.lid, 0);
+            IF v_lv.fkey IS NOT NULL AND (v_lv.fkey, v_lv.fid) > (v_key, v_id) THEN
+                v_key := v_lv.fkey;
+                v_id := v_lv.fid;
+            END IF;
+            IF from_levels IS NULL AND v_cap IS NOT NULL THEN
+                -- A low claim moves the mark on: to the first row that is queued in this snapshot (one
+                -- that a running claim has locked is: it may roll back), or to the cap, whichever is
+                -- earlier.
+                SELECT greatest(j.run_at, j.ready_at) AS key, j.id INTO v_first FROM pgjobq.jobs j
+                 WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
+                   AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
+                 ORDER BY greatest(j.run_at, j.ready_at), j.id LIMIT 1;
+                IF v_first.key IS NULL OR (v_cap, 0::bigint) < (v_first.key, v_first.id) THEN
+                    v_first.key := v_cap;
+                    v_first.id := 0;
+                ELSE
+                    -- The mark is exclusive: just before the first queued row.
+                    v_first.id := v_first.id - 1;
+                END IF;
+                IF (v_first.key, v_first.id) > (v_key, v_id) THEN
+                    INSERT INTO pgjobq.lows (queue, priority, key, id) VALUES (claim_next.queue, v_lv.p, v_first.key, v_first.id);
+                END IF;
+            END IF;
+            RETURN QUERY
+            WITH picked AS MATERIALIZED (
+                SELECT j.id FROM pgjobq.jobs j
+                 WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
+                   AND greatest(j.run_at, j.ready_at) <= now()
+                   AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
+                 ORDER BY greatest(j.run_at, j.ready_at), j.id
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED)
+            UPDATE pgjobq.jobs j
+               SET state = 'running', attempt = j.attempt + 1,
+                   lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
+                   lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
+             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+            RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
+                      j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
+                      CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END,
+                      greatest(j.run_at, j.ready_at), NULL::text, NULL::timestamptz, NULL::bigint,
+                      NULL::double precision;
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            v_left := v_left - v_n;
+            IF v_left > 0 THEN
+                v_exhausted := v_exhausted || v_lv.p;
+            END IF;
+            EXIT WHEN v_left = 0;
+        END LOOP;
+    END IF;
+
+    IF s.rate_limit IS NOT NULL AND v_room > v_left THEN
+        UPDATE pgjobq.queues qs SET recent_starts = v_window || array_fill(now(), ARRAY[v_room - v_left])
+         WHERE qs.name = claim_next.queue;
+    END IF;
+    IF v_left = v_room THEN
+        -- Nothing claimed: when is the next job due?  One probe per level, just after now() (what is due
+        -- already is held by others: the poll covers it).
+        SELECT extract(epoch FROM min(nx.key) - now()) INTO v_due
+          FROM pgjobq.levels l
+          CROSS JOIN LATERAL (SELECT greatest(j.run_at, j.ready_at) AS key FROM pgjobq.jobs j
+                               WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = l.priority
+                                 AND greatest(j.run_at, j.ready_at) > now()
+                               ORDER BY greatest(j.run_at, j.ready_at), j.id LIMIT 1) nx
+         WHERE l.queue = claim_next.queue;
+    END IF;
+    RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, x.p, NULL::integer, NULL::integer,
+                        NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                        NULL::text, NULL::text, NULL::jsonb, NULL::timestamptz, 'exhausted'::text, NULL::timestamptz,
+                        NULL::bigint, NULL::double precision
+                   FROM unnest(v_exhausted) AS x(p)
+                 UNION ALL
+                 SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
+                        NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                        NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text, v_cap, v_xid, v_due;
+END
+$$;
+
+-- claim_batch: claim_next's jobs without its other rows, for SQL callers and libraries of version 9.
+-- Returns only what a worker needs, and a job that had parents comes with their results (`parents`:
+-- NULL for every other job; it is the last column, so a library of version 7, which names the columns
+-- it reads, is not affected).
+--
+-- after_priority, after_run_at, after_id (all three, or none): start that level after this key (the
+-- claim key, greatest(run_at, ready_at), and the id), as claim_next's cursor for one level; other
+-- levels start at their low-water marks.  Without them the claim starts every level at its mark and
+-- moves the marks on.
 CREATE OR REPLACE FUNCTION pgjobq.claim_batch(
     queue          text,
     max_jobs       integer,
@@ -50,164 +351,23 @@ RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt i
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    s         pgjobq.queues%ROWTYPE;
-    v_limited boolean := false;
-    v_room    integer;
-    v_window  timestamptz[];
-    v_claimed integer;
 BEGIN
-    IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
-        RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF lease IS NULL OR lease <= interval '0' THEN
-        RAISE EXCEPTION 'pgjobq.claim: lease must be positive, not %', lease
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     IF (after_priority IS NULL) <> (after_run_at IS NULL) OR (after_priority IS NULL) <> (after_id IS NULL) THEN
         RAISE EXCEPTION 'pgjobq.claim: give all of after_priority, after_run_at and after_id, or none'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-
-    SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_batch.queue;
-    IF FOUND THEN
-        IF s.paused_at IS NOT NULL THEN
-            RETURN;
-        END IF;
-        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL THEN
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION 'pgjobq.claim: queue % has a limit; claim from it in a READ COMMITTED transaction', queue
-                    USING ERRCODE = 'invalid_transaction_state',
-                          HINT = 'A snapshot older than the claim cannot see the jobs other claims just started.';
-            END IF;
-            -- Limited claims of this queue run one at a time from here to their commit.  The counts
-            -- below are new statements, so each sees every claim committed before this lock was given.
-            SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_batch.queue FOR UPDATE;
-            IF s.paused_at IS NOT NULL THEN
-                RETURN;
-            END IF;
-            v_room := max_jobs;
-            IF s.concurrency IS NOT NULL THEN
-                v_room := least(v_room, s.concurrency - (
-                    SELECT count(*)::integer FROM pgjobq.jobs j
-                     WHERE j.state = 'running' AND j.queue = claim_batch.queue AND j.lease_until > now()));
-            END IF;
-            IF s.rate_limit IS NOT NULL THEN
-                v_window := ARRAY(SELECT t FROM unnest(s.recent_starts) t WHERE t > now() - s.rate_period ORDER BY t);
-                v_room := least(v_room, s.rate_limit - cardinality(v_window));
-            END IF;
-            IF v_room <= 0 THEN
-                RETURN;
-            END IF;
-            v_limited := true;
-            max_jobs := v_room;
-            after_id := NULL; -- a limited claim takes the head: few jobs, and none may be passed over
-        END IF;
-    END IF;
-
-    IF v_limited AND s.key_concurrency IS NOT NULL THEN
-        -- Per key: each key's due jobs, at most its free slots, then round-robin over the keys (every
-        -- key's first job before any key's second); jobs without a key compete as their own.
-        RETURN QUERY
-        WITH RECURSIVE keys(k) AS (
-            (SELECT j.concurrency_key::text FROM pgjobq.jobs j
-              WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NOT NULL
-              ORDER BY j.concurrency_key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT j.concurrency_key::text FROM pgjobq.jobs j
-                     WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NOT NULL
-                       AND j.concurrency_key > keys.k
-                     ORDER BY j.concurrency_key LIMIT 1)
-              FROM keys WHERE keys.k IS NOT NULL),
-        busy AS (
-            SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.jobs j
-             WHERE j.state = 'running' AND j.queue = claim_batch.queue AND j.lease_until > now()
-               AND j.concurrency_key IS NOT NULL
-             GROUP BY 1),
-        cand AS (
-            SELECT c.id, c.priority, c.run_at, c.rn
-              FROM keys
-              CROSS JOIN LATERAL (
-                  SELECT j.id, j.priority, j.run_at,
-                         row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rn
-                    FROM pgjobq.jobs j
-                   WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key = keys.k
-                     AND j.run_at <= now()
-                   ORDER BY j.priority, j.run_at, j.id
-                   LIMIT greatest(s.key_concurrency - coalesce((SELECT b.n FROM busy b WHERE b.k = keys.k), 0), 0)) c
-             WHERE keys.k IS NOT NULL
-            UNION ALL
-            SELECT u.id, u.priority, u.run_at, row_number() OVER (ORDER BY u.priority, u.run_at, u.id)
-              FROM (SELECT j.id, j.priority, j.run_at FROM pgjobq.jobs j
-                     WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.concurrency_key IS NULL
-                       AND j.run_at <= now()
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim_batch.max_jobs) u),
-        picked AS MATERIALIZED (
-            SELECT j.id FROM pgjobq.jobs j
-             WHERE j.id = ANY (ARRAY(SELECT cand.id FROM cand
-                                      ORDER BY cand.rn, cand.priority, cand.run_at, cand.id
-                                      LIMIT claim_batch.max_jobs))
-               AND j.state = 'queued'
-               FOR UPDATE SKIP LOCKED)
-        UPDATE pgjobq.jobs j
-           SET state = 'running', attempt = j.attempt + 1,
-               lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
-               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
-         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
-        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
-                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
-                  CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END;
-    -- Two statements rather than one with "after_id IS NULL OR ...": each keeps a plan whose index
-    -- scan starts where it should.
-    ELSIF after_id IS NULL THEN
-        RETURN QUERY
-        WITH picked AS MATERIALIZED (
-            SELECT j.id FROM pgjobq.jobs j
-             WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.run_at <= now()
-             ORDER BY j.priority, j.run_at, j.id
-             LIMIT claim_batch.max_jobs
-               FOR UPDATE SKIP LOCKED)
-        UPDATE pgjobq.jobs j
-           SET state = 'running', attempt = j.attempt + 1,
-               lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
-               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
-         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
-        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
-                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
-                  CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END;
-    ELSE
-        RETURN QUERY
-        WITH picked AS MATERIALIZED (
-            SELECT j.id FROM pgjobq.jobs j
-             WHERE j.state = 'queued' AND j.queue = claim_batch.queue AND j.run_at <= now()
-               AND (j.priority, j.run_at, j.id) > (claim_batch.after_priority, claim_batch.after_run_at,
-                                                    claim_batch.after_id)
-             ORDER BY j.priority, j.run_at, j.id
-             LIMIT claim_batch.max_jobs
-               FOR UPDATE SKIP LOCKED)
-        UPDATE pgjobq.jobs j
-           SET state = 'running', attempt = j.attempt + 1,
-               lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
-               lease_until = now() + claim_batch.lease, started_at = now(), worker_id = claim_batch.worker_id
-         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
-        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
-                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
-                  CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END;
-    END IF;
-
-    IF v_limited AND s.rate_limit IS NOT NULL THEN
-        GET DIAGNOSTICS v_claimed = ROW_COUNT;
-        IF v_claimed > 0 THEN
-            UPDATE pgjobq.queues qs SET recent_starts = v_window || array_fill(now(), ARRAY[v_claimed])
-             WHERE qs.name = claim_batch.queue;
-        END IF;
-    END IF;
+    RETURN QUERY
+    SELECT c.id, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.lease_token, c.run_at, c.created_at,
+           c.started_at, c.lease_until, c.unique_key, c.last_error, c.parents
+      FROM pgjobq.claim_next(claim_batch.queue, claim_batch.max_jobs, claim_batch.lease, claim_batch.worker_id,
+                             CASE WHEN after_priority IS NOT NULL THEN ARRAY[after_priority] END,
+                             CASE WHEN after_priority IS NOT NULL THEN ARRAY[after_run_at] END,
+                             CASE WHEN after_priority IS NOT NULL THEN ARRAY[after_id] END) c
+     WHERE c.meta IS NULL;
 END
 $$;
 
--- claim: the same claim, from the head of the queue, returning whole rows (the SQL API of version 1).
+-- claim: the same claim, from the low-water marks, returning whole rows (the SQL API of version 1).
 -- It goes through claim_batch, so it obeys the queue's settings too.  One statement claims; no lock
 -- outlives it.
 CREATE OR REPLACE FUNCTION pgjobq.claim(
@@ -224,7 +384,8 @@ DECLARE
 BEGIN
     SELECT array_agg(c.id) INTO v_ids FROM pgjobq.claim_batch(queue, max_jobs, lease, worker_id) c;
     -- A new statement: it sees the rows as the claim left them.
-    RETURN QUERY SELECT j.* FROM pgjobq.jobs j WHERE j.id = ANY (v_ids) ORDER BY j.priority, j.run_at, j.id;
+    RETURN QUERY SELECT j.* FROM pgjobq.jobs j WHERE j.id = ANY (v_ids)
+                  ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id;
 END
 $$;
 
@@ -232,11 +393,11 @@ $$;
 -- when none can until something happens that wakes workers anyway (nothing queued, the queue
 -- paused: resuming notifies).  A rate-limited queue whose window is full is due when the oldest start
 -- leaves the window.  A queue whose concurrency is used up counts as due now: the worker then polls.
--- It reads at most the first 1000 entries of the claim index, which is exact unless more than 1000
--- jobs are queued across several priorities; a worker polls anyway.
+-- Each level is read from its low-water mark: the first queued row of each, whoever holds it.
 CREATE OR REPLACE FUNCTION pgjobq.next_due(queue text) RETURNS double precision
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     s      pgjobq.queues%ROWTYPE;
@@ -247,11 +408,17 @@ BEGIN
     IF s.paused_at IS NOT NULL THEN
         RETURN NULL;
     END IF;
-    SELECT extract(epoch FROM min(f.run_at) - now())::double precision INTO v_due
-      FROM (SELECT j.run_at FROM pgjobq.jobs j
-             WHERE j.state = 'queued' AND j.queue = next_due.queue
-             ORDER BY j.priority, j.run_at, j.id
-             LIMIT 1000) f;
+    SELECT extract(epoch FROM min(f.key) - now())::double precision INTO v_due
+      FROM pgjobq.levels l
+      LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                          WHERE x.queue = next_due.queue AND x.priority = l.priority
+                          ORDER BY x.at DESC LIMIT 1) lo ON true
+      CROSS JOIN LATERAL (SELECT greatest(j.run_at, j.ready_at) AS key FROM pgjobq.jobs j
+                           WHERE j.state = 'queued' AND j.queue = next_due.queue AND j.priority = l.priority
+                             AND (greatest(j.run_at, j.ready_at), j.id)
+                                 > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
+                           ORDER BY greatest(j.run_at, j.ready_at), j.id LIMIT 1) f
+     WHERE l.queue = next_due.queue;
     IF v_due IS NULL OR s.rate_limit IS NULL THEN
         RETURN v_due;
     END IF;
@@ -262,5 +429,32 @@ BEGIN
         RETURN greatest(v_due, extract(epoch FROM v_full - now())::double precision);
     END IF;
     RETURN v_due;
+END
+$$;
+
+-- jobs_ready_stamp(): a job that goes back to queued (a retry, a job handed back, a rescued lease, a
+-- waiting job whose parents are done, an UPDATE by hand) becomes claimable now: its ready_at is the
+-- clock, read after its transaction has an id (see the top of this file), so that no cursor is past
+-- it.  Run by the trigger jobs_ready_stamp, before an UPDATE that makes a row queued and only then: its
+-- WHEN clause is all a claim's or a heartbeat's update pays.
+CREATE OR REPLACE FUNCTION pgjobq.jobs_ready_stamp() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    NEW.ready_at := clock_timestamp();
+    RETURN NEW;
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+                    WHERE tgrelid = 'pgjobq.jobs'::regclass AND tgname = 'jobs_ready_stamp') THEN
+        CREATE TRIGGER jobs_ready_stamp BEFORE UPDATE OF state ON pgjobq.jobs FOR EACH ROW
+            WHEN (NEW.state = 'queued' AND OLD.state IS DISTINCT FROM 'queued')
+            EXECUTE FUNCTION pgjobq.jobs_ready_stamp();
+    END IF;
 END
 $$;

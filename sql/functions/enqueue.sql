@@ -132,6 +132,9 @@ BEGIN
         RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- This transaction's id before the rows' ready_at (their claim key) is read: see claim.sql.
+    PERFORM pg_current_xact_id();
+
     -- Ids are drawn before the insert so that every input row knows its id, inserted or not.
     -- unnest() of several arrays walks them together (subscripting a text array is linear in the
     -- subscript, which would make a large batch quadratic).
@@ -173,6 +176,7 @@ BEGIN
     END;
 
     PERFORM pgjobq.notify(v_due);
+    PERFORM pgjobq.levels_add(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
 
     RETURN QUERY SELECT t.o::integer, t.job_id, false
                    FROM unnest(v_ids) WITH ORDINALITY AS t(job_id, o) WHERE t.job_id <> 0;
@@ -264,6 +268,25 @@ BEGIN
           WHERE f.v IS NOT NULL))) AS g;
     duplicate := false;
 END
+$$;
+
+-- levels_add(queues, priorities): records that these queues have jobs at these priorities (element by
+-- element; a NULL priority is 0), so that claims visit those levels (pgjobq.levels; claim.sql).  A
+-- level another transaction is recording at the same time is left to it (an advisory lock tried, not
+-- waited for): an enqueue never waits on another one's transaction.  If that one rolls back, the
+-- claims find the level by themselves within a second.
+CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgjobq.levels (queue, priority)
+    SELECT l.queue, l.priority
+      FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority
+              FROM unnest($1, $2) AS u(queue, priority)) l
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority)
+                THEN false
+                ELSE pg_try_advisory_xact_lock(1885825650, hashtext(l.queue || ':' || l.priority)) END
+    ON CONFLICT DO NOTHING
 $$;
 
 -- reserve_ids(n): n new job ids from the jobs' sequence, for a producer that writes a batch of jobs

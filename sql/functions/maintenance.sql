@@ -4,29 +4,51 @@
 -- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
 -- is defined once, here, as it is now.
 
--- rescue_expired: jobs whose lease ended without a completion (the worker crashed, stalled or lost its
--- connection) go back to queued, or end failed when no attempts remain, or cancelled when that was
--- requested (both move to history, and their waiting children are cancelled or run, as they asked).
--- Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state and the lease, so a job
--- completed meanwhile is never touched.  At most max_jobs per call; returns how many were rescued.
-CREATE OR REPLACE FUNCTION pgjobq.rescue_expired(max_jobs integer DEFAULT 1000) RETURNS integer
+-- rescue_expired(max_jobs, since): jobs whose lease ended without a completion (the worker crashed,
+-- stalled or lost its connection) go back to queued, or end failed when no attempts remain, or
+-- cancelled when that was requested (both move to history, and their waiting children are cancelled
+-- or run, as they asked).  Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state
+-- and the lease, so a job completed meanwhile is never touched.  At most max_jobs per call; returns
+-- how many were rescued.
+--
+-- since: look only at the leases that ended at or after it, queue by queue on jobs_lease_idx, so that
+-- the call steps over the dead index entries of recent leases only (a worker passes a little before
+-- its previous call's now(), and now and then NULL).  NULL: every expired lease, which walks every
+-- lease the index still holds (while a snapshot is held open: every job claimed since).
+CREATE OR REPLACE FUNCTION pgjobq.rescue_expired(max_jobs integer DEFAULT 1000, since timestamptz DEFAULT NULL)
+RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_final   bigint[];
     v_requeue bigint[];
     v_due     text[];
     v_kids    bigint[];
+    v_cand    bigint[];
 BEGIN
-    -- Lock expired leases (skipping rows others hold) and decide from their latest versions.
+    IF since IS NULL THEN
+        v_cand := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.state = 'running' AND j.lease_until < now()
+                         LIMIT rescue_expired.max_jobs);
+    ELSE
+        v_cand := ARRAY(SELECT x.id FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
+                         CROSS JOIN LATERAL (SELECT k.id FROM pgjobq.jobs k
+                                              WHERE k.state = 'running' AND k.queue = q.queue
+                                                AND k.lease_until >= rescue_expired.since AND k.lease_until < now()
+                                              LIMIT rescue_expired.max_jobs) x
+                         LIMIT rescue_expired.max_jobs);
+    END IF;
+    IF cardinality(v_cand) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- Lock them (skipping rows others hold) and decide from their latest versions.
     SELECT array_agg(e.id) FILTER (WHERE e.final), array_agg(e.id) FILTER (WHERE NOT e.final),
            array_agg(e.id) FILTER (WHERE e.final AND e.has_children)
       INTO v_final, v_requeue, v_kids
       FROM (SELECT j.id, j.cancel_requested OR j.attempt >= j.max_attempts AS final, j.has_children
               FROM pgjobq.jobs j
-             WHERE j.state = 'running' AND j.lease_until < now()
-             LIMIT rescue_expired.max_jobs
+             WHERE j.id = ANY (v_cand) AND j.state = 'running' AND j.lease_until < now()
                FOR UPDATE SKIP LOCKED) e;
     IF v_final IS NOT NULL OR v_requeue IS NOT NULL THEN
         INSERT INTO pgjobq.tallies (queue, what, n)
@@ -67,9 +89,11 @@ $$;
 
 -- history_partition_create(hour): creates the partition of completed and cancelled jobs that
 -- finished in the hour starting at `hour` (UTC hours), unless it exists.  Returns true if it created
--- one.  Partitions are named history_pYYYYMMDDHH (UTC).  Creating a partition takes an ACCESS
--- EXCLUSIVE lock on pgjobq.history_done, which completions need too: the caller sets a short
--- lock_timeout and tries again later rather than stall them.
+-- one.  Partitions are named history_pYYYYMMDDHH (UTC).  The table is made first and attached
+-- then, which takes a SHARE UPDATE EXCLUSIVE lock on pgjobq.history_done (CREATE TABLE ... PARTITION
+-- OF would take ACCESS EXCLUSIVE: completions, and pg_dump's ACCESS SHARE, would queue with it) and
+-- ACCESS EXCLUSIVE on the default partition, which attaching scans: the caller sets a short
+-- lock_timeout and tries again later rather than wait.
 CREATE OR REPLACE FUNCTION pgjobq.history_partition_create(hour timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -82,8 +106,11 @@ BEGIN
                 WHERE n.nspname = 'pgjobq' AND c.relname = v_name) THEN
         RETURN false;
     END IF;
-    -- Bounds as ISO text in UTC, whatever the caller's DateStyle and TimeZone.
-    EXECUTE format('CREATE TABLE pgjobq.%I PARTITION OF pgjobq.history_done FOR VALUES FROM (%L) TO (%L)',
+    -- Bounds as ISO text in UTC, whatever the caller's DateStyle and TimeZone.  Attaching creates the
+    -- partition's indexes from the parent's.
+    EXECUTE format('CREATE TABLE pgjobq.%I (LIKE pgjobq.history_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                   v_name);
+    EXECUTE format('ALTER TABLE pgjobq.history_done ATTACH PARTITION pgjobq.%I FOR VALUES FROM (%L) TO (%L)',
                    v_name, to_char(v_from AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00',
                    to_char((v_from + interval '1 hour') AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00');
     RETURN true;
@@ -189,6 +216,10 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = x.child)
            AND NOT EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = x.child)
          ORDER BY x.created_at LIMIT prune.max_jobs);
+    -- Low-water marks superseded for ten minutes (claims read only the latest of each level).
+    DELETE FROM pgjobq.lows l
+     WHERE l.at < now() - interval '10 minutes'
+       AND EXISTS (SELECT 1 FROM pgjobq.lows n WHERE n.queue = l.queue AND n.priority = l.priority AND n.at > l.at);
     RETURN v_count;
 END
 $$;

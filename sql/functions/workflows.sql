@@ -283,6 +283,8 @@ BEGIN
     END IF;
 
     v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
+    -- This transaction's id before the rows' ready_at (their claim key) is read: see claim.sql.
+    PERFORM pg_current_xact_id();
     BEGIN
         WITH input AS (
             SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id,
@@ -312,6 +314,9 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.enqueue_graph: a job breaks a rule of pgjobq.jobs: %', SQLERRM
             USING ERRCODE = 'check_violation';
     END;
+    PERFORM pgjobq.levels_add(array_agg(coalesce(e.j ->> 'queue', 'default')),
+                              array_agg(coalesce((e.j ->> 'priority')::numeric::smallint, 0::smallint)))
+       FROM jsonb_array_elements(v_jobs) AS e(j);
     INSERT INTO pgjobq.deps (parent, child)
     SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
       FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
