@@ -228,11 +228,17 @@ BEGIN
         IF from_levels IS NULL THEN
             -- Priorities with queued jobs that no enqueue recorded (rows inserted by hand): one probe per
             -- priority not known, at the head of an index range no claim has taken from.
+            -- The probe of a recorded level, whose head holds every row claimed there, must not run
+            -- at all: CASE, and OFFSET 0 so that the planner cannot turn the probes into one hashed
+            -- scan of every queued row of the queue.
             PERFORM pgjobq.levels_add(array_agg(claim_next.queue), array_agg(g.p::smallint))
                FROM generate_series(-100, 100) AS g(p)
-              WHERE NOT EXISTS (SELECT 1 FROM pgjobq.levels l WHERE l.queue = claim_next.queue AND l.priority = g.p)
-                AND EXISTS (SELECT 1 FROM pgjobq.jobs j
-                             WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = g.p);
+              WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels l
+                                       WHERE l.queue = claim_next.queue AND l.priority = g.p) THEN false
+                         ELSE EXISTS (SELECT 1 FROM pgjobq.jobs j
+                                       WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = g.p
+                                      OFFSET 0)
+                    END;
         END IF;
         FOR v_lv IN
             SELECT l.priority AS p, f.key AS fkey, f.id AS fid, lo.key AS lkey, lo.id AS lid
