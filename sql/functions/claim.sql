@@ -97,6 +97,7 @@ DECLARE
     v_keyed   boolean := false;
     v_room    integer;
     v_exhausted smallint[] := '{}';
+    v_found   smallint[];
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -118,6 +119,22 @@ BEGIN
     SELECT max(t.at) INTO v_cap
       FROM unnest(tick_times, tick_xids) AS t(at, xid)
      WHERE t.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+    -- A snapshot's oldest transaction may be one of another database of the cluster, which cannot
+    -- write these jobs.  When the cap lags, ask which transactions of this database are running (and
+    -- prepared ones): the latest tick older than all of them will do.  (Their ids are 32 bits there;
+    -- this transaction's id gives the epoch.)
+    IF tick_times IS NOT NULL AND (v_cap IS NULL OR v_cap < v_tick - interval '20 milliseconds') THEN
+        SELECT max(t.at) INTO v_cap
+          FROM unnest(tick_times, tick_xids) AS t(at, xid)
+         WHERE t.xid < (SELECT coalesce(min(CASE WHEN x.x <= v_xid % 4294967296 THEN (v_xid / 4294967296) * 4294967296 + x.x
+                                                 ELSE (v_xid / 4294967296 - 1) * 4294967296 + x.x END), v_xid)
+                          FROM (SELECT a.backend_xid::text::bigint AS x FROM pg_stat_activity a
+                                 WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                                   AND a.backend_xid IS NOT NULL
+                                UNION ALL
+                                SELECT p.transaction::text::bigint FROM pg_prepared_xacts p
+                                 WHERE p.database = current_database()) x);
+    END IF;
 
     SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue;
     IF FOUND THEN
@@ -226,12 +243,13 @@ BEGIN
         v_cap := NULL;
     ELSE
         IF from_levels IS NULL THEN
-            -- Priorities with queued jobs that no enqueue recorded (rows inserted by hand): one probe per
-            -- priority not known, at the head of an index range no claim has taken from.
-            -- The probe of a recorded level, whose head holds every row claimed there, must not run
-            -- at all: CASE, and OFFSET 0 so that the planner cannot turn the probes into one hashed
-            -- scan of every queued row of the queue.
-            PERFORM pgjobq.levels_add(array_agg(claim_next.queue), array_agg(g.p::smallint))
+            -- Priorities with queued jobs that no enqueue recorded (rows inserted by hand, or an enqueue
+            -- whose recording another transaction still holds): one probe per priority not recorded, at
+            -- the head of an index range no claim has taken from.  The probe of a recorded level, whose
+            -- head holds every row claimed there, must not run at all: CASE, and OFFSET 0 so that the
+            -- planner cannot turn the probes into one hashed scan of every queued row of the queue.
+            -- The levels found are claimed from now, recorded or not.
+            SELECT array_agg(g.p::smallint) INTO v_found
                FROM generate_series(-100, 100) AS g(p)
               WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels l
                                        WHERE l.queue = claim_next.queue AND l.priority = g.p) THEN false
@@ -239,17 +257,20 @@ BEGIN
                                        WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = g.p
                                       OFFSET 0)
                     END;
+            IF v_found IS NOT NULL THEN
+                PERFORM pgjobq.levels_add(array_fill(claim_next.queue, ARRAY[cardinality(v_found)]), v_found);
+            END IF;
         END IF;
         FOR v_lv IN
             SELECT l.priority AS p, f.key AS fkey, f.id AS fid, lo.key AS lkey, lo.id AS lid
-              FROM pgjobq.levels l
+              FROM (SELECT x.priority FROM pgjobq.levels x WHERE x.queue = claim_next.queue
+                    UNION SELECT unnest(v_found)) l
               LEFT JOIN LATERAL (SELECT from_keys[o] AS key, from_ids[o] AS id
                                    FROM generate_subscripts(from_levels, 1) o
                                   WHERE from_levels[o] = l.priority LIMIT 1) f ON true
               LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
                                   WHERE x.queue = claim_next.queue AND x.priority = l.priority
                                   ORDER BY x.at DESC LIMIT 1) lo ON true
-             WHERE l.queue = claim_next.queue
              ORDER BY l.priority
         LOOP
             -- Start at the later of the caller's cursor and the low-water mark: both are behind nothing

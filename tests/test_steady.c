@@ -1,0 +1,333 @@
+/*
+ * test_steady.c - the claim's cursor and low-water marks (docs/design.md, "The claim's cursor"):
+ * nothing claimable is ever passed over for good, and a claim does not step over the dead rows of
+ * the jobs claimed before it, even while another session holds a snapshot open.
+ *
+ * The tests drive pgjobq.claim_next the way the worker does: the cursor and the ticks are moved by the
+ * engine's own functions (src/cursor.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "harness.h"
+
+/* A claimer: its cursor and ticks, as the engine keeps them. */
+typedef struct claimer {
+    pgjobq__cursor cur;
+    pgjobq__ticks ticks;
+} claimer;
+
+typedef struct tick_text {
+    char times[4096], xids[4096];
+    size_t tl, xl;
+} tick_text;
+
+static void tick_to_text(void *arg, const pgjobq__tick *t)
+{
+    tick_text *tt = arg;
+    tt->tl += (size_t)snprintf(tt->times + tt->tl, sizeof tt->times - tt->tl, "%s%lld", tt->tl ? "," : "",
+                               (long long)t->at_us);
+    tt->xl += (size_t)snprintf(tt->xids + tt->xl, sizeof tt->xids - tt->xl, "%s%lld", tt->xl ? "," : "",
+                               (long long)t->xid);
+}
+
+/* One claim of up to `want` jobs of queue q, from the claimer's cursor (or, low, from the marks); the
+ * cursor and ticks move as the engine's would.  Returns the number of jobs; their ids go to ids (may be
+ * NULL) and their lease tokens to tokens (may be NULL). */
+static int claim(PGconn *pg, claimer *c, const char *q, int want, int low, int64_t *ids, int64_t *tokens)
+{
+    char levels[2048] = "", keys[4096] = "", cids[4096] = "", sql[16384];
+    size_t ll = 0, kl = 0, il = 0;
+    tick_text tt = {.tl = 0, .xl = 0};
+    pgjobq__claimed *jobs = calloc((size_t)want, sizeof *jobs);
+    int16_t exhausted[PGJOBQ__LEVELS];
+    int nexh = 0, n = 0;
+    int64_t cap = PGJOBQ_TIME_NONE;
+
+    CHECK(jobs != NULL);
+    tt.times[0] = tt.xids[0] = '\0';
+    for (int l = 0; l < PGJOBQ__LEVELS; l++) {
+        if (!c->cur.valid[l])
+            continue;
+        ll += (size_t)snprintf(levels + ll, sizeof levels - ll, "%s%d", ll ? "," : "", l - 100);
+        kl += (size_t)snprintf(keys + kl, sizeof keys - kl, "%s%lld", kl ? "," : "", (long long)c->cur.key_us[l]);
+        il += (size_t)snprintf(cids + il, sizeof cids - il, "%s%lld", il ? "," : "", (long long)c->cur.id[l]);
+    }
+    pgjobq__ticks_each(&c->ticks, tick_to_text, &tt);
+    if (low)
+        snprintf(sql, sizeof sql,
+                 "SELECT id, priority, (extract(epoch FROM key) * 1000000)::bigint, meta,"
+                 " (extract(epoch FROM cap) * 1000000)::bigint, tick_xid, lease_token"
+                 " FROM pgjobq.claim_next('%s', %d, '1 min', 'test', NULL, NULL, NULL,"
+                 " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
+                 " '{%s}'::bigint[])",
+                 q, want, tt.times, tt.xids);
+    else
+        snprintf(sql, sizeof sql,
+                 "SELECT id, priority, (extract(epoch FROM key) * 1000000)::bigint, meta,"
+                 " (extract(epoch FROM cap) * 1000000)::bigint, tick_xid, lease_token"
+                 " FROM pgjobq.claim_next('%s', %d, '1 min', 'test', '{%s}'::smallint[],"
+                 " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
+                 " '{%s}'::bigint[],"
+                 " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
+                 " '{%s}'::bigint[])",
+                 q, want, levels, keys, cids, tt.times, tt.xids);
+    PGresult *r = t_exec(pg, "%s", sql);
+    for (int row = 0; row < PQntuples(r); row++) {
+        const char *meta = PQgetisnull(r, row, 3) ? NULL : PQgetvalue(r, row, 3);
+        if (meta == NULL) {
+            CHECK(n < want);
+            jobs[n].id = atoll(PQgetvalue(r, row, 0));
+            jobs[n].priority = (int16_t)atoi(PQgetvalue(r, row, 1));
+            jobs[n].key_us = atoll(PQgetvalue(r, row, 2));
+            if (ids)
+                ids[n] = jobs[n].id;
+            if (tokens)
+                tokens[n] = atoll(PQgetvalue(r, row, 6));
+            n++;
+        } else if (strcmp(meta, "exhausted") == 0) {
+            exhausted[nexh++] = (int16_t)atoi(PQgetvalue(r, row, 1));
+        } else if (strcmp(meta, "tick") == 0) {
+            if (!PQgetisnull(r, row, 4))
+                cap = atoll(PQgetvalue(r, row, 4));
+            pgjobq__ticks_add(&c->ticks, atoll(PQgetvalue(r, row, 2)), atoll(PQgetvalue(r, row, 5)));
+        }
+    }
+    PQclear(r);
+    pgjobq__cursor_update(&c->cur, jobs, n, exhausted, nexh, cap);
+    free(jobs);
+    return n;
+}
+
+/* Completes the jobs (ids, tokens) in one statement. */
+static void complete(PGconn *pg, const int64_t *ids, const int64_t *tokens, int n)
+{
+    size_t cap = (size_t)n * 48 + 64, il = 0, tl = 0;
+    char *is = malloc(cap), *ts = malloc(cap);
+    CHECK(is != NULL && ts != NULL);
+    is[0] = ts[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        il += (size_t)snprintf(is + il, cap - il, "%s%lld", i ? "," : "", (long long)ids[i]);
+        tl += (size_t)snprintf(ts + tl, cap - tl, "%s%lld", i ? "," : "", (long long)tokens[i]);
+    }
+    char *ia = malloc(il + 3), *ta = malloc(tl + 3);
+    CHECK(ia != NULL && ta != NULL);
+    snprintf(ia, il + 3, "{%s}", is);
+    snprintf(ta, tl + 3, "{%s}", ts);
+    const char *values[2] = {ia, ta};
+    PGresult *r = PQexecParams(pg, "SELECT count(*) FROM pgjobq.complete_many($1::bigint[], $2::bigint[])"
+                                   " WHERE outcome = 'completed'",
+                               2, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "complete_many: %s", PQerrorMessage(pg));
+    CHECK_INT(atoi(PQgetvalue(r, 0, 0)), n);
+    PQclear(r);
+    free(ia);
+    free(ta);
+    free(is);
+    free(ts);
+}
+
+TEST(cursor_claim_finds_a_job_whose_enqueue_commits_after_later_ones_were_claimed)
+{
+    PGconn *pg = t_pg(), *producer = t_pg();
+    claimer c;
+    int64_t ids[100], tokens[100];
+    char other_db[1024];
+
+    memset(&c, 0, sizeof c);
+    /* A transaction of another database of the cluster stays open with an id all along: it holds back
+     * every snapshot's oldest transaction, but cannot write these jobs, so the cursor still moves. */
+    snprintf(other_db, sizeof other_db, "%s dbname=postgres", t_conninfo());
+    PGconn *elsewhere = PQconnectdb(other_db);
+    CHECK_MSG(PQstatus(elsewhere) == CONNECTION_OK, "%s", PQerrorMessage(elsewhere));
+    PQclear(t_exec(elsewhere, "BEGIN"));
+    PQclear(t_exec(elsewhere, "SELECT pg_current_xact_id()"));
+    /* A first claim from the marks: the claimer has ticks from now on. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('q', payload => '{\"n\": 0}')"));
+    CHECK_INT(claim(pg, &c, "q", 10, 1, NULL, NULL), 1);
+    /* A transaction enqueues a job and stays open; meanwhile later jobs are enqueued, committed and
+     * claimed: its job's key is before theirs. */
+    PQclear(t_exec(producer, "BEGIN"));
+    PQclear(t_exec(producer, "SELECT pgjobq.enqueue('q', payload => '{\"late\": true}')"));
+    for (int round = 0; round < 5; round++) {
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['q', 'q', 'q'], NULL, NULL)"));
+        CHECK_INT(claim(pg, &c, "q", 100, 0, ids, tokens), 3);
+        complete(pg, ids, tokens, 3);
+    }
+    CHECK(c.cur.valid[100]);
+    /* Committed now, behind every job claimed: a claim from the cursor (not from the marks) takes it,
+     * because the cursor never passed a moment when the open transaction was already writing. */
+    PQclear(t_exec(producer, "COMMIT"));
+    CHECK_INT(claim(pg, &c, "q", 100, 0, ids, NULL), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND payload = '{\"late\": true}'",
+                    (long long)ids[0]),
+              1);
+    /* And its key is before the last job claimed before it: the cursor had to stay behind it. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs a, pgjobq.jobs l WHERE l.id = %lld"
+                        " AND a.state = 'completed' AND a.id > l.id",
+                    (long long)ids[0]),
+              15);
+    PQfinish(elsewhere);
+    PQfinish(producer);
+    PQfinish(pg);
+}
+
+TEST(low_claim_finds_what_a_rolled_back_claim_gave_back_and_the_mark_never_passes_it)
+{
+    PGconn *pg = t_pg(), *other = t_pg();
+    claimer c;
+    int64_t ids[100], tokens[100];
+
+    memset(&c, 0, sizeof c);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['r', 'r', 'r', 'r'], NULL, NULL)"));
+    CHECK_INT(claim(pg, &c, "r", 1, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    /* Another claimer takes the next job in a transaction it will roll back; this claimer skips it
+     * (locked) and takes the two after it, so its cursor passes it. */
+    PQclear(t_exec(other, "BEGIN"));
+    long long held = t_int(other, "SELECT id FROM pgjobq.claim_batch('r', 1, '1 min', 'other', 0::smallint,"
+                                  " '-infinity', 0)");
+    CHECK_INT(claim(pg, &c, "r", 10, 0, ids, tokens), 2);
+    complete(pg, ids, tokens, 2);
+    CHECK(ids[0] > held && ids[1] > held);
+    /* A low claim now moves the mark no further than the held row: it is queued in the claim's
+     * snapshot (the other claim may roll back). */
+    CHECK_INT(claim(pg, &c, "r", 10, 1, NULL, NULL), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.lows o, pgjobq.jobs j WHERE j.id = %lld AND o.queue = 'r'"
+                        " AND (o.key, o.id) >= (greatest(j.run_at, j.ready_at), j.id)",
+                    held),
+              0);
+    /* It rolls back: the job is queued again at its old key, behind the cursor.  The cursor does not
+     * see it; a claim from the marks does. */
+    PQclear(t_exec(other, "ROLLBACK"));
+    CHECK_INT(claim(pg, &c, "r", 10, 0, NULL, NULL), 0);
+    CHECK_INT(claim(pg, &c, "r", 10, 1, ids, NULL), 1);
+    CHECK_INT(ids[0], held);
+    PQfinish(other);
+    PQfinish(pg);
+}
+
+/* auto_explain's plans, collected from notices. */
+static char *plans;
+static size_t plans_len;
+
+static void collect(void *arg, const char *msg)
+{
+    size_t n = strlen(msg);
+    (void)arg;
+    char *p = realloc(plans, plans_len + n + 1);
+    if (p == NULL)
+        return;
+    plans = p;
+    memcpy(plans + plans_len, msg, n + 1);
+    plans_len += n;
+}
+
+/* The shared buffers the claim's scan touched: the "Buffers:" line under the LockRows of the first
+ * claim statement in the collected plans. */
+static long scan_buffers(void)
+{
+    const char *p = plans ? strstr(plans, "LockRows") : NULL;
+    const char *b = p ? strstr(p, "Buffers: shared hit=") : NULL;
+    return b ? atol(b + strlen("Buffers: shared hit=")) : -1;
+}
+
+TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
+{
+    PGconn *pg = t_pg(), *pin = t_pg();
+    claimer c;
+    int64_t *ids = calloc(1000, sizeof *ids), *tokens = calloc(1000, sizeof *tokens);
+
+    CHECK(ids != NULL && tokens != NULL);
+    memset(&c, 0, sizeof c);
+    /* A session holds a snapshot for the whole test: vacuum can remove nothing that dies from now on. */
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    /* 40,000 jobs through, in batches of 1,000, claimed from the cursor and completed: every one leaves
+     * dead entries in the claim index, at the head of the level. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s')"));
+    CHECK_INT(claim(pg, &c, "s", 10, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    for (int round = 0; round < 40; round++) {
+        PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('s'::text, ARRAY[1000]), NULL, NULL)"));
+        int got = 0;
+        while (got < 1000) {
+            int n = claim(pg, &c, "s", 1000, 0, ids, tokens);
+            CHECK(n > 0);
+            complete(pg, ids, tokens, n);
+            got += n;
+        }
+    }
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s', payload => '{\"last\": true}')"));
+    PQsetNoticeProcessor(pg, collect, NULL);
+    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
+    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_analyze = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_buffers = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
+    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    /* The claim from the cursor reads a few pages: at most the last batch it claimed (its cursor stays
+     * at the cap, behind rows that became claimable after its previous claim began)... */
+    CHECK_INT(claim(pg, &c, "s", 10, 0, ids, NULL), 1);
+    long from_cursor = scan_buffers();
+    /* ... where the same claim from the head of the level reads the dead entries of 40,000 jobs. */
+    free(plans);
+    plans = NULL;
+    plans_len = 0;
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET state = 'queued', lease_until = NULL WHERE id = %lld",
+                   (long long)ids[0]));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_next('s', 10, '1 min', 'test', '{0}', '{-infinity}', '{0}')"
+                        " WHERE meta IS NULL"),
+              1);
+    long from_head = scan_buffers();
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = -1"));
+    printf("claim scan buffers: from the cursor %ld, from the head %ld\n", from_cursor, from_head);
+    CHECK_MSG(from_cursor >= 0 && from_cursor <= 60, "the claim from the cursor read %ld buffers", from_cursor);
+    CHECK_MSG(from_head >= 10 * from_cursor, "the head (%ld buffers) is not much bigger than the cursor's scan (%ld):"
+              " the test proves nothing", from_head, from_cursor);
+    PQclear(t_exec(pin, "COMMIT"));
+    free(ids);
+    free(tokens);
+    PQfinish(pin);
+    PQfinish(pg);
+}
+
+TEST(rescue_since_looks_at_recent_leases_and_without_it_at_all)
+{
+    PGconn *pg = t_pg();
+
+    /* Two running jobs: one lease ended ten minutes ago, one a second ago. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['x', 'x'], NULL, ARRAY['{\"old\": true}', '{\"new\": true}']::jsonb[])"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('x', 2, '1 min', 'w')"), 2);
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '10 minutes' WHERE payload ? 'old'"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE payload ? 'new'"));
+    /* Since five seconds ago: the recent one only. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.rescue_expired(1000, now() - interval '5 seconds')"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload ? 'new' AND state = 'queued'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload ? 'old' AND state = 'running'"), 1);
+    /* Without since: every expired lease. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.rescue_expired(1000)"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued'"), 2);
+    PQfinish(pg);
+}
+
+TEST(an_enqueue_never_waits_for_another_transaction_recording_the_same_priority)
+{
+    PGconn *a = t_pg(), *b = t_pg();
+
+    /* A transaction enqueues the first job of a new level and stays open. */
+    PQclear(t_exec(a, "BEGIN"));
+    PQclear(t_exec(a, "SELECT pgjobq.enqueue('lv', priority => 7::smallint)"));
+    /* Another enqueues at the same level: it does not wait for the first to end. */
+    PQclear(t_exec(b, "SET statement_timeout = '5s'"));
+    long long id = t_int(b, "SELECT id FROM pgjobq.enqueue('lv', priority => 7::smallint)");
+    /* Its job is claimable while the first transaction is still open (a claim finds the level). */
+    CHECK_INT(t_int(b, "SELECT id FROM pgjobq.claim_batch('lv', 10, '1 min', 'w')"), id);
+    PQclear(t_exec(a, "COMMIT"));
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'lv' AND priority = 7"), 1);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.claim_batch('lv', 10, '1 min', 'w')"), 1);
+    PQfinish(a);
+    PQfinish(b);
+}
