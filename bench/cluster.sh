@@ -28,6 +28,7 @@ checkpoint_timeout = 30min
 fsync = on
 synchronous_commit = on
 full_page_writes = on
+shared_preload_libraries = 'pg_stat_statements'
 ${CLUSTER_CONF:-}
 EOF
 as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null

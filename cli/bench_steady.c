@@ -194,14 +194,16 @@ static PGconn *pin_open(const char *url, const char *mode)
 /* ------------------------------------------------------------------------------------------------ */
 /* Sampling                                                                                          */
 
-/* The longest that any claim, write (completions, heartbeats) or enqueue has been waiting for a lock
- * right now, ms (0 when none waits): sampled every 50 ms, an S3 run shows whether any of them queues
- * behind the pinned session's locks, or behind a maintenance statement (DDL) waiting for them.  (The
- * maintenance statement itself may wait, up to its lock_timeout, and then gives up.) */
+/* The longest that any claim, write (completions, heartbeats) or enqueue has been waiting for a table's
+ * lock right now, ms (0 when none waits): sampled every 50 ms, an S3 run shows whether any of them
+ * queues behind the pinned session's locks, or behind a maintenance statement (DDL) waiting for them.
+ * (The maintenance statement itself may wait, up to its lock_timeout, and then gives up.  Waits for
+ * rows and for the notification queue, which commits that NOTIFY take in turn, are not counted.) */
 static double lock_wait_ms(PGconn *ctl)
 {
     return bench_number(ctl, "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start)) * 1000, 0)"
-                             " FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                             " FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'relation'"
+                             " AND datname = current_database()"
                              " AND application_name IN ('pgjobq', 'pgjobq-claim', 'pgjobq-write')");
 }
 
@@ -384,7 +386,7 @@ int bench_steady(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
         met = done_ratio >= 0.98 && last_first >= 0.95 && p99_max >= 0 && p99_max <= 10 && size_ratio <= 1.25;
     }
     printf("{\"scenario\":\"steady\",\"target\":\"%s\",\"pin\":%s%s%s,\"seconds\":%d,\"window_s\":%d,\"rate\":%d,"
-           "\"processes\":%d,\"concurrency\":%d,\"producers\":%d,\"offered\":%lld,\"offered_per_s\":%.1f,"
+           "\"processes\":%d,\"concurrency\":%d,\"producers\":%d,\"offered\":%lld,\"offered_avg_per_s\":%.1f,"
            "\"completed\":%lld,\"completed_over_offered\":%.4f,\"first_window_per_s\":%.1f,\"last_window_per_s\":%.1f,"
            "\"last_over_first\":%.3f,\"pickup_p99_ms_max\":%.2f,\"pickup_p99_ms_last\":%.2f,"
            "\"pickup_p50_ms_last\":%.2f,\"table_bytes_max_first_half\":%lld,\"table_bytes_max_second_half\":%lld,"

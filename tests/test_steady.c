@@ -331,3 +331,54 @@ TEST(an_enqueue_never_waits_for_another_transaction_recording_the_same_priority)
     PQfinish(a);
     PQfinish(b);
 }
+
+typedef struct passes {
+    PGconn *pg;
+    claimer *c;
+    long long after_us; /* the moment the open transaction began writing */
+} passes;
+
+/* One more job enqueued and claimed; true once the cursor is past `after_us`. */
+static int cursor_passes(void *arg)
+{
+    passes *p = arg;
+    int64_t ids[10], tokens[10];
+    PQclear(t_exec(p->pg, "SELECT pgjobq.enqueue('t')"));
+    int n = claim(p->pg, p->c, "t", 10, 0, ids, tokens);
+    if (n > 0)
+        complete(p->pg, ids, tokens, n);
+    return p->c->cur.valid[100] && p->c->cur.key_us[100] > p->after_us;
+}
+
+TEST(cursor_moves_on_while_a_transaction_that_never_wrote_jobs_stays_open)
+{
+    PGconn *pg = t_pg(), *idle = t_pg();
+    claimer c;
+
+    memset(&c, 0, sizeof c);
+    /* A transaction of this very database writes another table and is left open (an application's
+     * session idle in transaction): every snapshot's oldest transaction, for as long as it stays. */
+    PQclear(t_exec(pg, "CREATE TABLE public.elsewhere (x integer)"));
+    PQclear(t_exec(idle, "BEGIN"));
+    PQclear(t_exec(idle, "INSERT INTO public.elsewhere VALUES (1)"));
+    long long began = t_int(idle, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('t')"));
+    CHECK_INT(claim(pg, &c, "t", 10, 1, NULL, NULL), 1);
+    /* It holds no lock on pgjobq.jobs, so it cannot make a job appear behind the cursor: the cursor
+     * moves past the moment it began, within a few seconds (the claim asks the lock manager once its
+     * cap lags a second). */
+    passes p = {pg, &c, began};
+    CHECK_MSG(t_wait_until(cursor_passes, &p, 10000), "the cursor stayed behind the open transaction");
+    /* And a job it enqueues itself, once it does, is still found when it commits. */
+    PQclear(t_exec(idle, "SELECT pgjobq.enqueue('t', payload => '{\"from_the_idle\": true}')"));
+    passes q = {pg, &c, (long long)t_int(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")};
+    (void)cursor_passes(&q);
+    PQclear(t_exec(idle, "COMMIT"));
+    int64_t ids[10];
+    CHECK_INT(claim(pg, &c, "t", 10, 0, ids, NULL), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND payload ? 'from_the_idle'",
+                    (long long)ids[0]),
+              1);
+    PQfinish(idle);
+    PQfinish(pg);
+}

@@ -98,6 +98,7 @@ DECLARE
     v_room    integer;
     v_exhausted smallint[] := '{}';
     v_found   smallint[];
+    v_low     boolean := false;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -134,6 +135,27 @@ BEGIN
                                 UNION ALL
                                 SELECT p.transaction::text::bigint FROM pg_prepared_xacts p
                                  WHERE p.database = current_database()) x);
+        -- Still a second behind: some transaction of this database has been open for a while (an
+        -- idle one, a long batch).  Only those that hold a lock on pgjobq.jobs can still make a job
+        -- appear with an early key (one that writes it later gives its rows a later key): ask the
+        -- lock manager for them, a heavier question, asked only then.
+        IF v_cap IS NULL OR v_cap < v_tick - interval '1 second' THEN
+            SELECT max(t.at) INTO v_cap
+              FROM unnest(tick_times, tick_xids) AS t(at, xid)
+             WHERE t.xid < (SELECT coalesce(min(CASE WHEN x.x <= v_xid % 4294967296
+                                                     THEN (v_xid / 4294967296) * 4294967296 + x.x
+                                                     ELSE (v_xid / 4294967296 - 1) * 4294967296 + x.x END), v_xid)
+                              FROM (SELECT x.transactionid::text::bigint AS x
+                                      FROM pg_locks r
+                                      JOIN pg_locks x ON x.virtualtransaction = r.virtualtransaction
+                                                     AND x.locktype = 'transactionid' AND x.mode = 'ExclusiveLock'
+                                     WHERE r.locktype = 'relation' AND r.relation = 'pgjobq.jobs'::regclass
+                                       AND r.database = (SELECT d.oid FROM pg_database d
+                                                          WHERE d.datname = current_database())
+                                    UNION ALL
+                                    SELECT p.transaction::text::bigint FROM pg_prepared_xacts p
+                                     WHERE p.database = current_database()) x);
+        END IF;
     END IF;
 
     SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue;
@@ -242,7 +264,17 @@ BEGIN
         v_left := v_left - v_n;
         v_cap := NULL;
     ELSE
+        -- A claim without a cursor does the low-water marks' work (finds unrecorded priorities, moves
+        -- the marks on) when nobody has for a second: it is a claim a worker makes once a second, and
+        -- one the SQL API may make in a loop.
         IF from_levels IS NULL THEN
+            v_low := NOT EXISTS (SELECT 1 FROM pgjobq.levels l
+                                  CROSS JOIN LATERAL (SELECT x.at FROM pgjobq.lows x
+                                                       WHERE x.queue = claim_next.queue AND x.priority = l.priority
+                                                       ORDER BY x.at DESC LIMIT 1) lo
+                                  WHERE l.queue = claim_next.queue AND lo.at > clock_timestamp() - interval '1 second');
+        END IF;
+        IF v_low THEN
             -- Priorities with queued jobs that no enqueue recorded (rows inserted by hand, or an enqueue
             -- whose recording another transaction still holds): one probe per priority not recorded, at
             -- the head of an index range no claim has taken from.  The probe of a recorded level, whose
@@ -281,10 +313,10 @@ BEGIN
                 v_key := v_lv.fkey;
                 v_id := v_lv.fid;
             END IF;
-            IF from_levels IS NULL AND v_cap IS NOT NULL THEN
-                -- A low claim moves the mark on: to the first row that is queued in this snapshot (one
-                -- that a running claim has locked is: it may roll back), or to the cap, whichever is
-                -- earlier.
+            IF v_low AND v_cap IS NOT NULL THEN
+                -- The mark moves on: to the first row that is queued in this snapshot (one that a running
+                -- claim has locked is: it may roll back), or to the cap, whichever is earlier.  Recorded
+                -- even when it stays, as the moment the work was last done.
                 SELECT greatest(j.run_at, j.ready_at) AS key, j.id INTO v_first FROM pgjobq.jobs j
                  WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
                    AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
@@ -296,9 +328,12 @@ BEGIN
                     -- The mark is exclusive: just before the first queued row.
                     v_first.id := v_first.id - 1;
                 END IF;
-                IF (v_first.key, v_first.id) > (v_key, v_id) THEN
-                    INSERT INTO pgjobq.lows (queue, priority, key, id) VALUES (claim_next.queue, v_lv.p, v_first.key, v_first.id);
+                IF (v_first.key, v_first.id) < (v_key, v_id) THEN
+                    -- (Another claimer's cap was later than this one's: the mark never goes back.)
+                    v_first.key := v_key;
+                    v_first.id := v_id;
                 END IF;
+                INSERT INTO pgjobq.lows (queue, priority, key, id) VALUES (claim_next.queue, v_lv.p, v_first.key, v_first.id);
             END IF;
             RETURN QUERY
             WITH picked AS MATERIALIZED (
