@@ -47,7 +47,7 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
     if (v->last_full)
         ready = v->woken || free_slots >= (batch_of(v) + 1) / 2 || v->running == 0;
     else
-        ready = v->woken || now_ms >= v->next_poll_ms;
+        ready = (v->woken && now_ms >= v->hold_ms) || now_ms >= v->next_poll_ms;
     if (!ready)
         return 0;
     /* From the cursor, which nothing that can still appear is behind (cursor.c), but from the low-water
@@ -63,7 +63,16 @@ int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
      * half-batch rule), and the poll would only fragment claims. */
     if (v->running >= v->concurrency + v->prefetch || v->last_full)
         return INT64_MAX;
+    if (v->woken && v->hold_ms < v->next_poll_ms)
+        return v->hold_ms;
     return v->next_poll_ms;
+}
+
+int64_t pgjobq__claim_hold_ms(int streak)
+{
+    if (streak <= 0)
+        return 0;
+    return streak >= 9 ? 256 : INT64_C(1) << (streak - 1);
 }
 
 int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms)

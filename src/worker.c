@@ -68,9 +68,11 @@ enum { C_CLAIM, C_WRITE, C_MAINT, NCONN };
 enum { S_CLAIM, NCLAIM_STMTS };
 #define CLAIM_COLUMNS                                                                                         \
     "SELECT id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error, parents, key, meta, cap, tick_xid, next_due FROM pgjobq.claim_next"
+    " lease_until, unique_key, last_error, parents, key, meta, cap, tick_xid, next_due, limited"                \
+    " FROM pgjobq.claim_next"
 enum { K_ID, K_KIND, K_PAYLOAD, K_PRIORITY, K_ATTEMPT, K_MAX_ATTEMPTS, K_TOKEN, K_RUN_AT, K_CREATED_AT, K_STARTED_AT,
-       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_KEY, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_NCOLS };
+       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_KEY, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_LIMITED,
+       K_NCOLS };
 static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
                                   OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
 static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
@@ -137,6 +139,7 @@ typedef struct request {
     int queue;      /* claim, next due */
     int want;       /* claim */
     int from_cursor; /* claim */
+    int woken;       /* claim: made because the queue was woken */
     int wkind;      /* write: W_* */
     batch items;    /* write: the jobs it writes, owned until its result */
     int64_t sent_ms;
@@ -797,12 +800,12 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
             wlog(w, PGJOBQ_LOG_DEBUG, "job %lld finished: %.*s", (long long)id, PQgetlength(r, row, 1), outcome);
         }
     }
-    /* Slots of the queue are free in the database now.  When the last claim came back short, jobs
-     * may be waiting for exactly that (a queue's concurrency limit): claim again at once rather than
-     * at the next poll. */
+    /* Slots of the queue are free in the database now.  When the last claim was cut short by the
+     * queue's limit, jobs may be waiting for exactly that: claim again at once rather than at the next
+     * poll. */
     for (size_t i = 0; i < rq->items.n; i++) {
         pgjobq__queue *q = rq->items.items[i]->q;
-        if (!q->claim.last_full)
+        if (q->claim.limited)
             q->claim.woken = 1;
         running_drop(w, rq->items.items[i]);
     }
@@ -941,6 +944,7 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     rq->queue = qi;
     rq->want = want;
     rq->from_cursor = from_cursor;
+    rq->woken = q->claim.woken;
     rq->sent_ms = now;
     if (!from_cursor)
         q->claim.low_ms = now;
@@ -956,6 +960,7 @@ typedef struct claim_meta {
     int nexhausted;
     int64_t cap_us;   /* PGJOBQ_TIME_NONE when the claim knew none */
     double next_due;  /* seconds; NaN when nothing is queued */
+    int limited;      /* the queue's concurrency or rate limit cut the claim short */
 } claim_meta;
 
 static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *m)
@@ -976,6 +981,7 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
             uint64_t u = pgjobq__get_be64(PQgetvalue(r, row, K_NEXT_DUE));
             memcpy(&m->next_due, &u, sizeof m->next_due);
         }
+        m->limited = !PQgetisnull(r, row, K_LIMITED) && pgjobq__get_bool(r, row, K_LIMITED);
     }
 }
 
@@ -1051,6 +1057,14 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
     }
     free(claimed);
     q->claim.woken = 0;
+    q->claim.limited = meta.limited;
+    /* A claim on a notification that found nothing: another worker took the jobs; hold the next such
+     * claim a little longer (pgjobq__claim_hold_ms). */
+    if (n > 0 || !rq->woken)
+        q->claim.empty_streak = n > 0 ? 0 : q->claim.empty_streak;
+    else
+        q->claim.empty_streak++;
+    q->claim.hold_ms = now + pgjobq__claim_hold_ms(q->claim.empty_streak);
     q->claim.last_full = n == rq->want;
     q->claim.next_poll_ms = now + w->o.poll_ms;
     /* Nothing due: sleep until the next scheduled job, if it comes before the next poll (40 idle workers

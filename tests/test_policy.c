@@ -284,3 +284,31 @@ TEST(policy_after_an_empty_claim_sleep_until_the_next_due_job_but_never_spin)
     /* Nothing queued. */
     CHECK_INT(pgjobq__claim_after_due(0.0 / 0.0, 1000, 2000), 2000);
 }
+
+TEST(policy_a_woken_claim_that_keeps_finding_nothing_waits_longer_each_time)
+{
+    pgjobq__claim_view v = view(32, 0);
+
+    /* No streak: claim on a notification at once. */
+    CHECK_INT(pgjobq__claim_hold_ms(0), 0);
+    v.woken = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 32);
+    /* After claims on notifications that found nothing (another worker took the jobs), the next one
+     * waits 1, 2, 4 ... ms, at most 256; the engine wakes up for it. */
+    CHECK_INT(pgjobq__claim_hold_ms(1), 1);
+    CHECK_INT(pgjobq__claim_hold_ms(3), 4);
+    CHECK_INT(pgjobq__claim_hold_ms(9), 256);
+    CHECK_INT(pgjobq__claim_hold_ms(1000), 256);
+    v.hold_ms = 100 + pgjobq__claim_hold_ms(3);
+    CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), 104);
+    CHECK_INT(pgjobq__claim_decide(&v, 104, NULL), 32);
+    /* The poll is not held: a worker still claims at least every poll. */
+    v.woken = 0;
+    v.next_poll_ms = 102;
+    CHECK_INT(pgjobq__claim_decide(&v, 102, NULL), 32);
+    /* Under a backlog the hold does not apply: finishing handlers drive the claims. */
+    v.woken = 1;
+    v.last_full = 1;
+    CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 32);
+}
