@@ -20,6 +20,9 @@
 --                     jobs_claim_idx).
 --   pgjobq.levels     the priorities each queue has had jobs at: a claim visits them in order and
 --                     starts each one at its own place.  Written by enqueue; never deleted from.
+--                     Each has a sequence, its frontier: the furthest cursor a claimer has reported,
+--                     which every claimer may start from (a sequence, not a row: it is set at every
+--                     claim, and a row updated that often would leave a dead version each time).
 --   pgjobq.lows       per queue and priority, a key no claimable row is behind, moved on by the claims
 --                     that start there (a claim without a cursor, and every worker's claim once a
 --                     second).  Insert-only, read newest first, so its own dead rows are never read.
@@ -50,11 +53,23 @@ DROP INDEX pgjobq.jobs_running_idx;
 CREATE TABLE pgjobq.levels (
     queue    text     NOT NULL,
     priority smallint NOT NULL,
+    n        integer  GENERATED ALWAYS AS IDENTITY,
+    frontier regclass,
     CONSTRAINT levels_pkey PRIMARY KEY (queue, priority),
     CONSTRAINT levels_priority_range CHECK (priority BETWEEN -100 AND 100)
 );
 INSERT INTO pgjobq.levels (queue, priority)
 SELECT DISTINCT j.queue, j.priority FROM pgjobq.jobs j;
+DO $$
+DECLARE
+    v_n integer;
+BEGIN
+    FOR v_n IN SELECT l.n FROM pgjobq.levels l LOOP
+        EXECUTE format('CREATE SEQUENCE pgjobq.%I', 'frontier_' || v_n);
+        UPDATE pgjobq.levels l SET frontier = format('pgjobq.%I', 'frontier_' || v_n)::regclass WHERE l.n = v_n;
+    END LOOP;
+END
+$$;
 
 CREATE TABLE pgjobq.lows (
     queue    text        NOT NULL,

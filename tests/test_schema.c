@@ -352,6 +352,8 @@ static const char SCHEMA_DIGEST[] =
     "        || ' ' || coalesce(pg_get_indexdef(c.oid), '') || coalesce(pg_get_viewdef(c.oid), '')"
     "        || coalesce(pg_get_expr(c.relpartbound, c.oid), '')"
     "   FROM pg_class c WHERE c.relnamespace = 'pgjobq'::regnamespace AND c.relname !~ '^history_p[0-9]{10}'"
+    /* (One sequence per priority level a queue has had: data, like the hourly partitions.) */
+    "    AND c.relname !~ '^frontier_[0-9]+$'"
     " UNION ALL"
     " SELECT 'constraint ' || r.conrelid::regclass::text || ' ' || r.conname || ' ' || pg_get_constraintdef(r.oid)"
     "        || CASE WHEN r.convalidated THEN '' ELSE ' not valid' END"

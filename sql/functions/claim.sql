@@ -301,9 +301,11 @@ BEGIN
             END IF;
         END IF;
         FOR v_lv IN
-            SELECT l.priority AS p, f.key AS fkey, f.id AS fid, lo.key AS lkey, lo.id AS lid
+            SELECT l.priority AS p, f.key AS fkey, f.id AS fid, lo.key AS lkey, lo.id AS lid, r.frontier,
+                   pg_sequence_last_value(r.frontier) AS fr
               FROM (SELECT x.priority FROM pgjobq.levels x WHERE x.queue = claim_next.queue
                     UNION SELECT unnest(v_found)) l
+              LEFT JOIN pgjobq.levels r ON r.queue = claim_next.queue AND r.priority = l.priority
               LEFT JOIN LATERAL (SELECT from_keys[o] AS key, from_ids[o] AS id
                                    FROM generate_subscripts(from_levels, 1) o
                                   WHERE from_levels[o] = l.priority LIMIT 1) f ON true
@@ -312,13 +314,26 @@ BEGIN
                                   ORDER BY x.at DESC LIMIT 1) lo ON true
              ORDER BY l.priority
         LOOP
-            -- Start at the later of the caller's cursor and the low-water mark: both are behind nothing
-            -- that can still be claimed (a claim without a cursor starts at the mark).
+            -- Start at the latest of the caller's cursor, the low-water mark and the level's frontier:
+            -- each is behind nothing that can still be claimed.  A claim without a cursor starts at
+            -- the mark, so that it finds what a claim that rolled back gave back.
             v_key := coalesce(v_lv.lkey, '-infinity');
             v_id := coalesce(v_lv.lid, 0);
             IF v_lv.fkey IS NOT NULL AND (v_lv.fkey, v_lv.fid) > (v_key, v_id) THEN
                 v_key := v_lv.fkey;
                 v_id := v_lv.fid;
+            END IF;
+            IF from_levels IS NOT NULL AND v_lv.fr IS NOT NULL
+               AND ('epoch'::timestamptz + v_lv.fr * interval '1 microsecond', 0::bigint) > (v_key, v_id) THEN
+                v_key := 'epoch'::timestamptz + v_lv.fr * interval '1 microsecond';
+                v_id := 0;
+            END IF;
+            -- The caller's cursor goes to the frontier, if it is further: claimers that run together
+            -- then start after one another's claims rather than step over them (40 processes of 8
+            -- threads each read 16,000 pages a claim without it).
+            IF v_lv.fkey IS NOT NULL AND v_lv.frontier IS NOT NULL AND v_lv.fkey > '-infinity'
+               AND (extract(epoch FROM v_lv.fkey) * 1000000)::bigint > coalesce(v_lv.fr, 0) THEN
+                PERFORM setval(v_lv.frontier, (extract(epoch FROM v_lv.fkey) * 1000000)::bigint);
             END IF;
             IF v_low AND v_cap IS NOT NULL THEN
                 -- The mark moves on: to the first row that is queued in this snapshot (one that a running

@@ -277,19 +277,28 @@ $$;
 -- claims find the level by themselves within a second.
 -- (PL/pgSQL rather than SQL: its statement's plan is kept for the session, where an SQL function's
 -- body would be planned at every call, half a millisecond of every enqueue.)
+-- A level recorded gets its frontier, a sequence (pgjobq.levels, migration 10).
 CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_n integer;
 BEGIN
-    INSERT INTO pgjobq.levels (queue, priority)
-    SELECT l.queue, l.priority
-      FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority
-              FROM unnest(levels_add.queues, levels_add.priorities) AS u(queue, priority)) l
-     WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority)
-                THEN false
-                ELSE pg_try_advisory_xact_lock(1885825650, hashtext(l.queue || ':' || l.priority)) END
-    ON CONFLICT DO NOTHING;
+    FOR v_n IN
+        INSERT INTO pgjobq.levels (queue, priority)
+        SELECT l.queue, l.priority
+          FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority
+                  FROM unnest(levels_add.queues, levels_add.priorities) AS u(queue, priority)) l
+         WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority)
+                    THEN false
+                    ELSE pg_try_advisory_xact_lock(1885825650, hashtext(l.queue || ':' || l.priority)) END
+        ON CONFLICT DO NOTHING
+        RETURNING n
+    LOOP
+        EXECUTE format('CREATE SEQUENCE pgjobq.%I', 'frontier_' || v_n);
+        UPDATE pgjobq.levels l SET frontier = format('pgjobq.%I', 'frontier_' || v_n)::regclass WHERE l.n = v_n;
+    END LOOP;
 END
 $$;
 
