@@ -97,6 +97,7 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv);
 int cmd_show(const cli_cmd *cmd, int argc, char **argv);
 int cmd_graph(const cli_cmd *cmd, int argc, char **argv);
 int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
+int cmd_health(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv);
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv);
 int cmd_queue(const cli_cmd *cmd, int argc, char **argv);
@@ -110,7 +111,7 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
 /* The configured database URL (--db, $PGJOBQ_DATABASE_URL, $DATABASE_URL), or NULL. */
 const char *cli_database_url(void);
 
-extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], graph_opts[], stats_opts[], cancel_opts[],
+extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
     retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[];
 
 #endif /* PGJOBQ_CLI_H */

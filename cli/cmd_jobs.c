@@ -1,5 +1,5 @@
 /*
- * cmd_jobs.c - pgjobq migrate, list, show, stats, cancel and retry (of one job, or of every job a filter
+ * cmd_jobs.c - pgjobq migrate, list, show, stats, health, cancel and retry (of one job, or of every job a filter
  * matches).
  */
 #include <stdlib.h>
@@ -35,6 +35,7 @@ const cli_opt graph_opts[] = {
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt health_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 #define OPT_KIND    'k'
 #define OPT_SINCE   1001
 #define OPT_DRY_RUN 1002
@@ -537,6 +538,90 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
     free(counts);
     pgjobq_stats_free(rows);
     pgjobq_client_close(c);
+    return EX_OK;
+}
+
+/* Bytes as "12.3 MB" (powers of 1024, as pg_size_pretty). */
+static void format_bytes(char *buf, size_t size, int64_t bytes)
+{
+    static const char *const units[] = {"bytes", "kB", "MB", "GB", "TB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 10240 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+int cmd_health(const cli_cmd *cmd, int argc, char **argv)
+{
+    int json = 0, status, rc;
+    pgjobq_health h;
+    pgjobq_client *c;
+    char t1[48], t2[48], size[32];
+
+    if (parse_simple(cmd, argc, argv, 0, flag_opt, &json, &status) < 0)
+        return status;
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if ((rc = pgjobq_health_get(c, &h)) != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    pgjobq_client_close(c);
+    if (json) {
+        printf("{\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
+               (long long)h.jobs_bytes, (long long)h.jobs_live, (long long)h.jobs_dead, (long long)h.vacuums);
+        json_time(stdout, h.last_vacuum);
+        fputs(",\"holder\":", stdout);
+        if (h.holder_kind[0] == '\0') {
+            fputs("null}\n", stdout);
+            return EX_OK;
+        }
+        printf("{\"kind\":");
+        json_str(stdout, h.holder_kind);
+        printf(",\"age_s\":%.3f,\"xids\":%lld,\"pid\":", (double)h.horizon_age_ms / 1000, (long long)h.horizon_xids);
+        if (h.holder_pid)
+            printf("%d", (int)h.holder_pid);
+        else
+            fputs("null", stdout);
+        fputs(",\"application\":", stdout);
+        json_str(stdout, h.holder_application[0] ? h.holder_application : NULL);
+        fputs(",\"state\":", stdout);
+        json_str(stdout, h.holder_state[0] ? h.holder_state : NULL);
+        fputs(",\"since\":", stdout);
+        json_time(stdout, h.holder_since);
+        fputs(",\"query\":", stdout);
+        json_str(stdout, h.holder_query[0] ? h.holder_query : NULL);
+        fputs("}}\n", stdout);
+        return EX_OK;
+    }
+    format_bytes(size, sizeof size, h.jobs_bytes);
+    format_time(t1, sizeof t1, h.last_vacuum);
+    printf("pgjobq.jobs    %s, %lld live rows, %lld dead rows (estimates)\n", size, (long long)h.jobs_live,
+           (long long)h.jobs_dead);
+    printf("vacuums        %lld, last %s\n", (long long)h.vacuums, t1);
+    if (h.holder_kind[0] == '\0') {
+        printf("oldest holder  none: vacuum can remove every dead row\n");
+        return EX_OK;
+    }
+    format_time(t2, sizeof t2, h.holder_since);
+    printf("oldest holder  %s", h.holder_kind);
+    if (h.holder_pid)
+        printf(" pid %d", (int)h.holder_pid);
+    if (h.holder_application[0])
+        printf(" \"%s\"", h.holder_application);
+    if (h.holder_state[0])
+        printf(" (%s)", h.holder_state);
+    printf(", for %.1f s (xid age %lld), since %s\n", (double)h.horizon_age_ms / 1000,
+           (long long)h.horizon_xids, t2);
+    if (h.holder_query[0])
+        printf("  query        %s\n", h.holder_query);
+    if (h.horizon_age_ms >= 300000)
+        printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
+               "docs/deploy.md, \"Snapshots held open\".\n");
     return EX_OK;
 }
 

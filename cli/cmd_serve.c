@@ -340,7 +340,53 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs yet.</td></tr>");
         PQclear(r);
     }
-    sb_puts(b, "</tbody></table><h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
+    sb_puts(b, "</tbody></table>");
+    /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open"). */
+    r = query(c, b,
+              "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
+              " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
+              " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
+              " (coalesce(horizon_age_s, 0) >= 300)::int FROM pgjobq.health()",
+              0, NULL);
+    if (r && PQntuples(r) == 1) {
+        int warn = atoi(V(r, 0, 8));
+        sb_printf(b, "<p id=\"health\" class=\"%s\">pgjobq.jobs: ", warn ? "error" : "muted");
+        sb_html(b, V(r, 0, 0));
+        sb_puts(b, ", ");
+        sb_html(b, V(r, 0, 1));
+        sb_puts(b, " dead rows. ");
+        if (V(r, 0, 3)[0]) {
+            sb_puts(b, "Vacuum held back for ");
+            sb_html(b, V(r, 0, 2));
+            sb_puts(b, " s by ");
+            sb_html(b, V(r, 0, 3));
+            if (V(r, 0, 4)[0]) {
+                sb_puts(b, " pid ");
+                sb_html(b, V(r, 0, 4));
+            }
+            if (V(r, 0, 5)[0]) {
+                sb_puts(b, " &ldquo;");
+                sb_html(b, V(r, 0, 5));
+                sb_puts(b, "&rdquo;");
+            }
+            if (V(r, 0, 6)[0]) {
+                sb_puts(b, " (");
+                sb_html(b, V(r, 0, 6));
+                sb_puts(b, ")");
+            }
+            if (V(r, 0, 7)[0]) {
+                sb_puts(b, ": <code>");
+                sb_html(b, V(r, 0, 7));
+                sb_puts(b, "</code>");
+            }
+            sb_puts(b, warn ? ". Finished jobs leave dead rows until it ends (docs/deploy.md)." : ".");
+        } else {
+            sb_puts(b, "Nothing holds vacuum back.");
+        }
+        sb_puts(b, "</p>");
+    }
+    PQclear(r);
+    sb_puts(b, "<h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
     r = query(c, b,
               "SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,"
               " count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')"

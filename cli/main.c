@@ -25,6 +25,10 @@ static const cli_cmd commands[] = {
     {"graph", "ID", "Print the workflow a job belongs to: every job connected to it, by depth, with its parents.",
      graph_opts, cmd_graph},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
+    {"health", "",
+     "Show pgjobq.jobs' size and dead rows, and what holds vacuum back (the oldest open snapshot: a\n"
+     "pg_dump, a report, a session idle in a transaction, a replication slot), with its age.",
+     health_opts, cmd_health},
     {"cancel", "ID | --queue QUEUE --state STATE",
      "Cancel a job, or every job a filter matches: queued jobs at once, running ones at their worker's next "
      "heartbeat.",

@@ -72,6 +72,11 @@ struct serve_metrics {
     size_t nq, capq;
     wm *w;
     size_t nw;
+    /* pgjobq.health(): the live table's size and what holds vacuum back. */
+    int64_t jobs_bytes, jobs_dead, vacuums;
+    double horizon_age_s; /* 0: nothing holds */
+    char holder_kind[16], holder_app[64];
+    int holder_pid;
     int up;
     double collect_s;
     int64_t errors;
@@ -175,7 +180,7 @@ static void apply_delta(serve_metrics *m, const delta *d)
 
 static int collect(serve_metrics *m)
 {
-    PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL;
+    PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
     delta d = {NULL, NULL};
     int ok = 0, want_held = m->since_held == 0;
 
@@ -234,9 +239,13 @@ static int collect(serve_metrics *m)
                   " GROUP BY 1) r ON r.id = w.id"
                   " WHERE w.last_seen > now() - interval '1 hour' ORDER BY 1",
                   0, NULL);
+    health = run(m,
+                 "SELECT jobs_bytes, jobs_dead, vacuums, coalesce(horizon_age_s, 0), holder_kind,"
+                 " coalesce(holder_pid, 0), holder_application FROM pgjobq.health()",
+                 0, NULL);
     if (want_held)
         held = run(m, "SELECT h.queue, h.state::text, count(*) FROM pgjobq.history h GROUP BY 1, 2", 0, NULL);
-    if (!live || !paused || !d.hist || !d.tallies || !workers)
+    if (!live || !paused || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
         goto out;
     if ((r = run(m, "COMMIT", 0, NULL)) == NULL)
         goto out;
@@ -268,6 +277,13 @@ static int collect(serve_metrics *m)
             q->paused = atoi(PQgetvalue(paused, i, 1));
         }
     }
+    m->jobs_bytes = atoll(PQgetvalue(health, 0, 0));
+    m->jobs_dead = atoll(PQgetvalue(health, 0, 1));
+    m->vacuums = atoll(PQgetvalue(health, 0, 2));
+    m->horizon_age_s = atof(PQgetvalue(health, 0, 3));
+    snprintf(m->holder_kind, sizeof m->holder_kind, "%s", PQgetvalue(health, 0, 4));
+    m->holder_pid = atoi(PQgetvalue(health, 0, 5));
+    snprintf(m->holder_app, sizeof m->holder_app, "%s", PQgetvalue(health, 0, 6));
     if (m->watermark[0])
         apply_delta(m, &d);
     snprintf(m->watermark, sizeof m->watermark, "%s", PQgetvalue(upto, 0, 0));
@@ -308,6 +324,7 @@ out:
     PQclear(paused);
     PQclear(held);
     PQclear(workers);
+    PQclear(health);
     PQclear(d.hist);
     PQclear(d.tallies);
     return ok ? 0 : -1;
@@ -364,6 +381,25 @@ static char *render(const serve_metrics *m)
     sb_printf(&b, "pgjobq_collect_duration_seconds %.6f\n", m->collect_s);
     family(&b, "pgjobq_collect_errors_total", "counter", "Collections that failed.");
     sb_printf(&b, "pgjobq_collect_errors_total %lld\n", (long long)m->errors);
+
+    family(&b, "pgjobq_jobs_table_bytes", "gauge", "Size of pgjobq.jobs with its indexes and TOAST.");
+    sb_printf(&b, "pgjobq_jobs_table_bytes %lld\n", (long long)m->jobs_bytes);
+    family(&b, "pgjobq_jobs_table_dead_rows", "gauge",
+           "Dead rows in pgjobq.jobs (the statistics' estimate): what vacuum has yet to remove.");
+    sb_printf(&b, "pgjobq_jobs_table_dead_rows %lld\n", (long long)m->jobs_dead);
+    family(&b, "pgjobq_jobs_table_vacuums_total", "counter", "Vacuums and autovacuums of pgjobq.jobs.");
+    sb_printf(&b, "pgjobq_jobs_table_vacuums_total %lld\n", (long long)m->vacuums);
+    family(&b, "pgjobq_vacuum_horizon_age_seconds", "gauge",
+           "How long the oldest snapshot, slot or prepared transaction has held vacuum back (0: none).");
+    sb_printf(&b, "pgjobq_vacuum_horizon_age_seconds %.3f\n", m->horizon_age_s);
+    family(&b, "pgjobq_vacuum_horizon_holder", "gauge",
+           "1 for what holds vacuum back the longest: kind session, standby, slot or prepared.");
+    if (m->holder_kind[0]) {
+        sb_printf(&b, "pgjobq_vacuum_horizon_holder{kind=\"%s\",pid=\"%d\",application=\"", m->holder_kind,
+                  m->holder_pid);
+        sb_label(&b, m->holder_app);
+        sb_puts(&b, "\"} 1\n");
+    }
 
     family(&b, "pgjobq_jobs", "gauge",
            "Jobs by queue and state: waiting, queued and running now; completed, failed and cancelled jobs held "

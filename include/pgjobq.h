@@ -542,6 +542,33 @@ PGJOBQ_EXPORT int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t
 /* Releases what pgjobq_stats returned.  Accepts NULL. */
 PGJOBQ_EXPORT void pgjobq_stats_free(pgjobq_stat *stats);
 
+/* What decides whether pgjobq.jobs stays small (pgjobq.health(); docs/deploy.md, "Snapshots held
+ * open").  The counts are the statistics' estimates.  The holder is the oldest thing that keeps vacuum
+ * from removing the rows finished jobs leave: holder_kind "session" (a transaction or snapshot of this
+ * database: a pg_dump, a report, a session idle in a transaction; holder_pid, holder_application,
+ * holder_state and holder_query say which), "standby" (hot_standby_feedback), "slot" (a replication
+ * slot, named in holder_application) or "prepared" (a prepared transaction, its gid in
+ * holder_application); "" when nothing holds.  Strings are truncated to fit. */
+typedef struct pgjobq_health {
+    int64_t jobs_bytes;         /* pgjobq.jobs with its indexes and TOAST */
+    int64_t jobs_live, jobs_dead;
+    int64_t vacuums;            /* vacuums and autovacuums of pgjobq.jobs since the statistics' reset */
+    int64_t last_vacuum;        /* microseconds since the epoch; PGJOBQ_TIME_NONE when never */
+    int64_t horizon_age_ms;     /* how long the holder has held (database clock); -1 when nothing holds */
+    int64_t horizon_xids;       /* transactions begun since the holder's snapshot; 0 when nothing holds */
+    char holder_kind[16];
+    int32_t holder_pid;         /* 0 when not a session or standby */
+    char holder_application[64];
+    char holder_state[32];
+    int64_t holder_since;       /* microseconds since the epoch; PGJOBQ_TIME_NONE when unknown */
+    char holder_query[256];
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+} pgjobq_health;
+
+/* Fills *out with pgjobq.jobs' size and what holds its vacuum back.  Needs pgjobq_worker or
+ * pgjobq_monitor.  On an error *out is zeroed (horizon_age_ms -1). */
+PGJOBQ_EXPORT int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out) PGJOBQ_WUR;
+
 /*
  * Queue settings.  They live in the database (pgjobq.queues) and hold for every worker on every host,
  * enforced inside the claim: a paused queue's claims return nothing; a concurrency limit caps the jobs

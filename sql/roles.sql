@@ -67,7 +67,8 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.worker_beat(text, text, integer, text, text),
     pgjobq.worker_gone(text),
     pgjobq.set_progress(bigint, bigint, jsonb),
-    pgjobq.parents(bigint)
+    pgjobq.parents(bigint),
+    pgjobq.health()
 TO pgjobq_worker;
 
 -- pgjobq_admin is both of the above.  Granted only when it is not yet: granting a membership needs
@@ -101,4 +102,4 @@ GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;
 GRANT SELECT ON pgjobq.workers, pgjobq.tallies TO pgjobq_admin;
 GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs, pgjobq.queues, pgjobq.schedules, pgjobq.workers,
     pgjobq.tallies TO pgjobq_monitor;
-GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list() TO pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;

@@ -791,6 +791,67 @@ int pgjobq_stats(pgjobq_client *c, pgjobq_stat **stats_out, size_t *n_out)
     return PGJOBQ_OK;
 }
 
+static void copy_text(char *dst, size_t size, const PGresult *r, int col)
+{
+    size_t len;
+    const char *p = pgjobq__get_text(r, 0, col, &len);
+    if (p == NULL)
+        len = 0;
+    if (len >= size) { /* cut at a character boundary: never half a UTF-8 sequence */
+        len = size - 1;
+        while (len > 0 && ((unsigned char)p[len] & 0xC0) == 0x80)
+            len--;
+    }
+    if (len)
+        memcpy(dst, p, len);
+    dst[len] = '\0';
+}
+
+int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
+{
+    PGresult *r;
+    int rc;
+
+    if (out) {
+        memset(out, 0, sizeof *out);
+        out->last_vacuum = out->holder_since = PGJOBQ_TIME_NONE;
+        out->horizon_age_ms = -1;
+    }
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if (out == NULL)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "health: out is required");
+    pgjobq__stmt st = {"health",
+                       "SELECT jobs_bytes, jobs_live, jobs_dead, vacuums, last_vacuum,"
+                       " round(horizon_age_s * 1000)::int8, horizon_xids::int8, holder_kind, holder_pid::int8,"
+                       " holder_application, holder_state, holder_since, holder_query FROM pgjobq.health()",
+                       0, NULL, NULL, NULL, NULL, 1};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQntuples(r) != 1 || PQnfields(r) != 13) {
+        int n = PQntuples(r);
+        PQclear(r);
+        return pgjobq__seterr(c, PGJOBQ_EDB, "health: pgjobq.health() returned %d rows, not 1", n);
+    }
+    out->jobs_bytes = pgjobq__get_int8(r, 0, 0);
+    out->jobs_live = pgjobq__get_int8(r, 0, 1);
+    out->jobs_dead = pgjobq__get_int8(r, 0, 2);
+    out->vacuums = pgjobq__get_int8(r, 0, 3);
+    out->last_vacuum = pgjobq__get_time(r, 0, 4);
+    if (!PQgetisnull(r, 0, 7)) {
+        out->horizon_age_ms = PQgetisnull(r, 0, 5) ? 0 : pgjobq__get_int8(r, 0, 5);
+        out->horizon_xids = pgjobq__get_int8(r, 0, 6);
+        copy_text(out->holder_kind, sizeof out->holder_kind, r, 7);
+        out->holder_pid = (int32_t)pgjobq__get_int8(r, 0, 8);
+        copy_text(out->holder_application, sizeof out->holder_application, r, 9);
+        copy_text(out->holder_state, sizeof out->holder_state, r, 10);
+        out->holder_since = pgjobq__get_time(r, 0, 11);
+        copy_text(out->holder_query, sizeof out->holder_query, r, 12);
+    }
+    PQclear(r);
+    return PGJOBQ_OK;
+}
+
 int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out)
 {
     static const Oid types[] = {OID_INT4};

@@ -44,6 +44,10 @@
 #define RESCUE_FULL_EVERY_MS 3600000
 #define RESCUE_MARGIN_US INT64_C(2000000)
 #define TICK_EVERY_MS 1000
+/* How often the worker that maintains looks at what holds vacuum back (pgjobq.health()), and from what
+ * age of the oldest snapshot it says so in its log. */
+#define HEALTH_EVERY_MS 60000
+#define HORIZON_WARN_S 300
 #define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
@@ -96,7 +100,7 @@ static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
 static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
 
 /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
-enum { S_RESCUE, S_PRUNE, S_TICK, NMAINT_STMTS };
+enum { S_RESCUE, S_PRUNE, S_TICK, S_HEALTH, NMAINT_STMTS };
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
 static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
@@ -111,7 +115,11 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
      " ELSE -1 END",
      2, prune_types},
     /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
-    {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL}};
+    {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
+    {"pgjobq_health",
+     "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead"
+     " FROM pgjobq.health()",
+     0, NULL}};
 
 /* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
  * the schema check (its result must be last).  The claim connection also listens. */
@@ -133,7 +141,8 @@ typedef struct batch {
 } batch;
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK };
+enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK,
+       R_HEALTH };
 typedef struct request {
     int kind;
     int queue;      /* claim, next due */
@@ -177,6 +186,7 @@ struct pgjobq_worker {
     int stopping, handed_back, fatal, exit_rc;
     int64_t shutdown_at_ms;
     int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
+    int64_t next_health_ms;
     int64_t next_beat_ms;
     int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
     int64_t next_full_rescue_ms;
@@ -1166,6 +1176,10 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
         w->next_tick_ms = now + TICK_EVERY_MS;
         if (pgjobq__aconn_send(ac, S_TICK, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_TICK;
+    } else if (now >= w->next_health_ms) {
+        w->next_health_ms = now + HEALTH_EVERY_MS;
+        if (pgjobq__aconn_send(ac, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
+            rq->kind = R_HEALTH;
     } else if (now >= w->next_prune_ms) {
         const char *values[2] = {w->completed_s, w->failed_s};
         if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
@@ -1206,6 +1220,32 @@ static void tick_done(pgjobq_worker *w, PGresult *r)
     long long n = atoll(PQgetvalue(r, 0, 0));
     if (n > 0)
         wlog(w, PGJOBQ_LOG_DEBUG, "schedules enqueued %lld jobs", n);
+}
+
+/* What holds vacuum back: said in the log (once a minute while it lasts) when it is older than
+ * HORIZON_WARN_S, with what to do; a session is named with its pid, application and state. */
+static void health_done(pgjobq_worker *w, PGresult *r)
+{
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQnfields(r) != 6) {
+        wlog(w, PGJOBQ_LOG_DEBUG, "reading pgjobq.health() failed: %s", PQresultErrorMessage(r));
+        return;
+    }
+    if (PQgetisnull(r, 0, 0) || atof(PQgetvalue(r, 0, 0)) < HORIZON_WARN_S)
+        return;
+    const char *kind = PQgetvalue(r, 0, 1);
+    char who[400];
+    if (strcmp(kind, "session") == 0)
+        snprintf(who, sizeof who, "session pid %s (application \"%.100s\", %.40s)", PQgetvalue(r, 0, 2),
+                 PQgetisnull(r, 0, 3) ? "?" : PQgetvalue(r, 0, 3), PQgetisnull(r, 0, 4) ? "?" : PQgetvalue(r, 0, 4));
+    else if (strcmp(kind, "slot") == 0)
+        snprintf(who, sizeof who, "replication slot \"%.100s\"", PQgetvalue(r, 0, 3));
+    else
+        snprintf(who, sizeof who, "%s %.100s", kind, PQgetisnull(r, 0, 3) ? PQgetvalue(r, 0, 2) : PQgetvalue(r, 0, 3));
+    wlog(w, PGJOBQ_LOG_WARN,
+         "vacuum has been held back for %s s by %s: finished jobs leave dead rows (%s now) that nothing can "
+         "remove until it ends; claims are not slowed by them, but the table grows (docs/deploy.md, \"Snapshots "
+         "held open\")",
+         PQgetvalue(r, 0, 0), who, PQgetvalue(r, 0, 5));
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1336,6 +1376,7 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
     case R_RESCUE:
     case R_PRUNE: maintain_done(w, kind == R_RESCUE, r, now); break;
     case R_TICK: tick_done(w, r); break;
+    case R_HEALTH: health_done(w, r); break;
     default: break;
     }
     PQclear(r);
@@ -1401,6 +1442,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     if (!w->o.no_maintenance && pgjobq__aconn_idle(&w->conn[C_MAINT])) {
         SOONER(w->next_rescue_ms);
         SOONER(w->next_tick_ms);
+        SOONER(w->next_health_ms);
         SOONER(w->next_prune_ms);
     }
 #undef SOONER
@@ -1589,6 +1631,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
     w->rescue_since_us = PGJOBQ_TIME_NONE;
     w->next_full_rescue_ms = now;
     w->next_tick_ms = now;
+    w->next_health_ms = now + FIRST_PRUNE_MS;
     w->next_prune_ms = now + FIRST_PRUNE_MS;
     w->last_summary_ms = now;
     wlog(w, PGJOBQ_LOG_INFO, "worker %s started: %d queue%s, lease %lld ms, heartbeat %lld ms, timeout %lld ms",

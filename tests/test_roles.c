@@ -75,6 +75,8 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_STR(raw_as(app, "UPDATE pgjobq.jobs SET priority = 5"), "42501");
     CHECK_STR(raw_as(app, "DELETE FROM pgjobq.jobs"), "42501");
     CHECK_STR(raw_as(app, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+    pgjobq_health h;
+    CHECK_RC(app, pgjobq_health_get(app, &h), PGJOBQ_EPERM);
 
     /* The worker runs jobs, and cannot enqueue or read the table. */
     CHECK_OK(wrk, pgjobq_claim(wrk, "default", 10, 30000, "wrk", &jobs, &n));
@@ -92,6 +94,7 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_STR(raw_as(wrk, "UPDATE pgjobq.jobs SET state = 'completed'"), "42501");
     int rescued = -1;
     CHECK_OK(wrk, pgjobq_rescue_expired(wrk, 100, &rescued));
+    CHECK_OK(wrk, pgjobq_health_get(wrk, &h)); /* a worker says what holds vacuum back (docs/worker.md) */
 
     /* The admin looks, cancels and retries. */
     CHECK_OK(adm, pgjobq_job_get(adm, id, &jobs));
@@ -99,6 +102,8 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     pgjobq_jobs_free(jobs);
     CHECK_OK(adm, pgjobq_stats(adm, &stats, &n));
     pgjobq_stats_free(stats);
+    CHECK_OK(adm, pgjobq_health_get(adm, &h));
+    CHECK(h.jobs_bytes > 0);
     CHECK_OK(adm, pgjobq_job_retry(adm, id));
     CHECK_OK(adm, pgjobq_job_cancel(adm, id, NULL));
     pgjobq_filter f = PGJOBQ_FILTER_INIT;
@@ -268,6 +273,17 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     pgjobq_queue_list_free(queues);
     CHECK_OK(mon, pgjobq_stats(mon, &stats, &n));
     pgjobq_stats_free(stats);
+    /* pgjobq.health() names another role's session that holds a snapshot, with its application. */
+    PGconn *pin = t_pg();
+    pgjobq_health h;
+    PQclear(t_exec(pin, "SET application_name = 'report'"));
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT 1"));
+    CHECK_OK(mon, pgjobq_health_get(mon, &h));
+    CHECK_STR(h.holder_kind, "session");
+    CHECK_INT(h.holder_pid, PQbackendPID(pin));
+    CHECK_STR(h.holder_application, "report");
+    PQfinish(pin);
 
     /* Nothing it could change. */
     CHECK_RC(mon, pgjobq_enqueue(mon, "{}", NULL, NULL), PGJOBQ_EPERM);

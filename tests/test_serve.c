@@ -264,6 +264,32 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
     CHECK(metric(body, "pgjobq_job_duration_seconds_bucket{queue=\"mail\",le=\"3600\"}") == 3);
     free(body);
 
+    /* pgjobq.health(): the table's size, and a snapshot held open by another session named as what
+     * holds vacuum back. */
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    CHECK(metric(body, "pgjobq_jobs_table_bytes") > 8192);
+    CHECK(metric(body, "pgjobq_jobs_table_vacuums_total") >= 0);
+    free(body);
+    PGconn *holder = t_pg();
+    PQclear(t_exec(holder, "SET application_name = 'nightly report'"));
+    PQclear(t_exec(holder, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(holder, "SELECT count(*) FROM pgjobq.jobs"));
+    snprintf(series, sizeof series, "pgjobq_vacuum_horizon_holder{kind=\"session\",pid=\"%d\",application=\"nightly report\"}",
+             PQbackendPID(holder));
+    wait_metric(s->port, series, 1);
+    double age = 0;
+    for (int64_t t0 = t_now_ms(); age < 0.5 && t_now_ms() - t0 < 15000;) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+        CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+        age = metric(body, "pgjobq_vacuum_horizon_age_seconds");
+        if (age >= 0.5)
+            promtool_check(body);
+        free(body);
+    }
+    CHECK_MSG(age >= 0.5 && age < 60, "pgjobq_vacuum_horizon_age_seconds is %g", age);
+    PQfinish(holder);
+
     /* The finished-state gauges are the history's counts. */
     wait_metric(s->port, "pgjobq_jobs{queue=\"mail\",state=\"completed\"}",
                 (double)t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mail' AND state = 'completed'"));
@@ -327,8 +353,19 @@ TEST_FULL(serve_dashboard_pages_in_headless_chromium, 180, 0)
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w1', 'host-a', 42, '0.1.0', 'mail:8')"));
     CHECK_OK(c, pgjobq_schedule_set(c, "nightly", "0 3 * * *", NULL, NULL));
     served *s = serve_start(NULL, NULL, NULL, NULL);
+    /* A session holds a snapshot, under an application name that is markup: the overview names it,
+     * as text. */
+    PGconn *pin = t_pg();
+    PQclear(t_exec(pin, "SET application_name = '<img src=x onerror=alert(1)>'"));
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT 1"));
 
     char *dom = chromium(s->port, "/", NULL);
+    CHECK_MSG(strstr(dom, "<p id=\"health\" class=\"muted\">pgjobq.jobs: ") != NULL, "overview: no health line");
+    snprintf(path, sizeof path, " by session pid %d \u201c&lt;img src=x onerror=alert(1)&gt;\u201d (idle in transaction)",
+             PQbackendPID(pin));
+    CHECK_MSG(strstr(dom, path) != NULL, "overview: the holder is not named as %s", path);
+    PQfinish(pin);
     CHECK_MSG(strstr(dom, "<table id=\"queues\">") != NULL, "overview: no queue table");
     CHECK(strstr(dom, "data-queue=\"mail\"") != NULL);
     CHECK(strstr(dom, "data-queue=\"sms\"") != NULL);

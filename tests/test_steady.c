@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "harness.h"
@@ -382,5 +383,69 @@ TEST(cursor_moves_on_while_a_transaction_that_never_wrote_jobs_stays_open)
                     (long long)ids[0]),
               1);
     PQfinish(idle);
+    PQfinish(pg);
+}
+
+/* pgjobq.health(), pgjobq_health_get and `pgjobq health`: the table's size and dead rows, and a
+ * session that holds a snapshot named as what holds vacuum back, with its pid, application and
+ * query; nothing once it ends. */
+TEST(health_names_the_session_that_holds_vacuum_back)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg(), *pin = t_pg();
+    pgjobq_health h;
+    char *out, *err, want[128];
+
+    CHECK_OK(c, pgjobq_health_get(c, &h));
+    CHECK(h.jobs_bytes > 8192);
+    CHECK_STR(h.holder_kind, "");
+    CHECK(h.horizon_age_ms == -1 && h.holder_pid == 0 && h.holder_since == PGJOBQ_TIME_NONE);
+
+    PQclear(t_exec(pin, "SET application_name = 'nightly report'"));
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    /* 200 jobs through while it holds: each leaves a dead row that nothing can remove. */
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('h'::text, ARRAY[200]), NULL, NULL)"));
+    PQclear(t_exec(pg, "WITH b AS (SELECT j.id, j.lease_token FROM pgjobq.claim_batch('h', 200, interval '1 minute',"
+                       " 'w') j) SELECT count(*) FROM pgjobq.complete_many((SELECT array_agg(id) FROM b),"
+                       " (SELECT array_agg(lease_token) FROM b))"));
+    PQclear(t_exec(pg, "VACUUM pgjobq.jobs"));
+    PQclear(t_exec(pg, "SELECT pg_stat_force_next_flush()"));
+    usleep(200 * 1000);
+    CHECK_OK(c, pgjobq_health_get(c, &h));
+    CHECK_STR(h.holder_kind, "session");
+    CHECK_INT(h.holder_pid, PQbackendPID(pin));
+    CHECK_STR(h.holder_application, "nightly report");
+    CHECK_STR(h.holder_state, "idle in transaction");
+    CHECK(strstr(h.holder_query, "pgjobq.queues") != NULL);
+    CHECK(h.horizon_age_ms >= 200 && h.horizon_age_ms < 600000 && h.holder_since != PGJOBQ_TIME_NONE);
+    CHECK(h.horizon_xids >= 2);
+    CHECK_MSG(h.jobs_dead >= 200, "jobs_dead %lld: the 200 finished jobs' rows are not dead", (long long)h.jobs_dead);
+    CHECK(h.vacuums >= 1 && h.last_vacuum != PGJOBQ_TIME_NONE);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
+    snprintf(want, sizeof want, "\"holder\":{\"kind\":\"session\",");
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    snprintf(want, sizeof want, "\"pid\":%d,\"application\":\"nightly report\",\"state\":\"idle in transaction\"",
+             PQbackendPID(pin));
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
+    snprintf(want, sizeof want, "oldest holder  session pid %d \"nightly report\" (idle in transaction), for ",
+             PQbackendPID(pin));
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    free(out);
+    free(err);
+
+    PQclear(t_exec(pin, "COMMIT"));
+    CHECK_OK(c, pgjobq_health_get(c, &h));
+    CHECK_STR(h.holder_kind, "");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"holder\":null}") != NULL, "%s", out);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
+    PQfinish(pin);
     PQfinish(pg);
 }
