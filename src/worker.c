@@ -47,7 +47,9 @@
 /* How often the worker that maintains looks at what holds vacuum back (pgjobq.health()), and from what
  * age of the oldest snapshot it says so in its log. */
 #define HEALTH_EVERY_MS 60000
+#ifndef HORIZON_WARN_S /* -DHORIZON_WARN_S=1 to see the warning by hand */
 #define HORIZON_WARN_S 300
+#endif
 #define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000

@@ -38,7 +38,7 @@ static void tick_to_text(void *arg, const pgjobq__tick *t)
  * NULL) and their lease tokens to tokens (may be NULL). */
 static int claim(PGconn *pg, claimer *c, const char *q, int want, int low, int64_t *ids, int64_t *tokens)
 {
-    char levels[2048] = "", keys[4096] = "", cids[4096] = "", sql[16384];
+    char levels[2048] = "", keys[4096] = "", cids[4096] = "", sql[32768]; /* holds all of the above */
     size_t ll = 0, kl = 0, il = 0;
     tick_text tt = {.tl = 0, .xl = 0};
     pgjobq__claimed *jobs = calloc((size_t)want, sizeof *jobs);
