@@ -7,8 +7,11 @@
 #   make install PREFIX=/usr/local
 #   make format           clang-format every C file (the pinned .clang-format)
 #
-# Missing libpq headers or PostgreSQL server binaries are installed with apt-get when running as
-# root; otherwise the build stops and prints the command to run (tools/ensure-deps.sh).
+# What is missing is installed with apt-get when running as root; otherwise the build stops and
+# prints the command to run (tools/ensure-deps.sh): make and make install need libpq's and
+# libmicrohttpd's headers; make demo, bench and soak also the PostgreSQL server binaries; make check,
+# sanitize, chaos and screenshots also the test tools (Chromium, promtool, g++, Node.js, Python's
+# psycopg/SQLAlchemy/pytest, PgBouncer, pg_auto_failover).
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -52,7 +55,7 @@ TESTS := $(B)/tests/runner
 PC    := $(B)/pgjobq.pc
 DEPS_OK := $(B)/.deps-ok
 
-.PHONY: all check sanitize install uninstall clean format deps demo examples bench soak chaos fuzz screenshots abi
+.PHONY: FORCE all check sanitize install uninstall clean format deps demo examples bench soak chaos fuzz screenshots abi
 all: $(LIBA) $(LIBSO) $(CLI) $(PC)
 
 $(DEPS_OK): tools/ensure-deps.sh
@@ -61,7 +64,7 @@ $(DEPS_OK): tools/ensure-deps.sh
 	@touch $@
 
 deps:
-	@sh tools/ensure-deps.sh --server
+	@sh tools/ensure-deps.sh --tests
 
 # The numbered migrations, the role grants and the function files, as C strings (src/migrate.c).  The
 # directory is a prerequisite too, so that a function file removed or renamed rebuilds it.
@@ -112,14 +115,19 @@ demo: all
 	@sh tools/ensure-deps.sh --server
 	$(CLI) demo $(DEMO_ARGS)
 
-$(PC): pgjobq.pc.in Makefile
+# Written again whenever PREFIX (or the version) differs from the file's, so that
+# `make install PREFIX=/some/where` after a plain `make` installs a pgjobq.pc that points there.
+$(PC): pgjobq.pc.in Makefile FORCE
 	@mkdir -p $(@D)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' pgjobq.pc.in > $@
+	@sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' pgjobq.pc.in > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
+FORCE:
 
 # The tests start their own PostgreSQL; TESTS_ARGS selects tests by name (substring), e.g.
 #   make check TESTS_ARGS='claim lease'
 check: all $(TESTS) $(EXAMPLES) abi
-	@sh tools/ensure-deps.sh --server
+	@sh tools/ensure-deps.sh --tests
 	@[ -d examples/node/node_modules/pg ] || (cd examples/node && npm ci --no-audit --no-fund --loglevel=error)
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_EXAMPLES=$(abspath $(B)/examples) PGJOBQ_SRCDIR=$(CURDIR) \
 	    PGJOBQ_TEST_CFLAGS="$(OPT)" $(TESTS) $(TESTS_ARGS)
@@ -131,7 +139,7 @@ sanitize:
 # that file; removing one, or changing a public struct incompatibly, also bumps SOVER), and the header
 # compiles and works as C++.
 abi: $(LIBSO) $(LIBA)
-	@sh tools/ensure-deps.sh --server
+	@sh tools/ensure-deps.sh --tests
 	@nm -D --defined-only $(LIBSO) | awk '$$2 == "T" { print $$3 }' | sort > $(B)/symbols.txt
 	@diff -u pgjobq.sym $(B)/symbols.txt || { echo "abi: the library exports a different set of symbols than pgjobq.sym" >&2; exit 1; }
 	@command -v $(CXX) >/dev/null 2>&1 || { echo "abi: a C++ compiler ($(CXX)) is needed to check the header" >&2; exit 1; }
@@ -159,7 +167,7 @@ fuzz: | $(DEPS_OK)
 # on 2 cores (the short form, 30 s each, is part of make check).
 CHAOS_SECONDS ?= 240
 chaos: all $(TESTS)
-	@sh tools/ensure-deps.sh --server
+	@sh tools/ensure-deps.sh --tests
 	PGJOBQ_CLI=$(abspath $(CLI)) PGJOBQ_SRCDIR=$(CURDIR) PGJOBQ_CHAOS_SECONDS=$(CHAOS_SECONDS) $(TESTS) -v chaos failover max_connections worker_on_a_standby
 
 # The seed's deployment for a long time (SOAK_SECONDS, default 600; see bench/soak.sh).
@@ -203,5 +211,5 @@ clean:
 
 # The README's pictures of `pgjobq serve` (docs/img/*.png), from a throwaway embedded database.
 screenshots: all
-	@sh tools/ensure-deps.sh --server
+	@sh tools/ensure-deps.sh --tests
 	PGJOBQ=$(abspath $(CLI)) sh tools/screenshots.sh

@@ -147,3 +147,40 @@ TEST_FULL(examples_producer_and_worker_run, 120, 0)
     CHECK_INT(t_wait_exit(pid, 30000), 0);
     PQfinish(pg);
 }
+
+/* The README's first command needs only what pgjobq needs: `make demo` runs to its summary on a
+ * machine where none of the test tools is on PATH, and asks for none of them (as root it would
+ * install them, as anyone else it would stop with "missing packages"). */
+TEST_FULL(readme_make_demo_needs_no_test_tools, 240, 0)
+{
+    char bin[512], log[600], cmd[4096];
+    const char *cli = getenv("PGJOBQ_CLI");
+    char *out;
+
+    CHECK_MSG(cli != NULL && strrchr(cli, '/') != NULL, "PGJOBQ_CLI is not set (run through make check)");
+    t_use_embedded_home();
+    /* PATH: every program of the standard directories except the test tools. */
+    snprintf(bin, sizeof bin, "%s/bin", t_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s' && for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do "
+             "for f in \"$d\"/*; do n=${f##*/}; case $n in chromium|chromium-browser|promtool|node|nodejs|npm|"
+             "g++|c++|g++-*|x86_64-linux-gnu-g++*|pg_autoctl|pgbouncer) continue;; esac; "
+             "[ -e '%s'/\"$n\" ] || ln -s \"$f\" '%s'/\"$n\"; done; done",
+             bin, bin, bin);
+    CHECK_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "PATH='%s' command -v chromium promtool node g++ pg_autoctl", bin);
+    CHECK_MSG(system(cmd) != 0, "a test tool is still on the filtered PATH");
+
+    /* The build directory the tests were made from, so that nothing is rebuilt. */
+    char b[512];
+    snprintf(b, sizeof b, "%.*s", (int)(strrchr(cli, '/') - cli), cli);
+    snprintf(log, sizeof log, "%s/make-demo.log", t_tmpdir());
+    snprintf(cmd, sizeof cmd, "cd '%s' && PATH='%s' make --no-print-directory B='%s' demo DEMO_ARGS='--jobs 2000 --concurrency 16' > '%s' 2>&1",
+             srcdir(), bin, b, log);
+    int status = system(cmd);
+    out = slurp(log);
+    CHECK_MSG(status == 0, "make demo failed (status %d):\n%s", status, out);
+    CHECK_MSG(strstr(out, "pgjobq demo: 2000 jobs") != NULL && strstr(out, "throughput") != NULL, "make demo:\n%s", out);
+    CHECK_MSG(strstr(out, "missing packages") == NULL && strstr(out, "chromium") == NULL, "make demo:\n%s", out);
+    free(out);
+}

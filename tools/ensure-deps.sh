@@ -1,14 +1,24 @@
 #!/bin/sh
-# ensure-deps.sh [--server] - makes sure what the build (and, with --server, the tests) need is here:
-# libpq's and libmicrohttpd's headers and libraries, and with --server the PostgreSQL server binaries
-# (initdb, pg_ctl, postgres), headless Chromium and promtool (the dashboard and metrics tests), Python
-# with psycopg 3, psycopg2 and SQLAlchemy, Node.js with npm (the client examples), PgBouncer, and
-# pg_auto_failover.  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
-# and prints the exact command to run.
+# ensure-deps.sh [--server | --tests] - makes sure what is needed is here:
+#   (nothing)  the build: libpq's and libmicrohttpd's headers and libraries (make, make install);
+#   --server   the build and the PostgreSQL server binaries (initdb, pg_ctl, postgres): make demo,
+#              make bench, make soak;
+#   --tests    all of the above and the test tools: g++ (the C++ header check), headless Chromium and
+#              promtool (the dashboard and metrics tests), Python with psycopg 3, psycopg2, SQLAlchemy
+#              and pytest, Node.js with npm (the client examples), PgBouncer and pg_auto_failover
+#              (make check, make sanitize, make chaos, make screenshots).
+# As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops and prints the
+# exact command to run.
 set -u
 
 need_server=0
-[ "${1:-}" = "--server" ] && need_server=1
+need_tests=0
+case "${1:-}" in
+    --server) need_server=1 ;;
+    --tests) need_server=1; need_tests=1 ;;
+    "") ;;
+    *) echo "usage: ensure-deps.sh [--server | --tests]" >&2; exit 2 ;;
+esac
 
 have_libpq() {
     if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libpq 2>/dev/null; then
@@ -40,11 +50,13 @@ command -v pkg-config >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 ||
     missing="$missing libmicrohttpd-dev"
 if [ $need_server = 1 ]; then
     have_server || missing="$missing postgresql postgresql-contrib"
+fi
+if [ $need_tests = 1 ]; then
     command -v g++ >/dev/null 2>&1 || missing="$missing g++"
     command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
     command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
-    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy' >/dev/null 2>&1 ||
-        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy"
+    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy, pytest, setuptools' >/dev/null 2>&1 ||
+        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy python3-pytest python3-setuptools"
     command -v node >/dev/null 2>&1 || missing="$missing nodejs"
     command -v npm >/dev/null 2>&1 || missing="$missing npm"
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1 || missing="$missing pgbouncer"
