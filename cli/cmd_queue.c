@@ -292,8 +292,8 @@ enum { OPT_CRON = 1200, OPT_TZ, OPT_QUEUE, OPT_KIND, OPT_PAYLOAD, OPT_PRIORITY, 
        OPT_SJSON };
 
 const cli_opt schedule_opts[] = {
-    {"schedule", OPT_CRON, "EXPR", "add: when: 5 fields (minute hour day month weekday) or 6 (second first)"},
-    {"tz", OPT_TZ, "ZONE", "add: the IANA time zone of the expression (default UTC)"},
+    {"schedule", OPT_CRON, "EXPR", "add: when: 5 fields (minute hour day month weekday), 6 (second first), or @hourly, @daily, @weekly, @monthly, @yearly"},
+    {"tz", OPT_TZ, "ZONE", "add: the IANA time zone of the expression, e.g. Europe/Berlin (default UTC; bare offsets such as +14 are refused)"},
     {"queue", OPT_QUEUE, "NAME", "add: the queue of the jobs (default: default)"},
     {"kind", OPT_KIND, "NAME", "add: the kind of the jobs (default: default)"},
     {"payload", OPT_PAYLOAD, "JSON", "add: the payload of each job (default {})"},

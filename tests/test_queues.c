@@ -471,6 +471,15 @@ TEST(cron_next_follows_the_calendar_and_daylight_saving)
         {"30 1 * * *", "America/New_York", "2026-10-31 12:00Z", "2026-11-01 05:30:00"},
         {"30 1 * * *", "America/New_York", "2026-11-01 05:30Z", "2026-11-02 06:30:00"},
         {"* * * * *", "Europe/Berlin", "2026-10-25 00:59:30Z", "2026-10-25 02:00:00"},
+        /* The usual macros. */
+        {"@hourly", "UTC", "2026-01-01 10:07Z", "2026-01-01 11:00:00"},
+        {"@daily", "Europe/Berlin", "2026-01-01 10:07Z", "2026-01-01 23:00:00"},
+        {"@midnight", "UTC", "2026-01-01 10:07Z", "2026-01-02 00:00:00"},
+        {"@weekly", "UTC", "2026-12-01Z", "2026-12-06 00:00:00"},
+        {"@monthly", "UTC", "2026-12-01 00:00:01Z", "2027-01-01 00:00:00"},
+        {" @YEARLY ", "UTC", "2026-12-01Z", "2027-01-01 00:00:00"},
+        {"@annually", "UTC", "2026-12-01Z", "2027-01-01 00:00:00"},
+        {"0 3 * * *", "Etc/GMT-14", "2026-01-01 00:00Z", "2026-01-01 13:00:00"},
     };
     PGconn *pg = t_pg();
 
@@ -489,7 +498,9 @@ TEST(cron_next_follows_the_calendar_and_daylight_saving)
     CHECK_INT(t_int(pg, "SELECT (pgjobq.cron_next('0 0 30 2 *', 'UTC', now()) IS NULL)::int"), 1);
 
     static const char *const bad[][2] = {{"61 * * * *", "UTC"}, {"a b c", "UTC"},      {"*/0 * * * *", "UTC"},
-                                         {"* * * * mon-xyz", "UTC"}, {"5-1 * * * *", "UTC"}, {"* * * * *", "Mars/Olympus"}};
+                                         {"* * * * mon-xyz", "UTC"}, {"5-1 * * * *", "UTC"}, {"* * * * *", "Mars/Olympus"},
+                                         {"@fortnightly", "UTC"}, {"0 3 * * *", "+14"}, {"0 3 * * *", "-03:00"},
+                                         {"0 3 * * *", "UTC+3"}, {"0 3 * * *", " 5"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *values[2] = {bad[i][0], bad[i][1]};
         PGresult *r = PQexecParams(pg, "SELECT pgjobq.cron_next($1, $2, now())", 2, NULL, values, NULL, NULL, 0);
@@ -639,21 +650,33 @@ TEST_FULL(schedule_jobs_are_enqueued_by_a_running_worker, 60, 0)
     CHECK_MSG(strstr(out, "\"name\":\"heartbeat\"") && strstr(out, "\"queue\":\"beats\""), "schedule ls: %s", out);
     free(out);
     free(err);
-    static const char *const bad[][6] = {
+    static const char *const bad[][8] = {
         {"cron", "add", "x", NULL},
         {"cron", "add", "x", "--schedule", "61 * * * *", NULL},
         {"cron", "add", "bad name", "--schedule", "* * * * *", NULL},
         {"cron", "rm", NULL},
         {"cron", "enable", "x", "--tz", "UTC", NULL},
+        {"cron", "add", "x", "--schedule", "0 0 31 2 *", NULL}, /* never fires */
+        {"cron", "add", "x", "--schedule", "0 3 * * *", "--tz", "+14", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int status = t_cli(&out, &err, NULL, 0, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5]);
+        int status = t_cli(&out, &err, NULL, 0, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5],
+                           bad[i][6], bad[i][7]);
         CHECK_MSG((status == 64 || status == 65) && err && strlen(err) > 10, "pgjobq cron %s %s: status %d, %s",
                   bad[i][1], bad[i][2] ? bad[i][2] : "", status, err ? err : "");
         free(out);
         free(err);
     }
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules"), 1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "add", "tick", "--schedule", "@hourly", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.schedules WHERE name = 'tick'"
+                        " AND next_run = date_trunc('hour', now()) + interval '1 hour'"),
+              1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "rm", "tick", NULL), 0);
+    free(out);
+    free(err);
     /* trigger enqueues one job now; sync makes the set exactly the file's. */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "cron", "trigger", "heartbeat", NULL), 0);
     CHECK_MSG(strstr(out, "triggered: job "), "cron trigger printed: %s", out);

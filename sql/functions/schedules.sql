@@ -122,7 +122,11 @@ $$;
 -- cron_next(schedule, tz, after): the first instant after `after` at which the schedule fires.  A
 -- schedule has 5 fields (minute hour day-of-month month day-of-week) or 6 (second first); day of
 -- week 0-7 (0 and 7 are Sunday) or sun..sat, month 1-12 or jan..dec.  When both day fields are
--- restricted a day matches either (as in cron).  tz is an IANA time zone name (UTC by default).
+-- restricted a day matches either (as in cron).  The usual macros stand for their expressions:
+-- @yearly (@annually) 0 0 1 1 *, @monthly 0 0 1 * *, @weekly 0 0 * * 0, @daily (@midnight) 0 0 * * *,
+-- @hourly 0 * * * *.  tz is an IANA time zone name (UTC by default); a bare offset ("+14",
+-- "-03:00", "UTC+3") is refused, because PostgreSQL reads it with the POSIX sign (west positive),
+-- the opposite of what it seems to say.
 -- Daylight saving: a local time that does not exist fires at the first instant after the gap (a
 -- schedule firing within the gap fires once there); a local time that occurs twice fires once, at
 -- its first occurrence.  NULL when it never fires within five years (30 February).
@@ -132,7 +136,13 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    f       text[] := regexp_split_to_array(btrim(coalesce(schedule, '')), '[[:space:]]+');
+    f       text[] := regexp_split_to_array(
+                          CASE lower(btrim(coalesce(schedule, '')))
+                              WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *'
+                              WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
+                              WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
+                              WHEN '@hourly' THEN '0 * * * *'
+                              ELSE btrim(coalesce(schedule, '')) END, '[[:space:]]+');
     o       integer;
     secs    integer[];
     mins    integer[];
@@ -155,11 +165,15 @@ DECLARE
     inst    timestamptz;
 BEGIN
     IF cardinality(f) NOT IN (5, 6) THEN
-        RAISE EXCEPTION 'pgjobq.cron: "%" has % fields; a schedule has 5 (minute hour day month weekday) or 6 (second first)',
+        RAISE EXCEPTION 'pgjobq.cron: "%" has % fields; a schedule has 5 (minute hour day month weekday) or 6 (second first), or is one of @yearly, @monthly, @weekly, @daily, @hourly',
             schedule, cardinality(f) USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF tz IS NULL OR after IS NULL THEN
         RAISE EXCEPTION 'pgjobq.cron: tz and after are required' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF tz ~ '^[[:space:]]*([+-]|[0-9]|(UTC|GMT|Z)[[:space:]]*[+-])' AND upper(btrim(tz)) NOT IN ('UTC', 'GMT', 'Z') THEN
+        RAISE EXCEPTION 'pgjobq.cron: time zone "%" is an offset, which PostgreSQL reads with the POSIX sign (west of Greenwich positive); give an IANA name (Europe/Berlin, Asia/Tokyo, or Etc/GMT-3 for UTC+3) or UTC', tz
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     o := cardinality(f) - 5;
     secs := CASE WHEN o = 1 THEN pgjobq.cron_field(f[1], 0, 59, NULL, 'second') ELSE '{0}' END;
@@ -208,7 +222,7 @@ $$;
 
 -- schedule_set(name, cron, tz, queue, kind, payload, priority, max_attempts, catch_up): creates or
 -- replaces a schedule (enabled); its next run is the first fire time after now.  The expression and
--- the time zone are checked here (SQLSTATE 22023).
+-- the time zone are checked here (SQLSTATE 22023); so is that it fires at all (not 0 0 31 2 *).
 CREATE OR REPLACE FUNCTION pgjobq.schedule_set(
     name         text,
     cron         text,
@@ -226,6 +240,10 @@ AS $$
 DECLARE
     v_next timestamptz := pgjobq.cron_next(cron, tz, now());
 BEGIN
+    IF v_next IS NULL THEN
+        RAISE EXCEPTION 'pgjobq.schedule_set: schedule % ("%") never fires (no such day in the next five years)', name, cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     INSERT INTO pgjobq.schedules AS s (name, cron, tz, queue, kind, payload, priority, max_attempts, catch_up,
                                        next_run)
     VALUES (schedule_set.name, btrim(schedule_set.cron), schedule_set.tz, coalesce(schedule_set.queue, 'default'),
