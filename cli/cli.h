@@ -37,6 +37,9 @@ typedef struct cli_cmd {
         {"help", OPT_HELP, NULL, "show this help and exit"}
 
 extern const char *cli_db_url; /* --db, when given */
+/* This program as hints should name it: argv[0] when it was run by a path (build/pgjobq), else
+ * "pgjobq". */
+extern const char *cli_self;
 
 /* Parses argv for cmd; calls on_opt(key, optarg) for each option that is not a common one.  Returns
  * the index of the first operand, or -1 after printing a usage error (the caller exits EX_USAGE), or

@@ -306,10 +306,10 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
                p50, p99);
         printf("  attempts         1: %.0f   2: %.0f   3: %.0f\n", attempts[1], attempts[2], attempts[3]);
         printf("\nLook further:\n"
-               "  pgjobq stats\n"
-               "  pgjobq list --state failed --queue demo\n"
-               "  pgjobq show %lld\n",
-               (long long)last);
+               "  %s stats\n"
+               "  %s list --state failed --queue demo\n"
+               "  %s show %lld\n",
+               cli_self, cli_self, cli_self, (long long)last);
     }
     pgjobq_client_close(c);
     return EX_OK;

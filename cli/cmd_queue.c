@@ -10,7 +10,7 @@
 #include "cli.h"
 
 enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
-       OPT_JSON = 1101 };
+       OPT_JSON = 1101, OPT_CREATE = 1102 };
 
 const cli_opt queue_opts[] = {
     {"reason", OPT_REASON, "TEXT", "pause: why the queue is paused (shown by ls)"},
@@ -19,6 +19,7 @@ const cli_opt queue_opts[] = {
     {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none", "set: at most N jobs with the same concurrency key running at once"},
     {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
+    {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no live jobs or settings yet"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -30,6 +31,7 @@ typedef struct queue_args {
     int set_rate, rate_limit;
     int64_t rate_period_ms;
     int json;
+    int create;
     const cli_cmd *cmd;
 } queue_args;
 
@@ -60,6 +62,7 @@ static int on_opt(int key, const char *arg, void *ctx)
     switch (key) {
     case OPT_REASON: a->reason = arg; return 0;
     case OPT_JSON: a->json = 1; return 0;
+    case OPT_CREATE: a->create = 1; return 0;
     case OPT_WAIT:
         if (cli_parse_duration_ms(arg, &a->wait_ms, why, sizeof why) != 0)
             return cli_usage_error(a->cmd, "--wait: %s", why), -1;
@@ -171,6 +174,21 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
     return EX_OK;
 }
 
+/* 1 when the queue has live jobs or settings (pgjobq.queue_list), 0 when not, -1 on error (*rc). */
+static int queue_known(pgjobq_client *c, const char *queue, int *rc)
+{
+    pgjobq_queue_info *q = NULL;
+    size_t n = 0;
+    int known = 0;
+
+    if ((*rc = pgjobq_queue_list(c, &q, &n)) != PGJOBQ_OK)
+        return -1;
+    for (size_t i = 0; i < n && !known; i++)
+        known = strcmp(q[i].name, queue) == 0;
+    pgjobq_queue_list_free(q);
+    return known;
+}
+
 /* Jobs of the queue running under a valid lease (an expired one can no longer write), or -1 on error. */
 static int64_t running_in(pgjobq_client *c, const char *queue, int *rc)
 {
@@ -258,9 +276,28 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency or --rate");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
+    if (a.create && !is_pause && !is_drain)
+        return cli_usage_error(cmd, "--create goes with pause or drain");
 
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
+    /* Pausing a queue nobody uses would create it (and show it everywhere): a typo, most likely;
+     * --create says it is not.  Limits set ahead of a queue's first job are common (a deploy
+     * script): those are only noted. */
+    if ((is_pause || is_drain || is_set) && !a.create) {
+        int known = queue_known(c, queue, &rc);
+        if (known < 0 || (known == 0 && !is_set)) {
+            status = known < 0 ? cli_fail(c, rc) : EX_DATAERR;
+            if (known == 0)
+                cli_err("queue %s has no live jobs and no settings (a typo?); to %s it before its jobs come, add "
+                        "--create",
+                        queue, is_pause ? "pause" : "drain");
+            pgjobq_client_close(c);
+            return status;
+        }
+        if (known == 0)
+            fprintf(stderr, "pgjobq: note: queue %s has no live jobs yet; these settings create it\n", queue);
+    }
     if (is_ls) {
         status = list_queues(c, &a);
     } else if (is_drain) {

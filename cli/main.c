@@ -10,6 +10,7 @@
 #include "cli.h"
 
 const char *cli_db_url;
+const char *cli_self = "pgjobq";
 
 static const cli_cmd commands[] = {
     {"migrate", "", "Create or upgrade the pgjobq schema (safe to run again, and from many hosts at once).",
@@ -72,19 +73,58 @@ void cli_err(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+/* Writes text to f, reflowed at 100 columns (its own line breaks count as spaces); lines after the
+ * first start with indent spaces (the first is assumed to start there already). */
+static void print_wrapped(FILE *f, const char *text, int indent)
+{
+    const int width = 100;
+    int col = indent;
+
+    while (*text == ' ' || *text == '\n')
+        text++;
+    while (*text) {
+        size_t word = strcspn(text, " \n");
+        if (col > indent && col + 1 + (int)word > width) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(text, 1, word, f);
+        col += (int)word;
+        text += word;
+        while (*text == ' ' || *text == '\n')
+            text++;
+    }
+    fputc('\n', f);
+}
+
+/* `man pgjobq` once installed; from a source tree, the page itself. */
+static const char *man_hint(void)
+{
+    FILE *f = fopen("docs/pgjobq.1", "r");
+    if (f) {
+        fclose(f);
+        return "`man -l docs/pgjobq.1` (`man pgjobq` once installed)";
+    }
+    return "`man pgjobq`";
+}
+
 static void main_usage(FILE *to)
 {
-    fprintf(to, "usage: pgjobq [--db URL] COMMAND [OPTIONS] [ARGS]\n"
-                "       pgjobq COMMAND --help | --help | --version\n\n"
-                "A job queue that lives in PostgreSQL.\n\nCommands:\n");
+    fprintf(to, "usage: %s [--db URL] COMMAND [OPTIONS] [ARGS]\n"
+                "       %s COMMAND --help | help [COMMAND] | --help | --version\n\n"
+                "A job queue that lives in PostgreSQL.\n\nCommands:\n",
+            cli_self, cli_self);
     for (size_t i = 0; i < NCOMMANDS; i++) {
-        const char *nl = strchr(commands[i].summary, '\n');
-        int len = nl ? (int)(nl - commands[i].summary) : (int)strlen(commands[i].summary);
-        fprintf(to, "  %-10s %.*s\n", commands[i].name, len, commands[i].summary);
+        fprintf(to, "  %-10s ", commands[i].name);
+        print_wrapped(to, commands[i].summary, 13);
     }
     fprintf(to, "\nThe database is --db URL, else $PGJOBQ_DATABASE_URL, else $DATABASE_URL, else an\n"
                 "embedded PostgreSQL in $PGJOBQ_HOME, created and started on first use.\n"
-                "Run `pgjobq COMMAND --help` for a command's options; `man pgjobq` for everything.\n");
+                "Run `%s COMMAND --help` for a command's options;\n%s for everything.\n",
+            cli_self, man_hint());
 }
 
 void cli_usage(const cli_cmd *cmd, FILE *to)
@@ -97,7 +137,12 @@ void cli_usage(const cli_cmd *cmd, FILE *to)
             snprintf(left, sizeof left, "-%c, --%s%s%s", o->key, o->name, o->arg ? " " : "", o->arg ? o->arg : "");
         else
             snprintf(left, sizeof left, "    --%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
-        fprintf(to, "  %-26s %s\n", left, o->help);
+        /* A long option name gets a line of its own; the help is wrapped under its column. */
+        if (strlen(left) > 26)
+            fprintf(to, "  %s\n%29s", left, "");
+        else
+            fprintf(to, "  %-26s ", left);
+        print_wrapped(to, o->help, 29);
     }
 }
 
@@ -229,6 +274,10 @@ int main(int argc, char **argv)
 {
     int i = 1;
 
+    /* How to name this program in hints: as it was run when that was a path (build/pgjobq), so that
+     * the hints work from where the user stands. */
+    if (argc > 0 && argv[0] && strchr(argv[0], '/') != NULL)
+        cli_self = argv[0];
     /* Global options before the command. */
     while (i < argc && argv[i][0] == '-') {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -255,6 +304,20 @@ int main(int argc, char **argv)
     }
     if (i >= argc) {
         main_usage(stderr);
+        return EX_USAGE;
+    }
+    /* `pgjobq help` and `pgjobq help COMMAND`, as --help. */
+    if (strcmp(argv[i], "help") == 0) {
+        if (i + 1 >= argc) {
+            main_usage(stdout);
+            return EX_OK;
+        }
+        for (size_t k = 0; k < NCOMMANDS; k++)
+            if (strcmp(argv[i + 1], commands[k].name) == 0) {
+                cli_usage(&commands[k], stdout);
+                return EX_OK;
+            }
+        fprintf(stderr, "pgjobq: unknown command '%s'\nTry '%s --help'.\n", argv[i + 1], cli_self);
         return EX_USAGE;
     }
     for (size_t k = 0; k < NCOMMANDS; k++)

@@ -281,6 +281,47 @@ TEST(cli_help_and_version)
     CHECK(strstr(out, "--unique-key") && strstr(out, "--file"));
     free(out);
     free(err);
+
+    /* Every summary whole (none cut at its first line), no line wider than 100 columns, and the
+     * hints name the program as it was run (a path here). */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--help", NULL), 0);
+    CHECK_MSG(strstr(out, "all or none.") && strstr(out, "--allow-actions.") && strstr(out, "rate limits."),
+              "--help: %s", out);
+    for (const char *line = out; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
+        CHECK_MSG(strcspn(line, "\n") <= 100, "--help line wider than 100 columns: %.*s", (int)strcspn(line, "\n"),
+                  line);
+    CHECK_MSG(strstr(out, "Run `pgjobq COMMAND") == NULL && strstr(out, "/pgjobq COMMAND --help`"), "--help: %s", out);
+    free(out);
+    free(err);
+    /* `pgjobq help` and `pgjobq help COMMAND`. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "help", NULL), 0);
+    CHECK(strstr(out, "Commands:") != NULL);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "help", "work", NULL), 0);
+    CHECK(strstr(out, "usage: pgjobq work") != NULL);
+    /* A long option name gets its own line: every help text starts in the same column. */
+    for (const char *l = strstr(out, "Options:"); l && *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != '\0')) {
+        size_t len = strcspn(l, "\n");
+        if (strncmp(l, "  -", 3) != 0 && strncmp(l, "      --", 8) != 0)
+            continue;
+        /* The help starts after the first run of two or more spaces past the option; a line without
+         * one is an option on a line of its own (its help is on the next). */
+        size_t gap = 8;
+        while (gap + 1 < len && !(l[gap] == ' ' && l[gap + 1] == ' '))
+            gap++;
+        if (gap + 1 >= len)
+            gap = len;
+        while (gap < len && l[gap] == ' ')
+            gap++;
+        if (gap < len && gap != 29)
+            t_fail(__FILE__, __LINE__, "work --help: an option's help out of its column: %.*s", (int)len, l);
+    }
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "help", "frobnicate", NULL), 64);
+    free(out);
+    free(err);
 }
 
 /* Every option `pgjobq CMD --help` lists is documented in that command's section of pgjobq(1), and

@@ -407,6 +407,24 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
     CHECK_MSG(strstr(out, "paused") && strstr(out, "100/1m"), "queue ls printed: %s", out);
     free(out);
     free(err);
+    /* A typo: pausing or draining a queue nobody uses is refused (it would create the queue), unless
+     * --create says so; setting limits ahead of the first job is noted. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "apj", NULL), 65);
+    CHECK_MSG(strstr(err, "queue apj has no live jobs and no settings") && strstr(err, "--create"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "drain", "apj", NULL), 65);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'apj'"), 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "later", "--create", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "fresh", "--concurrency", "3", NULL), 0);
+    CHECK_MSG(strstr(err, "note: queue fresh has no live jobs yet"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name IN ('later', 'fresh')"), 2);
     /* Drain of a paused queue with nothing running returns at once. */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "drain", "api", "--wait", "5s", NULL), 0);
     free(out);
