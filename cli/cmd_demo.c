@@ -228,6 +228,24 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
         pgjobq_client_close(c);
         return status;
     }
+    /* A paused demo queue would hold every job: say so instead of waiting forever. */
+    pgjobq_queue_info *qs = NULL;
+    size_t nq = 0;
+    if ((rc = pgjobq_queue_list(c, &qs, &nq)) != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    for (size_t i = 0; i < nq; i++)
+        if (strcmp(qs[i].name, "demo") == 0 && qs[i].paused_at != PGJOBQ_TIME_NONE) {
+            cli_err("queue demo is paused%s%s%s: no job of the demo would run; resume it with `%s queue resume demo`",
+                    qs[i].pause_reason ? " (" : "", qs[i].pause_reason ? qs[i].pause_reason : "",
+                    qs[i].pause_reason ? ")" : "", cli_self);
+            pgjobq_queue_list_free(qs);
+            pgjobq_client_close(c);
+            return EX_TEMPFAIL;
+        }
+    pgjobq_queue_list_free(qs);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = enqueue_jobs(c, &a, &first, &last)) != PGJOBQ_OK) {
         status = cli_fail(c, rc);

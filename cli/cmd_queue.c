@@ -19,7 +19,7 @@ const cli_opt queue_opts[] = {
     {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none", "set: at most N jobs with the same concurrency key running at once"},
     {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
-    {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no live jobs or settings yet"},
+    {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -174,10 +174,13 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
     return EX_OK;
 }
 
-/* 1 when the queue has live jobs or settings (pgjobq.queue_list), 0 when not, -1 on error (*rc). */
+/* 1 when the queue has settings or jobs, live or finished (pgjobq.queue_list, then the newest job of
+ * the queue), 0 when not, -1 on error (*rc). */
 static int queue_known(pgjobq_client *c, const char *queue, int *rc)
 {
     pgjobq_queue_info *q = NULL;
+    pgjobq_list_opts lo = PGJOBQ_LIST_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
     size_t n = 0;
     int known = 0;
 
@@ -186,7 +189,14 @@ static int queue_known(pgjobq_client *c, const char *queue, int *rc)
     for (size_t i = 0; i < n && !known; i++)
         known = strcmp(q[i].name, queue) == 0;
     pgjobq_queue_list_free(q);
-    return known;
+    if (known)
+        return 1;
+    lo.queue = queue;
+    lo.limit = 1;
+    if ((*rc = pgjobq_job_list(c, &lo, &jobs, &n)) != PGJOBQ_OK)
+        return -1;
+    pgjobq_jobs_free(jobs);
+    return n > 0;
 }
 
 /* Jobs of the queue running under a valid lease (an expired one can no longer write), or -1 on error. */
@@ -289,14 +299,14 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         if (known < 0 || (known == 0 && !is_set)) {
             status = known < 0 ? cli_fail(c, rc) : EX_DATAERR;
             if (known == 0)
-                cli_err("queue %s has no live jobs and no settings (a typo?); to %s it before its jobs come, add "
+                cli_err("queue %s has no jobs and no settings (a typo?); to %s it before its first job, add "
                         "--create",
                         queue, is_pause ? "pause" : "drain");
             pgjobq_client_close(c);
             return status;
         }
         if (known == 0)
-            fprintf(stderr, "pgjobq: note: queue %s has no live jobs yet; these settings create it\n", queue);
+            fprintf(stderr, "pgjobq: note: queue %s has no jobs yet; these settings create it\n", queue);
     }
     if (is_ls) {
         status = list_queues(c, &a);

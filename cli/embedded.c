@@ -16,7 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -104,6 +107,54 @@ static int make_home(const embedded *e, char *why, size_t why_size)
         return -1;
     }
     return 0;
+}
+
+/* As root, the server runs as another account, which must be able to enter every directory on the
+ * way to PGJOBQ_HOME (under /root, mode 0700, it cannot).  0 when it can; -1 with why set when not. */
+static int account_can_enter(const embedded *e, char *why, size_t why_size)
+{
+    char p[1024];
+    int status;
+    pid_t pid;
+
+    if (geteuid() != 0 || e->uid == 0)
+        return 0;
+    if ((pid = fork()) < 0) {
+        snprintf(why, why_size, "fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(e->gid) != 0 || setuid(e->uid) != 0)
+            _exit(2);
+        _exit(access(e->home, R_OK | W_OK | X_OK) == 0 ? 0 : 1);
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) {
+            snprintf(why, why_size, "waitpid: %s", strerror(errno));
+            return -1;
+        }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    /* Name the first directory on the way that the account cannot enter. */
+    snprintf(p, sizeof p, "%s", e->home);
+    const char *blocked = e->home;
+    for (char *s = p + 1; *s; s++) {
+        struct stat st;
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (stat(p, &st) == 0 && (st.st_mode & S_IXOTH) == 0 && st.st_uid != e->uid) {
+            blocked = p;
+            break;
+        }
+        *s = '/';
+    }
+    const struct passwd *pw = getpwuid(e->uid);
+    snprintf(why, why_size,
+             "PostgreSQL runs as the user '%s' here (not as root), and that user cannot enter %s: set PGJOBQ_HOME "
+             "to a directory it can reach (as root the default is /var/lib/pgjobq)",
+             pw ? pw->pw_name : "postgres", blocked);
+    return -1;
 }
 
 static int lock_home(const embedded *e)
@@ -265,6 +316,10 @@ static int ensure(embedded *e, int announce)
     if (make_home(e, why, sizeof why) != 0) {
         cli_err("%s", why);
         return EX_CANTCREAT;
+    }
+    if (account_can_enter(e, why, sizeof why) != 0) {
+        cli_err("%s", why);
+        return EX_CONFIG;
     }
     fd = lock_home(e);
     if (fd < 0) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sysexits.h>
 #include <unistd.h>
 
@@ -48,6 +49,18 @@ TEST_FULL(first_run_demo_creates_reuses_and_stops_the_embedded_database, 240, 0)
     /* Every job of both runs ended: completed, or failed after its 3 attempts. */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
     CHECK_MSG(strstr(out, "\"queued\":0,\"running\":0,") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+
+    /* A paused demo queue would hold every job: the demo says so and enqueues nothing. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "demo", "--reason", "maintenance", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "demo", "--jobs", "10", NULL), EX_TEMPFAIL);
+    CHECK_MSG(strstr(err, "queue demo is paused (maintenance)") && strstr(err, "queue resume demo"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "resume", "demo", NULL), 0);
     free(out);
     free(err);
 
@@ -132,6 +145,31 @@ TEST(first_run_bad_home_is_a_clear_error)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "db", "frobnicate", NULL), EX_USAGE);
+    free(out);
+    free(err);
+}
+
+/* As root the server runs as 'postgres', which cannot enter a private directory (PGJOBQ_HOME under
+ * /root): say so before initdb, instead of initdb's own failure printed twice. */
+TEST(first_run_home_the_server_account_cannot_enter_is_named)
+{
+    char *out, *err, locked[600], home_path[700];
+
+    if (geteuid() != 0) {
+        /* As an ordinary user the server runs as that user, who can enter any home it could create. */
+        fprintf(stderr, "not root: the server runs as this user; nothing to check\n");
+        return;
+    }
+    t_use_test_db = 0;
+    unsetenv("DATABASE_URL");
+    unsetenv("PGJOBQ_DATABASE_URL");
+    snprintf(locked, sizeof locked, "%s/private", t_tmpdir());
+    CHECK(mkdir(locked, 0700) == 0);
+    snprintf(home_path, sizeof home_path, "%s/home", locked);
+    setenv("PGJOBQ_HOME", home_path, 1);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), EX_CONFIG);
+    CHECK_MSG(strstr(err, "cannot enter") && strstr(err, locked) && strstr(err, "set PGJOBQ_HOME"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "initdb") == NULL, "stderr: %s", err);
     free(out);
     free(err);
 }

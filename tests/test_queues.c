@@ -410,7 +410,7 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
     /* A typo: pausing or draining a queue nobody uses is refused (it would create the queue), unless
      * --create says so; setting limits ahead of the first job is noted. */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "apj", NULL), 65);
-    CHECK_MSG(strstr(err, "queue apj has no live jobs and no settings") && strstr(err, "--create"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "queue apj has no jobs and no settings") && strstr(err, "--create"), "stderr: %s", err);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "drain", "apj", NULL), 65);
@@ -421,7 +421,7 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "fresh", "--concurrency", "3", NULL), 0);
-    CHECK_MSG(strstr(err, "note: queue fresh has no live jobs yet"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "note: queue fresh has no jobs yet"), "stderr: %s", err);
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name IN ('later', 'fresh')"), 2);
