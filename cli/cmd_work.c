@@ -16,6 +16,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,14 +224,23 @@ static int work_opt(int key, const char *arg, void *ctx)
     switch (key) {
     case OPT_QUEUE: {
         queue_arg *q = &a->queues[a->nqueues];
-        /* Queue names may contain ':' too: the concurrency is what follows the last one, if numeric. */
+        /* The concurrency is what follows the last ':'. */
         const char *colon = strrchr(arg, ':');
         if (a->nqueues == 64) {
             cli_usage_error(a->cmd, "at most 64 --queue options");
             return -1;
         }
         q->concurrency = 10;
-        if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+        /* Queue names may hold ':', so "mail:abc" could be a name; far more often it is a mistyped
+         * concurrency.  A queue whose name has ':' is served as NAME:N. */
+        if (colon && (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1))) {
+            cli_usage_error(a->cmd,
+                            "--queue %s: the concurrency after ':' must be a number from 1 to 1024 (for a queue "
+                            "named %s, give --queue %s:N)",
+                            arg, arg, arg);
+            return -1;
+        }
+        if (colon) {
             if (cli_parse_int(colon + 1, 1, 1024, &v, why, sizeof why) != 0) {
                 cli_usage_error(a->cmd, "--queue %s: concurrency %s", arg, why);
                 return -1;
@@ -674,6 +684,28 @@ cleanup_retry:
 
 /* ------------------------------------------------------------------------------------------------ */
 
+/* 1 when file names an executable regular file: as a path when it holds '/', else on $PATH, as
+ * execvp() would look for it. */
+static int runnable(const char *file)
+{
+    struct stat st;
+    char path[4096];
+
+    if (strchr(file, '/'))
+        return stat(file, &st) == 0 && S_ISREG(st.st_mode) && access(file, X_OK) == 0;
+    const char *p = getenv("PATH");
+    if (p == NULL || p[0] == '\0')
+        p = "/usr/local/bin:/usr/bin:/bin";
+    while (*p) {
+        size_t len = strcspn(p, ":");
+        snprintf(path, sizeof path, "%.*s/%s", (int)len, len ? p : ".", file);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0)
+            return 1;
+        p += len + (p[len] == ':');
+    }
+    return 0;
+}
+
 int cmd_work(const cli_cmd *cmd, int argc, char **argv)
 {
     work_args a;
@@ -728,6 +760,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     if (cfg.argv == NULL || cfg.env == NULL) {
         cli_err("out of memory");
         return EX_OSERR;
+    }
+    /* A handler that cannot be run would fail every job: say so now, not once per attempt. */
+    if (!a.shell && !runnable(cfg.argv[0])) {
+        status = cli_usage_error(cmd, "--%s: %s is not an executable file%s", a.exec ? "exec" : "coproc", cfg.argv[0],
+                                 strchr(cfg.argv[0], '/') ? "" : " on PATH");
+        goto out;
     }
     if ((url = cli_resolve_db(&status)) == NULL)
         goto out;

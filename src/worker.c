@@ -50,6 +50,11 @@
 #ifndef HORIZON_WARN_S /* -DHORIZON_WARN_S=1 to see the warning by hand */
 #define HORIZON_WARN_S 300
 #endif
+/* A storm of failing attempts stays readable: at most this many lines about retried attempts per
+ * window, then one line saying how many more there were.  A job that failed for good is always
+ * logged. */
+#define FAIL_LOG_MAX 10
+#define FAIL_LOG_WINDOW_MS 10000
 #define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
@@ -202,6 +207,11 @@ struct pgjobq_worker {
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
         st_running, st_claims, st_rescued, st_writes;
     _Atomic int st_connected; /* connections ready now */
+
+    /* Failed attempts in the log: at most FAIL_LOG_MAX lines a FAIL_LOG_WINDOW_MS (engine thread). */
+    int64_t faillog_window_ms;
+    int faillog_lines;
+    int64_t faillog_dropped;
 };
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -525,6 +535,36 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         w->first_pending_ms = now;
 }
 
+/* Logs an attempt that failed (retried: rate-limited; failed for good: always), with its error. */
+static void log_failed_attempt(pgjobq_worker *w, const batch *items, int64_t id, int for_good)
+{
+    const pgjobq_ctx *ctx = NULL;
+    int64_t now = pgjobq__mono_ms();
+
+    if (now - w->faillog_window_ms >= FAIL_LOG_WINDOW_MS) {
+        if (w->faillog_dropped > 0)
+            wlog(w, PGJOBQ_LOG_WARN, "%lld more retried attempts in the last %d s were not logged",
+                 (long long)w->faillog_dropped, FAIL_LOG_WINDOW_MS / 1000);
+        w->faillog_window_ms = now;
+        w->faillog_lines = 0;
+        w->faillog_dropped = 0;
+    }
+    if (!for_good && w->faillog_lines >= FAIL_LOG_MAX) {
+        w->faillog_dropped++;
+        return;
+    }
+    if (!for_good)
+        w->faillog_lines++;
+    for (size_t i = 0; i < items->n && ctx == NULL; i++)
+        if (items->items[i]->job.id == id)
+            ctx = items->items[i];
+    if (ctx == NULL)
+        return;
+    wlog(w, PGJOBQ_LOG_WARN, "job %lld (%s/%s) attempt %d of %d %s: %.600s", (long long)id, ctx->job.queue,
+         ctx->job.kind, ctx->job.attempt, ctx->job.max_attempts, for_good ? "failed for good" : "failed, will retry",
+         ctx->error ? ctx->error : "(no error given)");
+}
+
 static size_t pending_count(const pgjobq_worker *w)
 {
     size_t n = 0;
@@ -796,8 +836,13 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
             case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
             case PGJOBQ__O_QUEUED:
                 atomic_fetch_add(rq->wkind == W_RELEASE ? &w->st_released : &w->st_retried, 1);
+                if (rq->wkind == W_FAIL)
+                    log_failed_attempt(w, &rq->items, id, 0);
                 break;
-            case PGJOBQ__O_FAILED: atomic_fetch_add(&w->st_failed, 1); break;
+            case PGJOBQ__O_FAILED:
+                atomic_fetch_add(&w->st_failed, 1);
+                log_failed_attempt(w, &rq->items, id, 1);
+                break;
             case PGJOBQ__O_CANCELLED: atomic_fetch_add(&w->st_cancelled, 1); break;
             case PGJOBQ__O_LOST:
                 atomic_fetch_add(&w->st_lost, 1);
@@ -1636,9 +1681,22 @@ int pgjobq_worker_run(pgjobq_worker *w)
     w->next_health_ms = now + FIRST_PRUNE_MS;
     w->next_prune_ms = now + FIRST_PRUNE_MS;
     w->last_summary_ms = now;
-    wlog(w, PGJOBQ_LOG_INFO, "worker %s started: %d queue%s, lease %lld ms, heartbeat %lld ms, timeout %lld ms",
-         w->worker_id, w->nqueues, w->nqueues == 1 ? "" : "s", (long long)w->o.lease_ms,
-         (long long)w->o.heartbeat_ms, (long long)w->o.timeout_ms);
+    {
+        /* Each queue with its slots, as --queue takes them: what the worker serves, at a glance. */
+        char served[1024];
+        size_t len = 0;
+        served[0] = '\0';
+        for (int i = 0; i < w->nqueues && len < sizeof served; i++) {
+            int n = snprintf(served + len, sizeof served - len, "%s%s:%d", i ? ", " : "", w->queues[i].name,
+                             w->queues[i].concurrency);
+            if (n < 0)
+                break;
+            len += (size_t)n;
+        }
+        wlog(w, PGJOBQ_LOG_INFO, "worker %s started: queue%s %s, lease %lld ms, heartbeat %lld ms, timeout %lld ms",
+             w->worker_id, w->nqueues == 1 ? "" : "s", served, (long long)w->o.lease_ms,
+             (long long)w->o.heartbeat_ms, (long long)w->o.timeout_ms);
+    }
 
     for (;;) {
         now = pgjobq__mono_ms();

@@ -1023,3 +1023,64 @@ TEST(worker_api_stop_before_run_returns_estopped_and_does_nothing)
     pgjobq_client_close(c);
     PQfinish(pg);
 }
+
+/* Mistakes named at start (a concurrency that is not a number, a handler that cannot be run), the
+ * queues served in the start line, and failed attempts in the log: every job that failed for good,
+ * and retried attempts at most 10 lines per 10 s. */
+TEST_FULL(work_names_bad_handlers_and_logs_failed_attempts, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--queue", "mail:abc", "--exec", "/bin/true", NULL), 64);
+    CHECK_MSG(strstr(err, "mail:abc") && strstr(err, "must be a number"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--queue", "mail:-3", "--exec", "/bin/true", NULL), 64);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--exec", "./does-not-exist", NULL), 64);
+    CHECK_MSG(strstr(err, "./does-not-exist is not an executable file"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--coproc", "no-such-program-anywhere --flag", NULL), 64);
+    CHECK_MSG(strstr(err, "no-such-program-anywhere is not an executable file on PATH"), "stderr: %s", err);
+    free(out);
+    free(err);
+
+    const char *handler = t_script("fails.sh", "cat >/dev/null\necho \"boom $PGJOBQ_JOB_ID\" >&2\nexit 3\n");
+    o.queue = "flog";
+    o.max_attempts = 1;
+    for (int i = 0; i < 25; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    o.max_attempts = 3;
+    for (int i = 0; i < 15; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{\"again\": true}", &o, NULL));
+    const char *log = t_log_path("flog");
+    pid_t pid = t_spawn(log, NULL, "work", "--queue", "flog:4", "--exec", handler, "--poll", "100ms", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'flog' AND state = 'failed'", 25, 60000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'flog' AND max_attempts = 3 AND last_error LIKE '%boom%'",
+             15, 60000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+
+    FILE *f = fopen(log, "r");
+    char line[2048];
+    int started = 0, for_good = 0, retried = 0;
+    CHECK(f != NULL);
+    while (fgets(line, sizeof line, f)) {
+        started += strstr(line, "started: queue flog:4,") != NULL;
+        for_good += strstr(line, "(flog/default) attempt 1 of 1 failed for good:") != NULL && strstr(line, "boom") != NULL;
+        retried += strstr(line, "of 3 failed, will retry:") != NULL && strstr(line, "boom") != NULL;
+    }
+    fclose(f);
+    if (started != 1 || for_good != 25 || retried < 1 || retried > 10)
+        t_show_log(log);
+    CHECK_INT(started, 1);
+    CHECK_INT(for_good, 25);
+    CHECK_MSG(retried >= 1 && retried <= 10, "%d lines about retried attempts (1 to 10 expected)", retried);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
