@@ -430,7 +430,7 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
         cli_err("no job %lld", (long long)id);
         PQclear(r);
         pgjobq_client_close(c);
-        return EX_NOINPUT;
+        return EX_DATAERR; /* as show: an unknown id is bad input */
     }
     if (json)
         fputc('[', stdout);

@@ -609,14 +609,19 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
                 ctx = next;
             }
         }
-        wlog(w, PGJOBQ_LOG_INFO, "stopping: %zu jobs still running, %zu not started handed back", w->nrunning - waiting,
-             waiting);
+        char upto[48] = "as long as they take";
+        if (w->o.shutdown_timeout_ms >= 0)
+            snprintf(upto, sizeof upto, "up to %lld ms", (long long)w->o.shutdown_timeout_ms);
+        wlog(w, PGJOBQ_LOG_INFO,
+             "stopping: %zu jobs still running, %zu not started handed back; waiting %s for the running ones (a "
+             "second stop request hands them back at once)",
+             w->nrunning - waiting, waiting, upto);
     }
     if (w->stopping && (requests > 1 || now >= w->shutdown_at_ms)) {
         for (size_t i = 0; i < w->nrunning; i++)
             if (!w->running[i]->ended && atomic_load(&w->running[i]->stop) != PGJOBQ_STOP_SHUTDOWN) {
                 pgjobq__ctx_stop(w->running[i], PGJOBQ_STOP_SHUTDOWN);
-                w->handed_back = 1;
+                w->handed_back = requests > 1 && now < w->shutdown_at_ms ? 2 : 1;
             }
     }
 }
@@ -1716,7 +1721,9 @@ int pgjobq_worker_run(pgjobq_worker *w)
     }
     rc = w->exit_rc;
     if (rc == PGJOBQ_OK && w->handed_back)
-        rc = werr(w, PGJOBQ_ETIMEOUT, "jobs still running at the shutdown timeout were handed back");
+        rc = werr(w, PGJOBQ_ETIMEOUT, "%s",
+                  w->handed_back == 2 ? "jobs still running at the second stop request were handed back"
+                                      : "jobs still running at the shutdown timeout were handed back");
 
 done:
     pgjobq__pool_stop(w->queues, w->nqueues);

@@ -448,6 +448,39 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     kill(pid, SIGTERM);
     CHECK_INT(t_wait_exit(pid, 30000), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
+
+    /* A second signal hands the running job back at once, and the log says which it was; the first
+     * said how long it would wait and that a second one would not. */
+    o.kind = "slow";
+    CHECK_OK(c, pgjobq_enqueue(c, "\"slow\"", &o, &slow));
+    pid = t_spawn(t_log_path("w3"), NULL, "work", "--exec", handler, "--shutdown-timeout", "60s", NULL);
+    snprintf(marker[1], sizeof marker[1], "%s/started.%lld", t_tmpdir(), (long long)slow);
+    for (int64_t t0 = t_now_ms(); access(marker[1], F_OK) != 0;) {
+        CHECK_MSG(t_now_ms() - t0 < 20000, "the handler did not start");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGTERM);
+    struct timespec pause = {0, 300 * 1000000L};
+    nanosleep(&pause, NULL);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), EX_TEMPFAIL);
+    char *log3 = NULL;
+    {
+        FILE *f = fopen(t_log_path("w3"), "r");
+        CHECK(f != NULL);
+        size_t cap = 1 << 20, len;
+        log3 = calloc(1, cap + 1);
+        CHECK(log3 != NULL);
+        len = fread(log3, 1, cap, f);
+        log3[len] = '\0';
+        fclose(f);
+    }
+    CHECK_MSG(strstr(log3, "waiting up to 60000 ms for the running ones (a second stop request hands them back at once)") &&
+                  strstr(log3, "jobs still running at the second stop request were handed back") &&
+                  strstr(log3, "at the shutdown timeout") == NULL,
+              "log: %s", log3);
+    free(log3);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
