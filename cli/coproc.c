@@ -5,16 +5,17 @@
  * environment without database credentials, stdin/stdout/stderr on pipes), reads its stdout replies
  * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
  * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
- * The worker's handler threads (one per slot) queue job lines (whichever finds no write in progress
- * writes them all; the supervisor writes what a full pipe did not take) and wait for their reply; at most
- * `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel, lost lease,
- * shutdown) is given up by its handler thread, and the coprocess is told with a {"cancel": ID} line.
+ * The worker's handler threads queue job lines (whichever finds no write in progress writes them all;
+ * the supervisor writes what a full pipe did not take) and return at once (PGJOBQ_OUTCOME_PENDING):
+ * the supervisor ends each job with pgjobq_ctx_finish when its reply comes, so no thread waits per
+ * job.  At most `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel,
+ * lost lease, shutdown) is given up by the supervisor, which tells the coprocess with a
+ * {"cancel": ID} line.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -31,17 +32,14 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
 #define QUOTE_MAX 200 /* how much of a bad line the log quotes */
+#define STOP_SCAN_MS 50 /* how often the supervisor looks for jobs that must stop */
 
-/* One job waiting for its reply; lives on its handler thread's stack. */
+/* One job waiting for its reply (its handler returned PENDING): whoever unlinks it from `held`
+ * (under the pool's mutex) ends the job and frees it. */
 typedef struct pending {
     struct pending *next;
-    sem_t sem; /* posted (under the pool's mutex) when done: only its own handler thread wakes */
     int64_t id;
-    int done;
-    pgjobq_outcome outcome;
-    char *result; /* JSON text (completed) */
-    char *error;  /* text (retry, failed) */
-    int64_t delay_ms; /* retry: -1 for the backoff */
+    pgjobq_ctx *ctx;
 } pending;
 
 typedef struct coproc {
@@ -306,42 +304,95 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
 /* ------------------------------------------------------------------------------------------------ */
 /* Supervision                                                                                       */
 
-/* Ends every job the coprocess holds with a failed attempt (retried): under p->mu. */
-static void fail_held(coproc *c, const char *why)
+/* Ends a job with the coprocess's answer (or ours) and frees its entry: without p->mu. */
+static void finish(pending *pe, pgjobq_outcome out, const char *result, const char *error, int64_t delay_ms)
 {
-    for (pending *pe = c->held; pe; pe = pe->next) {
-        pe->done = 1;
-        pe->outcome = PGJOBQ_OUTCOME_RETRY;
-        pe->error = strdup(why);
-        sem_post(&pe->sem);
+    pgjobq_ctx *ctx = pe->ctx;
+
+    if (out == PGJOBQ_OUTCOME_COMPLETE && result && pgjobq_ctx_set_result(ctx, result) != PGJOBQ_OK) {
+        pgjobq_ctx_set_error(ctx, "the coprocess's result is not storable JSON");
+        out = PGJOBQ_OUTCOME_RETRY;
+    } else if (out != PGJOBQ_OUTCOME_COMPLETE) {
+        pgjobq_ctx_set_error(ctx, error ? error : out == PGJOBQ_OUTCOME_FAIL ? "failed" : "retry");
+        if (out == PGJOBQ_OUTCOME_RETRY && delay_ms >= 0)
+            pgjobq_ctx_set_retry_delay(ctx, delay_ms);
     }
+    pgjobq_ctx_finish(ctx, out);
+    free(pe);
+}
+
+/* Takes every job the coprocess holds (to end each with a failed attempt, retried): under p->mu. */
+static pending *take_held(coproc *c)
+{
+    pending *list = c->held;
     c->held = NULL;
     c->inflight = 0;
     pthread_cond_broadcast(&c->pool->cv);
+    return list;
 }
 
-/* Delivers a reply to the job that waits for it: under p->mu.  Returns 0 when no job of this
- * coprocess waits for that id (a late answer to a job given up: ignored). */
-static int deliver(coproc *c, reply *r)
+static void finish_all(pending *list, const char *why)
+{
+    while (list) {
+        pending *next = list->next;
+        finish(list, PGJOBQ_OUTCOME_RETRY, NULL, why, -1);
+        list = next;
+    }
+}
+
+/* Unlinks the job a reply names: under p->mu.  NULL when no job of this coprocess waits for that id
+ * (a late answer to a job given up: ignored). */
+static pending *take_reply(coproc *c, int64_t id)
 {
     for (pending **pp = &c->held; *pp; pp = &(*pp)->next) {
         pending *pe = *pp;
-        if (pe->id != r->id)
+        if (pe->id != id)
             continue;
         *pp = pe->next;
         c->inflight--;
-        pe->done = 1;
-        pe->outcome = r->outcome;
-        pe->result = r->result;
-        pe->error = r->error;
-        pe->delay_ms = r->delay_ms;
-        r->result = r->error = NULL;
-        sem_post(&pe->sem);
         if (c->inflight == c->pool->share - 1)
             pthread_cond_broadcast(&c->pool->cv); /* a slot opened on a full coprocess */
-        return 1;
+        return pe;
     }
-    return 0;
+    return NULL;
+}
+
+/* Gives up the jobs that must stop (timeout, cancel, lost lease, shutdown): tells the coprocess and
+ * ends them.  Without p->mu. */
+static int send_line(coproc *c, const char *line, size_t len);
+static void give_up_stopped(coproc *c)
+{
+    coproc_pool *p = c->pool;
+    pending *stopped = NULL;
+
+    pthread_mutex_lock(&p->mu);
+    for (pending **pp = &c->held; *pp;) {
+        pending *pe = *pp;
+        if (!pgjobq_ctx_should_stop(pe->ctx)) {
+            pp = &pe->next;
+            continue;
+        }
+        *pp = pe->next;
+        c->inflight--;
+        pe->next = stopped;
+        stopped = pe;
+    }
+    if (stopped)
+        pthread_cond_broadcast(&p->cv); /* their slots are free */
+    pthread_mutex_unlock(&p->mu);
+    while (stopped) {
+        pending *next = stopped->next;
+        char cancel[64];
+        int n = snprintf(cancel, sizeof cancel, "{\"cancel\":%lld}\n", (long long)stopped->id);
+        (void)send_line(c, cancel, (size_t)n);
+        pgjobq_stop_reason why = pgjobq_ctx_stop_reason(stopped->ctx);
+        const char *msg = why == PGJOBQ_STOP_TIMEOUT     ? "timed out: the coprocess was told to cancel it"
+                          : why == PGJOBQ_STOP_CANCELLED ? "cancelled"
+                          : why == PGJOBQ_STOP_SHUTDOWN  ? "stopped by the worker (shutdown)"
+                                                         : "stopped by the worker (lease lost)";
+        finish(stopped, why == PGJOBQ_STOP_CANCELLED ? PGJOBQ_OUTCOME_CANCEL : PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
+        stopped = next;
+    }
 }
 
 static pid_t spawn(coproc *c, int *in_fd, int *out_fd, int *err_fd)
@@ -490,7 +541,9 @@ static int64_t one_life(coproc *c)
     char why[300];
     int status = 0, bad = 0;
     reply *batch = NULL;
+    pending **taken = NULL;
     size_t nbatch = 0, capbatch = 0;
+    int64_t next_scan = 0;
 
     pid_t pid = spawn(c, &in_fd, &out_fd, &err_fd);
     if (pid < 0)
@@ -516,8 +569,13 @@ static int64_t one_life(coproc *c)
         pthread_mutex_unlock(&p->mu);
         struct pollfd fds[3] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}};
         char buf[65536];
-        if (poll(fds, 3, 200) < 0 && errno != EINTR)
+        if (poll(fds, 3, STOP_SCAN_MS) < 0 && errno != EINTR)
             break;
+        int64_t now = mono_ms();
+        if (now >= next_scan) {
+            give_up_stopped(c);
+            next_scan = now + STOP_SCAN_MS;
+        }
         if (fds[2].revents) {
             pthread_mutex_lock(&p->mu);
             if (!c->flushing)
@@ -563,12 +621,10 @@ static int64_t one_life(coproc *c)
                     snprintf(msg, sizeof msg, "the coprocess wrote a malformed reply (%s): '%s'", why, q);
                     pthread_mutex_lock(&p->mu);
                     c->retiring = 1;
-                    if (r.have_id) {
-                        r.outcome = PGJOBQ_OUTCOME_RETRY;
-                        r.error = strdup(msg);
-                        deliver(c, &r);
-                    }
+                    pending *pe = r.have_id ? take_reply(c, r.id) : NULL;
                     pthread_mutex_unlock(&p->mu);
+                    if (pe)
+                        finish(pe, PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
                     free(r.result);
                     free(r.error);
                     bad = 1;
@@ -579,24 +635,31 @@ static int64_t one_life(coproc *c)
                 if (nbatch == capbatch) {
                     size_t cap = capbatch ? capbatch * 2 : 64;
                     reply *nb = realloc(batch, cap * sizeof *nb);
-                    if (nb == NULL) {
+                    if (nb != NULL)
+                        batch = nb;
+                    pending **nt = nb ? realloc(taken, cap * sizeof *nt) : NULL;
+                    if (nt == NULL) {
                         free(r.result);
                         free(r.error);
                         continue; /* its job times out, as if the reply were lost */
                     }
-                    batch = nb;
+                    taken = nt;
                     capbatch = cap;
                 }
                 batch[nbatch++] = r;
             }
             if (nbatch) {
+                /* The jobs under one lock; then each ended without it. */
                 pthread_mutex_lock(&p->mu);
                 for (size_t k = 0; k < nbatch; k++)
-                    if (!deliver(c, &batch[k]))
-                        plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)",
-                             c->index, (long long)batch[k].id);
+                    taken[k] = take_reply(c, batch[k].id);
                 pthread_mutex_unlock(&p->mu);
                 for (size_t k = 0; k < nbatch; k++) {
+                    if (taken[k])
+                        finish(taken[k], batch[k].outcome, batch[k].result, batch[k].error, batch[k].delay_ms);
+                    else
+                        plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)",
+                             c->index, (long long)batch[k].id);
                     free(batch[k].result);
                     free(batch[k].error);
                 }
@@ -629,6 +692,7 @@ static int64_t one_life(coproc *c)
     sb_free(&out);
     sb_free(&err);
     free(batch);
+    free(taken);
     /* Its input is closed once no thread is writing to it; lines still queued go nowhere. */
     pthread_mutex_lock(&p->mu);
     in_fd = c->in_fd;
@@ -650,9 +714,10 @@ static int64_t one_life(coproc *c)
                  WTERMSIG(status));
     pthread_mutex_lock(&p->mu);
     c->pid = 0;
-    fail_held(c, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
+    pending *held = take_held(c);
     int stopping = p->stopping;
     pthread_mutex_unlock(&p->mu);
+    finish_all(held, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
     if (!stopping)
         plog(p, PGJOBQ_LOG_WARN, "%s; restarting it", why + 4);
     return mono_ms() - born;
@@ -774,45 +839,18 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
 {
     coproc_pool *p = arg;
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
-    pending pe;
     coproc *c = NULL;
     sbuf line;
-    char msg[PGJOBQ_ERROR_MAX];
+    pending *pe = calloc(1, sizeof *pe);
 
-    memset(&pe, 0, sizeof pe);
-    pe.id = job->id;
-    pe.delay_ms = -1;
-    if (sem_init(&pe.sem, 0, 0) != 0) {
-        pgjobq_ctx_set_error(ctx, "the worker could not wait for the coprocess (sem_init failed)");
+    if (pe == NULL) {
+        pgjobq_ctx_set_error(ctx, "the worker ran out of memory handing the job to the coprocess");
         return PGJOBQ_OUTCOME_RETRY;
     }
+    pe->id = job->id;
+    pe->ctx = ctx;
 
-    /* A running coprocess with room; wait for one while the job may still run. */
-    pthread_mutex_lock(&p->mu);
-    while (c == NULL) {
-        for (int i = 0; i < p->k; i++) {
-            coproc *x = &p->cp[i];
-            if (x->pid > 0 && x->in_fd >= 0 && !x->retiring && x->inflight < p->share &&
-                (c == NULL || x->inflight < c->inflight))
-                c = x;
-        }
-        if (c || p->stopping || pgjobq_ctx_should_stop(ctx))
-            break;
-        struct timespec until;
-        deadline_in(&until, 100);
-        pthread_cond_timedwait(&p->cv, &p->mu, &until);
-    }
-    if (c == NULL) {
-        pthread_mutex_unlock(&p->mu);
-        sem_destroy(&pe.sem);
-        pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");
-        return PGJOBQ_OUTCOME_RETRY;
-    }
-    pe.next = c->held;
-    c->held = &pe;
-    c->inflight++;
-    pthread_mutex_unlock(&p->mu);
-
+    /* The line first: once the job is linked, its reply may end it (and free ctx) at any moment. */
     sb_init(&line);
     sb_printf(&line, "{\"id\":%lld,\"queue\":", (long long)job->id);
     json_text(&line, job->queue);
@@ -826,68 +864,51 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
         sb_puts(&line, job->parents);
     }
     sb_puts(&line, "}\n");
-    int sent = !line.failed && send_line(c, line.data, line.len) == 0;
-    sb_free(&line);
+    if (line.failed) {
+        sb_free(&line);
+        free(pe);
+        pgjobq_ctx_set_error(ctx, "the worker ran out of memory handing the job to the coprocess");
+        return PGJOBQ_OUTCOME_RETRY;
+    }
 
-    /* Wait for the reply; every 100 ms, see whether the job must stop. */
-    pgjobq_stop_reason stopped = PGJOBQ_STOP_NONE;
-    int done = 0;
-    while (!done) {
-        if (sent) {
-            struct timespec until;
-            deadline_in(&until, 100);
-            if (sem_timedwait(&pe.sem, &until) == 0) {
-                done = 1;
-                break;
-            }
-            if (!pgjobq_ctx_should_stop(ctx))
-                continue;
+    /* A running coprocess with room (waiting for one while the job may still run); then, under the
+     * same lock, the job is linked and its line queued, so that a coprocess that dies meanwhile ends
+     * it with the rest of what it held. */
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        c = NULL;
+        for (int i = 0; i < p->k; i++) {
+            coproc *x = &p->cp[i];
+            if (x->pid > 0 && x->in_fd >= 0 && !x->retiring && x->inflight < p->share &&
+                (c == NULL || x->inflight < c->inflight))
+                c = x;
         }
-        /* Give the job up, unless its reply came meanwhile. */
-        pthread_mutex_lock(&p->mu);
-        if (pe.done) {
-            done = 1;
-        } else {
-            for (pending **pp = &c->held; *pp; pp = &(*pp)->next) {
-                if (*pp == &pe) {
-                    *pp = pe.next;
-                    c->inflight--;
-                    break;
-                }
-            }
-            stopped = sent ? pgjobq_ctx_stop_reason(ctx) : PGJOBQ_STOP_NONE;
-            pthread_cond_broadcast(&p->cv); /* its slot is free */
+        if (c || p->stopping || pgjobq_ctx_should_stop(ctx))
+            break;
+        struct timespec until;
+        deadline_in(&until, 100);
+        pthread_cond_timedwait(&p->cv, &p->mu, &until);
+    }
+    if (c != NULL) {
+        sb_putn(&c->outq, line.data, line.len);
+        if (c->outq.failed) {
+            sb_free(&c->outq);
+            c = NULL;
         }
+    }
+    if (c == NULL) {
         pthread_mutex_unlock(&p->mu);
-        break;
+        sb_free(&line);
+        free(pe);
+        pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");
+        return PGJOBQ_OUTCOME_RETRY;
     }
-    sem_destroy(&pe.sem);
-
-    if (!done) {
-        if (!sent) {
-            pgjobq_ctx_set_error(ctx, "could not send the job to the coprocess (it exited)");
-            return PGJOBQ_OUTCOME_RETRY;
-        }
-        char cancel[64];
-        int n = snprintf(cancel, sizeof cancel, "{\"cancel\":%lld}\n", (long long)job->id);
-        (void)send_line(c, cancel, (size_t)n);
-        snprintf(msg, sizeof msg, "%s", stopped == PGJOBQ_STOP_TIMEOUT     ? "timed out: the coprocess was told to cancel it"
-                                        : stopped == PGJOBQ_STOP_CANCELLED ? "cancelled"
-                                        : stopped == PGJOBQ_STOP_SHUTDOWN  ? "stopped by the worker (shutdown)"
-                                                                           : "stopped by the worker (lease lost)");
-        pgjobq_ctx_set_error(ctx, msg);
-        return stopped == PGJOBQ_STOP_CANCELLED ? PGJOBQ_OUTCOME_CANCEL : PGJOBQ_OUTCOME_RETRY;
-    }
-    pgjobq_outcome out = pe.outcome;
-    if (out == PGJOBQ_OUTCOME_COMPLETE && pe.result && pgjobq_ctx_set_result(ctx, pe.result) != PGJOBQ_OK) {
-        pgjobq_ctx_set_error(ctx, "the coprocess's result is not storable JSON");
-        out = PGJOBQ_OUTCOME_RETRY;
-    } else if (out != PGJOBQ_OUTCOME_COMPLETE) {
-        pgjobq_ctx_set_error(ctx, pe.error ? pe.error : out == PGJOBQ_OUTCOME_FAIL ? "failed" : "retry");
-        if (out == PGJOBQ_OUTCOME_RETRY && pe.delay_ms >= 0)
-            pgjobq_ctx_set_retry_delay(ctx, pe.delay_ms);
-    }
-    free(pe.result);
-    free(pe.error);
-    return out;
+    pe->next = c->held;
+    c->held = pe;
+    c->inflight++;
+    if (!c->flushing)
+        flush_locked(c);
+    pthread_mutex_unlock(&p->mu);
+    sb_free(&line);
+    return PGJOBQ_OUTCOME_PENDING;
 }

@@ -735,9 +735,12 @@ typedef enum pgjobq_outcome {
                                     attempts remain, else the job fails */
     PGJOBQ_OUTCOME_FAIL = 2,     /* failed for good: no further attempts */
     PGJOBQ_OUTCOME_CANCEL = 3,   /* stop: the job ends cancelled */
-    PGJOBQ_OUTCOME_DONE = 4      /* the handler already ended the job itself, typically with
+    PGJOBQ_OUTCOME_DONE = 4,     /* the handler already ended the job itself, typically with
                                     pgjobq_job_complete on its own connection, in the same transaction
                                     as its effect (exactly-once effects); the worker writes nothing */
+    PGJOBQ_OUTCOME_PENDING = 5   /* the job goes on after the handler returns: whoever the handler gave
+                                    it to ends it with pgjobq_ctx_finish, from any thread, and the
+                                    handler's thread is free for the next job meanwhile */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */
@@ -749,7 +752,8 @@ typedef enum pgjobq_stop_reason {
     PGJOBQ_STOP_SHUTDOWN = 4   /* the worker is shutting down; the job will be handed back */
 } pgjobq_stop_reason;
 
-/* The handler's view of one job.  Valid only during the handler call, on the handler's thread. */
+/* The handler's view of one job.  Valid during the handler call, on the handler's thread; when the
+ * handler returns PGJOBQ_OUTCOME_PENDING, until pgjobq_ctx_finish, on whichever one thread holds it. */
 typedef struct pgjobq_ctx pgjobq_ctx;
 
 /* The job (id, queue, kind, payload, attempt, max_attempts, ...). */
@@ -772,6 +776,14 @@ PGJOBQ_EXPORT pgjobq_stop_reason pgjobq_ctx_stop_reason(const pgjobq_ctx *ctx);
 
 /* Milliseconds left before the job timeout (0 when it has passed). */
 PGJOBQ_EXPORT int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx);
+
+/* Ends a job whose handler returned PGJOBQ_OUTCOME_PENDING, with outcome (COMPLETE, RETRY, FAIL,
+ * CANCEL or DONE; the result, error and retry delay set on ctx before go with it).  Call it exactly
+ * once per such job, from any thread, also when the job must stop (pgjobq_ctx_should_stop: a timeout,
+ * a cancel, a lost lease, a shutdown), which the holder of a pending job must watch for: the worker
+ * waits for every pending job before pgjobq_worker_run returns.  ctx is invalid afterwards.  Nothing
+ * happens for a ctx whose handler has not returned PENDING, or for PENDING as the outcome. */
+PGJOBQ_EXPORT void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome);
 
 /* A handler: runs one job and says how it went.  Called on one of the worker's threads; many run at
  * once, so a handler must be thread-safe.  arg is what was given to pgjobq_worker_handle. */

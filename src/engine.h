@@ -269,6 +269,8 @@ struct pgjobq_ctx {
     struct pgjobq__queue *q;
     _Atomic int stop;            /* a pgjobq_stop_reason */
     int64_t started_ms;
+    int64_t started_ns;          /* monotonic, for the handler's measured time */
+    _Atomic int pending;         /* its handler returned PENDING: pgjobq_ctx_finish ends it */
     _Atomic int64_t timeout_at_ms; /* INT64_MAX until the handler starts: the timeout counts from there */
     /* Engine only. */
     int64_t lease_valid_until_ms;
@@ -293,6 +295,7 @@ typedef struct pgjobq__queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pgjobq_ctx *head, *tail;
+    int active; /* jobs taken by a thread and not yet ended (pending ones included): at most concurrency */
     int exit_threads;
     pthread_t *threads;
     int nthreads;
@@ -301,6 +304,9 @@ typedef struct pgjobq__queue {
      * get jobs claimed ahead (pgjobq__prefetch). */
     _Atomic int64_t handler_ns;
     _Atomic int64_t handled;
+    /* Moving average of the time a handler holds its thread, ns: the same as handler_ns, except for
+     * handlers that return PENDING (they hold it only to hand the job on).  Decides the wakeups. */
+    _Atomic int64_t busy_ns;
     int64_t payload_bytes; /* engine only: moving average of claimed payload sizes */
     /* Engine only: the claim policy's view, and where the next claim starts. */
     pgjobq__claim_view claim;

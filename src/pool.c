@@ -105,7 +105,26 @@ static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *k
     return any;
 }
 
-/* Runs one job's handler (or explains why it did not run) and hands the job back to the engine. */
+/* A job taken by a thread has ended: its slot is free for the next waiting job. */
+static void release_slot(pgjobq__queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->active--;
+    if (q->head)
+        pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* A moving average of handler times: the first measurement replaces the guess (racy updates only
+ * blur it). */
+static void average(_Atomic int64_t *avg, int64_t handled, int64_t ns)
+{
+    int64_t a = atomic_load(avg);
+    atomic_store(avg, handled == 0 ? ns : a + (ns - a) / 8);
+}
+
+/* Runs one job's handler (or explains why it did not run) and hands the job back to the engine (or,
+ * when the handler returns PENDING, leaves that to pgjobq_ctx_finish). */
 static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
 {
     const pgjobq__handler *h = find_handler(q, ctx->job.kind);
@@ -124,14 +143,40 @@ static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         ctx->started_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
+        int64_t started_ns = (int64_t)t0.tv_sec * 1000000000 + t0.tv_nsec;
+        ctx->started_ns = started_ns;
         atomic_store(&ctx->timeout_at_ms, ctx->started_ms + q->timeout_ms);
-        ctx->outcome = h->fn(ctx, h->arg);
+        atomic_store(&ctx->pending, 1); /* so that a finish from another thread during the call counts */
+        pgjobq_outcome out = h->fn(ctx, h->arg);
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
-        int64_t avg = atomic_load(&q->handler_ns);
-        /* The first measurement replaces the guess; then a moving average (racy updates only blur it). */
-        atomic_store(&q->handler_ns, atomic_fetch_add(&q->handled, 1) == 0 ? ns : avg + (ns - avg) / 8);
+        int64_t ns = (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec - started_ns;
+        average(&q->busy_ns, atomic_load(&q->handled), ns);
+        /* PENDING: ctx belongs to whoever finishes it, and may be gone already.  Otherwise the handler
+         * ended the job here, unless it (wrongly) also finished it. */
+        int was = 1;
+        if (out == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&ctx->pending, &was, 0))
+            return;
+        ctx->outcome = out;
+        average(&q->handler_ns, atomic_load(&q->handled), ns);
+        atomic_fetch_add(&q->handled, 1);
     }
+    release_slot(q);
+    pgjobq__worker_done(q->w, ctx);
+}
+
+void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
+{
+    struct timespec t1;
+    int was = 1;
+
+    if (ctx == NULL || outcome == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&ctx->pending, &was, 0))
+        return;
+    pgjobq__queue *q = ctx->q;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    average(&q->handler_ns, atomic_load(&q->handled), (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec - ctx->started_ns);
+    atomic_fetch_add(&q->handled, 1);
+    ctx->outcome = outcome;
+    release_slot(q);
     pgjobq__worker_done(q->w, ctx);
 }
 
@@ -143,17 +188,19 @@ static void *queue_thread(void *arg)
         pgjobq_ctx *ctx;
 
         pthread_mutex_lock(&q->mu);
-        while (q->head == NULL && !q->exit_threads)
+        /* A job for each slot: a handler that returned PENDING still holds its slot. */
+        while ((q->head == NULL || q->active >= q->concurrency) && !q->exit_threads)
             pthread_cond_wait(&q->cv, &q->mu);
         if (q->head == NULL) {
             pthread_mutex_unlock(&q->mu);
             return NULL;
         }
+        q->active++;
         ctx = q->head;
         q->head = ctx->next;
         if (q->head == NULL)
             q->tail = NULL;
-        else if (atomic_load(&q->handler_ns) > FAST_HANDLER_NS)
+        else if (atomic_load(&q->busy_ns) > FAST_HANDLER_NS && q->active < q->concurrency)
             pthread_cond_signal(&q->cv); /* more work for slow handlers: wake a thread to share it */
         ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
@@ -166,6 +213,7 @@ int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err
     for (int i = 0; i < nqueues; i++) {
         pgjobq__queue *q = &queues[i];
         atomic_store(&q->handler_ns, INT64_C(1000000)); /* unknown: assume slow until measured */
+        atomic_store(&q->busy_ns, INT64_C(1000000));
         q->threads = calloc((size_t)q->concurrency, sizeof *q->threads);
         if (q->threads == NULL) {
             snprintf(err, err_size, "out of memory starting threads");

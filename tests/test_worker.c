@@ -1117,3 +1117,130 @@ TEST_FULL(work_names_bad_handlers_and_logs_failed_attempts, 120, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* Handlers that return PENDING: a separate thread ends each job with pgjobq_ctx_finish (complete,
+ * retry, fail), and a job that times out while pending is ended by its holder when it sees
+ * pgjobq_ctx_should_stop.  The handler threads are free meanwhile: 2 slots, 200 jobs in flight at the
+ * finisher at most as many as the slots. */
+typedef struct finisher {
+    pthread_mutex_t mu;
+    pgjobq_ctx *held[64];
+    int n;
+    _Atomic int quit;
+    _Atomic int max_held;
+} finisher;
+
+static pgjobq_outcome pending_handler(pgjobq_ctx *ctx, void *arg)
+{
+    finisher *f = arg;
+    pthread_mutex_lock(&f->mu);
+    if (f->n == 64) {
+        pthread_mutex_unlock(&f->mu);
+        pgjobq_ctx_set_error(ctx, "finisher full");
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    f->held[f->n++] = ctx;
+    if (f->n > atomic_load(&f->max_held))
+        atomic_store(&f->max_held, f->n);
+    pthread_mutex_unlock(&f->mu);
+    return PGJOBQ_OUTCOME_PENDING;
+}
+
+static void *finisher_thread(void *arg)
+{
+    finisher *f = arg;
+    while (!atomic_load(&f->quit)) {
+        pgjobq_ctx *ready[64];
+        int n = 0;
+        pthread_mutex_lock(&f->mu);
+        for (int i = 0; i < f->n;) {
+            const pgjobq_job *j = pgjobq_ctx_job(f->held[i]);
+            /* "hang" jobs are held until they must stop; the others end now. */
+            if (strcmp(j->kind, "hang") != 0 || pgjobq_ctx_should_stop(f->held[i])) {
+                ready[n++] = f->held[i];
+                f->held[i] = f->held[--f->n];
+            } else {
+                i++;
+            }
+        }
+        pthread_mutex_unlock(&f->mu);
+        for (int i = 0; i < n; i++) {
+            const pgjobq_job *j = pgjobq_ctx_job(ready[i]);
+            if (strcmp(j->kind, "hang") == 0) {
+                pgjobq_ctx_set_error(ready[i], pgjobq_ctx_stop_reason(ready[i]) == PGJOBQ_STOP_TIMEOUT ? "gave up: timeout"
+                                                                                                   : "gave up");
+                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_FAIL);
+            } else if (strcmp(j->kind, "flaky") == 0 && j->attempt == 1) {
+                pgjobq_ctx_set_error(ready[i], "first attempt fails");
+                pgjobq_ctx_set_retry_delay(ready[i], 0);
+                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_RETRY);
+            } else {
+                char result[64];
+                snprintf(result, sizeof result, "{\"id\": %lld}", (long long)j->id);
+                CHECK_OK(NULL, pgjobq_ctx_set_result(ready[i], result));
+                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_COMPLETE);
+                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_COMPLETE); /* twice: ignored... */
+            }
+        }
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    finisher f;
+    pthread_t th, fin;
+    run_arg r;
+
+    memset(&f, 0, sizeof f);
+    pthread_mutex_init(&f.mu, NULL);
+    eo.queue = "async";
+    eo.kind = "ok";
+    for (int i = 0; i < 150; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
+    eo.kind = "flaky";
+    for (int i = 0; i < 50; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
+    eo.kind = "hang";
+    eo.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
+    o.lease_ms = 4000;
+    o.timeout_ms = 1000;
+    o.poll_ms = 100;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "async", NULL, 8, pending_handler, &f) == PGJOBQ_OK);
+    CHECK(pthread_create(&fin, NULL, finisher_thread, &f) == 0);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'completed'", 200, 60000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'failed'"
+                 " AND last_error = 'gave up: timeout'",
+             1, 30000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    atomic_store(&f.quit, 1);
+    pthread_join(fin, NULL);
+    CHECK_INT(r.rc, PGJOBQ_OK);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND kind = 'flaky'"
+                        " AND state = 'completed' AND attempt = 2"),
+              50);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'completed'"
+                        " AND result ->> 'id' = id::text"),
+              200);
+    /* At most the slots were ever pending at once (a pending job keeps its slot). */
+    CHECK_MSG(atomic_load(&f.max_held) <= 8, "%d jobs were pending at once with 8 slots", atomic_load(&f.max_held));
+    pgjobq_worker_stats st;
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.running, 0);
+    pgjobq_worker_free(w);
+    pthread_mutex_destroy(&f.mu);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
