@@ -245,11 +245,58 @@ const char *cli_database_url(void)
     return NULL;
 }
 
+/* Where cli_database_url() found its value, for messages. */
+static const char *db_source(void)
+{
+    const char *v;
+    if (cli_db_url)
+        return "--db";
+    if ((v = getenv("PGJOBQ_DATABASE_URL")) != NULL && v[0])
+        return "$PGJOBQ_DATABASE_URL";
+    return "$DATABASE_URL";
+}
+
+/* 0 when url reads as a PostgreSQL URL (postgresql:// or postgres://) or a conninfo (key=value
+ * pairs); -1 with why set otherwise.  The value itself is never quoted: it may hold a password. */
+static int db_url_check(const char *url, char *why, size_t why_size)
+{
+    const char *scheme_end = strstr(url, "://");
+    size_t key = strspn(url, " \t");
+
+    if (url[key] == '\0') {
+        snprintf(why, why_size, "it is empty");
+        return -1;
+    }
+    if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
+        return 0;
+    const char *eq = strchr(url, '=');
+    if (scheme_end != NULL && (eq == NULL || eq > scheme_end)) {
+        snprintf(why, why_size, "it is a %.*s:// URL, not postgresql://",
+                 (int)(scheme_end - url < 20 ? scheme_end - url : 20), url);
+        return -1;
+    }
+    /* conninfo: the first word is key=value with a known-looking key. */
+    size_t klen = strspn(url + key, "abcdefghijklmnopqrstuvwxyz_");
+    if (klen > 0 && url[key + klen + strspn(url + key + klen, " \t")] == '=')
+        return 0;
+    snprintf(why, why_size, "it is neither a postgresql:// URL nor a conninfo (host=... dbname=...)");
+    return -1;
+}
+
 const char *cli_resolve_db(int *status)
 {
     const char *url = cli_database_url();
+    char why[160];
+
     *status = EX_OK;
-    return url ? url : cli_embedded_conninfo(status);
+    if (url == NULL)
+        return cli_embedded_conninfo(status);
+    if (db_url_check(url, why, sizeof why) != 0) {
+        cli_err("the database given by %s is not usable: %s", db_source(), why);
+        *status = cli_db_url ? EX_USAGE : EX_CONFIG;
+        return NULL;
+    }
+    return url;
 }
 
 pgjobq_client *cli_connect(int allow_unmigrated, int *status)
@@ -266,6 +313,8 @@ pgjobq_client *cli_connect(int allow_unmigrated, int *status)
         return c;
     }
     *status = cli_fail(c, rc);
+    if (rc == PGJOBQ_ECONN && cli_database_url() != NULL)
+        cli_err("(the database URL came from %s)", db_source());
     pgjobq_client_close(c);
     return NULL;
 }

@@ -410,3 +410,46 @@ TEST(cli_help_and_man_page_list_the_same_options)
     }
     free(man);
 }
+
+/* What is not a PostgreSQL URL or conninfo is refused before any connection, naming where it came
+ * from and never quoting it (it may hold a password); a connection that fails says where its URL
+ * came from. */
+TEST(cli_database_urls_that_are_not_postgresql_are_refused)
+{
+    char *out, *err;
+    static const struct {
+        const char *url, *says;
+    } bad[] = {
+        {"mysql://app:hunter2@db/app", "a mysql:// URL"},
+        {"not a url", "neither a postgresql:// URL nor a conninfo"},
+        {"", "empty"},
+        {"   ", "empty"},
+    };
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", bad[i].url, "stats", NULL), EX_USAGE);
+        CHECK_MSG(strstr(err, "the database given by --db is not usable") && strstr(err, bad[i].says) &&
+                      strstr(err, "hunter2") == NULL,
+                  "--db '%s': %s", bad[i].url, err);
+        free(out);
+        free(err);
+    }
+    setenv("DATABASE_URL", "mysql://app:hunter2@db/app", 1);
+    t_use_test_db = 0; /* the harness would set $PGJOBQ_DATABASE_URL, which comes first */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), EX_CONFIG);
+    CHECK_MSG(strstr(err, "given by $DATABASE_URL") && strstr(err, "hunter2") == NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    unsetenv("DATABASE_URL");
+    t_use_test_db = 1;
+    /* A conninfo and a URL are taken; one that cannot connect says where it came from. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "host=/nonexistent-dir dbname=x connect_timeout=2", "stats", NULL),
+              EX_UNAVAILABLE);
+    CHECK_MSG(strstr(err, "(the database URL came from --db)"), "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", "postgresql:///x?host=/nonexistent-dir", "stats", NULL),
+              EX_UNAVAILABLE);
+    free(out);
+    free(err);
+}
