@@ -46,8 +46,12 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, 
 void cli_usage(const cli_cmd *cmd, FILE *to);
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prints "pgjobq: message" on stderr. */
+/* Prints "pgjobq: message" on stderr, with passwords redacted (cli_redact). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* msg with the configured database's password, $PGPASSWORD and anything shaped like a password
+ * replaced by "***" (pgjobq_conninfo_redact): a malloc'd string, or NULL when out of memory. */
+char *cli_redact(const char *msg);
 
 /* Opens a client on the configured database; on failure prints why and returns NULL with *status set
  * to the exit status.  allow_unmigrated lets `migrate` through on an empty database. */
@@ -87,7 +91,7 @@ void progress_done(progress *p, int64_t done, const char *extra);
 const char *cli_embedded_conninfo(int *status);
 
 /* The database to use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded one.  NULL with
- * *status set after printing why. */
+ * *status set after printing why; a URL libpq cannot parse is EX_CONFIG. */
 const char *cli_resolve_db(int *status);
 
 /* Commands. */

@@ -391,8 +391,7 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     if (rc == PGJOBQ_EDUPLICATE) {
         if (!a->quiet) {
             printf("%lld\n", (long long)id);
-            fprintf(stderr, "pgjobq: not enqueued: job %lld already holds unique key \"%s\"\n", (long long)id,
-                    a->opts.unique_key);
+            cli_err("not enqueued: job %lld already holds unique key \"%s\"", (long long)id, a->opts.unique_key);
         }
         pgjobq_client_close(c);
         return EX_OK;

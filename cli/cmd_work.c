@@ -117,12 +117,16 @@ static void on_signal(int sig)
 static void log_line(void *arg, pgjobq_log_level level, const char *msg)
 {
     const work_args *a = arg;
-    char ts[96];
+    char ts[96], *safe;
     struct timespec now;
     struct tm tm;
 
     if ((int)level < a->log_level)
         return;
+    /* The library redacts what it logs; this covers the lines of the coprocesses too. */
+    if ((safe = cli_redact(msg)) == NULL)
+        return;
+    msg = safe;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
     snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
@@ -136,6 +140,7 @@ static void log_line(void *arg, pgjobq_log_level level, const char *msg)
         fprintf(stderr, "%s %-5s %s\n", ts, pgjobq_log_level_name(level), msg);
     }
     funlockfile(stderr);
+    free(safe);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -62,14 +62,27 @@ static const cli_cmd commands[] = {
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
+/* Every message for a person goes through here: the database's password, and anything shaped like
+ * one, redacted (libpq's errors quote the URL they could not parse, and arguments are echoed). */
+static void say(const char *prefix, const char *fmt, va_list ap, const char *suffix)
+{
+    char *msg = NULL, *safe = NULL;
+
+    if (vasprintf(&msg, fmt, ap) >= 0)
+        safe = cli_redact(msg);
+    fputs(prefix, stderr);
+    fputs(safe ? safe : "(message lost: out of memory)", stderr);
+    fputs(suffix, stderr);
+    free(msg);
+    free(safe);
+}
+
 void cli_err(const char *fmt, ...)
 {
     va_list ap;
-    fputs("pgjobq: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say("pgjobq: ", fmt, ap, "\n");
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 static void main_usage(FILE *to)
@@ -103,12 +116,14 @@ void cli_usage(const cli_cmd *cmd, FILE *to)
 
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
 {
+    char prefix[64], suffix[96];
     va_list ap;
-    fprintf(stderr, "pgjobq %s: ", cmd->name);
+
+    snprintf(prefix, sizeof prefix, "pgjobq %s: ", cmd->name);
+    snprintf(suffix, sizeof suffix, "\nTry 'pgjobq %s --help'.\n", cmd->name);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say(prefix, fmt, ap, suffix);
     va_end(ap);
-    fprintf(stderr, "\nTry 'pgjobq %s --help'.\n", cmd->name);
     return EX_USAGE;
 }
 
@@ -200,11 +215,36 @@ const char *cli_database_url(void)
     return NULL;
 }
 
+char *cli_redact(const char *msg)
+{
+    const char *url = cli_database_url();
+    size_t n = pgjobq_conninfo_redact(NULL, 0, msg, url);
+    char *safe = malloc(n + 1);
+
+    if (safe)
+        pgjobq_conninfo_redact(safe, n + 1, msg, url);
+    return safe;
+}
+
+/* A URL libpq cannot parse is a configuration error, said before anything connects (a worker would
+ * retry it forever) and without its password. */
 const char *cli_resolve_db(int *status)
 {
     const char *url = cli_database_url();
+    char why[512];
+    int rc;
+
     *status = EX_OK;
-    return url ? url : cli_embedded_conninfo(status);
+    if (url == NULL)
+        return cli_embedded_conninfo(status);
+    if ((rc = pgjobq_conninfo_check(url, why, sizeof why)) != PGJOBQ_OK) {
+        cli_err("the database URL (%s) is not valid: %s",
+                url == cli_db_url ? "--db" : url == getenv("PGJOBQ_DATABASE_URL") ? "$PGJOBQ_DATABASE_URL" : "$DATABASE_URL",
+                why);
+        *status = rc == PGJOBQ_ENOMEM ? EX_OSERR : EX_CONFIG;
+        return NULL;
+    }
+    return url;
 }
 
 pgjobq_client *cli_connect(int allow_unmigrated, int *status)
@@ -250,7 +290,7 @@ int main(int argc, char **argv)
             i++;
             continue;
         }
-        fprintf(stderr, "pgjobq: unknown option '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+        cli_err("unknown option '%s'\nTry 'pgjobq --help'.", argv[i]);
         return EX_USAGE;
     }
     if (i >= argc) {
@@ -260,6 +300,6 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < NCOMMANDS; k++)
         if (strcmp(argv[i], commands[k].name) == 0)
             return commands[k].run(&commands[k], argc - i, argv + i);
-    fprintf(stderr, "pgjobq: unknown command '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+    cli_err("unknown command '%s'\nTry 'pgjobq --help'.", argv[i]);
     return EX_USAGE;
 }

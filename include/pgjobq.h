@@ -816,7 +816,8 @@ static inline pgjobq_worker_opts pgjobq_worker_opts_init_(void)
 
 /*
  * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than
- * the lease is refused, and pgjobq_worker_errmsg says why) but does not connect yet.  On PGJOBQ_OK *out is a new worker; on PGJOBQ_EINVAL *out is still set so that
+ * the lease is refused, and pgjobq_worker_errmsg says why) and that libpq can parse conninfo (a
+ * connection string it cannot parse is PGJOBQ_EINVAL, not retried forever), but does not connect yet.  On PGJOBQ_OK *out is a new worker; on PGJOBQ_EINVAL *out is still set so that
  * pgjobq_worker_errmsg() can say why, and must be freed.  PGJOBQ_ENOMEM leaves *out NULL.
  */
 PGJOBQ_EXPORT int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo,
@@ -891,6 +892,25 @@ PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
  * byte offset) into why[0..why_size).
  */
 PGJOBQ_EXPORT int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size) PGJOBQ_WUR;
+
+/*
+ * Checks that libpq can parse conninfo (a postgresql:// URL or a key=value string; NULL is "").  Does
+ * not connect.  Returns PGJOBQ_OK, PGJOBQ_EINVAL, or PGJOBQ_ENOMEM; on error, if why is not NULL,
+ * writes libpq's reason into why[0..why_size) with its passwords redacted (pgjobq_conninfo_redact).
+ * Thread-safe.
+ */
+PGJOBQ_EXPORT int pgjobq_conninfo_check(const char *conninfo, char *why, size_t why_size) PGJOBQ_WUR;
+
+/*
+ * Copies msg into buf[0..size) (NUL-terminated when size > 0, cut to fit) with passwords replaced by
+ * "***": every password conninfo holds (may be NULL), as written or decoded, and the pieces libpq may
+ * split a malformed one into; the value of $PGPASSWORD; and anything shaped like a password (between
+ * ':' and '@' after "://", after "password=").  What the library's own messages get (pgjobq_errmsg,
+ * pgjobq_worker_errmsg, the worker's log lines); use it on messages of your own that may quote a
+ * connection string.  buf must not overlap msg.  Returns the length of the whole redacted text (as
+ * snprintf does).  Should it run out of memory, buf says the message was withheld.  Thread-safe.
+ */
+PGJOBQ_EXPORT size_t pgjobq_conninfo_redact(char *buf, size_t size, const char *msg, const char *conninfo);
 
 #ifdef __cplusplus
 }

@@ -501,10 +501,13 @@ static int simple_command(pgjobq_client *c, const char *sql)
     PGresult *r = PQexec(c->conn, sql);
     int rc = PGJOBQ_OK;
 
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQstatus(c->conn) != CONNECTION_OK) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "enqueue: %s", sql);
+        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, prefix);
+    } else if (PQresultStatus(r) != PGRES_COMMAND_OK) {
         const char *m = PQerrorMessage(c->conn);
-        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s: %.*s", sql,
-                            (int)strcspn(m, "\n"), m);
+        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: %s: %.*s", sql, (int)strcspn(m, "\n"), m);
     }
     PQclear(r);
     return rc;
@@ -589,8 +592,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
     r = PQexec(c->conn, "SELECT pg_catalog.pg_current_xact_id()");
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s",
-                            PQerrorMessage(c->conn));
+        rc = pgjobq__seterr_conn(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);
@@ -598,7 +600,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
         rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
-                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+                                                : pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);
@@ -663,13 +665,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     }
     if (copy_flush(c, &data) != 0 || PQputCopyEnd(c->conn, NULL) != 1) {
-        rc = pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     r = PQgetResult(c->conn);
     if (PQresultStatus(r) != PGRES_COMMAND_OK) {
         rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
-                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+                                                : pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);

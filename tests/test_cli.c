@@ -2,6 +2,8 @@
  * test_cli.c - the pgjobq command: every command end to end, JSON-lines files (all or none), and a
  * table of bad input, each with a clear message, a sysexits.h status, and the database unchanged.
  */
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
@@ -368,4 +370,105 @@ TEST(cli_help_and_man_page_list_the_same_options)
         free(err);
     }
     free(man);
+}
+
+/* The file's text ("" while it does not exist yet). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *text = calloc(1, 1 << 20);
+    CHECK(text != NULL);
+    if (f) {
+        size_t n = fread(text, 1, (1 << 20) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    return text;
+}
+
+static int log_says(void *path)
+{
+    char *text = slurp(path);
+    int found = strstr(text, "cannot connect the claim connection") != NULL;
+    free(text);
+    return found;
+}
+
+/* A URL libpq parses but cannot use (a "port" that was half the password): the worker retries, as it
+ * does while a database is down, and logs each streak of failures without the password. */
+static void worker_retries_without_the_password(const char *url, const char *secret)
+{
+    const char *log = t_log_path("retrying");
+    pid_t w = t_spawn(log, NULL, "--db", url, "work", "--exec", "/bin/true", "--log-level", "debug", NULL);
+    int ok = t_wait_until(log_says, (void *)log, 30000);
+    kill(w, SIGTERM);
+    CHECK(t_wait_exit(w, 30000) >= 0);
+    char *text = slurp(log);
+    CHECK_MSG(ok, "the worker did not say it cannot connect:\n%s", text);
+    CHECK_MSG(strstr(text, secret) == NULL, "the worker's log shows the password:\n%s", text);
+    free(text);
+}
+
+/* A database URL libpq cannot parse (its error quotes the URL, or the token it choked on) makes every
+ * command fail at once with a sysexits status, and its password appears in neither stdout nor
+ * stderr: as --db and as $DATABASE_URL, in every form of tests/test_redact.c. */
+TEST_FULL(cli_redacts_the_password_of_a_malformed_url_in_every_command, 180, 0)
+{
+    static const struct {
+        const char *url, *secret;
+    } urls[] = {
+        {"postgresql://alice:Zq7Secret1@[::1/db", "Zq7Secret1"},
+        {"postgres://alice:Zq7Secret2@[::1]x/db", "Zq7Secret2"},
+        {"postgresql://alice:Zq7%zzSecret3@localhost/db", "Secret3"},
+        {"postgresql://alice:Zq7%53ecret4%2F%40x@[::1/db", "ecret4"},
+        {"postgresql://[::1/db?user=alice&password=Zq7Secret5", "Zq7Secret5"},
+        {"postgresql://[::1]/db?password=pw&Zq7Secret6", "Zq7Secret6"},
+        {"postgresql://alice:Zq7Secret7/x@[::1]/db", "Zq7Secret7"},
+        {"host=/nonexistent password=pw Zq7Secret8", "Zq7Secret8"},
+        {"host=/nonexistent password = 'pw Zq7Secret9' 'bogus", "Zq7Secret9"},
+    };
+    static const char *const commands[][5] = {
+        {"stats"}, {"list"}, {"show", "1"}, {"graph", "1"}, {"health"}, {"migrate"}, {"migrate", "--roles"},
+        {"enqueue", "{}"}, {"enqueue", "--file", "-"}, {"cancel", "1"}, {"retry", "1"}, {"queue", "ls"},
+        {"queue", "pause", "q"}, {"cron", "ls"}, {"work", "--exec", "/bin/true"},
+        {"serve", "--listen", "127.0.0.1:0"},
+    };
+    static const char lines[] = "{}\n{}\n";
+
+    for (size_t u = 0; u < sizeof urls / sizeof urls[0]; u++) {
+        for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+            const char *const *a = commands[k];
+            if (strcmp(a[0], "work") == 0 && pgjobq_conninfo_check(urls[u].url, NULL, 0) == PGJOBQ_OK) {
+                worker_retries_without_the_password(urls[u].url, urls[u].secret);
+                continue;
+            }
+            for (int via_env = 0; via_env < 2; via_env++) {
+                char *out, *err;
+                int status;
+                /* Every command through --db; two of them through the environment too. */
+                if (via_env && k > 1)
+                    continue;
+                t_use_test_db = !via_env;
+                if (via_env)
+                    setenv("DATABASE_URL", urls[u].url, 1);
+                else
+                    unsetenv("DATABASE_URL");
+                if (via_env)
+                    status = t_cli(&out, &err, lines, sizeof lines - 1, a[0], a[1], a[2], a[3], NULL);
+                else
+                    status = t_cli(&out, &err, lines, sizeof lines - 1, "--db", urls[u].url, a[0], a[1], a[2], a[3],
+                                   NULL);
+                CHECK_MSG(status >= EX__BASE && status <= EX__MAX, "pgjobq %s with %s: status %d; stderr: %s", a[0],
+                          urls[u].url, status, err);
+                CHECK_MSG(strstr(out, urls[u].secret) == NULL && strstr(err, urls[u].secret) == NULL,
+                          "pgjobq %s %s with %s shows the password:\nstdout: %s\nstderr: %s", a[0], a[1] ? a[1] : "",
+                          urls[u].url, out, err);
+                CHECK_MSG(err[0] != '\0', "pgjobq %s with %s: no message", a[0], urls[u].url);
+                free(out);
+                free(err);
+            }
+        }
+    }
+    t_use_test_db = 1;
+    unsetenv("DATABASE_URL");
 }
