@@ -67,6 +67,16 @@ int cli_fail(pgjobq_client *c, int code);
 int cli_parse_duration_ms(const char *s, int64_t *ms, char *why, size_t why_size);
 int cli_parse_int(const char *s, long long min, long long max, long long *out, char *why, size_t why_size);
 
+/* Text from the database or a job (an error text, a worker id, a pause reason, a query) for a
+ * person: every control character (C0, DEL, C1), byte that is not UTF-8, line separator and
+ * bidirectional override shown as an escape (\e \a \r \n \t ..., \xNN, \uNNNN), so that it cannot
+ * move the cursor, retitle the window or fake a line.  The one way such text reaches a terminal or a
+ * text log.  With keep_lines, newlines and tabs are printed as such (a message of several lines). */
+void tty_put(FILE *f, const char *s, int keep_lines);
+/* The same into buf, at most width characters (an escape counts as wide as it is printed) and size - 1
+ * bytes, never cut inside a character or an escape; returns buf. */
+const char *tty_cell(char *buf, size_t size, const char *s, size_t width);
+
 /* Output helpers. */
 void json_str(FILE *f, const char *s);            /* a JSON string literal, or null for NULL */
 void json_time(FILE *f, int64_t us);              /* ISO 8601 UTC string, or null */

@@ -137,7 +137,10 @@ static void log_line(void *arg, pgjobq_log_level level, const char *msg)
         json_str(stderr, msg);
         fputs("}\n", stderr);
     } else {
-        fprintf(stderr, "%s %-5s %s\n", ts, pgjobq_log_level_name(level), msg);
+        /* One line per record, whatever a handler or the database put in it. */
+        fprintf(stderr, "%s %-5s ", ts, pgjobq_log_level_name(level));
+        tty_put(stderr, msg, 0);
+        fputc('\n', stderr);
     }
     funlockfile(stderr);
     free(safe);

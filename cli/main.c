@@ -63,7 +63,9 @@ static const cli_cmd commands[] = {
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 /* Every message for a person goes through here: the database's password, and anything shaped like
- * one, redacted (libpq's errors quote the URL they could not parse, and arguments are echoed). */
+ * one, redacted (libpq's errors quote the URL they could not parse, and arguments are echoed), and
+ * control characters escaped (a database error can quote a job's data).  libpq's messages can span
+ * lines: newlines and tabs are kept. */
 static void say(const char *prefix, const char *fmt, va_list ap, const char *suffix)
 {
     char *msg = NULL, *safe = NULL;
@@ -71,7 +73,7 @@ static void say(const char *prefix, const char *fmt, va_list ap, const char *suf
     if (vasprintf(&msg, fmt, ap) >= 0)
         safe = cli_redact(msg);
     fputs(prefix, stderr);
-    fputs(safe ? safe : "(message lost: out of memory)", stderr);
+    tty_put(stderr, safe ? safe : "(message lost: out of memory)", 1);
     fputs(suffix, stderr);
     free(msg);
     free(safe);

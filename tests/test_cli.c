@@ -472,3 +472,117 @@ TEST_FULL(cli_redacts_the_password_of_a_malformed_url_in_every_command, 180, 0)
     t_use_test_db = 1;
     unsetenv("DATABASE_URL");
 }
+
+/* Where text has a byte a terminal acts on (C0 other than the newlines of the layout, DEL, or the
+ * start of a C1 control), or -1. */
+static long control_at(const char *text)
+{
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        if ((*p < 0x20 && *p != '\n') || *p == 0x7f || (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+            return (long)(p - (const unsigned char *)text);
+    return -1;
+}
+
+static int lines_in(const char *text)
+{
+    int n = 0;
+    for (const char *p = text; *p; p++)
+        n += *p == '\n';
+    return n;
+}
+
+/* An --exec handler's stderr (the job's last_error) and a worker id can hold anything: what show and
+ * list print of them has no byte that moves the cursor, retitles the window or starts a fake line. */
+TEST(cli_show_and_list_escape_control_characters)
+{
+    static const char worker[] = "w\033]0;pwned\007\r\nFAKE \xc2\x9b" "2J";
+    static const char error[] = "boom\033[2J\007\rcarriage\nfake line\ttab\x7f";
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char id[32], *out, *err;
+    long at;
+
+    o.queue = "ctl";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"x\": \"\\u001b[2J\"}", &o, NULL));
+    CHECK_OK(c, pgjobq_claim(c, "ctl", 1, 60000, worker, &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[0].id, jobs[0].lease_token, error, 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    snprintf(id, sizeof id, "%lld", (long long)jobs[0].id);
+    pgjobq_jobs_free(jobs);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, NULL), 0);
+    CHECK_MSG((at = control_at(out)) < 0, "show prints a control byte at %ld:\n%s", at, out);
+    CHECK_MSG(strstr(out, "worker_id:     w\\e]0;pwned\\a\\r\\nFAKE \\u009b2J\n") != NULL, "show:\n%s", out);
+    CHECK_MSG(strstr(out, "last_error:    boom\\e[2J\\a\\rcarriage\\nfake line\\ttab\\x7f\n") != NULL, "show:\n%s",
+              out);
+    /* Every line is one of show's fields. */
+    for (const char *line = out; *line; line = strchr(line, '\n') + 1)
+        CHECK_MSG(line[0] >= 'a' && line[0] <= 'z' && strcspn(line, ":") < strcspn(line, " \n"),
+                  "show prints a line that is no field: %.*s", (int)strcspn(line, "\n"), line);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--queue", "ctl", NULL), 0);
+    CHECK_MSG((at = control_at(out)) < 0, "list prints a control byte at %ld:\n%s", at, out);
+    CHECK_MSG(lines_in(out) == 2 && strstr(out, "boom\\e[2J\\a\\rcarriage") != NULL, "list:\n%s", out);
+    free(out);
+    free(err);
+
+    /* JSON escapes them its own way. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, "--json", NULL), 0);
+    CHECK_MSG(control_at(out) < 0 && strstr(out, "\"worker_id\":\"w\\u001b]0;pwned\\u0007\\r\\nFAKE") != NULL,
+              "show --json: %s", out);
+    free(out);
+    free(err);
+
+    /* A pause reason in queue ls; a unique key quoted in a message. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "ctl", "--reason", "relay\033[2J\r\ndown", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(control_at(out) < 0 && strstr(out, "relay\\e[2J\\r\\ndown\n") != NULL, "queue ls:\n%s", out);
+    free(out);
+    free(err);
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--unique-key", "k\033]0;x\007", NULL), 0);
+        CHECK_MSG(control_at(err) < 0, "enqueue: %s", err);
+        free(out);
+        free(err);
+    }
+}
+
+/* The worker's log lines carry a coprocess's stderr and the worker id: one line each, escaped. */
+TEST(cli_work_log_escapes_control_characters)
+{
+    const char *handler = t_script("coproc.sh", "while IFS= read -r line; do\n"
+                                                "  id=${line#*\\\"id\\\":}; id=${id%%,*}\n"
+                                                "  printf 'handler says \\033]0;pwned\\007\\r\\n' >&2\n"
+                                                "  printf '{\"id\":%s,\"status\":\"completed\"}\\n' \"$id\"\n"
+                                                "done\n");
+    const char *log = t_log_path("work");
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id = 0;
+    PGconn *pg = t_pg();
+
+    o.queue = "ctl";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pid_t w = t_spawn(log, NULL, "work", "--queue", "ctl:1", "--coproc", handler, "--worker-id", "w\033[2J\r\nFAKE",
+                      "--poll", "100ms", NULL);
+    int64_t deadline = t_now_ms() + 30000;
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 0 &&
+           t_now_ms() < deadline)
+        usleep(50000);
+    kill(w, SIGTERM);
+    CHECK(t_wait_exit(w, 30000) >= 0);
+    char *text = slurp(log);
+    CHECK_MSG(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 1,
+              "the job did not complete:\n%s", text);
+    CHECK_MSG(strstr(text, "handler says \\e]0;pwned\\a\\r") != NULL && strstr(text, "w\\e[2J\\r\\nFAKE") != NULL,
+              "log:\n%s", text);
+    CHECK_MSG(control_at(text) < 0, "the log has a control byte:\n%s", text);
+    free(text);
+    PQfinish(pg);
+}
