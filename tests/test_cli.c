@@ -154,6 +154,58 @@ TEST(cli_enqueue_file_is_all_or_none)
     CHECK_INT(count_jobs(), 2500);
 }
 
+/* The ids on stdout are those of jobs that exist: a file of several batches prints them only once
+ * its transaction has committed, and none when a later line rolls everything back. */
+TEST(cli_enqueue_file_prints_ids_only_after_commit)
+{
+    char *out, *err, *data;
+
+    data = lines(1500, 1200, "{\"line\": oops}");
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", NULL), EX_DATAERR);
+    CHECK_MSG(out[0] == '\0', "ids of jobs that were rolled back: %.200s", out);
+    CHECK_MSG(strstr(err, "nothing was enqueued") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 0);
+
+    /* 2,500 lines in batches of 1,000: every id, once, after the commit, each a job. */
+    data = lines(2500, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", NULL), 0);
+    PGconn *pg = t_pg();
+    size_t len = strlen(out);
+    CHECK(len > 0 && out[len - 1] == '\n');
+    out[len - 1] = '\0';
+    for (char *p = out; (p = strchr(p, '\n')) != NULL;)
+        *p = ',';
+    char *array = malloc(len + 2);
+    CHECK(array != NULL);
+    snprintf(array, len + 2, "{%s}", out);
+    const char *values[1] = {array};
+    PGresult *r = PQexecParams(pg,
+                               "SELECT count(DISTINCT i), count(j.id) FROM unnest($1::bigint[]) i"
+                               " LEFT JOIN pgjobq.all_jobs j ON j.id = i",
+                               1, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pg));
+    CHECK_STR(PQgetvalue(r, 0, 0), "2500");
+    CHECK_STR(PQgetvalue(r, 0, 1), "2500");
+    PQclear(r);
+    free(array);
+    PQfinish(pg);
+    free(out);
+    free(err);
+    free(data);
+
+    /* --quiet prints nothing either way. */
+    data = lines(1500, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--quiet", NULL), 0);
+    CHECK_STR(out, "");
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 4000);
+}
+
 /* The bad-input table: arguments, expected status, a word the message must contain. */
 TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
 {
