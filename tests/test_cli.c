@@ -638,3 +638,88 @@ TEST(cli_work_log_escapes_control_characters)
     free(text);
     PQfinish(pg);
 }
+
+/* What an --exec or --coproc handler finds in its environment: the worker's, without any variable
+ * libpq reads (the database, the user, the password, the TLS key, ...), any pgjobq setting (the URL,
+ * the serve token) or DATABASE_URL; with its job's PGJOBQ_* variables. */
+static void check_handler_env(const char *path, int with_job_vars)
+{
+    static const char *const job_vars[] = {"PGJOBQ_JOB_ID=", "PGJOBQ_QUEUE=", "PGJOBQ_KIND=", "PGJOBQ_ATTEMPT=",
+                                           "PGJOBQ_MAX_ATTEMPTS=", "PGJOBQ_LEASE_TOKEN=", NULL};
+    char *text = slurp(path);
+    int job_vars_seen = 0;
+
+    CHECK_MSG(strstr(text, "\nKEEP_ME=yes\n") != NULL || strncmp(text, "KEEP_ME=yes\n", 12) == 0,
+              "%s lacks the worker's own variables:\n%s", path, text);
+    for (const char *line = text; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
+        int job_var = 0;
+        for (int i = 0; job_vars[i]; i++)
+            job_var |= strncmp(line, job_vars[i], strlen(job_vars[i])) == 0;
+        job_vars_seen += job_var;
+        CHECK_MSG(job_var || (strncmp(line, "PG", 2) != 0 && strncmp(line, "DATABASE_URL=", 13) != 0),
+                  "a handler inherited %.*s", (int)strcspn(line, "\n"), line);
+    }
+    CHECK_INT(job_vars_seen, with_job_vars ? 6 : 0);
+    CHECK_MSG(strstr(text, "hunter2") == NULL && strstr(text, "leak") == NULL && strstr(text, "serve-token") == NULL,
+              "a secret reached a handler:\n%s", text);
+    free(text);
+}
+
+TEST_FULL(cli_work_handlers_inherit_no_database_settings_or_secrets, 120, 0)
+{
+    static const char *const vars[][2] = {
+        {"PGHOST", "/nonexistent"}, {"PGPORT", "1"}, {"PGDATABASE", "nowhere"}, {"PGUSER", "nobody"},
+        {"PGPASSWORD", "hunter2"}, {"PGPASSFILE", "/nonexistent/pgpass"}, {"PGSERVICEFILE", "/nonexistent/svc"},
+        {"PGSSLKEY", "/secret/key.pem"}, {"PGSSLMODE", "disable"}, {"PGAPPNAME", "app"}, {"PGCONNECT_TIMEOUT", "10"},
+        {"PGCLIENTENCODING", "UTF8"}, {"PGGSSENCMODE", "disable"}, {"PGKRBSRVNAME", "postgres"},
+        {"PGTARGETSESSIONATTRS", "any"}, {"PGJOBQ_SERVE_TOKEN", "serve-token-0123456789"},
+        {"PGJOBQ_HOME", "/secret/home"}, {"DATABASE_URL", "postgresql://u:leak@h/db"}, {"KEEP_ME", "yes"},
+    };
+    char body[1024], exec_env[512], coproc_env[512];
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    const char *handlers[2];
+
+    snprintf(exec_env, sizeof exec_env, "%s/exec.env", t_tmpdir());
+    snprintf(coproc_env, sizeof coproc_env, "%s/coproc.env", t_tmpdir());
+    snprintf(body, sizeof body, "env > %s\ncat > /dev/null", exec_env);
+    handlers[0] = strdup(t_script("exec.sh", body));
+    snprintf(body, sizeof body,
+             "env > %s\n"
+             "while IFS= read -r line; do\n"
+             "  id=${line#*\\\"id\\\":}; id=${id%%,*}\n"
+             "  printf '{\"id\":%%s,\"status\":\"completed\"}\\n' \"$id\"\n"
+             "done",
+             coproc_env);
+    handlers[1] = strdup(t_script("coproc.sh", body));
+    o.queue = "envq";
+    for (int k = 0; k < 2; k++) {
+        int64_t id = 0;
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+        /* Set for the worker only: this process's own connections are open already. */
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+            setenv(vars[i][0], vars[i][1], 1);
+        const char *log = t_log_path(k ? "coproc" : "exec");
+        pid_t w = t_spawn(log, NULL, "work", "--queue", "envq:1", k ? "--coproc" : "--exec", handlers[k], "--poll",
+                          "100ms", NULL);
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+            unsetenv(vars[i][0]);
+        int64_t deadline = t_now_ms() + 30000;
+        while (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'",
+                     (long long)id) == 0 &&
+               t_now_ms() < deadline)
+            usleep(50000);
+        kill(w, SIGTERM);
+        CHECK(t_wait_exit(w, 30000) >= 0);
+        if (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 0)
+            t_show_log(log);
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id),
+                  1);
+    }
+    check_handler_env(exec_env, 1);
+    check_handler_env(coproc_env, 0);
+    free((void *)handlers[0]);
+    free((void *)handlers[1]);
+    PQfinish(pg);
+}
