@@ -286,7 +286,10 @@ typedef struct pgjobq_enqueue_opts {
     int max_attempts;       /* 1..PGJOBQ_MAX_ATTEMPTS_MAX; 0: PGJOBQ_DEFAULT_MAX_ATTEMPTS */
     int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
     const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
-                               Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL. */
+                               Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL, and so
+                               is a time before 1970-01-01 UTC or more than 100 years after the
+                               database's now() (checked by the database, in a statement of its
+                               own before the insert, only when run_at is given). */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
                                key, enqueueing another job with it returns the existing job instead. */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
