@@ -891,6 +891,7 @@ PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
 /*
  * Checks that the len bytes at text are one JSON document PostgreSQL's jsonb accepts (RFC 8259, UTF-8,
  * no \u0000, no lone surrogates, nesting at most 1000 deep) and at most PGJOBQ_PAYLOAD_MAX bytes.
+ * Like jsonb it accepts an object with a key twice; jsonb then keeps the last value only.
  * Returns PGJOBQ_OK or PGJOBQ_EINVAL; on error, if why is not NULL, writes a short reason (with the
  * byte offset) into why[0..why_size).
  */

@@ -99,6 +99,21 @@ TEST(cli_enqueue_unique_key_and_delay)
     PQfinish(pg);
 }
 
+/* What docs/sql.md and pgjobq(1) say of a key given twice: accepted, the last value kept. */
+TEST(cli_enqueue_duplicate_keys_keep_the_last_value)
+{
+    char *out, *err, id[32];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "{\"to\": \"ana\", \"to\": \"bob\"}", NULL), 0);
+    snprintf(id, sizeof id, "%lld", atoll(out));
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"payload\":{\"to\": \"bob\"}") != NULL, "show: %s", out);
+    free(out);
+    free(err);
+}
+
 static char *lines(int n, int bad_line, const char *bad)
 {
     size_t cap = (size_t)n * 32 + 64, len = 0;
