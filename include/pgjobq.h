@@ -264,8 +264,8 @@ PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
 
 /*
  * Creates (if missing) the roles pgjobq_producer (enqueue only), pgjobq_worker (claim, complete, fail,
- * heartbeat, maintenance) and pgjobq_admin (both, plus reading jobs, stats, cancel, retry), and grants
- * them their functions; idempotent.  Needs the schema's ownership, and the CREATEROLE privilege while
+ * heartbeat, maintenance), pgjobq_admin (both, plus reading jobs, stats, cancel, retry) and
+ * pgjobq_monitor (reading only), and grants them their functions; idempotent.  Needs the schema's ownership, and the CREATEROLE privilege while
  * a role is missing.
  * Grant the roles to your login roles yourself.  Returns PGJOBQ_OK, PGJOBQ_EPERM, or an error.
  */
