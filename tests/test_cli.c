@@ -526,7 +526,7 @@ static void worker_retries_without_the_password(const char *url, const char *sec
     pid_t w = t_spawn(log, NULL, "--db", url, "work", "--exec", "/bin/true", "--log-level", "debug", NULL);
     int ok = t_wait_until(log_says, (void *)log, 30000);
     kill(w, SIGTERM);
-    CHECK(t_wait_exit(w, 30000) >= 0);
+    CHECK_INT(t_wait_exit(w, 30000), 0);
     char *text = slurp(log);
     CHECK_MSG(ok, "the worker did not say it cannot connect:\n%s", text);
     CHECK_MSG(strstr(text, secret) == NULL, "the worker's log shows the password:\n%s", text);
@@ -675,6 +675,7 @@ TEST(cli_show_and_list_escape_control_characters)
         free(out);
         free(err);
     }
+    pgjobq_client_close(c);
 }
 
 /* The worker's log lines carry a coprocess's stderr and the worker id: one line each, escaped. */
@@ -700,7 +701,7 @@ TEST(cli_work_log_escapes_control_characters)
            t_now_ms() < deadline)
         usleep(50000);
     kill(w, SIGTERM);
-    CHECK(t_wait_exit(w, 30000) >= 0);
+    CHECK_INT(t_wait_exit(w, 30000), 0);
     char *text = slurp(log);
     CHECK_MSG(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 1,
               "the job did not complete:\n%s", text);
@@ -709,6 +710,7 @@ TEST(cli_work_log_escapes_control_characters)
     CHECK_MSG(control_at(text) < 0, "the log has a control byte:\n%s", text);
     free(text);
     PQfinish(pg);
+    pgjobq_client_close(c);
 }
 
 /* What an --exec or --coproc handler finds in its environment: the worker's, without any variable
@@ -783,7 +785,7 @@ TEST_FULL(cli_work_handlers_inherit_no_database_settings_or_secrets, 120, 0)
                t_now_ms() < deadline)
             usleep(50000);
         kill(w, SIGTERM);
-        CHECK(t_wait_exit(w, 30000) >= 0);
+        CHECK_INT(t_wait_exit(w, 30000), 0);
         if (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 0)
             t_show_log(log);
         CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id),
@@ -794,4 +796,5 @@ TEST_FULL(cli_work_handlers_inherit_no_database_settings_or_secrets, 120, 0)
     free((void *)handlers[0]);
     free((void *)handlers[1]);
     PQfinish(pg);
+    pgjobq_client_close(c);
 }
