@@ -49,8 +49,12 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, 
 void cli_usage(const cli_cmd *cmd, FILE *to);
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prints "pgjobq: message" on stderr. */
+/* Prints "pgjobq: message" on stderr, with passwords redacted (cli_redact). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* msg with the configured database's password, $PGPASSWORD and anything shaped like a password
+ * replaced by "***" (pgjobq_conninfo_redact): a malloc'd string, or NULL when out of memory. */
+char *cli_redact(const char *msg);
 
 /* Opens a client on the configured database; on failure prints why and returns NULL with *status set
  * to the exit status.  allow_unmigrated lets `migrate` through on an empty database. */
@@ -65,6 +69,16 @@ int cli_fail(pgjobq_client *c, int code);
 /* Parsers for option values; each returns 0, or -1 with a reason in why. */
 int cli_parse_duration_ms(const char *s, int64_t *ms, char *why, size_t why_size);
 int cli_parse_int(const char *s, long long min, long long max, long long *out, char *why, size_t why_size);
+
+/* Text from the database or a job (an error text, a worker id, a pause reason, a query) for a
+ * person: every control character (C0, DEL, C1), byte that is not UTF-8, line separator and
+ * bidirectional override shown as an escape (\e \a \r \n \t ..., \xNN, \uNNNN), so that it cannot
+ * move the cursor, retitle the window or fake a line.  The one way such text reaches a terminal or a
+ * text log.  With keep_lines, newlines and tabs are printed as such (a message of several lines). */
+void tty_put(FILE *f, const char *s, int keep_lines);
+/* The same into buf, at most width characters (an escape counts as wide as it is printed) and size - 1
+ * bytes, never cut inside a character or an escape; returns buf. */
+const char *tty_cell(char *buf, size_t size, const char *s, size_t width);
 
 /* Output helpers. */
 void json_str(FILE *f, const char *s);            /* a JSON string literal, or null for NULL */
@@ -90,7 +104,7 @@ void progress_done(progress *p, int64_t done, const char *extra);
 const char *cli_embedded_conninfo(int *status);
 
 /* The database to use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded one.  NULL with
- * *status set after printing why. */
+ * *status set after printing why; a URL libpq cannot parse is EX_CONFIG. */
 const char *cli_resolve_db(int *status);
 
 /* Commands. */

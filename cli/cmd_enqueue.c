@@ -2,7 +2,9 @@
  * cmd_enqueue.c - pgjobq enqueue: one job from the command line, or a JSON-lines file of them.
  *
  * A file is read and checked line by line and sent in batches inside one transaction, so memory stays
- * bounded and a bad line anywhere in the file inserts nothing at all.
+ * bounded and a bad line anywhere in the file inserts nothing at all.  The ids of a file of several
+ * batches wait in a temporary file until the transaction commits: an id is printed only for a job
+ * that exists.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -174,8 +176,11 @@ static void batch_clear(batch *b)
     b->n = 0;
 }
 
-static int send_batch(pgjobq_client *c, batch *b, int quiet, long *done, long *dups)
+/* Sends a batch; its ids go to `ids_to` (stdout, or the spool of a transaction not yet committed),
+ * or nowhere when NULL (--quiet). */
+static int send_batch(pgjobq_client *c, batch *b, FILE *ids_to, long *done, long *dups)
 {
+    int quiet = ids_to == NULL;
     /* Quiet: no ids wanted, which spares the library reserving them. */
     int64_t *ids = quiet ? NULL : malloc(b->n * sizeof *ids);
     unsigned char *dup = malloc(b->n);
@@ -190,7 +195,7 @@ static int send_batch(pgjobq_client *c, batch *b, int quiet, long *done, long *d
     if (rc == PGJOBQ_OK) {
         for (size_t i = 0; i < b->n; i++) {
             if (!quiet)
-                printf("%lld\n", (long long)ids[i]);
+                fprintf(ids_to, "%lld\n", (long long)ids[i]);
             *dups += dup[i];
         }
         *done += (long)b->n;
@@ -200,9 +205,22 @@ static int send_batch(pgjobq_client *c, batch *b, int quiet, long *done, long *d
     return rc;
 }
 
+/* Copies the spooled ids to stdout, once the transaction that wrote them has committed. */
+static int print_spool(FILE *spool)
+{
+    char buf[65536];
+    size_t n;
+
+    rewind(spool);
+    while ((n = fread(buf, 1, sizeof buf, spool)) > 0)
+        if (fwrite(buf, 1, n, stdout) != n)
+            return -1;
+    return ferror(spool) ? -1 : 0;
+}
+
 static int enqueue_file(enqueue_args *a, pgjobq_client *c)
 {
-    FILE *f = strcmp(a->file, "-") == 0 ? stdin : fopen(a->file, "r");
+    FILE *f = strcmp(a->file, "-") == 0 ? stdin : fopen(a->file, "r"), *spool = NULL;
     batch b = {NULL, NULL, NULL, 0};
     char *line = NULL;
     size_t cap = 0;
@@ -249,10 +267,15 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         b.line_no[b.n] = line_no;
         b.n++;
         if (b.n == (size_t)a->batch) {
+            if (!in_tx && !a->quiet && (spool = tmpfile()) == NULL) {
+                cli_err("cannot create a temporary file for the ids: %s; nothing was enqueued", strerror(errno));
+                status = EX_CANTCREAT;
+                goto out;
+            }
             if (!in_tx && (rc = pgjobq_begin(c)) != PGJOBQ_OK)
                 break;
             in_tx = 1;
-            if ((rc = send_batch(c, &b, a->quiet, &done, &dups)) != PGJOBQ_OK)
+            if ((rc = send_batch(c, &b, spool, &done, &dups)) != PGJOBQ_OK)
                 break;
             batch_clear(&b);
         }
@@ -263,8 +286,9 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         goto out;
     }
     if (rc == PGJOBQ_OK && b.n > 0) {
-        /* A file that fits in one batch needs no explicit transaction: the statement is atomic. */
-        rc = send_batch(c, &b, a->quiet, &done, &dups);
+        /* A file that fits in one batch needs no explicit transaction: the statement is atomic, and
+         * its ids can go straight to stdout. */
+        rc = send_batch(c, &b, in_tx ? spool : a->quiet ? NULL : stdout, &done, &dups);
     }
     if (rc == PGJOBQ_OK && in_tx) {
         rc = pgjobq_commit(c);
@@ -275,6 +299,11 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         cli_err("nothing from %s was enqueued", a->file);
         goto out;
     }
+    if (spool && print_spool(spool) != 0) {
+        cli_err("writing the ids: %s (the %ld jobs were enqueued)", strerror(errno), done - dups);
+        status = EX_IOERR;
+        goto out;
+    }
     if (!a->quiet)
         fprintf(stderr, "enqueued %ld job%s from %s%s", done - dups, done - dups == 1 ? "" : "s", a->file,
                 dups ? "" : "\n");
@@ -283,6 +312,8 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
 out:
     if (in_tx && pgjobq_rollback(c) != PGJOBQ_OK)
         cli_err("rollback failed: %s", pgjobq_errmsg(c));
+    if (spool)
+        fclose(spool);
     batch_clear(&b);
     free(b.specs);
     free(b.lines);
@@ -391,8 +422,7 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     if (rc == PGJOBQ_EDUPLICATE) {
         if (!a->quiet) {
             printf("%lld\n", (long long)id);
-            fprintf(stderr, "pgjobq: not enqueued: job %lld already holds unique key \"%s\"\n", (long long)id,
-                    a->opts.unique_key);
+            cli_err("not enqueued: job %lld already holds unique key \"%s\"", (long long)id, a->opts.unique_key);
         }
         pgjobq_client_close(c);
         return EX_OK;

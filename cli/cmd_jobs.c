@@ -17,7 +17,7 @@
 
 #define OPT_ROLES 'r'
 const cli_opt migrate_opts[] = {
-    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker and pgjobq_admin"},
+    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin and pgjobq_monitor"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt list_opts[] = {
@@ -146,7 +146,7 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
     else
         printf("pgjobq schema is up to date (version %d)\n", version);
     if (roles)
-        printf("roles pgjobq_producer, pgjobq_worker and pgjobq_admin are in place\n");
+        printf("roles pgjobq_producer, pgjobq_worker, pgjobq_admin and pgjobq_monitor are in place\n");
     pgjobq_client_close(c);
     return EX_OK;
 }
@@ -230,23 +230,21 @@ static void print_job_json(FILE *f, const pgjobq_job *j)
     fputc('}', f);
 }
 
-/* One line of a table cell: the text up to the first newline, cut to width characters. */
+/* One line of a table cell: the text up to the first newline, cut to width characters, its control
+ * characters escaped. */
 static void cell(char *buf, size_t size, const char *s, size_t width)
 {
-    size_t n = 0, out = 0;
-    if (s == NULL)
-        s = "";
-    while (s[n] && s[n] != '\n' && out < width && n + 4 < size) {
-        buf[n] = s[n];
-        if (((unsigned char)s[n] & 0xC0) != 0x80)
-            out++;
-        n++;
-    }
-    while (s[n] && ((unsigned char)s[n] & 0xC0) == 0x80 && n + 1 < size) {
-        buf[n] = s[n]; /* finish a multi-byte character */
-        n++;
-    }
-    buf[n] = '\0';
+    char *line = strndup(s ? s : "", s ? strcspn(s, "\n") : 0);
+    tty_cell(buf, size, line ? line : "", width);
+    free(line);
+}
+
+/* A "name:  value" line of show, the value's control characters escaped. */
+static void field(const char *name, const char *value)
+{
+    printf("%-15s", name);
+    tty_put(stdout, value, 0);
+    putchar('\n');
 }
 
 int cmd_list(const cli_cmd *cmd, int argc, char **argv)
@@ -279,13 +277,15 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
         printf("%-10s %-10s %-16s %-16s %4s %8s  %-24s %s\n", "ID", "STATE", "QUEUE", "KIND", "PRIO", "ATTEMPT",
                "RUN_AT", "LAST_ERROR");
         for (size_t i = 0; i < n; i++) {
-            char run_at[48], err[200], attempts[24];
+            char run_at[48], err[200], attempts[24], queue[300], kind[300];
             const pgjobq_job *j = &jobs[i];
             format_time(run_at, sizeof run_at, j->run_at);
             cell(err, sizeof err, j->last_error, 40);
+            tty_cell(queue, sizeof queue, j->queue, 64);
+            tty_cell(kind, sizeof kind, j->kind, 64);
             snprintf(attempts, sizeof attempts, "%d/%d", j->attempt, j->max_attempts);
             printf("%-10lld %-10s %-16s %-16s %4d %8s  %-24s %s\n", (long long)j->id, pgjobq_state_name(j->state),
-                   j->queue, j->kind, j->priority, attempts, run_at, err);
+                   queue, kind, j->priority, attempts, run_at, err);
         }
     } else {
         fprintf(stderr, "no jobs\n");
@@ -340,13 +340,19 @@ static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
         }
         fputc(']', stdout);
     } else {
-        for (size_t i = 0; i < np; i++)
-            printf("%-15s%lld %s%s%s\n", i ? "" : "parents:", (long long)parents[i].id,
-                   pgjobq_state_name(parents[i].state), parents[i].result ? " result " : "",
-                   parents[i].result ? parents[i].result : "");
-        for (int i = 0; i < nk; i++)
-            printf("%-15s%s %s %s\n", i ? "" : "children:", PQgetvalue(kids, i, 0), PQgetvalue(kids, i, 1),
-                   PQgetvalue(kids, i, 2));
+        for (size_t i = 0; i < np; i++) {
+            printf("%-15s%lld %s%s", i ? "" : "parents:", (long long)parents[i].id,
+                   pgjobq_state_name(parents[i].state), parents[i].result ? " result " : "");
+            tty_put(stdout, parents[i].result, 0);
+            putchar('\n');
+        }
+        for (int i = 0; i < nk; i++) {
+            printf("%-15s%s ", i ? "" : "children:", PQgetvalue(kids, i, 0));
+            tty_put(stdout, PQgetvalue(kids, i, 1), 0);
+            putchar(' ');
+            tty_put(stdout, PQgetvalue(kids, i, 2), 0);
+            putchar('\n');
+        }
     }
     PQclear(kids);
     pgjobq_jobs_free(parents);
@@ -371,25 +377,30 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     if (json) {
         print_job_fields(stdout, j);
     } else {
-        char t[5][48];
+        char t[5][48], num[64];
         format_time(t[0], sizeof t[0], j->run_at);
         format_time(t[1], sizeof t[1], j->created_at);
         format_time(t[2], sizeof t[2], j->started_at);
         format_time(t[3], sizeof t[3], j->finished_at);
         format_time(t[4], sizeof t[4], j->lease_until);
-        printf("id:            %lld\nqueue:         %s\nkind:          %s\nstate:         %s%s\n"
-               "priority:      %d\nattempt:       %d of %d\nrun_at:        %s\ncreated_at:    %s\n"
-               "started_at:    %s\nfinished_at:   %s\nlease_until:   %s\nlease_token:   %lld\n"
-               "worker_id:     %s\nunique_key:    %s\npayload:       %s\nresult:        %s\nlast_error:    %s\n",
-               (long long)j->id, j->queue, j->kind, pgjobq_state_name(j->state),
-               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0], t[1],
-               t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
-               j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
-               j->last_error ? j->last_error : "-");
+        printf("id:            %lld\n", (long long)j->id);
+        field("queue:", j->queue);
+        field("kind:", j->kind);
+        printf("state:         %s%s\npriority:      %d\nattempt:       %d of %d\n", pgjobq_state_name(j->state),
+               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts);
+        printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
+               t[1], t[2], t[3], t[4]);
+        snprintf(num, sizeof num, "%lld", (long long)j->lease_token);
+        field("lease_token:", num);
+        field("worker_id:", j->worker_id ? j->worker_id : "-");
+        field("unique_key:", j->unique_key ? j->unique_key : "-");
+        field("payload:", j->payload);
+        field("result:", j->result ? j->result : "-");
+        field("last_error:", j->last_error ? j->last_error : "-");
         if (j->tags)
-            printf("tags:          %s\n", j->tags);
+            field("tags:", j->tags);
         if (j->progress)
-            printf("progress:      %s\n", j->progress);
+            field("progress:", j->progress);
     }
     status = show_relatives(c, j, json);
     if (json && status == EX_OK)
@@ -446,8 +457,12 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
             json_str(stdout, PQgetvalue(r, i, 4));
             printf(",\"parents\":[%s]}", parents);
         } else {
-            printf("%*s#%s %s %s/%s", depth * 2, "", PQgetvalue(r, i, 0), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
-                   PQgetvalue(r, i, 4));
+            printf("%*s#%s ", depth * 2, "", PQgetvalue(r, i, 0));
+            tty_put(stdout, PQgetvalue(r, i, 2), 0);
+            putchar(' ');
+            tty_put(stdout, PQgetvalue(r, i, 3), 0);
+            putchar('/');
+            tty_put(stdout, PQgetvalue(r, i, 4), 0);
             if (parents[0]) {
                 fputs("  after", stdout);
                 for (const char *p = parents; *p;) {
@@ -530,7 +545,9 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
                "CANCELLED", "WAITING");
         for (size_t q = 0; q <= nq; q++) {
             const int64_t *k = q < nq ? counts[q] : total;
-            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", q < nq ? queues[q] : "(all)", (long long)k[0],
+            char name[300];
+            tty_cell(name, sizeof name, q < nq ? queues[q] : "(all)", 64);
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", name, (long long)k[0],
                    (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
         }
     }
@@ -608,17 +625,25 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         return EX_OK;
     }
     format_time(t2, sizeof t2, h.holder_since);
-    printf("oldest holder  %s", h.holder_kind);
+    /* The holder's application name and query are another session's: anything can be in them. */
+    printf("oldest holder  ");
+    tty_put(stdout, h.holder_kind, 0);
     if (h.holder_pid)
         printf(" pid %d", (int)h.holder_pid);
-    if (h.holder_application[0])
-        printf(" \"%s\"", h.holder_application);
-    if (h.holder_state[0])
-        printf(" (%s)", h.holder_state);
+    if (h.holder_application[0]) {
+        fputs(" \"", stdout);
+        tty_put(stdout, h.holder_application, 0);
+        fputc('"', stdout);
+    }
+    if (h.holder_state[0]) {
+        fputs(" (", stdout);
+        tty_put(stdout, h.holder_state, 0);
+        fputc(')', stdout);
+    }
     printf(", for %.1f s (xid age %lld), since %s\n", (double)h.horizon_age_ms / 1000,
            (long long)h.horizon_xids, t2);
     if (h.holder_query[0])
-        printf("  query        %s\n", h.holder_query);
+        field("  query", h.holder_query);
     if (h.horizon_age_ms >= 300000)
         printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
                "docs/deploy.md, \"Snapshots held open\".\n");

@@ -164,10 +164,13 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                     free(buf);
                 }
             }
-            printf("%-24s %-7s %11s %7s %-12s %9lld %9lld %9lld  %s\n", q[i].name,
+            char name[300];
+            tty_cell(name, sizeof name, q[i].name, 64);
+            printf("%-24s %-7s %11s %7s %-12s %9lld %9lld %9lld  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate, (long long)q[i].queued,
-                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired),
-                   q[i].pause_reason ? q[i].pause_reason : "");
+                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired));
+            tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
+            putchar('\n');
         }
     }
     pgjobq_queue_list_free(q);
@@ -421,11 +424,15 @@ static int list_schedules(pgjobq_client *c, int json)
         printf("%-20s %-8s %-20s %-16s %-16s %-24s %s\n", "SCHEDULE", "STATE", "CRON", "TZ", "QUEUE", "NEXT RUN",
                "LAST RUN");
         for (size_t i = 0; i < n; i++) {
-            char next[40], last[40];
+            char next[40], last[40], name[300], cron[1100], tz[300], queue[300];
             format_time(next, sizeof next, s[i].next_run);
             format_time(last, sizeof last, s[i].last_run);
-            printf("%-20s %-8s %-20s %-16s %-16s %-24s %s\n", s[i].name, s[i].enabled ? "enabled" : "disabled",
-                   s[i].cron, s[i].tz, s[i].queue, next, last);
+            tty_cell(name, sizeof name, s[i].name, 64);
+            tty_cell(cron, sizeof cron, s[i].cron, 256);
+            tty_cell(tz, sizeof tz, s[i].tz, 64);
+            tty_cell(queue, sizeof queue, s[i].queue, 64);
+            printf("%-20s %-8s %-20s %-16s %-16s %-24s %s\n", name, s[i].enabled ? "enabled" : "disabled", cron, tz,
+                   queue, next, last);
         }
     }
     pgjobq_schedule_list_free(s);

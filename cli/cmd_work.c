@@ -4,7 +4,8 @@
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
- * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment, and without the worker's database credentials.  Exit 0
+ * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment, and without any variable of the worker's that
+ * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL.  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
@@ -118,12 +119,16 @@ static void on_signal(int sig)
 static void log_line(void *arg, pgjobq_log_level level, const char *msg)
 {
     const work_args *a = arg;
-    char ts[96];
+    char ts[96], *safe;
     struct timespec now;
     struct tm tm;
 
     if ((int)level < a->log_level)
         return;
+    /* The library redacts what it logs; this covers the lines of the coprocesses too. */
+    if ((safe = cli_redact(msg)) == NULL)
+        return;
+    msg = safe;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
     snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
@@ -134,9 +139,13 @@ static void log_line(void *arg, pgjobq_log_level level, const char *msg)
         json_str(stderr, msg);
         fputs("}\n", stderr);
     } else {
-        fprintf(stderr, "%s %-5s %s\n", ts, pgjobq_log_level_name(level), msg);
+        /* One line per record, whatever a handler or the database put in it. */
+        fprintf(stderr, "%s %-5s ", ts, pgjobq_log_level_name(level));
+        tty_put(stderr, msg, 0);
+        fputc('\n', stderr);
     }
     funlockfile(stderr);
+    free(safe);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -374,11 +383,19 @@ fail:
     return NULL;
 }
 
-/* The worker's environment minus its database credentials. */
+/* Whether a variable of the worker's environment stays out of a handler's: every variable libpq reads
+ * (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS, ...: all
+ * begin with PG, and so do the ones a later libpq adds), every pgjobq setting (PGJOBQ_DATABASE_URL,
+ * PGJOBQ_SERVE_TOKEN, ...) and DATABASE_URL.  A rule by prefix rather than a list: a list misses the
+ * variable added next year.  The handler gets its job's PGJOBQ_* variables afterwards. */
+static int withheld_from_handlers(const char *var)
+{
+    return strncmp(var, "PG", 2) == 0 || strncmp(var, "DATABASE_URL=", 13) == 0;
+}
+
+/* The worker's environment minus what could reach its database or hold a secret. */
 static char **clean_environment(void)
 {
-    static const char *const secret[] = {"PGPASSWORD=", "PGPASSFILE=", "PGSERVICEFILE=", "PGJOBQ_DATABASE_URL=",
-                                         "DATABASE_URL=", NULL};
     size_t n = 0, k = 0;
     char **env;
 
@@ -387,13 +404,9 @@ static char **clean_environment(void)
     env = calloc(n + 1, sizeof *env);
     if (env == NULL)
         return NULL;
-    for (size_t i = 0; i < n; i++) {
-        int drop = 0;
-        for (int s = 0; secret[s]; s++)
-            drop |= strncmp(environ[i], secret[s], strlen(secret[s])) == 0;
-        if (!drop)
+    for (size_t i = 0; i < n; i++)
+        if (!withheld_from_handlers(environ[i]))
             env[k++] = environ[i];
-    }
     return env;
 }
 

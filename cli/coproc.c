@@ -2,7 +2,7 @@
  * coproc.c - long-lived handler processes for `pgjobq work --coproc CMD` (protocol: docs/coproc.md).
  *
  * Each coprocess has one supervising thread: it starts the process (own process group, the worker's
- * environment without database credentials, stdin/stdout/stderr on pipes), reads its stdout replies
+ * environment without its PG* variables and DATABASE_URL, stdin/stdout/stderr on pipes), reads its stdout replies
  * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
  * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
  * The worker's handler threads queue job lines (whichever finds no write in progress writes them all;

@@ -63,14 +63,29 @@ static const cli_cmd commands[] = {
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
+/* Every message for a person goes through here: the database's password, and anything shaped like
+ * one, redacted (libpq's errors quote the URL they could not parse, and arguments are echoed), and
+ * control characters escaped (a database error can quote a job's data).  libpq's messages can span
+ * lines: newlines and tabs are kept. */
+static void say(const char *prefix, const char *fmt, va_list ap, const char *suffix)
+{
+    char *msg = NULL, *safe = NULL;
+
+    if (vasprintf(&msg, fmt, ap) >= 0)
+        safe = cli_redact(msg);
+    fputs(prefix, stderr);
+    tty_put(stderr, safe ? safe : "(message lost: out of memory)", 1);
+    fputs(suffix, stderr);
+    free(msg);
+    free(safe);
+}
+
 void cli_err(const char *fmt, ...)
 {
     va_list ap;
-    fputs("pgjobq: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say("pgjobq: ", fmt, ap, "\n");
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 /* Writes text to f, reflowed at 100 columns (its own line breaks count as spaces); lines after the
@@ -148,12 +163,14 @@ void cli_usage(const cli_cmd *cmd, FILE *to)
 
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
 {
+    char prefix[64], suffix[96];
     va_list ap;
-    fprintf(stderr, "pgjobq %s: ", cmd->name);
+
+    snprintf(prefix, sizeof prefix, "pgjobq %s: ", cmd->name);
+    snprintf(suffix, sizeof suffix, "\nTry 'pgjobq %s --help'.\n", cmd->name);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say(prefix, fmt, ap, suffix);
     va_end(ap);
-    fprintf(stderr, "\nTry 'pgjobq %s --help'.\n", cmd->name);
     return EX_USAGE;
 }
 
@@ -283,17 +300,39 @@ static int db_url_check(const char *url, char *why, size_t why_size)
     return -1;
 }
 
+char *cli_redact(const char *msg)
+{
+    const char *url = cli_database_url();
+    size_t n = pgjobq_conninfo_redact(NULL, 0, msg, url);
+    char *safe = malloc(n + 1);
+
+    if (safe)
+        pgjobq_conninfo_redact(safe, n + 1, msg, url);
+    return safe;
+}
+
+/* A URL libpq cannot parse is a configuration error, said before anything connects (a worker would
+ * retry it forever) and without its password. */
+/* A URL that is not PostgreSQL's, or that libpq cannot parse, is a configuration error, said before
+ * anything connects (a worker would retry it forever), naming where it came from but not its value
+ * (it may hold a password). */
 const char *cli_resolve_db(int *status)
 {
     const char *url = cli_database_url();
-    char why[160];
+    char why[512];
+    int rc;
 
     *status = EX_OK;
     if (url == NULL)
         return cli_embedded_conninfo(status);
     if (db_url_check(url, why, sizeof why) != 0) {
-        cli_err("the database given by %s is not usable: %s", db_source(), why);
-        *status = cli_db_url ? EX_USAGE : EX_CONFIG;
+        cli_err("the database URL (%s) is not usable: %s", db_source(), why);
+        *status = EX_CONFIG;
+        return NULL;
+    }
+    if ((rc = pgjobq_conninfo_check(url, why, sizeof why)) != PGJOBQ_OK) {
+        cli_err("the database URL (%s) is not valid: %s", db_source(), why);
+        *status = rc == PGJOBQ_ENOMEM ? EX_OSERR : EX_CONFIG;
         return NULL;
     }
     return url;
@@ -348,7 +387,7 @@ int main(int argc, char **argv)
             i++;
             continue;
         }
-        fprintf(stderr, "pgjobq: unknown option '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+        cli_err("unknown option '%s'\nTry 'pgjobq --help'.", argv[i]);
         return EX_USAGE;
     }
     if (i >= argc) {
@@ -372,6 +411,6 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < NCOMMANDS; k++)
         if (strcmp(argv[i], commands[k].name) == 0)
             return commands[k].run(&commands[k], argc - i, argv + i);
-    fprintf(stderr, "pgjobq: unknown command '%s'\nTry 'pgjobq --help'.\n", argv[i]);
+    cli_err("unknown command '%s'\nTry 'pgjobq --help'.", argv[i]);
     return EX_USAGE;
 }

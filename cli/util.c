@@ -94,8 +94,12 @@ void json_str(FILE *f, const char *s)
         case '\r': fputs("\\r", f); break;
         case '\t': fputs("\\t", f); break;
         default:
-            if (*p < 0x20)
+            /* Control characters as \u escapes: C0 as JSON requires, DEL and C1 (U+0080..U+009F, which
+             * a terminal may act on) too, so that JSON printed on a terminal is as safe as text. */
+            if (*p < 0x20 || *p == 0x7f)
                 fprintf(f, "\\u%04x", *p);
+            else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+                fprintf(f, "\\u%04x", *++p);
             else
                 fputc(*p, f);
         }
@@ -138,4 +142,116 @@ void json_time(FILE *f, int64_t us)
     }
     iso_time(buf, sizeof buf, us, 'T');
     fprintf(f, "\"%s\"", buf);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Text for a terminal                                                                               */
+
+/* Whether a code point is shown as an escape: C1 controls (a terminal may take U+009B for CSI), and
+ * the line separators and bidirectional overrides that make text look other than it is. */
+static int hidden(uint32_t cp)
+{
+    return (cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 || (cp >= 0x202a && cp <= 0x202e) ||
+           (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* One character of s as it is shown: writes it (NUL-terminated) into out and returns how many bytes
+ * of s it covers.  Control characters (C0, DEL, C1), bytes that are not UTF-8 and the code points of
+ * hidden() become \e \a \b \t \n \v \f \r, \xNN or \uNNNN; with keep_lines, newlines and tabs stay. */
+static size_t shown(const unsigned char *s, char out[8], int keep_lines)
+{
+    static const char names[] = "\a\b\t\n\v\f\r\033";
+    static const char letters[] = "abtnvfre";
+    unsigned char b = s[0];
+    uint32_t cp;
+    size_t n;
+
+    if (b < 0x20 || b == 0x7f) {
+        const char *k = b ? strchr(names, b) : NULL;
+        if (keep_lines && (b == '\n' || b == '\t'))
+            snprintf(out, 8, "%c", b);
+        else if (k)
+            snprintf(out, 8, "\\%c", letters[k - names]);
+        else
+            snprintf(out, 8, "\\x%02x", b);
+        return 1;
+    }
+    if (b < 0x80) {
+        out[0] = (char)b;
+        out[1] = '\0';
+        return 1;
+    }
+    /* UTF-8: the sequence's length and first bits, then its continuation bytes; overlong forms,
+     * surrogates and code points past U+10FFFF are not UTF-8. */
+    if (b >= 0xc2 && b <= 0xdf)
+        n = 2, cp = b & 0x1f;
+    else if (b >= 0xe0 && b <= 0xef)
+        n = 3, cp = b & 0x0f;
+    else if (b >= 0xf0 && b <= 0xf4)
+        n = 4, cp = b & 0x07;
+    else
+        n = 0, cp = 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            n = 0;
+            break;
+        }
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if (n == 0 || (n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
+        snprintf(out, 8, "\\x%02x", b);
+        return 1;
+    }
+    if (hidden(cp)) {
+        snprintf(out, 8, "\\u%04x", (unsigned)cp);
+        return n;
+    }
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return n;
+}
+
+void tty_put(FILE *f, const char *s, int keep_lines)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    char out[8];
+
+    while (*p) {
+        size_t n = 1;
+        const unsigned char *q = p;
+        /* Runs of plain printable ASCII go out as they are. */
+        while (*q >= 0x20 && *q < 0x7f)
+            q++;
+        if (q > p) {
+            fwrite(p, 1, (size_t)(q - p), f);
+            p = q;
+            continue;
+        }
+        n = shown(p, out, keep_lines);
+        fputs(out, f);
+        p += n;
+    }
+}
+
+const char *tty_cell(char *buf, size_t size, const char *s, size_t width)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t len = 0, chars = 0;
+    char out[8];
+
+    while (*p && chars < width) {
+        size_t n = shown(p, out, 0), k = strlen(out);
+        /* An escape counts as wide as it is printed; a character of several bytes as one. */
+        size_t w = out[0] == '\\' ? k : 1;
+        if (len + k >= size || chars + w > width)
+            break;
+        memcpy(buf + len, out, k);
+        len += k;
+        chars += w;
+        p += n;
+    }
+    if (size)
+        buf[len < size ? len : size - 1] = '\0';
+    return buf;
 }

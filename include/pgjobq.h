@@ -264,8 +264,8 @@ PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
 
 /*
  * Creates (if missing) the roles pgjobq_producer (enqueue only), pgjobq_worker (claim, complete, fail,
- * heartbeat, maintenance) and pgjobq_admin (both, plus reading jobs, stats, cancel, retry), and grants
- * them their functions; idempotent.  Needs the schema's ownership, and the CREATEROLE privilege while
+ * heartbeat, maintenance), pgjobq_admin (both, plus reading jobs, stats, cancel, retry) and
+ * pgjobq_monitor (reading only), and grants them their functions; idempotent.  Needs the schema's ownership, and the CREATEROLE privilege while
  * a role is missing.
  * Grant the roles to your login roles yourself.  Returns PGJOBQ_OK, PGJOBQ_EPERM, or an error.
  */
@@ -286,7 +286,10 @@ typedef struct pgjobq_enqueue_opts {
     int max_attempts;       /* 1..PGJOBQ_MAX_ATTEMPTS_MAX; 0: PGJOBQ_DEFAULT_MAX_ATTEMPTS */
     int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
     const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
-                               Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL. */
+                               Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL, and so
+                               is a time before 1970-01-01 UTC or more than 100 years after the
+                               database's now() (checked by the database, in a statement of its
+                               own before the insert, only when run_at is given). */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
                                key, enqueueing another job with it returns the existing job instead. */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
@@ -828,7 +831,8 @@ static inline pgjobq_worker_opts pgjobq_worker_opts_init_(void)
 
 /*
  * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than
- * the lease is refused, and pgjobq_worker_errmsg says why) but does not connect yet.  On PGJOBQ_OK *out is a new worker; on PGJOBQ_EINVAL *out is still set so that
+ * the lease is refused, and pgjobq_worker_errmsg says why) and that libpq can parse conninfo (a
+ * connection string it cannot parse is PGJOBQ_EINVAL, not retried forever), but does not connect yet.  On PGJOBQ_OK *out is a new worker; on PGJOBQ_EINVAL *out is still set so that
  * pgjobq_worker_errmsg() can say why, and must be freed.  PGJOBQ_ENOMEM leaves *out NULL.
  */
 PGJOBQ_EXPORT int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo,
@@ -899,10 +903,30 @@ PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
 /*
  * Checks that the len bytes at text are one JSON document PostgreSQL's jsonb accepts (RFC 8259, UTF-8,
  * no \u0000, no lone surrogates, nesting at most 1000 deep) and at most PGJOBQ_PAYLOAD_MAX bytes.
+ * Like jsonb it accepts an object with a key twice; jsonb then keeps the last value only.
  * Returns PGJOBQ_OK or PGJOBQ_EINVAL; on error, if why is not NULL, writes a short reason (with the
  * byte offset) into why[0..why_size).
  */
 PGJOBQ_EXPORT int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size) PGJOBQ_WUR;
+
+/*
+ * Checks that libpq can parse conninfo (a postgresql:// URL or a key=value string; NULL is "").  Does
+ * not connect.  Returns PGJOBQ_OK, PGJOBQ_EINVAL, or PGJOBQ_ENOMEM; on error, if why is not NULL,
+ * writes libpq's reason into why[0..why_size) with its passwords redacted (pgjobq_conninfo_redact).
+ * Thread-safe.
+ */
+PGJOBQ_EXPORT int pgjobq_conninfo_check(const char *conninfo, char *why, size_t why_size) PGJOBQ_WUR;
+
+/*
+ * Copies msg into buf[0..size) (NUL-terminated when size > 0, cut to fit) with passwords replaced by
+ * "***": every password conninfo holds (may be NULL), as written or decoded, and the pieces libpq may
+ * split a malformed one into; the value of $PGPASSWORD; and anything shaped like a password (between
+ * ':' and '@' after "://", after "password=").  What the library's own messages get (pgjobq_errmsg,
+ * pgjobq_worker_errmsg, the worker's log lines); use it on messages of your own that may quote a
+ * connection string.  buf must not overlap msg.  Returns the length of the whole redacted text (as
+ * snprintf does).  Should it run out of memory, buf says the message was withheld.  Thread-safe.
+ */
+PGJOBQ_EXPORT size_t pgjobq_conninfo_redact(char *buf, size_t size, const char *msg, const char *conninfo);
 
 #ifdef __cplusplus
 }

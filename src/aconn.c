@@ -16,12 +16,14 @@
 #define RETRY_MAX_MS 30000
 #define CONNECT_TIMEOUT_MS 10000
 
+/* Keeps why (often libpq's message, which can quote the conninfo) without its last newline and with
+ * every password redacted: it goes to the worker's log and error. */
 static void set_err(pgjobq__aconn *ac, const char *why)
 {
     size_t n = strlen(why);
     while (n > 0 && (why[n - 1] == '\n' || why[n - 1] == ' '))
         n--;
-    snprintf(ac->err, sizeof ac->err, "%.*s", (int)n, why);
+    pgjobq__redact(ac->err, sizeof ac->err, why, n, ac->conninfo, ac->pg);
 }
 
 void pgjobq__aconn_fail(pgjobq__aconn *ac, const char *why, int64_t now_ms)

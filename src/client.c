@@ -25,15 +25,28 @@ static pgjobq_client *client_new(void)
     return c;
 }
 
-/* Copies libpq's message (which ends in a newline) without the newline. */
-static void set_conn_error(pgjobq_client *c, const char *prefix)
+/* Copies libpq's message (which ends in a newline) without the newline, after prefix, with every
+ * password redacted: libpq's errors about a connection string quote it, whole or in part.  conninfo is
+ * the string the connection was opened with, when it is at hand (the connection's own options are
+ * looked at too).  Redacted before it is cut to fit, so that no cut can leave part of a password. */
+static void set_conn_error(pgjobq_client *c, const char *prefix, const char *conninfo)
 {
     const char *m = c->conn ? PQerrorMessage(c->conn) : "out of memory";
     size_t n = strlen(m);
+    int k;
 
     while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
         n--;
-    snprintf(c->errmsg, sizeof c->errmsg, "%s: %.*s", prefix, (int)n, m);
+    k = snprintf(c->errmsg, sizeof c->errmsg, "%s: ", prefix);
+    if (k < 0 || (size_t)k >= sizeof c->errmsg)
+        return;
+    pgjobq__redact(c->errmsg + k, sizeof c->errmsg - (size_t)k, m, n, conninfo, c->conn);
+}
+
+int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix)
+{
+    set_conn_error(c, prefix, NULL);
+    return code;
 }
 
 /*
@@ -50,7 +63,7 @@ static int session_setup(pgjobq_client *c)
 
     PQclear(r);
     if (!ok) {
-        set_conn_error(c, "connect: setting up the session");
+        set_conn_error(c, "connect: setting up the session", NULL);
         return PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN;
     }
     return PGJOBQ_OK;
@@ -94,7 +107,7 @@ int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64
     if (c->conn == NULL)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "connect: out of memory");
     if (PQstatus(c->conn) != CONNECTION_OK) {
-        set_conn_error(c, "connect");
+        set_conn_error(c, "connect", conninfo);
         return PGJOBQ_ECONN;
     }
     int rc = session_setup(c);
@@ -117,7 +130,7 @@ int pgjobq_client_wrap(pgjobq_client **out, struct pg_conn *conn)
     c->conn = conn;
     c->owned = 0;
     if (PQstatus(conn) != CONNECTION_OK) {
-        set_conn_error(c, "wrap");
+        set_conn_error(c, "wrap", NULL);
         return PGJOBQ_ECONN;
     }
     return pgjobq__check_schema(c);
@@ -167,7 +180,7 @@ static int reconnect(pgjobq_client *c, const char *what)
 {
     PQreset(c->conn);
     if (PQstatus(c->conn) != CONNECTION_OK) {
-        set_conn_error(c, what);
+        set_conn_error(c, what, NULL);
         return PGJOBQ_ECONN;
     }
     return session_setup(c);
@@ -214,7 +227,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
         /* An owned connection that broke earlier is re-established once, here, so that a caller who
          * saw PGJOBQ_ECONN can simply try again.  A borrowed connection is the caller's to reset. */
         if (!c->owned) {
-            set_conn_error(c, st->what);
+            set_conn_error(c, st->what, NULL);
             return PGJOBQ_ECONN;
         }
         int rc = reconnect(c, st->what);
@@ -240,7 +253,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
         }
         if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
             PQclear(r);
-            set_conn_error(c, st->what);
+            set_conn_error(c, st->what, NULL);
             return PGJOBQ_ECONN;
         }
         state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
@@ -314,7 +327,7 @@ static int tx_command(pgjobq_client *c, const char *sql, int want_idle)
     r = PQexec(c->conn, sql);
     if (PQresultStatus(r) != PGRES_COMMAND_OK) {
         int lost = PQstatus(c->conn) != CONNECTION_OK;
-        set_conn_error(c, sql);
+        set_conn_error(c, sql, NULL);
         PQclear(r);
         return lost ? PGJOBQ_ECONN : PGJOBQ_EDB;
     }

@@ -150,6 +150,110 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
     return PGJOBQ_OK;
 }
 
+/*
+ * run_at, like a delay, within reason: no earlier than 1970-01-01 UTC and no later than 100 years
+ * (36,525 days, the longest delay) after the database's now().  A job at 4713 BC or in the year 99999
+ * would sit first in its queue's order, or never run, and push the queue's lag metrics to 1e11 s.
+ * Only the database reads a timestamptz the way the insert will (time zones, 'tomorrow', its
+ * DateStyle), so the distinct run_at texts of a batch are checked in one statement before anything is
+ * written; a text it cannot read fails here as it would in the insert.  label_batch: "job N" labels.
+ */
+#define RUN_AT_MIN "1970-01-01 00:00:00+00"
+#define RUN_AT_MAX_AHEAD "36525 days"
+
+/* Runs the check over texts[0..k): PGJOBQ_OK with *bad the index of the first text out of range (or k
+ * when none is), or the error (a text the database cannot read as a time, say). */
+static int run_at_query(pgjobq_client *c, const char *const *texts, size_t k, size_t *bad)
+{
+    static const Oid types[] = {OID_TEXT_ARRAY};
+    pgjobq__array a;
+    PGresult *r = NULL;
+    int rc;
+
+    *bad = k;
+    memset(&a, 0, sizeof a);
+    pgjobq__array_begin(&a, OID_TEXT);
+    for (size_t i = 0; i < k; i++)
+        pgjobq__array_text(&a, texts[i], strlen(texts[i]));
+    if (pgjobq__array_end(&a) != 0 || a.buf.len > INT32_MAX) {
+        pgjobq__buf_free(&a.buf);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    }
+    const char *values[1] = {a.buf.data};
+    int lengths[1] = {(int)a.buf.len}, formats[1] = {1};
+    pgjobq__stmt st = {"run_at",
+                       "SELECT u.i FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(t, i)"
+                       " WHERE NOT (u.t::pg_catalog.timestamptz >= '" RUN_AT_MIN "'::pg_catalog.timestamptz"
+                       " AND u.t::pg_catalog.timestamptz <= pg_catalog.now() + '" RUN_AT_MAX_AHEAD
+                       "'::pg_catalog.interval) ORDER BY u.i LIMIT 1",
+                       1,
+                       types,
+                       values,
+                       lengths,
+                       formats,
+                       0};
+    rc = pgjobq__exec(c, &st, &r);
+    if (rc == PGJOBQ_OK && PQntuples(r) == 1)
+        *bad = (size_t)strtoul(PQgetvalue(r, 0, 0), NULL, 10) - 1;
+    PQclear(r);
+    pgjobq__buf_free(&a.buf);
+    return rc;
+}
+
+static int check_run_at(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int label_batch)
+{
+    const char **texts = malloc(n * sizeof *texts);
+    size_t *which = malloc(n * sizeof *which), k = 0, bad = 0;
+    char label[32];
+    int rc = PGJOBQ_OK;
+
+    if (texts == NULL || which == NULL) {
+        free(texts);
+        free(which);
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *t = jobs[i].opts.run_at;
+        /* A batch shares its run_at, as a rule: repeats in a row are sent once. */
+        if (t == NULL || (k > 0 && strcmp(texts[k - 1], t) == 0))
+            continue;
+        texts[k] = t;
+        which[k++] = i;
+    }
+    if (k > 0)
+        rc = run_at_query(c, texts, k, &bad);
+    /* A text the database cannot read: which one?  Asked one by one, on the client's own idle
+     * connection only (in a caller's transaction the failure has aborted it). */
+    if (rc == PGJOBQ_EINVAL && k > 1 && c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE) {
+        char first[sizeof c->errmsg];
+        memcpy(first, c->errmsg, sizeof first);
+        for (bad = 0; bad < k; bad++) {
+            size_t none;
+            int one = run_at_query(c, &texts[bad], 1, &none);
+            if (one != PGJOBQ_OK || none == 0) {
+                rc = one; /* its own error, or PGJOBQ_OK for a time out of range */
+                break;
+            }
+        }
+        if (bad == k)
+            memcpy(c->errmsg, first, sizeof first);
+    }
+    if (rc == PGJOBQ_OK && bad < k)
+        rc = pgjobq__seterr(c, PGJOBQ_EINVAL,
+                            "run_at \"%.60s\" is out of range: it must lie between 1970-01-01 00:00 UTC and 100 years "
+                            "from now",
+                            texts[bad]);
+    if (rc != PGJOBQ_OK && rc != PGJOBQ_ENOMEM && (k == 1 || bad < k)) {
+        char keep[sizeof c->errmsg];
+        memcpy(keep, c->errmsg, sizeof keep);
+        snprintf(label, sizeof label, label_batch ? "job %zu" : "job", which[k == 1 ? 0 : bad]);
+        pgjobq__seterr(c, rc, "%s: %s", label, keep);
+    }
+    free(texts);
+    free(which);
+    return rc;
+}
+
 /* The fields that took the place of pgjobq_reserved[4] left the size as it was. */
 _Static_assert(sizeof(pgjobq_enqueue_opts) == offsetof(pgjobq_enqueue_opts, after) + 4 * sizeof(uint64_t),
                "pgjobq_enqueue_opts changed size");
@@ -501,10 +605,13 @@ static int simple_command(pgjobq_client *c, const char *sql)
     PGresult *r = PQexec(c->conn, sql);
     int rc = PGJOBQ_OK;
 
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQstatus(c->conn) != CONNECTION_OK) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "enqueue: %s", sql);
+        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, prefix);
+    } else if (PQresultStatus(r) != PGRES_COMMAND_OK) {
         const char *m = PQerrorMessage(c->conn);
-        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s: %.*s", sql,
-                            (int)strcspn(m, "\n"), m);
+        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: %s: %.*s", sql, (int)strcspn(m, "\n"), m);
     }
     PQclear(r);
     return rc;
@@ -589,8 +696,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
     r = PQexec(c->conn, "SELECT pg_catalog.pg_current_xact_id()");
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        rc = pgjobq__seterr(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue: %s",
-                            PQerrorMessage(c->conn));
+        rc = pgjobq__seterr_conn(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);
@@ -598,7 +704,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
         rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
-                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+                                                : pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);
@@ -663,13 +769,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     }
     if (copy_flush(c, &data) != 0 || PQputCopyEnd(c->conn, NULL) != 1) {
-        rc = pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     r = PQgetResult(c->conn);
     if (PQresultStatus(r) != PGRES_COMMAND_OK) {
         rc = PQstatus(c->conn) == CONNECTION_OK ? copy_error(c, r)
-                                                : pgjobq__seterr(c, PGJOBQ_ECONN, "enqueue: %s", PQerrorMessage(c->conn));
+                                                : pgjobq__seterr_conn(c, PGJOBQ_ECONN, "enqueue");
         goto out;
     }
     PQclear(r);
@@ -730,6 +836,8 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
         if ((rc = check_spec(c, label, &jobs[i])) != PGJOBQ_OK)
             return rc;
     }
+    if ((rc = check_run_at(c, jobs, n, 1)) != PGJOBQ_OK)
+        return rc;
     for (size_t i = 0; i < n; i++) {
         if (spec_needs_graph(&jobs[i])) {
             for (size_t k = 0; k < n; k++)
@@ -766,7 +874,7 @@ int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_o
     spec.payload = payload;
     if (opts)
         spec.opts = *opts;
-    if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK)
+    if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK || (rc = check_run_at(c, &spec, 1, 0)) != PGJOBQ_OK)
         return rc;
     if (spec_needs_graph(&spec))
         rc = enqueue_as_graph(c, &spec, 1, &id);

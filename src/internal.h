@@ -68,10 +68,17 @@ void pgjobq__clearerr(pgjobq_client *c);
 void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int pgjobq__code_from_sqlstate(const char *sqlstate);
 
+/* redact.c: msg (msg_len bytes) into buf[0..size), NUL-terminated, with every password of conninfo
+ * (may be NULL), of conn's options (may be NULL) and of $PGPASSWORD, and anything shaped like one,
+ * replaced by "***"; returns the length of the whole result.  buf must not overlap msg. */
+size_t pgjobq__redact(char *buf, size_t size, const char *msg, size_t msg_len, const char *conninfo, PGconn *conn);
+
 /* client.c */
 int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms);
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
 int pgjobq__require_schema(pgjobq_client *c);
+/* Sets the client's message to prefix and libpq's connection error, redacted, and returns code. */
+int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix);
 
 /* migrate.c */
 int pgjobq__check_schema(pgjobq_client *c);

@@ -149,7 +149,7 @@ static int run(pgjobq_client *c, const char *what, const char *sql, int nparams,
     }
     if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
         PQclear(r);
-        return pgjobq__seterr(c, PGJOBQ_ECONN, "%s: %s", what, PQerrorMessage(c->conn));
+        return pgjobq__seterr_conn(c, PGJOBQ_ECONN, what);
     }
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);

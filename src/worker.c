@@ -299,6 +299,10 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
     w->conninfo = strdup(conninfo ? conninfo : "");
     if (w->conninfo == NULL)
         return werr(w, PGJOBQ_ENOMEM, "out of memory");
+    /* A connection string libpq cannot parse would be retried forever by pgjobq_worker_run. */
+    char why[400];
+    if (pgjobq_conninfo_check(w->conninfo, why, sizeof why) == PGJOBQ_EINVAL)
+        return werr(w, PGJOBQ_EINVAL, "the connection string is not valid: %s", why);
     if (w->o.lease_ms == 0)
         w->o.lease_ms = 60000;
     if (w->o.heartbeat_ms == 0)

@@ -2,6 +2,8 @@
  * test_cli.c - the pgjobq command: every command end to end, JSON-lines files (all or none), and a
  * table of bad input, each with a clear message, a sysexits.h status, and the database unchanged.
  */
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
@@ -97,6 +99,21 @@ TEST(cli_enqueue_unique_key_and_delay)
     PQfinish(pg);
 }
 
+/* What docs/sql.md and pgjobq(1) say of a key given twice: accepted, the last value kept. */
+TEST(cli_enqueue_duplicate_keys_keep_the_last_value)
+{
+    char *out, *err, id[32];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "{\"to\": \"ana\", \"to\": \"bob\"}", NULL), 0);
+    snprintf(id, sizeof id, "%lld", atoll(out));
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"payload\":{\"to\": \"bob\"}") != NULL, "show: %s", out);
+    free(out);
+    free(err);
+}
+
 static char *lines(int n, int bad_line, const char *bad)
 {
     size_t cap = (size_t)n * 32 + 64, len = 0;
@@ -152,6 +169,93 @@ TEST(cli_enqueue_file_is_all_or_none)
     CHECK_INT(count_jobs(), 2500);
 }
 
+/* The ids on stdout are those of jobs that exist: a file of several batches prints them only once
+ * its transaction has committed, and none when a later line rolls everything back. */
+TEST(cli_enqueue_file_prints_ids_only_after_commit)
+{
+    char *out, *err, *data;
+
+    data = lines(1500, 1200, "{\"line\": oops}");
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", NULL), EX_DATAERR);
+    CHECK_MSG(out[0] == '\0', "ids of jobs that were rolled back: %.200s", out);
+    CHECK_MSG(strstr(err, "nothing was enqueued") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 0);
+
+    /* 2,500 lines in batches of 1,000: every id, once, after the commit, each a job. */
+    data = lines(2500, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", NULL), 0);
+    PGconn *pg = t_pg();
+    size_t len = strlen(out);
+    CHECK(len > 0 && out[len - 1] == '\n');
+    out[len - 1] = '\0';
+    for (char *p = out; (p = strchr(p, '\n')) != NULL;)
+        *p = ',';
+    char *array = malloc(len + 2);
+    CHECK(array != NULL);
+    snprintf(array, len + 2, "{%s}", out);
+    const char *values[1] = {array};
+    PGresult *r = PQexecParams(pg,
+                               "SELECT count(DISTINCT i), count(j.id) FROM unnest($1::bigint[]) i"
+                               " LEFT JOIN pgjobq.all_jobs j ON j.id = i",
+                               1, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pg));
+    CHECK_STR(PQgetvalue(r, 0, 0), "2500");
+    CHECK_STR(PQgetvalue(r, 0, 1), "2500");
+    PQclear(r);
+    free(array);
+    PQfinish(pg);
+    free(out);
+    free(err);
+    free(data);
+
+    /* --quiet prints nothing either way. */
+    data = lines(1500, 0, NULL);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--quiet", NULL), 0);
+    CHECK_STR(out, "");
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 4000);
+}
+
+/* --run-at is held to what --delay allows (at most 100 years ahead) and not before 1970, through the
+ * CLI and the library alike, one job or a batch (COPY or not): nothing is written. */
+TEST(cli_enqueue_run_at_is_bounded_like_delay)
+{
+    char *out, *err, *data = lines(600, 0, NULL);
+    pgjobq_client *c = t_client();
+    pgjobq_job_spec specs[4];
+    int64_t ids[4];
+
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--run-at", "99999-01-01", NULL),
+              EX_DATAERR);
+    CHECK_MSG(strstr(err, "run_at \"99999-01-01\" is out of range") && strstr(err, "nothing") && out[0] == '\0',
+              "stderr: %s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, data, strlen(data), "enqueue", "--file", "-", "--batch", "100", "--run-at",
+                    "4713-01-01 BC", NULL),
+              EX_DATAERR);
+    free(out);
+    free(err);
+    free(data);
+    CHECK_INT(count_jobs(), 0);
+
+    /* The library names the job of a batch that is out of range. */
+    memset(specs, 0, sizeof specs);
+    for (int i = 0; i < 4; i++)
+        specs[i].opts.run_at = i == 2 ? "3000-01-01" : "2030-01-01";
+    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, 4, ids, NULL), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "job 2: run_at \"3000-01-01\"") != NULL, "%s", pgjobq_errmsg(c));
+    specs[2].opts.run_at = "now";
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 4, ids, NULL));
+    CHECK_INT(count_jobs(), 4);
+    pgjobq_client_close(c);
+}
+
 /* The bad-input table: arguments, expected status, a word the message must contain. */
 TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
 {
@@ -181,8 +285,13 @@ TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
         {{"enqueue", "--delay", "5s", "--run-at", "2030-01-01", NULL}, EX_USAGE, "not both"},
         {{"enqueue", "--run-at", "garbage", NULL}, EX_DATAERR, "garbage"},
         {{"enqueue", "--run-at", "infinity", NULL}, EX_DATAERR, "run_at"},
-        {{"enqueue", "--run-at", "9999-12-31 23:59:59+00", NULL}, EX_OK, NULL},
+        {{"enqueue", "--run-at", "9999-12-31 23:59:59+00", NULL}, EX_DATAERR, "100 years"},
+        {{"enqueue", "--run-at", "99999-01-01", NULL}, EX_DATAERR, "out of range"},
+        {{"enqueue", "--run-at", "4713-01-01 00:00:00+00 BC", NULL}, EX_DATAERR, "1970-01-01"},
+        {{"enqueue", "--run-at", "-infinity", NULL}, EX_DATAERR, "run_at"},
+        {{"enqueue", "--run-at", "1969-12-31 23:59:59+00", NULL}, EX_DATAERR, "out of range"},
         {{"enqueue", "--run-at", "1970-01-01 00:00:00+00", NULL}, EX_OK, NULL},
+        {{"enqueue", "--run-at", "2030-01-01T09:00Z", NULL}, EX_OK, NULL},
         {{"enqueue", "--unique-key", "", NULL}, EX_DATAERR, "unique key"},
         {{"enqueue", "{}", "{}", NULL}, EX_USAGE, "unexpected argument"},
         {{"enqueue", "--file", "/nonexistent/jobs.jsonl", NULL}, EX_NOINPUT, "cannot read"},
@@ -261,6 +370,23 @@ TEST_FULL(cli_migrate_is_idempotent, 60, TEST_DB_EMPTY)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), 0);
+    free(out);
+    free(err);
+}
+
+/* migrate --roles says which roles it made sure of: all four. */
+TEST(cli_migrate_roles_names_every_role)
+{
+    static const char *const roles[] = {"pgjobq_producer", "pgjobq_worker", "pgjobq_admin", "pgjobq_monitor"};
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(strstr(out, roles[i]) != NULL, "migrate --roles does not name %s: %s", roles[i], out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--help", NULL), 0);
+    CHECK_MSG(strstr(out, "pgjobq_monitor") != NULL, "migrate --help: %s", out);
     free(out);
     free(err);
 }
@@ -427,8 +553,8 @@ TEST(cli_database_urls_that_are_not_postgresql_are_refused)
     };
 
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", bad[i].url, "stats", NULL), EX_USAGE);
-        CHECK_MSG(strstr(err, "the database given by --db is not usable") && strstr(err, bad[i].says) &&
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", bad[i].url, "stats", NULL), EX_CONFIG);
+        CHECK_MSG(strstr(err, "the database URL (--db) is not usable") && strstr(err, bad[i].says) &&
                       strstr(err, "hunter2") == NULL,
                   "--db '%s': %s", bad[i].url, err);
         free(out);
@@ -437,7 +563,7 @@ TEST(cli_database_urls_that_are_not_postgresql_are_refused)
     setenv("DATABASE_URL", "mysql://app:hunter2@db/app", 1);
     t_use_test_db = 0; /* the harness would set $PGJOBQ_DATABASE_URL, which comes first */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), EX_CONFIG);
-    CHECK_MSG(strstr(err, "given by $DATABASE_URL") && strstr(err, "hunter2") == NULL, "stderr: %s", err);
+    CHECK_MSG(strstr(err, "the database URL ($DATABASE_URL)") && strstr(err, "hunter2") == NULL, "stderr: %s", err);
     free(out);
     free(err);
     unsetenv("DATABASE_URL");
@@ -452,4 +578,307 @@ TEST(cli_database_urls_that_are_not_postgresql_are_refused)
               EX_UNAVAILABLE);
     free(out);
     free(err);
+}
+
+/* The file's text ("" while it does not exist yet). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *text = calloc(1, 1 << 20);
+    CHECK(text != NULL);
+    if (f) {
+        size_t n = fread(text, 1, (1 << 20) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    return text;
+}
+
+static int log_says(void *path)
+{
+    char *text = slurp(path);
+    int found = strstr(text, "cannot connect the claim connection") != NULL;
+    free(text);
+    return found;
+}
+
+/* A URL libpq parses but cannot use (a "port" that was half the password): the worker retries, as it
+ * does while a database is down, and logs each streak of failures without the password. */
+static void worker_retries_without_the_password(const char *url, const char *secret)
+{
+    const char *log = t_log_path("retrying");
+    pid_t w = t_spawn(log, NULL, "--db", url, "work", "--exec", "/bin/true", "--log-level", "debug", NULL);
+    int ok = t_wait_until(log_says, (void *)log, 30000);
+    kill(w, SIGTERM);
+    CHECK_INT(t_wait_exit(w, 30000), 0);
+    char *text = slurp(log);
+    CHECK_MSG(ok, "the worker did not say it cannot connect:\n%s", text);
+    CHECK_MSG(strstr(text, secret) == NULL, "the worker's log shows the password:\n%s", text);
+    free(text);
+}
+
+/* A database URL libpq cannot parse (its error quotes the URL, or the token it choked on) makes every
+ * command fail at once with a sysexits status, and its password appears in neither stdout nor
+ * stderr: as --db and as $DATABASE_URL, in every form of tests/test_redact.c. */
+TEST_FULL(cli_redacts_the_password_of_a_malformed_url_in_every_command, 180, 0)
+{
+    static const struct {
+        const char *url, *secret;
+    } urls[] = {
+        {"postgresql://alice:Zq7Secret1@[::1/db", "Zq7Secret1"},
+        {"postgres://alice:Zq7Secret2@[::1]x/db", "Zq7Secret2"},
+        {"postgresql://alice:Zq7%zzSecret3@localhost/db", "Secret3"},
+        {"postgresql://alice:Zq7%53ecret4%2F%40x@[::1/db", "ecret4"},
+        {"postgresql://[::1/db?user=alice&password=Zq7Secret5", "Zq7Secret5"},
+        {"postgresql://[::1]/db?password=pw&Zq7Secret6", "Zq7Secret6"},
+        {"postgresql://alice:Zq7Secret7/x@[::1]/db", "Zq7Secret7"},
+        {"host=/nonexistent password=pw Zq7Secret8", "Zq7Secret8"},
+        {"host=/nonexistent password = 'pw Zq7Secret9' 'bogus", "Zq7Secret9"},
+    };
+    static const char *const commands[][5] = {
+        {"stats"}, {"list"}, {"show", "1"}, {"graph", "1"}, {"health"}, {"migrate"}, {"migrate", "--roles"},
+        {"enqueue", "{}"}, {"enqueue", "--file", "-"}, {"cancel", "1"}, {"retry", "1"}, {"queue", "ls"},
+        {"queue", "pause", "q"}, {"cron", "ls"}, {"work", "--exec", "/bin/true"},
+        {"serve", "--listen", "127.0.0.1:0"},
+    };
+    static const char lines[] = "{}\n{}\n";
+
+    for (size_t u = 0; u < sizeof urls / sizeof urls[0]; u++) {
+        for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+            const char *const *a = commands[k];
+            if (strcmp(a[0], "work") == 0 && pgjobq_conninfo_check(urls[u].url, NULL, 0) == PGJOBQ_OK) {
+                worker_retries_without_the_password(urls[u].url, urls[u].secret);
+                continue;
+            }
+            for (int via_env = 0; via_env < 2; via_env++) {
+                char *out, *err;
+                int status;
+                /* Every command through --db; two of them through the environment too. */
+                if (via_env && k > 1)
+                    continue;
+                t_use_test_db = !via_env;
+                if (via_env)
+                    setenv("DATABASE_URL", urls[u].url, 1);
+                else
+                    unsetenv("DATABASE_URL");
+                if (via_env)
+                    status = t_cli(&out, &err, lines, sizeof lines - 1, a[0], a[1], a[2], a[3], NULL);
+                else
+                    status = t_cli(&out, &err, lines, sizeof lines - 1, "--db", urls[u].url, a[0], a[1], a[2], a[3],
+                                   NULL);
+                CHECK_MSG(status >= EX__BASE && status <= EX__MAX, "pgjobq %s with %s: status %d; stderr: %s", a[0],
+                          urls[u].url, status, err);
+                CHECK_MSG(strstr(out, urls[u].secret) == NULL && strstr(err, urls[u].secret) == NULL,
+                          "pgjobq %s %s with %s shows the password:\nstdout: %s\nstderr: %s", a[0], a[1] ? a[1] : "",
+                          urls[u].url, out, err);
+                CHECK_MSG(err[0] != '\0', "pgjobq %s with %s: no message", a[0], urls[u].url);
+                free(out);
+                free(err);
+            }
+        }
+    }
+    t_use_test_db = 1;
+    unsetenv("DATABASE_URL");
+}
+
+/* Where text has a byte a terminal acts on (C0 other than the newlines of the layout, DEL, or the
+ * start of a C1 control), or -1. */
+static long control_at(const char *text)
+{
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        if ((*p < 0x20 && *p != '\n') || *p == 0x7f || (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+            return (long)(p - (const unsigned char *)text);
+    return -1;
+}
+
+static int lines_in(const char *text)
+{
+    int n = 0;
+    for (const char *p = text; *p; p++)
+        n += *p == '\n';
+    return n;
+}
+
+/* An --exec handler's stderr (the job's last_error) and a worker id can hold anything: what show and
+ * list print of them has no byte that moves the cursor, retitles the window or starts a fake line. */
+TEST(cli_show_and_list_escape_control_characters)
+{
+    static const char worker[] = "w\033]0;pwned\007\r\nFAKE \xc2\x9b" "2J";
+    static const char error[] = "boom\033[2J\007\rcarriage\nfake line\ttab\x7f";
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char id[32], *out, *err;
+    long at;
+
+    o.queue = "ctl";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"x\": \"\\u001b[2J\"}", &o, NULL));
+    CHECK_OK(c, pgjobq_claim(c, "ctl", 1, 60000, worker, &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[0].id, jobs[0].lease_token, error, 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    snprintf(id, sizeof id, "%lld", (long long)jobs[0].id);
+    pgjobq_jobs_free(jobs);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, NULL), 0);
+    CHECK_MSG((at = control_at(out)) < 0, "show prints a control byte at %ld:\n%s", at, out);
+    CHECK_MSG(strstr(out, "worker_id:     w\\e]0;pwned\\a\\r\\nFAKE \\u009b2J\n") != NULL, "show:\n%s", out);
+    CHECK_MSG(strstr(out, "last_error:    boom\\e[2J\\a\\rcarriage\\nfake line\\ttab\\x7f\n") != NULL, "show:\n%s",
+              out);
+    /* Every line is one of show's fields. */
+    for (const char *line = out; *line; line = strchr(line, '\n') + 1)
+        CHECK_MSG(line[0] >= 'a' && line[0] <= 'z' && strcspn(line, ":") < strcspn(line, " \n"),
+                  "show prints a line that is no field: %.*s", (int)strcspn(line, "\n"), line);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--queue", "ctl", NULL), 0);
+    CHECK_MSG((at = control_at(out)) < 0, "list prints a control byte at %ld:\n%s", at, out);
+    CHECK_MSG(lines_in(out) == 2 && strstr(out, "boom\\e[2J\\a\\rcarriage") != NULL, "list:\n%s", out);
+    free(out);
+    free(err);
+
+    /* JSON escapes them its own way. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id, "--json", NULL), 0);
+    CHECK_MSG(control_at(out) < 0 && strstr(out, "\"worker_id\":\"w\\u001b]0;pwned\\u0007\\r\\nFAKE") != NULL,
+              "show --json: %s", out);
+    free(out);
+    free(err);
+
+    /* A pause reason in queue ls; a unique key quoted in a message. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "ctl", "--reason", "relay\033[2J\r\ndown", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(control_at(out) < 0 && strstr(out, "relay\\e[2J\\r\\ndown\n") != NULL, "queue ls:\n%s", out);
+    free(out);
+    free(err);
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--unique-key", "k\033]0;x\007", NULL), 0);
+        CHECK_MSG(control_at(err) < 0, "enqueue: %s", err);
+        free(out);
+        free(err);
+    }
+    pgjobq_client_close(c);
+}
+
+/* The worker's log lines carry a coprocess's stderr and the worker id: one line each, escaped. */
+TEST(cli_work_log_escapes_control_characters)
+{
+    const char *handler = t_script("coproc.sh", "while IFS= read -r line; do\n"
+                                                "  id=${line#*\\\"id\\\":}; id=${id%%,*}\n"
+                                                "  printf 'handler says \\033]0;pwned\\007\\r\\n' >&2\n"
+                                                "  printf '{\"id\":%s,\"status\":\"completed\"}\\n' \"$id\"\n"
+                                                "done\n");
+    const char *log = t_log_path("work");
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id = 0;
+    PGconn *pg = t_pg();
+
+    o.queue = "ctl";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pid_t w = t_spawn(log, NULL, "work", "--queue", "ctl:1", "--coproc", handler, "--worker-id", "w\033[2J\r\nFAKE",
+                      "--poll", "100ms", NULL);
+    int64_t deadline = t_now_ms() + 30000;
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 0 &&
+           t_now_ms() < deadline)
+        usleep(50000);
+    kill(w, SIGTERM);
+    CHECK_INT(t_wait_exit(w, 30000), 0);
+    char *text = slurp(log);
+    CHECK_MSG(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 1,
+              "the job did not complete:\n%s", text);
+    CHECK_MSG(strstr(text, "handler says \\e]0;pwned\\a\\r") != NULL && strstr(text, "w\\e[2J\\r\\nFAKE") != NULL,
+              "log:\n%s", text);
+    CHECK_MSG(control_at(text) < 0, "the log has a control byte:\n%s", text);
+    free(text);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* What an --exec or --coproc handler finds in its environment: the worker's, without any variable
+ * libpq reads (the database, the user, the password, the TLS key, ...), any pgjobq setting (the URL,
+ * the serve token) or DATABASE_URL; with its job's PGJOBQ_* variables. */
+static void check_handler_env(const char *path, int with_job_vars)
+{
+    static const char *const job_vars[] = {"PGJOBQ_JOB_ID=", "PGJOBQ_QUEUE=", "PGJOBQ_KIND=", "PGJOBQ_ATTEMPT=",
+                                           "PGJOBQ_MAX_ATTEMPTS=", "PGJOBQ_LEASE_TOKEN=", NULL};
+    char *text = slurp(path);
+    int job_vars_seen = 0;
+
+    CHECK_MSG(strstr(text, "\nKEEP_ME=yes\n") != NULL || strncmp(text, "KEEP_ME=yes\n", 12) == 0,
+              "%s lacks the worker's own variables:\n%s", path, text);
+    for (const char *line = text; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
+        int job_var = 0;
+        for (int i = 0; job_vars[i]; i++)
+            job_var |= strncmp(line, job_vars[i], strlen(job_vars[i])) == 0;
+        job_vars_seen += job_var;
+        CHECK_MSG(job_var || (strncmp(line, "PG", 2) != 0 && strncmp(line, "DATABASE_URL=", 13) != 0),
+                  "a handler inherited %.*s", (int)strcspn(line, "\n"), line);
+    }
+    CHECK_INT(job_vars_seen, with_job_vars ? 6 : 0);
+    CHECK_MSG(strstr(text, "hunter2") == NULL && strstr(text, "leak") == NULL && strstr(text, "serve-token") == NULL,
+              "a secret reached a handler:\n%s", text);
+    free(text);
+}
+
+TEST_FULL(cli_work_handlers_inherit_no_database_settings_or_secrets, 120, 0)
+{
+    static const char *const vars[][2] = {
+        {"PGHOST", "/nonexistent"}, {"PGPORT", "1"}, {"PGDATABASE", "nowhere"}, {"PGUSER", "nobody"},
+        {"PGPASSWORD", "hunter2"}, {"PGPASSFILE", "/nonexistent/pgpass"}, {"PGSERVICEFILE", "/nonexistent/svc"},
+        {"PGSSLKEY", "/secret/key.pem"}, {"PGSSLMODE", "disable"}, {"PGAPPNAME", "app"}, {"PGCONNECT_TIMEOUT", "10"},
+        {"PGCLIENTENCODING", "UTF8"}, {"PGGSSENCMODE", "disable"}, {"PGKRBSRVNAME", "postgres"},
+        {"PGTARGETSESSIONATTRS", "any"}, {"PGJOBQ_SERVE_TOKEN", "serve-token-0123456789"},
+        {"PGJOBQ_HOME", "/secret/home"}, {"DATABASE_URL", "postgresql://u:leak@h/db"}, {"KEEP_ME", "yes"},
+    };
+    char body[1024], exec_env[512], coproc_env[512];
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    const char *handlers[2];
+
+    snprintf(exec_env, sizeof exec_env, "%s/exec.env", t_tmpdir());
+    snprintf(coproc_env, sizeof coproc_env, "%s/coproc.env", t_tmpdir());
+    snprintf(body, sizeof body, "env > %s\ncat > /dev/null", exec_env);
+    handlers[0] = strdup(t_script("exec.sh", body));
+    snprintf(body, sizeof body,
+             "env > %s\n"
+             "while IFS= read -r line; do\n"
+             "  id=${line#*\\\"id\\\":}; id=${id%%,*}\n"
+             "  printf '{\"id\":%%s,\"status\":\"completed\"}\\n' \"$id\"\n"
+             "done",
+             coproc_env);
+    handlers[1] = strdup(t_script("coproc.sh", body));
+    o.queue = "envq";
+    for (int k = 0; k < 2; k++) {
+        int64_t id = 0;
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+        /* Set for the worker only: this process's own connections are open already. */
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+            setenv(vars[i][0], vars[i][1], 1);
+        const char *log = t_log_path(k ? "coproc" : "exec");
+        pid_t w = t_spawn(log, NULL, "work", "--queue", "envq:1", k ? "--coproc" : "--exec", handlers[k], "--poll",
+                          "100ms", NULL);
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+            unsetenv(vars[i][0]);
+        int64_t deadline = t_now_ms() + 30000;
+        while (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'",
+                     (long long)id) == 0 &&
+               t_now_ms() < deadline)
+            usleep(50000);
+        kill(w, SIGTERM);
+        CHECK_INT(t_wait_exit(w, 30000), 0);
+        if (t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id) == 0)
+            t_show_log(log);
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)id),
+                  1);
+    }
+    check_handler_env(exec_env, 1);
+    check_handler_env(coproc_env, 0);
+    free((void *)handlers[0]);
+    free((void *)handlers[1]);
+    PQfinish(pg);
+    pgjobq_client_close(c);
 }
