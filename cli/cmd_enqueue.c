@@ -386,6 +386,23 @@ out:
     return status;
 }
 
+/* A job enqueued to a paused queue waits until the queue is resumed: say so on stderr (when this
+ * role may read the queues' settings; a producer may not, and is then told nothing). */
+static void note_if_paused(pgjobq_client *c, const char *queue)
+{
+    pgjobq_queue_info *q = NULL;
+    size_t n = 0;
+
+    if (pgjobq_queue_list(c, &q, &n) != PGJOBQ_OK)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(q[i].name, queue) == 0 && q[i].paused_at != PGJOBQ_TIME_NONE)
+            cli_err("note: queue %s is paused%s%s%s: its jobs wait until `%s queue resume %s`", queue,
+                    q[i].pause_reason ? " (" : "", q[i].pause_reason ? q[i].pause_reason : "",
+                    q[i].pause_reason ? ")" : "", cli_self, queue);
+    pgjobq_queue_list_free(q);
+}
+
 /* Everything after the options are parsed; a->after is freed by the caller. */
 static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
 {
@@ -394,6 +411,10 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     int status, rc;
     int64_t id = 0;
 
+    if (argc - first == 2 && a->opts.queue == NULL && pgjobq_name_check(argv[first]) == PGJOBQ_OK &&
+        strchr("{[\"", argv[first + 1][0]) != NULL)
+        return cli_usage_error(a->cmd, "two arguments: to enqueue to queue '%s', give --queue %s PAYLOAD", argv[first],
+                               argv[first]);
     if (argc - first > 1)
         return cli_usage_error(a->cmd, "unexpected argument '%s' (quote the payload as one argument)",
                                argv[first + 1]);
@@ -415,6 +436,8 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
         return status;
     if (a->file || a->graph) {
         status = a->file ? enqueue_file(a, c) : enqueue_graph_file(a, c);
+        if (status == EX_OK && a->file)
+            note_if_paused(c, a->opts.queue ? a->opts.queue : "default");
         pgjobq_client_close(c);
         return status;
     }
@@ -434,6 +457,7 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     }
     if (!a->quiet)
         printf("%lld\n", (long long)id);
+    note_if_paused(c, a->opts.queue ? a->opts.queue : "default");
     pgjobq_client_close(c);
     return EX_OK;
 }

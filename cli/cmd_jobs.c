@@ -259,11 +259,19 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
         return status;
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
+    /* One more than asked, to know whether the limit cut the list short (and say so). */
+    int limit = a.opts.limit ? a.opts.limit : 100, more = 0;
+    if (limit < 100000)
+        a.opts.limit = limit + 1;
     rc = pgjobq_job_list(c, &a.opts, &jobs, &n);
     if (rc != PGJOBQ_OK) {
         status = cli_fail(c, rc);
         pgjobq_client_close(c);
         return status;
+    }
+    if (n > (size_t)limit || (limit == 100000 && n == (size_t)limit)) {
+        more = 1;
+        n = (size_t)limit;
     }
     if (a.json) {
         fputc('[', stdout);
@@ -290,6 +298,8 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
     } else {
         fprintf(stderr, "no jobs\n");
     }
+    if (more)
+        fprintf(stderr, "pgjobq: the newest %d jobs shown; there are more (--limit N shows up to 100000)\n", limit);
     pgjobq_jobs_free(jobs);
     pgjobq_client_close(c);
     return EX_OK;

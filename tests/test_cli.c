@@ -882,3 +882,42 @@ TEST_FULL(cli_work_handlers_inherit_no_database_settings_or_secrets, 120, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* Mistakes a new user makes, named: a queue given as an argument, a list cut at its limit, a job
+ * enqueued to a paused queue. */
+TEST(cli_first_hour_mistakes_are_named)
+{
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "mail", "{\"a\":1}", NULL), EX_USAGE);
+    CHECK_MSG(strstr(err, "give --queue mail PAYLOAD"), "stderr: %s", err);
+    free(out);
+    free(err);
+
+    for (int i = 0; i < 5; i++) {
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--queue", "fh", "{}", NULL), 0);
+        free(out);
+        free(err);
+    }
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--queue", "fh", "--limit", "3", NULL), 0);
+    CHECK_MSG(strstr(err, "the newest 3 jobs shown; there are more"), "stderr: %s", err);
+    int lines = 0;
+    for (const char *p = out; (p = strchr(p, '\n')) != NULL; p++)
+        lines++;
+    CHECK_INT(lines, 4); /* the header and 3 jobs */
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--queue", "fh", "--limit", "5", NULL), 0);
+    CHECK_MSG(strstr(err, "there are more") == NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "pause", "fh", "--reason", "relay down", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--queue", "fh", "{}", NULL), 0);
+    CHECK_MSG(strstr(err, "note: queue fh is paused (relay down)") && strstr(err, "queue resume fh"), "stderr: %s", err);
+    CHECK_MSG(atoll(out) > 0, "stdout: %s", out);
+    free(out);
+    free(err);
+}
