@@ -2,9 +2,9 @@
 # ensure-deps.sh [--server] - makes sure what the build (and, with --server, the tests) need is here:
 # libpq's and libmicrohttpd's headers and libraries, and with --server the PostgreSQL server binaries
 # (initdb, pg_ctl, postgres), headless Chromium and promtool (the dashboard and metrics tests), Python
-# with psycopg 3, psycopg2 and SQLAlchemy, Node.js with npm (the client examples), PgBouncer, and
-# pg_auto_failover.  As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops
-# and prints the exact command to run.
+# with psycopg 3, psycopg2, SQLAlchemy and pytest (the client examples, the Python package), Node.js
+# with npm, PgBouncer, and pg_auto_failover.  As root on Debian/Ubuntu it installs what is missing with
+# apt-get; otherwise it stops and prints the exact command to run.
 set -u
 
 need_server=0
@@ -43,8 +43,8 @@ if [ $need_server = 1 ]; then
     command -v g++ >/dev/null 2>&1 || missing="$missing g++"
     command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
     command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
-    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy' >/dev/null 2>&1 ||
-        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy"
+    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy, pytest, setuptools, pip' >/dev/null 2>&1 ||
+        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy python3-pytest python3-setuptools python3-pip"
     command -v node >/dev/null 2>&1 || missing="$missing nodejs"
     command -v npm >/dev/null 2>&1 || missing="$missing npm"
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1 || missing="$missing pgbouncer"
