@@ -127,3 +127,10 @@ async def count(d, i):
 @app.task
 def nonjson():
     return {"when": object()}
+
+
+@app.task
+async def block_loop(d, seconds):
+    mark(d, "blocking")
+    time.sleep(seconds)  # blocks the event loop: a bug, but the lease is the engine's business
+    return {"blocked": seconds}

@@ -124,6 +124,18 @@ def test_cancel_of_a_running_async_task(worker, queue, tmp_path):
     assert float(took) < 4  # well before the 5 s timeout: the heartbeat saw the cancel
 
 
+def test_a_task_that_blocks_the_event_loop_keeps_its_lease(worker, queue, tmp_path):
+    d = str(tmp_path)
+    job = on(queue, py_tasks.block_loop).defer(URL, d=d, seconds=2)
+    wait_until(lambda: os.path.exists(os.path.join(d, "blocking")), 20, "the task to start", worker.log)
+    first = scalar("SELECT lease_until FROM pgjobq.jobs WHERE id = %s", job.id)
+    time.sleep(0.9)
+    second = scalar("SELECT lease_until FROM pgjobq.jobs WHERE id = %s", job.id)
+    assert first is not None and second is not None and second > first  # heartbeats went on meanwhile
+    state, attempt, result, error, took = wait_finished(job.id, worker)
+    assert (state, attempt, result) == ("completed", 1, {"blocked": 2})
+
+
 def test_a_crashed_coprocess_is_restarted_and_its_jobs_retried(start_worker, queue, tmp_path):
     d = str(tmp_path)
     w = start_worker("--queue", f"{queue}:8", *FAST)
