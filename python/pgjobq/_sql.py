@@ -117,6 +117,16 @@ def _on_psycopg2(conn: Any, sql: str, params: Mapping[str, Any]) -> Rows:
 
 
 def _on_sqlalchemy(target: Any, sql: str, params: Mapping[str, Any]) -> Rows:
+    if getattr(target, "_is_future", True) is False and not target.in_transaction():
+        # SQLAlchemy 1.4's legacy Connection outside a transaction "autocommits" the statements it
+        # takes for writes, which it guesses from their text: a SELECT of pgjobq.enqueue(...) would
+        # be rolled back when the connection goes back to the pool.  Commit it as a write would be.
+        with target.begin():
+            return _on_sqlalchemy_now(target, sql, params)
+    return _on_sqlalchemy_now(target, sql, params)
+
+
+def _on_sqlalchemy_now(target: Any, sql: str, params: Mapping[str, Any]) -> Rows:
     result = target.execute(_sa_text(sql), dict(params))
     if not result.returns_rows:
         return []

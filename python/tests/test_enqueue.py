@@ -126,6 +126,12 @@ def test_sqlalchemy_session_joins_the_transaction(queue, orders, future):
             send_mail.defer(db, to="di@example.org")
         send_mail.defer(engine, to="ed@example.org")  # an Engine: a transaction of its own
         assert (rows_in(orders), jobs_in(queue)) == (2, 3)
+
+        with engine.connect() as db:  # no begin(): 2.0 style began a transaction, 1.4 style autocommits writes
+            send_mail.defer(db, to="fy@example.org")
+            if future:
+                db.commit()
+        assert jobs_in(queue) == 4
         with Session(engine) as session:  # reading through a session too
             assert app.get(job.id, conn=session).payload == {"to": "bo@example.org"}
     finally:
