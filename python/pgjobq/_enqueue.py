@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _sql
 from ._util import Duration, check_json, dumps, seconds, timestamp
@@ -240,7 +240,7 @@ def _dup_error(spec: JobSpec, holder: int) -> DuplicateJob:
     )
 
 
-def _check_one(spec: JobSpec, on_duplicate: str):  # type: ignore[no-untyped-def]
+def _check_one(spec: JobSpec, on_duplicate: str) -> Callable[[_sql.Rows], None]:
     def check(rows: _sql.Rows) -> None:
         if on_duplicate == "raise" and rows and rows[0][1]:
             raise _dup_error(spec, rows[0][0])
@@ -248,7 +248,7 @@ def _check_one(spec: JobSpec, on_duplicate: str):  # type: ignore[no-untyped-def
     return check
 
 
-def _check_many(specs: Sequence[JobSpec], on_duplicate: str):  # type: ignore[no-untyped-def]
+def _check_many(specs: Sequence[JobSpec], on_duplicate: str) -> Callable[[_sql.Rows], None]:
     def check(rows: _sql.Rows) -> None:
         if on_duplicate == "raise":
             for ord_, id_, dup in rows:

@@ -6,7 +6,7 @@ import builtins
 import dataclasses
 import inspect
 import random
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union, overload
 
 from . import _enqueue as _enq, _jobs, _sql
 from ._util import NAME, Duration, check_json, dumps, seconds
@@ -16,7 +16,6 @@ from ._jobs import UNSET, JobInfo, QueueInfo
 
 __all__ = ["App", "Task", "Periodic", "exponential_backoff"]
 
-R = TypeVar("R")
 Backoff = Union[None, Duration, Callable[[int], Duration]]
 
 # What .configure() and .spec() accept besides the payload.
@@ -218,10 +217,18 @@ class App:
         return f"<pgjobq.App {self.name or ''} tasks={sorted(self.tasks)}>"
 
     # -- registering -------------------------------------------------------------------------------
+    @overload
+    def task(self, fn: Callable[..., Any]) -> Task: ...
+
+    @overload
+    def task(self, fn: None = None, *, name: Optional[str] = None, queue: Optional[str] = None,
+             priority: Optional[int] = None, max_attempts: Optional[int] = None, timeout: Optional[Duration] = None,
+             retry_backoff: Backoff = None, pass_context: bool = False) -> Callable[[Callable[..., Any]], Task]: ...
+
     def task(self, fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None,
              queue: Optional[str] = None, priority: Optional[int] = None, max_attempts: Optional[int] = None,
              timeout: Optional[Duration] = None, retry_backoff: Backoff = None,
-             pass_context: bool = False) -> Any:
+             pass_context: bool = False) -> Union[Task, Callable[[Callable[..., Any]], Task]]:
         """Registers a function (``def`` or ``async def``) as a task; usable bare (``@app.task``) or
         with options.  ``name`` is the job kind (default: the function's name); ``queue``,
         ``priority`` and ``max_attempts`` are defaults for its jobs; ``timeout`` (seconds, "30s")
@@ -258,6 +265,7 @@ class App:
 
         def register(obj: Any) -> Task:
             t = obj if isinstance(obj, Task) else self.task(obj)
+            assert isinstance(t, Task)
             key = _check_name(name or t.name, "schedule name")
             p = Periodic(t, cron, tz, key, dict(kwargs or {}), queue, priority, max_attempts, catch_up)
             if any(q.key == key for q in self.periodics):
