@@ -29,14 +29,16 @@ async def about(ctx):
 
 
 @app.task(pass_context=True, retry_backoff=0.3, max_attempts=5)
-def flaky(ctx, until):
+def flaky(ctx, until, d):
+    mark(d, "flaky.times", f"{time.time()}\n")
     if ctx.attempt < until:
         raise ConnectionError(f"attempt {ctx.attempt} fails")
     return {"attempt": ctx.attempt}
 
 
 @app.task(pass_context=True)
-async def retry_later(ctx, delay):
+async def retry_later(ctx, delay, d):
+    mark(d, "retry_later.times", f"{time.time()}\n")
     if ctx.attempt == 1:
         raise pgjobq.Retry("not yet", delay=delay)
     return {"attempt": ctx.attempt}
