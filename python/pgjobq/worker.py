@@ -22,6 +22,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from ._runner import load_app
+from ._sql import default_url
 from .app import App
 from .errors import PgjobqError
 
@@ -134,7 +135,8 @@ def main(argv: List[str]) -> int:
 
     env = dict(os.environ)
     if args.db:
-        env["PGJOBQ_DATABASE_URL"] = args.db  # not on the command line, where ps shows it
+        # Not on the command line, where ps shows it; a SQLAlchemy URL's +driver is for SQLAlchemy only.
+        env["PGJOBQ_DATABASE_URL"] = default_url(args.db)
     if (app.periodics or app.name) and not args.no_sync_schedules:
         url = database_url(pgjobq, args.db)
         try:
