@@ -1,8 +1,9 @@
 /*
  * test_clients.c - pgjobq from other languages and through a pooler, as users run it: the Python
- * example (SQLAlchemy for the application, psycopg 3 for the worker side) and the Node.js example
- * (node-postgres from npm) enqueue inside the application's transaction and complete through the SQL
- * API; and PgBouncer in transaction pooling carries migrate, enqueue and `pgjobq work --poll-only`.
+ * example (SQLAlchemy for the application, a task of the pgjobq package run by `pgjobq work --coproc`;
+ * its own table, python_orders) and the Node.js example (node-postgres from npm, completing through the
+ * SQL API) enqueue inside the application's transaction; and PgBouncer in transaction pooling carries
+ * migrate, enqueue and `pgjobq work --poll-only`.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -43,10 +44,10 @@ static const char *srcdir(void)
 }
 
 /* The job of order `ok` completed, the order `rolled_back` and its job absent. */
-static void check_orders(PGconn *pg, int ok, int rolled_back)
+static void check_orders(PGconn *pg, const char *table, int ok, int rolled_back)
 {
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM orders WHERE id = %d", ok), 1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM orders WHERE id = %d", rolled_back), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM %s WHERE id = %d", table, ok), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM %s WHERE id = %d", table, rolled_back), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed' AND kind = 'order_confirmation'"
                         " AND payload = '{\"order\": %d}' AND result ? 'sent_to'",
                     ok),
@@ -64,7 +65,7 @@ TEST_FULL(clients_python_enqueues_in_the_applications_transaction, 60, 0)
     CHECK_MSG(rc == 0, "orders.py: exit %d: %s", rc, out);
     CHECK(strstr(out, "order 1002 rolled back (payment declined)") != NULL);
     free(out);
-    check_orders(pg, 1001, 1002);
+    check_orders(pg, "python_orders", 1001, 1002);
     PQfinish(pg);
 }
 
@@ -78,7 +79,7 @@ TEST_FULL(clients_node_enqueues_in_the_applications_transaction, 60, 0)
     CHECK_MSG(rc == 0, "orders.js: exit %d: %s", rc, out);
     CHECK(strstr(out, "order 2002 rolled back (payment declined)") != NULL);
     free(out);
-    check_orders(pg, 2001, 2002);
+    check_orders(pg, "orders", 2001, 2002);
     PQfinish(pg);
 }
 

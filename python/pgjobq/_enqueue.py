@@ -1,0 +1,358 @@
+"""Enqueueing through the SQL API: one job (``pgjobq.enqueue``), many in one statement
+(``pgjobq.enqueue_many``, or ``pgjobq.enqueue_graph`` when jobs wait for others or carry tags), a
+graph, a batch with its callback.
+
+Everything is checked and turned into JSON before the statement is sent: a value JSON cannot hold
+raises ``InvalidJob`` and nothing reaches the database.  What only the database can judge (names,
+ranges, parents) comes back as ``InvalidJob`` with the SQL API's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _sql
+from ._util import Duration, check_json, dumps, seconds, timestamp
+from .errors import DuplicateJob, InvalidJob
+
+__all__ = [
+    "JobSpec",
+    "Enqueued",
+    "Batch",
+    "enqueue",
+    "enqueue_many",
+    "enqueue_graph",
+    "enqueue_batch",
+    "enqueue_async",
+    "enqueue_many_async",
+    "enqueue_graph_async",
+    "enqueue_batch_async",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Enqueued:
+    """A job the SQL API took: its id, and whether it is another job that already held the unique
+    key (``duplicate``: then ``id`` is the holder's and nothing was inserted)."""
+
+    id: int
+    duplicate: bool = False
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __index__(self) -> int:
+        return self.id
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """``enqueue_batch``: the callback's id (the batch's) and the jobs' ids, in input order."""
+
+    id: int
+    job_ids: List[int]
+
+
+Parent = Union[int, str, Enqueued]
+
+
+@dataclasses.dataclass
+class JobSpec:
+    """One job to enqueue.  None leaves a field to the SQL API's default (queue and kind
+    ``'default'``, payload ``{}``, priority 0, max_attempts 25, due now).
+
+    - ``payload``: any JSON value (dict, list, str, number, bool); at most 1 MiB.
+    - ``run_at`` (an aware datetime, or text such as ``"2027-01-01 09:00Z"``) or ``delay`` (seconds,
+      a timedelta or ``"10m"``), not both.
+    - ``priority``: -100..100, lower first.  ``max_attempts``: 1..1000.
+    - ``unique_key``: while a queued or running job of the queue holds it, no second job is
+      inserted (the holder's id comes back, ``duplicate=True``).
+    - ``concurrency_key``: what a queue's ``key_concurrency`` limit counts.
+    - ``after``: parents, job ids (or refs of jobs of the same graph); the job waits until they have
+      all completed.  ``on_parent_failure``: ``"cancel"`` (default) or ``"run"``.
+    - ``tags``: 1 to 20 strings.  ``ref``: the job's name within a graph.
+    Jobs with ``after``, ``tags`` or ``on_parent_failure`` cannot have a unique key.
+    """
+
+    kind: Optional[str] = None
+    payload: Any = None
+    queue: Optional[str] = None
+    priority: Optional[int] = None
+    run_at: Union[None, _dt.datetime, str] = None
+    delay: Optional[Duration] = None
+    max_attempts: Optional[int] = None
+    unique_key: Optional[str] = None
+    concurrency_key: Optional[str] = None
+    after: Optional[Sequence[Parent]] = None
+    tags: Optional[Sequence[str]] = None
+    on_parent_failure: Optional[str] = None
+    ref: Optional[str] = None
+
+    def replace(self, **changes: Any) -> "JobSpec":
+        return dataclasses.replace(self, **changes)
+
+    # -- checks and conversions --------------------------------------------------------------
+    def _fields(self, i: Optional[int] = None, where: str = "enqueue") -> Dict[str, Any]:
+        """The job's fields as JSON-ready values (only those given), checked."""
+        w = f"{where}: job {i}" if i is not None else where
+        out: Dict[str, Any] = {}
+        for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref"):
+            v = getattr(self, name)
+            if v is not None:
+                if not isinstance(v, str):
+                    raise InvalidJob(f"{w}: {name} must be a str, not {type(v).__name__}")
+                out[name] = v
+        for name in ("priority", "max_attempts"):
+            v = getattr(self, name)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise InvalidJob(f"{w}: {name} must be an int, not {v!r}")
+                out[name] = v
+        if self.payload is not None:
+            check_json(self.payload, w, "payload")
+            out["payload"] = self.payload
+        if self.run_at is not None:
+            out["run_at"] = timestamp(self.run_at, f"{w}: run_at")
+        if self.delay is not None:
+            try:
+                out["delay"] = seconds(self.delay, f"{w}: delay")
+            except ValueError as e:
+                raise InvalidJob(str(e)) from None
+        if self.after is not None:
+            parents: List[Union[int, str]] = []
+            for p in self.after:
+                if isinstance(p, Enqueued):
+                    parents.append(p.id)
+                elif isinstance(p, bool) or not isinstance(p, (int, str)):
+                    raise InvalidJob(f"{w}: after: {p!r} is neither a job id nor a ref")
+                else:
+                    parents.append(p)
+            out["after"] = parents
+        if self.tags is not None:
+            if isinstance(self.tags, str) or not all(isinstance(t, str) for t in self.tags):
+                raise InvalidJob(f"{w}: tags must be a list of str")
+            out["tags"] = list(self.tags)
+        return out
+
+    def _needs_graph(self) -> bool:
+        return self.after is not None or self.tags is not None or self.on_parent_failure is not None or self.ref is not None
+
+
+def _spec(kind: Optional[str], payload: Any, opts: Dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec(kind=kind, payload=payload, **opts)
+    except TypeError as e:
+        raise TypeError(f"pgjobq.enqueue: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Plans: a statement, its parameters, and what to make of its rows
+
+Plan = Tuple[str, Dict[str, Any], Any]
+
+_ONE_ARGS = {
+    "queue": "CAST(:queue AS text)",
+    "kind": "CAST(:kind AS text)",
+    "payload": "CAST(:payload AS jsonb)",
+    "priority": "CAST(:priority AS smallint)",
+    "run_at": "CAST(:run_at AS timestamptz)",
+    "delay": "make_interval(secs => CAST(:delay AS double precision))",
+    "max_attempts": "CAST(:max_attempts AS integer)",
+    "unique_key": "CAST(:unique_key AS text)",
+    "concurrency_key": "CAST(:concurrency_key AS text)",
+    "after": "ARRAY(SELECT CAST(a.v AS bigint) FROM jsonb_array_elements_text(CAST(:after AS jsonb)) AS a(v))",
+    "tags": "ARRAY(SELECT t.v FROM jsonb_array_elements_text(CAST(:tags AS jsonb)) AS t(v))",
+    "on_parent_failure": "CAST(:on_parent_failure AS text)",
+}
+
+
+def _plan_one(spec: JobSpec) -> Plan:
+    f = spec._fields()
+    if "ref" in f:
+        raise InvalidJob("enqueue: ref names a job within a graph: use enqueue_graph")
+    if any(isinstance(p, str) for p in f.get("after", ())):
+        raise InvalidJob("enqueue: after: refs (str) name jobs of a graph: use enqueue_graph, or give job ids")
+    params: Dict[str, Any] = {}
+    args = []
+    for name, expr in _ONE_ARGS.items():
+        if name not in f:
+            continue
+        v = f[name]
+        if name in ("payload", "after", "tags"):
+            v = dumps(v, "enqueue", name, checked=True)
+        params[name] = v
+        args.append(f"{name} => {expr}")
+    sql = f"SELECT e.id, e.duplicate FROM pgjobq.enqueue({', '.join(args)}) AS e"
+    return sql, params, f
+
+
+# enqueue_many's arrays, from one JSON array of objects (one parameter however many jobs).
+_MANY_SQL = """
+SELECT e.ord, e.id, e.duplicate
+  FROM (SELECT array_agg(x.j ->> 'queue' ORDER BY x.o) AS queues,
+               array_agg(x.j ->> 'kind' ORDER BY x.o) AS kinds,
+               array_agg(x.j -> 'payload' ORDER BY x.o) AS payloads,
+               array_agg(CAST(x.j ->> 'priority' AS smallint) ORDER BY x.o) AS priorities,
+               array_agg(CAST(x.j ->> 'run_at' AS timestamptz) ORDER BY x.o) AS run_ats,
+               array_agg(make_interval(secs => CAST(x.j ->> 'delay' AS double precision)) ORDER BY x.o) AS delays,
+               array_agg(CAST(x.j ->> 'max_attempts' AS integer) ORDER BY x.o) AS max_attempts,
+               array_agg(x.j ->> 'unique_key' ORDER BY x.o) AS unique_keys,
+               array_agg(x.j ->> 'concurrency_key' ORDER BY x.o) AS concurrency_keys
+          FROM jsonb_array_elements(CAST(:jobs AS jsonb)) WITH ORDINALITY AS x(j, o)) AS a,
+       pgjobq.enqueue_many(a.queues, a.kinds, a.payloads, a.priorities, a.run_ats, a.delays, a.max_attempts,
+                           a.unique_keys, a.concurrency_keys) AS e
+ ORDER BY e.ord
+"""
+
+_GRAPH_SQL = "SELECT g.ref, g.id FROM pgjobq.enqueue_graph(CAST(:graph AS jsonb)) AS g"
+
+_BATCH_SQL = "SELECT b.batch_id, b.ids FROM pgjobq.enqueue_batch(CAST(:jobs AS jsonb), CAST(:callback AS jsonb)) AS b"
+
+
+def _graph_json(specs: Sequence[JobSpec], where: str) -> str:
+    objs = []
+    for i, s in enumerate(specs):
+        if not isinstance(s, JobSpec):
+            raise InvalidJob(f"{where}: job {i} is a {type(s).__name__}, not a JobSpec")
+        objs.append(s._fields(i, where))
+    return dumps(objs, where, checked=True, limit=False)
+
+
+def _plan_many(specs: Sequence[JobSpec]) -> Tuple[Plan, bool]:
+    """(plan, is_graph).  enqueue_many unless a job needs the graph's fields."""
+    if any(s._needs_graph() for s in specs if isinstance(s, JobSpec)):
+        return (_GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_many")}, specs), True
+    objs = []
+    for i, s in enumerate(specs):
+        if not isinstance(s, JobSpec):
+            raise InvalidJob(f"enqueue_many: job {i} is a {type(s).__name__}, not a JobSpec")
+        objs.append(s._fields(i, "enqueue_many"))
+    return (_MANY_SQL, {"jobs": dumps(objs, "enqueue_many", checked=True, limit=False)}, specs), False
+
+
+def _dup_error(spec: JobSpec, holder: int) -> DuplicateJob:
+    return DuplicateJob(
+        f"the unique key {spec.unique_key!r} is held by job {holder}, queued or running in queue "
+        f"{spec.queue or 'default'!r}: nothing was enqueued",
+        holder,
+    )
+
+
+def _check_one(spec: JobSpec, on_duplicate: str) -> Callable[[_sql.Rows], None]:
+    def check(rows: _sql.Rows) -> None:
+        if on_duplicate == "raise" and rows and rows[0][1]:
+            raise _dup_error(spec, rows[0][0])
+
+    return check
+
+
+def _check_many(specs: Sequence[JobSpec], on_duplicate: str) -> Callable[[_sql.Rows], None]:
+    def check(rows: _sql.Rows) -> None:
+        if on_duplicate == "raise":
+            for ord_, id_, dup in rows:
+                if dup:
+                    raise _dup_error(specs[ord_ - 1], id_)
+
+    return check
+
+
+def _on_dup(v: str) -> str:
+    if v not in ("return", "raise"):
+        raise ValueError(f"on_duplicate must be 'return' or 'raise', not {v!r}")
+    return v
+
+
+def _one_result(rows: _sql.Rows) -> Enqueued:
+    (id_, dup), = rows
+    return Enqueued(int(id_), bool(dup))
+
+
+def _many_result(rows: _sql.Rows, graph: bool) -> List[Enqueued]:
+    if graph:
+        return [Enqueued(int(r[1]), False) for r in rows]
+    return [Enqueued(int(r[1]), bool(r[2])) for r in rows]
+
+
+# ------------------------------------------------------------------------------------------------
+# The functions
+
+
+def enqueue(conn: Any, kind: Optional[str] = None, payload: Any = None, *, on_duplicate: str = "return",
+            **options: Any) -> Enqueued:
+    """Enqueues one job with ``pgjobq.enqueue`` on ``conn`` (see the module: a connection or
+    session joins its transaction, never committed here; a URL or None opens a connection of its own
+    and commits).  ``options`` are JobSpec's fields.  With ``on_duplicate="raise"``, a unique key
+    already held raises ``DuplicateJob`` (carrying the holder's id) instead of returning
+    ``Enqueued(holder, duplicate=True)``."""
+    spec = _spec(kind, payload, options)
+    sql, params, _ = _plan_one(spec)
+    rows = _sql.run(conn, sql, params, check=_check_one(spec, _on_dup(on_duplicate)), enqueue=True)
+    return _one_result(rows)
+
+
+async def enqueue_async(conn: Any, kind: Optional[str] = None, payload: Any = None, *, on_duplicate: str = "return",
+                        **options: Any) -> Enqueued:
+    """enqueue() on a psycopg AsyncConnection (or a URL)."""
+    spec = _spec(kind, payload, options)
+    sql, params, _ = _plan_one(spec)
+    rows = await _sql.arun(conn, sql, params, check=_check_one(spec, _on_dup(on_duplicate)), enqueue=True)
+    return _one_result(rows)
+
+
+def enqueue_many(conn: Any, jobs: Iterable[JobSpec], *, on_duplicate: str = "return") -> List[Enqueued]:
+    """Enqueues many jobs in one statement, all or none, and returns them in input order.  Jobs
+    with ``after``, ``tags``, ``on_parent_failure`` or ``ref`` go through ``pgjobq.enqueue_graph``
+    (no unique keys there); the others through ``pgjobq.enqueue_many``."""
+    specs = list(jobs)
+    if not specs:
+        return []
+    (sql, params, _), graph = _plan_many(specs)
+    rows = _sql.run(conn, sql, params, check=_check_many(specs, _on_dup(on_duplicate)), enqueue=True)
+    return _many_result(rows, graph)
+
+
+async def enqueue_many_async(conn: Any, jobs: Iterable[JobSpec], *, on_duplicate: str = "return") -> List[Enqueued]:
+    specs = list(jobs)
+    if not specs:
+        return []
+    (sql, params, _), graph = _plan_many(specs)
+    rows = await _sql.arun(conn, sql, params, check=_check_many(specs, _on_dup(on_duplicate)), enqueue=True)
+    return _many_result(rows, graph)
+
+
+def enqueue_graph(conn: Any, jobs: Sequence[JobSpec]) -> Dict[str, int]:
+    """Enqueues a graph of jobs in one statement, all or none (``pgjobq.enqueue_graph``): each job's
+    ``after`` names refs of jobs of the graph (str) or ids of jobs already enqueued (int).  Cycles,
+    unknown refs and parents are refused.  Returns {ref: id} in input order (a job without a ref is
+    named by its index, "0", "1", ...)."""
+    specs = list(jobs)
+    rows = _sql.run(conn, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def enqueue_graph_async(conn: Any, jobs: Sequence[JobSpec]) -> Dict[str, int]:
+    specs = list(jobs)
+    rows = await _sql.arun(conn, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _batch_params(jobs: Sequence[JobSpec], callback: JobSpec) -> Dict[str, Any]:
+    if not isinstance(callback, JobSpec):
+        raise InvalidJob("enqueue_batch: callback must be a JobSpec")
+    cb = callback._fields(None, "enqueue_batch: callback")
+    return {"jobs": _graph_json(list(jobs), "enqueue_batch"), "callback": dumps(cb, "enqueue_batch: callback", checked=True)}
+
+
+def enqueue_batch(conn: Any, jobs: Sequence[JobSpec], callback: JobSpec) -> Batch:
+    """Enqueues the jobs and a callback job that runs once every one of them has finished, however
+    it ended, with ``{"batch": {"id", "jobs", "completed", "failed", "cancelled"}}`` added to its
+    payload (``pgjobq.enqueue_batch``)."""
+    rows = _sql.run(conn, _BATCH_SQL, _batch_params(jobs, callback), enqueue=True)
+    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
+
+
+async def enqueue_batch_async(conn: Any, jobs: Sequence[JobSpec], callback: JobSpec) -> Batch:
+    rows = await _sql.arun(conn, _BATCH_SQL, _batch_params(jobs, callback), enqueue=True)
+    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])

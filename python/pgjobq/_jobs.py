@@ -1,0 +1,253 @@
+"""Looking at jobs and acting on them, queues and schedules, through the SQL API.
+
+Privileges (``pgjobq migrate --roles``): reading jobs (``get``, ``result``) needs pgjobq_admin or
+pgjobq_monitor; ``cancel``, ``retry``, the ``*_where`` forms, queue settings and schedules need
+pgjobq_admin.  A role without the privilege gets ``PermissionDenied``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import time
+from typing import Any, Dict, List, Optional
+
+from . import _sql
+from ._util import Duration, dumps, seconds
+from .errors import JobCancelled, JobFailed, JobNotFound, ResultTimeout
+
+__all__ = [
+    "JobInfo",
+    "QueueInfo",
+    "get",
+    "result",
+    "cancel",
+    "retry",
+    "retry_where",
+    "cancel_where",
+    "pause",
+    "resume",
+    "set_limits",
+    "queues",
+    "FINAL_STATES",
+]
+
+FINAL_STATES = ("completed", "failed", "cancelled")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """A job as ``pgjobq.all_jobs`` shows it (live or finished)."""
+
+    id: int
+    queue: str
+    kind: str
+    state: str  # waiting, queued, running, completed, failed, cancelled
+    payload: Any
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: _dt.datetime
+    created_at: _dt.datetime
+    started_at: Optional[_dt.datetime]
+    finished_at: Optional[_dt.datetime]
+    result: Any
+    last_error: Optional[str]
+    unique_key: Optional[str]
+    concurrency_key: Optional[str]
+    tags: Optional[List[str]]
+    progress: Any
+    worker_id: Optional[str]
+    cancel_requested: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+_GET_SQL = """
+SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
+       started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
+       cancel_requested
+  FROM pgjobq.all_jobs WHERE id = CAST(:id AS bigint)
+"""
+
+
+def _job(row: Any) -> JobInfo:
+    (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
+     finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested) = row
+    return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
+                   created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
+                   list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested))
+
+
+def get(conn: Any, job_id: int) -> Optional[JobInfo]:
+    """The job, or None when no job has that id (retention may have pruned it)."""
+    rows = _sql.run(conn, _GET_SQL, {"id": int(job_id)})
+    return _job(rows[0]) if rows else None
+
+
+def _own_polling_connection(conn: Any) -> Any:
+    """For result(): a URL (or None) becomes one autocommit connection kept for the whole wait."""
+    if _sql.classify(conn) != "url":
+        return None
+    url = _sql.default_url(conn)
+    try:
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True)
+    except ImportError:
+        import psycopg2
+
+        c = psycopg2.connect(url)
+        c.autocommit = True
+        return c
+
+
+def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: Duration = 0.5) -> Any:
+    """Waits until the job has finished and returns its result (None when it stored none).  Raises
+    ``JobFailed`` or ``JobCancelled`` (with the job) when it ended so, ``JobNotFound``, or
+    ``ResultTimeout`` after ``timeout`` seconds (None: no limit).  Polls ``pgjobq.all_jobs`` with a
+    backoff from 10 ms to ``poll``.  On a connection of the caller's that is not in autocommit mode,
+    each look runs in the caller's open transaction; pass a URL (or None for the App's) to wait on
+    a connection of its own, outside any transaction."""
+    limit = None if timeout is None else seconds(timeout, "timeout")
+    cap = max(seconds(poll, "poll"), 0.01)
+    own = _own_polling_connection(conn)
+    target = own if own is not None else conn
+    try:
+        start = time.monotonic()
+        pause = 0.01
+        while True:
+            rows = _sql.run(target, _GET_SQL, {"id": int(job_id)})
+            if not rows:
+                raise JobNotFound(f"no job has the id {job_id}")
+            job = _job(rows[0])
+            if job.state == "completed":
+                return job.result
+            if job.state == "failed":
+                raise JobFailed(job)
+            if job.state == "cancelled":
+                raise JobCancelled(job)
+            waited = time.monotonic() - start
+            if limit is not None and waited >= limit:
+                raise ResultTimeout(int(job_id), limit, job.state)
+            step = pause if limit is None else min(pause, max(limit - waited, 0.001))
+            time.sleep(step)
+            pause = min(pause * 2, cap)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def cancel(conn: Any, job_id: int) -> str:
+    """``pgjobq.cancel``: 'cancelled' (it was waiting or queued), 'cancel_requested' (running: it
+    ends cancelled at its worker's next heartbeat; an async task is cancelled, a sync one sees
+    ``ctx.cancelled``), 'not_found', or 'already_completed' / 'already_failed' /
+    'already_cancelled'."""
+    return str(_sql.run(conn, "SELECT pgjobq.cancel(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
+
+
+def retry(conn: Any, job_id: int) -> str:
+    """``pgjobq.retry``: runs a finished or scheduled job again now ('queued'), or says why not
+    ('running', 'waiting', 'not_found').  A unique key held meanwhile raises ``DuplicateJob``."""
+    return str(_sql.run(conn, "SELECT pgjobq.retry(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
+
+
+def _interval(since: Optional[Duration]) -> Optional[str]:
+    return None if since is None else f"{seconds(since, 'since')} seconds"
+
+
+def retry_where(conn: Any, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
+                dry_run: bool = False) -> Dict[str, int]:
+    """``pgjobq.retry_where``: every job of the queue in ``state`` (failed, cancelled, completed, or
+    queued for a later time) runs again now; returns {"retried": n, "skipped": n}."""
+    rows = _sql.run(
+        conn,
+        "SELECT r.retried, r.skipped FROM pgjobq.retry_where(CAST(:queue AS text), CAST(:state AS text), "
+        "CAST(:kind AS text), CAST(:since AS interval), CAST(:dry_run AS boolean)) AS r",
+        {"queue": queue, "state": state, "kind": kind, "since": _interval(since), "dry_run": bool(dry_run)},
+    )
+    return {"retried": int(rows[0][0]), "skipped": int(rows[0][1])}
+
+
+def cancel_where(conn: Any, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
+                 dry_run: bool = False) -> int:
+    """``pgjobq.cancel_where``: every queued job of the queue cancelled (state 'queued'), or every
+    running one asked to cancel (state 'running'); returns how many."""
+    rows = _sql.run(
+        conn,
+        "SELECT pgjobq.cancel_where(CAST(:queue AS text), CAST(:state AS text), CAST(:kind AS text), "
+        "CAST(:since AS interval), CAST(:dry_run AS boolean))",
+        {"queue": queue, "state": state, "kind": kind, "since": _interval(since), "dry_run": bool(dry_run)},
+    )
+    return int(rows[0][0])
+
+
+def pause(conn: Any, queue: str, reason: Optional[str] = None) -> bool:
+    """``pgjobq.queue_pause``: no worker claims from the queue until resume(); running jobs go on.
+    False when it was paused already."""
+    rows = _sql.run(conn, "SELECT pgjobq.queue_pause(CAST(:queue AS text), CAST(:reason AS text))",
+                    {"queue": queue, "reason": reason})
+    return bool(rows[0][0])
+
+
+def resume(conn: Any, queue: str) -> bool:
+    """``pgjobq.queue_resume``; False when the queue was not paused."""
+    return bool(_sql.run(conn, "SELECT pgjobq.queue_resume(CAST(:queue AS text))", {"queue": queue})[0][0])
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
+               rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET) -> None:
+    """``pgjobq.queue_set``: changes the limits given and leaves the others; None removes one.
+    ``concurrency``: jobs of the queue running at once, on all workers; ``key_concurrency``: per
+    concurrency key; ``rate_limit`` jobs started per ``rate_period`` (seconds, timedelta, "1m";
+    the two go together)."""
+    settings: Dict[str, Any] = {}
+    for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit)):
+        if v is not UNSET:
+            settings[name] = v
+    if rate_period is not UNSET:
+        settings["rate_period"] = None if rate_period is None else f"{seconds(rate_period, 'rate_period')} seconds"
+    _sql.run(conn, "SELECT pgjobq.queue_set(CAST(:queue AS text), CAST(:settings AS jsonb))",
+             {"queue": queue, "settings": dumps(settings, "set_limits")})
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueInfo:
+    """A row of ``pgjobq.queue_list()``."""
+
+    queue: str
+    paused_at: Optional[_dt.datetime]
+    pause_reason: Optional[str]
+    concurrency: Optional[int]
+    key_concurrency: Optional[int]
+    rate_limit: Optional[int]
+    rate_period: Optional[_dt.timedelta]
+    queued: int
+    scheduled: int
+    running: int
+    expired: int
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+def queues(conn: Any) -> List[QueueInfo]:
+    """Every queue with jobs or settings: its settings and live counts."""
+    rows = _sql.run(
+        conn,
+        "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
+        "q.rate_period, q.queued, q.scheduled, q.running, q.expired FROM pgjobq.queue_list() AS q",
+        {},
+    )
+    return [QueueInfo(*r) for r in rows]

@@ -1,0 +1,294 @@
+"""The coprocess side of ``pgjobq work --coproc`` (docs/coproc.md), for an App's tasks.
+
+The worker (the C engine) claims, leases, heartbeats, times out and fences; it sends each job as a
+JSON line on this process's standard input and reads one answer line per job on its standard
+output.  Here: one asyncio event loop reads the lines, runs ``async def`` tasks on the loop and
+plain ``def`` tasks on a thread pool, all concurrently, and writes the answers (a burst of answers
+goes out in one write).  A ``{"cancel": id}`` line cancels an async task's asyncio task and sets a
+sync task's ``ctx.cancelled``; no answer is expected for it.
+
+The protocol's standard output is kept to this module: file descriptor 1 is pointed at standard
+error before the App is imported, so that a ``print()`` in a task lands in the worker's log rather
+than breaking the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._util import check_json, seconds
+from .app import App, Task
+from .context import Context, ParentResult
+from .errors import Fail, InvalidJob, Retry
+
+ERROR_MAX = 4000  # characters of an error kept (the table keeps 16 KiB)
+TRACE_LINES = 8   # lines of a traceback's end kept below the exception
+
+
+def load_app(spec: str) -> App:
+    """``module.path:attribute`` (the attribute defaults to ``app``) -> the App."""
+    mod, _, attr = spec.partition(":")
+    if not mod:
+        raise SystemExit(f"pgjobq: {spec!r} is not MODULE:APP (e.g. myapp.tasks:app)")
+    module = importlib.import_module(mod)
+    obj = module
+    for part in (attr or "app").split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise SystemExit(f"pgjobq: module {mod} has no {attr or 'app'} (give MODULE:APP, e.g. {mod}:app)")
+    if not isinstance(obj, App):
+        raise SystemExit(f"pgjobq: {spec} is a {type(obj).__name__}, not a pgjobq.App")
+    return obj
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _internal(filename: str) -> bool:
+    """Frames of this package and of the machinery that called the task (thread pool, asyncio)."""
+    return (filename.startswith(_HERE) or f"{os.sep}concurrent{os.sep}futures{os.sep}" in filename
+            or f"{os.sep}asyncio{os.sep}" in filename)
+
+
+def describe(exc: BaseException) -> str:
+    """The exception, then the last lines of its traceback (the task's frames: where it was
+    raised)."""
+    head = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    lines = [ln for ln in "".join(traceback.format_list(frames)).splitlines()
+             if ln.strip() and set(ln.strip()) - set("^~")]  # no caret lines
+    text = head + ("\n" + "\n".join(lines[-TRACE_LINES:]) if lines else "")
+    return text if len(text) <= ERROR_MAX else text[: ERROR_MAX - 3] + "..."
+
+
+def _call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    return fn(*args, **kwargs)
+
+
+class _Lines(asyncio.Protocol):
+    def __init__(self, runner: "Runner") -> None:
+        self.runner = runner
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if b"\n" not in data:
+            return
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            if line:
+                self.runner.on_line(line)
+
+    def eof_received(self) -> Optional[bool]:
+        return False
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.buf.strip():
+            self.runner.on_line(self.buf)
+        self.runner.on_eof()
+
+
+class Runner:
+    def __init__(self, app: App, threads: int, out_fd: int) -> None:
+        self.app = app
+        self.out_fd = out_fd
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pgjobq-task")
+        self.running: Dict[int, Tuple["asyncio.Task[None]", Context]] = {}
+        self.out: List[bytes] = []
+        self.flush_pending = False
+        self.loop: asyncio.AbstractEventLoop
+        self.eof: "asyncio.Future[None]"
+
+    # -- input -----------------------------------------------------------------------------------
+    def on_line(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            print(f"pgjobq.coproc: ignoring a line that is not JSON: {line[:200]!r}", file=sys.stderr)
+            return
+        if "cancel" in msg:
+            self.cancel(msg["cancel"])
+            return
+        task = self.loop.create_task(self.run_job(msg))
+        # Registered before the task first runs, so a cancel that arrives in the same read finds it.
+        self.running[msg["id"]] = (task, self._context(msg))
+
+    def on_eof(self) -> None:
+        if not self.eof.done():
+            self.eof.set_result(None)
+
+    def cancel(self, job_id: Any) -> None:
+        entry = self.running.pop(job_id, None)
+        if entry is None:
+            return  # answered already
+        task, ctx = entry
+        ctx._cancel("the worker gave the job up (cancelled, timed out, lease lost or shutting down)")
+        task.cancel()
+
+    # -- output ----------------------------------------------------------------------------------
+    def answer(self, ctx: Context, status: str, **fields: Any) -> None:
+        entry = self.running.get(ctx.id)
+        if entry is None or entry[1] is not ctx:
+            return  # given up meanwhile (and maybe sent again since): this attempt's answer is not wanted
+        del self.running[ctx.id]
+        msg: Dict[str, Any] = {"id": ctx.id, "status": status}
+        msg.update(fields)
+        self.out.append(json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        data = b"".join(self.out)
+        self.out.clear()
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.out_fd, view)
+                view = view[n:]
+        except BrokenPipeError:
+            os._exit(0)  # the worker is gone
+
+    # -- a job -----------------------------------------------------------------------------------
+    def _context(self, msg: Dict[str, Any]) -> Context:
+        deadline_ms = msg.get("deadline_ms")
+        deadline = time.monotonic() + (deadline_ms / 1000.0 if isinstance(deadline_ms, (int, float)) else 1e9)
+        parents = [ParentResult(int(p.get("id")), str(p.get("state")), p.get("result"))
+                   for p in msg.get("parents") or () if isinstance(p, dict)]
+        return Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
+                       int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
+
+    def _retry_fields(self, task: Optional[Task], attempt: int, error: str, delay: Any = None) -> Dict[str, Any]:
+        fields: Dict[str, Any] = {"error": error}
+        try:
+            if delay is not None:
+                s: Optional[float] = seconds(delay, "Retry(delay=...)")
+            else:
+                s = task.backoff_delay(attempt) if task is not None else None
+        except Exception as e:  # a bad delay or a failing backoff function: the database's backoff
+            fields["error"] = f"{error}\n(and the retry delay could not be computed: {describe(e)})"
+            s = None
+        if s is not None:
+            fields["delay_ms"] = int(round(s * 1000))
+        return fields
+
+    async def run_job(self, msg: Dict[str, Any]) -> None:
+        entry = self.running.get(msg["id"])  # registered by on_line before this first runs
+        if entry is None:
+            return
+        ctx = entry[1]
+        task = self.app.tasks.get(ctx.kind)
+        if task is None:
+            known = ", ".join(sorted(self.app.tasks)) or "none"
+            self.answer(ctx, "failed", error=f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})")
+            return
+        payload = ctx.payload
+        if isinstance(payload, dict):
+            args: Tuple[Any, ...] = ()
+            kwargs = payload
+        else:
+            args, kwargs = (payload,), {}
+        try:
+            task._payload_sig.bind(*args, **kwargs)
+        except TypeError as e:
+            self.answer(ctx, "failed", error=f"the payload does not fit {task.name}{task._payload_sig}: {e}")
+            return
+        if task.pass_context:
+            args = (ctx,) + args
+        timeout = task.timeout
+        if timeout is not None and timeout >= ctx.time_left():
+            timeout = None  # the worker's deadline comes first: it will send a cancel
+        try:
+            if task.is_async:
+                coro = task.fn(*args, **kwargs)
+                value = await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
+            else:
+                fut = self.loop.run_in_executor(self.pool, _call, task.fn, args, kwargs)
+                value = await (asyncio.wait_for(fut, timeout) if timeout is not None else fut)
+                if inspect.isawaitable(value):
+                    value = await value
+        except asyncio.CancelledError:
+            if ctx.cancelled:
+                return  # the worker gave it up: no answer expected
+            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, "the task was cancelled (asyncio.CancelledError)"))
+            return
+        except asyncio.TimeoutError:
+            ctx._cancel(f"timed out after {task.timeout:g} s")
+            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, f"timed out after {task.timeout:g} s (the task's timeout)"))
+            return
+        except Retry as r:
+            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, r.message, r.delay))
+            return
+        except Fail as f:
+            self.answer(ctx, "failed", error=f.message)
+            return
+        except BaseException as e:  # noqa: B036 - whatever a task raises is its attempt's failure
+            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, describe(e)))
+            return
+        try:
+            if value is not None:
+                check_json(value, f"the result of {task.name}")
+        except InvalidJob as e:
+            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, str(e)))
+            return
+        if value is None:
+            self.answer(ctx, "completed")
+        else:
+            self.answer(ctx, "completed", result=value)
+
+    # -- the whole life --------------------------------------------------------------------------
+    async def main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.eof = self.loop.create_future()
+        try:
+            await self.loop.connect_read_pipe(lambda: _Lines(self), sys.stdin.buffer)
+        except ValueError:  # stdin is a regular file: read it on a thread
+            self.loop.run_in_executor(None, self._read_blocking)
+        await self.eof
+        # End of input: the worker is stopping and has waited for the jobs it wanted answered.
+        for task, ctx in list(self.running.values()):
+            ctx._cancel("the worker is shutting down")
+            task.cancel()
+        if self.out:
+            self.flush()
+
+    def _read_blocking(self) -> None:
+        for line in sys.stdin.buffer:
+            if line.strip():
+                self.loop.call_soon_threadsafe(self.on_line, line)
+        self.loop.call_soon_threadsafe(self.on_eof)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python3 -m pgjobq.coproc",
+        description="The handler side of `pgjobq work --coproc`: runs an App's tasks for the pgjobq worker "
+                    "(python3 -m pgjobq worker starts it for you).")
+    ap.add_argument("app", help="MODULE:APP, e.g. myapp.tasks:app")
+    ap.add_argument("--threads", type=int, default=32, help="threads for sync tasks (default 32)")
+    args = ap.parse_args(argv)
+
+    # The protocol's output is a copy of fd 1; fd 1 itself now goes to stderr (the worker's log).
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app = load_app(args.app)
+    runner = Runner(app, args.threads, out_fd)
+    asyncio.run(runner.main())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Sync tasks still running cannot be stopped; the worker has given them up already.
+    os._exit(0)

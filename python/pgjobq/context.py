@@ -1,0 +1,77 @@
+"""What a task sees of its job while it runs (``@app.task(pass_context=True)``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, List, Optional
+
+__all__ = ["Context", "ParentResult", "Cancelled"]
+
+
+class Cancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()`` in a sync task whose job was given up."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParentResult:
+    """A parent of a job that waited for others: its id, final state and result."""
+
+    id: int
+    state: str
+    result: Any
+
+
+class Context:
+    """The job a task runs, and whether it must stop.
+
+    - ``id``, ``queue``, ``kind``, ``attempt`` (1 for the first run), ``max_attempts``, ``payload``
+    - ``parents``: ``ParentResult`` for each job this one waited for (``after=``), in id order
+    - ``deadline``: ``time.monotonic()`` value at which the job is given up; ``time_left()``
+    - ``cancelled``: True once the worker gave the job up (cancelled by someone, timed out, lease
+      lost, shutdown).  An async task is cancelled (``asyncio.CancelledError``) as well; a sync one
+      cannot be interrupted and should look at ``ctx.cancelled`` (or call
+      ``ctx.raise_if_cancelled()``, or wait on ``ctx.cancel_event``) between steps.
+    """
+
+    __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "cancel_event",
+                 "reason", "app")
+
+    def __init__(self, id: int, queue: str, kind: str, attempt: int, max_attempts: int, payload: Any,
+                 parents: List[ParentResult], deadline: float, app: Any = None) -> None:
+        self.id = id
+        self.queue = queue
+        self.kind = kind
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.payload = payload
+        self.parents = parents
+        self.deadline = deadline
+        self.cancel_event = threading.Event()
+        self.reason: Optional[str] = None
+        self.app = app
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def time_left(self) -> float:
+        """Seconds until the job is given up (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise Cancelled(self.reason or "the job was given up")
+
+    def _cancel(self, reason: str) -> None:
+        if not self.cancel_event.is_set():
+            self.reason = reason
+            self.cancel_event.set()
+
+    def __repr__(self) -> str:
+        return f"<pgjobq.Context job {self.id} {self.kind!r} attempt {self.attempt}/{self.max_attempts}>"

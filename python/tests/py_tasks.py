@@ -1,0 +1,138 @@
+"""The App the worker tests run (python3 -m pgjobq worker py_tasks:app).  Tasks talk back to the test
+through files in a directory the test gives them (``d``)."""
+
+import asyncio
+import os
+import time
+
+import pgjobq
+
+app = pgjobq.App(name="pytests")
+
+
+def mark(d, name, text=""):
+    with open(os.path.join(d, name), "a") as f:
+        f.write(text)
+
+
+@app.task
+def add(a, b):
+    print(f"add({a}, {b}) prints, and the protocol survives it")
+    return {"sum": a + b}
+
+
+@app.task(pass_context=True)
+async def about(ctx):
+    await asyncio.sleep(0)
+    return {"id": ctx.id, "attempt": ctx.attempt, "max_attempts": ctx.max_attempts, "kind": ctx.kind,
+            "parents": [[p.id, p.state, p.result] for p in ctx.parents], "time_left": ctx.time_left() > 0}
+
+
+@app.task(pass_context=True, retry_backoff=0.3, max_attempts=5)
+def flaky(ctx, until, d):
+    mark(d, "flaky.times", f"{time.time()}\n")
+    if ctx.attempt < until:
+        raise ConnectionError(f"attempt {ctx.attempt} fails")
+    return {"attempt": ctx.attempt}
+
+
+@app.task(pass_context=True)
+async def retry_later(ctx, delay, d):
+    mark(d, "retry_later.times", f"{time.time()}\n")
+    if ctx.attempt == 1:
+        raise pgjobq.Retry("not yet", delay=delay)
+    return {"attempt": ctx.attempt}
+
+
+@app.task(max_attempts=5)
+def give_up():
+    raise pgjobq.Fail("no such mailbox")
+
+
+def _deep(n):
+    if n == 0:
+        raise KeyError("missing")
+    return _deep(n - 1)
+
+
+@app.task(max_attempts=2, retry_backoff=pgjobq.exponential_backoff(first=0.1, jitter=0))
+def broken():
+    return _deep(2)
+
+
+@app.task(timeout=0.5, max_attempts=1)
+async def sleepy_async(d):
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        mark(d, "sleepy_async.cancelled")
+        raise
+
+
+@app.task(timeout="500ms", max_attempts=1, pass_context=True)
+def sleepy_sync(ctx, d):
+    t0 = time.monotonic()
+    while not ctx.cancelled and time.monotonic() - t0 < 20:
+        time.sleep(0.01)
+    mark(d, "sleepy_sync.saw_cancel" if ctx.cancelled else "sleepy_sync.never_told")
+
+
+@app.task
+async def wait_for_cancel(d):
+    mark(d, "started")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        mark(d, "cancelled")
+        raise
+    mark(d, "finished")
+
+
+@app.task(pass_context=True, max_attempts=3)
+def crash(ctx, d):
+    if ctx.attempt == 1:
+        mark(d, "crashing")
+        os._exit(3)  # the whole coprocess dies
+    return {"survived": ctx.attempt}
+
+
+@app.task(pass_context=True, max_attempts=3)
+async def held(ctx, d):
+    """Runs while the coprocess crashes under it."""
+    if ctx.attempt == 1:
+        mark(d, f"held.{ctx.id}")
+        await asyncio.sleep(30)
+    return {"attempt": ctx.attempt}
+
+
+_active = 0
+_peak = 0
+
+
+@app.task(max_attempts=1)
+async def count(d, i):
+    global _active, _peak
+    _active += 1
+    _peak = max(_peak, _active)
+    try:
+        await asyncio.sleep(0.005)
+        fd = os.open(os.path.join(d, "runs"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{i}\n".encode())
+        finally:
+            os.close(fd)
+        return {"peak": _peak}
+    finally:
+        _active -= 1
+
+
+@app.task
+def nonjson():
+    return {"when": object()}
+
+
+@app.task
+async def block_loop(d, seconds):
+    mark(d, "blocking")
+    time.sleep(seconds)  # blocks the event loop: a bug, but the lease is the engine's business
+    return {"blocked": seconds}

@@ -1,0 +1,168 @@
+"""Looking and acting: get, result, cancel, retry, queues, schedules; and the package as pip installs it."""
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+import pgjobq
+from conftest import PYDIR, URL, scalar
+
+
+def claim(queue):
+    """Takes the queue's next job as a worker would (the SQL API): (id, lease_token)."""
+    with psycopg.connect(URL, autocommit=True) as c:
+        return c.execute("SELECT id, lease_token FROM pgjobq.claim(%s, 1, '30 seconds', 'pytest')", (queue,)).fetchone()
+
+
+def complete(job_id, token, result):
+    with psycopg.connect(URL, autocommit=True) as c:
+        c.execute("SELECT pgjobq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], ARRAY[%s]::jsonb[])",
+                  (job_id, token, result))
+
+
+def test_get_cancel_retry(queue):
+    app = pgjobq.App(URL, queue=queue)
+    job = app.enqueue("report", {"month": "2026-11"}, max_attempts=3)
+    info = app.get(job.id)
+    assert (info.state, info.kind, info.attempt, info.max_attempts, info.finished) == ("queued", "report", 0, 3, False)
+    assert app.get(10 ** 15) is None
+    assert app.cancel(job.id) == "cancelled"
+    assert app.cancel(job.id) == "already_cancelled"
+    assert app.get(job.id).state == "cancelled"
+    assert app.retry(job.id) == "queued"
+    assert app.get(job.id).state == "queued"
+    # A running job: cancel is a request its worker sees at its next heartbeat.
+    jid, token = claim(queue)
+    assert jid == job.id
+    assert app.cancel(job.id) == "cancel_requested" and app.get(job.id).cancel_requested
+    assert app.retry(job.id) == "running"
+    assert app.cancel(10 ** 15) == "not_found"
+
+
+def test_result_waits_for_the_job(queue):
+    app = pgjobq.App(URL, queue=queue)
+    job = app.enqueue("work", {"n": 1})
+    with pytest.raises(pgjobq.ResultTimeout) as e:
+        app.result(job.id, timeout=0.2)
+    assert e.value.state == "queued" and isinstance(e.value, TimeoutError)
+
+    def finish():
+        time.sleep(0.3)
+        jid, token = claim(queue)
+        complete(jid, token, '{"done": true}')
+
+    t = threading.Thread(target=finish)
+    t0 = time.monotonic()
+    t.start()
+    assert app.result(job.id, timeout=10) == {"done": True}
+    assert 0.25 < time.monotonic() - t0 < 5
+    t.join()
+    # On a connection of the caller's too.
+    with psycopg.connect(URL, autocommit=True) as c:
+        assert pgjobq.result(c, job.id, timeout=1) == {"done": True}
+
+    failing = app.enqueue("work", {}, max_attempts=1)
+    jid, token = claim(queue)
+    with psycopg.connect(URL, autocommit=True) as c:
+        c.execute("SELECT pgjobq.fail_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], ARRAY['SMTP 550'], NULL, NULL)",
+                  (jid, token))
+    with pytest.raises(pgjobq.JobFailed, match="SMTP 550") as f:
+        app.result(failing.id, timeout=5)
+    assert f.value.job.state == "failed"
+    cancelled = app.enqueue("work", {})
+    app.cancel(cancelled.id)
+    with pytest.raises(pgjobq.JobCancelled):
+        app.result(cancelled.id)
+    with pytest.raises(pgjobq.JobNotFound):
+        app.result(10 ** 15)
+
+
+def test_queue_pause_resume_limits(queue):
+    app = pgjobq.App(URL, queue=queue)
+    app.enqueue("k", {})
+    assert app.pause(queue, "relay down") is True
+    assert app.pause(queue) is False
+    assert claim(queue) is None  # paused: the claim takes nothing
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.paused and q.queued == 1
+    assert app.resume(queue) is True and app.resume(queue) is False
+    app.set_limits(queue, concurrency=5, key_concurrency=1, rate_limit=100, rate_period="1m")
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.concurrency, q.key_concurrency, q.rate_limit, q.rate_period.total_seconds()) == (5, 1, 100, 60)
+    app.set_limits(queue, concurrency=None)  # removes that one, leaves the others
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.concurrency, q.key_concurrency) == (None, 1)
+    assert app.retry_where(queue, "failed", dry_run=True) == {"retried": 0, "skipped": 0}
+    assert app.cancel_where(queue, "queued", kind="k") == 1
+
+
+def test_periodic_tasks_sync_to_schedules(queue):
+    name = "app" + queue
+    app = pgjobq.App(URL, name=name)
+
+    @app.periodic("0 3 * * *", tz="Europe/Berlin", kwargs={"full": True})
+    @app.task(queue=queue, max_attempts=2)
+    def nightly(full=False):
+        return full
+
+    @app.periodic("*/5 * * * *", name="ping5", catch_up="skip")
+    def ping():
+        pass
+
+    assert app.sync_schedules() == 2
+    rows = {r[0]: r[1:] for r in psycopg.connect(URL, autocommit=True).execute(
+        "SELECT name, cron, tz, queue, kind, payload, max_attempts, catch_up, next_run > now() FROM pgjobq.schedules"
+        " WHERE name LIKE %s", (name + ":%",)).fetchall()}
+    assert rows == {
+        f"{name}:nightly": ("0 3 * * *", "Europe/Berlin", queue, "nightly", {"full": True}, 2, "latest", True),
+        f"{name}:ping5": ("*/5 * * * *", "UTC", "default", "ping", {}, 25, "skip", True),
+    }
+    assert app.sync_schedules() == 0  # nothing changed: left alone, next runs included
+    assert scalar("SELECT pgjobq.schedule_trigger(%s)", f"{name}:nightly") > 0
+
+    # The next deploy: ping is gone, nightly moved to 4 o'clock.
+    app2 = pgjobq.App(URL, name=name)
+
+    @app2.periodic("0 4 * * *", tz="Europe/Berlin", kwargs={"full": True})
+    @app2.task(name="nightly", queue=queue, max_attempts=2)
+    def nightly2(full=False):
+        return full
+
+    assert app2.sync_schedules() == 2
+    assert scalar("SELECT string_agg(name || ' ' || cron, ', ') FROM pgjobq.schedules WHERE name LIKE %s",
+                  name + ":%") == f"{name}:nightly 0 4 * * *"
+    bad = pgjobq.App(URL, name=name)
+
+    @bad.periodic("0 3 * * *", tz="Mars/Olympus")
+    def marsian():
+        pass
+
+    with pytest.raises(pgjobq.InvalidArgument, match="Mars/Olympus"):
+        bad.sync_schedules()
+    with pytest.raises(pgjobq.InvalidJob, match="unexpected keyword"):
+        app.periodic("0 3 * * *", name="other", kwargs={"nope": 1})(nightly)
+    pgjobq.App(URL, name=name).sync_schedules()  # no schedules left under that name
+    assert scalar("SELECT count(*) FROM pgjobq.schedules WHERE name LIKE %s", name + ":%") == 0
+
+
+def test_pip_installs_the_package_offline(tmp_path):
+    """pip builds the package with Debian's setuptools, nothing downloaded (a copy: no build files
+    in the source tree)."""
+    src = tmp_path / "src"
+    shutil.copytree(PYDIR, src, ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+                        "--quiet", "--disable-pip-version-check", "--target", str(target), str(src)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout
+    assert (target / "pgjobq" / "py.typed").exists()
+    r = subprocess.run([sys.executable, "-c", "import pgjobq, sys; print(pgjobq.__file__, pgjobq.__version__)"],
+                       env={**os.environ, "PYTHONPATH": str(target)}, cwd=str(tmp_path),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0 and r.stdout.startswith(str(target)), r.stdout

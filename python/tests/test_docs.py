@@ -1,0 +1,50 @@
+"""docs/python.md's tour runs as written: its sh blocks in order, in one shell, from the top of the
+repository, with each python block that starts with `# FILE.py` saved as that file where it appears."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from conftest import CLI, PYDIR, URL
+
+REPO = os.path.dirname(PYDIR)
+
+
+def tour_script(doc: str) -> str:
+    section = doc.split("\n## Five-minute tour\n", 1)[1].split("\n## ", 1)[0]
+    parts = []
+    for lang, body in re.findall(r"\n```(\w+)\n(.*?)\n```\n", section, re.S):
+        if lang == "sh":
+            parts.append(body)
+        elif lang == "python":
+            m = re.match(r"# (\w+\.py)\n", body)
+            assert m, f"a python block of the tour names no file:\n{body[:200]}"
+            parts.append(f"cat > {m.group(1)} <<'PGJOBQ_TOUR_EOF'\n{body}\nPGJOBQ_TOUR_EOF")
+    assert len(parts) >= 6, "the tour has fewer blocks than expected: was it renamed?"
+    # If a step fails, the worker the tour started is stopped all the same.
+    return "set -e\nworker=\ntrap '[ -z \"$worker\" ] || kill -TERM \"$worker\" 2>/dev/null || true' EXIT\n" + "\n".join(parts) + "\n"
+
+
+def test_the_tour_runs_as_written(tmp_path):
+    with open(os.path.join(REPO, "docs", "python.md")) as f:
+        script = tour_script(f.read())
+    env = dict(os.environ)
+    # Debian's python3 (with psycopg and SQLAlchemy) and the pgjobq command under test come first.
+    env["PATH"] = os.pathsep.join([os.path.dirname(CLI), os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PGJOBQ_DATABASE_URL"] = URL
+    env["TMPDIR"] = str(tmp_path)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    proc = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, and only that
+        out, _ = proc.communicate()
+        raise AssertionError(f"the tour did not finish in 90 s:\n{out}")
+    assert proc.returncode == 0, out
+    assert "{'sent': 'ana" in out and "failed: no such domain" in out, out
+    assert "{'month': '2026-11', 'attempt': 2}" in out and "queued cancelled" in out, out
+    assert "tour:nightly_report" in out, out
