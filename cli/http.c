@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "http.h"
@@ -343,23 +344,63 @@ const char *http_param(const http_req *r, const char *key)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
 }
 
-static int authorized(http_server *s, struct MHD_Connection *c)
+/* Decodes base64 (padding optional) into out, NUL-terminated; returns its length, or -1. */
+static int base64_decode(const char *in, char *out, size_t size)
 {
-    const char *h;
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t n = 0, len = strcspn(in, "=");
+    unsigned acc = 0;
+    int bits = 0;
+
+    if (strspn(in + len, "=") != strlen(in + len))
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        const char *d = strchr(digits, in[i]);
+        if (d == NULL)
+            return -1;
+        acc = (acc << 6) | (unsigned)(d - digits);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (n + 1 >= size)
+                return -1;
+            out[n++] = (char)((acc >> bits) & 0xff);
+        }
+    }
+    out[n] = '\0';
+    return (int)n;
+}
+
+/* The credentials of an Authorization header: "Bearer TOKEN", or "Basic base64(USER:TOKEN)", the
+ * scheme in any case (RFC 9110, 11.1). */
+static int authorized(const http_server *s, const char *h)
+{
+    char cred[1024], dec[1024];
 
     if (s->token == NULL)
         return 1;
-    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (h && strncmp(h, "Bearer ", 7) == 0)
-        return http_secret_equal(h + 7, s->token);
-    char *pass = NULL;
-    char *user = MHD_basic_auth_get_username_password(c, &pass);
-    int ok = pass != NULL && http_secret_equal(pass, s->token);
-    if (user)
-        MHD_free(user);
-    if (pass)
-        MHD_free(pass);
-    return ok;
+    if (h == NULL)
+        return 0;
+    size_t scheme = strcspn(h, " \t");
+    const char *v = h + scheme;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    size_t n = strlen(v);
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    if (n >= sizeof cred)
+        return 0;
+    memcpy(cred, v, n);
+    cred[n] = '\0';
+    if (scheme == 6 && strncasecmp(h, "bearer", 6) == 0)
+        return http_secret_equal(cred, s->token);
+    if (scheme == 5 && strncasecmp(h, "basic", 5) == 0) {
+        char *colon;
+        if (base64_decode(cred, dec, sizeof dec) < 0 || (colon = strchr(dec, ':')) == NULL)
+            return 0;
+        return http_secret_equal(colon + 1, s->token);
+    }
+    return 0;
 }
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
@@ -418,8 +459,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
         return MHD_YES;
     }
 
-    /* The whole request is here. */
-    if (!(strcmp(method, "GET") == 0 && strcmp(url, "/healthz") == 0) && !authorized(s, connection)) {
+    /* The whole request is here.  HEAD is GET without the body (libmicrohttpd leaves it out), for
+     * every path and every check. */
+    int healthz = (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) && strcmp(url, "/healthz") == 0;
+    if (!healthz && !authorized(s, MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                                MHD_HTTP_HEADER_AUTHORIZATION))) {
         struct MHD_Response *resp = MHD_create_response_from_buffer(
             strlen("credentials required\n"), (void *)(uintptr_t) "credentials required\n", MHD_RESPMEM_PERSISTENT);
         if (resp == NULL)

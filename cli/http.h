@@ -71,8 +71,9 @@ typedef void (*http_handler)(void *arg, const http_req *req, http_resp *resp);
 typedef struct http_server http_server;
 
 /* Starts serving on a, calling handler (from several threads at once) for every request that passes
- * the credentials check: when token is not NULL, every request but GET /healthz must carry
- * "Authorization: Bearer TOKEN" or basic credentials whose password is TOKEN.  Returns NULL with why
+ * the credentials check: when token is not NULL, every request but GET (or HEAD) /healthz must carry
+ * "Authorization: Bearer TOKEN" or basic credentials whose password is TOKEN, the scheme in any
+ * case.  A HEAD is handled as a GET whose answer goes without its body.  Returns NULL with why
  * set when the address cannot be bound. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);

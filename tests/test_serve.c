@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -685,4 +686,79 @@ TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
     free(body);
     wait_metric(s->port, "pgjobq_jobs{queue=\"wf\",state=\"waiting\"}", 1);
     PQfinish(pg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Credentials and HEAD (issue 23, item 13)                                                          */
+
+#define TOKEN "s3cret-token-0123456789"
+
+/* A file holding TOKEN; returns its path (static). */
+static const char *token_file(void)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/token", t_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs(TOKEN "\n", f);
+    fclose(f);
+    return path;
+}
+
+/* The value of a header of the last response ("" when absent), copied into buf. */
+static const char *header_of(const char *name, char *buf, size_t size)
+{
+    size_t n = strlen(name);
+    buf[0] = '\0';
+    for (const char *p = last_headers; p && *p; p = strstr(p, "\r\n"), p = p ? p + 2 : NULL) {
+        if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+            const char *v = p + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t len = strcspn(v, "\r\n");
+            snprintf(buf, size, "%.*s", (int)(len < size ? len : size - 1), v);
+            break;
+        }
+    }
+    return buf;
+}
+
+TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
+{
+    char *body = NULL, ct[128];
+
+    served *s = serve_start(NULL, "--auth-file", token_file(), NULL);
+    /* The scheme is case-insensitive (RFC 9110, 11.1), for Bearer and Basic. */
+    static const char *const good[] = {"bearer " TOKEN, "BEARER " TOKEN, "Bearer  " TOKEN,
+                                       "basic YW55OnMzY3JldC10b2tlbi0wMTIzNDU2Nzg5",
+                                       "BASIC YW55OnMzY3JldC10b2tlbi0wMTIzNDU2Nzg5"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char h[200];
+        snprintf(h, sizeof h, "Authorization: %s\r\n", good[i]);
+        CHECK_MSG(http(s->port, "GET", "/metrics", h, NULL, &body) == 200, "refused: %s", good[i]);
+        free(body);
+    }
+    static const char *const bad[] = {"bearer wrong-token-000000000", "bearer", "Bearer" TOKEN, "Token " TOKEN,
+                                      "basic !!!", "basic YW55"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char h[200];
+        snprintf(h, sizeof h, "Authorization: %s\r\n", bad[i]);
+        CHECK_MSG(http(s->port, "GET", "/metrics", h, NULL, &body) == 401, "accepted: %s", bad[i]);
+        free(body);
+    }
+    /* HEAD is GET without the body, for every path: /healthz without credentials, the others with. */
+    CHECK_INT(http(s->port, "HEAD", "/healthz", NULL, NULL, &body), 200);
+    CHECK_STR(body, "");
+    free(body);
+    CHECK_INT(http(s->port, "HEAD", "/", NULL, NULL, &body), 401);
+    free(body);
+    CHECK_INT(http(s->port, "HEAD", "/metrics", NULL, NULL, &body), 401);
+    free(body);
+    CHECK_INT(http(s->port, "HEAD", "/", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
+    CHECK_STR(body, "");
+    CHECK_STR(header_of("Content-Type", ct, sizeof ct), "text/html; charset=utf-8");
+    free(body);
+    CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
+    CHECK_STR(body, "");
+    free(body);
 }
