@@ -22,6 +22,7 @@
 #define OPT_ACTIONS  1002
 #define OPT_HIDE     1003
 #define OPT_INTERVAL 1004
+#define OPT_QTIMEOUT 1006
 
 const cli_opt serve_opts[] = {
     {"listen", OPT_LISTEN, "ADDR", "address and port to serve on (default 127.0.0.1:9464; port 0: any free one)"},
@@ -31,16 +32,19 @@ const cli_opt serve_opts[] = {
     {"allow-actions", OPT_ACTIONS, NULL, "allow retry, cancel, pause and resume from the dashboard"},
     {"hide-payloads", OPT_HIDE, NULL, "never show payloads or results"},
     {"interval", OPT_INTERVAL, "DURATION", "how often the metrics are collected (default 5s)"},
+    {"query-timeout", OPT_QTIMEOUT, "DURATION",
+     "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
-#define POOL 4         /* page connections: one per HTTP thread */
+#define POOL      4    /* page connections: one per worker thread (http.c runs the pages on POOL workers) */
 #define PAGE_ROWS 50   /* jobs per page */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 
 typedef struct serve {
     const char *conninfo;
     int allow_actions, hide_payloads;
+    int64_t query_timeout_ms;
     char csrf[65];
     serve_metrics *metrics;
     pthread_mutex_t pool_mu;
@@ -97,8 +101,18 @@ got:
             pgjobq_client_close(c);
             c = NULL;
         } else {
-            PGresult *r = PQexec(pgjobq_client_conn(c),
-                                 "SET statement_timeout = '5s'; SET application_name = 'pgjobq serve'");
+            /* A page's query gives up after the timeout, waiting for a lock or not: its page then
+             * answers 503 instead of holding a worker. */
+            char set[200];
+            snprintf(set, sizeof set,
+                     "SET statement_timeout = %lld; SET lock_timeout = %lld; SET application_name = 'pgjobq serve'",
+                     (long long)s->query_timeout_ms, (long long)s->query_timeout_ms);
+            PGresult *r = PQexec(pgjobq_client_conn(c), set);
+            if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                serve_log("cannot set up a page connection: %s", PQresultErrorMessage(r));
+                pgjobq_client_close(c);
+                c = NULL;
+            }
             PQclear(r);
         }
     }
@@ -120,14 +134,22 @@ static void pool_put(serve *s, int slot)
     pthread_mutex_unlock(&s->pool_mu);
 }
 
-/* Runs a read query; on error returns NULL and puts an escaped message on the page. */
-static PGresult *query(pgjobq_client *c, sbuf *page, const char *sql, int n, const char *const *values)
+/* Runs a read query of a page; on error returns NULL, puts the database's message (escaped) on the
+ * page and makes its status 503 (a timeout, a lock not granted in time, a lost connection: try
+ * again) or 500.  After one failure, the page's other queries are not run: the page is an error. */
+static PGresult *query(pgjobq_client *c, http_resp *out, const char *sql, int n, const char *const *values)
 {
+    if (out->status >= 500)
+        return NULL;
     PGresult *r = PQexecParams(pgjobq_client_conn(c), sql, n, NULL, values, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        sb_puts(page, "<p class=\"error\">The database said: ");
-        sb_html(page, PQresultErrorMessage(r));
-        sb_puts(page, "</p>");
+        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        int transient = PQstatus(pgjobq_client_conn(c)) != CONNECTION_OK || state == NULL ||
+                        strcmp(state, "57014") == 0 || strcmp(state, "55P03") == 0 || strncmp(state, "08", 2) == 0;
+        out->status = transient ? 503 : 500;
+        sb_puts(&out->body, "<p class=\"error\" id=\"db-error\">The database said: ");
+        sb_html(&out->body, PQresultErrorMessage(r));
+        sb_puts(&out->body, "</p>");
         PQclear(r);
         return NULL;
     }
@@ -306,7 +328,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Overview</h1><table id=\"queues\"><thead><tr><th>Queue</th><th>State</th><th>Due</th>"
                "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
                "</tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "WITH live AS (SELECT j.queue::text AS queue,"
               "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,"
               "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS later,"
@@ -342,7 +364,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     sb_puts(b, "</tbody></table>");
     /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open"). */
-    r = query(c, b,
+    r = query(c, out,
               "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
               " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
               " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
@@ -387,7 +409,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     PQclear(r);
     sb_puts(b, "<h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,"
               " count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')"
               " FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1",
@@ -398,7 +420,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     sb_puts(b, "</div><h2>Failures, last hour</h2><table id=\"failures\"><thead><tr><th>Job</th><th>Queue</th>"
                "<th>Kind</th><th>Finished (UTC)</th><th>Error</th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT h.id, h.queue, h.kind, " TS("h.finished_at") ", left(coalesce(h.last_error, ''), 200)"
               " FROM pgjobq.history h WHERE h.state = 'failed' AND h.finished_at > now() - interval '1 hour'"
               " ORDER BY h.finished_at DESC LIMIT 10",
@@ -493,7 +515,7 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     snprintf(limit, sizeof limit, "%d", PAGE_ROWS + 1);
     values[6] = limit;
     PGresult *r = query(
-        c, b,
+        c, out,
         "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
             "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, '')"
                              " FROM pgjobq.all_jobs a"
@@ -573,7 +595,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
     snprintf(idbuf, sizeof idbuf, "%lld", id);
     const char *values[2] = {idbuf, s->hide_payloads ? "1" : "0"};
     page_begin(s, b, idbuf, 0);
-    PGresult *r = query(c, b,
+    PGresult *r = query(c, out,
                         "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
                         " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS("a.finished_at") ","
                         " " TS("a.lease_until") ", a.lease_token, coalesce(a.worker_id, ''),"
@@ -632,7 +654,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
             sb_puts(b, "</pre>");
         }
         /* Its place in a workflow: parents and children, linked. */
-        PGresult *rel = query(c, b,
+        PGresult *rel = query(c, out,
                               "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"
                               " SELECT 'child', k.id::text, k.state FROM pgjobq.children($1::bigint) k",
                               1, values);
@@ -667,7 +689,7 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
                "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Due</th><th>Scheduled</th><th>Running</th>"
                "<th>Expired</th><th></th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
               " coalesce(key_concurrency::text, ''), coalesce(rate_limit || ' per ' || rate_period, ''), queued,"
               " scheduled, running, expired FROM pgjobq.queue_list()",
@@ -699,7 +721,7 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"
                "<th>Time zone</th><th>Queue</th><th>Kind</th><th>Enabled</th><th>Next run (UTC)</th>"
                "<th>Last run (UTC)</th><th></th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT name::text, cron, tz, queue::text, kind::text, enabled::int, " TS("next_run") ", " TS(
                   "last_run") " FROM pgjobq.schedule_list()",
               0, NULL);
@@ -730,7 +752,7 @@ static void page_workers(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
-    PGresult *r = query(c, b,
+    PGresult *r = query(c, out,
                         "SELECT w.id, (w.last_seen > now() - interval '15 seconds')::int, w.host, w.pid, w.queues,"
                         " coalesce(r.n, 0), " TS("w.started_at") ","
                         " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
@@ -854,6 +876,10 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
 /* ------------------------------------------------------------------------------------------------ */
 /* Routing                                                                                           */
 
+/* Called first on a thread that reads connections (req->may_block 0): /healthz, /metrics (from the
+ * collector's last text), the stylesheet and refusals are answered there at once, so that pages
+ * waiting for the database never delay them.  Everything that queries the database is deferred to
+ * a worker (may_block 1), which takes a page connection from the pool. */
 static void handle(void *arg, const http_req *req, http_resp *out)
 {
     serve *s = arg;
@@ -865,7 +891,12 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         return;
     }
     if (strcmp(req->path, "/metrics") == 0) {
-        char *text = serve_metrics_text(s->metrics, 3000);
+        /* Before the first collection, a worker waits for it (a few seconds at most). */
+        char *text = serve_metrics_text(s->metrics, req->may_block ? 3000 : 0);
+        if (text == NULL && !req->may_block) {
+            out->defer = 1;
+            return;
+        }
         out->content_type = "text/plain; version=0.0.4; charset=utf-8";
         if (text == NULL) {
             out->status = 503;
@@ -882,7 +913,9 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         return;
     }
     if (strcmp(req->method, "POST") == 0) {
-        if (strcmp(req->path, "/actions") == 0)
+        if (strcmp(req->path, "/actions") == 0 && !req->may_block)
+            out->defer = 1;
+        else if (strcmp(req->path, "/actions") == 0)
             do_action(s, req, out);
         else
             action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
@@ -895,6 +928,10 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         page_begin(s, &out->body, "not found", 0);
         sb_puts(&out->body, "<h1>Not found</h1><p><a href=\"/\">Overview</a></p>");
         page_end(&out->body);
+        return;
+    }
+    if (!req->may_block) {
+        out->defer = 1;
         return;
     }
     pgjobq_client *c = pool_get(s, &slot);
@@ -926,7 +963,7 @@ typedef struct serve_args {
     const cli_cmd *cmd;
     const char *listen, *auth_file;
     int allow_actions, hide_payloads;
-    int64_t interval_ms;
+    int64_t interval_ms, query_timeout_ms;
 } serve_args;
 
 static int serve_opt(int key, const char *arg, void *ctx)
@@ -946,13 +983,21 @@ static int serve_opt(int key, const char *arg, void *ctx)
             return -1;
         }
         return 0;
+    case OPT_QTIMEOUT:
+        if (cli_parse_duration_ms(arg, &a->query_timeout_ms, why, sizeof why) != 0 || a->query_timeout_ms < 100 ||
+            a->query_timeout_ms > 600000) {
+            cli_usage_error(a->cmd, "--query-timeout: %s",
+                            a->query_timeout_ms ? "must be between 100ms and 10min" : why);
+            return -1;
+        }
+        return 0;
     }
     return -1;
 }
 
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 {
-    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000};
+    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000};
     http_addr addr;
     char why[256];
     char *token = NULL;
@@ -992,6 +1037,7 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     memset(&s, 0, sizeof s);
     s.allow_actions = a.allow_actions;
     s.hide_payloads = a.hide_payloads;
+    s.query_timeout_ms = a.query_timeout_ms;
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         cli_err("serve: no randomness for the CSRF token: %s", strerror(errno));
         free(token);
@@ -1025,7 +1071,12 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         status = EX_OSERR;
         goto out;
     }
-    http_server *srv = http_start(&addr, token, handle, &s, why, sizeof why);
+    http_opts ho;
+    memset(&ho, 0, sizeof ho);
+    ho.token = token;
+    ho.workers = POOL;
+    ho.log = serve_log;
+    http_server *srv = http_start_opts(&addr, &ho, handle, &s, why, sizeof why);
     if (srv == NULL) {
         cli_err("serve: %s", why);
         status = EX_UNAVAILABLE;

@@ -44,16 +44,19 @@ int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size);
 char *http_token_from_file(const char *path, char *why, size_t why_size);
 
 /* The request a handler sees. */
+#define HTTP_PARAM_MAX 16
 typedef struct http_req {
-    void *conn;         /* struct MHD_Connection * */
-    const char *method; /* "GET", "POST", ... */
+    const char *method; /* "GET" (a HEAD is a GET whose answer goes without its body) or "POST" */
     const char *path;
     const char *peer;   /* the client's address, for logs */
-    /* POST bodies (application/x-www-form-urlencoded), decoded: at most HTTP_FORM_MAX fields. */
-    int nform;
-    char *form_key[16], *form_val[16];
+    /* 0: called on a thread that reads many connections, which must not wait (answer, or set
+     * resp->defer); 1: called again on a worker thread, which may wait for the database. */
+    int may_block;
+    /* The query parameters (GET) or form fields (POST, application/x-www-form-urlencoded), decoded:
+     * the first HTTP_PARAM_MAX names, each with its first value. */
+    int nparam;
+    char *param_key[HTTP_PARAM_MAX], *param_val[HTTP_PARAM_MAX];
 } http_req;
-#define HTTP_FORM_MAX 16
 
 /* A query parameter (GET) or form field (POST); NULL when absent. */
 const char *http_param(const http_req *r, const char *key);
@@ -62,26 +65,43 @@ const char *http_param(const http_req *r, const char *key);
 typedef struct http_resp {
     int status;
     const char *content_type;
-    const char *location; /* for redirects */
+    const char *location; /* for redirects; must stay valid until the handler's request ends */
     sbuf body;
+    int defer; /* set by a handler called with may_block 0: call it again, on a worker thread */
 } http_resp;
 
 typedef void (*http_handler)(void *arg, const http_req *req, http_resp *resp);
 
 typedef struct http_server http_server;
 
-/* Starts serving on a, calling handler (from several threads at once) for every request that passes
- * the credentials check: when token is not NULL, every request but GET (or HEAD) /healthz must carry
- * "Authorization: Bearer TOKEN" or basic credentials whose password is TOKEN, the scheme in any
- * case.  A HEAD is handled as a GET whose answer goes without its body.  Returns NULL with why
- * set when the address cannot be bound. */
+/* How a server checks its requests. */
+typedef struct http_opts {
+    /* When not NULL, every request but GET /healthz must carry "Authorization: Bearer TOKEN" or basic
+     * credentials whose password is TOKEN (the scheme in any case). */
+    const char *token;
+    int workers; /* threads for handlers that defer (0: none may) */
+    /* Where refusals worth an audit line go (slow clients closed); may be NULL. */
+    void (*log)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+} http_opts;
+
+/* Starts serving on a, calling handler for every request that passes the checks of o: first on one
+ * of the threads that read every connection (req->may_block 0), where it must answer at once or
+ * set resp->defer, and then, when it deferred, on one of o->workers worker threads (may_block 1).
+ * Slow and stalled clients cost no thread: a connection has 10 s to send each whole request (head
+ * and body), an address at most 32 connections open, the server at most 1,000.  Returns NULL with
+ * why set when the address cannot be bound. */
+http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
+                             size_t why_size);
+
+/* http_start_opts with a token and no worker threads: every handler answers at once. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);
 
 /* The port the server listens on (the one the system chose when the address asked for port 0). */
 int http_port(http_server *s);
 
-/* Stops the server and waits for the requests in progress. */
+/* Stops the server: requests queued for a worker are answered 503, those in progress are waited
+ * for. */
 void http_stop(http_server *s);
 
 /* Compares two strings in time that depends only on their lengths. */
