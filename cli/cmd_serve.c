@@ -22,6 +22,7 @@
 #define OPT_ACTIONS  1002
 #define OPT_HIDE     1003
 #define OPT_INTERVAL 1004
+#define OPT_HOST     1005
 #define OPT_QTIMEOUT 1006
 
 const cli_opt serve_opts[] = {
@@ -32,12 +33,15 @@ const cli_opt serve_opts[] = {
     {"allow-actions", OPT_ACTIONS, NULL, "allow retry, cancel, pause and resume from the dashboard"},
     {"hide-payloads", OPT_HIDE, NULL, "never show payloads or results"},
     {"interval", OPT_INTERVAL, "DURATION", "how often the metrics are collected (default 5s)"},
+    {"allow-host", OPT_HOST, "NAME",
+     "also answer to this host name (repeatable), e.g. a proxy's public name; pages on it may POST actions"},
     {"query-timeout", OPT_QTIMEOUT, "DURATION",
      "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
 #define POOL      4    /* page connections: one per worker thread (http.c runs the pages on POOL workers) */
+#define MAX_HOSTS 16   /* --allow-host names */
 #define PAGE_ROWS 50   /* jobs per page */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 
@@ -964,6 +968,8 @@ typedef struct serve_args {
     const char *listen, *auth_file;
     int allow_actions, hide_payloads;
     int64_t interval_ms, query_timeout_ms;
+    const char *hosts[MAX_HOSTS + 1]; /* --allow-host, NULL-terminated */
+    int nhosts;
 } serve_args;
 
 static int serve_opt(int key, const char *arg, void *ctx)
@@ -991,13 +997,26 @@ static int serve_opt(int key, const char *arg, void *ctx)
             return -1;
         }
         return 0;
+    case OPT_HOST: {
+        char host[256];
+        if (http_host_parse(arg, host, sizeof host) != 0) {
+            cli_usage_error(a->cmd, "--allow-host: '%s' is not a host name or an IP address", arg);
+            return -1;
+        }
+        if (a->nhosts == MAX_HOSTS) {
+            cli_usage_error(a->cmd, "--allow-host: at most %d names", MAX_HOSTS);
+            return -1;
+        }
+        a->hosts[a->nhosts++] = arg;
+        return 0;
+    }
     }
     return -1;
 }
 
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 {
-    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000};
+    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000, {NULL}, 0};
     http_addr addr;
     char why[256];
     char *token = NULL;
@@ -1071,9 +1090,21 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         status = EX_OSERR;
         goto out;
     }
+    /* The names this server answers to (against DNS rebinding): its address, localhost's names when
+     * it listens on loopback or on every interface (then any IP address too), and --allow-host. */
+    const char *names[5] = {addr.host, NULL, NULL, NULL, NULL};
+    int wildcard = strcmp(addr.host, "0.0.0.0") == 0 || strcmp(addr.host, "::") == 0;
+    if (addr.loopback || wildcard) {
+        names[1] = "localhost";
+        names[2] = "127.0.0.1";
+        names[3] = "::1";
+    }
     http_opts ho;
     memset(&ho, 0, sizeof ho);
     ho.token = token;
+    ho.hosts = names;
+    ho.allow_hosts = a.hosts;
+    ho.any_ip = wildcard;
     ho.workers = POOL;
     ho.log = serve_log;
     http_server *srv = http_start_opts(&addr, &ho, handle, &s, why, sizeof why);

@@ -284,6 +284,8 @@ typedef struct req_state {
 struct http_server {
     struct MHD_Daemon *d;
     char *token;
+    char **hosts, **allow_hosts; /* NULL-terminated copies, lower case; hosts NULL: no Host check */
+    int any_ip;
     void (*log)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
     http_handler handler;
     void *arg;
@@ -425,7 +427,121 @@ static void *reaper(void *arg)
     return NULL;
 }
 
-/* ---- Credentials ---- */
+/* ---- Checks of the request head ---- */
+
+/* Splits an authority ("name", "name:port", "[v6]" or "[v6]:port", n bytes) into its host (an IP
+ * address in its canonical form, a name in lower case) and its port ("" when none).  -1 when it
+ * is not one. */
+static int authority_split(const char *s, size_t n, char *host, size_t hsize, char *port, size_t psize)
+{
+    const char *end = s + n, *h = s, *hend, *p;
+    char raw[256];
+
+    if (n == 0)
+        return -1;
+    if (s[0] == '[') {
+        const char *close = memchr(s, ']', n);
+        if (close == NULL)
+            return -1;
+        h = s + 1;
+        hend = close;
+        p = close + 1;
+        if (p < end && *p != ':')
+            return -1;
+    } else {
+        hend = memchr(s, ':', n);
+        if (hend == NULL)
+            hend = end;
+        p = hend;
+    }
+    if (p < end)
+        p++; /* the colon */
+    if ((size_t)(end - p) >= psize || (size_t)(hend - h) >= sizeof raw || hend == h)
+        return -1;
+    for (const char *q = p; q < end; q++)
+        if (!isdigit((unsigned char)*q))
+            return -1;
+    memcpy(port, p, (size_t)(end - p));
+    port[end - p] = '\0';
+    memcpy(raw, h, (size_t)(hend - h));
+    raw[hend - h] = '\0';
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (s[0] != '[' && inet_pton(AF_INET, raw, &v4) == 1)
+        return inet_ntop(AF_INET, &v4, host, (socklen_t)hsize) ? 0 : -1;
+    if (s[0] == '[')
+        return inet_pton(AF_INET6, raw, &v6) == 1 && inet_ntop(AF_INET6, &v6, host, (socklen_t)hsize) ? 0 : -1;
+    if (strlen(raw) >= hsize)
+        return -1;
+    for (size_t i = 0; raw[i]; i++) {
+        unsigned char c = (unsigned char)raw[i];
+        if (!isalnum(c) && c != '-' && c != '.' && c != '_')
+            return -1;
+        host[i] = (char)tolower(c);
+    }
+    host[strlen(raw)] = '\0';
+    return 0;
+}
+
+static int listed(char *const *list, const char *host)
+{
+    for (int i = 0; list && list[i]; i++)
+        if (strcmp(list[i], host) == 0)
+            return 1;
+    return 0;
+}
+
+static int is_ip(const char *host)
+{
+    struct in_addr v4;
+    struct in6_addr v6;
+    return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1;
+}
+
+/* The Host header names this server (or there is none: not a browser). */
+static int host_allowed(const http_server *s, const char *h)
+{
+    char host[256], port[8];
+    if (s->hosts == NULL || h == NULL)
+        return 1;
+    if (authority_split(h, strlen(h), host, sizeof host, port, sizeof port) != 0)
+        return 0;
+    return listed(s->hosts, host) || listed(s->allow_hosts, host) || (s->any_ip && is_ip(host));
+}
+
+/* A POST comes from a page of this server: its Origin, or without one its Referer, when either is
+ * there.  A browser sends one of them with every form; without both, only the CSRF token speaks for
+ * the request.  *which names the header that failed. */
+static int same_origin(const http_server *s, struct MHD_Connection *c, const char **which, const char **value)
+{
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *referer = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_REFERER);
+    const char *src = origin ? origin : referer, *auth, *dflt;
+    char oh[256], op[8], hh[256], hp[8];
+
+    if (s->hosts == NULL || src == NULL)
+        return 1;
+    *which = origin ? "Origin" : "Referer";
+    *value = src;
+    if (strncasecmp(src, "http://", 7) == 0) {
+        auth = src + 7;
+        dflt = "80";
+    } else if (strncasecmp(src, "https://", 8) == 0) {
+        auth = src + 8;
+        dflt = "443";
+    } else {
+        return 0; /* "null" (a sandboxed or local page), or another scheme */
+    }
+    size_t n = strcspn(auth, "/?#");
+    if (memchr(auth, '@', n) || authority_split(auth, n, oh, sizeof oh, op, sizeof op) != 0)
+        return 0;
+    if (listed(s->allow_hosts, oh))
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (h == NULL || authority_split(h, strlen(h), hh, sizeof hh, hp, sizeof hp) != 0)
+        return 0;
+    return strcmp(oh, hh) == 0 && strcmp(op[0] ? op : dflt, hp[0] ? hp : dflt) == 0;
+}
 
 /* Decodes base64 (padding optional) into out, NUL-terminated; returns its length, or -1. */
 static int base64_decode(const char *in, char *out, size_t size)
@@ -717,10 +833,15 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
     /* HEAD is GET without the body (libmicrohttpd leaves it out), for every path and every check. */
     const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
     int healthz = strcmp(m, "GET") == 0 && strcmp(url, "/healthz") == 0;
+    const char *which = NULL, *value = NULL;
     req_state *st;
 
     if (strcmp(m, "GET") != 0 && strcmp(m, "POST") != 0)
         return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
+    if (!healthz && !host_allowed(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)))
+        return send_text(c, MHD_HTTP_MISDIRECTED_REQUEST,
+                         "misdirected request: this server does not answer to the host name in the address bar; "
+                         "use its address, or start pgjobq serve with --allow-host NAME\n");
     if (!healthz && !authorized(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
         return send_auth_required(c);
     if ((st = calloc(1, sizeof *st)) == NULL)
@@ -735,6 +856,14 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
     resp_init(&st->resp);
     *con_cls = st; /* freed by on_completed, whatever happens next */
     if (strcmp(m, "POST") == 0) {
+        if (!same_origin(s, c, &which, &value)) {
+            if (s->log)
+                s->log("refused POST %.100s from %s: its %s (%.200s) is not this server", url, st->peer, which,
+                       value);
+            return send_text(c, MHD_HTTP_FORBIDDEN,
+                             "refused: this form was sent from a page of another site (its Origin or Referer is "
+                             "not this server)\n");
+        }
         st->pp = MHD_create_post_processor(c, 4096, on_field, st);
         /* Not a form (no or another content type): the handler sees no fields. */
     }
@@ -785,9 +914,47 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
 
 /* ---- Start and stop ---- */
 
+static void strv_free(char **v)
+{
+    for (int i = 0; v && v[i]; i++)
+        free(v[i]);
+    free(v);
+}
+
+int http_host_parse(const char *s, char *out, size_t size)
+{
+    char bracketed[260], port[8];
+    /* An IPv6 address without brackets is bracketed, so that its colons are not taken for a port. */
+    snprintf(bracketed, sizeof bracketed, strchr(s, ':') && s[0] != '[' ? "[%s]" : "%s", s);
+    if (strlen(s) > 253 || authority_split(bracketed, strlen(bracketed), out, size, port, sizeof port) != 0 || port[0])
+        return -1;
+    return 0;
+}
+
+/* A copy of a NULL-terminated list of hosts, each in the form host_allowed compares. */
+static int hosts_copy(const char *const *in, char ***out)
+{
+    size_t n = 0;
+    char host[256];
+
+    *out = NULL;
+    if (in == NULL)
+        return 0;
+    while (in[n])
+        n++;
+    if ((*out = calloc(n + 1, sizeof **out)) == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (http_host_parse(in[i], host, sizeof host) != 0 || ((*out)[i] = strdup(host)) == NULL)
+            return -1;
+    return 0;
+}
+
 static void server_free(http_server *s)
 {
     free(s->token);
+    strv_free(s->hosts);
+    strv_free(s->allow_hosts);
     free(s->workers);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_cond_destroy(&s->conn_cv);
@@ -862,10 +1029,12 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
     pthread_cond_init(&s->q_cv, NULL);
     s->handler = handler;
     s->arg = arg;
+    s->any_ip = o->any_ip;
     s->log = o->log;
-    if ((o->token && (s->token = strdup(o->token)) == NULL) ||
+    if ((o->token && (s->token = strdup(o->token)) == NULL) || hosts_copy(o->hosts, &s->hosts) != 0 ||
+        hosts_copy(o->allow_hosts, &s->allow_hosts) != 0 ||
         (o->workers > 0 && (s->workers = calloc((size_t)o->workers, sizeof *s->workers)) == NULL)) {
-        snprintf(why, why_size, "out of memory");
+        snprintf(why, why_size, "out of memory, or a host that is not a name or an address");
         server_free(s);
         return NULL;
     }

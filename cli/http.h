@@ -39,6 +39,11 @@ typedef struct http_addr {
 /* Parses "HOST:PORT", "[V6]:PORT" or ":PORT" (all interfaces).  Returns 0, or -1 with why set. */
 int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size);
 
+/* Parses a host name (letters, digits, - . _), an IPv4 address, or an IPv6 address with or without
+ * brackets, into the form the Host check compares: a name in lower case, an address in its
+ * canonical form (IPv6 without brackets).  Returns 0, or -1 when it is none of them (or has a port). */
+int http_host_parse(const char *s, char *out, size_t size);
+
 /* Reads a token from a file (its first line, surrounding white space removed).  Returns a malloc'd
  * string, or NULL with why set (unreadable, empty, or shorter than 16 characters). */
 char *http_token_from_file(const char *path, char *why, size_t why_size);
@@ -79,8 +84,16 @@ typedef struct http_opts {
     /* When not NULL, every request but GET /healthz must carry "Authorization: Bearer TOKEN" or basic
      * credentials whose password is TOKEN (the scheme in any case). */
     const char *token;
-    int workers; /* threads for handlers that defer (0: none may) */
-    /* Where refusals worth an audit line go (slow clients closed); may be NULL. */
+    /* Against DNS rebinding: when hosts is not NULL, a request's Host header (if it has one) must
+     * name, port aside, one of hosts or allow_hosts, or be an IP address when any_ip is set, else the
+     * answer is 421 (GET /healthz excepted); and a POST's Origin, or without one its Referer, must be
+     * this server (the Host header's host and port) or a page on one of allow_hosts (any port),
+     * else the answer is 403.  Both lists are NULL-terminated; names are compared without case. */
+    const char *const *hosts;       /* what the listen address is called: the address, localhost names */
+    const char *const *allow_hosts; /* names the operator gave (a proxy's public name); may be NULL */
+    int any_ip;                     /* listening on every interface: any IP address is this server */
+    int workers;                    /* threads for handlers that defer (0: none may) */
+    /* Where refusals worth an audit line go (a POST from another site, slow clients closed); may be NULL. */
     void (*log)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 } http_opts;
 
@@ -93,7 +106,7 @@ typedef struct http_opts {
 http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
                              size_t why_size);
 
-/* http_start_opts with a token and no worker threads: every handler answers at once. */
+/* http_start_opts with a token, no Host check and no worker threads: every handler answers at once. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);
 

@@ -101,11 +101,13 @@ static served *serve_start(const char *env, const char *a1, const char *a2, cons
 
 static char last_headers[8192]; /* of the last response */
 
-/* One HTTP/1.0 request; returns the status, with the body in *body (malloc'd). */
-static int http(int port, const char *method, const char *path, const char *headers, const char *form, char **body)
+/* One HTTP/1.0 request with the given Host header (NULL: none); returns the status, with the body in
+ * *body (malloc'd). */
+static int http_host(int port, const char *host, const char *method, const char *path, const char *headers,
+                     const char *form, char **body)
 {
     struct sockaddr_in sa;
-    char req[4096];
+    char req[4096], host_line[300] = "";
     int fd = socket(AF_INET, SOCK_STREAM, 0);
 
     CHECK(fd >= 0);
@@ -115,14 +117,15 @@ static int http(int port, const char *method, const char *path, const char *head
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK_MSG(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d", port);
     int n;
+    if (host)
+        snprintf(host_line, sizeof host_line, "Host: %s\r\n", host);
     if (form)
         n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%sContent-Type: application/x-www-form-urlencoded\r\n"
+                     "%s %s HTTP/1.0\r\n%s%sContent-Type: application/x-www-form-urlencoded\r\n"
                      "Content-Length: %zu\r\n\r\n%s",
-                     method, path, port, headers ? headers : "", strlen(form), form);
+                     method, path, host_line, headers ? headers : "", strlen(form), form);
     else
-        n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%s\r\n", method, path, port,
-                     headers ? headers : "");
+        n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\n%s%s\r\n", method, path, host_line, headers ? headers : "");
     CHECK(n > 0 && (size_t)n < sizeof req);
     CHECK(write(fd, req, (size_t)n) == n);
     size_t cap = 65536, len = 0;
@@ -148,6 +151,14 @@ static int http(int port, const char *method, const char *path, const char *head
     *body = strdup(b ? b + 4 : "");
     free(buf);
     return status;
+}
+
+/* One HTTP/1.0 request with "Host: 127.0.0.1:PORT", as a client that was given the address sends it. */
+static int http(int port, const char *method, const char *path, const char *headers, const char *form, char **body)
+{
+    char host[64];
+    snprintf(host, sizeof host, "127.0.0.1:%d", port);
+    return http_host(port, host, method, path, headers, form, body);
 }
 
 /* The value of a metric line (exact name and labels, e.g. `pgjobq_jobs{queue="mail",state="queued"}`),
@@ -1003,7 +1014,7 @@ TEST_FULL(serve_page_whose_query_fails_answers_503, 120, 0)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Credentials and HEAD (issue 23, item 13)                                                          */
+/* Credentials, HEAD, Host and Origin (issue 23, items 7, 13)                                       */
 
 #define TOKEN "s3cret-token-0123456789"
 
@@ -1035,6 +1046,16 @@ static const char *header_of(const char *name, char *buf, size_t size)
         }
     }
     return buf;
+}
+
+/* The CSRF token of a server with --allow-actions, from the page of a queued job. */
+static void csrf_from(int port, int64_t job, char *buf, size_t size)
+{
+    char path[64], *body = NULL;
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)job);
+    CHECK_INT(http(port, "GET", path, NULL, NULL, &body), 200);
+    csrf_of(body, buf, size);
+    free(body);
 }
 
 TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
@@ -1075,4 +1096,99 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
     CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
     CHECK_STR(body, "");
     free(body);
+}
+
+static int queue_paused(PGconn *pg, const char *queue)
+{
+    return (int)t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = '%s' AND paused_at IS NOT NULL", queue);
+}
+
+TEST_FULL(serve_checks_the_host_and_where_a_post_comes_from, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char *body = NULL, token[128], form[512], host[128], hdr[300];
+
+    int64_t id = put(c, "mail", "{}");
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    csrf_from(s->port, id, token, sizeof token);
+
+    /* Host: the listen address or localhost's names (on loopback), with any port or none; else 421. */
+    static const char *const ok_hosts[] = {"127.0.0.1:%d", "127.0.0.1", "localhost:%d", "LOCALHOST", "[::1]:%d"};
+    for (size_t i = 0; i < sizeof ok_hosts / sizeof ok_hosts[0]; i++) {
+        snprintf(host, sizeof host, ok_hosts[i], s->port);
+        CHECK_MSG(http_host(s->port, host, "GET", "/", NULL, NULL, &body) == 200, "Host: %s refused", host);
+        free(body);
+    }
+    CHECK_INT(http_host(s->port, NULL, "GET", "/", NULL, NULL, &body), 200); /* HTTP/1.0 without a Host */
+    free(body);
+    static const char *const bad_hosts[] = {"evil.example:%d", "evil.example", "127.0.0.2:%d", "localhost.evil.example",
+                                            "[::2]:%d", "127.0.0.1:%d/x", "dash.example.org"};
+    for (size_t i = 0; i < sizeof bad_hosts / sizeof bad_hosts[0]; i++) {
+        snprintf(host, sizeof host, bad_hosts[i], s->port);
+        CHECK_MSG(http_host(s->port, host, "GET", "/", NULL, NULL, &body) == 421, "Host: %s accepted", host);
+        CHECK(strstr(body, "--allow-host") != NULL);
+        free(body);
+        CHECK_INT(http_host(s->port, host, "GET", "/metrics", NULL, NULL, &body), 421);
+        free(body);
+        CHECK_INT(http_host(s->port, host, "POST", "/actions", NULL, "op=pause&queue=mail", &body), 421);
+        free(body);
+    }
+    /* A load balancer's health check may use any name: /healthz tells nothing. */
+    CHECK_INT(http_host(s->port, "evil.example", "GET", "/healthz", NULL, NULL, &body), 200);
+    free(body);
+
+    /* A POST from another site, with the right token, is refused and changes nothing. */
+    snprintf(form, sizeof form, "op=pause&queue=mail&csrf=%s&back=/", token);
+    static const char *const foreign[] = {"Origin: http://evil.example\r\n", "Origin: null\r\n",
+                                          "Origin: http://127.0.0.1:1\r\n", "Origin: http://localhost:%d\r\n",
+                                          "Origin: http://127.0.0.1:%d.evil.example\r\n",
+                                          "Origin: http://127.0.0.1:%d@evil.example\r\n",
+                                          "Origin: file://\r\n", "Referer: http://evil.example/page\r\n",
+                                          "Referer: http://127.0.0.1:1/jobs\r\n",
+                                          "Origin: https://dash.example.org\r\n"};
+    for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++) {
+        snprintf(hdr, sizeof hdr, foreign[i], s->port);
+        CHECK_MSG(http(s->port, "POST", "/actions", hdr, form, &body) == 403, "accepted: %s", hdr);
+        CHECK(strstr(body, "another site") != NULL);
+        free(body);
+        CHECK_INT(queue_paused(pg, "mail"), 0);
+    }
+    char *log = slurp(s->log);
+    CHECK_MSG(strstr(log, "refused POST /actions from 127.0.0.1: its Origin (http://evil.example) is not this server"),
+              "%s", log);
+    free(log);
+
+    /* A proxy's public name is given with --allow-host: the Host may be it, and a page on it may
+     * POST (any scheme and port). */
+    s = serve_start(NULL, "--allow-actions", "--allow-host", "Dash.Example.org");
+    csrf_from(s->port, id, token, sizeof token);
+    CHECK_INT(http_host(s->port, "dash.example.org", "GET", "/", NULL, NULL, &body), 200);
+    free(body);
+    CHECK_INT(http_host(s->port, "DASH.example.org:443", "GET", "/", NULL, NULL, &body), 200);
+    free(body);
+    CHECK_INT(http_host(s->port, "dash.example.org.evil", "GET", "/", NULL, NULL, &body), 421);
+    free(body);
+    /* This server's own pages (Origin or Referer), a page on an --allow-host name, or no Origin and
+     * no Referer at all (not a browser: the token speaks for it). */
+    static const char *const own[] = {"Origin: http://127.0.0.1:%d\r\n", "Referer: http://127.0.0.1:%d/jobs/1\r\n",
+                                      "Origin: https://dash.example.org\r\n",
+                                      "Origin: http://DASH.example.org:8443\r\n", ""};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        snprintf(hdr, sizeof hdr, own[i], s->port);
+        snprintf(form, sizeof form, "op=%s&queue=mail&csrf=%s&back=/", i % 2 ? "resume" : "pause", token);
+        CHECK_MSG(http(s->port, "POST", "/actions", hdr, form, &body) == 303, "refused: %s", hdr);
+        free(body);
+        CHECK_INT(queue_paused(pg, "mail"), i % 2 ? 0 : 1);
+    }
+    /* A name with a port, or not a name, is a usage error. */
+    char *out = NULL, *err = NULL;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--allow-host", "evil.example:80", NULL), 64);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--allow-host", "<script>", NULL), 64);
+    free(out);
+    free(err);
+    PQfinish(pg);
+    pgjobq_client_close(c);
 }
