@@ -59,17 +59,24 @@ typedef struct serve {
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Every line escaped as a whole (sb_escape_line): what a client sent (a form field, a queue name in
+ * a database error) can neither end the line nor move the terminal's cursor. */
 void serve_log(const char *fmt, ...)
 {
+    char text[2048];
     va_list ap;
-    pthread_mutex_lock(&log_mu);
-    fputs("pgjobq serve: ", stderr);
+    sbuf line;
+
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    sb_init(&line);
+    sb_escape_line(&line, text);
+    pthread_mutex_lock(&log_mu);
+    fprintf(stderr, "pgjobq serve: %s\n", line.failed ? "(a line that did not fit in memory)" : line.data);
     fflush(stderr);
     pthread_mutex_unlock(&log_mu);
+    sb_free(&line);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -808,9 +815,34 @@ static void action_result(serve *s, http_resp *out, int status, const char *what
     page_end(b);
 }
 
+/* The operations of POST /actions.  The op field is checked against this list before anything is
+ * done or logged, and only these names reach the log. */
+typedef enum {
+    OP_UNKNOWN,
+    OP_RETRY,
+    OP_CANCEL,
+    OP_RETRY_WHERE,
+    OP_CANCEL_WHERE,
+    OP_PAUSE,
+    OP_RESUME,
+    OP_ENABLE,
+    OP_DISABLE
+} op_kind;
+static const char *const op_names[] = {
+    "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable"};
+
+static op_kind op_parse(const char *s)
+{
+    for (int i = OP_RETRY; s && i <= OP_DISABLE; i++)
+        if (strcmp(s, op_names[i]) == 0)
+            return (op_kind)i;
+    return OP_UNKNOWN;
+}
+
 static void do_action(serve *s, const http_req *req, http_resp *out)
 {
     const char *op = http_param(req, "op"), *token = http_param(req, "csrf"), *back = http_param(req, "back");
+    const char *what = op_names[op_parse(op)]; /* what the log may say of op */
     const char *queue = param(req, "queue"), *state = param(req, "state"), *kind = param(req, "kind");
     const char *id_s = param(req, "id"), *name = param(req, "name");
     char msg[512];
@@ -818,12 +850,12 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
     int64_t n = 0, skipped = 0;
 
     if (!s->allow_actions) {
-        serve_log("refused %s from %s: actions are not enabled (--allow-actions)", op ? op : "?", req->peer);
+        serve_log("refused %s from %s: actions are not enabled (--allow-actions)", what, req->peer);
         action_result(s, out, 403, "Refused", "Actions are not enabled on this server (pgjobq serve --allow-actions).");
         return;
     }
     if (token == NULL || !http_secret_equal(token, s->csrf)) {
-        serve_log("refused %s from %s: missing or wrong CSRF token", op ? op : "?", req->peer);
+        serve_log("refused %s from %s: missing or wrong CSRF token", what, req->peer);
         action_result(s, out, 403, "Refused", "The form's token is missing or stale: reload the page and try again.");
         return;
     }

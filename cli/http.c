@@ -151,6 +151,41 @@ void sb_label(sbuf *b, const char *s)
     }
 }
 
+void sb_escape_line(sbuf *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (s == NULL)
+        return;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned char c = *p;
+        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
+        for (int k = 1; ok && k < len; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (!ok) { /* not UTF-8: the byte, escaped */
+            char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
+            sb_putn(b, e, 4);
+            p++;
+        } else if (c == '\\') {
+            sb_puts(b, "\\\\");
+            p++;
+        } else if (c == '\n' || c == '\r' || c == '\t') {
+            sb_puts(b, c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t");
+            p++;
+        } else if (c < 0x20 || c == 0x7f) {
+            char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
+            sb_putn(b, e, 4);
+            p++;
+        } else if (c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls (0x9b is a CSI) */
+            sb_printf(b, "\\u00%02x", p[1]);
+            p += 2;
+        } else {
+            sb_putn(b, (const char *)p, (size_t)len);
+            p += len;
+        }
+    }
+}
+
 int http_secret_equal(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);

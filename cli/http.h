@@ -28,6 +28,10 @@ void sb_html(sbuf *b, const char *s);
 void sb_url(sbuf *b, const char *s);
 /* s as a Prometheus label value: \ " and newline escaped. */
 void sb_label(sbuf *b, const char *s);
+/* Appends s to b with every control character (C0, DEL, C1) and every byte that is not UTF-8
+ * written as an escape (\n, \t, \xNN, \u0085), and a backslash doubled: a line of a log
+ * stays one line whatever a client sent. */
+void sb_escape_line(sbuf *b, const char *s);
 
 /* A parsed --listen / --metrics-listen address: IPv4 or [IPv6] and a port. */
 typedef struct http_addr {

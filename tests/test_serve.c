@@ -1014,7 +1014,7 @@ TEST_FULL(serve_page_whose_query_fails_answers_503, 120, 0)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Credentials, HEAD, Host and Origin (issue 23, items 7, 13)                                       */
+/* Credentials, HEAD, logs, Host and Origin (issue 23, items 6, 7, 13)                               */
 
 #define TOKEN "s3cret-token-0123456789"
 
@@ -1046,6 +1046,23 @@ static const char *header_of(const char *name, char *buf, size_t size)
         }
     }
     return buf;
+}
+
+/* s percent-encoded for a form body (static: the last four results stay valid). */
+static const char *form_enc(const char *s)
+{
+    static char bufs[4][1024];
+    static int next;
+    char *out = bufs[next++ % 4];
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && k + 4 < sizeof bufs[0]; p++) {
+        if (isalnum(*p) || strchr("-._~", *p))
+            out[k++] = (char)*p;
+        else
+            k += (size_t)snprintf(out + k, 4, "%%%02X", *p);
+    }
+    out[k] = '\0';
+    return out;
 }
 
 /* The CSRF token of a server with --allow-actions, from the page of a queued job. */
@@ -1096,6 +1113,71 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
     CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
     CHECK_STR(body, "");
     free(body);
+}
+
+/* The lines of a log that start with prefix. */
+static int log_lines_starting(const char *path, const char *prefix)
+{
+    char *text = slurp(path);
+    int n = 0;
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, prefix, strlen(prefix)) == 0)
+            n++;
+    free(text);
+    return n;
+}
+
+TEST_FULL(serve_log_lines_cannot_be_forged, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    char *body = NULL, token[128], form[1024], logs[2][600];
+    const char *forged = "\npgjobq serve: action from 6.6.6.6: cancel job 1";
+    const char *queue = "mail\npgjobq serve: action from 6.6.6.6: pause queue mail\x1b]0;pwned\x07\r";
+
+    int64_t id = put(c, "mail", "{}");
+    /* Read-only: the refusal names no operation it did not recognise. */
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    snprintf(logs[0], sizeof logs[0], "%s", s->log);
+    snprintf(form, sizeof form, "op=%s&csrf=x&back=/", form_enc(forged));
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    stop_server();
+
+    s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    snprintf(logs[1], sizeof logs[1], "%s", s->log);
+    csrf_from(s->port, id, token, sizeof token);
+    snprintf(form, sizeof form, "op=cancel%s&csrf=x&back=/", form_enc(forged));
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    snprintf(form, sizeof form, "op=cancel%s&csrf=%s&back=/", form_enc(forged), token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 400);
+    free(body);
+    /* A valid operation on a queue whose name holds a line and terminal controls: the library
+     * refuses the name, and the log line that says so holds it escaped. */
+    snprintf(form, sizeof form, "op=pause&queue=%s&csrf=%s&back=/", form_enc(queue), token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 400);
+    free(body);
+    /* A cross-site POST's Origin, logged with its refusal (403), escaped too. */
+    snprintf(form, sizeof form, "op=pause&queue=mail&csrf=%s&back=/", token);
+    (void)http(s->port, "POST", "/actions", "Origin: http://a\x01.example\r\n", form, &body);
+    free(body);
+    stop_server();
+
+    for (int i = 0; i < 2; i++) {
+        CHECK_MSG(log_lines_starting(logs[i], "pgjobq serve: action from 6.6.6.6") == 0, "a forged line in %s",
+                  logs[i]);
+        char *text = slurp(logs[i]);
+        CHECK_MSG(strpbrk(text, "\x1b\x07\r\x01") == NULL, "a control character in %s", logs[i]);
+        free(text);
+    }
+    CHECK_MSG(log_lines_starting(logs[0], "pgjobq serve: refused an unknown operation from 127.0.0.1: actions are "
+                                          "not enabled") == 1,
+              "read-only refusal not logged as expected");
+    char *text = slurp(logs[1]);
+    const char *escaped = "pause queue mail\\npgjobq serve: action from 6.6.6.6: pause queue mail\\x1b]0;pwned\\x07\\r";
+    CHECK_MSG(strstr(text, escaped) != NULL, "the queue's name is not in the log, escaped: %s", text);
+    free(text);
+    pgjobq_client_close(c);
 }
 
 static int queue_paused(PGconn *pg, const char *queue)
