@@ -5,6 +5,7 @@
  * With --allow-actions, forms POST retries, cancels, pauses and resumes, each carrying this
  * process's CSRF token and logged on stderr.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -839,14 +840,33 @@ static op_kind op_parse(const char *s)
     return OP_UNKNOWN;
 }
 
+/* The status of an action the library refused. */
+static int action_status(int rc)
+{
+    switch (rc) {
+    case PGJOBQ_EINVAL: return 400;
+    case PGJOBQ_EPERM: return 403;
+    case PGJOBQ_ENOTFOUND: return 404;
+    case PGJOBQ_ESTATE:
+    case PGJOBQ_ECONFLICT: return 409;
+    default: return 503; /* the connection, a timeout, the database */
+    }
+}
+
+/* POST /actions.  Every message, on the page and in the log, comes from this request: what it
+ * asked, and the library's message of the call it made (each call clears the last one first); a
+ * request that made no call says so itself. */
 static void do_action(serve *s, const http_req *req, http_resp *out)
 {
-    const char *op = http_param(req, "op"), *token = http_param(req, "csrf"), *back = http_param(req, "back");
-    const char *what = op_names[op_parse(op)]; /* what the log may say of op */
+    op_kind op = op_parse(http_param(req, "op"));
+    const char *what = op_names[op], *token = http_param(req, "csrf");
     const char *queue = param(req, "queue"), *state = param(req, "state"), *kind = param(req, "kind");
     const char *id_s = param(req, "id"), *name = param(req, "name");
+    const char *bad = NULL;
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    long long id = 0;
     char msg[512];
-    int rc = PGJOBQ_EINVAL, slot;
+    int rc, slot;
     int64_t n = 0, skipped = 0;
 
     if (!s->allow_actions) {
@@ -859,8 +879,37 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
         action_result(s, out, 403, "Refused", "The form's token is missing or stale: reload the page and try again.");
         return;
     }
-    if (op == NULL) {
-        action_result(s, out, 400, "Bad request", "No operation.");
+    switch (op) {
+    case OP_UNKNOWN: bad = "No such operation."; break;
+    case OP_RETRY:
+    case OP_CANCEL: {
+        char *end = NULL;
+        id = id_s ? strtoll(id_s, &end, 10) : 0;
+        if (id_s == NULL || *end || id <= 0 || !isdigit((unsigned char)id_s[0]))
+            bad = "A job id is needed.";
+        break;
+    }
+    case OP_RETRY_WHERE:
+    case OP_CANCEL_WHERE:
+        f.queue = queue;
+        f.kind = kind;
+        if (queue == NULL || state == NULL || pgjobq_state_parse(state, &f.state) != PGJOBQ_OK)
+            bad = "A queue and a state are needed.";
+        break;
+    case OP_PAUSE:
+    case OP_RESUME:
+        if (queue == NULL)
+            bad = "A queue is needed.";
+        break;
+    case OP_ENABLE:
+    case OP_DISABLE:
+        if (name == NULL)
+            bad = "A schedule name is needed.";
+        break;
+    }
+    if (bad) {
+        serve_log("refused %s from %s: %s", what, req->peer, bad);
+        action_result(s, out, 400, "Bad request", bad);
         return;
     }
     pgjobq_client *c = pool_get(s, &slot);
@@ -868,41 +917,40 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
         action_result(s, out, 503, "Database unavailable", "The database cannot be reached.");
         return;
     }
-    snprintf(msg, sizeof msg, "%s", "unknown operation");
-    if ((strcmp(op, "retry") == 0 || strcmp(op, "cancel") == 0) && id_s) {
-        char *end;
-        long long id = strtoll(id_s, &end, 10);
-        if (*end == '\0' && id > 0) {
-            rc = op[0] == 'r' ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
-            snprintf(msg, sizeof msg, "%s job %lld", op, id);
-        }
-    } else if ((strcmp(op, "retry_where") == 0 || strcmp(op, "cancel_where") == 0) && queue && state) {
-        pgjobq_filter f = PGJOBQ_FILTER_INIT;
-        f.queue = queue;
-        f.kind = kind;
-        if (pgjobq_state_parse(state, &f.state) == PGJOBQ_OK) {
-            rc = op[0] == 'r' ? pgjobq_retry_where(c, &f, 0, &n, &skipped) : pgjobq_cancel_where(c, &f, 0, &n);
-            snprintf(msg, sizeof msg, "%s queue %s state %s%s%s: %lld jobs", op, queue, state, kind ? " kind " : "",
-                     kind ? kind : "", (long long)n);
-        }
-    } else if ((strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) && queue) {
-        rc = op[0] == 'p' ? pgjobq_queue_pause(c, queue, "paused from pgjobq serve") : pgjobq_queue_resume(c, queue);
-        snprintf(msg, sizeof msg, "%s queue %s", op, queue);
-    } else if ((strcmp(op, "enable") == 0 || strcmp(op, "disable") == 0) && name) {
-        rc = pgjobq_schedule_enable(c, name, op[0] == 'e');
-        snprintf(msg, sizeof msg, "%s schedule %s", op, name);
+    switch (op) {
+    case OP_RETRY:
+    case OP_CANCEL:
+        rc = op == OP_RETRY ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
+        snprintf(msg, sizeof msg, "%s job %lld", what, id);
+        break;
+    case OP_RETRY_WHERE:
+    case OP_CANCEL_WHERE:
+        rc = op == OP_RETRY_WHERE ? pgjobq_retry_where(c, &f, 0, &n, &skipped) : pgjobq_cancel_where(c, &f, 0, &n);
+        snprintf(msg, sizeof msg, "%s queue %s state %s%s%s: %lld jobs", what, queue, state, kind ? " kind " : "",
+                 kind ? kind : "", (long long)n);
+        break;
+    case OP_PAUSE:
+    case OP_RESUME:
+        rc = op == OP_PAUSE ? pgjobq_queue_pause(c, queue, "paused from pgjobq serve") : pgjobq_queue_resume(c, queue);
+        snprintf(msg, sizeof msg, "%s queue %s", what, queue);
+        break;
+    default:
+        rc = pgjobq_schedule_enable(c, name, op == OP_ENABLE);
+        snprintf(msg, sizeof msg, "%s schedule %s", what, name);
+        break;
     }
     if (rc != PGJOBQ_OK) {
-        char why[600];
+        char why[1100];
         snprintf(why, sizeof why, "%s: %s", msg, pgjobq_errmsg(c));
-        serve_log("action from %s failed: %s", req->peer, why);
         pool_put(s, slot);
-        action_result(s, out, rc == PGJOBQ_EPERM ? 403 : 400, "Not done", why);
+        serve_log("action from %s failed: %s", req->peer, why);
+        action_result(s, out, action_status(rc), "Not done", why);
         return;
     }
     pool_put(s, slot);
     serve_log("action from %s: %s", req->peer, msg);
     /* Back to the page it came from: a path on this server only. */
+    const char *back = http_param(req, "back");
     out->status = 303;
     out->location = back && back[0] == '/' && back[1] != '/' && back[1] != '\\' && !strpbrk(back, "\r\n") ? back : "/";
     sb_puts(&out->body, "done\n");

@@ -1014,7 +1014,7 @@ TEST_FULL(serve_page_whose_query_fails_answers_503, 120, 0)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Credentials, HEAD, logs, Host and Origin (issue 23, items 6, 7, 13)                               */
+/* Credentials, HEAD, actions' messages, logs, Host and Origin (issue 23, items 6-8, 13)            */
 
 #define TOKEN "s3cret-token-0123456789"
 
@@ -1113,6 +1113,32 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
     CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
     CHECK_STR(body, "");
     free(body);
+}
+
+TEST_FULL(serve_action_messages_come_from_the_request_only, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    char *body = NULL, token[128], form[512];
+
+    int64_t id = put(c, "mail", "{}");
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    csrf_from(s->port, id, token, sizeof token);
+    /* A refusal by the library names what this request asked. */
+    snprintf(form, sizeof form, "op=retry&id=987654321&csrf=%s&back=/", token);
+    int status = http(s->port, "POST", "/actions", NULL, form, &body);
+    CHECK_MSG(status >= 400 && status < 500, "status %d", status);
+    CHECK_MSG(strstr(body, "no job 987654321") != NULL, "%s", body);
+    free(body);
+    /* Requests that make no call say so themselves: nothing of the one before. */
+    static const char *const asks[] = {"op=frobnicate", "op=retry&id=abc", "op=retry", "op=pause",
+                                       "op=cancel_where&queue=mail&state=nonsense", "op=enable"};
+    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+        snprintf(form, sizeof form, "%s&csrf=%s&back=/", asks[i], token);
+        CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 400);
+        CHECK_MSG(strstr(body, "987654321") == NULL, "%s answered with another request's message: %s", asks[i], body);
+        free(body);
+    }
+    pgjobq_client_close(c);
 }
 
 /* The lines of a log that start with prefix. */
