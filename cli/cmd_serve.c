@@ -840,6 +840,37 @@ static op_kind op_parse(const char *s)
     return OP_UNKNOWN;
 }
 
+/* Where to go after an action: one of this server's pages ("/", "/jobs", "/jobs/ID", "/queues",
+ * "/workers"), optionally with a query string of URL-safe characters and %XX escapes; anything else
+ * goes to "/".  A prefix check is not enough: a browser strips tabs and newlines from a URL, so
+ * "/<TAB>/host" would become "//host", another site. */
+static const char *local_page(const char *back)
+{
+    static const char *const pages[] = {"/", "/jobs", "/queues", "/workers"};
+    size_t n;
+    int ok = 0;
+
+    if (back == NULL || strlen(back) > 512)
+        return "/";
+    n = strcspn(back, "?");
+    for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++)
+        ok |= strlen(pages[i]) == n && strncmp(back, pages[i], n) == 0;
+    if (!ok && n > 6 && n <= 6 + 19 && strncmp(back, "/jobs/", 6) == 0) {
+        ok = 1;
+        for (size_t i = 6; i < n; i++)
+            ok &= isdigit((unsigned char)back[i]) != 0;
+    }
+    if (!ok)
+        return "/";
+    for (const char *p = back + n + (back[n] == '?'); *p; p++) {
+        if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]))
+            p += 2;
+        else if (!isalnum((unsigned char)*p) && !strchr("-._~=&+", *p))
+            return "/";
+    }
+    return back;
+}
+
 /* The status of an action the library refused. */
 static int action_status(int rc)
 {
@@ -949,10 +980,8 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
     }
     pool_put(s, slot);
     serve_log("action from %s: %s", req->peer, msg);
-    /* Back to the page it came from: a path on this server only. */
-    const char *back = http_param(req, "back");
     out->status = 303;
-    out->location = back && back[0] == '/' && back[1] != '/' && back[1] != '\\' && !strpbrk(back, "\r\n") ? back : "/";
+    out->location = local_page(http_param(req, "back"));
     sb_puts(&out->body, "done\n");
     out->content_type = "text/plain; charset=utf-8";
 }

@@ -1014,7 +1014,7 @@ TEST_FULL(serve_page_whose_query_fails_answers_503, 120, 0)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Credentials, HEAD, actions' messages, logs, Host and Origin (issue 23, items 6-8, 13)            */
+/* Credentials, HEAD, actions' messages, logs, redirects, Host and Origin (issue 23, items 4-8, 13)  */
 
 #define TOKEN "s3cret-token-0123456789"
 
@@ -1203,6 +1203,38 @@ TEST_FULL(serve_log_lines_cannot_be_forged, 60, 0)
     const char *escaped = "pause queue mail\\npgjobq serve: action from 6.6.6.6: pause queue mail\\x1b]0;pwned\\x07\\r";
     CHECK_MSG(strstr(text, escaped) != NULL, "the queue's name is not in the log, escaped: %s", text);
     free(text);
+    pgjobq_client_close(c);
+}
+
+TEST_FULL(serve_redirects_only_to_its_own_pages, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    char *body = NULL, token[128], form[1024], loc[600];
+
+    int64_t id = put(c, "mail", "{}");
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    csrf_from(s->port, id, token, sizeof token);
+    /* back as the form sends it (decoded), and where the answer must send the browser. */
+    static const char *const cases[][2] = {
+        {"/\t/127.0.0.1:1/x", "/"},          /* a browser strips the tab: //127.0.0.1:1/x */
+        {"/\n/evil.example/", "/"},          {"/\r\n/evil.example/", "/"},
+        {"/ /evil.example/", "/"},           {"//evil.example/", "/"},
+        {"/\\evil.example/", "/"},           {"https://evil.example/", "/"},
+        {"/queues/../../x", "/"},            {"/jobs/12x", "/"},
+        {"/jobs/", "/"},                     {"/nowhere", "/"},
+        {"/jobs?q=\t//evil", "/"},           {"/jobs?queue=a%zz", "/"},
+        {"", "/"},                           {"/queues", "/queues"},
+        {"/", "/"},                          {"/workers", "/workers"},
+        {"/jobs/12", "/jobs/12"},
+        {"/jobs?queue=mail&state=queued&kind=a%2Fb", "/jobs?queue=mail&state=queued&kind=a%2Fb"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(form, sizeof form, "op=resume&queue=mail&csrf=%s&back=%s", token, form_enc(cases[i][0]));
+        CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+        free(body);
+        CHECK_MSG(strcmp(header_of("Location", loc, sizeof loc), cases[i][1]) == 0,
+                  "back=%s: redirected to \"%s\", expected \"%s\"", form_enc(cases[i][0]), loc, cases[i][1]);
+    }
     pgjobq_client_close(c);
 }
 
