@@ -3,7 +3,9 @@
  * text checked by promtool (Debian's prometheus package) and compared with the table, every page
  * loaded in headless Chromium with assertions on its DOM, hostile payloads and errors shown as text,
  * actions refused without the flag, credentials or CSRF token, and a public address refused without
- * credentials.
+ * credentials.  Then hostile clients (issue 23): 200 slow or silent connections, pages stuck behind
+ * a lock, foreign Host names and Origins, forged log lines, redirects that would leave the site, and
+ * in Chromium a DNS-rebound name, a form on another site and a redirect followed by the browser.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -1329,6 +1331,151 @@ TEST_FULL(serve_checks_the_host_and_where_a_post_comes_from, 60, 0)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--allow-host", "<script>", NULL), 64);
     free(out);
     free(err);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The same in a browser: DNS rebinding, a form on another site, a redirect that must stay here       */
+
+static pid_t page_pid;
+
+static void stop_page(void)
+{
+    if (page_pid > 0) {
+        kill(page_pid, SIGTERM);
+        t_wait_exit(page_pid, 10000);
+        page_pid = 0;
+    }
+}
+
+/* Serves html at every path of 127.0.0.1:PORT from a child process (stopped when the test ends):
+ * "another site" for the browser, once a name is mapped to it.  Returns the port. */
+static int serve_page(const char *html)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    CHECK(fd >= 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 16) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+    stop_page();
+    page_pid = fork();
+    CHECK(page_pid >= 0);
+    if (page_pid == 0) {
+        for (;;) {
+            int c = accept(fd, NULL, NULL);
+            if (c < 0)
+                continue;
+            char buf[8192];
+            size_t got = 0;
+            struct pollfd p = {c, POLLIN, 0};
+            while (got < sizeof buf - 1 && poll(&p, 1, 2000) == 1) {
+                ssize_t k = recv(c, buf + got, sizeof buf - 1 - got, 0);
+                if (k <= 0)
+                    break;
+                got += (size_t)k;
+                buf[got] = '\0';
+                if (strstr(buf, "\r\n\r\n"))
+                    break;
+            }
+            char head[200];
+            int n = snprintf(head, sizeof head,
+                             "HTTP/1.0 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\n\r\n",
+                             strlen(html));
+            (void)!send(c, head, (size_t)n, MSG_NOSIGNAL);
+            (void)!send(c, html, strlen(html), MSG_NOSIGNAL);
+            close(c);
+        }
+    }
+    close(fd);
+    t_defer(stop_page);
+    return ntohs(sa.sin_port);
+}
+
+/* Runs headless Chromium on url with the names rebind.test and evil.test resolving to 127.0.0.1,
+ * and returns the DOM it ended with (malloc'd), after any form a script submitted and any redirect
+ * (--virtual-time-budget lets it finish what the page started, 5 s: less than the overview's
+ * refresh). */
+static char *chromium_url(const char *url)
+{
+    char cmd[2048], out[600];
+    snprintf(out, sizeof out, "%s/dom.html", t_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=%s/chrome "
+             "--host-resolver-rules='MAP rebind.test 127.0.0.1, MAP evil.test 127.0.0.1' "
+             "--disable-features=HttpsUpgrades --virtual-time-budget=5000 --dump-dom '%s' > %s 2>/dev/null",
+             t_tmpdir(), url, out);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "chromium on %s: status %d", url, rc);
+    return slurp(out);
+}
+
+/* A page that submits a form to action at once, with the given fields ("name=value|name=value",
+ * as HTML attribute text: &#9; is a tab). */
+static char *attack_page(const char *action, const char *fields)
+{
+    static char html[4096];
+    size_t k = (size_t)snprintf(html, sizeof html,
+                                "<!doctype html><html><head><title>another site</title></head><body>"
+                                "<form id=\"f\" method=\"post\" action=\"%s\">",
+                                action);
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", fields);
+    for (char *save = NULL, *f = strtok_r(copy, "|", &save); f; f = strtok_r(NULL, "|", &save)) {
+        char *eq = strchr(f, '=');
+        CHECK(eq != NULL);
+        *eq = '\0';
+        k += (size_t)snprintf(html + k, sizeof html - k, "<input type=\"hidden\" name=\"%s\" value=\"%s\">", f, eq + 1);
+    }
+    snprintf(html + k, sizeof html - k, "</form><script>document.getElementById('f').submit()</script></body></html>");
+    return html;
+}
+
+TEST_FULL(serve_in_chromium_refuses_other_sites_and_redirects_home, 240, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char token[128], url[600], action[128], fields[512];
+
+    int64_t id = put(c, "mail", "{}");
+    /* --allow-host localhost: a page on localhost, any port, counts as this server's own (below, the
+     * page that posts a hostile back= to check where the browser lands). */
+    served *s = serve_start(NULL, "--allow-actions", "--allow-host", "localhost");
+    csrf_from(s->port, id, token, sizeof token);
+
+    /* DNS rebinding: a name the attacker controls now resolves to 127.0.0.1; the browser sends it as
+     * the Host, and finds no dashboard there. */
+    snprintf(url, sizeof url, "http://rebind.test:%d/", s->port);
+    char *dom = chromium_url(url);
+    CHECK_MSG(strstr(dom, "misdirected request") != NULL, "rebind.test: %s", dom);
+    CHECK_MSG(strstr(dom, "<table id=\"queues\">") == NULL && strstr(dom, token) == NULL, "rebind.test: %s", dom);
+    free(dom);
+
+    /* A form on another site, even with the right token (as rebinding would read it), is refused. */
+    snprintf(action, sizeof action, "http://127.0.0.1:%d/actions", s->port);
+    snprintf(fields, sizeof fields, "csrf=%s|op=pause|queue=mail|back=/queues", token);
+    int page = serve_page(attack_page(action, fields));
+    snprintf(url, sizeof url, "http://evil.test:%d/", page);
+    dom = chromium_url(url);
+    CHECK_MSG(strstr(dom, "another site") != NULL, "the form's answer: %s", dom);
+    CHECK_INT(queue_paused(pg, "mail"), 0);
+    free(dom);
+
+    /* A redirect after an action whose back= holds a tab: the browser would strip it and go to
+     * //127.0.0.1:1/x; it lands on the overview instead. */
+    snprintf(fields, sizeof fields, "csrf=%s|op=pause|queue=mail|back=/&#9;/127.0.0.1:1/x", token);
+    page = serve_page(attack_page(action, fields));
+    snprintf(url, sizeof url, "http://localhost:%d/", page);
+    dom = chromium_url(url);
+    CHECK_INT(queue_paused(pg, "mail"), 1);
+    CHECK_MSG(strstr(dom, "<title>pgjobq - overview</title>") != NULL && strstr(dom, "<table id=\"queues\">") != NULL,
+              "after the redirect: %.600s", dom);
+    free(dom);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
