@@ -5,6 +5,7 @@
  * With --allow-actions, forms POST retries, cancels, pauses and resumes, each carrying this
  * process's CSRF token and logged on stderr.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -22,6 +23,8 @@
 #define OPT_ACTIONS  1002
 #define OPT_HIDE     1003
 #define OPT_INTERVAL 1004
+#define OPT_HOST     1005
+#define OPT_QTIMEOUT 1006
 
 const cli_opt serve_opts[] = {
     {"listen", OPT_LISTEN, "ADDR", "address and port to serve on (default 127.0.0.1:9464; port 0: any free one)"},
@@ -31,16 +34,22 @@ const cli_opt serve_opts[] = {
     {"allow-actions", OPT_ACTIONS, NULL, "allow retry, cancel, pause and resume from the dashboard"},
     {"hide-payloads", OPT_HIDE, NULL, "never show payloads or results"},
     {"interval", OPT_INTERVAL, "DURATION", "how often the metrics are collected (default 5s)"},
+    {"allow-host", OPT_HOST, "NAME",
+     "also answer to this host name (repeatable), e.g. a proxy's public name; pages on it may POST actions"},
+    {"query-timeout", OPT_QTIMEOUT, "DURATION",
+     "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
-#define POOL 4         /* page connections: one per HTTP thread */
+#define POOL      4    /* page connections: one per worker thread (http.c runs the pages on POOL workers) */
+#define MAX_HOSTS 16   /* --allow-host names */
 #define PAGE_ROWS 50   /* jobs per page */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 
 typedef struct serve {
     const char *conninfo;
     int allow_actions, hide_payloads;
+    int64_t query_timeout_ms;
     char csrf[65];
     serve_metrics *metrics;
     pthread_mutex_t pool_mu;
@@ -51,17 +60,24 @@ typedef struct serve {
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Every line escaped as a whole (sb_escape_line): what a client sent (a form field, a queue name in
+ * a database error) can neither end the line nor move the terminal's cursor. */
 void serve_log(const char *fmt, ...)
 {
+    char text[2048];
     va_list ap;
-    pthread_mutex_lock(&log_mu);
-    fputs("pgjobq serve: ", stderr);
+    sbuf line;
+
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    sb_init(&line);
+    sb_escape_line(&line, text);
+    pthread_mutex_lock(&log_mu);
+    fprintf(stderr, "pgjobq serve: %s\n", line.failed ? "(a line that did not fit in memory)" : line.data);
     fflush(stderr);
     pthread_mutex_unlock(&log_mu);
+    sb_free(&line);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -97,8 +113,18 @@ got:
             pgjobq_client_close(c);
             c = NULL;
         } else {
-            PGresult *r = PQexec(pgjobq_client_conn(c),
-                                 "SET statement_timeout = '5s'; SET application_name = 'pgjobq serve'");
+            /* A page's query gives up after the timeout, waiting for a lock or not: its page then
+             * answers 503 instead of holding a worker. */
+            char set[200];
+            snprintf(set, sizeof set,
+                     "SET statement_timeout = %lld; SET lock_timeout = %lld; SET application_name = 'pgjobq serve'",
+                     (long long)s->query_timeout_ms, (long long)s->query_timeout_ms);
+            PGresult *r = PQexec(pgjobq_client_conn(c), set);
+            if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                serve_log("cannot set up a page connection: %s", PQresultErrorMessage(r));
+                pgjobq_client_close(c);
+                c = NULL;
+            }
             PQclear(r);
         }
     }
@@ -120,14 +146,22 @@ static void pool_put(serve *s, int slot)
     pthread_mutex_unlock(&s->pool_mu);
 }
 
-/* Runs a read query; on error returns NULL and puts an escaped message on the page. */
-static PGresult *query(pgjobq_client *c, sbuf *page, const char *sql, int n, const char *const *values)
+/* Runs a read query of a page; on error returns NULL, puts the database's message (escaped) on the
+ * page and makes its status 503 (a timeout, a lock not granted in time, a lost connection: try
+ * again) or 500.  After one failure, the page's other queries are not run: the page is an error. */
+static PGresult *query(pgjobq_client *c, http_resp *out, const char *sql, int n, const char *const *values)
 {
+    if (out->status >= 500)
+        return NULL;
     PGresult *r = PQexecParams(pgjobq_client_conn(c), sql, n, NULL, values, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        sb_puts(page, "<p class=\"error\">The database said: ");
-        sb_html(page, PQresultErrorMessage(r));
-        sb_puts(page, "</p>");
+        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        int transient = PQstatus(pgjobq_client_conn(c)) != CONNECTION_OK || state == NULL ||
+                        strcmp(state, "57014") == 0 || strcmp(state, "55P03") == 0 || strncmp(state, "08", 2) == 0;
+        out->status = transient ? 503 : 500;
+        sb_puts(&out->body, "<p class=\"error\" id=\"db-error\">The database said: ");
+        sb_html(&out->body, PQresultErrorMessage(r));
+        sb_puts(&out->body, "</p>");
         PQclear(r);
         return NULL;
     }
@@ -306,7 +340,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Overview</h1><table id=\"queues\"><thead><tr><th>Queue</th><th>State</th><th>Due</th>"
                "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
                "</tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "WITH live AS (SELECT j.queue::text AS queue,"
               "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,"
               "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS later,"
@@ -342,7 +376,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     sb_puts(b, "</tbody></table>");
     /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open"). */
-    r = query(c, b,
+    r = query(c, out,
               "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
               " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
               " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
@@ -387,7 +421,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     PQclear(r);
     sb_puts(b, "<h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,"
               " count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')"
               " FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1",
@@ -398,7 +432,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     sb_puts(b, "</div><h2>Failures, last hour</h2><table id=\"failures\"><thead><tr><th>Job</th><th>Queue</th>"
                "<th>Kind</th><th>Finished (UTC)</th><th>Error</th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT h.id, h.queue, h.kind, " TS("h.finished_at") ", left(coalesce(h.last_error, ''), 200)"
               " FROM pgjobq.history h WHERE h.state = 'failed' AND h.finished_at > now() - interval '1 hour'"
               " ORDER BY h.finished_at DESC LIMIT 10",
@@ -493,7 +527,7 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     snprintf(limit, sizeof limit, "%d", PAGE_ROWS + 1);
     values[6] = limit;
     PGresult *r = query(
-        c, b,
+        c, out,
         "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
             "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, '')"
                              " FROM pgjobq.all_jobs a"
@@ -573,7 +607,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
     snprintf(idbuf, sizeof idbuf, "%lld", id);
     const char *values[2] = {idbuf, s->hide_payloads ? "1" : "0"};
     page_begin(s, b, idbuf, 0);
-    PGresult *r = query(c, b,
+    PGresult *r = query(c, out,
                         "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
                         " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS("a.finished_at") ","
                         " " TS("a.lease_until") ", a.lease_token, coalesce(a.worker_id, ''),"
@@ -632,7 +666,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
             sb_puts(b, "</pre>");
         }
         /* Its place in a workflow: parents and children, linked. */
-        PGresult *rel = query(c, b,
+        PGresult *rel = query(c, out,
                               "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"
                               " SELECT 'child', k.id::text, k.state FROM pgjobq.children($1::bigint) k",
                               1, values);
@@ -667,7 +701,7 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
                "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Due</th><th>Scheduled</th><th>Running</th>"
                "<th>Expired</th><th></th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
               " coalesce(key_concurrency::text, ''), coalesce(rate_limit || ' per ' || rate_period, ''), queued,"
               " scheduled, running, expired FROM pgjobq.queue_list()",
@@ -699,7 +733,7 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"
                "<th>Time zone</th><th>Queue</th><th>Kind</th><th>Enabled</th><th>Next run (UTC)</th>"
                "<th>Last run (UTC)</th><th></th></tr></thead><tbody>");
-    r = query(c, b,
+    r = query(c, out,
               "SELECT name::text, cron, tz, queue::text, kind::text, enabled::int, " TS("next_run") ", " TS(
                   "last_run") " FROM pgjobq.schedule_list()",
               0, NULL);
@@ -730,7 +764,7 @@ static void page_workers(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
-    PGresult *r = query(c, b,
+    PGresult *r = query(c, out,
                         "SELECT w.id, (w.last_seen > now() - interval '15 seconds')::int, w.host, w.pid, w.queues,"
                         " coalesce(r.n, 0), " TS("w.started_at") ","
                         " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
@@ -782,27 +816,131 @@ static void action_result(serve *s, http_resp *out, int status, const char *what
     page_end(b);
 }
 
+/* The operations of POST /actions.  The op field is checked against this list before anything is
+ * done or logged, and only these names reach the log. */
+typedef enum {
+    OP_UNKNOWN,
+    OP_RETRY,
+    OP_CANCEL,
+    OP_RETRY_WHERE,
+    OP_CANCEL_WHERE,
+    OP_PAUSE,
+    OP_RESUME,
+    OP_ENABLE,
+    OP_DISABLE
+} op_kind;
+static const char *const op_names[] = {
+    "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable"};
+
+static op_kind op_parse(const char *s)
+{
+    for (int i = OP_RETRY; s && i <= OP_DISABLE; i++)
+        if (strcmp(s, op_names[i]) == 0)
+            return (op_kind)i;
+    return OP_UNKNOWN;
+}
+
+/* Where to go after an action: one of this server's pages ("/", "/jobs", "/jobs/ID", "/queues",
+ * "/workers"), optionally with a query string of URL-safe characters and %XX escapes; anything else
+ * goes to "/".  A prefix check is not enough: a browser strips tabs and newlines from a URL, so
+ * "/<TAB>/host" would become "//host", another site. */
+static const char *local_page(const char *back)
+{
+    static const char *const pages[] = {"/", "/jobs", "/queues", "/workers"};
+    size_t n;
+    int ok = 0;
+
+    if (back == NULL || strlen(back) > 512)
+        return "/";
+    n = strcspn(back, "?");
+    for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++)
+        ok |= strlen(pages[i]) == n && strncmp(back, pages[i], n) == 0;
+    if (!ok && n > 6 && n <= 6 + 19 && strncmp(back, "/jobs/", 6) == 0) {
+        ok = 1;
+        for (size_t i = 6; i < n; i++)
+            ok &= isdigit((unsigned char)back[i]) != 0;
+    }
+    if (!ok)
+        return "/";
+    for (const char *p = back + n + (back[n] == '?'); *p; p++) {
+        if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]))
+            p += 2;
+        else if (!isalnum((unsigned char)*p) && !strchr("-._~=&+", *p))
+            return "/";
+    }
+    return back;
+}
+
+/* The status of an action the library refused. */
+static int action_status(int rc)
+{
+    switch (rc) {
+    case PGJOBQ_EINVAL: return 400;
+    case PGJOBQ_EPERM: return 403;
+    case PGJOBQ_ENOTFOUND: return 404;
+    case PGJOBQ_ESTATE:
+    case PGJOBQ_ECONFLICT: return 409;
+    default: return 503; /* the connection, a timeout, the database */
+    }
+}
+
+/* POST /actions.  Every message, on the page and in the log, comes from this request: what it
+ * asked, and the library's message of the call it made (each call clears the last one first); a
+ * request that made no call says so itself. */
 static void do_action(serve *s, const http_req *req, http_resp *out)
 {
-    const char *op = http_param(req, "op"), *token = http_param(req, "csrf"), *back = http_param(req, "back");
+    op_kind op = op_parse(http_param(req, "op"));
+    const char *what = op_names[op], *token = http_param(req, "csrf");
     const char *queue = param(req, "queue"), *state = param(req, "state"), *kind = param(req, "kind");
     const char *id_s = param(req, "id"), *name = param(req, "name");
+    const char *bad = NULL;
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    long long id = 0;
     char msg[512];
-    int rc = PGJOBQ_EINVAL, slot;
+    int rc, slot;
     int64_t n = 0, skipped = 0;
 
     if (!s->allow_actions) {
-        serve_log("refused %s from %s: actions are not enabled (--allow-actions)", op ? op : "?", req->peer);
+        serve_log("refused %s from %s: actions are not enabled (--allow-actions)", what, req->peer);
         action_result(s, out, 403, "Refused", "Actions are not enabled on this server (pgjobq serve --allow-actions).");
         return;
     }
     if (token == NULL || !http_secret_equal(token, s->csrf)) {
-        serve_log("refused %s from %s: missing or wrong CSRF token", op ? op : "?", req->peer);
+        serve_log("refused %s from %s: missing or wrong CSRF token", what, req->peer);
         action_result(s, out, 403, "Refused", "The form's token is missing or stale: reload the page and try again.");
         return;
     }
-    if (op == NULL) {
-        action_result(s, out, 400, "Bad request", "No operation.");
+    switch (op) {
+    case OP_UNKNOWN: bad = "No such operation."; break;
+    case OP_RETRY:
+    case OP_CANCEL: {
+        char *end = NULL;
+        id = id_s ? strtoll(id_s, &end, 10) : 0;
+        if (id_s == NULL || *end || id <= 0 || !isdigit((unsigned char)id_s[0]))
+            bad = "A job id is needed.";
+        break;
+    }
+    case OP_RETRY_WHERE:
+    case OP_CANCEL_WHERE:
+        f.queue = queue;
+        f.kind = kind;
+        if (queue == NULL || state == NULL || pgjobq_state_parse(state, &f.state) != PGJOBQ_OK)
+            bad = "A queue and a state are needed.";
+        break;
+    case OP_PAUSE:
+    case OP_RESUME:
+        if (queue == NULL)
+            bad = "A queue is needed.";
+        break;
+    case OP_ENABLE:
+    case OP_DISABLE:
+        if (name == NULL)
+            bad = "A schedule name is needed.";
+        break;
+    }
+    if (bad) {
+        serve_log("refused %s from %s: %s", what, req->peer, bad);
+        action_result(s, out, 400, "Bad request", bad);
         return;
     }
     pgjobq_client *c = pool_get(s, &slot);
@@ -810,43 +948,40 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
         action_result(s, out, 503, "Database unavailable", "The database cannot be reached.");
         return;
     }
-    snprintf(msg, sizeof msg, "%s", "unknown operation");
-    if ((strcmp(op, "retry") == 0 || strcmp(op, "cancel") == 0) && id_s) {
-        char *end;
-        long long id = strtoll(id_s, &end, 10);
-        if (*end == '\0' && id > 0) {
-            rc = op[0] == 'r' ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
-            snprintf(msg, sizeof msg, "%s job %lld", op, id);
-        }
-    } else if ((strcmp(op, "retry_where") == 0 || strcmp(op, "cancel_where") == 0) && queue && state) {
-        pgjobq_filter f = PGJOBQ_FILTER_INIT;
-        f.queue = queue;
-        f.kind = kind;
-        if (pgjobq_state_parse(state, &f.state) == PGJOBQ_OK) {
-            rc = op[0] == 'r' ? pgjobq_retry_where(c, &f, 0, &n, &skipped) : pgjobq_cancel_where(c, &f, 0, &n);
-            snprintf(msg, sizeof msg, "%s queue %s state %s%s%s: %lld jobs", op, queue, state, kind ? " kind " : "",
-                     kind ? kind : "", (long long)n);
-        }
-    } else if ((strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) && queue) {
-        rc = op[0] == 'p' ? pgjobq_queue_pause(c, queue, "paused from pgjobq serve") : pgjobq_queue_resume(c, queue);
-        snprintf(msg, sizeof msg, "%s queue %s", op, queue);
-    } else if ((strcmp(op, "enable") == 0 || strcmp(op, "disable") == 0) && name) {
-        rc = pgjobq_schedule_enable(c, name, op[0] == 'e');
-        snprintf(msg, sizeof msg, "%s schedule %s", op, name);
+    switch (op) {
+    case OP_RETRY:
+    case OP_CANCEL:
+        rc = op == OP_RETRY ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
+        snprintf(msg, sizeof msg, "%s job %lld", what, id);
+        break;
+    case OP_RETRY_WHERE:
+    case OP_CANCEL_WHERE:
+        rc = op == OP_RETRY_WHERE ? pgjobq_retry_where(c, &f, 0, &n, &skipped) : pgjobq_cancel_where(c, &f, 0, &n);
+        snprintf(msg, sizeof msg, "%s queue %s state %s%s%s: %lld jobs", what, queue, state, kind ? " kind " : "",
+                 kind ? kind : "", (long long)n);
+        break;
+    case OP_PAUSE:
+    case OP_RESUME:
+        rc = op == OP_PAUSE ? pgjobq_queue_pause(c, queue, "paused from pgjobq serve") : pgjobq_queue_resume(c, queue);
+        snprintf(msg, sizeof msg, "%s queue %s", what, queue);
+        break;
+    default:
+        rc = pgjobq_schedule_enable(c, name, op == OP_ENABLE);
+        snprintf(msg, sizeof msg, "%s schedule %s", what, name);
+        break;
     }
     if (rc != PGJOBQ_OK) {
-        char why[600];
+        char why[1100];
         snprintf(why, sizeof why, "%s: %s", msg, pgjobq_errmsg(c));
-        serve_log("action from %s failed: %s", req->peer, why);
         pool_put(s, slot);
-        action_result(s, out, rc == PGJOBQ_EPERM ? 403 : 400, "Not done", why);
+        serve_log("action from %s failed: %s", req->peer, why);
+        action_result(s, out, action_status(rc), "Not done", why);
         return;
     }
     pool_put(s, slot);
     serve_log("action from %s: %s", req->peer, msg);
-    /* Back to the page it came from: a path on this server only. */
     out->status = 303;
-    out->location = back && back[0] == '/' && back[1] != '/' && back[1] != '\\' && !strpbrk(back, "\r\n") ? back : "/";
+    out->location = local_page(http_param(req, "back"));
     sb_puts(&out->body, "done\n");
     out->content_type = "text/plain; charset=utf-8";
 }
@@ -854,6 +989,10 @@ static void do_action(serve *s, const http_req *req, http_resp *out)
 /* ------------------------------------------------------------------------------------------------ */
 /* Routing                                                                                           */
 
+/* Called first on a thread that reads connections (req->may_block 0): /healthz, /metrics (from the
+ * collector's last text), the stylesheet and refusals are answered there at once, so that pages
+ * waiting for the database never delay them.  Everything that queries the database is deferred to
+ * a worker (may_block 1), which takes a page connection from the pool. */
 static void handle(void *arg, const http_req *req, http_resp *out)
 {
     serve *s = arg;
@@ -865,7 +1004,12 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         return;
     }
     if (strcmp(req->path, "/metrics") == 0) {
-        char *text = serve_metrics_text(s->metrics, 3000);
+        /* Before the first collection, a worker waits for it (a few seconds at most). */
+        char *text = serve_metrics_text(s->metrics, req->may_block ? 3000 : 0);
+        if (text == NULL && !req->may_block) {
+            out->defer = 1;
+            return;
+        }
         out->content_type = "text/plain; version=0.0.4; charset=utf-8";
         if (text == NULL) {
             out->status = 503;
@@ -882,7 +1026,9 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         return;
     }
     if (strcmp(req->method, "POST") == 0) {
-        if (strcmp(req->path, "/actions") == 0)
+        if (strcmp(req->path, "/actions") == 0 && !req->may_block)
+            out->defer = 1;
+        else if (strcmp(req->path, "/actions") == 0)
             do_action(s, req, out);
         else
             action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
@@ -895,6 +1041,10 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         page_begin(s, &out->body, "not found", 0);
         sb_puts(&out->body, "<h1>Not found</h1><p><a href=\"/\">Overview</a></p>");
         page_end(&out->body);
+        return;
+    }
+    if (!req->may_block) {
+        out->defer = 1;
         return;
     }
     pgjobq_client *c = pool_get(s, &slot);
@@ -926,7 +1076,9 @@ typedef struct serve_args {
     const cli_cmd *cmd;
     const char *listen, *auth_file;
     int allow_actions, hide_payloads;
-    int64_t interval_ms;
+    int64_t interval_ms, query_timeout_ms;
+    const char *hosts[MAX_HOSTS + 1]; /* --allow-host, NULL-terminated */
+    int nhosts;
 } serve_args;
 
 static int serve_opt(int key, const char *arg, void *ctx)
@@ -946,13 +1098,34 @@ static int serve_opt(int key, const char *arg, void *ctx)
             return -1;
         }
         return 0;
+    case OPT_QTIMEOUT:
+        if (cli_parse_duration_ms(arg, &a->query_timeout_ms, why, sizeof why) != 0 || a->query_timeout_ms < 100 ||
+            a->query_timeout_ms > 600000) {
+            cli_usage_error(a->cmd, "--query-timeout: %s",
+                            a->query_timeout_ms ? "must be between 100ms and 10min" : why);
+            return -1;
+        }
+        return 0;
+    case OPT_HOST: {
+        char host[256];
+        if (http_host_parse(arg, host, sizeof host) != 0) {
+            cli_usage_error(a->cmd, "--allow-host: '%s' is not a host name or an IP address", arg);
+            return -1;
+        }
+        if (a->nhosts == MAX_HOSTS) {
+            cli_usage_error(a->cmd, "--allow-host: at most %d names", MAX_HOSTS);
+            return -1;
+        }
+        a->hosts[a->nhosts++] = arg;
+        return 0;
+    }
     }
     return -1;
 }
 
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 {
-    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000};
+    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000, {NULL}, 0};
     http_addr addr;
     char why[256];
     char *token = NULL;
@@ -992,6 +1165,7 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     memset(&s, 0, sizeof s);
     s.allow_actions = a.allow_actions;
     s.hide_payloads = a.hide_payloads;
+    s.query_timeout_ms = a.query_timeout_ms;
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         cli_err("serve: no randomness for the CSRF token: %s", strerror(errno));
         free(token);
@@ -1025,7 +1199,24 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         status = EX_OSERR;
         goto out;
     }
-    http_server *srv = http_start(&addr, token, handle, &s, why, sizeof why);
+    /* The names this server answers to (against DNS rebinding): its address, localhost's names when
+     * it listens on loopback or on every interface (then any IP address too), and --allow-host. */
+    const char *names[5] = {addr.host, NULL, NULL, NULL, NULL};
+    int wildcard = strcmp(addr.host, "0.0.0.0") == 0 || strcmp(addr.host, "::") == 0;
+    if (addr.loopback || wildcard) {
+        names[1] = "localhost";
+        names[2] = "127.0.0.1";
+        names[3] = "::1";
+    }
+    http_opts ho;
+    memset(&ho, 0, sizeof ho);
+    ho.token = token;
+    ho.hosts = names;
+    ho.allow_hosts = a.hosts;
+    ho.any_ip = wildcard;
+    ho.workers = POOL;
+    ho.log = serve_log;
+    http_server *srv = http_start_opts(&addr, &ho, handle, &s, why, sizeof why);
     if (srv == NULL) {
         cli_err("serve: %s", why);
         status = EX_UNAVAILABLE;

@@ -8,16 +8,26 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "http.h"
 
 #define BODY_MAX (64 * 1024) /* a form is a handful of short fields */
-#define THREADS 4
+#define THREADS 4              /* threads that read connections (epoll): none of them ever waits */
+#define CONN_MAX 1000          /* connections at once, slow ones included (an idle one costs a descriptor) */
+#define DESCRIPTORS_KEPT 64    /* descriptors left for the rest of the process (database, logs) */
+#define PER_ADDRESS_MAX 32     /* connections from one address: a browser opens 6, a proxy a few dozen */
+#define REQUEST_DEADLINE_MS 10000 /* to send a whole request (head and body), from connecting or the last answer */
+#define IDLE_TIMEOUT_S 10      /* libmicrohttpd's own: no byte either way for this long */
+#define QUEUE_MAX 64           /* requests waiting for a worker; more are answered 503 at once */
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Text buffer and escapes                                                                           */
@@ -141,6 +151,41 @@ void sb_label(sbuf *b, const char *s)
     }
 }
 
+void sb_escape_line(sbuf *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (s == NULL)
+        return;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned char c = *p;
+        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
+        for (int k = 1; ok && k < len; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (!ok) { /* not UTF-8: the byte, escaped */
+            char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
+            sb_putn(b, e, 4);
+            p++;
+        } else if (c == '\\') {
+            sb_puts(b, "\\\\");
+            p++;
+        } else if (c == '\n' || c == '\r' || c == '\t') {
+            sb_puts(b, c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t");
+            p++;
+        } else if (c < 0x20 || c == 0x7f) {
+            char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
+            sb_putn(b, e, 4);
+            p++;
+        } else if (c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls (0x9b is a CSI) */
+            sb_printf(b, "\\u00%02x", p[1]);
+            p += 2;
+        } else {
+            sb_putn(b, (const char *)p, (size_t)len);
+            p += len;
+        }
+    }
+}
+
 int http_secret_equal(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
@@ -249,20 +294,66 @@ char *http_token_from_file(const char *path, char *why, size_t why_size)
 /* ------------------------------------------------------------------------------------------------ */
 /* Server                                                                                            */
 
-struct http_server {
-    struct MHD_Daemon *d;
-    char *token;
-    http_handler handler;
-    void *arg;
-};
+/* A connection as the request deadline sees it (one per connection, under conn_mu). */
+typedef struct tracked {
+    struct tracked *prev, *next;
+    int fd;
+    int64_t since_ms; /* when it began to owe a request */
+    int owing;        /* 1 until the whole request (head and body) is here */
+} tracked;
 
 /* What one request accumulates between libmicrohttpd's calls. */
 typedef struct req_state {
+    struct req_state *next; /* in the workers' queue */
+    struct MHD_Connection *conn;
     struct MHD_PostProcessor *pp;
     http_req req;
+    char method[8], peer[64];
+    char *path;
     size_t body_bytes;
     int too_big, bad_field;
+    int answered; /* a worker has filled resp */
+    http_resp resp;
 } req_state;
+
+struct http_server {
+    struct MHD_Daemon *d;
+    char *token;
+    char **hosts, **allow_hosts; /* NULL-terminated copies, lower case; hosts NULL: no Host check */
+    int any_ip;
+    void (*log)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+    http_handler handler;
+    void *arg;
+    /* The request deadline: every connection, and a thread that closes those that owe a request
+     * for too long. */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;
+    tracked *conns;
+    int reaper_stop, reaper_started;
+    pthread_t reaper;
+    /* Handlers that wait: a queue and the threads that run them. */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    req_state *q_head, *q_tail;
+    int q_len, q_stop;
+    pthread_t *workers;
+    int nworkers;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void resp_init(http_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    r->status = 200;
+    r->content_type = "text/html; charset=utf-8";
+    sb_init(&r->body);
+}
 
 static void req_state_free(req_state *st)
 {
@@ -270,97 +361,283 @@ static void req_state_free(req_state *st)
         return;
     if (st->pp)
         MHD_destroy_post_processor(st->pp);
-    for (int i = 0; i < st->req.nform; i++) {
-        free(st->req.form_key[i]);
-        free(st->req.form_val[i]);
+    for (int i = 0; i < st->req.nparam; i++) {
+        free(st->req.param_key[i]);
+        free(st->req.param_val[i]);
     }
+    free(st->path);
+    sb_free(&st->resp.body);
     free(st);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+/* ---- The request deadline ---- */
+
+static tracked *tracked_of(struct MHD_Connection *c)
 {
-    (void)cls;
-    (void)connection;
-    (void)toe;
-    req_state_free(*con_cls);
-    *con_cls = NULL;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
 }
 
-static enum MHD_Result on_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *filename,
-                                const char *content_type, const char *transfer_encoding, const char *data,
-                                uint64_t off, size_t size)
+/* The connection owes a request from now on (owing 1), or has sent it whole (owing 0). */
+static void track_owing(http_server *s, struct MHD_Connection *c, int owing)
 {
-    req_state *st = cls;
-    http_req *r = &st->req;
-    int i;
+    tracked *t = tracked_of(c);
+    if (t == NULL)
+        return;
+    pthread_mutex_lock(&s->conn_mu);
+    t->owing = owing;
+    t->since_ms = mono_ms();
+    pthread_mutex_unlock(&s->conn_mu);
+}
 
-    (void)kind;
-    (void)filename;
-    (void)content_type;
-    (void)transfer_encoding;
-    for (i = 0; i < r->nform; i++)
-        if (strcmp(r->form_key[i], key) == 0)
-            break;
-    if (i == r->nform) {
-        if (r->nform == HTTP_FORM_MAX || off != 0) {
-            st->bad_field = 1;
-            return MHD_NO;
+/* libmicrohttpd tells of every connection when it starts and before it closes its socket, so that
+ * while a connection is on the list, its descriptor is its own. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    http_server *s = cls;
+    tracked *t = *socket_context;
+
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci == NULL || (t = calloc(1, sizeof *t)) == NULL)
+            return; /* not tracked: only libmicrohttpd's idle timeout applies */
+        t->fd = ci->connect_fd;
+        t->owing = 1;
+        t->since_ms = mono_ms();
+        pthread_mutex_lock(&s->conn_mu);
+        t->next = s->conns;
+        if (s->conns)
+            s->conns->prev = t;
+        s->conns = t;
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = t;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && t) {
+        pthread_mutex_lock(&s->conn_mu);
+        if (t->prev)
+            t->prev->next = t->next;
+        else
+            s->conns = t->next;
+        if (t->next)
+            t->next->prev = t->prev;
+        pthread_mutex_unlock(&s->conn_mu);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+/* Once a second, shuts down the connections that have owed a request for REQUEST_DEADLINE_MS: a
+ * client that sends a header line every few seconds resets libmicrohttpd's idle timeout forever,
+ * but not this.  Shutting the socket down (not closing it) makes libmicrohttpd's own thread see
+ * the end of the stream and close it; the socket is still the connection's, as above. */
+static void *reaper(void *arg)
+{
+    http_server *s = arg;
+    int64_t closed = 0, logged_ms = 0;
+
+    pthread_mutex_lock(&s->conn_mu);
+    while (!s->reaper_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &until);
+        int64_t now = mono_ms();
+        for (tracked *t = s->conns; t; t = t->next) {
+            if (t->owing && t->fd >= 0 && now - t->since_ms > REQUEST_DEADLINE_MS) {
+                shutdown(t->fd, SHUT_RDWR);
+                t->owing = 0;
+                closed++;
+            }
         }
-        r->form_key[i] = strdup(key);
-        r->form_val[i] = calloc(1, 1);
-        if (r->form_key[i] == NULL || r->form_val[i] == NULL) {
-            free(r->form_key[i]);
-            free(r->form_val[i]);
-            st->bad_field = 1;
-            return MHD_NO;
+        if (closed && s->log && now - logged_ms >= 60000) {
+            pthread_mutex_unlock(&s->conn_mu);
+            s->log("closed %lld connection%s that sent no whole request within %d s (slow or stalled clients)",
+                   (long long)closed, closed == 1 ? "" : "s", REQUEST_DEADLINE_MS / 1000);
+            pthread_mutex_lock(&s->conn_mu);
+            closed = 0;
+            logged_ms = now;
         }
-        r->nform++;
     }
-    size_t have = strlen(r->form_val[i]);
-    if (off != have) { /* a repeated key: keep the first value */
-        return MHD_YES;
-    }
-    char *v = realloc(r->form_val[i], have + size + 1);
-    if (v == NULL) {
-        st->bad_field = 1;
-        return MHD_NO;
-    }
-    memcpy(v + have, data, size);
-    v[have + size] = '\0';
-    r->form_val[i] = v;
-    return MHD_YES;
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
 }
 
-const char *http_param(const http_req *r, const char *key)
+/* ---- Checks of the request head ---- */
+
+/* Splits an authority ("name", "name:port", "[v6]" or "[v6]:port", n bytes) into its host (an IP
+ * address in its canonical form, a name in lower case) and its port ("" when none).  -1 when it
+ * is not one. */
+static int authority_split(const char *s, size_t n, char *host, size_t hsize, char *port, size_t psize)
 {
-    if (strcmp(r->method, "POST") == 0) {
-        for (int i = 0; i < r->nform; i++)
-            if (strcmp(r->form_key[i], key) == 0)
-                return r->form_val[i];
-        return NULL;
+    const char *end = s + n, *h = s, *hend, *p;
+    char raw[256];
+
+    if (n == 0)
+        return -1;
+    if (s[0] == '[') {
+        const char *close = memchr(s, ']', n);
+        if (close == NULL)
+            return -1;
+        h = s + 1;
+        hend = close;
+        p = close + 1;
+        if (p < end && *p != ':')
+            return -1;
+    } else {
+        hend = memchr(s, ':', n);
+        if (hend == NULL)
+            hend = end;
+        p = hend;
     }
-    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
+    if (p < end)
+        p++; /* the colon */
+    if ((size_t)(end - p) >= psize || (size_t)(hend - h) >= sizeof raw || hend == h)
+        return -1;
+    for (const char *q = p; q < end; q++)
+        if (!isdigit((unsigned char)*q))
+            return -1;
+    memcpy(port, p, (size_t)(end - p));
+    port[end - p] = '\0';
+    memcpy(raw, h, (size_t)(hend - h));
+    raw[hend - h] = '\0';
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (s[0] != '[' && inet_pton(AF_INET, raw, &v4) == 1)
+        return inet_ntop(AF_INET, &v4, host, (socklen_t)hsize) ? 0 : -1;
+    if (s[0] == '[')
+        return inet_pton(AF_INET6, raw, &v6) == 1 && inet_ntop(AF_INET6, &v6, host, (socklen_t)hsize) ? 0 : -1;
+    if (strlen(raw) >= hsize)
+        return -1;
+    for (size_t i = 0; raw[i]; i++) {
+        unsigned char c = (unsigned char)raw[i];
+        if (!isalnum(c) && c != '-' && c != '.' && c != '_')
+            return -1;
+        host[i] = (char)tolower(c);
+    }
+    host[strlen(raw)] = '\0';
+    return 0;
 }
 
-static int authorized(http_server *s, struct MHD_Connection *c)
+static int listed(char *const *list, const char *host)
 {
-    const char *h;
+    for (int i = 0; list && list[i]; i++)
+        if (strcmp(list[i], host) == 0)
+            return 1;
+    return 0;
+}
+
+static int is_ip(const char *host)
+{
+    struct in_addr v4;
+    struct in6_addr v6;
+    return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1;
+}
+
+/* The Host header names this server (or there is none: not a browser). */
+static int host_allowed(const http_server *s, const char *h)
+{
+    char host[256], port[8];
+    if (s->hosts == NULL || h == NULL)
+        return 1;
+    if (authority_split(h, strlen(h), host, sizeof host, port, sizeof port) != 0)
+        return 0;
+    return listed(s->hosts, host) || listed(s->allow_hosts, host) || (s->any_ip && is_ip(host));
+}
+
+/* A POST comes from a page of this server: its Origin, or without one its Referer, when either is
+ * there.  A browser sends one of them with every form; without both, only the CSRF token speaks for
+ * the request.  *which names the header that failed. */
+static int same_origin(const http_server *s, struct MHD_Connection *c, const char **which, const char **value)
+{
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *referer = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_REFERER);
+    const char *src = origin ? origin : referer, *auth, *dflt;
+    char oh[256], op[8], hh[256], hp[8];
+
+    if (s->hosts == NULL || src == NULL)
+        return 1;
+    *which = origin ? "Origin" : "Referer";
+    *value = src;
+    if (strncasecmp(src, "http://", 7) == 0) {
+        auth = src + 7;
+        dflt = "80";
+    } else if (strncasecmp(src, "https://", 8) == 0) {
+        auth = src + 8;
+        dflt = "443";
+    } else {
+        return 0; /* "null" (a sandboxed or local page), or another scheme */
+    }
+    size_t n = strcspn(auth, "/?#");
+    if (memchr(auth, '@', n) || authority_split(auth, n, oh, sizeof oh, op, sizeof op) != 0)
+        return 0;
+    if (listed(s->allow_hosts, oh))
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (h == NULL || authority_split(h, strlen(h), hh, sizeof hh, hp, sizeof hp) != 0)
+        return 0;
+    return strcmp(oh, hh) == 0 && strcmp(op[0] ? op : dflt, hp[0] ? hp : dflt) == 0;
+}
+
+/* Decodes base64 (padding optional) into out, NUL-terminated; returns its length, or -1. */
+static int base64_decode(const char *in, char *out, size_t size)
+{
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t n = 0, len = strcspn(in, "=");
+    unsigned acc = 0;
+    int bits = 0;
+
+    if (strspn(in + len, "=") != strlen(in + len))
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        const char *d = strchr(digits, in[i]);
+        if (d == NULL)
+            return -1;
+        acc = (acc << 6) | (unsigned)(d - digits);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (n + 1 >= size)
+                return -1;
+            out[n++] = (char)((acc >> bits) & 0xff);
+        }
+    }
+    out[n] = '\0';
+    return (int)n;
+}
+
+/* The credentials of an Authorization header: "Bearer TOKEN", or "Basic base64(USER:TOKEN)", the
+ * scheme in any case (RFC 9110, 11.1). */
+static int authorized(const http_server *s, const char *h)
+{
+    char cred[1024], dec[1024];
 
     if (s->token == NULL)
         return 1;
-    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (h && strncmp(h, "Bearer ", 7) == 0)
-        return http_secret_equal(h + 7, s->token);
-    char *pass = NULL;
-    char *user = MHD_basic_auth_get_username_password(c, &pass);
-    int ok = pass != NULL && http_secret_equal(pass, s->token);
-    if (user)
-        MHD_free(user);
-    if (pass)
-        MHD_free(pass);
-    return ok;
+    if (h == NULL)
+        return 0;
+    size_t scheme = strcspn(h, " \t");
+    const char *v = h + scheme;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    size_t n = strlen(v);
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    if (n >= sizeof cred)
+        return 0;
+    memcpy(cred, v, n);
+    cred[n] = '\0';
+    if (scheme == 6 && strncasecmp(h, "bearer", 6) == 0)
+        return http_secret_equal(cred, s->token);
+    if (scheme == 5 && strncasecmp(h, "basic", 5) == 0) {
+        char *colon;
+        if (base64_decode(cred, dec, sizeof dec) < 0 || (colon = strchr(dec, ':')) == NULL)
+            return 0;
+        return http_secret_equal(colon + 1, s->token);
+    }
+    return 0;
 }
+
+/* ---- Answers ---- */
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
 {
@@ -369,10 +646,129 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     if (resp == NULL)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
+}
+
+static enum MHD_Result send_auth_required(struct MHD_Connection *c)
+{
+    static const char text[] = "credentials required\n";
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(sizeof text - 1, (void *)(uintptr_t)text, MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_basic_auth_fail_response(c, "pgjobq", resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* A handler's answer, with the headers every page carries. */
+static enum MHD_Result send_resp(struct MHD_Connection *c, http_resp *out)
+{
+    if (out->body.failed)
+        return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(out->body.len, out->body.data ? out->body.data : (void *)(uintptr_t) "",
+                                        MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, out->content_type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "X-Frame-Options", "DENY");
+    MHD_add_response_header(resp, "Referrer-Policy", "same-origin");
+    /* No script runs on these pages, whatever a job's payload or error holds. */
+    MHD_add_response_header(resp, "Content-Security-Policy",
+                            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                            "frame-ancestors 'none'; base-uri 'none'");
+    if (out->location)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, out->location);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)out->status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static void resp_text(http_resp *r, int status, const char *text)
+{
+    sb_free(&r->body);
+    resp_init(r);
+    r->status = status;
+    r->content_type = "text/plain; charset=utf-8";
+    sb_puts(&r->body, text);
+}
+
+/* ---- Parameters ---- */
+
+/* Adds a parameter (a first chunk of it when off is 0, a further chunk otherwise); a repeated name
+ * keeps its first value. */
+static int param_add(http_req *r, const char *key, const char *data, size_t size, uint64_t off)
+{
+    int i;
+    for (i = 0; i < r->nparam; i++)
+        if (strcmp(r->param_key[i], key) == 0)
+            break;
+    if (i == r->nparam) {
+        if (r->nparam == HTTP_PARAM_MAX || off != 0)
+            return -1;
+        r->param_key[i] = strdup(key);
+        r->param_val[i] = calloc(1, 1);
+        if (r->param_key[i] == NULL || r->param_val[i] == NULL) {
+            free(r->param_key[i]);
+            free(r->param_val[i]);
+            return -1;
+        }
+        r->nparam++;
+    } else if (off == 0) {
+        return 0; /* a repeated name */
+    }
+    size_t have = strlen(r->param_val[i]);
+    if (off != have)
+        return 0;
+    char *v = realloc(r->param_val[i], have + size + 1);
+    if (v == NULL)
+        return -1;
+    memcpy(v + have, data, size);
+    v[have + size] = '\0';
+    r->param_val[i] = v;
+    return 0;
+}
+
+static enum MHD_Result on_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *filename,
+                                const char *content_type, const char *transfer_encoding, const char *data,
+                                uint64_t off, size_t size)
+{
+    req_state *st = cls;
+
+    (void)kind;
+    (void)filename;
+    (void)content_type;
+    (void)transfer_encoding;
+    if (param_add(&st->req, key, data, size, off) != 0) {
+        st->bad_field = 1;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    req_state *st = cls;
+    (void)kind;
+    /* Past HTTP_PARAM_MAX names, the rest are not read: no page has that many filters. */
+    (void)param_add(&st->req, key, value ? value : "", value ? strlen(value) : 0, 0);
+    return MHD_YES;
+}
+
+const char *http_param(const http_req *r, const char *key)
+{
+    for (int i = 0; i < r->nparam; i++)
+        if (strcmp(r->param_key[i], key) == 0)
+            return r->param_val[i];
+    return NULL;
 }
 
 static void peer_of(struct MHD_Connection *c, char *buf, size_t size)
@@ -389,25 +785,136 @@ static void peer_of(struct MHD_Connection *c, char *buf, size_t size)
                   (socklen_t)size);
 }
 
+/* ---- Workers ---- */
+
+static void *worker(void *arg)
+{
+    http_server *s = arg;
+
+    pthread_mutex_lock(&s->q_mu);
+    for (;;) {
+        while (s->q_head == NULL && !s->q_stop)
+            pthread_cond_wait(&s->q_cv, &s->q_mu);
+        req_state *st = s->q_head;
+        if (st == NULL)
+            break;
+        s->q_head = st->next;
+        if (s->q_head == NULL)
+            s->q_tail = NULL;
+        s->q_len--;
+        int stopping = s->q_stop;
+        pthread_mutex_unlock(&s->q_mu);
+
+        if (stopping) {
+            resp_text(&st->resp, MHD_HTTP_SERVICE_UNAVAILABLE, "the server is stopping\n");
+        } else {
+            st->req.may_block = 1;
+            s->handler(s->arg, &st->req, &st->resp);
+            if (st->resp.defer)
+                resp_text(&st->resp, MHD_HTTP_INTERNAL_SERVER_ERROR, "the handler deferred twice\n");
+        }
+        st->answered = 1;
+        MHD_resume_connection(st->conn); /* libmicrohttpd calls on_request again: it sends st->resp */
+        pthread_mutex_lock(&s->q_mu);
+    }
+    pthread_mutex_unlock(&s->q_mu);
+    return NULL;
+}
+
+/* Hands a request to the workers: the connection is suspended (its thread goes on with the
+ * others) until a worker has answered and resumed it.  A full queue answers 503 at once. */
+static enum MHD_Result defer(http_server *s, req_state *st)
+{
+    MHD_suspend_connection(st->conn);
+    pthread_mutex_lock(&s->q_mu);
+    if (s->nworkers == 0 || s->q_stop || s->q_len >= QUEUE_MAX) {
+        int stopping = s->q_stop;
+        pthread_mutex_unlock(&s->q_mu);
+        resp_text(&st->resp, s->nworkers == 0 ? MHD_HTTP_INTERNAL_SERVER_ERROR : MHD_HTTP_SERVICE_UNAVAILABLE,
+                  s->nworkers == 0 ? "no worker for this request\n"
+                  : stopping      ? "the server is stopping\n"
+                                  : "busy: too many requests wait for the database; try again\n");
+        st->answered = 1;
+        MHD_resume_connection(st->conn);
+        return MHD_YES;
+    }
+    st->next = NULL;
+    if (s->q_tail)
+        s->q_tail->next = st;
+    else
+        s->q_head = st;
+    s->q_tail = st;
+    s->q_len++;
+    pthread_cond_signal(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+    return MHD_YES;
+}
+
+/* ---- Requests ---- */
+
+static void on_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)toe;
+    req_state_free(*con_cls);
+    *con_cls = NULL;
+    track_owing(cls, connection, 1); /* the next request on this connection is due from now */
+}
+
+/* The head is here: the checks that need no body, before any of it is read. */
+static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const char *url, const char *method,
+                               void **con_cls)
+{
+    /* HEAD is GET without the body (libmicrohttpd leaves it out), for every path and every check. */
+    const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
+    int healthz = strcmp(m, "GET") == 0 && strcmp(url, "/healthz") == 0;
+    const char *which = NULL, *value = NULL;
+    req_state *st;
+
+    if (strcmp(m, "GET") != 0 && strcmp(m, "POST") != 0)
+        return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
+    if (!healthz && !host_allowed(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)))
+        return send_text(c, MHD_HTTP_MISDIRECTED_REQUEST,
+                         "misdirected request: this server does not answer to the host name in the address bar; "
+                         "use its address, or start pgjobq serve with --allow-host NAME\n");
+    if (!healthz && !authorized(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
+        return send_auth_required(c);
+    if ((st = calloc(1, sizeof *st)) == NULL)
+        return MHD_NO;
+    st->conn = c;
+    snprintf(st->method, sizeof st->method, "%s", m);
+    peer_of(c, st->peer, sizeof st->peer);
+    if ((st->path = strdup(url)) == NULL) {
+        free(st);
+        return MHD_NO;
+    }
+    resp_init(&st->resp);
+    *con_cls = st; /* freed by on_completed, whatever happens next */
+    if (strcmp(m, "POST") == 0) {
+        if (!same_origin(s, c, &which, &value)) {
+            if (s->log)
+                s->log("refused POST %.100s from %s: its %s (%.200s) is not this server", url, st->peer, which,
+                       value);
+            return send_text(c, MHD_HTTP_FORBIDDEN,
+                             "refused: this form was sent from a page of another site (its Origin or Referer is "
+                             "not this server)\n");
+        }
+        st->pp = MHD_create_post_processor(c, 4096, on_field, st);
+        /* Not a form (no or another content type): the handler sees no fields. */
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
     http_server *s = cls;
     req_state *st = *con_cls;
-    char peer[64];
 
     (void)version;
-    if (st == NULL) {
-        if ((st = calloc(1, sizeof *st)) == NULL)
-            return MHD_NO;
-        *con_cls = st;
-        if (strcmp(method, "POST") == 0) {
-            st->pp = MHD_create_post_processor(connection, 4096, on_field, st);
-            /* Not a form (no or another content type): the handler sees no fields. */
-        }
-        return MHD_YES;
-    }
+    if (st == NULL)
+        return on_head(s, connection, url, method, con_cls);
     if (*upload_data_size) {
         st->body_bytes += *upload_data_size;
         if (st->body_bytes > BODY_MAX)
@@ -417,68 +924,115 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (st->answered) /* resumed by a worker */
+        return send_resp(connection, &st->resp);
 
     /* The whole request is here. */
-    if (!(strcmp(method, "GET") == 0 && strcmp(url, "/healthz") == 0) && !authorized(s, connection)) {
-        struct MHD_Response *resp = MHD_create_response_from_buffer(
-            strlen("credentials required\n"), (void *)(uintptr_t) "credentials required\n", MHD_RESPMEM_PERSISTENT);
-        if (resp == NULL)
-            return MHD_NO;
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-        enum MHD_Result ret = MHD_queue_basic_auth_fail_response(connection, "pgjobq", resp);
-        MHD_destroy_response(resp);
-        return ret;
-    }
+    track_owing(s, connection, 0);
     if (st->too_big)
         return send_text(connection, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large\n");
     if (st->bad_field)
         return send_text(connection, MHD_HTTP_BAD_REQUEST, "bad form\n");
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 && strcmp(method, "POST") != 0)
-        return send_text(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
-
-    peer_of(connection, peer, sizeof peer);
-    st->req.conn = connection;
-    st->req.method = strcmp(method, "HEAD") == 0 ? "GET" : method;
-    st->req.path = url;
-    st->req.peer = peer;
-
-    http_resp out;
-    memset(&out, 0, sizeof out);
-    out.status = 200;
-    out.content_type = "text/html; charset=utf-8";
-    sb_init(&out.body);
-    s->handler(s->arg, &st->req, &out);
-    if (out.body.failed) {
-        sb_free(&out.body);
-        return send_text(connection, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    }
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(out.body.len, out.body.data ? out.body.data : (void *)(uintptr_t) "",
-                                        MHD_RESPMEM_MUST_COPY);
-    sb_free(&out.body);
-    if (resp == NULL)
-        return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, out.content_type);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(resp, "X-Frame-Options", "DENY");
-    MHD_add_response_header(resp, "Referrer-Policy", "same-origin");
-    /* No script runs on these pages, whatever a job's payload or error holds. */
-    MHD_add_response_header(resp, "Content-Security-Policy",
-                            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-                            "frame-ancestors 'none'; base-uri 'none'");
-    if (out.location)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, out.location);
-    enum MHD_Result ret = MHD_queue_response(connection, (unsigned)out.status, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    if (strcmp(st->method, "GET") == 0)
+        MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, on_arg, st);
+    st->req.method = st->method;
+    st->req.path = st->path;
+    st->req.peer = st->peer;
+    st->req.may_block = 0;
+    s->handler(s->arg, &st->req, &st->resp);
+    if (!st->resp.defer)
+        return send_resp(connection, &st->resp);
+    sb_free(&st->resp.body);
+    resp_init(&st->resp);
+    return defer(s, st);
 }
 
-http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
-                        size_t why_size)
+/* ---- Start and stop ---- */
+
+static void strv_free(char **v)
+{
+    for (int i = 0; v && v[i]; i++)
+        free(v[i]);
+    free(v);
+}
+
+int http_host_parse(const char *s, char *out, size_t size)
+{
+    char bracketed[260], port[8];
+    /* An IPv6 address without brackets is bracketed, so that its colons are not taken for a port. */
+    snprintf(bracketed, sizeof bracketed, strchr(s, ':') && s[0] != '[' ? "[%s]" : "%s", s);
+    if (strlen(s) > 253 || authority_split(bracketed, strlen(bracketed), out, size, port, sizeof port) != 0 || port[0])
+        return -1;
+    return 0;
+}
+
+/* A copy of a NULL-terminated list of hosts, each in the form host_allowed compares. */
+static int hosts_copy(const char *const *in, char ***out)
+{
+    size_t n = 0;
+    char host[256];
+
+    *out = NULL;
+    if (in == NULL)
+        return 0;
+    while (in[n])
+        n++;
+    if ((*out = calloc(n + 1, sizeof **out)) == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (http_host_parse(in[i], host, sizeof host) != 0 || ((*out)[i] = strdup(host)) == NULL)
+            return -1;
+    return 0;
+}
+
+static void server_free(http_server *s)
+{
+    free(s->token);
+    strv_free(s->hosts);
+    strv_free(s->allow_hosts);
+    free(s->workers);
+    pthread_mutex_destroy(&s->conn_mu);
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->q_mu);
+    pthread_cond_destroy(&s->q_cv);
+    free(s);
+}
+
+/* Stops and joins the worker and reaper threads that started. */
+static void threads_stop(http_server *s)
+{
+    pthread_mutex_lock(&s->q_mu);
+    s->q_stop = 1;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+    for (int i = 0; i < s->nworkers; i++)
+        pthread_join(s->workers[i], NULL);
+    s->nworkers = 0;
+    pthread_mutex_lock(&s->conn_mu);
+    s->reaper_stop = 1;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->conn_mu);
+    if (s->reaper_started)
+        pthread_join(s->reaper, NULL);
+    s->reaper_started = 0;
+}
+
+/* The connection limit: CONN_MAX, or fewer when the descriptors this process may open are fewer
+ * (each connection holds one; DESCRIPTORS_KEPT are left for the rest of the process). */
+static unsigned connection_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur >= CONN_MAX + DESCRIPTORS_KEPT)
+        return CONN_MAX;
+    return rl.rlim_cur > DESCRIPTORS_KEPT + 16 ? (unsigned)(rl.rlim_cur - DESCRIPTORS_KEPT) : 16;
+}
+
+http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
+                             size_t why_size)
 {
     struct sockaddr_storage ss;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME;
     http_server *s;
 
     memset(&ss, 0, sizeof ss);
@@ -504,24 +1058,56 @@ http_server *http_start(const http_addr *a, const char *token, http_handler hand
         snprintf(why, why_size, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_cond_init(&s->conn_cv, NULL);
+    pthread_mutex_init(&s->q_mu, NULL);
+    pthread_cond_init(&s->q_cv, NULL);
     s->handler = handler;
     s->arg = arg;
-    if (token && (s->token = strdup(token)) == NULL) {
-        free(s);
-        snprintf(why, why_size, "out of memory");
+    s->any_ip = o->any_ip;
+    s->log = o->log;
+    if ((o->token && (s->token = strdup(o->token)) == NULL) || hosts_copy(o->hosts, &s->hosts) != 0 ||
+        hosts_copy(o->allow_hosts, &s->allow_hosts) != 0 ||
+        (o->workers > 0 && (s->workers = calloc((size_t)o->workers, sizeof *s->workers)) == NULL)) {
+        snprintf(why, why_size, "out of memory, or a host that is not a name or an address");
+        server_free(s);
+        return NULL;
+    }
+    for (int i = 0; i < o->workers; i++) {
+        if (pthread_create(&s->workers[i], NULL, worker, s) != 0)
+            break;
+        s->nworkers++;
+    }
+    if (pthread_create(&s->reaper, NULL, reaper, s) == 0)
+        s->reaper_started = 1;
+    if (s->nworkers < o->workers || !s->reaper_started) {
+        snprintf(why, why_size, "cannot start the server's threads");
+        threads_stop(s);
+        server_free(s);
         return NULL;
     }
     s->d = MHD_start_daemon(flags, (uint16_t)a->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)THREADS,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+                            connection_limit(), MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDRESS_MAX,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, s, MHD_OPTION_END);
     if (s->d == NULL) {
         snprintf(why, why_size, "cannot listen on %s:%d (in use, or not an address of this host)", a->host, a->port);
-        free(s->token);
-        free(s);
+        threads_stop(s);
+        server_free(s);
         return NULL;
     }
     return s;
+}
+
+http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
+                        size_t why_size)
+{
+    http_opts o;
+    memset(&o, 0, sizeof o);
+    o.token = token;
+    return http_start_opts(a, &o, handler, arg, why, why_size);
 }
 
 int http_port(http_server *s)
@@ -534,7 +1120,9 @@ void http_stop(http_server *s)
 {
     if (s == NULL)
         return;
+    /* The workers first: each suspended connection is resumed (answered) before libmicrohttpd,
+     * which must not stop with one suspended, closes them all. */
+    threads_stop(s);
     MHD_stop_daemon(s->d);
-    free(s->token);
-    free(s);
+    server_free(s);
 }

@@ -28,6 +28,10 @@ void sb_html(sbuf *b, const char *s);
 void sb_url(sbuf *b, const char *s);
 /* s as a Prometheus label value: \ " and newline escaped. */
 void sb_label(sbuf *b, const char *s);
+/* Appends s to b with every control character (C0, DEL, C1) and every byte that is not UTF-8
+ * written as an escape (\n, \t, \xNN, \u0085), and a backslash doubled: a line of a log
+ * stays one line whatever a client sent. */
+void sb_escape_line(sbuf *b, const char *s);
 
 /* A parsed --listen / --metrics-listen address: IPv4 or [IPv6] and a port. */
 typedef struct http_addr {
@@ -39,21 +43,29 @@ typedef struct http_addr {
 /* Parses "HOST:PORT", "[V6]:PORT" or ":PORT" (all interfaces).  Returns 0, or -1 with why set. */
 int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size);
 
+/* Parses a host name (letters, digits, - . _), an IPv4 address, or an IPv6 address with or without
+ * brackets, into the form the Host check compares: a name in lower case, an address in its
+ * canonical form (IPv6 without brackets).  Returns 0, or -1 when it is none of them (or has a port). */
+int http_host_parse(const char *s, char *out, size_t size);
+
 /* Reads a token from a file (its first line, surrounding white space removed).  Returns a malloc'd
  * string, or NULL with why set (unreadable, empty, or shorter than 16 characters). */
 char *http_token_from_file(const char *path, char *why, size_t why_size);
 
 /* The request a handler sees. */
+#define HTTP_PARAM_MAX 16
 typedef struct http_req {
-    void *conn;         /* struct MHD_Connection * */
-    const char *method; /* "GET", "POST", ... */
+    const char *method; /* "GET" (a HEAD is a GET whose answer goes without its body) or "POST" */
     const char *path;
     const char *peer;   /* the client's address, for logs */
-    /* POST bodies (application/x-www-form-urlencoded), decoded: at most HTTP_FORM_MAX fields. */
-    int nform;
-    char *form_key[16], *form_val[16];
+    /* 0: called on a thread that reads many connections, which must not wait (answer, or set
+     * resp->defer); 1: called again on a worker thread, which may wait for the database. */
+    int may_block;
+    /* The query parameters (GET) or form fields (POST, application/x-www-form-urlencoded), decoded:
+     * the first HTTP_PARAM_MAX names, each with its first value. */
+    int nparam;
+    char *param_key[HTTP_PARAM_MAX], *param_val[HTTP_PARAM_MAX];
 } http_req;
-#define HTTP_FORM_MAX 16
 
 /* A query parameter (GET) or form field (POST); NULL when absent. */
 const char *http_param(const http_req *r, const char *key);
@@ -62,25 +74,51 @@ const char *http_param(const http_req *r, const char *key);
 typedef struct http_resp {
     int status;
     const char *content_type;
-    const char *location; /* for redirects */
+    const char *location; /* for redirects; must stay valid until the handler's request ends */
     sbuf body;
+    int defer; /* set by a handler called with may_block 0: call it again, on a worker thread */
 } http_resp;
 
 typedef void (*http_handler)(void *arg, const http_req *req, http_resp *resp);
 
 typedef struct http_server http_server;
 
-/* Starts serving on a, calling handler (from several threads at once) for every request that passes
- * the credentials check: when token is not NULL, every request but GET /healthz must carry
- * "Authorization: Bearer TOKEN" or basic credentials whose password is TOKEN.  Returns NULL with why
- * set when the address cannot be bound. */
+/* How a server checks its requests. */
+typedef struct http_opts {
+    /* When not NULL, every request but GET /healthz must carry "Authorization: Bearer TOKEN" or basic
+     * credentials whose password is TOKEN (the scheme in any case). */
+    const char *token;
+    /* Against DNS rebinding: when hosts is not NULL, a request's Host header (if it has one) must
+     * name, port aside, one of hosts or allow_hosts, or be an IP address when any_ip is set, else the
+     * answer is 421 (GET /healthz excepted); and a POST's Origin, or without one its Referer, must be
+     * this server (the Host header's host and port) or a page on one of allow_hosts (any port),
+     * else the answer is 403.  Both lists are NULL-terminated; names are compared without case. */
+    const char *const *hosts;       /* what the listen address is called: the address, localhost names */
+    const char *const *allow_hosts; /* names the operator gave (a proxy's public name); may be NULL */
+    int any_ip;                     /* listening on every interface: any IP address is this server */
+    int workers;                    /* threads for handlers that defer (0: none may) */
+    /* Where refusals worth an audit line go (a POST from another site, slow clients closed); may be NULL. */
+    void (*log)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+} http_opts;
+
+/* Starts serving on a, calling handler for every request that passes the checks of o: first on one
+ * of the threads that read every connection (req->may_block 0), where it must answer at once or
+ * set resp->defer, and then, when it deferred, on one of o->workers worker threads (may_block 1).
+ * Slow and stalled clients cost no thread: a connection has 10 s to send each whole request (head
+ * and body), an address at most 32 connections open, the server at most 1,000.  Returns NULL with
+ * why set when the address cannot be bound. */
+http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
+                             size_t why_size);
+
+/* http_start_opts with a token, no Host check and no worker threads: every handler answers at once. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);
 
 /* The port the server listens on (the one the system chose when the address asked for port 0). */
 int http_port(http_server *s);
 
-/* Stops the server and waits for the requests in progress. */
+/* Stops the server: requests queued for a worker are answered 503, those in progress are waited
+ * for. */
 void http_stop(http_server *s);
 
 /* Compares two strings in time that depends only on their lengths. */
