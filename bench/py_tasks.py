@@ -1,0 +1,11 @@
+"""B9's Python task: the package's no-op, run by `python3 -m pgjobq.coproc py_tasks:app` under
+`pgjobq bench drain-coproc` (bench/run.sh).  The bench's jobs have kind "default" and payload
+{"noop": true}."""
+import pgjobq
+
+app = pgjobq.App(name="bench")
+
+
+@app.task(name="default")
+async def default(noop: bool = True) -> None:
+    return None
