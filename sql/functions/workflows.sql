@@ -113,8 +113,12 @@ $$;
 --                        finds {"batch": {"id", "jobs", "completed", "failed", "cancelled"}} added
 --                        to its payload)
 -- A job with parents waits (state 'waiting') until they have all completed.  The graph must be
--- acyclic.  Unique keys are not accepted in a graph.  Returns one row per job, in input order: its
--- ref and its id.
+-- acyclic.  Unique keys are not accepted in a graph.  At most 10000 jobs, 10000 parents per job and
+-- 100000 parents in all.  Returns one row per job, in input order: its ref and its id.
+-- The work is linear in the size of the graph: refs are found through a JSON object (not a join
+-- whose plan could turn into a nested loop), the cycle check is Kahn's algorithm over arrays (each
+-- edge is looked at once), and every per-job array read here is of a fixed-width type without NULLs,
+-- where a subscript costs the same wherever it points.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_graph(graph jsonb)
 RETURNS TABLE (ref text, id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -127,11 +131,22 @@ DECLARE
     v_refs    text[];
     v_ids     bigint[];
     v_bad     record;
+    v_refpos  jsonb;       -- {ref: position}
     v_e_child integer[];   -- edges: child's position, parent's position (in the graph) or id (outside)
     v_e_in    integer[];
     v_e_out   bigint[];
-    v_left    integer[];
-    v_ready   integer[];
+    v_g_par   integer[];   -- the edges within the graph, sorted by parent: parent's and child's position
+    v_g_kid   integer[];
+    v_parents integer[];   -- per job: its parents (in the graph, then also outside)
+    v_kids    integer[];   -- per job: its children in the graph
+    v_start   integer[];   -- per job: where its children start in v_g_kid
+    v_left    integer[];   -- per job: its parents in the graph not yet taken away
+    v_order   integer[];   -- the jobs taken away, in order (Kahn's queue)
+    v_head    integer;
+    v_tail    integer;
+    v_k       integer;
+    v_p       integer;
+    v_c       integer;
     v_ext     bigint[];
     v_live    bigint[];
     v_done    bigint[];
@@ -218,6 +233,12 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    -- The bound on the work: the edges, beside the jobs.
+    IF (SELECT sum(jsonb_array_length(e.j -> 'after')) FROM jsonb_array_elements(v_jobs) AS e(j)
+         WHERE e.j ? 'after') > 100000 THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: more than 100000 parents in one graph (split it, or enqueue the jobs of a fan-in first)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     SELECT array_agg(coalesce(e.j ->> 'ref', (e.o - 1)::text) ORDER BY e.o) INTO v_refs
       FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o);
@@ -228,15 +249,16 @@ BEGIN
     END IF;
 
     -- The edges.  A string names a job of the graph by its ref; a number, a job already enqueued.
+    SELECT jsonb_object_agg(r.ref, r.o) INTO v_refpos FROM unnest(v_refs) WITH ORDINALITY AS r(ref, o);
     SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid)
       INTO v_e_child, v_e_in, v_e_out
-      FROM (SELECT DISTINCT e.o::integer AS child, r.o::integer AS pin,
-                   CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid,
-                   a AS raw
+      FROM (SELECT DISTINCT e.o::integer AS child,
+                   CASE WHEN jsonb_typeof(a) = 'string' THEN (v_refpos ->> (a #>> '{}'))::integer END AS pin,
+                   CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
-             CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a
-              LEFT JOIN unnest(v_refs) WITH ORDINALITY AS r(ref, o)
-                     ON jsonb_typeof(a) = 'string' AND r.ref = a #>> '{}') x;
+             CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a) x;
+    v_parents := array_fill(0, ARRAY[v_n]);
+    v_kids := array_fill(0, ARRAY[v_n]);
     IF v_e_child IS NOT NULL THEN
         SELECT u.child, v_refs[u.child] AS cref, u.pin, u.pid INTO v_bad
           FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid)
@@ -249,21 +271,53 @@ BEGIN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: job "%" is after a ref that no job of the graph has', v_bad.cref
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        -- Cycle check (Kahn): take away, round after round, the jobs none of whose parents in the
-        -- graph is left; what cannot be taken away is on a cycle.
-        v_left := ARRAY(SELECT DISTINCT u.child FROM unnest(v_e_child, v_e_in) AS u(child, pin) WHERE u.pin IS NOT NULL);
-        LOOP
-            v_ready := ARRAY(SELECT l FROM unnest(v_left) AS l
-                              WHERE NOT EXISTS (SELECT 1 FROM unnest(v_e_child, v_e_in) AS u(child, pin)
-                                                 WHERE u.child = l AND u.pin = ANY (v_left)));
-            EXIT WHEN cardinality(v_ready) = 0;
-            v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE NOT (l = ANY (v_ready)));
+        -- Cycle check (Kahn): take away the jobs none of whose parents in the graph is left, and with
+        -- each one, count it off its children; what cannot be taken away is on a cycle (or after one).
+        SELECT coalesce(array_agg(u.pin ORDER BY u.pin), '{}'), coalesce(array_agg(u.child ORDER BY u.pin), '{}')
+          INTO v_g_par, v_g_kid
+          FROM unnest(v_e_child, v_e_in) AS u(child, pin) WHERE u.pin IS NOT NULL;
+        FOR v_k IN 1 .. cardinality(v_g_par) LOOP
+            v_parents[v_g_kid[v_k]] := v_parents[v_g_kid[v_k]] + 1;
+            v_kids[v_g_par[v_k]] := v_kids[v_g_par[v_k]] + 1;
         END LOOP;
-        IF cardinality(v_left) > 0 THEN
+        v_start := array_fill(0, ARRAY[v_n + 1]);
+        v_k := 1;
+        FOR v_p IN 1 .. v_n LOOP
+            v_start[v_p] := v_k;
+            v_k := v_k + v_kids[v_p];
+        END LOOP;
+        v_start[v_n + 1] := v_k;
+        v_left := v_parents;
+        v_order := array_fill(0, ARRAY[v_n]);
+        v_tail := 0;
+        FOR v_p IN 1 .. v_n LOOP
+            IF v_left[v_p] = 0 THEN
+                v_tail := v_tail + 1;
+                v_order[v_tail] := v_p;
+            END IF;
+        END LOOP;
+        v_head := 1;
+        WHILE v_head <= v_tail LOOP
+            v_p := v_order[v_head];
+            v_head := v_head + 1;
+            FOR v_k IN v_start[v_p] .. v_start[v_p + 1] - 1 LOOP
+                v_c := v_g_kid[v_k];
+                v_left[v_c] := v_left[v_c] - 1;
+                IF v_left[v_c] = 0 THEN
+                    v_tail := v_tail + 1;
+                    v_order[v_tail] := v_c;
+                END IF;
+            END LOOP;
+        END LOOP;
+        IF v_tail < v_n THEN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: the graph has a cycle through job "%"',
-                            v_refs[(SELECT min(l) FROM unnest(v_left) AS l)]
+                            v_refs[(SELECT min(u.o) FROM unnest(v_left) WITH ORDINALITY AS u(l, o) WHERE u.l > 0)]
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        -- Parents outside the graph count too.
+        FOR v_c IN SELECT u.child FROM unnest(v_e_child, v_e_out) AS u(child, pid) WHERE u.pid IS NOT NULL LOOP
+            v_parents[v_c] := v_parents[v_c] + 1;
+        END LOOP;
     END IF;
 
     -- Parents already enqueued: lock the live ones in id order (their completion waits for this
@@ -287,9 +341,8 @@ BEGIN
     PERFORM pg_current_xact_id();
     BEGIN
         WITH input AS (
-            SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id,
-                   (SELECT count(*) FROM unnest(v_e_child) AS c WHERE c = e.o)::integer AS parents,
-                   EXISTS (SELECT 1 FROM unnest(v_e_in) AS p WHERE p = e.o) AS has_children
+            SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id, v_parents[e.o] AS parents,
+                   v_kids[e.o] > 0 AS has_children
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
