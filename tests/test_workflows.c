@@ -309,7 +309,7 @@ TEST(workflow_enqueue_graph_refuses_cycles_and_bad_refs_and_writes_all_or_nothin
         {"[{\"ref\":\"a\",\"after\":[\"a\"]}]", "after itself"},
         {"[{\"ref\":\"a\"},{\"ref\":\"b\",\"after\":[\"nope\"]}]", "no job of the graph"},
         {"[{\"ref\":\"a\"},{\"ref\":\"a\"}]", "two jobs have the ref"},
-        {"[{\"ref\":\"a\",\"after\":[987654321]}]", "does not exist"},
+        {"[{\"ref\":\"a\",\"after\":[987654321]}]", "job 987654321 cannot be a parent here"},
         {"[{\"queue\":\"ok\"},{\"queue\":\"1bad\"}]", "job 1: \"queue\""},
         {"[{\"unique_key\":\"k\"}]", "unique keys are not accepted"},
         {"[{\"priority\":1000}]", "priority"},
@@ -613,7 +613,7 @@ TEST(workflow_cli_enqueue_after_show_graph_and_list_by_tag)
     CHECK_INT(t_cli(NULL, &err, NULL, 0, "enqueue", "--on-parent-failure", "run", NULL), 64);
     free(err);
     CHECK_INT(t_cli(NULL, &err, NULL, 0, "enqueue", "--after", "987654321", NULL), 65);
-    CHECK_MSG(strstr(err, "does not exist") != NULL, "%s", err);
+    CHECK_MSG(strstr(err, "job 987654321 cannot be a parent here") != NULL, "%s", err);
     free(err);
     static const char cyclic[] = "[{\"ref\":\"a\",\"after\":[\"b\"]},{\"ref\":\"b\",\"after\":[\"a\"]}]";
     CHECK_INT(t_cli(NULL, &err, cyclic, strlen(cyclic), "enqueue", "--graph", "-", NULL), 65);

@@ -99,6 +99,55 @@ AS $$
      WHERE d.child = $1
 $$;
 
+-- caller_crosses_queues(): whether the caller may make jobs of any queue parents (enqueue_graph):
+-- a member of pgjobq_cross_queue (sql/roles.sql; pgjobq_admin is one), the schema's owner, a
+-- superuser.  The caller is the session's role, SET ROLE included: inside pgjobq's SECURITY DEFINER
+-- functions current_user is the schema's owner, and SET ROLE cannot run inside them, so the
+-- setting still names the role that called.  (A SECURITY DEFINER function of your own that calls
+-- pgjobq is judged by the session's role, not by its owner.)
+CREATE OR REPLACE FUNCTION pgjobq.caller_crosses_queues() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(pg_has_role(r.oid, n.nspowner, 'USAGE'), false)
+           OR coalesce(pg_has_role(r.oid, x.oid, 'USAGE'), false)
+      FROM pg_namespace n
+      LEFT JOIN pg_roles r ON r.rolname = CASE current_setting('role') WHEN 'none' THEN session_user::text
+                                                                       ELSE current_setting('role') END
+      LEFT JOIN pg_roles x ON x.rolname = 'pgjobq_cross_queue'
+     WHERE n.nspname = 'pgjobq'
+$$;
+
+-- enqueued_here(job, job_xmin, job_created_at): whether this transaction enqueued the job, from its
+-- row's xmin and created_at (jobs or history).  Three tests, each closing a way to pass for a job of
+-- another transaction:
+--   created_at is this transaction's now()
+--       Rows of other transactions carry their own start time; and an old row frozen by vacuum
+--       keeps a raw xmin that, 2^32 transactions later, can equal one of this transaction's ids.
+--   xmin is one of this transaction's ids (its own or a subtransaction's, also once released)
+--       A row version this snapshot sees whose xmin is still in progress was written here:
+--       another transaction's uncommitted versions are not seen.  The 32-bit xmin is widened
+--       against this transaction's full id (the ids of one transaction are close together).
+--       Updating a row sets its xmin too, so a job enqueued and then claimed here still passes.
+--   no edge of the job has the job's xmin
+--       The one write an enqueue makes to a job of another transaction is has_children, when it
+--       makes the job a parent (as the rule allows: a child of the job's own queue), and
+--       enqueue_graph makes it in one subtransaction with the edges, so both get its id; has_children
+--       on jobs enqueued here is set outside that subtransaction.  Without this test, a parent of a
+--       child of its own queue would pass, once has_children was set, for a child of any queue.
+CREATE OR REPLACE FUNCTION pgjobq.enqueued_here(job bigint, job_xmin xid, job_created_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN job_created_at IS DISTINCT FROM now() THEN false
+                ELSE coalesce((SELECT pg_xact_status((t.top + (job_xmin::text::bigint - t.top % 4294967296 + 6442450944)
+                                                              % 4294967296 - 2147483648)::text::xid8)
+                                 FROM (SELECT pg_current_xact_id()::text::bigint AS top) t) = 'in progress', false)
+                     AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d WHERE d.parent = job AND d.xmin = job_xmin)
+           END
+$$;
+
 -- enqueue_graph(graph): enqueues the jobs of a graph in one transaction, all or none.  graph is a
 -- JSON array of jobs (or an object whose "jobs" is one).  Each job is an object with any of:
 --   "ref"                a name other jobs of the graph use in "after" (default: its index, "0", "1"...)
@@ -106,7 +155,8 @@ $$;
 --   "run_at" (timestamptz text) or "delay" (seconds, a number)
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
---                        already enqueued (numbers)
+--                        already enqueued (numbers): of the child's queue, or enqueued by this
+--                        transaction, or any job when the caller may cross queues
 --   "on_parent_failure"  "cancel" (the default: a parent that fails for good or is cancelled cancels
 --                        this job) or "run" (it runs once every parent has finished, however)
 --   "callback"           true: a batch callback (runs once every parent has finished, however, and
@@ -135,6 +185,7 @@ DECLARE
     v_e_child integer[];   -- edges: child's position, parent's position (in the graph) or id (outside)
     v_e_in    integer[];
     v_e_out   bigint[];
+    v_e_queue text[];      -- and, for a parent outside, the child's queue
     v_g_par   integer[];   -- the edges within the graph, sorted by parent: parent's and child's position
     v_g_kid   integer[];
     v_parents integer[];   -- per job: its parents (in the graph, then also outside)
@@ -148,7 +199,11 @@ DECLARE
     v_p       integer;
     v_c       integer;
     v_ext     bigint[];
+    v_known   jsonb;       -- {id: {"queue", "here"}} of the parents outside that exist
+    v_badid   bigint;
     v_live    bigint[];
+    v_livemap jsonb;
+    v_donemap jsonb;
     v_done    bigint[];
     v_done_ok boolean[];
     v_due     text[];
@@ -250,11 +305,12 @@ BEGIN
 
     -- The edges.  A string names a job of the graph by its ref; a number, a job already enqueued.
     SELECT jsonb_object_agg(r.ref, r.o) INTO v_refpos FROM unnest(v_refs) WITH ORDINALITY AS r(ref, o);
-    SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid)
-      INTO v_e_child, v_e_in, v_e_out
+    SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid), array_agg(x.queue)
+      INTO v_e_child, v_e_in, v_e_out, v_e_queue
       FROM (SELECT DISTINCT e.o::integer AS child,
                    CASE WHEN jsonb_typeof(a) = 'string' THEN (v_refpos ->> (a #>> '{}'))::integer END AS pin,
-                   CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid
+                   CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid,
+                   CASE WHEN jsonb_typeof(a) = 'number' THEN coalesce(e.j ->> 'queue', 'default') END AS queue
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
              CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a) x;
     v_parents := array_fill(0, ARRAY[v_n]);
@@ -320,18 +376,48 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Parents already enqueued: lock the live ones in id order (their completion waits for this
-    -- transaction, then sees the edges), and find the others among the finished jobs.
+    -- Parents already enqueued (docs/workflows.md, "Parents outside the graph").  The rule: a job may
+    -- be the parent of a job of its own queue; of a job of any queue when this transaction enqueued
+    -- it; of any job when the caller may cross queues.  A parent that does not exist and one the rule
+    -- refuses get the same error, which so tells nothing of other queues.  The rule is applied before
+    -- any lock is taken: no caller holds up the completion of a job it may not depend on.
     v_ext := ARRAY(SELECT DISTINCT u.pid FROM unnest(v_e_out) AS u(pid) WHERE u.pid IS NOT NULL ORDER BY 1);
     IF cardinality(v_ext) > 0 THEN
+        SELECT jsonb_object_agg(k.id::text, jsonb_build_object('queue', k.queue, 'here', k.here)) INTO v_known
+          FROM (SELECT j.id, j.queue::text AS queue, pgjobq.enqueued_here(j.id, j.xmin, j.created_at) AS here
+                  FROM pgjobq.jobs j WHERE j.id = ANY (v_ext)
+                UNION ALL
+                SELECT h.id, h.queue, pgjobq.enqueued_here(h.id, h.xmin, h.created_at)
+                  FROM pgjobq.history h WHERE h.id = ANY (v_ext)) k;
+        SELECT min(u.pid) INTO v_badid FROM unnest(v_e_out, v_e_queue) AS u(pid, queue)
+         WHERE u.pid IS NOT NULL
+           AND (v_known -> u.pid::text ->> 'queue') IS DISTINCT FROM u.queue
+           AND (v_known -> u.pid::text -> 'here') IS DISTINCT FROM 'true';
+        IF v_badid IS NOT NULL AND pgjobq.caller_crosses_queues() THEN
+            SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x WHERE NOT coalesce(v_known ? x::text, false);
+        END IF;
+        IF v_badid IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
+                            v_badid
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+
+        -- Lock the live ones in id order (their completion waits for this transaction, then sees the
+        -- edges), and find the others among the finished jobs.  has_children is set here on the jobs
+        -- this transaction enqueued, and on the others with the edges, below (see enqueued_here).
         v_live := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_ext) ORDER BY j.id FOR UPDATE);
-        UPDATE pgjobq.jobs j SET has_children = true WHERE j.id = ANY (v_live) AND NOT j.has_children;
-        SELECT array_agg(h.id), array_agg(h.state = 'completed') INTO v_done, v_done_ok
-          FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT (h.id = ANY (v_live));
-        SELECT x INTO v_bad FROM unnest(v_ext) AS x
-         WHERE NOT (x = ANY (v_live)) AND NOT (x = ANY (coalesce(v_done, '{}'))) LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % (a parent) does not exist', v_bad.x
+        UPDATE pgjobq.jobs j SET has_children = true
+         WHERE j.id = ANY (v_live) AND NOT j.has_children AND (v_known -> j.id::text -> 'here') = 'true';
+        SELECT jsonb_object_agg(x::text, true) INTO v_livemap FROM unnest(v_live) AS x;
+        SELECT array_agg(h.id), array_agg(h.state = 'completed'), jsonb_object_agg(h.id::text, true)
+          INTO v_done, v_done_ok, v_donemap
+          FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT coalesce(v_livemap ? h.id::text, false);
+        -- (One read above and gone since: pruned.)
+        SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x
+         WHERE NOT coalesce(v_livemap ? x::text, false) AND NOT coalesce(v_donemap ? x::text, false);
+        IF v_badid IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
+                            v_badid
                 USING ERRCODE = 'foreign_key_violation';
         END IF;
     END IF;
@@ -370,9 +456,19 @@ BEGIN
     PERFORM pgjobq.levels_add(array_agg(coalesce(e.j ->> 'queue', 'default')),
                               array_agg(coalesce((e.j ->> 'priority')::numeric::smallint, 0::smallint)))
        FROM jsonb_array_elements(v_jobs) AS e(j);
-    INSERT INTO pgjobq.deps (parent, child)
-    SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
-      FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
+    -- The edges, and has_children on the parents of other transactions, in a subtransaction of their
+    -- own: such a parent's xmin is then the xmin of its new edges, which enqueued_here() reads as
+    -- "not enqueued here".
+    IF v_e_child IS NOT NULL THEN
+        BEGIN
+            UPDATE pgjobq.jobs j SET has_children = true WHERE j.id = ANY (v_live) AND NOT j.has_children;
+            INSERT INTO pgjobq.deps (parent, child)
+            SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
+              FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;   -- (the handler is what makes the block a subtransaction)
+        END;
+    END IF;
     PERFORM pgjobq.notify(v_due);
 
     -- Parents that had already finished count off now, as their completion would have.
