@@ -200,6 +200,8 @@ DECLARE
     v_c       integer;
     v_ext     bigint[];
     v_known   jsonb;       -- {id: {"queue", "here"}} of the parents outside that exist
+    v_seen    bigint[];    -- those that were live when read
+    v_any_here boolean;
     v_badid   bigint;
     v_live    bigint[];
     v_livemap jsonb;
@@ -383,11 +385,20 @@ BEGIN
     -- any lock is taken: no caller holds up the completion of a job it may not depend on.
     v_ext := ARRAY(SELECT DISTINCT u.pid FROM unnest(v_e_out) AS u(pid) WHERE u.pid IS NOT NULL ORDER BY 1);
     IF cardinality(v_ext) > 0 THEN
-        SELECT jsonb_object_agg(k.id::text, jsonb_build_object('queue', k.queue, 'here', k.here)) INTO v_known
-          FROM (SELECT j.id, j.queue::text AS queue, pgjobq.enqueued_here(j.id, j.xmin, j.created_at) AS here
+        -- What each is: its queue, whether this transaction enqueued it (enqueued_here() is asked only
+        -- of rows of this transaction's start), live or finished (ok: it completed).
+        SELECT jsonb_object_agg(k.id::text, jsonb_build_object('queue', k.queue, 'here', k.here)),
+               array_agg(k.id ORDER BY k.id) FILTER (WHERE k.ok IS NULL),
+               array_agg(k.id ORDER BY k.id) FILTER (WHERE k.ok IS NOT NULL),
+               array_agg(k.ok ORDER BY k.id) FILTER (WHERE k.ok IS NOT NULL),
+               coalesce(bool_or(k.here), false)
+          INTO v_known, v_seen, v_done, v_done_ok, v_any_here
+          FROM (SELECT j.id, j.queue::text AS queue, NULL::boolean AS ok,
+                       j.created_at = now() AND pgjobq.enqueued_here(j.id, j.xmin, j.created_at) AS here
                   FROM pgjobq.jobs j WHERE j.id = ANY (v_ext)
                 UNION ALL
-                SELECT h.id, h.queue, pgjobq.enqueued_here(h.id, h.xmin, h.created_at)
+                SELECT h.id, h.queue, h.state = 'completed',
+                       h.created_at = now() AND pgjobq.enqueued_here(h.id, h.xmin, h.created_at)
                   FROM pgjobq.history h WHERE h.id = ANY (v_ext)) k;
         SELECT min(u.pid) INTO v_badid FROM unnest(v_e_out, v_e_queue) AS u(pid, queue)
          WHERE u.pid IS NOT NULL
@@ -403,22 +414,27 @@ BEGIN
         END IF;
 
         -- Lock the live ones in id order (their completion waits for this transaction, then sees the
-        -- edges), and find the others among the finished jobs.  has_children is set here on the jobs
-        -- this transaction enqueued, and on the others with the edges, below (see enqueued_here).
+        -- edges); the others are finished.  has_children is set here on the jobs this transaction
+        -- enqueued, and on the others with the edges, below (see enqueued_here).
         v_live := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_ext) ORDER BY j.id FOR UPDATE);
-        UPDATE pgjobq.jobs j SET has_children = true
-         WHERE j.id = ANY (v_live) AND NOT j.has_children AND (v_known -> j.id::text -> 'here') = 'true';
-        SELECT jsonb_object_agg(x::text, true) INTO v_livemap FROM unnest(v_live) AS x;
-        SELECT array_agg(h.id), array_agg(h.state = 'completed'), jsonb_object_agg(h.id::text, true)
-          INTO v_done, v_done_ok, v_donemap
-          FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT coalesce(v_livemap ? h.id::text, false);
-        -- (One read above and gone since: pruned.)
-        SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x
-         WHERE NOT coalesce(v_livemap ? x::text, false) AND NOT coalesce(v_donemap ? x::text, false);
-        IF v_badid IS NOT NULL THEN
-            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
-                            v_badid
-                USING ERRCODE = 'foreign_key_violation';
+        IF v_any_here THEN
+            UPDATE pgjobq.jobs j SET has_children = true
+             WHERE j.id = ANY (v_live) AND NOT j.has_children AND (v_known -> j.id::text -> 'here') = 'true';
+        END IF;
+        IF v_live IS DISTINCT FROM coalesce(v_seen, '{}') THEN
+            -- One finished (or was retried, or pruned) between the read and the lock: read the finished
+            -- ones again.
+            SELECT jsonb_object_agg(x::text, true) INTO v_livemap FROM unnest(v_live) AS x;
+            SELECT array_agg(h.id), array_agg(h.state = 'completed'), jsonb_object_agg(h.id::text, true)
+              INTO v_done, v_done_ok, v_donemap
+              FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT coalesce(v_livemap ? h.id::text, false);
+            SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x
+             WHERE NOT coalesce(v_livemap ? x::text, false) AND NOT coalesce(v_donemap ? x::text, false);
+            IF v_badid IS NOT NULL THEN
+                RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
+                                v_badid
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
         END IF;
     END IF;
 
