@@ -10,6 +10,11 @@
 --                    settings (pause, resume, limits).
 --   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
 --                    `pgjobq serve` needs without --allow-actions.
+--   pgjobq_cross_queue  no privilege of its own: its members may make a job of any queue the parent
+--                    of a new job (enqueue's after, enqueue_graph; docs/workflows.md).  Without it a
+--                    parent must be of the child's queue or enqueued in the same transaction.
+--                    pgjobq_admin is a member.  Grant it with the producer role to a producer that
+--                    builds workflows across queues: GRANT pgjobq_cross_queue TO my_app;
 --
 -- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
 -- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
@@ -83,6 +88,26 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
                     WHERE m.roleid = 'pgjobq_worker'::regrole AND m.member = 'pgjobq_admin'::regrole) THEN
         GRANT pgjobq_worker TO pgjobq_admin;
+    END IF;
+END
+$$;
+-- pgjobq_cross_queue came after the other four: where they exist, `pgjobq migrate` applies this file
+-- again as the schema's owner, who may not have CREATEROLE.  Then the role is left for `pgjobq migrate
+-- --roles` (with CREATEROLE) to create, with a warning: until it exists, only the schema's owner and
+-- superusers may cross queues (caller_crosses_queues() in sql/functions/workflows.sql).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_cross_queue') THEN
+        IF NOT (SELECT r.rolsuper OR r.rolcreaterole FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+            RAISE WARNING 'pgjobq: the role pgjobq_cross_queue does not exist and % may not create it: run `pgjobq migrate --roles` as a role with CREATEROLE',
+                current_user;
+            RETURN;
+        END IF;
+        CREATE ROLE pgjobq_cross_queue NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                    WHERE m.roleid = 'pgjobq_cross_queue'::regrole AND m.member = 'pgjobq_admin'::regrole) THEN
+        GRANT pgjobq_cross_queue TO pgjobq_admin;
     END IF;
 END
 $$;

@@ -2,6 +2,7 @@
  * test_roles.c - least privilege: a producer can only enqueue, a worker can only run jobs, an admin can
  * look; each works with a hostile search_path; and migrations run as a non-superuser owner.
  */
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -297,4 +298,244 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     pgjobq_client_close(mon);
     pgjobq_client_close(owner);
     PQfinish(pg);
+}
+
+/* Workflows across queues (docs/workflows.md, "Parents outside the graph").  A new job's parent must be
+ * of the child's queue, or enqueued by the same transaction, or the caller must hold
+ * pgjobq_cross_queue (pgjobq_admin does).  Anything else reads exactly like a job that does not exist,
+ * and takes no lock. */
+
+static char wf_msg[1024];
+
+/* Runs SQL as a role: its SQLSTATE ("" on success); the error's primary message goes to wf_msg. */
+__attribute__((format(printf, 2, 3))) static const char *wf_sql(pgjobq_client *c, const char *fmt, ...)
+{
+    char sql[1024];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    va_end(ap);
+    PGresult *r = PQexec(pgjobq_client_conn(c), sql);
+    const char *s = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    snprintf(state, sizeof state, "%s", s ? s : "");
+    snprintf(wf_msg, sizeof wf_msg, "%s", m ? m : "");
+    PQclear(r);
+    return state;
+}
+
+/* Runs SQL as a role that must succeed and return one number (a job id). */
+__attribute__((format(printf, 2, 3))) static int64_t wf_id(pgjobq_client *c, const char *fmt, ...)
+{
+    char sql[1024];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    va_end(ap);
+    PGresult *r = PQexec(pgjobq_client_conn(c), sql);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) >= 1, "%s: %s", sql, PQresultErrorMessage(r));
+    int64_t id = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return id;
+}
+
+/* The one refusal, whatever the reason: SQLSTATE 23503 and this text. */
+static void wf_refused(int64_t parent)
+{
+    char want[256];
+
+    snprintf(want, sizeof want,
+             "pgjobq.enqueue_graph: job %lld cannot be a parent here: no such job in this queue or this transaction",
+             (long long)parent);
+    CHECK_MSG(strcmp(state, "23503") == 0 && strcmp(wf_msg, want) == 0, "SQLSTATE %s: %s", state, wf_msg);
+}
+
+static void wf_roles(void)
+{
+    PGconn *pg = t_pg();
+
+    roles_setup();
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pw') THEN CREATE ROLE pw LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'xq') THEN CREATE ROLE xq LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_producer, pgjobq_worker TO pw"));
+    PQclear(t_exec(pg, "GRANT pgjobq_producer, pgjobq_cross_queue TO xq"));
+    CHECK_INT(t_int(pg, "SELECT pg_has_role('adm', 'pgjobq_cross_queue', 'USAGE')::int"), 1);
+    PQfinish(pg);
+}
+
+TEST(roles_a_producer_cannot_make_a_job_of_another_queue_a_parent_lock_it_or_learn_it_exists)
+{
+    pgjobq_client *owner = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t live = 0, live2 = 0, done = 0, id = 0;
+
+    wf_roles();
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk"), *adm = as_role("adm"), *pw = as_role("pw");
+    o.queue = "wf_a";
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &o, &done));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &o, &live));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &o, &live2));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "wf_a", 1, 60000, "wrk", &jobs, &n));
+    CHECK(n == 1 && jobs[0].id == done);
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, done, jobs[0].lease_token, "{\"secret\": 42}"));
+    pgjobq_jobs_free(jobs);
+
+    /* A job of another queue, live or finished, and a job that does not exist: one error, word for word,
+     * through enqueue and enqueue_graph. */
+    const int64_t probes[] = {live, done, 987654321};
+    for (size_t i = 0; i < 3; i++) {
+        wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_b', after => ARRAY[%lld]::bigint[])", (long long)probes[i]);
+        wf_refused(probes[i]);
+        wf_sql(app, "SELECT * FROM pgjobq.enqueue_graph('[{\"queue\": \"wf_b\", \"after\": [%lld]}]')",
+               (long long)probes[i]);
+        wf_refused(probes[i]);
+        wf_sql(app, "SELECT * FROM pgjobq.enqueue_graph('[{\"ref\": \"x\"}, {\"after\": [\"x\", %lld]}]')",
+               (long long)probes[i]);
+        wf_refused(probes[i]);
+    }
+    /* Through the library too. */
+    int64_t after[] = {live, 0};
+    o.queue = "wf_b";
+    o.after = after;
+    CHECK_RC(app, pgjobq_enqueue(app, "{}", &o, &id), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(app), "cannot be a parent here") != NULL, "%s", pgjobq_errmsg(app));
+
+    /* No lock is taken: a worker completes the job while the producer's failed transaction is still
+     * open, without waiting (it waited for the producer's commit before). */
+    CHECK_OK(wrk, pgjobq_claim(wrk, "wf_a", 1, 60000, "wrk", &jobs, &n));
+    CHECK(n == 1 && jobs[0].id == live);
+    int64_t token = jobs[0].lease_token;
+    pgjobq_jobs_free(jobs);
+    CHECK_STR(wf_sql(app, "BEGIN"), "");
+    wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_b', after => ARRAY[%lld]::bigint[])", (long long)live);
+    wf_refused(live);
+    CHECK_STR(wf_sql(wrk, "SET lock_timeout = '2s'"), "");
+    CHECK_STR(wf_sql(wrk, "SELECT * FROM pgjobq.complete_many(ARRAY[%lld]::bigint[], ARRAY[%lld]::bigint[], NULL)",
+                     (long long)live, (long long)token),
+              "");
+    CHECK_STR(wf_sql(app, "ROLLBACK"), "");
+
+    /* A job of another queue made the parent of a child of its own queue (allowed) is not thereby the
+     * producer's: has_children was written by its transaction, and the next child, of another queue,
+     * is still refused. */
+    CHECK_STR(wf_sql(app, "BEGIN"), "");
+    CHECK_STR(wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_a', after => ARRAY[%lld]::bigint[])", (long long)live2), "");
+    wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_b', after => ARRAY[%lld]::bigint[])", (long long)live2);
+    wf_refused(live2);
+    CHECK_STR(wf_sql(app, "ROLLBACK"), "");
+
+    /* A role that is a producer and a worker: a job of another queue that it claimed (and so wrote) in
+     * its transaction is not one it enqueued. */
+    CHECK_STR(wf_sql(pw, "BEGIN"), "");
+    CHECK_INT(wf_id(pw, "SELECT id FROM pgjobq.claim('wf_a', 1, '1 minute', 'pw')"), live2);
+    wf_sql(pw, "SELECT id FROM pgjobq.enqueue('wf_b', after => ARRAY[%lld]::bigint[])", (long long)live2);
+    wf_refused(live2);
+    CHECK_STR(wf_sql(pw, "ROLLBACK"), "");
+
+    /* The caller is the session's role: an admin that SET ROLE to a producer is a producer. */
+    CHECK_STR(wf_sql(adm, "SET ROLE pgjobq_producer"), "");
+    wf_sql(adm, "SELECT id FROM pgjobq.enqueue('wf_b', after => ARRAY[%lld]::bigint[])", (long long)live2);
+    wf_refused(live2);
+    CHECK_STR(wf_sql(adm, "RESET ROLE"), "");
+
+    /* Nothing was written by the refusals. */
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue <> 'wf_a'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps"), 0);
+    PQfinish(pg);
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(pw);
+    pgjobq_client_close(owner);
+}
+
+TEST(roles_workflow_parents_of_the_same_queue_this_transaction_or_with_the_cross_queue_role)
+{
+    pgjobq_client *owner = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t live = 0, done = 0;
+
+    wf_roles();
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk"), *adm = as_role("adm"), *xq = as_role("xq");
+    PGconn *pg = t_pg();
+    o.queue = "wf_a";
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &o, &done));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &o, &live));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "wf_a", 1, 60000, "wrk", &jobs, &n));
+    CHECK(n == 1 && jobs[0].id == done);
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, done, jobs[0].lease_token, "{\"secret\": 42}"));
+    pgjobq_jobs_free(jobs);
+
+    /* The producer: a job of the child's own queue. */
+    int64_t same = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_a', after => ARRAY[%lld, %lld]::bigint[])",
+                         (long long)live, (long long)done);
+    CHECK_INT(t_int(pg, "SELECT pending_parents FROM pgjobq.jobs WHERE id = %lld", (long long)same), 1);
+
+    /* Jobs of other queues that its own transaction enqueued: in the transaction itself, after a savepoint
+     * released, after the job was written again (has_children, by its first child), and mixed with refs
+     * of a graph.  One rolled back to a savepoint is gone. */
+    CHECK_STR(wf_sql(app, "BEGIN"), "");
+    int64_t x = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_c')");
+    int64_t y = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_d', after => ARRAY[%lld]::bigint[])", (long long)x);
+    int64_t z = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_e', after => ARRAY[%lld]::bigint[])", (long long)x);
+    CHECK_STR(wf_sql(app, "SAVEPOINT s"), "");
+    int64_t w = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_f')");
+    CHECK_STR(wf_sql(app, "RELEASE SAVEPOINT s"), "");
+    wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_g', after => ARRAY[%lld]::bigint[])", (long long)w);
+    int64_t g = wf_id(app, "SELECT id FROM pgjobq.enqueue_graph('[{\"ref\": \"p\", \"queue\": \"wf_h\"},"
+                           " {\"ref\": \"q\", \"queue\": \"wf_i\", \"after\": [\"p\", %lld, %lld]}]') WHERE ref = 'q'",
+                      (long long)x, (long long)w);
+    wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_j', after => ARRAY[%lld]::bigint[])", (long long)g);
+    CHECK_STR(wf_sql(app, "SAVEPOINT t"), "");
+    int64_t gone = wf_id(app, "SELECT id FROM pgjobq.enqueue('wf_k')");
+    CHECK_STR(wf_sql(app, "ROLLBACK TO SAVEPOINT t"), "");
+    wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_l', after => ARRAY[%lld]::bigint[])", (long long)gone);
+    wf_refused(gone);
+    CHECK_STR(wf_sql(app, "ROLLBACK TO SAVEPOINT t"), "");
+    CHECK_STR(wf_sql(app, "COMMIT"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps WHERE parent = %lld AND child IN (%lld, %lld, %lld)",
+                    (long long)x, (long long)y, (long long)z, (long long)g),
+              3);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue IN ('wf_d', 'wf_e', 'wf_g', 'wf_i', 'wf_j')"
+                        " AND state = 'waiting'"),
+              5);
+    /* In the next transaction they are other transactions' jobs. */
+    wf_sql(app, "SELECT id FROM pgjobq.enqueue('wf_m', after => ARRAY[%lld]::bigint[])", (long long)x);
+    wf_refused(x);
+
+    /* A graph's own refs cross queues freely. */
+    CHECK_STR(wf_sql(app, "SELECT * FROM pgjobq.enqueue_graph('[{\"ref\": \"a\", \"queue\": \"wf_n\"},"
+                          " {\"queue\": \"wf_o\", \"after\": [\"a\"]}, {\"queue\": \"wf_p\", \"after\": [\"a\"]}]')"),
+              "");
+
+    /* A member of pgjobq_cross_queue, and an admin, depend on any job; the child's worker then gets the
+     * parent's result. */
+    int64_t xc = wf_id(xq, "SELECT id FROM pgjobq.enqueue('wf_q', after => ARRAY[%lld, %lld]::bigint[])",
+                       (long long)live, (long long)done);
+    CHECK_INT(t_int(pg, "SELECT pending_parents FROM pgjobq.jobs WHERE id = %lld", (long long)xc), 1);
+    int64_t ac = wf_id(adm, "SELECT id FROM pgjobq.enqueue('wf_r', after => ARRAY[%lld]::bigint[])", (long long)done);
+    CHECK_OK(wrk, pgjobq_claim(wrk, "wf_r", 1, 60000, "wrk", &jobs, &n));
+    CHECK(n == 1 && jobs[0].id == ac);
+    CHECK_MSG(jobs[0].parents && strstr(jobs[0].parents, "\"secret\": 42") != NULL, "parents %s",
+              jobs[0].parents ? jobs[0].parents : "(null)");
+    pgjobq_jobs_free(jobs);
+    /* Still no such thing as a job that does not exist. */
+    wf_sql(xq, "SELECT id FROM pgjobq.enqueue('wf_q', after => ARRAY[987654321]::bigint[])");
+    wf_refused(987654321);
+
+    PQfinish(pg);
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(xq);
+    pgjobq_client_close(owner);
 }

@@ -309,7 +309,7 @@ TEST(workflow_enqueue_graph_refuses_cycles_and_bad_refs_and_writes_all_or_nothin
         {"[{\"ref\":\"a\",\"after\":[\"a\"]}]", "after itself"},
         {"[{\"ref\":\"a\"},{\"ref\":\"b\",\"after\":[\"nope\"]}]", "no job of the graph"},
         {"[{\"ref\":\"a\"},{\"ref\":\"a\"}]", "two jobs have the ref"},
-        {"[{\"ref\":\"a\",\"after\":[987654321]}]", "does not exist"},
+        {"[{\"ref\":\"a\",\"after\":[987654321]}]", "job 987654321 cannot be a parent here"},
         {"[{\"queue\":\"ok\"},{\"queue\":\"1bad\"}]", "job 1: \"queue\""},
         {"[{\"unique_key\":\"k\"}]", "unique keys are not accepted"},
         {"[{\"priority\":1000}]", "priority"},
@@ -347,6 +347,78 @@ TEST(workflow_enqueue_graph_refuses_cycles_and_bad_refs_and_writes_all_or_nothin
     CHECK_OK(c, pgjobq_rollback(c));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), before);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps"), 4);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* A chain of n jobs in queue "long" (job i after job i - 1), as graph JSON; with `cycle`, the last two
+ * jobs are each after the other as well.  The caller frees it. */
+static char *chain_json(int n, int cycle)
+{
+    size_t cap = (size_t)n * 48 + 64, len = 0;
+    char *s = malloc(cap);
+
+    CHECK(s != NULL);
+    len += (size_t)snprintf(s + len, cap - len, "[{\"queue\":\"long\"}");
+    for (int i = 1; i < n; i++) {
+        if (cycle && i == n - 2)
+            len += (size_t)snprintf(s + len, cap - len, ",{\"queue\":\"long\",\"after\":[\"%d\",\"%d\"]}", i - 1, n - 1);
+        else
+            len += (size_t)snprintf(s + len, cap - len, ",{\"queue\":\"long\",\"after\":[\"%d\"]}", i - 1);
+    }
+    snprintf(s + len, cap - len, "]");
+    return s;
+}
+
+/* The cycle check is linear (Kahn's algorithm over arrays): a chain of 10,000 jobs, the most a graph
+ * may hold, is accepted (it took minutes with the check it replaced), and a cycle at the far end of
+ * one is found.  No timing is asserted; the test's own timeout is the bound. */
+TEST_FULL(workflow_enqueue_graph_takes_a_10000_job_chain_and_finds_a_cycle_at_its_end, 120, 0)
+{
+    enum { N = 10000 };
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    int64_t *ids = calloc(N, sizeof *ids);
+    size_t n = 0;
+
+    CHECK(ids != NULL);
+    char *cyclic = chain_json(N, 1);
+    CHECK_RC(c, pgjobq_enqueue_graph(c, cyclic, ids, N, &n), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "the graph has a cycle through job \"9998\"") != NULL, "%s", pgjobq_errmsg(c));
+    free(cyclic);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps"), 0);
+
+    char *chain = chain_json(N, 0);
+    CHECK_OK(c, pgjobq_enqueue_graph(c, chain, ids, N, &n));
+    free(chain);
+    CHECK_INT(n, N);
+    CHECK_STATE(pg, ids[0], "queued");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'long' AND state = 'waiting'"
+                        " AND pending_parents = 1"),
+              N - 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps d JOIN pgjobq.jobs p ON p.id = d.parent"
+                        " JOIN pgjobq.jobs k ON k.id = d.child WHERE k.id = p.id + 1 AND p.has_children"),
+              N - 1);
+    CHECK_INT(ids[N - 1] - ids[0], N - 1);
+
+    /* The bound on a graph's edges: more than 100,000 parents in all is refused, and writes nothing. */
+    size_t cap = 11 * (N * 4 + 32) + 8, len = 0;
+    char *wide = malloc(cap);
+    CHECK(wide != NULL);
+    len += (size_t)snprintf(wide + len, cap - len, "[{\"ref\":\"r\"}");
+    for (int j = 0; j < 11; j++) {
+        len += (size_t)snprintf(wide + len, cap - len, ",{\"after\":[\"r\"");
+        for (int i = 1; i < N; i++)
+            len += (size_t)snprintf(wide + len, cap - len, ",\"r\"");
+        len += (size_t)snprintf(wide + len, cap - len, "]}");
+    }
+    snprintf(wide + len, cap - len, "]");
+    CHECK_RC(c, pgjobq_enqueue_graph(c, wide, NULL, 0, NULL), PGJOBQ_EINVAL);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "more than 100000 parents") != NULL, "%s", pgjobq_errmsg(c));
+    free(wide);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), N);
+    free(ids);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -541,7 +613,7 @@ TEST(workflow_cli_enqueue_after_show_graph_and_list_by_tag)
     CHECK_INT(t_cli(NULL, &err, NULL, 0, "enqueue", "--on-parent-failure", "run", NULL), 64);
     free(err);
     CHECK_INT(t_cli(NULL, &err, NULL, 0, "enqueue", "--after", "987654321", NULL), 65);
-    CHECK_MSG(strstr(err, "does not exist") != NULL, "%s", err);
+    CHECK_MSG(strstr(err, "job 987654321 cannot be a parent here") != NULL, "%s", err);
     free(err);
     static const char cyclic[] = "[{\"ref\":\"a\",\"after\":[\"b\"]},{\"ref\":\"b\",\"after\":[\"a\"]}]";
     CHECK_INT(t_cli(NULL, &err, cyclic, strlen(cyclic), "enqueue", "--graph", "-", NULL), 65);

@@ -99,6 +99,55 @@ AS $$
      WHERE d.child = $1
 $$;
 
+-- caller_crosses_queues(): whether the caller may make jobs of any queue parents (enqueue_graph):
+-- a member of pgjobq_cross_queue (sql/roles.sql; pgjobq_admin is one), the schema's owner, a
+-- superuser.  The caller is the session's role, SET ROLE included: inside pgjobq's SECURITY DEFINER
+-- functions current_user is the schema's owner, and SET ROLE cannot run inside them, so the
+-- setting still names the role that called.  (A SECURITY DEFINER function of your own that calls
+-- pgjobq is judged by the session's role, not by its owner.)
+CREATE OR REPLACE FUNCTION pgjobq.caller_crosses_queues() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(pg_has_role(r.oid, n.nspowner, 'USAGE'), false)
+           OR coalesce(pg_has_role(r.oid, x.oid, 'USAGE'), false)
+      FROM pg_namespace n
+      LEFT JOIN pg_roles r ON r.rolname = CASE current_setting('role') WHEN 'none' THEN session_user::text
+                                                                       ELSE current_setting('role') END
+      LEFT JOIN pg_roles x ON x.rolname = 'pgjobq_cross_queue'
+     WHERE n.nspname = 'pgjobq'
+$$;
+
+-- enqueued_here(job, job_xmin, job_created_at): whether this transaction enqueued the job, from its
+-- row's xmin and created_at (jobs or history).  Three tests, each closing a way to pass for a job of
+-- another transaction:
+--   created_at is this transaction's now()
+--       Rows of other transactions carry their own start time; and an old row frozen by vacuum
+--       keeps a raw xmin that, 2^32 transactions later, can equal one of this transaction's ids.
+--   xmin is one of this transaction's ids (its own or a subtransaction's, also once released)
+--       A row version this snapshot sees whose xmin is still in progress was written here:
+--       another transaction's uncommitted versions are not seen.  The 32-bit xmin is widened
+--       against this transaction's full id (the ids of one transaction are close together).
+--       Updating a row sets its xmin too, so a job enqueued and then claimed here still passes.
+--   no edge of the job has the job's xmin
+--       The one write an enqueue makes to a job of another transaction is has_children, when it
+--       makes the job a parent (as the rule allows: a child of the job's own queue), and
+--       enqueue_graph makes it in one subtransaction with the edges, so both get its id; has_children
+--       on jobs enqueued here is set outside that subtransaction.  Without this test, a parent of a
+--       child of its own queue would pass, once has_children was set, for a child of any queue.
+CREATE OR REPLACE FUNCTION pgjobq.enqueued_here(job bigint, job_xmin xid, job_created_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN job_created_at IS DISTINCT FROM now() THEN false
+                ELSE coalesce((SELECT pg_xact_status((t.top + (job_xmin::text::bigint - t.top % 4294967296 + 6442450944)
+                                                              % 4294967296 - 2147483648)::text::xid8)
+                                 FROM (SELECT pg_current_xact_id()::text::bigint AS top) t) = 'in progress', false)
+                     AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d WHERE d.parent = job AND d.xmin = job_xmin)
+           END
+$$;
+
 -- enqueue_graph(graph): enqueues the jobs of a graph in one transaction, all or none.  graph is a
 -- JSON array of jobs (or an object whose "jobs" is one).  Each job is an object with any of:
 --   "ref"                a name other jobs of the graph use in "after" (default: its index, "0", "1"...)
@@ -106,15 +155,20 @@ $$;
 --   "run_at" (timestamptz text) or "delay" (seconds, a number)
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
---                        already enqueued (numbers)
+--                        already enqueued (numbers): of the child's queue, or enqueued by this
+--                        transaction, or any job when the caller may cross queues
 --   "on_parent_failure"  "cancel" (the default: a parent that fails for good or is cancelled cancels
 --                        this job) or "run" (it runs once every parent has finished, however)
 --   "callback"           true: a batch callback (runs once every parent has finished, however, and
 --                        finds {"batch": {"id", "jobs", "completed", "failed", "cancelled"}} added
 --                        to its payload)
 -- A job with parents waits (state 'waiting') until they have all completed.  The graph must be
--- acyclic.  Unique keys are not accepted in a graph.  Returns one row per job, in input order: its
--- ref and its id.
+-- acyclic.  Unique keys are not accepted in a graph.  At most 10000 jobs, 10000 parents per job and
+-- 100000 parents in all.  Returns one row per job, in input order: its ref and its id.
+-- The work is linear in the size of the graph: refs are found through a JSON object (not a join
+-- whose plan could turn into a nested loop), the cycle check is Kahn's algorithm over arrays (each
+-- edge is looked at once), and every per-job array read here is of a fixed-width type without NULLs,
+-- where a subscript costs the same wherever it points.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_graph(graph jsonb)
 RETURNS TABLE (ref text, id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -127,13 +181,31 @@ DECLARE
     v_refs    text[];
     v_ids     bigint[];
     v_bad     record;
+    v_refpos  jsonb;       -- {ref: position}
     v_e_child integer[];   -- edges: child's position, parent's position (in the graph) or id (outside)
     v_e_in    integer[];
     v_e_out   bigint[];
-    v_left    integer[];
-    v_ready   integer[];
+    v_e_queue text[];      -- and, for a parent outside, the child's queue
+    v_g_par   integer[];   -- the edges within the graph, sorted by parent: parent's and child's position
+    v_g_kid   integer[];
+    v_parents integer[];   -- per job: its parents (in the graph, then also outside)
+    v_kids    integer[];   -- per job: its children in the graph
+    v_start   integer[];   -- per job: where its children start in v_g_kid
+    v_left    integer[];   -- per job: its parents in the graph not yet taken away
+    v_order   integer[];   -- the jobs taken away, in order (Kahn's queue)
+    v_head    integer;
+    v_tail    integer;
+    v_k       integer;
+    v_p       integer;
+    v_c       integer;
     v_ext     bigint[];
+    v_known   jsonb;       -- {id: {"queue", "here"}} of the parents outside that exist
+    v_seen    bigint[];    -- those that were live when read
+    v_any_here boolean;
+    v_badid   bigint;
     v_live    bigint[];
+    v_livemap jsonb;
+    v_donemap jsonb;
     v_done    bigint[];
     v_done_ok boolean[];
     v_due     text[];
@@ -218,6 +290,12 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    -- The bound on the work: the edges, beside the jobs.
+    IF (SELECT sum(jsonb_array_length(e.j -> 'after')) FROM jsonb_array_elements(v_jobs) AS e(j)
+         WHERE e.j ? 'after') > 100000 THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_graph: more than 100000 parents in one graph (split it, or enqueue the jobs of a fan-in first)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     SELECT array_agg(coalesce(e.j ->> 'ref', (e.o - 1)::text) ORDER BY e.o) INTO v_refs
       FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o);
@@ -228,15 +306,17 @@ BEGIN
     END IF;
 
     -- The edges.  A string names a job of the graph by its ref; a number, a job already enqueued.
-    SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid)
-      INTO v_e_child, v_e_in, v_e_out
-      FROM (SELECT DISTINCT e.o::integer AS child, r.o::integer AS pin,
+    SELECT jsonb_object_agg(r.ref, r.o) INTO v_refpos FROM unnest(v_refs) WITH ORDINALITY AS r(ref, o);
+    SELECT array_agg(x.child), array_agg(x.pin), array_agg(x.pid), array_agg(x.queue)
+      INTO v_e_child, v_e_in, v_e_out, v_e_queue
+      FROM (SELECT DISTINCT e.o::integer AS child,
+                   CASE WHEN jsonb_typeof(a) = 'string' THEN (v_refpos ->> (a #>> '{}'))::integer END AS pin,
                    CASE WHEN jsonb_typeof(a) = 'number' THEN (a #>> '{}')::numeric::bigint END AS pid,
-                   a AS raw
+                   CASE WHEN jsonb_typeof(a) = 'number' THEN coalesce(e.j ->> 'queue', 'default') END AS queue
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
-             CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a
-              LEFT JOIN unnest(v_refs) WITH ORDINALITY AS r(ref, o)
-                     ON jsonb_typeof(a) = 'string' AND r.ref = a #>> '{}') x;
+             CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN e.j ? 'after' THEN e.j -> 'after' ELSE '[]' END) AS a) x;
+    v_parents := array_fill(0, ARRAY[v_n]);
+    v_kids := array_fill(0, ARRAY[v_n]);
     IF v_e_child IS NOT NULL THEN
         SELECT u.child, v_refs[u.child] AS cref, u.pin, u.pid INTO v_bad
           FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid)
@@ -249,36 +329,112 @@ BEGIN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: job "%" is after a ref that no job of the graph has', v_bad.cref
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        -- Cycle check (Kahn): take away, round after round, the jobs none of whose parents in the
-        -- graph is left; what cannot be taken away is on a cycle.
-        v_left := ARRAY(SELECT DISTINCT u.child FROM unnest(v_e_child, v_e_in) AS u(child, pin) WHERE u.pin IS NOT NULL);
-        LOOP
-            v_ready := ARRAY(SELECT l FROM unnest(v_left) AS l
-                              WHERE NOT EXISTS (SELECT 1 FROM unnest(v_e_child, v_e_in) AS u(child, pin)
-                                                 WHERE u.child = l AND u.pin = ANY (v_left)));
-            EXIT WHEN cardinality(v_ready) = 0;
-            v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE NOT (l = ANY (v_ready)));
+        -- Cycle check (Kahn): take away the jobs none of whose parents in the graph is left, and with
+        -- each one, count it off its children; what cannot be taken away is on a cycle (or after one).
+        SELECT coalesce(array_agg(u.pin ORDER BY u.pin), '{}'), coalesce(array_agg(u.child ORDER BY u.pin), '{}')
+          INTO v_g_par, v_g_kid
+          FROM unnest(v_e_child, v_e_in) AS u(child, pin) WHERE u.pin IS NOT NULL;
+        FOR v_k IN 1 .. cardinality(v_g_par) LOOP
+            v_parents[v_g_kid[v_k]] := v_parents[v_g_kid[v_k]] + 1;
+            v_kids[v_g_par[v_k]] := v_kids[v_g_par[v_k]] + 1;
         END LOOP;
-        IF cardinality(v_left) > 0 THEN
+        v_start := array_fill(0, ARRAY[v_n + 1]);
+        v_k := 1;
+        FOR v_p IN 1 .. v_n LOOP
+            v_start[v_p] := v_k;
+            v_k := v_k + v_kids[v_p];
+        END LOOP;
+        v_start[v_n + 1] := v_k;
+        v_left := v_parents;
+        v_order := array_fill(0, ARRAY[v_n]);
+        v_tail := 0;
+        FOR v_p IN 1 .. v_n LOOP
+            IF v_left[v_p] = 0 THEN
+                v_tail := v_tail + 1;
+                v_order[v_tail] := v_p;
+            END IF;
+        END LOOP;
+        v_head := 1;
+        WHILE v_head <= v_tail LOOP
+            v_p := v_order[v_head];
+            v_head := v_head + 1;
+            FOR v_k IN v_start[v_p] .. v_start[v_p + 1] - 1 LOOP
+                v_c := v_g_kid[v_k];
+                v_left[v_c] := v_left[v_c] - 1;
+                IF v_left[v_c] = 0 THEN
+                    v_tail := v_tail + 1;
+                    v_order[v_tail] := v_c;
+                END IF;
+            END LOOP;
+        END LOOP;
+        IF v_tail < v_n THEN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: the graph has a cycle through job "%"',
-                            v_refs[(SELECT min(l) FROM unnest(v_left) AS l)]
+                            v_refs[(SELECT min(u.o) FROM unnest(v_left) WITH ORDINALITY AS u(l, o) WHERE u.l > 0)]
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        -- Parents outside the graph count too.
+        FOR v_c IN SELECT u.child FROM unnest(v_e_child, v_e_out) AS u(child, pid) WHERE u.pid IS NOT NULL LOOP
+            v_parents[v_c] := v_parents[v_c] + 1;
+        END LOOP;
     END IF;
 
-    -- Parents already enqueued: lock the live ones in id order (their completion waits for this
-    -- transaction, then sees the edges), and find the others among the finished jobs.
+    -- Parents already enqueued (docs/workflows.md, "Parents outside the graph").  The rule: a job may
+    -- be the parent of a job of its own queue; of a job of any queue when this transaction enqueued
+    -- it; of any job when the caller may cross queues.  A parent that does not exist and one the rule
+    -- refuses get the same error, which so tells nothing of other queues.  The rule is applied before
+    -- any lock is taken: no caller holds up the completion of a job it may not depend on.
     v_ext := ARRAY(SELECT DISTINCT u.pid FROM unnest(v_e_out) AS u(pid) WHERE u.pid IS NOT NULL ORDER BY 1);
     IF cardinality(v_ext) > 0 THEN
-        v_live := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_ext) ORDER BY j.id FOR UPDATE);
-        UPDATE pgjobq.jobs j SET has_children = true WHERE j.id = ANY (v_live) AND NOT j.has_children;
-        SELECT array_agg(h.id), array_agg(h.state = 'completed') INTO v_done, v_done_ok
-          FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT (h.id = ANY (v_live));
-        SELECT x INTO v_bad FROM unnest(v_ext) AS x
-         WHERE NOT (x = ANY (v_live)) AND NOT (x = ANY (coalesce(v_done, '{}'))) LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % (a parent) does not exist', v_bad.x
+        -- What each is: its queue, whether this transaction enqueued it (enqueued_here() is asked only
+        -- of rows of this transaction's start), live or finished (ok: it completed).
+        SELECT jsonb_object_agg(k.id::text, jsonb_build_object('queue', k.queue, 'here', k.here)),
+               array_agg(k.id ORDER BY k.id) FILTER (WHERE k.ok IS NULL),
+               array_agg(k.id ORDER BY k.id) FILTER (WHERE k.ok IS NOT NULL),
+               array_agg(k.ok ORDER BY k.id) FILTER (WHERE k.ok IS NOT NULL),
+               coalesce(bool_or(k.here), false)
+          INTO v_known, v_seen, v_done, v_done_ok, v_any_here
+          FROM (SELECT j.id, j.queue::text AS queue, NULL::boolean AS ok,
+                       j.created_at = now() AND pgjobq.enqueued_here(j.id, j.xmin, j.created_at) AS here
+                  FROM pgjobq.jobs j WHERE j.id = ANY (v_ext)
+                UNION ALL
+                SELECT h.id, h.queue, h.state = 'completed',
+                       h.created_at = now() AND pgjobq.enqueued_here(h.id, h.xmin, h.created_at)
+                  FROM pgjobq.history h WHERE h.id = ANY (v_ext)) k;
+        SELECT min(u.pid) INTO v_badid FROM unnest(v_e_out, v_e_queue) AS u(pid, queue)
+         WHERE u.pid IS NOT NULL
+           AND (v_known -> u.pid::text ->> 'queue') IS DISTINCT FROM u.queue
+           AND (v_known -> u.pid::text -> 'here') IS DISTINCT FROM 'true';
+        IF v_badid IS NOT NULL AND pgjobq.caller_crosses_queues() THEN
+            SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x WHERE NOT coalesce(v_known ? x::text, false);
+        END IF;
+        IF v_badid IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
+                            v_badid
                 USING ERRCODE = 'foreign_key_violation';
+        END IF;
+
+        -- Lock the live ones in id order (their completion waits for this transaction, then sees the
+        -- edges); the others are finished.  has_children is set here on the jobs this transaction
+        -- enqueued, and on the others with the edges, below (see enqueued_here).
+        v_live := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_ext) ORDER BY j.id FOR UPDATE);
+        IF v_any_here THEN
+            UPDATE pgjobq.jobs j SET has_children = true
+             WHERE j.id = ANY (v_live) AND NOT j.has_children AND (v_known -> j.id::text -> 'here') = 'true';
+        END IF;
+        IF v_live IS DISTINCT FROM coalesce(v_seen, '{}') THEN
+            -- One finished (or was retried, or pruned) between the read and the lock: read the finished
+            -- ones again.
+            SELECT jsonb_object_agg(x::text, true) INTO v_livemap FROM unnest(v_live) AS x;
+            SELECT array_agg(h.id), array_agg(h.state = 'completed'), jsonb_object_agg(h.id::text, true)
+              INTO v_done, v_done_ok, v_donemap
+              FROM pgjobq.history h WHERE h.id = ANY (v_ext) AND NOT coalesce(v_livemap ? h.id::text, false);
+            SELECT min(x) INTO v_badid FROM unnest(v_ext) AS x
+             WHERE NOT coalesce(v_livemap ? x::text, false) AND NOT coalesce(v_donemap ? x::text, false);
+            IF v_badid IS NOT NULL THEN
+                RAISE EXCEPTION 'pgjobq.enqueue_graph: job % cannot be a parent here: no such job in this queue or this transaction',
+                                v_badid
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
         END IF;
     END IF;
 
@@ -287,9 +443,8 @@ BEGIN
     PERFORM pg_current_xact_id();
     BEGIN
         WITH input AS (
-            SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id,
-                   (SELECT count(*) FROM unnest(v_e_child) AS c WHERE c = e.o)::integer AS parents,
-                   EXISTS (SELECT 1 FROM unnest(v_e_in) AS p WHERE p = e.o) AS has_children
+            SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id, v_parents[e.o] AS parents,
+                   v_kids[e.o] > 0 AS has_children
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
@@ -317,9 +472,19 @@ BEGIN
     PERFORM pgjobq.levels_add(array_agg(coalesce(e.j ->> 'queue', 'default')),
                               array_agg(coalesce((e.j ->> 'priority')::numeric::smallint, 0::smallint)))
        FROM jsonb_array_elements(v_jobs) AS e(j);
-    INSERT INTO pgjobq.deps (parent, child)
-    SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
-      FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
+    -- The edges, and has_children on the parents of other transactions, in a subtransaction of their
+    -- own: such a parent's xmin is then the xmin of its new edges, which enqueued_here() reads as
+    -- "not enqueued here".
+    IF v_e_child IS NOT NULL THEN
+        BEGIN
+            UPDATE pgjobq.jobs j SET has_children = true WHERE j.id = ANY (v_live) AND NOT j.has_children;
+            INSERT INTO pgjobq.deps (parent, child)
+            SELECT coalesce(v_ids[u.pin], u.pid), v_ids[u.child]
+              FROM unnest(v_e_child, v_e_in, v_e_out) AS u(child, pin, pid);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;   -- (the handler is what makes the block a subtransaction)
+        END;
+    END IF;
     PERFORM pgjobq.notify(v_due);
 
     -- Parents that had already finished count off now, as their completion would have.
