@@ -17,7 +17,7 @@
 
 #define OPT_ROLES 'r'
 const cli_opt migrate_opts[] = {
-    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin and pgjobq_monitor"},
+    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt list_opts[] = {
@@ -146,7 +146,7 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
     else
         printf("pgjobq schema is up to date (version %d)\n", version);
     if (roles)
-        printf("roles pgjobq_producer, pgjobq_worker, pgjobq_admin and pgjobq_monitor are in place\n");
+        printf("roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue are in place\n");
     pgjobq_client_close(c);
     return EX_OK;
 }

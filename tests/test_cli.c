@@ -377,16 +377,16 @@ TEST_FULL(cli_migrate_is_idempotent, 60, TEST_DB_EMPTY)
 /* migrate --roles says which roles it made sure of: all four. */
 TEST(cli_migrate_roles_names_every_role)
 {
-    static const char *const roles[] = {"pgjobq_producer", "pgjobq_worker", "pgjobq_admin", "pgjobq_monitor"};
+    static const char *const roles[] = {"pgjobq_producer", "pgjobq_worker", "pgjobq_admin", "pgjobq_monitor", "pgjobq_cross_queue"};
     char *out, *err;
 
     CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
-    for (int i = 0; i < 4; i++)
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
         CHECK_MSG(strstr(out, roles[i]) != NULL, "migrate --roles does not name %s: %s", roles[i], out);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--help", NULL), 0);
-    CHECK_MSG(strstr(out, "pgjobq_monitor") != NULL, "migrate --help: %s", out);
+    CHECK_MSG(strstr(out, "pgjobq_monitor") && strstr(out, "pgjobq_cross_queue"), "migrate --help: %s", out);
     free(out);
     free(err);
 }
