@@ -37,9 +37,10 @@ static const char *srcdir(void)
 }
 
 /* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
- * released them, each creating its own functions, before sql/functions held them): 1 to
- * RELEASED_VERSIONS. */
-#define RELEASED_VERSIONS 9
+ * released them; up to version 9 each created its own functions, from version 10 on the release's
+ * function files are beside it, in functions-NNN): 1 to RELEASED_VERSIONS. */
+#define RELEASED_VERSIONS 10
+#define FIRST_WITH_FUNCTION_FILES 10
 static char *released_migration(int v)
 {
     char pattern[4096];
@@ -61,8 +62,51 @@ static void run_script(PGconn *pg, const char *sql, const char *what)
     PQclear(r);
 }
 
+static int cmp_names(const void *a, const void *b);
+
+/* What the runner of a release with function files (version v) did after its last migration: the
+ * files of tests/fixtures/released/functions-NNN in name order, the functions taken from PUBLIC, and
+ * the files' checksum recorded (here a mark: no later library has these files). */
+static void apply_released_functions(PGconn *pg, int v)
+{
+    char dirpath[4096], path[4400], *names[64];
+    size_t n = 0;
+    struct dirent *e;
+
+    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", srcdir(), v);
+    DIR *d = opendir(dirpath);
+    CHECK_MSG(d != NULL, "cannot open %s", dirpath);
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0)
+            continue;
+        CHECK(n < sizeof names / sizeof names[0]);
+        names[n] = strdup(e->d_name);
+        CHECK(names[n] != NULL);
+        n++;
+    }
+    CHECK(closedir(d) == 0);
+    CHECK_MSG(n > 0, "no function files in %s", dirpath);
+    qsort(names, n, sizeof names[0], cmp_names);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
+        char *sql = src_read(path);
+        run_script(pg, sql, "a released function file");
+        free(sql);
+        free(names[i]);
+    }
+    PQclear(t_exec(pg, "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC"));
+    PQclear(t_exec(pg, "CREATE TABLE IF NOT EXISTS pgjobq.function_files (checksum text NOT NULL,"
+                       " library text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"));
+    PQclear(t_exec(pg, "GRANT SELECT ON pgjobq.function_files TO PUBLIC"));
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.function_files"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.function_files (checksum, library) VALUES ('released %d', 'released')",
+                   v));
+}
+
 /* Makes the database what an earlier pgjobq left at schema version k: the released migrations 1..k,
- * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on). */
+ * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on), and from
+ * version 10 on the function files of version k after the last one. */
 static void build_released(PGconn *pg, int k)
 {
     for (int v = 1; v <= k; v++) {
@@ -77,6 +121,8 @@ static void build_released(PGconn *pg, int k)
         }
         free(sql);
     }
+    if (k >= FIRST_WITH_FUNCTION_FILES)
+        apply_released_functions(pg, k);
 }
 
 TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
@@ -672,8 +718,8 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this
  * library: the jobs are all there as they were, the functions, their definitions and the grants are
  * exactly those of a new database, and the transitions work.  Roles arrived with version 2: from there
- * on the database has the schema grants that `pgjobq migrate --roles` gave it (at version 9, the
- * released roles.sql itself), so migrating grants the roles again what the function files re-created,
+ * on the database has the schema grants that `pgjobq migrate --roles` gave it (at versions 9 and 10,
+ * the released roles.sql itself), so migrating grants the roles again what the function files re-created,
  * a claim_batch that migration 9 dropped included. */
 TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120, TEST_DB_EMPTY)
 {
@@ -703,9 +749,12 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         before = jobs_snapshot(pg, jobs_table);
         if (k >= 4)
             extra_before = settings_snapshot(pg);
-        if (k == RELEASED_VERSIONS) {
+        if (k >= 9) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+            if (k == 9)
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+            else
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", srcdir(), k);
             char *roles = src_read(path);
             run_script(pg, roles, "the released roles.sql");
             free(roles);
