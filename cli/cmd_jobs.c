@@ -200,8 +200,8 @@ static void print_job_fields(FILE *f, const pgjobq_job *j)
     json_str(f, j->queue);
     fputs(",\"kind\":", f);
     json_str(f, j->kind);
-    fprintf(f, ",\"state\":\"%s\",\"priority\":%d,\"attempt\":%d,\"max_attempts\":%d,\"lease_token\":%lld",
-            pgjobq_state_name(j->state), j->priority, j->attempt, j->max_attempts, (long long)j->lease_token);
+    fprintf(f, ",\"state\":\"%s\",\"priority\":%d,\"attempt\":%d,\"max_attempts\":%d", pgjobq_state_name(j->state),
+            j->priority, j->attempt, j->max_attempts);
     fputs(",\"run_at\":", f);
     json_time(f, j->run_at);
     fputs(",\"created_at\":", f);
@@ -379,11 +379,11 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         format_time(t[4], sizeof t[4], j->lease_until);
         printf("id:            %lld\nqueue:         %s\nkind:          %s\nstate:         %s%s\n"
                "priority:      %d\nattempt:       %d of %d\nrun_at:        %s\ncreated_at:    %s\n"
-               "started_at:    %s\nfinished_at:   %s\nlease_until:   %s\nlease_token:   %lld\n"
+               "started_at:    %s\nfinished_at:   %s\nlease_until:   %s\n"
                "worker_id:     %s\nunique_key:    %s\npayload:       %s\nresult:        %s\nlast_error:    %s\n",
                (long long)j->id, j->queue, j->kind, pgjobq_state_name(j->state),
                j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0], t[1],
-               t[2], t[3], t[4], (long long)j->lease_token, j->worker_id ? j->worker_id : "-",
+               t[2], t[3], t[4], j->worker_id ? j->worker_id : "-",
                j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
                j->last_error ? j->last_error : "-");
         if (j->tags)

@@ -137,7 +137,8 @@ typedef struct pgjobq_job {
     pgjobq_state state;
     int attempt; /* 1 for the first run; incremented by every claim */
     int max_attempts;
-    int64_t lease_token; /* fencing token of the current (or last) claim */
+    int64_t lease_token; /* fencing token of the claim that returned the job (the holder's secret:
+                            0 in jobs read with pgjobq_job_get, _list or _parents) */
     int64_t run_at;      /* microseconds since the epoch; see PGJOBQ_TIME_NONE */
     int64_t created_at;
     int64_t started_at;

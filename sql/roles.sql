@@ -11,9 +11,14 @@
 --   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
 --                    `pgjobq serve` needs without --allow-actions.
 --
+-- No role reads a job's lease token (the admin's and the monitor's SELECT on the jobs is granted
+-- column by column, every column but lease_token): the token is the holder's secret, which fences
+-- its writes, and only a claim returns it, to its claimer.
+--
 -- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
 -- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
--- needs (or gets) privileges on the jobs table itself, except pgjobq_admin's SELECT.
+-- needs (or gets) privileges on the jobs table itself, except the SELECT of pgjobq_admin and
+-- pgjobq_monitor (every column but lease_token).
 
 DO $$
 BEGIN
@@ -97,9 +102,25 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.retry_where(text, text, text, interval, boolean),
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
-GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;
 
 GRANT SELECT ON pgjobq.workers, pgjobq.tallies TO pgjobq_admin;
-GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs, pgjobq.queues, pgjobq.schedules, pgjobq.workers,
-    pgjobq.tallies TO pgjobq_monitor;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.workers, pgjobq.tallies TO pgjobq_monitor;
+
+-- The jobs, live and finished: every column but lease_token, to the admin and the monitor.  The
+-- table-level SELECT this file granted before schema 11 is taken back first (which takes the column
+-- grants with it; they are given again below).  The columns come from the catalog, so a column that
+-- a later migration adds is granted whenever this file is applied again.
+REVOKE SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs FROM pgjobq_admin, pgjobq_monitor;
+DO $$
+DECLARE
+    v_rel regclass;
+BEGIN
+    FOREACH v_rel IN ARRAY ARRAY['pgjobq.jobs', 'pgjobq.history', 'pgjobq.all_jobs']::regclass[] LOOP
+        EXECUTE (SELECT format('GRANT SELECT (%s) ON %s TO pgjobq_admin, pgjobq_monitor',
+                               string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum), v_rel)
+                   FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = v_rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> 'lease_token');
+    END LOOP;
+END
+$$;
 GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;

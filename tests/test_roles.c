@@ -298,3 +298,120 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     pgjobq_client_close(owner);
     PQfinish(pg);
 }
+
+/* The functions a role may run whose result has a lease token (a column named like one, or whole job
+ * rows), sorted, comma-separated (malloc'd). */
+static char *token_functions(PGconn *pg, const char *role)
+{
+    return t_str(pg, "SELECT coalesce(string_agg(p.proname, ',' ORDER BY p.proname), '') FROM pg_proc p"
+                     " WHERE p.pronamespace = 'pgjobq'::regnamespace AND has_function_privilege('%s', p.oid, 'EXECUTE')"
+                     "   AND (p.prorettype IN ('pgjobq.jobs'::regtype, 'pgjobq.history'::regtype,"
+                     "                         'pgjobq.all_jobs'::regtype)"
+                     "        OR EXISTS (SELECT 1 FROM unnest(p.proargnames, p.proargmodes) AS a(n, m)"
+                     "                    WHERE a.m IN ('o', 'b', 't') AND a.n LIKE '%%token%%'))",
+                 role);
+}
+
+/* The lease token is the holder's secret (issue 23, item 9): the monitor and the admin read every
+ * column of the jobs but that one; no function another role may run returns one, but the claims to
+ * their claimer; so another worker cannot learn it, nor make it from when the job was claimed, and
+ * cannot complete the job. */
+TEST(roles_no_role_reads_a_lease_token_and_no_worker_completes_another_workers_job)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    pgjobq_job *jobs = NULL, *seen = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+
+    roles_setup();
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk2"));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{\"n\": 1}", NULL, &id));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{\"n\": 2}", NULL, NULL));
+    pgjobq_client *wrk = as_role("wrk"), *wrk2 = as_role("wrk2"), *mon = as_role("mon"), *adm = as_role("adm");
+
+    long long before = t_int(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 1, 60000, "wrk", &jobs, &n));
+    long long after = t_int(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, id);
+    /* A finished job keeps its token in the history: hidden there too. */
+    pgjobq_job *other = NULL;
+    CHECK_OK(wrk2, pgjobq_claim(wrk2, "default", 1, 60000, "wrk2", &other, &n));
+    CHECK_OK(wrk2, pgjobq_job_complete(wrk2, other[0].id, other[0].lease_token, NULL));
+
+    /* Reading: every column but the token. */
+    pgjobq_client *readers[] = {mon, adm};
+    for (int k = 0; k < 2; k++) {
+        pgjobq_client *r = readers[k];
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.history"), "42501");
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.all_jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT * FROM pgjobq.all_jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT max(lease_token) FROM pgjobq.history_failed"), "42501");
+        CHECK_STR(raw_as(r, "SELECT id, state, worker_id, lease_until, result FROM pgjobq.all_jobs"), "");
+        CHECK_STR(raw_as(r, "SELECT count(*) FROM pgjobq.jobs"), "");
+        /* What the library reads for `pgjobq show` and `list`: everything but the token. */
+        CHECK_OK(r, pgjobq_job_get(r, id, &seen));
+        CHECK_INT(seen[0].state, PGJOBQ_RUNNING);
+        CHECK_STR(seen[0].worker_id, "wrk");
+        CHECK_INT(seen[0].lease_token, 0);
+        pgjobq_jobs_free(seen);
+        pgjobq_list_opts lo = PGJOBQ_LIST_OPTS_INIT;
+        CHECK_OK(r, pgjobq_job_list(r, &lo, &seen, &n));
+        CHECK_INT(n, 2);
+        CHECK_INT(seen[0].lease_token + seen[1].lease_token, 0);
+        pgjobq_jobs_free(seen);
+    }
+    CHECK_STR(raw_as(wrk2, "SELECT lease_token FROM pgjobq.jobs"), "42501");
+    /* Functions: only the claims return a token (to their claimer). */
+    char *f = token_functions(pg, "pgjobq_monitor");
+    CHECK_STR(f, "");
+    free(f);
+    f = token_functions(pg, "pgjobq_producer");
+    CHECK_STR(f, "");
+    free(f);
+    f = token_functions(pg, "pgjobq_worker");
+    CHECK_STR(f, "claim,claim_batch,claim_next");
+    free(f);
+    f = token_functions(pg, "pgjobq_admin");
+    CHECK_STR(f, "claim,claim_batch,claim_next");
+    free(f);
+
+    /* The other worker tries every microsecond around the claim (and a millisecond either side) in one
+     * statement: nothing is written. */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT * FROM pgjobq.complete_many(ARRAY(SELECT %lld::bigint FROM generate_series(%lld::bigint - 1000,"
+             " %lld::bigint + 1000)), ARRAY(SELECT generate_series(%lld::bigint - 1000, %lld::bigint + 1000)))",
+             (long long)id, before, after, before, after);
+    PGresult *r = PQexec(pgjobq_client_conn(wrk2), sql);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "complete_many as wrk2: %s", PQerrorMessage(pgjobq_client_conn(wrk2)));
+    for (int i = 0; i < PQntuples(r); i++)
+        CHECK_STR(PQgetvalue(r, i, 1), "lost");
+    PQclear(r);
+    CHECK_RC(wrk2, pgjobq_job_complete(wrk2, id, 0, "{\"forged\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(wrk2, pgjobq_job_fail(wrk2, id, 1, "forged", 0, PGJOBQ_FAIL_PERMANENT, NULL), PGJOBQ_ELEASE);
+    CHECK_RC(wrk2, pgjobq_job_progress(wrk2, id, 1, "{\"forged\": true}"), PGJOBQ_ELEASE);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND progress IS NULL",
+                    (long long)id),
+              1);
+    /* The holder completes it. */
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, id, jobs[0].lease_token, "{\"by\": \"wrk\"}"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND result = '{\"by\": \"wrk\"}'",
+                    (long long)id),
+              1);
+    pgjobq_jobs_free(jobs);
+    pgjobq_jobs_free(other);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(wrk2);
+    pgjobq_client_close(mon);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}

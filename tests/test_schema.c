@@ -380,7 +380,7 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
 
 /* What a database's pgjobq schema is, one line per object, in order: every function (its whole
  * definition, as pg_get_functiondef prints it, and its grants), every relation (kind, options,
- * grants, columns, index or view definition, partition bound), constraint and type, the schema's
+ * grants, columns with their grants, index or view definition, partition bound), constraint and type, the schema's
  * grants.  The hourly history partitions, named after the hour they were made in, count by number. */
 static const char SCHEMA_DIGEST[] =
     "WITH lines(l) AS ("
@@ -392,7 +392,8 @@ static const char SCHEMA_DIGEST[] =
     "        || ' grants ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(c.relacl) x), '-')"
     "        || ' columns ' || coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)"
     "               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END"
-    "               || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), ''), ', ' ORDER BY a.attnum)"
+    "               || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')"
+    "               || coalesce(' grants ' || a.attacl::text, ''), ', ' ORDER BY a.attnum)"
     "          FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
     "         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '-')"
     "        || ' ' || coalesce(pg_get_indexdef(c.oid), '') || coalesce(pg_get_viewdef(c.oid), '')"
