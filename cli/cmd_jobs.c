@@ -383,9 +383,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
                "worker_id:     %s\nunique_key:    %s\npayload:       %s\nresult:        %s\nlast_error:    %s\n",
                (long long)j->id, j->queue, j->kind, pgjobq_state_name(j->state),
                j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts, t[0], t[1],
-               t[2], t[3], t[4], j->worker_id ? j->worker_id : "-",
-               j->unique_key ? j->unique_key : "-", j->payload, j->result ? j->result : "-",
-               j->last_error ? j->last_error : "-");
+               t[2], t[3], t[4], j->worker_id ? j->worker_id : "-", j->unique_key ? j->unique_key : "-", j->payload,
+               j->result ? j->result : "-", j->last_error ? j->last_error : "-");
         if (j->tags)
             printf("tags:          %s\n", j->tags);
         if (j->progress)

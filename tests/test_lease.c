@@ -223,8 +223,9 @@ TEST(lease_token_cannot_be_guessed_from_the_time_of_the_claim)
             CHECK(jobs[i].lease_token != jobs[k].lease_token);
     }
     /* Every microsecond of the window, and a millisecond either side, for every job: all lost. */
-    PQclear(t_exec(pg, "CREATE TEMP TABLE guess AS SELECT i, t FROM unnest(ARRAY[%lld, %lld, %lld]::bigint[]) i"
-                       " CROSS JOIN generate_series(%lld::bigint - 1000, %lld::bigint + 1000) t",
+    PQclear(t_exec(pg,
+                   "CREATE TEMP TABLE guess AS SELECT i, t FROM unnest(ARRAY[%lld, %lld, %lld]::bigint[]) i"
+                   " CROSS JOIN generate_series(%lld::bigint - 1000, %lld::bigint + 1000) t",
                    (long long)ids[0], (long long)ids[1], (long long)ids[2], before, after));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many(ARRAY(SELECT i FROM guess ORDER BY i, t),"
                         " ARRAY(SELECT t FROM guess ORDER BY i, t),"

@@ -303,12 +303,13 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
  * rows), sorted, comma-separated (malloc'd). */
 static char *token_functions(PGconn *pg, const char *role)
 {
-    return t_str(pg, "SELECT coalesce(string_agg(p.proname, ',' ORDER BY p.proname), '') FROM pg_proc p"
-                     " WHERE p.pronamespace = 'pgjobq'::regnamespace AND has_function_privilege('%s', p.oid, 'EXECUTE')"
-                     "   AND (p.prorettype IN ('pgjobq.jobs'::regtype, 'pgjobq.history'::regtype,"
-                     "                         'pgjobq.all_jobs'::regtype)"
-                     "        OR EXISTS (SELECT 1 FROM unnest(p.proargnames, p.proargmodes) AS a(n, m)"
-                     "                    WHERE a.m IN ('o', 'b', 't') AND a.n LIKE '%%token%%'))",
+    return t_str(pg,
+                 "SELECT coalesce(string_agg(p.proname, ',' ORDER BY p.proname), '') FROM pg_proc p"
+                 " WHERE p.pronamespace = 'pgjobq'::regnamespace AND has_function_privilege('%s', p.oid, 'EXECUTE')"
+                 "   AND (p.prorettype IN ('pgjobq.jobs'::regtype, 'pgjobq.history'::regtype,"
+                 "                         'pgjobq.all_jobs'::regtype)"
+                 "        OR EXISTS (SELECT 1 FROM unnest(p.proargnames, p.proargmodes) AS a(n, m)"
+                 "                    WHERE a.m IN ('o', 'b', 't') AND a.n LIKE '%%token%%'))",
                  role);
 }
 
@@ -325,10 +326,11 @@ TEST(roles_no_role_reads_a_lease_token_and_no_worker_completes_another_workers_j
     int64_t id = 0;
 
     roles_setup();
-    PQclear(t_exec(pg, "DO $$ BEGIN"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
-                       " END $$"));
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
+                   " END $$"));
     PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
     PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk2"));
     CHECK_OK(owner, pgjobq_enqueue(owner, "{\"n\": 1}", NULL, &id));
@@ -391,7 +393,8 @@ TEST(roles_no_role_reads_a_lease_token_and_no_worker_completes_another_workers_j
              " %lld::bigint + 1000)), ARRAY(SELECT generate_series(%lld::bigint - 1000, %lld::bigint + 1000)))",
              (long long)id, before, after, before, after);
     PGresult *r = PQexec(pgjobq_client_conn(wrk2), sql);
-    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "complete_many as wrk2: %s", PQerrorMessage(pgjobq_client_conn(wrk2)));
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "complete_many as wrk2: %s",
+              PQerrorMessage(pgjobq_client_conn(wrk2)));
     for (int i = 0; i < PQntuples(r); i++)
         CHECK_STR(PQgetvalue(r, i, 1), "lost");
     PQclear(r);

@@ -39,7 +39,7 @@ static const char *srcdir(void)
 /* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
  * released them; up to version 9 each created its own functions, from version 10 on the release's
  * function files are beside it, in functions-NNN): 1 to RELEASED_VERSIONS. */
-#define RELEASED_VERSIONS 10
+#define RELEASED_VERSIONS         10
 #define FIRST_WITH_FUNCTION_FILES 10
 static char *released_migration(int v)
 {
@@ -100,8 +100,7 @@ static void apply_released_functions(PGconn *pg, int v)
                        " library text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"));
     PQclear(t_exec(pg, "GRANT SELECT ON pgjobq.function_files TO PUBLIC"));
     PQclear(t_exec(pg, "DELETE FROM pgjobq.function_files"));
-    PQclear(t_exec(pg, "INSERT INTO pgjobq.function_files (checksum, library) VALUES ('released %d', 'released')",
-                   v));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.function_files (checksum, library) VALUES ('released %d', 'released')", v));
 }
 
 /* Makes the database what an earlier pgjobq left at schema version k: the released migrations 1..k,
