@@ -374,6 +374,51 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
     PQfinish(pg);
 }
 
+/* A database at version 10 with what migration 11 bounds: live jobs due in year 99999 and in 4713 BC
+ * (which version 10 accepted) move to the nearer end of jobs_run_at_range, and every other job is
+ * left as it was. */
+TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_workers, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    int applied = -1;
+
+    build_released(pg, 10);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 1}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 2}',"
+                       " run_at => '99999-01-01 00:00:00+00')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 3}',"
+                       " run_at => '4713-01-01 00:00:00+00 BC')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 4}', delay => interval '1 hour')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    char *kept = t_str(pg, "SELECT string_agg(ROW(id, run_at, ready_at, payload)::text, ',' ORDER BY id)"
+                           " FROM pgjobq.jobs WHERE payload->>'n' IN ('1', '4')");
+
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - 10);
+
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 4);
+    CHECK_INT(t_int(pg, "SELECT (run_at = '9999-12-31 23:59:59+00')::int FROM pgjobq.jobs WHERE payload->>'n' = '2'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT (run_at = '1900-01-01 00:00:00+00')::int FROM pgjobq.jobs WHERE payload->>'n' = '3'"),
+              1);
+    char *after = t_str(pg, "SELECT string_agg(ROW(id, run_at, ready_at, payload)::text, ',' ORDER BY id)"
+                            " FROM pgjobq.jobs WHERE payload->>'n' IN ('1', '4')");
+    CHECK_STR(after, kept);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND pid = 42"), 1);
+    /* Due as before: the job of 4713 BC (now 1900) and the plain one; not those of 99999 and in an hour. */
+    pgjobq_job *j = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_claim(c, "q", 10, 30000, "w", &j, &n));
+    CHECK_INT(n, 2);
+    pgjobq_jobs_free(j);
+    free(kept);
+    free(after);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* The function files and upgrades from the released versions */
 
