@@ -711,7 +711,9 @@ PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *res
  * failed_age_ms (and completed ones that landed in the default partition) are deleted, at most
  * max_jobs per call.  Also creates the partitions of the next 48 hours.  *deleted_out (may be NULL)
  * receives how many jobs were removed (a dropped partition counts its estimated rows); call again
- * while it is at least max_jobs.
+ * while it is at least max_jobs.  Ages shorter than the retention the database keeps (pgjobq.retention,
+ * set with pgjobq.retention_set) need a login role that is a member of pgjobq_admin or of the schema's
+ * owner: PGJOBQ_EPERM, and nothing removed, otherwise.
  */
 PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
                                int *deleted_out) PGJOBQ_WUR;
@@ -797,8 +799,11 @@ typedef struct pgjobq_worker_opts {
     int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes (and
                                     opens two connections, not three) */
     int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this, an hour (a
-                                    partition) at a time; 0: 24 h; < 0: never */
-    int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: 7 days; < 0: never */
+                                    partition) at a time; 0: the database's retention (pgjobq.retention,
+                                    24 h unless an admin changed it); < 0: never.  Shorter than the
+                                    database's needs the pgjobq_admin role (else a warning a minute) */
+    int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: the database's (7 days
+                                    unless changed); < 0: never */
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
     uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */

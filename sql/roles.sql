@@ -5,9 +5,10 @@
 -- dropped and the files created again is granted again; that needs no CREATEROLE.
 --
 --   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
---   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
---   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, and queue
---                    settings (pause, resume, limits).
+--   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance (pruning
+--                    no shorter than the configured retention, pgjobq.retention).
+--   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, queue
+--                    settings (pause, resume, limits), and the retention (setting it, pruning below it).
 --   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
 --                    `pgjobq serve` needs without --allow-actions.
 --
@@ -102,6 +103,9 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.retry_where(text, text, text, interval, boolean),
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
+-- The retention workers keep: the admin sets it (and may prune below it), the monitor reads it.
+GRANT EXECUTE ON FUNCTION pgjobq.retention_set(interval, interval) TO pgjobq_admin;
+GRANT SELECT ON pgjobq.retention TO pgjobq_admin, pgjobq_monitor;
 
 GRANT SELECT ON pgjobq.workers, pgjobq.tallies TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.workers, pgjobq.tallies TO pgjobq_monitor;

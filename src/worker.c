@@ -196,7 +196,7 @@ struct pgjobq_worker {
     int need_listen;
     int claim_rr; /* round-robin start among queues */
     pgjobq__ticks ticks; /* the latest claims' ticks (cursor.c) */
-    char lease_s[48], completed_s[48], failed_s[48];
+    char lease_s[48], completed_s[48], failed_s[48]; /* the retention: "" for the database's */
 
     /* Statistics. */
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
@@ -301,10 +301,6 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
         w->o.shutdown_timeout_ms = 30000;
     if (w->o.batch_max == 0)
         w->o.batch_max = 1000;
-    if (w->o.retain_completed_ms == 0)
-        w->o.retain_completed_ms = INT64_C(24) * 3600 * 1000;
-    if (w->o.retain_failed_ms == 0)
-        w->o.retain_failed_ms = INT64_C(7) * 24 * 3600 * 1000;
 
     if (w->o.lease_ms < 100 || w->o.lease_ms > INT64_C(31536000000))
         return werr(w, PGJOBQ_EINVAL, "the lease must be between 100 ms and one year");
@@ -1183,7 +1179,7 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
         if (pgjobq__aconn_send(ac, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_HEALTH;
     } else if (now >= w->next_prune_ms) {
-        const char *values[2] = {w->completed_s, w->failed_s};
+        const char *values[2] = {w->completed_s[0] ? w->completed_s : NULL, w->failed_s[0] ? w->failed_s : NULL};
         if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
             rq->kind = R_PRUNE;
     }
@@ -1555,11 +1551,14 @@ static void init_connections(pgjobq_worker *w)
         ac->notice_arg = w;
     }
     pgjobq__ms_interval(w->lease_s, sizeof w->lease_s, w->o.lease_ms);
-    /* A negative retention means "never": an age nothing reaches. */
-    pgjobq__ms_interval(w->completed_s, sizeof w->completed_s,
-                        w->o.retain_completed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_completed_ms);
-    pgjobq__ms_interval(w->failed_s, sizeof w->failed_s,
-                        w->o.retain_failed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_failed_ms);
+    /* A negative retention means "never": an age nothing reaches.  None given (0): the prune keeps
+     * the database's (pgjobq.retention), and the strings stay empty (NULL parameters). */
+    if (w->o.retain_completed_ms != 0)
+        pgjobq__ms_interval(w->completed_s, sizeof w->completed_s,
+                            w->o.retain_completed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_completed_ms);
+    if (w->o.retain_failed_ms != 0)
+        pgjobq__ms_interval(w->failed_s, sizeof w->failed_s,
+                            w->o.retain_failed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_failed_ms);
 }
 
 /* Everything has returned or given up: write what is left (best effort), then free it all. */

@@ -1,7 +1,10 @@
 /*
  * test_roles.c - least privilege: a producer can only enqueue, a worker can only run jobs, an admin can
- * look; each works with a hostile search_path; and migrations run as a non-superuser owner.
+ * look; each works with a hostile search_path; and migrations run as a non-superuser owner.  What a
+ * worker role can do to other workers: their jobs' lease tokens, the retention of history, and their
+ * rows in the registry of workers.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -416,5 +419,194 @@ TEST(roles_no_role_reads_a_lease_token_and_no_worker_completes_another_workers_j
     pgjobq_client_close(mon);
     pgjobq_client_close(adm);
     pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Retention, and worker processes under the worker role                                           */
+
+/* A worker process run on a thread of the test, as a login role, its log kept. */
+typedef struct role_worker {
+    pgjobq_worker *w;
+    pthread_t th;
+    int rc;
+    pthread_mutex_t mu;
+    char log[32768];
+    size_t len;
+} role_worker;
+
+static void role_worker_log(void *arg, pgjobq_log_level level, const char *line)
+{
+    role_worker *rw = arg;
+    pthread_mutex_lock(&rw->mu);
+    int k = snprintf(rw->log + rw->len, sizeof rw->log - rw->len, "%s: %s\n", pgjobq_log_level_name(level), line);
+    if (k > 0 && rw->len + (size_t)k < sizeof rw->log)
+        rw->len += (size_t)k;
+    pthread_mutex_unlock(&rw->mu);
+}
+
+static int role_worker_logged(role_worker *rw, const char *what)
+{
+    pthread_mutex_lock(&rw->mu);
+    int found = strstr(rw->log, what) != NULL;
+    pthread_mutex_unlock(&rw->mu);
+    return found;
+}
+
+static pgjobq_outcome role_worker_job(pgjobq_ctx *ctx, void *arg)
+{
+    (void)ctx;
+    (void)arg;
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static void *role_worker_main(void *arg)
+{
+    role_worker *rw = arg;
+    rw->rc = pgjobq_worker_run(rw->w);
+    return NULL;
+}
+
+/* Starts a worker on queue "rq" as role, with its options (the log goes to rw). */
+static void role_worker_start(role_worker *rw, const char *role, pgjobq_worker_opts o)
+{
+    char ci[1024];
+
+    memset(rw, 0, sizeof *rw);
+    pthread_mutex_init(&rw->mu, NULL);
+    snprintf(ci, sizeof ci, "%s user=%s", t_conninfo(), role);
+    o.log_fn = role_worker_log;
+    o.log_arg = rw;
+    CHECK_RC(NULL, pgjobq_worker_new(&rw->w, ci, &o), PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(rw->w, "rq", NULL, 1, role_worker_job, NULL) == PGJOBQ_OK);
+    CHECK(pthread_create(&rw->th, NULL, role_worker_main, rw) == 0);
+}
+
+/* Stops it and returns what pgjobq_worker_run returned. */
+static int role_worker_stop(role_worker *rw)
+{
+    pgjobq_worker_stop(rw->w);
+    CHECK(pthread_join(rw->th, NULL) == 0);
+    pgjobq_worker_free(rw->w);
+    rw->w = NULL;
+    pthread_mutex_destroy(&rw->mu);
+    return rw->rc;
+}
+
+typedef struct log_wait {
+    role_worker *rw;
+    const char *what;
+} log_wait;
+
+static int log_seen(void *arg)
+{
+    log_wait *l = arg;
+    return role_worker_logged(l->rw, l->what);
+}
+
+/* Finished jobs in the history, as the owner writes them: payload {"age": AGE}, finished AGE ago. */
+static void history_add(PGconn *pg, const char *st, const char *age)
+{
+    PQclear(t_exec(
+        pg,
+        "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+        " run_at, created_at, finished_at, lease_token)"
+        " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), 'rq', 'k', jsonb_build_object('age', '%s'),"
+        " 0, '%s', 1, 1, now() - interval '%s', now() - interval '%s', now() - interval '%s', 1",
+        age, st, age, age, age));
+}
+
+static long long history_count(PGconn *pg)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.history");
+}
+
+/* prune below the configured retention (pgjobq.retention) needs pgjobq_admin: a worker role cannot erase
+ * the history (issue 23, item 11); the configured retention, or a longer one, it may keep. */
+TEST(roles_a_worker_cannot_prune_below_the_configured_retention_and_an_admin_can)
+{
+    PGconn *pg = t_pg();
+    int removed = -1;
+
+    roles_setup();
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    history_add(pg, "completed", "2 hours");
+    history_add(pg, "failed", "2 days");
+    pgjobq_client *wrk = as_role("wrk"), *adm = as_role("adm"), *mon = as_role("mon");
+
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s')"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune(NULL, '1 day')"), "42501");
+    CHECK_RC(wrk, pgjobq_prune(wrk, 0, 0, 1000, &removed), PGJOBQ_EPERM);
+    CHECK_MSG(strstr(pgjobq_errmsg(wrk), "shorter than the configured retention") != NULL, "%s", pgjobq_errmsg(wrk));
+    CHECK_INT(history_count(pg), 2);
+    /* The configured retention, or longer: a worker may. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune()"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('24 hours', '7 days', 1000)"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('48 hours', '30 days', 1000)"), "");
+    CHECK_INT(history_count(pg), 2);
+    /* Only the admin sets it; the monitor reads it. */
+    CHECK_STR(raw_as(wrk, "SELECT * FROM pgjobq.retention_set('1 second', '1 second')"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT * FROM pgjobq.retention_set('1 second', '1 second')"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT completed, failed FROM pgjobq.retention"), "");
+    CHECK_STR(raw_as(wrk, "UPDATE pgjobq.retention SET completed = '0 s'"), "42501");
+    CHECK_STR(raw_as(adm, "SELECT * FROM pgjobq.retention_set('1 hour', '1 day')"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '1 hour' AND failed = '1 day'"), 1);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('59 minutes', '1 day', 1000)"), "42501");
+    CHECK_INT(history_count(pg), 2);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune()"), ""); /* now both are past it */
+    CHECK_INT(history_count(pg), 0);
+    /* The admin prunes below it.  (A completed job goes with its hour's partition, once the hour is
+     * over: one of the current hour would stay until then.) */
+    history_add(pg, "completed", "61 minutes");
+    history_add(pg, "failed", "2 minutes");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+    CHECK_INT(history_count(pg), 2);
+    CHECK_OK(adm, pgjobq_prune(adm, 0, 0, 1000, &removed));
+    CHECK_INT(history_count(pg), 0);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(mon);
+    PQfinish(pg);
+}
+
+/* A worker process under the worker role prunes with the database's retention when it is given none,
+ * and says in its log why a retention shorter than that is refused. */
+TEST_FULL(roles_a_worker_process_prunes_with_the_configured_retention, 90, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *adm;
+    role_worker rw;
+
+    roles_setup();
+    adm = as_role("adm");
+    CHECK_STR(raw_as(adm, "SELECT * FROM pgjobq.retention_set('1 hour', '1 day')"), "");
+    history_add(pg, "completed", "3 hours");
+    history_add(pg, "failed", "2 days");
+    history_add(pg, "completed", "10 minutes");
+    history_add(pg, "failed", "10 minutes");
+
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    o.worker_id = "pruner";
+    role_worker_start(&rw, "wrk", o);
+    log_wait lw = {&rw, "pruned 2 finished jobs"};
+    CHECK_MSG(t_wait_until(log_seen, &lw, 30000), "no prune in the worker's log:\n%s", rw.log);
+    CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
+    CHECK_MSG(strstr(rw.log, "failed") == NULL, "%s", rw.log);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'age' = '10 minutes'"), 2);
+
+    /* Shorter than the database's: refused, and said. */
+    o.retain_completed_ms = 60000;
+    o.retain_failed_ms = 60000;
+    role_worker_start(&rw, "wrk", o);
+    lw.what = "shorter than the configured retention";
+    CHECK_MSG(t_wait_until(log_seen, &lw, 30000), "no refusal in the worker's log:\n%s", rw.log);
+    CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
+    CHECK_INT(history_count(pg), 2);
+    pgjobq_client_close(adm);
     PQfinish(pg);
 }
