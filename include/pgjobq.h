@@ -782,7 +782,9 @@ typedef pgjobq_outcome (*pgjobq_handler_fn)(pgjobq_ctx *ctx, void *arg);
 
 /* Worker options.  Zero-initialise (PGJOBQ_WORKER_OPTS_INIT) and set what you need. */
 typedef struct pgjobq_worker_opts {
-    const char *worker_id;       /* recorded on claimed jobs; NULL: "hostname:pid" */
+    const char *worker_id;       /* recorded on claimed jobs and in pgjobq.workers, where two live
+                                    workers cannot share one; NULL: "hostname:pid" (the second and
+                                    later workers of a process: "hostname:pid.N") */
     int64_t lease_ms;            /* lease per claim and per heartbeat; 0: 60000 */
     int64_t heartbeat_ms;        /* interval of lease renewal; 0: lease / 3; must be < lease */
     int64_t timeout_ms;          /* job timeout, from the moment a handler starts the job; 0: 80% of
@@ -845,7 +847,11 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.
  * Returns PGJOBQ_OK after a clean drain, PGJOBQ_ETIMEOUT when jobs had to be handed back,
  * PGJOBQ_ESTOPPED (having done nothing) when pgjobq_worker_stop was called before it, or
- * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  Call it once.
+ * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  PGJOBQ_ECONFLICT when
+ * its worker id is another live worker's (pgjobq_worker_errmsg: "worker id X is in use by a live
+ * worker ..."): it claims nothing until its first beat has the id, waits up to 20 s for the row of a
+ * worker that stopped without a word to go stale, and stops if the id is taken over later (after
+ * this worker went unseen for 15 s).  Call it once.
  */
 PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
 

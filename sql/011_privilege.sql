@@ -8,6 +8,12 @@
 --                      with ages shorter than these needs pgjobq_admin or the schema's owner, and
 --                      prune() without ages keeps these (sql/functions/maintenance.sql);
 --                      pgjobq.retention_set changes them.
+--   workers.secret_hash
+--                      a row of the registry of workers belongs to the worker that wrote it: the
+--                      SHA-256 of a random secret it passes with every beat and with its goodbye.
+--                      Any worker role could overwrite or delete any row (worker_beat, worker_gone),
+--                      and two live workers could share an id.  Now another secret is refused while
+--                      the row is live (sql/functions/monitor.sql).  Rows written before have none.
 --   jobs_run_at_range  a job's run_at is from 1900 to the end of 9999 (UTC).  A date far outside
 --                      (year 99999, 4713 BC) was accepted, and a job due in 4713 BC made the queue's
 --                      lag metric 2e11 seconds.  The enqueue functions refuse more narrowly, naming
@@ -20,7 +26,8 @@
 --
 -- Libraries of version 10 keep working: no function they call changed its signature.  Their workers
 -- prune with their own options (24 hours and 7 days unless set), which a worker role may do as long
--- as they are not shorter than the retention here.
+-- as they are not shorter than the retention here; they beat and leave with worker_beat(id, host, pid,
+-- version, queues) and worker_gone(id), which stay for them and write rows without a secret.
 
 UPDATE pgjobq.jobs j
    SET run_at = CASE WHEN j.run_at < '1900-01-01 00:00:00+00' THEN '1900-01-01 00:00:00+00'::timestamptz
@@ -39,3 +46,5 @@ CREATE TABLE pgjobq.retention (
     CONSTRAINT retention_not_negative CHECK (completed >= interval '0' AND failed >= interval '0')
 );
 INSERT INTO pgjobq.retention DEFAULT VALUES;
+
+ALTER TABLE pgjobq.workers ADD COLUMN secret_hash bytea;

@@ -610,3 +610,162 @@ TEST_FULL(roles_a_worker_process_prunes_with_the_configured_retention, 90, 0)
     pgjobq_client_close(adm);
     PQfinish(pg);
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The registry of workers                                                                          */
+
+static long long worker_rows(PGconn *pg, const char *id, const char *host)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = '%s' AND host = '%s'", id, host);
+}
+
+/* A row of pgjobq.workers is its worker's (the secret it beats with): another worker role can neither
+ * overwrite nor delete it while it is live, whatever signature it calls; a stale row is taken over; the
+ * admin may remove any (issue 23, item 11). */
+TEST(roles_a_worker_cannot_beat_over_or_remove_another_live_workers_row)
+{
+    PGconn *pg = t_pg();
+
+    roles_setup();
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk2"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    pgjobq_client *wrk = as_role("wrk"), *wrk2 = as_role("wrk2"), *adm = as_role("adm"), *mon = as_role("mon");
+
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('a', 'h1', 1, 'v', 'q:1', 111)"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('a', 'h1', 1, 'v', 'q:1', 111)"), ""); /* its own again */
+    CHECK_INT(worker_rows(pg, "a", "h1"), 1);
+    /* Another secret, or none (the signatures of schema 10): refused while the row is live. */
+    PGresult *r = PQexec(pgjobq_client_conn(wrk2), "SELECT pgjobq.worker_beat('a', 'h2', 2, 'v', 'q:1', 222)");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "55006");
+    CHECK_MSG(strstr(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY), "worker id a is in use by a live worker") != NULL,
+              "%s", PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    PQclear(r);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('a', 'h2', 2, 'v', 'q:1')"), "55006");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', 222)"), "42501");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a')"), "42501");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', NULL)"), "42501");
+    CHECK_STR(raw_as(wrk2, "UPDATE pgjobq.workers SET host = 'h2'"), "42501");
+    CHECK_INT(worker_rows(pg, "a", "h1"), 1);
+    /* Nobody reads the secret's hash; the rest, the admin and the monitor do. */
+    CHECK_STR(raw_as(mon, "SELECT secret_hash FROM pgjobq.workers"), "42501");
+    CHECK_STR(raw_as(adm, "SELECT secret_hash FROM pgjobq.workers"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT id, host, pid, version, queues, started_at, last_seen FROM pgjobq.workers"), "");
+    CHECK_INT(t_int(pg, "SELECT (secret_hash = sha256(int8send(111)))::int FROM pgjobq.workers WHERE id = 'a'"), 1);
+    /* Its own goodbye removes it; an unknown id is no error. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('a', 111)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'a'"), 0);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', 222)"), "");
+
+    /* A row unseen for three beats (15 s) is taken over, and its old owner is refused. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('b', 'h1', 1, 'v', 'q:1', 111)"), "");
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '16 seconds' WHERE id = 'b'"));
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('b', 'h2', 2, 'v', 'q:1', 222)"), "");
+    CHECK_INT(worker_rows(pg, "b", "h2"), 1);
+    CHECK_INT(t_int(pg, "SELECT (started_at > now() - interval '5 s')::int FROM pgjobq.workers WHERE id = 'b'"), 1);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('b', 'h1', 1, 'v', 'q:1', 111)"), "55006");
+    /* A stale row may be removed by anyone who may beat. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '16 seconds' WHERE id = 'b'"));
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('b', 111)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'b'"), 0);
+
+    /* The admin removes a live row (it cannot beat over it: the duplicate would be the same mistake). */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('c', 'h1', 1, 'v', 'q:1', 111)"), "");
+    CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_beat('c', 'h3', 3, 'v', 'q:1', 333)"), "55006");
+    CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_gone('c', NULL)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'c'"), 0);
+
+    /* A row of a library before schema 11 has no secret: a worker of this one takes it over. */
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('d', 'new', 5, 'v', 'q:1', 555)"), "");
+    CHECK_INT(worker_rows(pg, "d", "new"), 1);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "55006");
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(wrk2);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(mon);
+    PQfinish(pg);
+}
+
+typedef struct row_wait {
+    PGconn *pg;
+    const char *sql;
+} row_wait;
+
+static int row_there(void *arg)
+{
+    row_wait *r = arg;
+    return t_int(r->pg, "%s", r->sql) > 0;
+}
+
+/* A second worker process under an id a live one has is refused with a clear error, and claims
+ * nothing; one that starts while the row of a worker that died still looks alive waits for it to go
+ * stale and then takes the id over. */
+TEST_FULL(roles_a_second_worker_with_the_same_id_is_refused_and_a_dead_ones_id_is_taken_over, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    role_worker a, b;
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+
+    roles_setup();
+    eo.queue = "rq";
+    o.worker_id = "dup";
+    o.no_maintenance = 1;
+    o.poll_ms = 100;
+    role_worker_start(&a, "wrk", o);
+    row_wait rw = {pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup'"};
+    CHECK_MSG(t_wait_until(row_there, &rw, 20000), "the first worker never beat:\n%s", a.log);
+    char *owner_row =
+        t_str(pg, "SELECT ROW(host, pid, started_at, secret_hash)::text FROM pgjobq.workers WHERE id = 'dup'");
+
+    /* The second one, in the same process (so the same host and pid): refused within 20 s and a bit. */
+    int64_t t0 = t_now_ms();
+    role_worker_start(&b, "wrk", o);
+    CHECK(pthread_join(b.th, NULL) == 0);
+    CHECK_MSG(b.rc == PGJOBQ_ECONFLICT, "%s: %s\n%s", pgjobq_errname(b.rc), pgjobq_worker_errmsg(b.w), b.log);
+    CHECK_MSG(strstr(pgjobq_worker_errmsg(b.w), "worker id dup is in use by a live worker") != NULL, "%s",
+              pgjobq_worker_errmsg(b.w));
+    CHECK(t_now_ms() - t0 >= 15000);
+    CHECK(strstr(b.log, "waiting up to 20 s") != NULL);
+    pgjobq_worker_stats st;
+    pgjobq_worker_get_stats(b.w, &st);
+    CHECK_INT(st.claims, 0); /* not one claim statement */
+    pgjobq_worker_free(b.w);
+    pthread_mutex_destroy(&b.mu);
+    char *row = t_str(pg, "SELECT ROW(host, pid, started_at, secret_hash)::text FROM pgjobq.workers WHERE id = 'dup'");
+    CHECK_STR(row, owner_row);
+    free(row);
+    /* The first one works on, and leaves cleanly. */
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &eo, NULL));
+    row_wait done = {pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'"};
+    CHECK_MSG(t_wait_until(row_there, &done, 20000), "the first worker ran nothing:\n%s", a.log);
+    CHECK_INT(role_worker_stop(&a), PGJOBQ_OK);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup'"), 0);
+
+    /* A worker that died under the id 10 s ago (its row, with another secret, still looks alive): the
+     * next one waits about 5 s for it to go stale, then takes the id over and works. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.workers (id, host, pid, version, queues, started_at, last_seen, secret_hash)"
+                       " VALUES ('dup', 'gone', 9, 'v', 'rq:1', now() - interval '1 hour', now() - interval '10 s',"
+                       " sha256(int8send(42)))"));
+    t0 = t_now_ms();
+    role_worker_start(&b, "wrk", o);
+    row_wait taken = {pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup' AND host <> 'gone'"};
+    CHECK_MSG(t_wait_until(row_there, &taken, 20000), "the id was not taken over:\n%s", b.log);
+    CHECK(t_now_ms() - t0 >= 3000);
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &eo, NULL));
+    done.sql = "SELECT (count(*) >= 2)::int FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'";
+    CHECK_MSG(t_wait_until(row_there, &done, 20000), "no job ran");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'"), 2);
+    CHECK_INT(role_worker_stop(&b), PGJOBQ_OK);
+    CHECK(strstr(b.log, "is free again") != NULL);
+    free(owner_row);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}

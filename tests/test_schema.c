@@ -376,7 +376,7 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
 
 /* A database at version 10 with what migration 11 bounds: live jobs due in year 99999 and in 4713 BC
  * (which version 10 accepted) move to the nearer end of jobs_run_at_range, and every other job is
- * left as it was. */
+ * left as it was; a worker's row stays, and what a library of version 10 calls works. */
 TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_workers, 60, TEST_DB_EMPTY)
 {
     PGconn *pg = t_pg();
@@ -407,6 +407,14 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
                             " FROM pgjobq.jobs WHERE payload->>'n' IN ('1', '4')");
     CHECK_STR(after, kept);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND pid = 42"), 1);
+    /* What a library of version 10 calls still works: its beat and goodbye (rows without a secret),
+     * and its prune with its default ages, which the retention of migration 11 allows. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND secret_hash IS NULL"), 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('old-worker')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '24 hours' AND failed = '7 days'"), 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.prune('24 hours', '7 days', 1000)"));
     /* Due as before: the job of 4713 BC (now 1900) and the plain one; not those of 99999 and in an hour. */
     pgjobq_job *j = NULL;
     size_t n = 0;
