@@ -24,10 +24,16 @@
 --                      a job due in year 99999 is as far from due at the end of 9999, and one due in
 --                      4713 BC as due now in 1900.
 --
+-- With this version, outside this file: a lease token is random (claim.sql), and the admin and
+-- monitor roles read every column of the jobs but lease_token, and of the workers but secret_hash
+-- (roles.sql).
+--
 -- Libraries of version 10 keep working: no function they call changed its signature.  Their workers
 -- prune with their own options (24 hours and 7 days unless set), which a worker role may do as long
 -- as they are not shorter than the retention here; they beat and leave with worker_beat(id, host, pid,
--- version, queues) and worker_gone(id), which stay for them and write rows without a secret.
+-- version, queues) and worker_gone(id), which stay for them and write rows without a secret.  What
+-- such a library cannot do any more, under the admin or monitor role once roles.sql is applied again:
+-- read a job back (it selects lease_token: permission denied).
 
 UPDATE pgjobq.jobs j
    SET run_at = CASE WHEN j.run_at < '1900-01-01 00:00:00+00' THEN '1900-01-01 00:00:00+00'::timestamptz
