@@ -504,6 +504,18 @@ static int log_seen(void *arg)
     return role_worker_logged(l->rw, l->what);
 }
 
+/* Waits for a query to count something. */
+typedef struct row_wait {
+    PGconn *pg;
+    const char *sql;
+} row_wait;
+
+static int row_there(void *arg)
+{
+    row_wait *r = arg;
+    return t_int(r->pg, "%s", r->sql) > 0;
+}
+
 /* Finished jobs in the history, as the owner writes them: payload {"age": AGE}, finished AGE ago. */
 static void history_add(PGconn *pg, const char *st, const char *age)
 {
@@ -593,9 +605,10 @@ TEST_FULL(roles_a_worker_process_prunes_with_the_configured_retention, 90, 0)
     pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
     o.worker_id = "pruner";
     role_worker_start(&rw, "wrk", o);
-    log_wait lw = {&rw, "pruned 2 finished jobs"};
-    CHECK_MSG(t_wait_until(log_seen, &lw, 30000), "no prune in the worker's log:\n%s", rw.log);
+    row_wait pruned = {pg, "SELECT (count(*) = 2)::int FROM pgjobq.history"};
+    CHECK_MSG(t_wait_until(row_there, &pruned, 30000), "no prune; the worker's log:\n%s", rw.log);
     CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
+    CHECK_MSG(strstr(rw.log, "pruned") != NULL, "%s", rw.log);
     CHECK_MSG(strstr(rw.log, "failed") == NULL, "%s", rw.log);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'age' = '10 minutes'"), 2);
 
@@ -603,7 +616,7 @@ TEST_FULL(roles_a_worker_process_prunes_with_the_configured_retention, 90, 0)
     o.retain_completed_ms = 60000;
     o.retain_failed_ms = 60000;
     role_worker_start(&rw, "wrk", o);
-    lw.what = "shorter than the configured retention";
+    log_wait lw = {&rw, "shorter than the configured retention"};
     CHECK_MSG(t_wait_until(log_seen, &lw, 30000), "no refusal in the worker's log:\n%s", rw.log);
     CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
     CHECK_INT(history_count(pg), 2);
@@ -690,17 +703,6 @@ TEST(roles_a_worker_cannot_beat_over_or_remove_another_live_workers_row)
     pgjobq_client_close(adm);
     pgjobq_client_close(mon);
     PQfinish(pg);
-}
-
-typedef struct row_wait {
-    PGconn *pg;
-    const char *sql;
-} row_wait;
-
-static int row_there(void *arg)
-{
-    row_wait *r = arg;
-    return t_int(r->pg, "%s", r->sql) > 0;
 }
 
 /* A second worker process under an id a live one has is refused with a clear error, and claims
