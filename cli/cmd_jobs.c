@@ -200,8 +200,8 @@ static void print_job_fields(FILE *f, const pgjobq_job *j)
     json_str(f, j->queue);
     fputs(",\"kind\":", f);
     json_str(f, j->kind);
-    fprintf(f, ",\"state\":\"%s\",\"priority\":%d,\"attempt\":%d,\"max_attempts\":%d,\"lease_token\":%lld",
-            pgjobq_state_name(j->state), j->priority, j->attempt, j->max_attempts, (long long)j->lease_token);
+    fprintf(f, ",\"state\":\"%s\",\"priority\":%d,\"attempt\":%d,\"max_attempts\":%d", pgjobq_state_name(j->state),
+            j->priority, j->attempt, j->max_attempts);
     fputs(",\"run_at\":", f);
     json_time(f, j->run_at);
     fputs(",\"created_at\":", f);
@@ -400,8 +400,6 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
                j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts);
         printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
                t[1], t[2], t[3], t[4]);
-        snprintf(num, sizeof num, "%lld", (long long)j->lease_token);
-        field("lease_token:", num);
         field("worker_id:", j->worker_id ? j->worker_id : "-");
         field("unique_key:", j->unique_key ? j->unique_key : "-");
         field("payload:", j->payload);

@@ -610,7 +610,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
     PGresult *r = query(c, out,
                         "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
                         " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS("a.finished_at") ","
-                        " " TS("a.lease_until") ", a.lease_token, coalesce(a.worker_id, ''),"
+                        " " TS("a.lease_until") ", coalesce(a.worker_id, ''),"
                         " coalesce(a.unique_key, ''), a.cancel_requested::text,"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.payload) END,"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
@@ -628,15 +628,15 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
         sb_puts(b, "</h1><dl id=\"job\">");
         static const char *const names[] = {NULL,         "queue",      "kind",       NULL,        "priority",
                                             NULL,         NULL,         "run at (UTC)", "created (UTC)", "started (UTC)",
-                                            "finished (UTC)", "lease until (UTC)", "lease token", "worker", "unique key",
+                                            "finished (UTC)", "lease until (UTC)", "worker", "unique key",
                                             "cancel requested"};
-        for (int k = 1; k < 16; k++) {
+        for (int k = 1; k < 15; k++) {
             if (names[k] == NULL)
                 continue;
             field(b, names[k], V(r, 0, k));
         }
-        if (*V(r, 0, 19))
-            field(b, "tags", V(r, 0, 19));
+        if (*V(r, 0, 18))
+            field(b, "tags", V(r, 0, 18));
         sb_puts(b, "<dt>attempt</dt><dd>");
         sb_html(b, V(r, 0, 5));
         sb_puts(b, " of ");
@@ -654,15 +654,15 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
             sb_puts(b, "</div>");
         }
         sb_puts(b, "<h2>Payload</h2><pre id=\"payload\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 16));
+        sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 15));
         sb_puts(b, "</pre><h2>Result</h2><pre id=\"result\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : PQgetisnull(r, 0, 17) ? "-" : V(r, 0, 17));
+        sb_html(b, s->hide_payloads ? "(hidden)" : PQgetisnull(r, 0, 16) ? "-" : V(r, 0, 16));
         sb_puts(b, "</pre><h2>Last error</h2><pre id=\"last-error\">");
-        sb_html(b, PQgetisnull(r, 0, 18) ? "-" : V(r, 0, 18));
+        sb_html(b, PQgetisnull(r, 0, 17) ? "-" : V(r, 0, 17));
         sb_puts(b, "</pre>");
-        if (!PQgetisnull(r, 0, 20) || s->hide_payloads) {
+        if (!PQgetisnull(r, 0, 19) || s->hide_payloads) {
             sb_puts(b, "<h2>Progress</h2><pre id=\"progress\">");
-            sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 20));
+            sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 19));
             sb_puts(b, "</pre>");
         }
         /* Its place in a workflow: parents and children, linked. */

@@ -66,8 +66,10 @@ const cli_opt work_opts[] = {
     {"worker-id", OPT_WORKER_ID, "ID", "recorded on claimed jobs (default hostname:pid)"},
     {"batch", OPT_BATCH, "N", "most jobs per claim, 1..10000 (default 1000)"},
     {"max-output", OPT_MAX_OUTPUT, "BYTES", "stdout kept as the result, at most (default 1048576)"},
-    {"retain-completed", OPT_RETAIN_COMPLETED, "DURATION", "prune completed jobs after this (default 24h)"},
-    {"retain-failed", OPT_RETAIN_FAILED, "DURATION", "prune failed jobs after this (default 7d)"},
+    {"retain-completed", OPT_RETAIN_COMPLETED, "DURATION",
+     "prune completed jobs after this (default: the database's retention, 24h unless changed)"},
+    {"retain-failed", OPT_RETAIN_FAILED, "DURATION",
+     "prune failed jobs after this (default: the database's retention, 7d unless changed)"},
     {"no-maintenance", OPT_NO_MAINTENANCE, NULL, "do not rescue expired leases or prune in this process"},
     {"metrics-listen", OPT_METRICS_LISTEN, "ADDR",
      "serve this worker's counters at http://ADDR/metrics (e.g. 127.0.0.1:9465; off loopback, "

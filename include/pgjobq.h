@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 10
+#define PGJOBQ_SCHEMA_VERSION 11
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -137,7 +137,8 @@ typedef struct pgjobq_job {
     pgjobq_state state;
     int attempt; /* 1 for the first run; incremented by every claim */
     int max_attempts;
-    int64_t lease_token; /* fencing token of the current (or last) claim */
+    int64_t lease_token; /* fencing token of the claim that returned the job (the holder's secret:
+                            0 in jobs read with pgjobq_job_get, _list or _parents) */
     int64_t run_at;      /* microseconds since the epoch; see PGJOBQ_TIME_NONE */
     int64_t created_at;
     int64_t started_at;
@@ -713,7 +714,9 @@ PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *res
  * failed_age_ms (and completed ones that landed in the default partition) are deleted, at most
  * max_jobs per call.  Also creates the partitions of the next 48 hours.  *deleted_out (may be NULL)
  * receives how many jobs were removed (a dropped partition counts its estimated rows); call again
- * while it is at least max_jobs.
+ * while it is at least max_jobs.  Ages shorter than the retention the database keeps (pgjobq.retention,
+ * set with pgjobq.retention_set) need a login role that is a member of pgjobq_admin or of the schema's
+ * owner: PGJOBQ_EPERM, and nothing removed, otherwise.
  */
 PGJOBQ_EXPORT int pgjobq_prune(pgjobq_client *c, int64_t completed_age_ms, int64_t failed_age_ms, int max_jobs,
                                int *deleted_out) PGJOBQ_WUR;
@@ -794,7 +797,9 @@ typedef pgjobq_outcome (*pgjobq_handler_fn)(pgjobq_ctx *ctx, void *arg);
 
 /* Worker options.  Zero-initialise (PGJOBQ_WORKER_OPTS_INIT) and set what you need. */
 typedef struct pgjobq_worker_opts {
-    const char *worker_id;       /* recorded on claimed jobs; NULL: "hostname:pid" */
+    const char *worker_id;       /* recorded on claimed jobs and in pgjobq.workers, where two live
+                                    workers cannot share one; NULL: "hostname:pid" (the second and
+                                    later workers of a process: "hostname:pid.N") */
     int64_t lease_ms;            /* lease per claim and per heartbeat; 0: 60000 */
     int64_t heartbeat_ms;        /* interval of lease renewal; 0: lease / 3; must be < lease */
     int64_t timeout_ms;          /* job timeout, from the moment a handler starts the job; 0: 80% of
@@ -811,8 +816,11 @@ typedef struct pgjobq_worker_opts {
     int no_maintenance;          /* nonzero: this process neither rescues leases nor prunes (and
                                     opens two connections, not three) */
     int64_t retain_completed_ms; /* prune completed and cancelled jobs older than this, an hour (a
-                                    partition) at a time; 0: 24 h; < 0: never */
-    int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: 7 days; < 0: never */
+                                    partition) at a time; 0: the database's retention (pgjobq.retention,
+                                    24 h unless an admin changed it); < 0: never.  Shorter than the
+                                    database's needs the pgjobq_admin role (else a warning a minute) */
+    int64_t retain_failed_ms;    /* prune failed jobs older than this; 0: the database's (7 days
+                                    unless changed); < 0: never */
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
     uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
@@ -855,7 +863,11 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.
  * Returns PGJOBQ_OK after a clean drain, PGJOBQ_ETIMEOUT when jobs had to be handed back,
  * PGJOBQ_ESTOPPED (having done nothing) when pgjobq_worker_stop was called before it, or
- * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  Call it once.
+ * PGJOBQ_ESCHEMA / PGJOBQ_EINVAL / PGJOBQ_ENOMEM when it cannot run at all.  PGJOBQ_ECONFLICT when
+ * its worker id is another live worker's (pgjobq_worker_errmsg: "worker id X is in use by a live
+ * worker ..."): it claims nothing until its first beat has the id, waits up to 20 s for the row of a
+ * worker that stopped without a word to go stale, and stops if the id is taken over later (after
+ * this worker went unseen for 15 s).  Call it once.
  */
 PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
 

@@ -5,9 +5,10 @@
 -- dropped and the files created again is granted again; that needs no CREATEROLE.
 --
 --   pgjobq_producer  may enqueue, nothing else: it can neither read nor change other jobs.
---   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance.
---   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, and queue
---                    settings (pause, resume, limits).
+--   pgjobq_worker    may claim, complete, fail, heartbeat, hand back, and run maintenance (pruning
+--                    no shorter than the configured retention, pgjobq.retention).
+--   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, queue
+--                    settings (pause, resume, limits), and the retention (setting it, pruning below it).
 --   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
 --                    `pgjobq serve` needs without --allow-actions.
 --   pgjobq_cross_queue  no privilege of its own: its members may make a job of any queue the parent
@@ -16,9 +17,15 @@
 --                    pgjobq_admin is a member.  Grant it with the producer role to a producer that
 --                    builds workflows across queues: GRANT pgjobq_cross_queue TO my_app;
 --
+-- No role reads a job's lease token (the admin's and the monitor's SELECT on the jobs is granted
+-- column by column, every column but lease_token): the token is the holder's secret, which fences
+-- its writes, and only a claim returns it, to its claimer.  Nor a worker's secret_hash (the row of
+-- pgjobq.workers belongs to the worker that knows the secret: sql/functions/monitor.sql).
+--
 -- Grant them to login roles: GRANT pgjobq_producer TO my_app;  GRANT pgjobq_worker TO my_workers;
 -- The transitions are SECURITY DEFINER functions with a pinned search_path, so none of these roles
--- needs (or gets) privileges on the jobs table itself, except pgjobq_admin's SELECT.
+-- needs (or gets) privileges on the jobs table itself, except the SELECT of pgjobq_admin and
+-- pgjobq_monitor (every column but lease_token).
 
 DO $$
 BEGIN
@@ -69,6 +76,8 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cron_field(text, integer, integer, text[], text),
     pgjobq.cron_instant(timestamp, text),
     pgjobq.schedule_tick(integer),
+    pgjobq.worker_beat(text, text, integer, text, text, bigint),
+    pgjobq.worker_gone(text, bigint),
     pgjobq.worker_beat(text, text, integer, text, text),
     pgjobq.worker_gone(text),
     pgjobq.set_progress(bigint, bigint, jsonb),
@@ -122,9 +131,30 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.retry_where(text, text, text, interval, boolean),
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
-GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs TO pgjobq_admin;
+-- The retention workers keep: the admin sets it (and may prune below it), the monitor reads it.
+GRANT EXECUTE ON FUNCTION pgjobq.retention_set(interval, interval) TO pgjobq_admin;
+GRANT SELECT ON pgjobq.retention TO pgjobq_admin, pgjobq_monitor;
 
-GRANT SELECT ON pgjobq.workers, pgjobq.tallies TO pgjobq_admin;
-GRANT SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs, pgjobq.queues, pgjobq.schedules, pgjobq.workers,
-    pgjobq.tallies TO pgjobq_monitor;
+GRANT SELECT ON pgjobq.tallies TO pgjobq_admin;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.tallies TO pgjobq_monitor;
+
+-- The jobs, live and finished, and the workers: every column but the secrets (a job's lease_token, a
+-- worker's secret_hash), to the admin and the monitor.  The table-level SELECT this file granted
+-- before schema 11 is taken back first (which takes the column grants with it; they are given again
+-- below).  The columns come from the catalog, so a column that a later migration adds is granted
+-- whenever this file is applied again.
+REVOKE SELECT ON pgjobq.jobs, pgjobq.history, pgjobq.all_jobs, pgjobq.workers FROM pgjobq_admin, pgjobq_monitor;
+DO $$
+DECLARE
+    v_rel regclass;
+BEGIN
+    FOREACH v_rel IN ARRAY ARRAY['pgjobq.jobs', 'pgjobq.history', 'pgjobq.all_jobs', 'pgjobq.workers']::regclass[] LOOP
+        EXECUTE (SELECT format('GRANT SELECT (%s) ON %s TO pgjobq_admin, pgjobq_monitor',
+                               string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum), v_rel)
+                   FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = v_rel AND a.attnum > 0 AND NOT a.attisdropped
+                    AND a.attname NOT IN ('lease_token', 'secret_hash'));
+    END LOOP;
+END
+$$;
 GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;

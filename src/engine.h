@@ -105,6 +105,23 @@ int64_t pgjobq__jitter(int64_t d, unsigned *seed);
  * 5 s, so that a stopping handler can end before another worker could claim the job. */
 int64_t pgjobq__lease_margin(int64_t lease_ms);
 
+/* The registry of live workers (pgjobq.workers): a worker beats every PGJOBQ__BEAT_MS, and a row
+ * unseen for three beats is no longer alive (another worker may take its id over: worker_beat in
+ * sql/functions/monitor.sql says 15 seconds, as the dashboard does). */
+#define PGJOBQ__BEAT_MS     5000
+#define PGJOBQ__ID_STALE_MS (3 * PGJOBQ__BEAT_MS)
+
+/* What a worker does when a beat finds its id in use by another live worker. */
+typedef enum pgjobq__id_verdict {
+    PGJOBQ__ID_WAIT,    /* beat again soon: the row may be one a worker left without a word */
+    PGJOBQ__ID_GIVE_UP, /* another worker runs under this id: do not start */
+    PGJOBQ__ID_TAKEN    /* registered before: the id was taken over while this worker went unseen */
+} pgjobq__id_verdict;
+/* registered: whether a beat of this worker succeeded before; first_refused_ms: when the first refusal
+ * came (now_ms for the first).  Before it registered, a worker waits for the row to go stale, which
+ * takes at most ID_STALE_MS and a beat from that refusal, and then gives up. */
+pgjobq__id_verdict pgjobq__id_in_use(int registered, int64_t first_refused_ms, int64_t now_ms);
+
 /* ------------------------------------------------------------------------------------------------ */
 /* cursor.c: where a claim starts (pure functions, unit-tested without a database)                   */
 

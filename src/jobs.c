@@ -9,11 +9,13 @@
 
 #include "internal.h"
 
-/* The columns every job-returning query selects, in the order jobs_from_result() reads them. */
-#define JOB_COLUMNS                                                                                \
-    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "     \
-    "state::pg_catalog.text, attempt, max_attempts, lease_token, run_at, created_at, started_at, " \
-    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                   \
+/* The columns every job-reading query selects, in the order jobs_from_result() reads them.  Not the
+ * lease token: it is the holder's secret, which only a claim returns to its claimer (the admin and
+ * monitor roles may not read the column: sql/roles.sql); a job read here has lease_token 0. */
+#define JOB_COLUMNS                                                                                          \
+    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "               \
+    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8, run_at, created_at, started_at, " \
+    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                             \
     "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, NULL::pg_catalog.jsonb"
 
 enum {

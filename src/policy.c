@@ -115,3 +115,10 @@ int64_t pgjobq__lease_margin(int64_t lease_ms)
 {
     return lease_ms / 10 < 5000 ? lease_ms / 10 : 5000;
 }
+
+pgjobq__id_verdict pgjobq__id_in_use(int registered, int64_t first_refused_ms, int64_t now_ms)
+{
+    if (registered)
+        return PGJOBQ__ID_TAKEN;
+    return now_ms - first_refused_ms < PGJOBQ__ID_STALE_MS + PGJOBQ__BEAT_MS ? PGJOBQ__ID_WAIT : PGJOBQ__ID_GIVE_UP;
+}

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -55,7 +56,10 @@
  * logged. */
 #define FAIL_LOG_MAX 10
 #define FAIL_LOG_WINDOW_MS 10000
-#define BEAT_EVERY_MS 5000 /* pgjobq.workers: a worker unseen for three beats is not alive */
+/* pgjobq.workers: a worker unseen for three beats is not alive; while its id is in use by another live
+ * worker, a worker asks again every BEAT_RETRY_MS. */
+#define BEAT_EVERY_MS PGJOBQ__BEAT_MS
+#define BEAT_RETRY_MS 1000
 #define FIRST_PRUNE_MS 5000
 #define PRUNE_EVERY_MS 60000
 #define LISTEN_CHECK_MS 10000
@@ -95,15 +99,16 @@ static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_A
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
-static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT};
+static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
 static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
     {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3, complete_types},
     {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
     {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3, reason_types},
     {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
     {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
-    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows. */
-    {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5)", 5, beat_types}};
+    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
+     * secret, which makes the row its own. */
+    {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types}};
 static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
 
 /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
@@ -198,10 +203,13 @@ struct pgjobq_worker {
     int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
     int64_t next_full_rescue_ms;
     char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
+    char secret_s[24];                         /* random, drawn at start: its row of pgjobq.workers is its own */
+    int registered;                            /* a beat had the id (or failed for another reason): claims may start */
+    int64_t id_refused_ms;                     /* when a beat first found the id in use by a live worker; 0: never */
     int need_listen;
     int claim_rr; /* round-robin start among queues */
     pgjobq__ticks ticks; /* the latest claims' ticks (cursor.c) */
-    char lease_s[48], completed_s[48], failed_s[48];
+    char lease_s[48], completed_s[48], failed_s[48]; /* the retention: "" for the database's */
 
     /* Statistics. */
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
@@ -315,10 +323,6 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
         w->o.shutdown_timeout_ms = 30000;
     if (w->o.batch_max == 0)
         w->o.batch_max = 1000;
-    if (w->o.retain_completed_ms == 0)
-        w->o.retain_completed_ms = INT64_C(24) * 3600 * 1000;
-    if (w->o.retain_failed_ms == 0)
-        w->o.retain_failed_ms = INT64_C(7) * 24 * 3600 * 1000;
 
     if (w->o.lease_ms < 100 || w->o.lease_ms > INT64_C(31536000000))
         return werr(w, PGJOBQ_EINVAL, "the lease must be between 100 ms and one year");
@@ -343,7 +347,14 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
             return werr(w, PGJOBQ_EINVAL, "the worker id must be 1 to 255 bytes of UTF-8");
         memcpy(w->worker_id, w->o.worker_id, len + 1);
     } else {
-        snprintf(w->worker_id, sizeof w->worker_id, "%s:%d", host, (int)getpid());
+        /* Two live workers cannot share an id: the second and later workers of a process get a
+         * number. */
+        static _Atomic int made;
+        int k = atomic_fetch_add(&made, 1) + 1;
+        if (k == 1)
+            snprintf(w->worker_id, sizeof w->worker_id, "%s:%d", host, (int)getpid());
+        else
+            snprintf(w->worker_id, sizeof w->worker_id, "%s:%d.%d", host, (int)getpid(), k);
     }
     snprintf(w->host, sizeof w->host, "%s", host);
     snprintf(w->pid_s, sizeof w->pid_s, "%d", (int)getpid());
@@ -764,9 +775,9 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
 /* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
 static void send_beat(pgjobq_worker *w, int64_t now)
 {
-    const char *values[5] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s};
+    const char *values[6] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s};
 
-    w->next_beat_ms = now + BEAT_EVERY_MS;
+    w->next_beat_ms = now + (w->id_refused_ms && !w->registered ? BEAT_RETRY_MS : BEAT_EVERY_MS);
     if (w->queues_s[0] == '\0') {
         size_t len = 0;
         for (int i = 0; i < w->nqueues && len < sizeof w->queues_s; i++) {
@@ -781,10 +792,48 @@ static void send_beat(pgjobq_worker *w, int64_t now)
         w->req[C_WRITE].kind = R_BEAT;
 }
 
-static void beat_done(pgjobq_worker *w, PGresult *r)
+/* A beat's answer.  The registry refuses a beat (55006, object_in_use) when the id is another live
+ * worker's: before this worker registered it waits for a row that a worker which stopped without a
+ * word left (claiming nothing meanwhile), then gives up; once registered, the id was taken over while
+ * this worker went unseen, and it stops.  Any other failure is only logged: the registry is what the
+ * dashboard shows, not something the work needs. */
+static void beat_done(pgjobq_worker *w, PGresult *r, int64_t now)
 {
-    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+
+    if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+        if (!w->registered && w->id_refused_ms)
+            wlog(w, PGJOBQ_LOG_INFO, "worker id %s is free again: starting", w->worker_id);
+        w->registered = 1;
+        return;
+    }
+    if (state == NULL || strcmp(state, "55006") != 0) {
         wlog(w, PGJOBQ_LOG_WARN, "could not record this worker in pgjobq.workers: %s", PQresultErrorMessage(r));
+        w->registered = 1;
+        return;
+    }
+    if (w->id_refused_ms == 0)
+        w->id_refused_ms = now;
+    switch (pgjobq__id_in_use(w->registered, w->id_refused_ms, now)) {
+    case PGJOBQ__ID_WAIT:
+        if (w->id_refused_ms == now)
+            wlog(w, PGJOBQ_LOG_WARN, "%s; waiting up to %d s for it to go (a worker that stopped without a word)",
+                 msg ? msg : "worker id in use", (PGJOBQ__ID_STALE_MS + PGJOBQ__BEAT_MS) / 1000);
+        w->next_beat_ms = now + BEAT_RETRY_MS;
+        break;
+    case PGJOBQ__ID_GIVE_UP:
+        w->fatal =
+            werr(w, PGJOBQ_ECONFLICT, "%s: give each worker its own id (--worker-id)", msg ? msg : "worker id in use");
+        wlog(w, PGJOBQ_LOG_ERROR, "%s", w->errmsg);
+        break;
+    case PGJOBQ__ID_TAKEN:
+        w->fatal = werr(w, PGJOBQ_ECONFLICT,
+                        "worker id %s was taken over by another worker while this one went unseen: %s; stopping",
+                        w->worker_id, msg ? msg : "in use");
+        wlog(w, PGJOBQ_LOG_ERROR, "%s", w->errmsg);
+        break;
+    }
 }
 
 static void phase_write(pgjobq_worker *w, int64_t now)
@@ -1187,7 +1236,8 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
-    if (w->stopping)
+    /* No claim before the registry has taken this worker's id: another live worker may have it. */
+    if (w->stopping || !w->registered)
         return;
     /* Queues in turn, starting after the one served last, so that a busy queue cannot starve others. */
     for (int k = 0; k < w->nqueues; k++) {
@@ -1237,7 +1287,7 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
         if (pgjobq__aconn_send(ac, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_HEALTH;
     } else if (now >= w->next_prune_ms) {
-        const char *values[2] = {w->completed_s, w->failed_s};
+        const char *values[2] = {w->completed_s[0] ? w->completed_s : NULL, w->failed_s[0] ? w->failed_s : NULL};
         if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
             rq->kind = R_PRUNE;
     }
@@ -1428,7 +1478,7 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
         break;
     case R_WRITE: write_done(w, rq, r); break;
     case R_HEARTBEAT: heartbeat_done(w, rq, r); break;
-    case R_BEAT: beat_done(w, r); break;
+    case R_BEAT: beat_done(w, r, now); break;
     case R_RESCUE:
     case R_PRUNE: maintain_done(w, kind == R_RESCUE, r, now); break;
     case R_TICK: tick_done(w, r); break;
@@ -1609,11 +1659,41 @@ static void init_connections(pgjobq_worker *w)
         ac->notice_arg = w;
     }
     pgjobq__ms_interval(w->lease_s, sizeof w->lease_s, w->o.lease_ms);
-    /* A negative retention means "never": an age nothing reaches. */
-    pgjobq__ms_interval(w->completed_s, sizeof w->completed_s,
-                        w->o.retain_completed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_completed_ms);
-    pgjobq__ms_interval(w->failed_s, sizeof w->failed_s,
-                        w->o.retain_failed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_failed_ms);
+    /* A negative retention means "never": an age nothing reaches.  None given (0): the prune keeps
+     * the database's (pgjobq.retention), and the strings stay empty (NULL parameters). */
+    if (w->o.retain_completed_ms != 0)
+        pgjobq__ms_interval(w->completed_s, sizeof w->completed_s,
+                            w->o.retain_completed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_completed_ms);
+    if (w->o.retain_failed_ms != 0)
+        pgjobq__ms_interval(w->failed_s, sizeof w->failed_s,
+                            w->o.retain_failed_ms < 0 ? INT64_C(3155760000000) * 10 : w->o.retain_failed_ms);
+}
+
+/* The secret that makes this worker's row of pgjobq.workers its own: 64 random bits from the kernel,
+ * never shown (the row keeps its SHA-256). */
+static int draw_secret(pgjobq_worker *w)
+{
+    uint64_t v = 0;
+    size_t got = 0;
+
+    while (got < sizeof v) {
+        ssize_t n = getrandom((char *)&v + got, sizeof v - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < sizeof v) {
+        FILE *f = fopen("/dev/urandom", "rb");
+        got = f ? fread(&v, 1, sizeof v, f) : 0;
+        if (f)
+            fclose(f);
+        if (got < sizeof v)
+            return werr(w, PGJOBQ_ENOMEM, "no random bytes for the worker's secret: %s", strerror(errno));
+    }
+    snprintf(w->secret_s, sizeof w->secret_s, "%lld", (long long)(int64_t)v);
+    return PGJOBQ_OK;
 }
 
 /* Everything has returned or given up: write what is left (best effort), then free it all. */
@@ -1622,8 +1702,8 @@ static void finish(pgjobq_worker *w)
     /* A clean stop leaves pgjobq.workers at once (a crashed worker ages out of it). */
     pgjobq__aconn *wc = &w->conn[C_WRITE];
     if (wc->state == PGJOBQ__AC_READY && !wc->busy && wc->pg && !w->fatal) {
-        const char *values[1] = {w->worker_id};
-        PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1)", 1, NULL, values, NULL, NULL, 0);
+        const char *values[2] = {w->worker_id, w->secret_s};
+        PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1, $2)", 2, NULL, values, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK)
             wlog(w, PGJOBQ_LOG_DEBUG, "could not remove this worker from pgjobq.workers: %s", PQresultErrorMessage(r));
         PQclear(r);
@@ -1661,6 +1741,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
         return werr(w, PGJOBQ_EINVAL, "no queue to serve: add a handler with pgjobq_worker_handle");
     if (atomic_load(&w->stop_requests) > 0)
         return werr(w, PGJOBQ_ESTOPPED, "pgjobq_worker_stop was called before the worker ran: it did nothing");
+    if ((rc = draw_secret(w)) != PGJOBQ_OK)
+        return rc;
     if (pipe(w->wake_pipe) != 0)
         return werr(w, PGJOBQ_ENOMEM, "pipe: %s", strerror(errno));
     for (int k = 0; k < 2; k++) {

@@ -537,3 +537,56 @@ TEST(enqueue_batch_with_copy_joins_the_callers_transaction_and_notifies_at_commi
     PQfinish(other);
     PQfinish(listener);
 }
+
+/* Runs SQL that must fail with sqlstate, its message holding expect. */
+static void sql_refused(PGconn *pg, const char *sql, const char *sqlstate, const char *expect)
+{
+    PGresult *r = PQexec(pg, sql);
+    const char *s = PQresultErrorField(r, PG_DIAG_SQLSTATE), *m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR, "accepted: %s", sql);
+    CHECK_MSG(s && strcmp(s, sqlstate) == 0, "%s: SQLSTATE %s (%s), expected %s", sql, s ? s : "?", m ? m : "",
+              sqlstate);
+    CHECK_MSG(m && strstr(m, expect), "%s: message \"%s\" lacks \"%s\"", sql, m ? m : "", expect);
+    PQclear(r);
+}
+
+/* A run_at far outside any sane range (year 99999, 4713 BC: a job due then made the queue's lag metric
+ * 2e11 s) is refused by every SQL enqueue, naming the element, within 100 years of now as the
+ * command's --delay; the schema's CHECK bounds what bypasses the functions (issue 23). */
+TEST(enqueue_sql_refuses_a_run_at_far_outside_a_hundred_years)
+{
+    PGconn *pg = t_pg();
+
+    sql_refused(pg, "SELECT pgjobq.enqueue(run_at => '99999-01-01 00:00:00+00')", "22023", "within 100 years");
+    sql_refused(pg, "SELECT pgjobq.enqueue(run_at => '4713-01-01 00:00:00+00 BC')", "22023", "run_ats[1]");
+    sql_refused(pg, "SELECT pgjobq.enqueue(run_at => now() + interval '101 years')", "22023", "within 100 years");
+    sql_refused(pg, "SELECT pgjobq.enqueue(delay => interval '101 years')", "22023", "at most 100 years");
+    sql_refused(pg, "SELECT pgjobq.enqueue(delay => interval '100000000 years')", "22023", "at most 100 years");
+    sql_refused(pg,
+                "SELECT * FROM pgjobq.enqueue_many(ARRAY['q', 'q'], NULL, NULL,"
+                " run_ats => ARRAY[now(), '99999-01-01 00:00:00+00']::timestamptz[])",
+                "22023", "run_ats[2]");
+    sql_refused(pg,
+                "SELECT * FROM pgjobq.enqueue_many(ARRAY['q', 'q'], NULL, NULL, delays => ARRAY[NULL, '200 "
+                "years']::interval[])",
+                "22023", "delays[2]");
+    /* A job with tags or parents goes through the graph path. */
+    sql_refused(pg, "SELECT pgjobq.enqueue(run_at => '4713-01-01 00:00:00+00 BC', tags => ARRAY['t'])", "22023",
+                "within 100 years");
+    sql_refused(pg, "SELECT pgjobq.enqueue(delay => interval '150 years', tags => ARRAY['t'])", "22023",
+                "at most 100 years");
+    /* Rows that bypass the functions (COPY, a graph, by hand): the schema's fixed range. */
+    sql_refused(pg, "INSERT INTO pgjobq.jobs (run_at) VALUES ('99999-01-01 00:00:00+00')", "23514",
+                "jobs_run_at_range");
+    sql_refused(pg, "INSERT INTO pgjobq.jobs (run_at) VALUES ('4713-01-01 00:00:00+00 BC')", "23514",
+                "jobs_run_at_range");
+    CHECK_INT(count_jobs(pg), 0);
+    /* Within the bounds: far, but accepted. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(run_at => now() + interval '99 years')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(run_at => now() - interval '99 years')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(delay => interval '99 years', tags => ARRAY['t'])"));
+    PQclear(t_exec(
+        pg, "SELECT * FROM pgjobq.enqueue_many(ARRAY['q'], NULL, NULL, delays => ARRAY['36500 days'::interval])"));
+    CHECK_INT(count_jobs(pg), 4);
+    PQfinish(pg);
+}

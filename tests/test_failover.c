@@ -701,8 +701,8 @@ TEST_FULL(failover_to_a_stalled_asynchronous_standby_loses_what_it_had_not_recei
     CHECK_MSG(v.enq_stall > 0 && v.done_stall > 0, "nothing was acknowledged while the standby was detached");
     /* Everything acknowledged in that second is gone, and found gone: an enqueue whose id the new
      * primary gave to another job is not mistaken for it (the payload's mark), and a completion is not
-     * mistaken for a later run of the job under a lease token given out again (tokens are at least the
-     * claim's time, so the new primary's are larger). */
+     * mistaken for a later run of the job under a lease token given out again (tokens are random: the
+     * new primary's differ from the old one's). */
     CHECK_MSG(v.enq_lost >= v.enq_stall, "%lld enqueues acknowledged while detached, only %lld found lost", v.enq_stall,
               v.enq_lost);
     CHECK_MSG(v.done_lost >= v.done_stall, "%lld completions acknowledged while detached, only %lld found lost",

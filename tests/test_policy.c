@@ -312,3 +312,14 @@ TEST(policy_a_woken_claim_that_keeps_finding_nothing_waits_longer_each_time)
     v.last_full = 1;
     CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 32);
 }
+
+TEST(policy_a_worker_id_in_use_is_waited_for_until_the_row_could_be_stale_then_refused)
+{
+    /* Before registering: wait while a row left by a worker that died could still look alive. */
+    CHECK_INT(pgjobq__id_in_use(0, 1000, 1000), PGJOBQ__ID_WAIT);
+    CHECK_INT(pgjobq__id_in_use(0, 1000, 1000 + PGJOBQ__ID_STALE_MS), PGJOBQ__ID_WAIT);
+    CHECK_INT(pgjobq__id_in_use(0, 1000, 1000 + PGJOBQ__ID_STALE_MS + PGJOBQ__BEAT_MS - 1), PGJOBQ__ID_WAIT);
+    CHECK_INT(pgjobq__id_in_use(0, 1000, 1000 + PGJOBQ__ID_STALE_MS + PGJOBQ__BEAT_MS), PGJOBQ__ID_GIVE_UP);
+    /* Registered before: someone took the id over. */
+    CHECK_INT(pgjobq__id_in_use(1, 1000, 1000), PGJOBQ__ID_TAKEN);
+}

@@ -1,7 +1,10 @@
 /*
  * test_roles.c - least privilege: a producer can only enqueue, a worker can only run jobs, an admin can
- * look; each works with a hostile search_path; and migrations run as a non-superuser owner.
+ * look; each works with a hostile search_path; and migrations run as a non-superuser owner.  What a
+ * worker role can do to other workers: their jobs' lease tokens, the retention of history, and their
+ * rows in the registry of workers.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,6 +299,476 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     CHECK_STR(raw_as(mon, "SELECT pgjobq.worker_beat('w', 'h', 1, 'v', 'q')"), "42501");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
     pgjobq_client_close(mon);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
+/* The functions a role may run whose result has a lease token (a column named like one, or whole job
+ * rows), sorted, comma-separated (malloc'd). */
+static char *token_functions(PGconn *pg, const char *role)
+{
+    return t_str(pg,
+                 "SELECT coalesce(string_agg(p.proname, ',' ORDER BY p.proname), '') FROM pg_proc p"
+                 " WHERE p.pronamespace = 'pgjobq'::regnamespace AND has_function_privilege('%s', p.oid, 'EXECUTE')"
+                 "   AND (p.prorettype IN ('pgjobq.jobs'::regtype, 'pgjobq.history'::regtype,"
+                 "                         'pgjobq.all_jobs'::regtype)"
+                 "        OR EXISTS (SELECT 1 FROM unnest(p.proargnames, p.proargmodes) AS a(n, m)"
+                 "                    WHERE a.m IN ('o', 'b', 't') AND a.n LIKE '%%token%%'))",
+                 role);
+}
+
+/* The lease token is the holder's secret (issue 23, item 9): the monitor and the admin read every
+ * column of the jobs but that one; no function another role may run returns one, but the claims to
+ * their claimer; so another worker cannot learn it, nor make it from when the job was claimed, and
+ * cannot complete the job. */
+TEST(roles_no_role_reads_a_lease_token_and_no_worker_completes_another_workers_job)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    pgjobq_job *jobs = NULL, *seen = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+
+    roles_setup();
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
+                   " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk2"));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{\"n\": 1}", NULL, &id));
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{\"n\": 2}", NULL, NULL));
+    pgjobq_client *wrk = as_role("wrk"), *wrk2 = as_role("wrk2"), *mon = as_role("mon"), *adm = as_role("adm");
+
+    long long before = t_int(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 1, 60000, "wrk", &jobs, &n));
+    long long after = t_int(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, id);
+    /* A finished job keeps its token in the history: hidden there too. */
+    pgjobq_job *other = NULL;
+    CHECK_OK(wrk2, pgjobq_claim(wrk2, "default", 1, 60000, "wrk2", &other, &n));
+    CHECK_OK(wrk2, pgjobq_job_complete(wrk2, other[0].id, other[0].lease_token, NULL));
+
+    /* Reading: every column but the token. */
+    pgjobq_client *readers[] = {mon, adm};
+    for (int k = 0; k < 2; k++) {
+        pgjobq_client *r = readers[k];
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.history"), "42501");
+        CHECK_STR(raw_as(r, "SELECT lease_token FROM pgjobq.all_jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT * FROM pgjobq.all_jobs"), "42501");
+        CHECK_STR(raw_as(r, "SELECT max(lease_token) FROM pgjobq.history_failed"), "42501");
+        CHECK_STR(raw_as(r, "SELECT id, state, worker_id, lease_until, result FROM pgjobq.all_jobs"), "");
+        CHECK_STR(raw_as(r, "SELECT count(*) FROM pgjobq.jobs"), "");
+        /* What the library reads for `pgjobq show` and `list`: everything but the token. */
+        CHECK_OK(r, pgjobq_job_get(r, id, &seen));
+        CHECK_INT(seen[0].state, PGJOBQ_RUNNING);
+        CHECK_STR(seen[0].worker_id, "wrk");
+        CHECK_INT(seen[0].lease_token, 0);
+        pgjobq_jobs_free(seen);
+        pgjobq_list_opts lo = PGJOBQ_LIST_OPTS_INIT;
+        CHECK_OK(r, pgjobq_job_list(r, &lo, &seen, &n));
+        CHECK_INT(n, 2);
+        CHECK_INT(seen[0].lease_token + seen[1].lease_token, 0);
+        pgjobq_jobs_free(seen);
+    }
+    CHECK_STR(raw_as(wrk2, "SELECT lease_token FROM pgjobq.jobs"), "42501");
+    /* Functions: only the claims return a token (to their claimer). */
+    char *f = token_functions(pg, "pgjobq_monitor");
+    CHECK_STR(f, "");
+    free(f);
+    f = token_functions(pg, "pgjobq_producer");
+    CHECK_STR(f, "");
+    free(f);
+    f = token_functions(pg, "pgjobq_worker");
+    CHECK_STR(f, "claim,claim_batch,claim_next");
+    free(f);
+    f = token_functions(pg, "pgjobq_admin");
+    CHECK_STR(f, "claim,claim_batch,claim_next");
+    free(f);
+
+    /* The other worker tries every microsecond around the claim (and a millisecond either side) in one
+     * statement: nothing is written. */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT * FROM pgjobq.complete_many(ARRAY(SELECT %lld::bigint FROM generate_series(%lld::bigint - 1000,"
+             " %lld::bigint + 1000)), ARRAY(SELECT generate_series(%lld::bigint - 1000, %lld::bigint + 1000)))",
+             (long long)id, before, after, before, after);
+    PGresult *r = PQexec(pgjobq_client_conn(wrk2), sql);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "complete_many as wrk2: %s",
+              PQerrorMessage(pgjobq_client_conn(wrk2)));
+    for (int i = 0; i < PQntuples(r); i++)
+        CHECK_STR(PQgetvalue(r, i, 1), "lost");
+    PQclear(r);
+    CHECK_RC(wrk2, pgjobq_job_complete(wrk2, id, 0, "{\"forged\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(wrk2, pgjobq_job_fail(wrk2, id, 1, "forged", 0, PGJOBQ_FAIL_PERMANENT, NULL), PGJOBQ_ELEASE);
+    CHECK_RC(wrk2, pgjobq_job_progress(wrk2, id, 1, "{\"forged\": true}"), PGJOBQ_ELEASE);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running' AND progress IS NULL",
+                    (long long)id),
+              1);
+    /* The holder completes it. */
+    CHECK_OK(wrk, pgjobq_job_complete(wrk, id, jobs[0].lease_token, "{\"by\": \"wrk\"}"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND result = '{\"by\": \"wrk\"}'",
+                    (long long)id),
+              1);
+    pgjobq_jobs_free(jobs);
+    pgjobq_jobs_free(other);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(wrk2);
+    pgjobq_client_close(mon);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Retention, and worker processes under the worker role                                           */
+
+/* A worker process run on a thread of the test, as a login role, its log kept. */
+typedef struct role_worker {
+    pgjobq_worker *w;
+    pthread_t th;
+    int rc;
+    pthread_mutex_t mu;
+    char log[32768];
+    size_t len;
+} role_worker;
+
+static void role_worker_log(void *arg, pgjobq_log_level level, const char *line)
+{
+    role_worker *rw = arg;
+    pthread_mutex_lock(&rw->mu);
+    int k = snprintf(rw->log + rw->len, sizeof rw->log - rw->len, "%s: %s\n", pgjobq_log_level_name(level), line);
+    if (k > 0 && rw->len + (size_t)k < sizeof rw->log)
+        rw->len += (size_t)k;
+    pthread_mutex_unlock(&rw->mu);
+}
+
+static int role_worker_logged(role_worker *rw, const char *what)
+{
+    pthread_mutex_lock(&rw->mu);
+    int found = strstr(rw->log, what) != NULL;
+    pthread_mutex_unlock(&rw->mu);
+    return found;
+}
+
+static pgjobq_outcome role_worker_job(pgjobq_ctx *ctx, void *arg)
+{
+    (void)ctx;
+    (void)arg;
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static void *role_worker_main(void *arg)
+{
+    role_worker *rw = arg;
+    rw->rc = pgjobq_worker_run(rw->w);
+    return NULL;
+}
+
+/* Starts a worker on queue "rq" as role, with its options (the log goes to rw). */
+static void role_worker_start(role_worker *rw, const char *role, pgjobq_worker_opts o)
+{
+    char ci[1024];
+
+    memset(rw, 0, sizeof *rw);
+    pthread_mutex_init(&rw->mu, NULL);
+    snprintf(ci, sizeof ci, "%s user=%s", t_conninfo(), role);
+    o.log_fn = role_worker_log;
+    o.log_arg = rw;
+    CHECK_RC(NULL, pgjobq_worker_new(&rw->w, ci, &o), PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(rw->w, "rq", NULL, 1, role_worker_job, NULL) == PGJOBQ_OK);
+    CHECK(pthread_create(&rw->th, NULL, role_worker_main, rw) == 0);
+}
+
+/* Stops it and returns what pgjobq_worker_run returned. */
+static int role_worker_stop(role_worker *rw)
+{
+    pgjobq_worker_stop(rw->w);
+    CHECK(pthread_join(rw->th, NULL) == 0);
+    pgjobq_worker_free(rw->w);
+    rw->w = NULL;
+    pthread_mutex_destroy(&rw->mu);
+    return rw->rc;
+}
+
+typedef struct log_wait {
+    role_worker *rw;
+    const char *what;
+} log_wait;
+
+static int log_seen(void *arg)
+{
+    log_wait *l = arg;
+    return role_worker_logged(l->rw, l->what);
+}
+
+/* Waits for a query to count something. */
+typedef struct row_wait {
+    PGconn *pg;
+    const char *sql;
+} row_wait;
+
+static int row_there(void *arg)
+{
+    row_wait *r = arg;
+    return t_int(r->pg, "%s", r->sql) > 0;
+}
+
+/* Finished jobs in the history, as the owner writes them: payload {"age": AGE}, finished AGE ago. */
+static void history_add(PGconn *pg, const char *st, const char *age)
+{
+    PQclear(t_exec(
+        pg,
+        "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
+        " run_at, created_at, finished_at, lease_token)"
+        " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), 'rq', 'k', jsonb_build_object('age', '%s'),"
+        " 0, '%s', 1, 1, now() - interval '%s', now() - interval '%s', now() - interval '%s', 1",
+        age, st, age, age, age));
+}
+
+static long long history_count(PGconn *pg)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.history");
+}
+
+/* prune below the configured retention (pgjobq.retention) needs pgjobq_admin: a worker role cannot erase
+ * the history (issue 23, item 11); the configured retention, or a longer one, it may keep. */
+TEST(roles_a_worker_cannot_prune_below_the_configured_retention_and_an_admin_can)
+{
+    PGconn *pg = t_pg();
+    int removed = -1;
+
+    roles_setup();
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    history_add(pg, "completed", "2 hours");
+    history_add(pg, "failed", "2 days");
+    pgjobq_client *wrk = as_role("wrk"), *adm = as_role("adm"), *mon = as_role("mon");
+
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s')"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune(NULL, '1 day')"), "42501");
+    CHECK_RC(wrk, pgjobq_prune(wrk, 0, 0, 1000, &removed), PGJOBQ_EPERM);
+    CHECK_MSG(strstr(pgjobq_errmsg(wrk), "shorter than the configured retention") != NULL, "%s", pgjobq_errmsg(wrk));
+    CHECK_INT(history_count(pg), 2);
+    /* The configured retention, or longer: a worker may. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune()"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('24 hours', '7 days', 1000)"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('48 hours', '30 days', 1000)"), "");
+    CHECK_INT(history_count(pg), 2);
+    /* Only the admin sets it; the monitor reads it. */
+    CHECK_STR(raw_as(wrk, "SELECT * FROM pgjobq.retention_set('1 second', '1 second')"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT * FROM pgjobq.retention_set('1 second', '1 second')"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT completed, failed FROM pgjobq.retention"), "");
+    CHECK_STR(raw_as(wrk, "UPDATE pgjobq.retention SET completed = '0 s'"), "42501");
+    CHECK_STR(raw_as(adm, "SELECT * FROM pgjobq.retention_set('1 hour', '1 day')"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '1 hour' AND failed = '1 day'"), 1);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('59 minutes', '1 day', 1000)"), "42501");
+    CHECK_INT(history_count(pg), 2);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune()"), ""); /* now both are past it */
+    CHECK_INT(history_count(pg), 0);
+    /* The admin prunes below it.  (A completed job goes with its hour's partition, once the hour is
+     * over: one of the current hour would stay until then.) */
+    history_add(pg, "completed", "61 minutes");
+    history_add(pg, "failed", "2 minutes");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.prune('0 s', '0 s', 1000)"), "42501");
+    CHECK_INT(history_count(pg), 2);
+    CHECK_OK(adm, pgjobq_prune(adm, 0, 0, 1000, &removed));
+    CHECK_INT(history_count(pg), 0);
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(mon);
+    PQfinish(pg);
+}
+
+/* A worker process under the worker role prunes with the database's retention when it is given none,
+ * and says in its log why a retention shorter than that is refused. */
+TEST_FULL(roles_a_worker_process_prunes_with_the_configured_retention, 90, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *adm;
+    role_worker rw;
+
+    roles_setup();
+    adm = as_role("adm");
+    CHECK_STR(raw_as(adm, "SELECT * FROM pgjobq.retention_set('1 hour', '1 day')"), "");
+    history_add(pg, "completed", "3 hours");
+    history_add(pg, "failed", "2 days");
+    history_add(pg, "completed", "10 minutes");
+    history_add(pg, "failed", "10 minutes");
+
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    o.worker_id = "pruner";
+    role_worker_start(&rw, "wrk", o);
+    row_wait pruned = {pg, "SELECT (count(*) = 2)::int FROM pgjobq.history"};
+    CHECK_MSG(t_wait_until(row_there, &pruned, 30000), "no prune; the worker's log:\n%s", rw.log);
+    CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
+    CHECK_MSG(strstr(rw.log, "pruned") != NULL, "%s", rw.log);
+    CHECK_MSG(strstr(rw.log, "failed") == NULL, "%s", rw.log);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'age' = '10 minutes'"), 2);
+
+    /* Shorter than the database's: refused, and said. */
+    o.retain_completed_ms = 60000;
+    o.retain_failed_ms = 60000;
+    role_worker_start(&rw, "wrk", o);
+    log_wait lw = {&rw, "shorter than the configured retention"};
+    CHECK_MSG(t_wait_until(log_seen, &lw, 30000), "no refusal in the worker's log:\n%s", rw.log);
+    CHECK_INT(role_worker_stop(&rw), PGJOBQ_OK);
+    CHECK_INT(history_count(pg), 2);
+    pgjobq_client_close(adm);
+    PQfinish(pg);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The registry of workers                                                                          */
+
+static long long worker_rows(PGconn *pg, const char *id, const char *host)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = '%s' AND host = '%s'", id, host);
+}
+
+/* A row of pgjobq.workers is its worker's (the secret it beats with): another worker role can neither
+ * overwrite nor delete it while it is live, whatever signature it calls; a stale row is taken over; the
+ * admin may remove any (issue 23, item 11). */
+TEST(roles_a_worker_cannot_beat_over_or_remove_another_live_workers_row)
+{
+    PGconn *pg = t_pg();
+
+    roles_setup();
+    PQclear(t_exec(pg,
+                   "DO $$ BEGIN"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'wrk2') THEN CREATE ROLE wrk2 LOGIN; END IF;"
+                   " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                   " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_worker TO wrk2"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    pgjobq_client *wrk = as_role("wrk"), *wrk2 = as_role("wrk2"), *adm = as_role("adm"), *mon = as_role("mon");
+
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('a', 'h1', 1, 'v', 'q:1', 111)"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('a', 'h1', 1, 'v', 'q:1', 111)"), ""); /* its own again */
+    CHECK_INT(worker_rows(pg, "a", "h1"), 1);
+    /* Another secret, or none (the signatures of schema 10): refused while the row is live. */
+    PGresult *r = PQexec(pgjobq_client_conn(wrk2), "SELECT pgjobq.worker_beat('a', 'h2', 2, 'v', 'q:1', 222)");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "55006");
+    CHECK_MSG(strstr(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY), "worker id a is in use by a live worker") != NULL,
+              "%s", PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    PQclear(r);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('a', 'h2', 2, 'v', 'q:1')"), "55006");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', 222)"), "42501");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a')"), "42501");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', NULL)"), "42501");
+    CHECK_STR(raw_as(wrk2, "UPDATE pgjobq.workers SET host = 'h2'"), "42501");
+    CHECK_INT(worker_rows(pg, "a", "h1"), 1);
+    /* Nobody reads the secret's hash; the rest, the admin and the monitor do. */
+    CHECK_STR(raw_as(mon, "SELECT secret_hash FROM pgjobq.workers"), "42501");
+    CHECK_STR(raw_as(adm, "SELECT secret_hash FROM pgjobq.workers"), "42501");
+    CHECK_STR(raw_as(mon, "SELECT id, host, pid, version, queues, started_at, last_seen FROM pgjobq.workers"), "");
+    CHECK_INT(t_int(pg, "SELECT (secret_hash = sha256(int8send(111)))::int FROM pgjobq.workers WHERE id = 'a'"), 1);
+    /* Its own goodbye removes it; an unknown id is no error. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('a', 111)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'a'"), 0);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', 222)"), "");
+
+    /* A row unseen for three beats (15 s) is taken over, and its old owner is refused. */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('b', 'h1', 1, 'v', 'q:1', 111)"), "");
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '16 seconds' WHERE id = 'b'"));
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('b', 'h2', 2, 'v', 'q:1', 222)"), "");
+    CHECK_INT(worker_rows(pg, "b", "h2"), 1);
+    CHECK_INT(t_int(pg, "SELECT (started_at > now() - interval '5 s')::int FROM pgjobq.workers WHERE id = 'b'"), 1);
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('b', 'h1', 1, 'v', 'q:1', 111)"), "55006");
+    /* A stale row may be removed by anyone who may beat. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '16 seconds' WHERE id = 'b'"));
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('b', 111)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'b'"), 0);
+
+    /* The admin removes a live row (it cannot beat over it: the duplicate would be the same mistake). */
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('c', 'h1', 1, 'v', 'q:1', 111)"), "");
+    CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_beat('c', 'h3', 3, 'v', 'q:1', 333)"), "55006");
+    CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_gone('c', NULL)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'c'"), 0);
+
+    /* A row of a library before schema 11 has no secret: a worker of this one takes it over. */
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "");
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('d', 'new', 5, 'v', 'q:1', 555)"), "");
+    CHECK_INT(worker_rows(pg, "d", "new"), 1);
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "55006");
+    pgjobq_client_close(wrk);
+    pgjobq_client_close(wrk2);
+    pgjobq_client_close(adm);
+    pgjobq_client_close(mon);
+    PQfinish(pg);
+}
+
+/* A second worker process under an id a live one has is refused with a clear error, and claims
+ * nothing; one that starts while the row of a worker that died still looks alive waits for it to go
+ * stale and then takes the id over. */
+TEST_FULL(roles_a_second_worker_with_the_same_id_is_refused_and_a_dead_ones_id_is_taken_over, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    role_worker a, b;
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+
+    roles_setup();
+    eo.queue = "rq";
+    o.worker_id = "dup";
+    o.no_maintenance = 1;
+    o.poll_ms = 100;
+    role_worker_start(&a, "wrk", o);
+    row_wait rw = {pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup'"};
+    CHECK_MSG(t_wait_until(row_there, &rw, 20000), "the first worker never beat:\n%s", a.log);
+    char *owner_row =
+        t_str(pg, "SELECT ROW(host, pid, started_at, secret_hash)::text FROM pgjobq.workers WHERE id = 'dup'");
+
+    /* The second one, in the same process (so the same host and pid): refused within 20 s and a bit. */
+    int64_t t0 = t_now_ms();
+    role_worker_start(&b, "wrk", o);
+    CHECK(pthread_join(b.th, NULL) == 0);
+    CHECK_MSG(b.rc == PGJOBQ_ECONFLICT, "%s: %s\n%s", pgjobq_errname(b.rc), pgjobq_worker_errmsg(b.w), b.log);
+    CHECK_MSG(strstr(pgjobq_worker_errmsg(b.w), "worker id dup is in use by a live worker") != NULL, "%s",
+              pgjobq_worker_errmsg(b.w));
+    CHECK(t_now_ms() - t0 >= 15000);
+    CHECK(strstr(b.log, "waiting up to 20 s") != NULL);
+    pgjobq_worker_stats st;
+    pgjobq_worker_get_stats(b.w, &st);
+    CHECK_INT(st.claims, 0); /* not one claim statement */
+    pgjobq_worker_free(b.w);
+    pthread_mutex_destroy(&b.mu);
+    char *row = t_str(pg, "SELECT ROW(host, pid, started_at, secret_hash)::text FROM pgjobq.workers WHERE id = 'dup'");
+    CHECK_STR(row, owner_row);
+    free(row);
+    /* The first one works on, and leaves cleanly. */
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &eo, NULL));
+    row_wait done = {pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'"};
+    CHECK_MSG(t_wait_until(row_there, &done, 20000), "the first worker ran nothing:\n%s", a.log);
+    CHECK_INT(role_worker_stop(&a), PGJOBQ_OK);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup'"), 0);
+
+    /* A worker that died under the id 10 s ago (its row, with another secret, still looks alive): the
+     * next one waits about 5 s for it to go stale, then takes the id over and works. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.workers (id, host, pid, version, queues, started_at, last_seen, secret_hash)"
+                       " VALUES ('dup', 'gone', 9, 'v', 'rq:1', now() - interval '1 hour', now() - interval '10 s',"
+                       " sha256(int8send(42)))"));
+    t0 = t_now_ms();
+    role_worker_start(&b, "wrk", o);
+    row_wait taken = {pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup' AND host <> 'gone'"};
+    CHECK_MSG(t_wait_until(row_there, &taken, 20000), "the id was not taken over:\n%s", b.log);
+    CHECK(t_now_ms() - t0 >= 3000);
+    CHECK_OK(owner, pgjobq_enqueue(owner, "{}", &eo, NULL));
+    done.sql = "SELECT (count(*) >= 2)::int FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'";
+    CHECK_MSG(t_wait_until(row_there, &done, 20000), "no job ran");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'"), 2);
+    CHECK_INT(role_worker_stop(&b), PGJOBQ_OK);
+    CHECK(strstr(b.log, "is free again") != NULL);
+    free(owner_row);
     pgjobq_client_close(owner);
     PQfinish(pg);
 }

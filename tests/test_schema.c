@@ -37,9 +37,10 @@ static const char *srcdir(void)
 }
 
 /* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
- * released them, each creating its own functions, before sql/functions held them): 1 to
- * RELEASED_VERSIONS. */
-#define RELEASED_VERSIONS 9
+ * released them; up to version 9 each created its own functions, from version 10 on the release's
+ * function files are beside it, in functions-NNN): 1 to RELEASED_VERSIONS. */
+#define RELEASED_VERSIONS         10
+#define FIRST_WITH_FUNCTION_FILES 10
 static char *released_migration(int v)
 {
     char pattern[4096];
@@ -61,8 +62,50 @@ static void run_script(PGconn *pg, const char *sql, const char *what)
     PQclear(r);
 }
 
+static int cmp_names(const void *a, const void *b);
+
+/* What the runner of a release with function files (version v) did after its last migration: the
+ * files of tests/fixtures/released/functions-NNN in name order, the functions taken from PUBLIC, and
+ * the files' checksum recorded (here a mark: no later library has these files). */
+static void apply_released_functions(PGconn *pg, int v)
+{
+    char dirpath[4096], path[4400], *names[64];
+    size_t n = 0;
+    struct dirent *e;
+
+    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", srcdir(), v);
+    DIR *d = opendir(dirpath);
+    CHECK_MSG(d != NULL, "cannot open %s", dirpath);
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0)
+            continue;
+        CHECK(n < sizeof names / sizeof names[0]);
+        names[n] = strdup(e->d_name);
+        CHECK(names[n] != NULL);
+        n++;
+    }
+    CHECK(closedir(d) == 0);
+    CHECK_MSG(n > 0, "no function files in %s", dirpath);
+    qsort(names, n, sizeof names[0], cmp_names);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
+        char *sql = src_read(path);
+        run_script(pg, sql, "a released function file");
+        free(sql);
+        free(names[i]);
+    }
+    PQclear(t_exec(pg, "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC"));
+    PQclear(t_exec(pg, "CREATE TABLE IF NOT EXISTS pgjobq.function_files (checksum text NOT NULL,"
+                       " library text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"));
+    PQclear(t_exec(pg, "GRANT SELECT ON pgjobq.function_files TO PUBLIC"));
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.function_files"));
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.function_files (checksum, library) VALUES ('released %d', 'released')", v));
+}
+
 /* Makes the database what an earlier pgjobq left at schema version k: the released migrations 1..k,
- * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on). */
+ * each recorded as that pgjobq's runner did (with its "-- needs: N" from version 7 on), and from
+ * version 10 on the function files of version k after the last one. */
 static void build_released(PGconn *pg, int k)
 {
     for (int v = 1; v <= k; v++) {
@@ -77,6 +120,8 @@ static void build_released(PGconn *pg, int k)
         }
         free(sql);
     }
+    if (k >= FIRST_WITH_FUNCTION_FILES)
+        apply_released_functions(pg, k);
 }
 
 TEST_FULL(schema_migrate_is_idempotent, 60, TEST_DB_EMPTY)
@@ -329,12 +374,65 @@ TEST_FULL(schema_upgrade_from_version_2_moves_finished_jobs_to_history, 60, TEST
     PQfinish(pg);
 }
 
+/* A database at version 10 with what migration 11 bounds: live jobs due in year 99999 and in 4713 BC
+ * (which version 10 accepted) move to the nearer end of jobs_run_at_range, and every other job is
+ * left as it was; a worker's row stays, and what a library of version 10 calls works. */
+TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_workers, 60, TEST_DB_EMPTY)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = NULL;
+    int applied = -1;
+
+    build_released(pg, 10);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 1}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 2}',"
+                       " run_at => '99999-01-01 00:00:00+00')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 3}',"
+                       " run_at => '4713-01-01 00:00:00+00 BC')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 4}', delay => interval '1 hour')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    char *kept = t_str(pg, "SELECT string_agg(ROW(id, run_at, ready_at, payload)::text, ',' ORDER BY id)"
+                           " FROM pgjobq.jobs WHERE payload->>'n' IN ('1', '4')");
+
+    CHECK_RC(c, pgjobq_client_open(&c, t_conninfo()), PGJOBQ_ESCHEMA);
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - 10);
+
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 4);
+    CHECK_INT(t_int(pg, "SELECT (run_at = '9999-12-31 23:59:59+00')::int FROM pgjobq.jobs WHERE payload->>'n' = '2'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT (run_at = '1900-01-01 00:00:00+00')::int FROM pgjobq.jobs WHERE payload->>'n' = '3'"),
+              1);
+    char *after = t_str(pg, "SELECT string_agg(ROW(id, run_at, ready_at, payload)::text, ',' ORDER BY id)"
+                            " FROM pgjobq.jobs WHERE payload->>'n' IN ('1', '4')");
+    CHECK_STR(after, kept);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND pid = 42"), 1);
+    /* What a library of version 10 calls still works: its beat and goodbye (rows without a secret),
+     * and its prune with its default ages, which the retention of migration 11 allows. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND secret_hash IS NULL"), 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('old-worker')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '24 hours' AND failed = '7 days'"), 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.prune('24 hours', '7 days', 1000)"));
+    /* Due as before: the job of 4713 BC (now 1900) and the plain one; not those of 99999 and in an hour. */
+    pgjobq_job *j = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_claim(c, "q", 10, 30000, "w", &j, &n));
+    CHECK_INT(n, 2);
+    pgjobq_jobs_free(j);
+    free(kept);
+    free(after);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* The function files and upgrades from the released versions */
 
 /* What a database's pgjobq schema is, one line per object, in order: every function (its whole
  * definition, as pg_get_functiondef prints it, and its grants), every relation (kind, options,
- * grants, columns, index or view definition, partition bound), constraint and type, the schema's
+ * grants, columns with their grants, index or view definition, partition bound), constraint and type, the schema's
  * grants.  The hourly history partitions, named after the hour they were made in, count by number. */
 static const char SCHEMA_DIGEST[] =
     "WITH lines(l) AS ("
@@ -346,7 +444,8 @@ static const char SCHEMA_DIGEST[] =
     "        || ' grants ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(c.relacl) x), '-')"
     "        || ' columns ' || coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)"
     "               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END"
-    "               || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), ''), ', ' ORDER BY a.attnum)"
+    "               || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')"
+    "               || coalesce(' grants ' || a.attacl::text, ''), ', ' ORDER BY a.attnum)"
     "          FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
     "         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '-')"
     "        || ' ' || coalesce(pg_get_indexdef(c.oid), '') || coalesce(pg_get_viewdef(c.oid), '')"
@@ -634,7 +733,7 @@ static int64_t job_id(PGconn *pg, int n)
 }
 
 /* The library's transitions on the upgraded database: the job the old version's worker holds completes
- * under its old token; enqueue, claim (tokens from the clock now), complete, fail and retry, cancel;
+ * under its old token; enqueue, claim (random tokens now), complete, fail and retry, cancel;
  * a child waiting since the old version runs once its parent completes. */
 static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t token3)
 {
@@ -651,7 +750,7 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_OK(c, pgjobq_claim(c, "q", 10, 30000, "new-worker", &jobs, &n));
     CHECK_INT(n, k >= 9 ? 4 : 3); /* 7, 1, (8 from version 9,) 11 */
     for (size_t i = 0; i < n; i++) {
-        CHECK(jobs[i].lease_token > INT64_C(1000000000000000)); /* at least the claim's time in µs */
+        CHECK(jobs[i].lease_token > 0 && jobs[i].lease_token != token3);
         if (i == 0) {
             CHECK_OK(c, pgjobq_job_fail(c, jobs[i].id, jobs[i].lease_token, "again", 0, 0, &st));
             CHECK_INT(st, PGJOBQ_QUEUED);
@@ -672,8 +771,8 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this
  * library: the jobs are all there as they were, the functions, their definitions and the grants are
  * exactly those of a new database, and the transitions work.  Roles arrived with version 2: from there
- * on the database has the schema grants that `pgjobq migrate --roles` gave it (at version 9, the
- * released roles.sql itself), so migrating grants the roles again what the function files re-created,
+ * on the database has the schema grants that `pgjobq migrate --roles` gave it (at versions 9 and 10,
+ * the released roles.sql itself), so migrating grants the roles again what the function files re-created,
  * a claim_batch that migration 9 dropped included. */
 TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120, TEST_DB_EMPTY)
 {
@@ -703,9 +802,12 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         before = jobs_snapshot(pg, jobs_table);
         if (k >= 4)
             extra_before = settings_snapshot(pg);
-        if (k == RELEASED_VERSIONS) {
+        if (k >= 9) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+            if (k == 9)
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+            else
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", srcdir(), k);
             char *roles = src_read(path);
             run_script(pg, roles, "the released roles.sql");
             free(roles);

@@ -269,3 +269,16 @@ BEGIN
     RETURN pgjobq.history_move_cancelled(v_ids, NULL);
 END
 $$;
+
+-- caller_is_admin(): whether the role that logged in (session_user: inside a SECURITY DEFINER
+-- function current_user is the function's owner) may administer pgjobq: a member of pgjobq_admin (when
+-- that role exists), or of the schema's owner; a superuser is a member of every role.  What the
+-- admin role alone may do inside functions every worker may run: prune below the configured retention
+-- (maintenance.sql), remove another live worker's row from the registry (monitor.sql).
+CREATE OR REPLACE FUNCTION pgjobq.caller_is_admin() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(pg_has_role(session_user, to_regrole('pgjobq_admin')::oid, 'MEMBER'), false)
+        OR pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgjobq'), 'MEMBER')
+$$;

@@ -21,12 +21,16 @@
 -- stops at the first row that is queued in the snapshot of the claim that moves it, and a row locked
 -- by a running claim is), and every worker claims from the marks once a second.
 --
--- The lease token is the job's previous token plus one, and at least the claim's time on the database
--- clock in microseconds.  Plus one alone could repeat itself after a failover to an asynchronous
--- standby that lost the last claim of a job: a worker still holding the lease the old primary gave
--- would pass the fencing check of a lease it never had.  With the clock in it, every token the new
--- primary gives is greater than any the old one gave, as long as the two servers' clocks agree to
--- within the failover time.
+-- The lease token is 62 random bits from the server's strong random source (gen_random_uuid(), which
+-- reads pg_strong_random()), plus one: only the claimer learns it, and nobody can work it out.  It
+-- fences every write of the holder (transitions.sql), so it is the holder's secret: a token made of
+-- the claim's time (schema 7 to 10: at least the clock in microseconds, the same for every job of a
+-- claim) let any worker that knew roughly when a job was claimed complete it with a forged result,
+-- trying the few thousand microseconds of the window in one complete_many.  A random token is also
+-- never handed out again after a failover to an asynchronous standby that lost the last claim of a
+-- job (what the clock was there for: the old holder would pass the fencing check of a lease it never
+-- had), whatever the servers' clocks say: two claims of a job draw the same token with a chance of
+-- 2^-62.
 --
 -- The queue's settings (pgjobq.queues): a paused queue's claim returns nothing.  A claim from a queue
 -- with a limit first locks the queue's row (FOR UPDATE), so that limited claims of one queue run one
@@ -259,7 +263,8 @@ BEGIN
                FOR UPDATE SKIP LOCKED)
         UPDATE pgjobq.jobs j
            SET state = 'running', attempt = j.attempt + 1,
-               lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
+               lease_token = (('x' || right(replace(gen_random_uuid()::text, '-', ''), 16))::bit(64)::bigint
+                              & 4611686018427387903) + 1,
                lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
          WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
         RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
@@ -368,7 +373,8 @@ BEGIN
                    FOR UPDATE SKIP LOCKED)
             UPDATE pgjobq.jobs j
                SET state = 'running', attempt = j.attempt + 1,
-                   lease_token = greatest(j.lease_token + 1, (extract(epoch FROM now()) * 1000000)::bigint),
+                   lease_token = (('x' || right(replace(gen_random_uuid()::text, '-', ''), 16))::bit(64)::bigint
+                                  & 4611686018427387903) + 1,
                    lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
              WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
             RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,

@@ -108,6 +108,7 @@ DECLARE
     v_dup_keys text[];
     v_found    bigint;
     v_seq      regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
+    v_bad      record;
     i          integer;
 BEGIN
     IF n IS NULL OR n = 0 THEN
@@ -130,6 +131,25 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(run_ats, delays) AS u(r, d) WHERE r IS NOT NULL AND d IS NOT NULL) THEN
         RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- run_at, given or made of a delay, within 100 years of now (the cap of the command's --delay): a
+    -- date far outside (year 99999, 4713 BC) is a mistake, and would make the queue's lag absurd.
+    -- (The schema's jobs_run_at_range is the fixed, wider bound of what does not come through here.)
+    IF run_ats IS NOT NULL OR delays IS NOT NULL THEN
+        SELECT u.o, u.r, u.d INTO v_bad
+          FROM unnest(run_ats, delays) WITH ORDINALITY AS u(r, d, o)
+         WHERE CASE WHEN u.r IS NOT NULL
+                    THEN u.r NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years'
+                    WHEN u.d > interval '200 years' THEN true
+                    ELSE now() + u.d > now() + interval '100 years' END
+         ORDER BY u.o LIMIT 1;
+        IF FOUND AND v_bad.r IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: run_ats[%] is %: run_at must be within 100 years of now', v_bad.o,
+                v_bad.r USING ERRCODE = 'invalid_parameter_value';
+        ELSIF FOUND THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: delays[%] is %: a delay is at most 100 years', v_bad.o, v_bad.d
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
 
     -- This transaction's id before the rows' ready_at (their claim key) is read: see claim.sql.
@@ -255,6 +275,14 @@ BEGIN
     END IF;
     IF run_at IS NOT NULL AND delay IS NOT NULL THEN
         RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF run_at NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years' THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: run_at is %: it must be within 100 years of now', run_at
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF (CASE WHEN delay > interval '200 years' THEN true
+                ELSE now() + delay > now() + interval '100 years' END) THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: delay is %: a delay is at most 100 years', delay
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- (The keys left out are those given as NULL; the payload is taken as it is.)
     SELECT g.id INTO id FROM pgjobq.enqueue_graph(jsonb_build_array(

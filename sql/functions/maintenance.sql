@@ -117,7 +117,12 @@ BEGIN
 END
 $$;
 
--- prune: retention.  Completed and cancelled jobs are removed an hour at a time: the partition of an
+-- prune: retention.  completed_age and failed_age NULL (the defaults): the retention configured in
+-- pgjobq.retention (24 hours and 7 days unless retention_set changed it), which is what a worker's
+-- maintenance passes unless it was given its own.  Ages shorter than the configured ones need the
+-- caller to be a member of pgjobq_admin (or of the schema's owner: caller_is_admin): otherwise any
+-- worker role could erase all history (prune('0s', '0s')).  42501 then.
+-- Completed and cancelled jobs are removed an hour at a time: the partition of an
 -- hour is dropped once the whole hour (the partition's end) is older than completed_age (so a job is
 -- kept at least completed_age and at most an hour longer), without a DELETE or a VACUUM.  Failed jobs
 -- older than failed_age, and rows in the default partition older than their age, are deleted, at most
@@ -130,8 +135,8 @@ $$;
 -- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
 -- when it was never analyzed); call again while it returns max_jobs or more.
 CREATE OR REPLACE FUNCTION pgjobq.prune(
-    completed_age interval DEFAULT '24 hours',
-    failed_age    interval DEFAULT '7 days',
+    completed_age interval DEFAULT NULL,
+    failed_age    interval DEFAULT NULL,
     max_jobs      integer  DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -144,9 +149,21 @@ DECLARE
     v_part    record;
     v_keep    bigint[];
     v_created integer := 0;
+    v_ret     pgjobq.retention%ROWTYPE;
 BEGIN
-    IF completed_age IS NULL OR failed_age IS NULL OR completed_age < interval '0' OR failed_age < interval '0' THEN
+    SELECT r.* INTO v_ret FROM pgjobq.retention r;
+    v_ret.completed := coalesce(v_ret.completed, interval '24 hours');
+    v_ret.failed := coalesce(v_ret.failed, interval '7 days');
+    completed_age := coalesce(completed_age, v_ret.completed);
+    failed_age := coalesce(failed_age, v_ret.failed);
+    IF completed_age < interval '0' OR failed_age < interval '0' THEN
         RAISE EXCEPTION 'pgjobq.prune: ages must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (completed_age < v_ret.completed OR failed_age < v_ret.failed) AND NOT pgjobq.caller_is_admin() THEN
+        RAISE EXCEPTION 'pgjobq.prune: keeping completed jobs % and failed ones % is shorter than the configured retention (% and %)',
+            completed_age, failed_age, v_ret.completed, v_ret.failed
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Pruning below it needs pgjobq_admin; pgjobq.retention_set() changes the retention.';
     END IF;
     FOR v_part IN
         SELECT c.relname, c.reltuples
@@ -222,4 +239,18 @@ BEGIN
        AND EXISTS (SELECT 1 FROM pgjobq.lows n WHERE n.queue = l.queue AND n.priority = l.priority AND n.at > l.at);
     RETURN v_count;
 END
+$$;
+
+-- retention_set(completed_age, failed_age): the retention every worker's prune keeps (pgjobq.retention;
+-- NULL: leave that one as it is).  Returns the retention now.  For pgjobq_admin.
+CREATE OR REPLACE FUNCTION pgjobq.retention_set(completed_age interval DEFAULT NULL, failed_age interval DEFAULT NULL)
+RETURNS TABLE (completed interval, failed interval)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgjobq.retention AS r (one, completed, failed)
+    VALUES (true, coalesce($1, interval '24 hours'), coalesce($2, interval '7 days'))
+    ON CONFLICT ON CONSTRAINT retention_pkey DO UPDATE
+       SET completed = coalesce($1, r.completed), failed = coalesce($2, r.failed), updated_at = now()
+    RETURNING r.completed, r.failed
 $$;

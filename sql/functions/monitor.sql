@@ -16,22 +16,52 @@ AS $$
      GROUP BY 1, 2 ORDER BY 1, 2
 $$;
 
--- worker_beat(id, host, pid, version, queues): the worker `id` (serving queues "name:concurrency,...")
--- is alive now; started_at is its first beat (or the first since its pid changed).  Also forgets
+-- The registry of live workers, pgjobq.workers: each worker process says it is alive every 5 seconds
+-- (worker_beat), and leaves on a clean stop (worker_gone); `pgjobq serve` shows it.  A row belongs to
+-- the worker that wrote it: the worker draws a random 64-bit secret at start, never shows it, and
+-- passes it with every beat and with its goodbye; the row keeps its SHA-256.  A beat or a goodbye
+-- with another secret is refused while the row is live (seen in the last 15 seconds: three beats,
+-- as the dashboard counts), so that no worker role can overwrite or delete another live worker's row,
+-- and two live workers cannot share an id.  A row unseen for longer is taken over by the next beat
+-- (a worker that crashed and was started again under the same id waits that long).  The admin role
+-- (or the schema's owner) may remove any row; it may not beat over a live one (the duplicate would
+-- be the same mistake).  Rows without a secret were written by libraries before schema 11 (whose
+-- worker_beat(id, host, pid, version, queues) and worker_gone(id) below write rows without one):
+-- anyone may take them over.
+
+-- worker_beat(id, host, pid, version, queues, secret): the worker `id` (serving queues
+-- "name:concurrency,...") is alive now; started_at is its first beat (or the first since its pid or
+-- its secret changed).  55006 (object_in_use) when the id is another live worker's.  Also forgets
 -- workers unseen for a day and tallies older than a day (one caller at a time does that).
-CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text) RETURNS void
+CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text,
+                                              secret bigint)
+RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_hash bytea := sha256(int8send(worker_beat.secret));
+    v_row  pgjobq.workers%ROWTYPE;
 BEGIN
-    INSERT INTO pgjobq.workers AS w (id, host, pid, version, queues, started_at)
+    INSERT INTO pgjobq.workers AS w (id, host, pid, version, queues, started_at, secret_hash)
     VALUES (left(worker_beat.id, 255), left(worker_beat.host, 255), worker_beat.pid, left(worker_beat.version, 64),
-            left(worker_beat.queues, 4096), now())
+            left(worker_beat.queues, 4096), now(), v_hash)
     ON CONFLICT ON CONSTRAINT workers_pkey DO UPDATE
        SET host = excluded.host, pid = excluded.pid, version = excluded.version, queues = excluded.queues,
-           started_at = CASE WHEN w.pid = excluded.pid AND w.host = excluded.host THEN w.started_at
-                             ELSE now() END,
-           last_seen = now();
+           started_at = CASE WHEN w.pid = excluded.pid AND w.host = excluded.host
+                                  AND w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash
+                             THEN w.started_at ELSE now() END,
+           last_seen = now(), secret_hash = excluded.secret_hash
+     WHERE w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash OR w.secret_hash IS NULL
+        OR w.last_seen <= now() - interval '15 seconds';
+    IF NOT FOUND THEN
+        SELECT * INTO v_row FROM pgjobq.workers w WHERE w.id = left(worker_beat.id, 255);
+        RAISE EXCEPTION 'worker id % is in use by a live worker (on host %, pid %, seen %s ago)', v_row.id,
+            v_row.host, v_row.pid, round(extract(epoch FROM now() - v_row.last_seen)::numeric, 1)
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Give each worker its own id; the row of a worker that stopped without a word is '
+                         'taken over once it has not been seen for 15 seconds.';
+    END IF;
     IF pg_try_advisory_xact_lock(1885825649, 6) THEN
         DELETE FROM pgjobq.workers w WHERE w.last_seen < now() - interval '1 day';
         DELETE FROM pgjobq.tallies t WHERE t.at < now() - interval '1 day';
@@ -39,12 +69,43 @@ BEGIN
 END
 $$;
 
--- worker_gone(id): the worker stopped cleanly.
-CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text) RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
+-- worker_gone(id, secret): the worker stopped cleanly.  42501 when the row is another live worker's
+-- (and the caller not an admin); nothing when there is no row.
+CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text, secret bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    DELETE FROM pgjobq.workers w WHERE w.id = $1
+BEGIN
+    DELETE FROM pgjobq.workers w
+     WHERE w.id = worker_gone.id
+       AND (w.secret_hash IS NOT DISTINCT FROM sha256(int8send(worker_gone.secret)) OR w.secret_hash IS NULL
+            OR w.last_seen <= now() - interval '15 seconds' OR pgjobq.caller_is_admin());
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM pgjobq.workers w WHERE w.id = worker_gone.id) THEN
+        RAISE EXCEPTION 'worker id % belongs to another live worker: only it, or pgjobq_admin, may remove it',
+            worker_gone.id USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+
+-- worker_beat(id, host, pid, version, queues) and worker_gone(id): what libraries of schema 10 call
+-- (migration 11 needs: 10).  Without a secret: they write rows anyone may take over, and cannot take
+-- over or remove the live row of a worker that has one.
+CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgjobq.worker_beat(id, host, pid, version, queues, NULL::bigint);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgjobq.worker_gone(id, NULL::bigint);
+END
 $$;
 
 -- health(): what decides whether pgjobq.jobs stays small, in one row.  The live table's size with its
