@@ -387,7 +387,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     if (json) {
         print_job_fields(stdout, j);
     } else {
-        char t[5][48], num[64];
+        char t[5][48];
         format_time(t[0], sizeof t[0], j->run_at);
         format_time(t[1], sizeof t[1], j->created_at);
         format_time(t[2], sizeof t[2], j->started_at);
