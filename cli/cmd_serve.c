@@ -692,6 +692,19 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
 /* ------------------------------------------------------------------------------------------------ */
 /* Queues and workers                                                                                */
 
+/* A queue's rate limit as `pgjobq queue ls` prints it ("100/1m"), from its limit and its window in
+ * milliseconds; "-" without one. */
+static const char *rate_text(char *buf, size_t size, const char *limit, const char *period_ms)
+{
+    char period[24];
+    long long n = atoll(limit), ms = atoll(period_ms);
+
+    if (n <= 0 || ms <= 0)
+        return "-";
+    snprintf(buf, size, "%lld/%s", n, format_period(period, sizeof period, ms));
+    return buf;
+}
+
 static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
 {
     sbuf *b = &out->body;
@@ -703,12 +716,14 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Expired</th><th></th></tr></thead><tbody>");
     r = query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
-              " coalesce(key_concurrency::text, ''), coalesce(rate_limit || ' per ' || rate_period, ''), queued,"
-              " scheduled, running, expired FROM pgjobq.queue_list()",
+              " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
+              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired"
+              " FROM pgjobq.queue_list()",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
+            char rate[48];
             tr(b, "queue", V(r, i, 0));
             td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
             sb_puts(b, "<td>");
@@ -719,8 +734,11 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
                 sb_puts(b, "</span>");
             }
             sb_puts(b, "</td>");
-            for (int k = 3; k < 10; k++)
-                td(b, "n", V(r, i, k)[0] ? V(r, i, k) : "-");
+            td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
+            td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
+            td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
+            for (int k = 7; k < 11; k++)
+                td(b, "n", V(r, i, k));
             sb_puts(b, "<td>");
             const char *fields[] = {"queue", V(r, i, 0), NULL};
             action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);

@@ -719,6 +719,59 @@ TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
     PQfinish(pg);
 }
 
+/* The table row whose data-NAME is value, from its <tr to its </tr> (malloc'd); fails the test when
+ * the page has none. */
+static char *row_of(const char *page, const char *name, const char *value)
+{
+    char key[200];
+    snprintf(key, sizeof key, "<tr data-%s=\"%s\"", name, value);
+    const char *p = strstr(page, key);
+    CHECK_MSG(p != NULL, "no row with data-%s=\"%s\" in %s", name, value, page);
+    const char *end = strstr(p, "</tr>");
+    CHECK_MSG(end != NULL, "the row of %s does not end", value);
+    return strndup(p, (size_t)(end - p));
+}
+
+/* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";
+ * each cell is the same text as the CLI's RATE column. */
+TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
+{
+    static const struct {
+        const char *queue;
+        int limit;
+        int64_t ms;
+        const char *text;
+    } rates[] = {{"api", 100, 60000, "100/1m"}, {"sms", 5, 90000, "5/90s"}, {"ftp", 3, 1500, "3/1500ms"},
+                 {"batch", 10, 86400000, "10/1d"}, {"push", 7, 7200000, "7/2h"}};
+    pgjobq_client *c = t_client();
+    char *body = NULL, *out = NULL, *err = NULL, want[200];
+
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
+        CHECK_OK(c, pgjobq_queue_set_rate(c, rates[i].queue, rates[i].limit, rates[i].ms));
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "plain", 2));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(strstr(body, " per ") == NULL, "/queues: %s", body);
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        const char *rate = rates[i].text;
+        snprintf(want, sizeof want, "<td class=\"n rate\">%s</td>", rate);
+        char *row = row_of(body, "queue", rates[i].queue);
+        CHECK_MSG(strstr(row, want) != NULL, "/queues: no %s in the row of %s: %s", want, rates[i].queue, row);
+        free(row);
+        snprintf(want, sizeof want, " %s ", rate);
+        CHECK_MSG(strstr(out, want) != NULL, "queue ls does not print %s: %s", rate, out);
+    }
+    /* A queue without a rate shows a dash. */
+    char *plain = row_of(body, "queue", "plain");
+    CHECK_MSG(strstr(plain, "<td class=\"n rate\">-</td>") != NULL, "/queues: %s", plain);
+    free(plain);
+    free(body);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Slow and stalled clients (issue 23, item 2)                                                       */
 
