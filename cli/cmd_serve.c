@@ -201,7 +201,12 @@ static const char css[] =
     "form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}form.filters input,form.filters "
     "select{font:inherit;padding:3px 6px}\n"
     ".card{background:var(--card);border:1px solid var(--line);padding:12px;margin-bottom:12px}\n"
-    "svg text{font-size:11px;fill:var(--mut)}.muted{color:var(--mut)}\n";
+    "svg text{font-size:11px;fill:var(--mut)}.muted{color:var(--mut)}\n"
+    "#throughput{display:block;width:100%;height:auto}#throughput text{font-size:12px}\n"
+    "#throughput .legend text{fill:var(--fg)}#throughput text.scale,#throughput text.end{text-anchor:end}"
+    "#throughput text.mid{text-anchor:middle}\n"
+    "#throughput line.axis{stroke:#ccd}#throughput line.grid{stroke:var(--line);stroke-dasharray:4 4}\n"
+    ".bar-completed{fill:var(--ok)}.bar-failed{fill:var(--bad)}\n";
 
 static void page_begin(serve *s, sbuf *b, const char *title, int refresh_s)
 {
@@ -295,10 +300,25 @@ static void action_form(serve *s, sbuf *b, const char *op, const char *label, co
 /* ------------------------------------------------------------------------------------------------ */
 /* Overview                                                                                          */
 
+/* The throughput chart's drawing, in its own units: the SVG scales to the width of its panel
+ * (width 100%, the height following the viewBox's proportions), so these are proportions, not
+ * pixels.  A row on top holds the legend, a column on the left the scale, a row below the time. */
+enum { CH_W = 1000, CH_H = 200, CH_LEFT = 44, CH_RIGHT = 8, CH_TOP = 30, CH_BOTTOM = 22 };
+
+/* One series of the legend: a swatch of the series' class and its name. */
+static void chart_legend_item(sbuf *b, int x, const char *series, const char *label)
+{
+    sb_printf(b,
+              "<g class=\"legend-item\" data-series=\"%s\"><rect class=\"bar-%s\" x=\"%d\" y=\"6\" width=\"12\" "
+              "height=\"12\" rx=\"2\"/><text x=\"%d\" y=\"16\">%s</text></g>",
+              series, series, x, x + 17, label);
+}
+
 static void chart(sbuf *b, PGresult *r)
 {
     int64_t done[60] = {0}, failed[60] = {0}, max = 1;
-    const int w = 720, h = 140, pad = 28;
+    const int plot_w = CH_W - CH_LEFT - CH_RIGHT, plot_h = CH_H - CH_TOP - CH_BOTTOM, base = CH_H - CH_BOTTOM;
+    const double bar = plot_w / 60.0;
 
     for (int i = 0; i < PQntuples(r); i++) {
         int m = atoi(V(r, i, 0));
@@ -310,25 +330,35 @@ static void chart(sbuf *b, PGresult *r)
             max = done[59 - m] + failed[59 - m];
     }
     sb_printf(b,
-              "<svg id=\"throughput\" role=\"img\" aria-label=\"jobs finished per minute, last hour\" width=\"%d\" "
-              "height=\"%d\" viewBox=\"0 0 %d %d\">",
-              w + pad, h + 20, w + pad, h + 20);
-    sb_printf(b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ccd\"/>", pad, h, w + pad, h);
+              "<svg id=\"throughput\" role=\"img\" aria-label=\"jobs finished per minute, last hour: completed and "
+              "failed\" width=\"100%%\" viewBox=\"0 0 %d %d\" preserveAspectRatio=\"xMinYMin meet\">",
+              CH_W, CH_H);
+    sb_puts(b, "<g id=\"throughput-legend\" class=\"legend\">");
+    chart_legend_item(b, CH_W - CH_RIGHT - 190, "completed", "completed");
+    chart_legend_item(b, CH_W - CH_RIGHT - 80, "failed", "failed");
+    sb_puts(b, "</g>");
+    sb_printf(b, "<line class=\"grid\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, CH_TOP,
+              CH_W - CH_RIGHT, CH_TOP);
+    sb_printf(b, "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, base,
+              CH_W - CH_RIGHT, base);
     for (int i = 0; i < 60; i++) {
-        double x = pad + i * (w / 60.0);
-        double hd = (double)done[i] * (h - 10) / (double)max, hf = (double)failed[i] * (h - 10) / (double)max;
+        double x = CH_LEFT + i * bar;
+        double hd = (double)done[i] * plot_h / (double)max, hf = (double)failed[i] * plot_h / (double)max;
         if (done[i])
-            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#2e8b57\"><title>%lld "
-                         "completed</title></rect>",
-                      x + 1, h - hd, w / 60.0 - 2, hd, (long long)done[i]);
+            sb_printf(b, "<rect class=\"bar-completed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                         "<title>%lld completed, %d min ago</title></rect>",
+                      x + 1, base - hd, bar - 2, hd, (long long)done[i], 59 - i);
         if (failed[i])
-            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#c8392e\"><title>%lld "
-                         "failed</title></rect>",
-                      x + 1, h - hd - hf, w / 60.0 - 2, hf, (long long)failed[i]);
+            sb_printf(b, "<rect class=\"bar-failed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                         "<title>%lld failed, %d min ago</title></rect>",
+                      x + 1, base - hd - hf, bar - 2, hf, (long long)failed[i], 59 - i);
     }
-    sb_printf(b, "<text x=\"0\" y=\"12\">%lld</text><text x=\"0\" y=\"%d\">0</text>", (long long)max, h);
-    sb_printf(b, "<text x=\"%d\" y=\"%d\">60 min ago</text><text x=\"%d\" y=\"%d\">now</text></svg>", pad, h + 16,
-              w + pad - 26, h + 16);
+    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%lld</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
+              CH_LEFT - 6, CH_TOP + 4, (long long)max, CH_LEFT - 6, base + 4);
+    sb_printf(b,
+              "<text x=\"%d\" y=\"%d\">60 min ago</text><text class=\"mid\" x=\"%.1f\" y=\"%d\">30 min ago</text>"
+              "<text class=\"end\" x=\"%d\" y=\"%d\">now</text></svg>",
+              CH_LEFT, CH_H - 4, CH_LEFT + 30 * bar, CH_H - 4, CH_W - CH_RIGHT, CH_H - 4);
 }
 
 static void page_overview(serve *s, pgjobq_client *c, http_resp *out)

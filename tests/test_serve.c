@@ -1532,3 +1532,133 @@ TEST_FULL(serve_in_chromium_refuses_other_sites_and_redirects_home, 240, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* What the pages show (issue 24)                                                                    */
+
+/* Runs headless Chromium on url in a window width pixels wide and returns the DOM it ended with
+ * (malloc'd), after the page's scripts ran (--virtual-time-budget). */
+static char *chromium_width(const char *url, int width)
+{
+    char cmd[2048], out[600];
+    snprintf(out, sizeof out, "%s/dom.html", t_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=%s/chrome "
+             "--window-size=%d,900 --virtual-time-budget=5000 --dump-dom '%s' > %s 2>/dev/null",
+             t_tmpdir(), width, url, out);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "chromium on %s: status %d", url, rc);
+    return slurp(out);
+}
+
+/* The script that measures the overview's chart: the widths of the chart and of its panel's content
+ * box, the chart's height, each series' legend entry (its text, its swatch's colour, its width) and
+ * the colour of the series' bars, written into <output id="measured"> as NAME=VALUE words between
+ * spaces. */
+static const char measure_chart[] =
+    "<script>addEventListener('load', function () {"
+    " var svg = document.getElementById('throughput'), panel = svg.parentNode, cs = getComputedStyle(panel);"
+    " var inner = panel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);"
+    " var box = svg.getBoundingClientRect(), fill = function (e) { return e ? getComputedStyle(e).fill.replace(/ /g, '') : 'none'; };"
+    " var out = ['svg=' + Math.round(box.width), 'panel=' + Math.round(inner), 'height=' + Math.round(box.height)];"
+    " ['completed', 'failed'].forEach(function (k) {"
+    "  var item = svg.querySelector('.legend-item[data-series=' + k + ']');"
+    "  var r = item ? item.getBoundingClientRect() : {width: 0, left: -1, right: -1};"
+    "  out.push(k + '-legend=' + (item ? item.textContent : '') + ',' + fill(item && item.querySelector('rect')) + ','"
+    "   + Math.round(r.width) + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
+    "  out.push(k + '-bar=' + fill(svg.querySelector(':scope > rect.bar-' + k)));"
+    " });"
+    " var o = document.createElement('output'); o.id = 'measured'; o.textContent = ' ' + out.join(' ') + ' ';"
+    " document.body.appendChild(o);"
+    "});</script>";
+
+/* The value of NAME= in the measured words, copied into buf ("" when absent). */
+static const char *measured(const char *dom, const char *name, char *buf, size_t size)
+{
+    const char *m = strstr(dom, "<output id=\"measured\">");
+    char key[64];
+
+    buf[0] = '\0';
+    CHECK_MSG(m != NULL, "the measuring script did not run: %.2000s", dom);
+    snprintf(key, sizeof key, " %s=", name);
+    const char *p = strstr(m, key);
+    if (p == NULL)
+        return buf;
+    p += strlen(key);
+    size_t n = strcspn(p, " <");
+    snprintf(buf, size, "%.*s", (int)(n < size ? n : size - 1), p);
+    return buf;
+}
+
+/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
+ * 60% of the panel at 1280), and a legend names each series in its bars' colour.  The pages allow no
+ * script (Content-Security-Policy), so the test measures a copy of the overview served from another
+ * port with a measuring script added: the same HTML, with <base> pointing at the server, so that the
+ * server's own stylesheet lays it out. */
+TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL, url[600], v[128];
+
+    put(c, "mail", "{}");
+    put(c, "mail", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "<svg id=\"throughput\"") != NULL, "no chart: %s", body);
+
+    /* The copy: <base> after <head>, no refresh, the script before </body>. */
+    char base[100];
+    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", s->port);
+    char *head = strstr(body, "<head>"), *refresh = strstr(body, "<meta http-equiv=\"refresh\""),
+         *end = strstr(body, "</body>");
+    CHECK(head != NULL && refresh != NULL && end != NULL && head < refresh && refresh < end);
+    char *refresh_end = strchr(refresh, '>') + 1;
+    size_t size = strlen(body) + sizeof base + sizeof measure_chart;
+    char *copy = malloc(size);
+    CHECK(copy != NULL);
+    head += strlen("<head>");
+    snprintf(copy, size, "%.*s%s%.*s%.*s%s%s", (int)(head - body), body, base, (int)(refresh - head), head,
+             (int)(end - refresh_end), refresh_end, measure_chart, end);
+    int page = serve_page(copy);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", page);
+
+    static const int widths[] = {1280, 900};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        char *dom = chromium_width(url, widths[i]);
+        int svg = atoi(measured(dom, "svg", v, sizeof v)), panel = atoi(measured(dom, "panel", v, sizeof v));
+        int height = atoi(measured(dom, "height", v, sizeof v));
+        printf("window %d: chart %d of %d pixels, %d high\n", widths[i], svg, panel, height);
+        CHECK_MSG(panel > 0 && svg >= panel - 2 && svg <= panel + 1, "window %d: the chart is %d pixels of its panel's %d",
+                  widths[i], svg, panel);
+        CHECK_MSG(height >= 100 && height <= 400, "window %d: the chart is %d pixels high", widths[i], height);
+        static const char *const series[] = {"completed", "failed"};
+        char bar[2][64];
+        for (int k = 0; k < 2; k++) {
+            char key[32], legend[128], want[200];
+            snprintf(key, sizeof key, "%s-bar", series[k]);
+            measured(dom, key, bar[k], sizeof bar[k]);
+            CHECK_MSG(strncmp(bar[k], "rgb(", 4) == 0 && strcmp(bar[k], "rgb(0,0,0)") != 0,
+                      "window %d: the %s bars' colour is '%s' (no stylesheet?)", widths[i], series[k], bar[k]);
+            snprintf(key, sizeof key, "%s-legend", series[k]);
+            measured(dom, key, legend, sizeof legend);
+            snprintf(want, sizeof want, "%s,%s,", series[k], bar[k]);
+            CHECK_MSG(strncmp(legend, want, strlen(want)) == 0, "window %d: the legend of %s is '%s', not '%s...'",
+                      widths[i], series[k], legend, want);
+            const char *rest = legend + strlen(want);
+            CHECK_MSG(atoi(rest) > 20 && strstr(rest, ",inside") != NULL,
+                      "window %d: the legend of %s is not shown within the chart: '%s'", widths[i], series[k], legend);
+        }
+        CHECK_MSG(strcmp(bar[0], bar[1]) != 0, "the series share a colour: %s", bar[0]);
+        free(dom);
+    }
+    free(copy);
+    free(body);
+    pgjobq_client_close(c);
+}
