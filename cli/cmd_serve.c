@@ -191,7 +191,8 @@ static const char css[] =
     ".s-completed{background:#dff3e7;color:#1f6b43}.s-failed{background:#fbe3e1;color:#9b2c23}\n"
     ".s-running{background:#e1ebfd;color:#234f9e}.s-cancelled{background:#eee;color:#555}\n"
     ".s-waiting{background:#fdf3d8;color:#7a5a00}\n"
-    ".s-paused{background:#fdf0d9;color:#8a5a12}\n"
+    ".s-paused{background:#fdf0d9;color:#8a5a12}.s-scheduled{background:#ece6fb;color:#4b3a8f}\n"
+    "td.run-at,td.st,td.t{white-space:nowrap}td.run-at.scheduled{color:#4b3a8f}\n"
     ".error{color:var(--bad)}pre{background:#f0f2f5;padding:10px;overflow:auto;max-height:360px;margin:0;"
     "white-space:pre-wrap;word-break:break-word}\n"
     "dl{display:grid;grid-template-columns:160px 1fr;gap:4px 16px;background:var(--card);padding:14px;"
@@ -500,6 +501,51 @@ static void filter_input(sbuf *b, const char *name, const char *label, const cha
     sb_puts(b, "\"></label>");
 }
 
+/* How far a time is from now, as a person says it: "in 10 min", "1 h 5 min ago", "in 2 d 3 h", "now".
+ * Rounded to the nearest minute (hour, beyond a day), so that a job delayed by ten minutes reads "in
+ * 10 min" a few seconds later too. */
+static const char *relative_time(char *buf, size_t size, long long secs)
+{
+    long long a = secs < 0 ? -secs : secs, min = (a + 30) / 60, hours = (a + 1800) / 3600;
+    char amount[48];
+
+    if (a == 0)
+        return "now";
+    if (a < 60)
+        snprintf(amount, sizeof amount, "%lld s", a);
+    else if (min < 60)
+        snprintf(amount, sizeof amount, "%lld min", min);
+    else if (min < 24 * 60 && min % 60)
+        snprintf(amount, sizeof amount, "%lld h %lld min", min / 60, min % 60);
+    else if (min < 24 * 60)
+        snprintf(amount, sizeof amount, "%lld h", min / 60);
+    else if (hours % 24)
+        snprintf(amount, sizeof amount, "%lld d %lld h", hours / 24, hours % 24);
+    else
+        snprintf(amount, sizeof amount, "%lld d", hours / 24);
+    snprintf(buf, size, secs > 0 ? "in %s" : "%s ago", amount);
+    return buf;
+}
+
+/* A job's run-at cell: when it is (or was) due relative to now on the database's clock, with the
+ * absolute time (UTC) as its title and machine-readable datetime. */
+static void td_run_at(sbuf *b, const char *text, const char *iso, long long secs, int scheduled)
+{
+    char rel[48];
+
+    if (text[0] == '\0') {
+        sb_puts(b, "<td class=\"run-at\">-</td>");
+        return;
+    }
+    sb_printf(b, "<td class=\"run-at%s\" title=\"", scheduled ? " scheduled" : "");
+    sb_html(b, text);
+    sb_puts(b, " UTC\"><time datetime=\"");
+    sb_html(b, iso);
+    sb_puts(b, "\">");
+    sb_html(b, relative_time(rel, sizeof rel, secs));
+    sb_puts(b, "</time></td>");
+}
+
 static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
 {
     static const char *const states[] = {"waiting", "queued", "running", "completed", "failed", "cancelled"};
@@ -559,7 +605,10 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     PGresult *r = query(
         c, out,
         "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
-            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, '')"
+            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, ''), " TS("a.run_at") ","
+                             " coalesce(to_char(a.run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ''),"
+                             " coalesce(round(extract(epoch FROM a.run_at - now()))::bigint, 0),"
+                             " (a.state = 'queued' AND a.run_at > now())::int"
                              " FROM pgjobq.all_jobs a"
                              " WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)"
                              " AND ($3::text IS NULL OR a.kind = $3)"
@@ -571,26 +620,31 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     if (r) {
         int n = PQntuples(r);
         sb_puts(b, "<table id=\"jobs\"><thead><tr><th>Job</th><th>Queue</th><th>Kind</th><th>State</th>"
-                   "<th>Attempt</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th></tr></thead><tbody>");
+                   "<th>Attempt</th><th>Run at</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th>"
+                   "</tr></thead><tbody>");
         for (int i = 0; i < n && i < PAGE_ROWS; i++) {
             tr(b, "id", V(r, i, 0));
             td_link(b, NULL, "/jobs/", V(r, i, 0), V(r, i, 0));
             td(b, NULL, V(r, i, 1));
             td(b, NULL, V(r, i, 2));
-            sb_puts(b, "<td>");
+            int scheduled = atoi(V(r, i, 13));
+            sb_puts(b, "<td class=\"st\">");
             state_badge(b, V(r, i, 3));
+            if (scheduled)
+                sb_puts(b, " <span class=\"state s-scheduled\" title=\"queued, not due yet\">scheduled</span>");
             sb_puts(b, "</td><td class=\"n\">");
             sb_html(b, V(r, i, 4));
             sb_puts(b, "/");
             sb_html(b, V(r, i, 5));
             sb_puts(b, "</td>");
-            td(b, NULL, V(r, i, 6));
-            td(b, NULL, V(r, i, 7));
+            td_run_at(b, V(r, i, 10), V(r, i, 11), atoll(V(r, i, 12)), scheduled);
+            td(b, "t", V(r, i, 6));
+            td(b, "t", V(r, i, 7));
             td(b, "err", V(r, i, 8));
             sb_puts(b, "</tr>");
         }
         if (n == 0)
-            sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs match.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No jobs match.</td></tr>");
         sb_puts(b, "</tbody></table>");
         if (n > PAGE_ROWS) {
             /* Keyset pagination: the next page starts below the last id shown. */

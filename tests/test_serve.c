@@ -1662,3 +1662,55 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
     free(body);
     pgjobq_client_close(c);
 }
+
+/* /jobs has a run-at column (issue 24): when each job is due relative to now, its absolute time (UTC)
+ * as the cell's title, and a queued job that is not due yet is marked scheduled, so that a job
+ * delayed by ten minutes no longer looks due.  Seen in headless Chromium.  Each relative time is
+ * accepted one minute later too (a slow machine may take that long between enqueue and page). */
+TEST_FULL(serve_jobs_page_shows_when_each_job_runs, 120, 0)
+{
+    static const struct {
+        const char *run_at; /* SQL */
+        int scheduled;
+        const char *when, *or_when;
+    } jobs[] = {{"now() + interval '10 minutes'", 1, "in 10 min", "in 9 min"},
+                {"now() + interval '2 days 3 hours'", 1, "in 2 d 3 h", "in 2 d 3 h"},
+                {"now() - interval '90 minutes'", 0, "1 h 30 min ago", "1 h 31 min ago"},
+                {"now() - interval '20 seconds'", 0, " s ago<", "1 min ago<"}};
+    PGconn *pg = t_pg();
+    long long id[4];
+
+    for (int i = 0; i < 4; i++)
+        id[i] = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'later', run_at => %s)", jobs[i].run_at);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    char *dom = chromium(s->port, "/jobs?queue=later", NULL);
+    CHECK_MSG(strstr(dom, "<th>Run at</th>") != NULL, "/jobs: no run-at column: %s", dom);
+    for (int i = 0; i < 4; i++) {
+        char key[32], want[300];
+        snprintf(key, sizeof key, "%lld", id[i]);
+        char *row = row_of(dom, "id", key);
+        char *abs = t_str(pg, "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM pgjobq.jobs"
+                              " WHERE id = %lld", id[i]);
+        char *iso = t_str(pg, "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+                              " FROM pgjobq.jobs WHERE id = %lld", id[i]);
+        snprintf(want, sizeof want, "<td class=\"run-at%s\" title=\"%s UTC\"><time datetime=\"%s\">",
+                 jobs[i].scheduled ? " scheduled" : "", abs, iso);
+        const char *cell = strstr(row, want);
+        CHECK_MSG(cell != NULL, "job %lld (run at %s): no %s in %s", id[i], jobs[i].run_at, want, row);
+        const char *end = strstr(cell, "</td>");
+        CHECK(end != NULL);
+        char text[200];
+        snprintf(text, sizeof text, "%.*s", (int)(end - cell), cell);
+        CHECK_MSG(strstr(text, jobs[i].when) != NULL || strstr(text, jobs[i].or_when) != NULL,
+                  "job %lld (run at %s): '%s', not '%s'", id[i], jobs[i].run_at, text, jobs[i].when);
+        int marked = strstr(row, "<span class=\"state s-scheduled\"") != NULL;
+        CHECK_MSG(marked == jobs[i].scheduled, "job %lld (run at %s) is%s marked scheduled: %s", id[i],
+                  jobs[i].run_at, marked ? "" : " not", row);
+        CHECK_MSG(strstr(row, "<span class=\"state s-queued\">queued</span>") != NULL, "job %lld: %s", id[i], row);
+        free(abs);
+        free(iso);
+        free(row);
+    }
+    free(dom);
+    PQfinish(pg);
+}
