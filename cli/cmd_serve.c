@@ -674,6 +674,29 @@ static void field(sbuf *b, const char *name, const char *value)
     sb_puts(b, "</dd>");
 }
 
+/* A JSON document from jsonb_pretty, HTML-escaped, with every empty object and array on one line:
+ * jsonb_pretty writes {} as "{" newline "}" (nested, "{" newline spaces "}").  A newline in its text
+ * is always layout, never inside a string (JSON writes that as \n), so a bracket followed by a
+ * newline, spaces and the matching closing bracket is an empty one. */
+static void pre_json(sbuf *b, const char *pretty)
+{
+    sbuf t;
+
+    sb_init(&t);
+    for (const char *p = pretty; *p; p++) {
+        sb_putn(&t, p, 1);
+        if ((*p == '{' || *p == '[') && p[1] == '\n') {
+            const char *q = p + 2 + strspn(p + 2, " ");
+            if (*q == (*p == '{' ? '}' : ']')) {
+                sb_putn(&t, q, 1);
+                p = q;
+            }
+        }
+    }
+    sb_html(b, t.failed ? pretty : t.data);
+    sb_free(&t);
+}
+
 static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out)
 {
     sbuf *b = &out->body;
@@ -738,15 +761,24 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
             sb_puts(b, "</div>");
         }
         sb_puts(b, "<h2>Payload</h2><pre id=\"payload\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 16));
+        if (s->hide_payloads)
+            sb_puts(b, "(hidden)");
+        else
+            pre_json(b, V(r, 0, 16));
         sb_puts(b, "</pre><h2>Result</h2><pre id=\"result\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : PQgetisnull(r, 0, 17) ? "-" : V(r, 0, 17));
+        if (s->hide_payloads || PQgetisnull(r, 0, 17))
+            sb_puts(b, s->hide_payloads ? "(hidden)" : "-");
+        else
+            pre_json(b, V(r, 0, 17));
         sb_puts(b, "</pre><h2>Last error</h2><pre id=\"last-error\">");
         sb_html(b, PQgetisnull(r, 0, 18) ? "-" : V(r, 0, 18));
         sb_puts(b, "</pre>");
         if (!PQgetisnull(r, 0, 20) || s->hide_payloads) {
             sb_puts(b, "<h2>Progress</h2><pre id=\"progress\">");
-            sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 20));
+            if (s->hide_payloads)
+                sb_puts(b, "(hidden)");
+            else
+                pre_json(b, V(r, 0, 20));
             sb_puts(b, "</pre>");
         }
         /* Its place in a workflow: parents and children, linked. */

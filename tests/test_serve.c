@@ -1714,3 +1714,60 @@ TEST_FULL(serve_jobs_page_shows_when_each_job_runs, 120, 0)
     free(dom);
     PQfinish(pg);
 }
+
+/* s with every double quote written as &quot;, as the pages write text, into buf; returns buf. */
+static const char *html_quotes(const char *s, char *buf, size_t size)
+{
+    size_t k = 0;
+    for (; *s && k + 7 < size; s++) {
+        if (*s == '"') {
+            memcpy(buf + k, "&quot;", 6);
+            k += 6;
+        } else {
+            buf[k++] = *s;
+        }
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
+/* An empty object or array is written on one line (issue 24): jsonb_pretty writes {} as "{" newline
+ * "}", and the job page showed a {} payload on two lines.  The payload {} is seen in headless
+ * Chromium; empties inside a document, a result of [] and a progress of {} in the page's HTML. */
+TEST_FULL(serve_job_page_writes_empty_json_on_one_line, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char path[64], *body = NULL;
+
+    int64_t empty = put(c, "mail", "{}");
+    int64_t nested = put(c, "nest", "{\"a\": {}, \"b\": [], \"c\": [[], {}], \"d\": \"{\\n}\", \"e\": {\"f\": 1}}");
+    CHECK_OK(c, pgjobq_claim(c, "nest", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.set_progress(%lld, %lld, '{}')", (long long)jobs[0].id,
+                   (long long)jobs[0].lease_token));
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, "[]"));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)empty);
+    char *dom = chromium(s->port, path, NULL);
+    CHECK_MSG(strstr(dom, "<pre id=\"payload\">{}</pre>") != NULL, "%s: %s", path, dom);
+    free(dom);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)nested);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    /* The text jsonb_pretty writes, with the empties on one line, as HTML (every quote escaped). */
+    static const char want[] = "{\n    \"a\": {},\n    \"b\": [],\n    \"c\": [\n        [],\n        {}\n    ],\n"
+                               "    \"d\": \"{\\n}\",\n    \"e\": {\n        \"f\": 1\n    }\n}";
+    char html[1024], pre[1100];
+    snprintf(pre, sizeof pre, "<pre id=\"payload\">%s</pre>", html_quotes(want, html, sizeof html));
+    CHECK_MSG(strstr(body, pre) != NULL, "%s: no\n%s\nin %s", path, pre, body);
+    CHECK_MSG(strstr(body, "<pre id=\"result\">[]</pre>") != NULL, "%s: %s", path, body);
+    CHECK_MSG(strstr(body, "<pre id=\"progress\">{}</pre>") != NULL, "%s: %s", path, body);
+    free(body);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
