@@ -338,20 +338,22 @@ static void chart(sbuf *b, PGresult *r)
     chart_legend_item(b, CH_W - CH_RIGHT - 190, "completed", "completed");
     chart_legend_item(b, CH_W - CH_RIGHT - 80, "failed", "failed");
     sb_puts(b, "</g>");
-    sb_printf(b, "<line class=\"grid\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, CH_TOP,
-              CH_W - CH_RIGHT, CH_TOP);
-    sb_printf(b, "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, base,
-              CH_W - CH_RIGHT, base);
+    sb_printf(b, "<line class=\"grid\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, CH_TOP, CH_W - CH_RIGHT,
+              CH_TOP);
+    sb_printf(b, "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, base, CH_W - CH_RIGHT,
+              base);
     for (int i = 0; i < 60; i++) {
         double x = CH_LEFT + i * bar;
         double hd = (double)done[i] * plot_h / (double)max, hf = (double)failed[i] * plot_h / (double)max;
         if (done[i])
-            sb_printf(b, "<rect class=\"bar-completed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
-                         "<title>%lld completed, %d min ago</title></rect>",
+            sb_printf(b,
+                      "<rect class=\"bar-completed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                      "<title>%lld completed, %d min ago</title></rect>",
                       x + 1, base - hd, bar - 2, hd, (long long)done[i], 59 - i);
         if (failed[i])
-            sb_printf(b, "<rect class=\"bar-failed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
-                         "<title>%lld failed, %d min ago</title></rect>",
+            sb_printf(b,
+                      "<rect class=\"bar-failed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                      "<title>%lld failed, %d min ago</title></rect>",
                       x + 1, base - hd - hf, bar - 2, hf, (long long)failed[i], 59 - i);
     }
     sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%lld</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",

@@ -741,8 +741,11 @@ TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
         int limit;
         int64_t ms;
         const char *text;
-    } rates[] = {{"api", 100, 60000, "100/1m"}, {"sms", 5, 90000, "5/90s"}, {"ftp", 3, 1500, "3/1500ms"},
-                 {"batch", 10, 86400000, "10/1d"}, {"push", 7, 7200000, "7/2h"}};
+    } rates[] = {{"api", 100, 60000, "100/1m"},
+                 {"sms", 5, 90000, "5/90s"},
+                 {"ftp", 3, 1500, "3/1500ms"},
+                 {"batch", 10, 86400000, "10/1d"},
+                 {"push", 7, 7200000, "7/2h"}};
     pgjobq_client *c = t_client();
     char *body = NULL, *out = NULL, *err = NULL, want[200];
 
@@ -1559,7 +1562,8 @@ static const char measure_chart[] =
     "<script>addEventListener('load', function () {"
     " var svg = document.getElementById('throughput'), panel = svg.parentNode, cs = getComputedStyle(panel);"
     " var inner = panel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);"
-    " var box = svg.getBoundingClientRect(), fill = function (e) { return e ? getComputedStyle(e).fill.replace(/ /g, '') : 'none'; };"
+    " var box = svg.getBoundingClientRect();"
+    " var fill = function (e) { return e ? getComputedStyle(e).fill.replace(/ /g, '') : 'none'; };"
     " var out = ['svg=' + Math.round(box.width), 'panel=' + Math.round(inner), 'height=' + Math.round(box.height)];"
     " ['completed', 'failed'].forEach(function (k) {"
     "  var item = svg.querySelector('.legend-item[data-series=' + k + ']');"
@@ -1635,8 +1639,8 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
         int svg = atoi(measured(dom, "svg", v, sizeof v)), panel = atoi(measured(dom, "panel", v, sizeof v));
         int height = atoi(measured(dom, "height", v, sizeof v));
         printf("window %d: chart %d of %d pixels, %d high\n", widths[i], svg, panel, height);
-        CHECK_MSG(panel > 0 && svg >= panel - 2 && svg <= panel + 1, "window %d: the chart is %d pixels of its panel's %d",
-                  widths[i], svg, panel);
+        CHECK_MSG(panel > 0 && svg >= panel - 2 && svg <= panel + 1,
+                  "window %d: the chart is %d pixels of its panel's %d", widths[i], svg, panel);
         CHECK_MSG(height >= 100 && height <= 400, "window %d: the chart is %d pixels high", widths[i], height);
         static const char *const series[] = {"completed", "failed"};
         char bar[2][64];
@@ -1689,10 +1693,12 @@ TEST_FULL(serve_jobs_page_shows_when_each_job_runs, 120, 0)
         char key[32], want[300];
         snprintf(key, sizeof key, "%lld", id[i]);
         char *row = row_of(dom, "id", key);
-        char *abs = t_str(pg, "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM pgjobq.jobs"
-                              " WHERE id = %lld", id[i]);
-        char *iso = t_str(pg, "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
-                              " FROM pgjobq.jobs WHERE id = %lld", id[i]);
+        PGresult *at = t_exec(pg,
+                              "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),"
+                              " to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+                              " FROM pgjobq.jobs WHERE id = %lld",
+                              id[i]);
+        const char *abs = PQgetvalue(at, 0, 0), *iso = PQgetvalue(at, 0, 1);
         snprintf(want, sizeof want, "<td class=\"run-at%s\" title=\"%s UTC\"><time datetime=\"%s\">",
                  jobs[i].scheduled ? " scheduled" : "", abs, iso);
         const char *cell = strstr(row, want);
@@ -1704,11 +1710,10 @@ TEST_FULL(serve_jobs_page_shows_when_each_job_runs, 120, 0)
         CHECK_MSG(strstr(text, jobs[i].when) != NULL || strstr(text, jobs[i].or_when) != NULL,
                   "job %lld (run at %s): '%s', not '%s'", id[i], jobs[i].run_at, text, jobs[i].when);
         int marked = strstr(row, "<span class=\"state s-scheduled\"") != NULL;
-        CHECK_MSG(marked == jobs[i].scheduled, "job %lld (run at %s) is%s marked scheduled: %s", id[i],
-                  jobs[i].run_at, marked ? "" : " not", row);
+        CHECK_MSG(marked == jobs[i].scheduled, "job %lld (run at %s) is%s marked scheduled: %s", id[i], jobs[i].run_at,
+                  marked ? "" : " not", row);
         CHECK_MSG(strstr(row, "<span class=\"state s-queued\">queued</span>") != NULL, "job %lld: %s", id[i], row);
-        free(abs);
-        free(iso);
+        PQclear(at);
         free(row);
     }
     free(dom);
