@@ -84,6 +84,9 @@ const char *tty_cell(char *buf, size_t size, const char *s, size_t width);
 void json_str(FILE *f, const char *s);            /* a JSON string literal, or null for NULL */
 void json_time(FILE *f, int64_t us);              /* ISO 8601 UTC string, or null */
 void format_time(char *buf, size_t size, int64_t us); /* "2026-11-30 09:30:00.123Z", or "-" */
+/* A window as --rate and the duration options spell it ("1m", "90s", "1500ms"), into buf; returns buf.
+ * `queue ls` and the dashboard's /queues both print a rate as N/ and this. */
+const char *format_period(char *buf, size_t size, int64_t ms);
 
 /* Progress on stderr: a bar redrawn in place on a terminal, a line every few seconds otherwise. */
 typedef struct progress {

@@ -98,20 +98,6 @@ static int on_opt(int key, const char *arg, void *ctx)
     }
 }
 
-static void print_period(FILE *f, int64_t ms)
-{
-    if (ms % 86400000 == 0)
-        fprintf(f, "%lldd", (long long)(ms / 86400000));
-    else if (ms % 3600000 == 0)
-        fprintf(f, "%lldh", (long long)(ms / 3600000));
-    else if (ms % 60000 == 0)
-        fprintf(f, "%lldm", (long long)(ms / 60000));
-    else if (ms % 1000 == 0)
-        fprintf(f, "%llds", (long long)(ms / 1000));
-    else
-        fprintf(f, "%lldms", (long long)ms);
-}
-
 static int list_queues(pgjobq_client *c, const queue_args *a)
 {
     pgjobq_queue_info *q = NULL;
@@ -153,16 +139,9 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].rate_limit) {
-                char *buf = NULL;
-                size_t len = 0;
-                FILE *m = open_memstream(&buf, &len);
-                if (m) {
-                    fprintf(m, "%d/", q[i].rate_limit);
-                    print_period(m, q[i].rate_period_ms);
-                    fclose(m);
-                    snprintf(rate, sizeof rate, "%s", buf ? buf : "?");
-                    free(buf);
-                }
+                char period[24];
+                snprintf(rate, sizeof rate, "%d/%s", q[i].rate_limit,
+                         format_period(period, sizeof period, q[i].rate_period_ms));
             }
             char name[300];
             tty_cell(name, sizeof name, q[i].name, 64);

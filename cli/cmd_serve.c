@@ -191,7 +191,8 @@ static const char css[] =
     ".s-completed{background:#dff3e7;color:#1f6b43}.s-failed{background:#fbe3e1;color:#9b2c23}\n"
     ".s-running{background:#e1ebfd;color:#234f9e}.s-cancelled{background:#eee;color:#555}\n"
     ".s-waiting{background:#fdf3d8;color:#7a5a00}\n"
-    ".s-paused{background:#fdf0d9;color:#8a5a12}\n"
+    ".s-paused{background:#fdf0d9;color:#8a5a12}.s-scheduled{background:#ece6fb;color:#4b3a8f}\n"
+    "td.run-at,td.st,td.t{white-space:nowrap}td.run-at.scheduled{color:#4b3a8f}\n"
     ".error{color:var(--bad)}pre{background:#f0f2f5;padding:10px;overflow:auto;max-height:360px;margin:0;"
     "white-space:pre-wrap;word-break:break-word}\n"
     "dl{display:grid;grid-template-columns:160px 1fr;gap:4px 16px;background:var(--card);padding:14px;"
@@ -201,7 +202,12 @@ static const char css[] =
     "form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}form.filters input,form.filters "
     "select{font:inherit;padding:3px 6px}\n"
     ".card{background:var(--card);border:1px solid var(--line);padding:12px;margin-bottom:12px}\n"
-    "svg text{font-size:11px;fill:var(--mut)}.muted{color:var(--mut)}\n";
+    "svg text{font-size:11px;fill:var(--mut)}.muted{color:var(--mut)}\n"
+    "#throughput{display:block;width:100%;height:auto}#throughput text{font-size:12px}\n"
+    "#throughput .legend text{fill:var(--fg)}#throughput text.scale,#throughput text.end{text-anchor:end}"
+    "#throughput text.mid{text-anchor:middle}\n"
+    "#throughput line.axis{stroke:#ccd}#throughput line.grid{stroke:var(--line);stroke-dasharray:4 4}\n"
+    ".bar-completed{fill:var(--ok)}.bar-failed{fill:var(--bad)}\n";
 
 static void page_begin(serve *s, sbuf *b, const char *title, int refresh_s)
 {
@@ -295,10 +301,25 @@ static void action_form(serve *s, sbuf *b, const char *op, const char *label, co
 /* ------------------------------------------------------------------------------------------------ */
 /* Overview                                                                                          */
 
+/* The throughput chart's drawing, in its own units: the SVG scales to the width of its panel
+ * (width 100%, the height following the viewBox's proportions), so these are proportions, not
+ * pixels.  A row on top holds the legend, a column on the left the scale, a row below the time. */
+enum { CH_W = 1000, CH_H = 200, CH_LEFT = 44, CH_RIGHT = 8, CH_TOP = 30, CH_BOTTOM = 22 };
+
+/* One series of the legend: a swatch of the series' class and its name. */
+static void chart_legend_item(sbuf *b, int x, const char *series, const char *label)
+{
+    sb_printf(b,
+              "<g class=\"legend-item\" data-series=\"%s\"><rect class=\"bar-%s\" x=\"%d\" y=\"6\" width=\"12\" "
+              "height=\"12\" rx=\"2\"/><text x=\"%d\" y=\"16\">%s</text></g>",
+              series, series, x, x + 17, label);
+}
+
 static void chart(sbuf *b, PGresult *r)
 {
     int64_t done[60] = {0}, failed[60] = {0}, max = 1;
-    const int w = 720, h = 140, pad = 28;
+    const int plot_w = CH_W - CH_LEFT - CH_RIGHT, plot_h = CH_H - CH_TOP - CH_BOTTOM, base = CH_H - CH_BOTTOM;
+    const double bar = plot_w / 60.0;
 
     for (int i = 0; i < PQntuples(r); i++) {
         int m = atoi(V(r, i, 0));
@@ -310,25 +331,37 @@ static void chart(sbuf *b, PGresult *r)
             max = done[59 - m] + failed[59 - m];
     }
     sb_printf(b,
-              "<svg id=\"throughput\" role=\"img\" aria-label=\"jobs finished per minute, last hour\" width=\"%d\" "
-              "height=\"%d\" viewBox=\"0 0 %d %d\">",
-              w + pad, h + 20, w + pad, h + 20);
-    sb_printf(b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ccd\"/>", pad, h, w + pad, h);
+              "<svg id=\"throughput\" role=\"img\" aria-label=\"jobs finished per minute, last hour: completed and "
+              "failed\" width=\"100%%\" viewBox=\"0 0 %d %d\" preserveAspectRatio=\"xMinYMin meet\">",
+              CH_W, CH_H);
+    sb_puts(b, "<g id=\"throughput-legend\" class=\"legend\">");
+    chart_legend_item(b, CH_W - CH_RIGHT - 190, "completed", "completed");
+    chart_legend_item(b, CH_W - CH_RIGHT - 80, "failed", "failed");
+    sb_puts(b, "</g>");
+    sb_printf(b, "<line class=\"grid\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, CH_TOP, CH_W - CH_RIGHT,
+              CH_TOP);
+    sb_printf(b, "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>", CH_LEFT, base, CH_W - CH_RIGHT,
+              base);
     for (int i = 0; i < 60; i++) {
-        double x = pad + i * (w / 60.0);
-        double hd = (double)done[i] * (h - 10) / (double)max, hf = (double)failed[i] * (h - 10) / (double)max;
+        double x = CH_LEFT + i * bar;
+        double hd = (double)done[i] * plot_h / (double)max, hf = (double)failed[i] * plot_h / (double)max;
         if (done[i])
-            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#2e8b57\"><title>%lld "
-                         "completed</title></rect>",
-                      x + 1, h - hd, w / 60.0 - 2, hd, (long long)done[i]);
+            sb_printf(b,
+                      "<rect class=\"bar-completed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                      "<title>%lld completed, %d min ago</title></rect>",
+                      x + 1, base - hd, bar - 2, hd, (long long)done[i], 59 - i);
         if (failed[i])
-            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#c8392e\"><title>%lld "
-                         "failed</title></rect>",
-                      x + 1, h - hd - hf, w / 60.0 - 2, hf, (long long)failed[i]);
+            sb_printf(b,
+                      "<rect class=\"bar-failed\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\">"
+                      "<title>%lld failed, %d min ago</title></rect>",
+                      x + 1, base - hd - hf, bar - 2, hf, (long long)failed[i], 59 - i);
     }
-    sb_printf(b, "<text x=\"0\" y=\"12\">%lld</text><text x=\"0\" y=\"%d\">0</text>", (long long)max, h);
-    sb_printf(b, "<text x=\"%d\" y=\"%d\">60 min ago</text><text x=\"%d\" y=\"%d\">now</text></svg>", pad, h + 16,
-              w + pad - 26, h + 16);
+    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%lld</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
+              CH_LEFT - 6, CH_TOP + 4, (long long)max, CH_LEFT - 6, base + 4);
+    sb_printf(b,
+              "<text x=\"%d\" y=\"%d\">60 min ago</text><text class=\"mid\" x=\"%.1f\" y=\"%d\">30 min ago</text>"
+              "<text class=\"end\" x=\"%d\" y=\"%d\">now</text></svg>",
+              CH_LEFT, CH_H - 4, CH_LEFT + 30 * bar, CH_H - 4, CH_W - CH_RIGHT, CH_H - 4);
 }
 
 static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
@@ -470,6 +503,51 @@ static void filter_input(sbuf *b, const char *name, const char *label, const cha
     sb_puts(b, "\"></label>");
 }
 
+/* How far a time is from now, as a person says it: "in 10 min", "1 h 5 min ago", "in 2 d 3 h", "now".
+ * Rounded to the nearest minute (hour, beyond a day), so that a job delayed by ten minutes reads "in
+ * 10 min" a few seconds later too. */
+static const char *relative_time(char *buf, size_t size, long long secs)
+{
+    long long a = secs < 0 ? -secs : secs, min = (a + 30) / 60, hours = (a + 1800) / 3600;
+    char amount[48];
+
+    if (a == 0)
+        return "now";
+    if (a < 60)
+        snprintf(amount, sizeof amount, "%lld s", a);
+    else if (min < 60)
+        snprintf(amount, sizeof amount, "%lld min", min);
+    else if (min < 24 * 60 && min % 60)
+        snprintf(amount, sizeof amount, "%lld h %lld min", min / 60, min % 60);
+    else if (min < 24 * 60)
+        snprintf(amount, sizeof amount, "%lld h", min / 60);
+    else if (hours % 24)
+        snprintf(amount, sizeof amount, "%lld d %lld h", hours / 24, hours % 24);
+    else
+        snprintf(amount, sizeof amount, "%lld d", hours / 24);
+    snprintf(buf, size, secs > 0 ? "in %s" : "%s ago", amount);
+    return buf;
+}
+
+/* A job's run-at cell: when it is (or was) due relative to now on the database's clock, with the
+ * absolute time (UTC) as its title and machine-readable datetime. */
+static void td_run_at(sbuf *b, const char *text, const char *iso, long long secs, int scheduled)
+{
+    char rel[48];
+
+    if (text[0] == '\0') {
+        sb_puts(b, "<td class=\"run-at\">-</td>");
+        return;
+    }
+    sb_printf(b, "<td class=\"run-at%s\" title=\"", scheduled ? " scheduled" : "");
+    sb_html(b, text);
+    sb_puts(b, " UTC\"><time datetime=\"");
+    sb_html(b, iso);
+    sb_puts(b, "\">");
+    sb_html(b, relative_time(rel, sizeof rel, secs));
+    sb_puts(b, "</time></td>");
+}
+
 static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
 {
     static const char *const states[] = {"waiting", "queued", "running", "completed", "failed", "cancelled"};
@@ -529,7 +607,10 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     PGresult *r = query(
         c, out,
         "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
-            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, '')"
+            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, ''), " TS("a.run_at") ","
+                             " coalesce(to_char(a.run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ''),"
+                             " coalesce(round(extract(epoch FROM a.run_at - now()))::bigint, 0),"
+                             " (a.state = 'queued' AND a.run_at > now())::int"
                              " FROM pgjobq.all_jobs a"
                              " WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)"
                              " AND ($3::text IS NULL OR a.kind = $3)"
@@ -541,26 +622,31 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
     if (r) {
         int n = PQntuples(r);
         sb_puts(b, "<table id=\"jobs\"><thead><tr><th>Job</th><th>Queue</th><th>Kind</th><th>State</th>"
-                   "<th>Attempt</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th></tr></thead><tbody>");
+                   "<th>Attempt</th><th>Run at</th><th>Created (UTC)</th><th>Finished (UTC)</th><th>Last error</th>"
+                   "</tr></thead><tbody>");
         for (int i = 0; i < n && i < PAGE_ROWS; i++) {
             tr(b, "id", V(r, i, 0));
             td_link(b, NULL, "/jobs/", V(r, i, 0), V(r, i, 0));
             td(b, NULL, V(r, i, 1));
             td(b, NULL, V(r, i, 2));
-            sb_puts(b, "<td>");
+            int scheduled = atoi(V(r, i, 13));
+            sb_puts(b, "<td class=\"st\">");
             state_badge(b, V(r, i, 3));
+            if (scheduled)
+                sb_puts(b, " <span class=\"state s-scheduled\" title=\"queued, not due yet\">scheduled</span>");
             sb_puts(b, "</td><td class=\"n\">");
             sb_html(b, V(r, i, 4));
             sb_puts(b, "/");
             sb_html(b, V(r, i, 5));
             sb_puts(b, "</td>");
-            td(b, NULL, V(r, i, 6));
-            td(b, NULL, V(r, i, 7));
+            td_run_at(b, V(r, i, 10), V(r, i, 11), atoll(V(r, i, 12)), scheduled);
+            td(b, "t", V(r, i, 6));
+            td(b, "t", V(r, i, 7));
             td(b, "err", V(r, i, 8));
             sb_puts(b, "</tr>");
         }
         if (n == 0)
-            sb_puts(b, "<tr><td colspan=\"8\" class=\"muted\">No jobs match.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No jobs match.</td></tr>");
         sb_puts(b, "</tbody></table>");
         if (n > PAGE_ROWS) {
             /* Keyset pagination: the next page starts below the last id shown. */
@@ -588,6 +674,29 @@ static void field(sbuf *b, const char *name, const char *value)
     sb_puts(b, "</dt><dd>");
     sb_html(b, value && value[0] ? value : "-");
     sb_puts(b, "</dd>");
+}
+
+/* A JSON document from jsonb_pretty, HTML-escaped, with every empty object and array on one line:
+ * jsonb_pretty writes {} as "{" newline "}" (nested, "{" newline spaces "}").  A newline in its text
+ * is always layout, never inside a string (JSON writes that as \n), so a bracket followed by a
+ * newline, spaces and the matching closing bracket is an empty one. */
+static void pre_json(sbuf *b, const char *pretty)
+{
+    sbuf t;
+
+    sb_init(&t);
+    for (const char *p = pretty; *p; p++) {
+        sb_putn(&t, p, 1);
+        if ((*p == '{' || *p == '[') && p[1] == '\n') {
+            const char *q = p + 2 + strspn(p + 2, " ");
+            if (*q == (*p == '{' ? '}' : ']')) {
+                sb_putn(&t, q, 1);
+                p = q;
+            }
+        }
+    }
+    sb_html(b, t.failed ? pretty : t.data);
+    sb_free(&t);
 }
 
 static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out)
@@ -654,15 +763,24 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
             sb_puts(b, "</div>");
         }
         sb_puts(b, "<h2>Payload</h2><pre id=\"payload\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 15));
+        if (s->hide_payloads)
+            sb_puts(b, "(hidden)");
+        else
+            pre_json(b, V(r, 0, 15));
         sb_puts(b, "</pre><h2>Result</h2><pre id=\"result\">");
-        sb_html(b, s->hide_payloads ? "(hidden)" : PQgetisnull(r, 0, 16) ? "-" : V(r, 0, 16));
+        if (s->hide_payloads || PQgetisnull(r, 0, 16))
+            sb_puts(b, s->hide_payloads ? "(hidden)" : "-");
+        else
+            pre_json(b, V(r, 0, 16));
         sb_puts(b, "</pre><h2>Last error</h2><pre id=\"last-error\">");
         sb_html(b, PQgetisnull(r, 0, 17) ? "-" : V(r, 0, 17));
         sb_puts(b, "</pre>");
         if (!PQgetisnull(r, 0, 19) || s->hide_payloads) {
             sb_puts(b, "<h2>Progress</h2><pre id=\"progress\">");
-            sb_html(b, s->hide_payloads ? "(hidden)" : V(r, 0, 19));
+            if (s->hide_payloads)
+                sb_puts(b, "(hidden)");
+            else
+                pre_json(b, V(r, 0, 19));
             sb_puts(b, "</pre>");
         }
         /* Its place in a workflow: parents and children, linked. */
@@ -692,6 +810,19 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
 /* ------------------------------------------------------------------------------------------------ */
 /* Queues and workers                                                                                */
 
+/* A queue's rate limit as `pgjobq queue ls` prints it ("100/1m"), from its limit and its window in
+ * milliseconds; "-" without one. */
+static const char *rate_text(char *buf, size_t size, const char *limit, const char *period_ms)
+{
+    char period[24];
+    long long n = atoll(limit), ms = atoll(period_ms);
+
+    if (n <= 0 || ms <= 0)
+        return "-";
+    snprintf(buf, size, "%lld/%s", n, format_period(period, sizeof period, ms));
+    return buf;
+}
+
 static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
 {
     sbuf *b = &out->body;
@@ -703,12 +834,14 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Expired</th><th></th></tr></thead><tbody>");
     r = query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
-              " coalesce(key_concurrency::text, ''), coalesce(rate_limit || ' per ' || rate_period, ''), queued,"
-              " scheduled, running, expired FROM pgjobq.queue_list()",
+              " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
+              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired"
+              " FROM pgjobq.queue_list()",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
+            char rate[48];
             tr(b, "queue", V(r, i, 0));
             td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
             sb_puts(b, "<td>");
@@ -719,8 +852,11 @@ static void page_queues(serve *s, pgjobq_client *c, http_resp *out)
                 sb_puts(b, "</span>");
             }
             sb_puts(b, "</td>");
-            for (int k = 3; k < 10; k++)
-                td(b, "n", V(r, i, k)[0] ? V(r, i, k) : "-");
+            td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
+            td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
+            td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
+            for (int k = 7; k < 11; k++)
+                td(b, "n", V(r, i, k));
             sb_puts(b, "<td>");
             const char *fields[] = {"queue", V(r, i, 0), NULL};
             action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);

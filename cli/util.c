@@ -133,6 +133,25 @@ void format_time(char *buf, size_t size, int64_t us)
     iso_time(buf, size, us, ' ');
 }
 
+/* The shortest exact spelling in the units --rate and the other duration options take: 60000 is
+ * "1m", 90000 is "90s", 1500 is "1500ms". */
+const char *format_period(char *buf, size_t size, int64_t ms)
+{
+    static const struct {
+        const char *unit;
+        int64_t ms;
+    } units[] = {{"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}};
+
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (ms != 0 && ms % units[i].ms == 0) {
+            snprintf(buf, size, "%lld%s", (long long)(ms / units[i].ms), units[i].unit);
+            return buf;
+        }
+    }
+    snprintf(buf, size, "%lldms", (long long)ms);
+    return buf;
+}
+
 void json_time(FILE *f, int64_t us)
 {
     char buf[48];

@@ -719,6 +719,62 @@ TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
     PQfinish(pg);
 }
 
+/* The table row whose data-NAME is value, from its <tr to its </tr> (malloc'd); fails the test when
+ * the page has none. */
+static char *row_of(const char *page, const char *name, const char *value)
+{
+    char key[200];
+    snprintf(key, sizeof key, "<tr data-%s=\"%s\"", name, value);
+    const char *p = strstr(page, key);
+    CHECK_MSG(p != NULL, "no row with data-%s=\"%s\" in %s", name, value, page);
+    const char *end = strstr(p, "</tr>");
+    CHECK_MSG(end != NULL, "the row of %s does not end", value);
+    return strndup(p, (size_t)(end - p));
+}
+
+/* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";
+ * each cell is the same text as the CLI's RATE column. */
+TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
+{
+    static const struct {
+        const char *queue;
+        int limit;
+        int64_t ms;
+        const char *text;
+    } rates[] = {{"api", 100, 60000, "100/1m"},
+                 {"sms", 5, 90000, "5/90s"},
+                 {"ftp", 3, 1500, "3/1500ms"},
+                 {"batch", 10, 86400000, "10/1d"},
+                 {"push", 7, 7200000, "7/2h"}};
+    pgjobq_client *c = t_client();
+    char *body = NULL, *out = NULL, *err = NULL, want[200];
+
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
+        CHECK_OK(c, pgjobq_queue_set_rate(c, rates[i].queue, rates[i].limit, rates[i].ms));
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "plain", 2));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(strstr(body, " per ") == NULL, "/queues: %s", body);
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        const char *rate = rates[i].text;
+        snprintf(want, sizeof want, "<td class=\"n rate\">%s</td>", rate);
+        char *row = row_of(body, "queue", rates[i].queue);
+        CHECK_MSG(strstr(row, want) != NULL, "/queues: no %s in the row of %s: %s", want, rates[i].queue, row);
+        free(row);
+        snprintf(want, sizeof want, " %s ", rate);
+        CHECK_MSG(strstr(out, want) != NULL, "queue ls does not print %s: %s", rate, out);
+    }
+    /* A queue without a rate shows a dash. */
+    char *plain = row_of(body, "queue", "plain");
+    CHECK_MSG(strstr(plain, "<td class=\"n rate\">-</td>") != NULL, "/queues: %s", plain);
+    free(plain);
+    free(body);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Slow and stalled clients (issue 23, item 2)                                                       */
 
@@ -1476,6 +1532,247 @@ TEST_FULL(serve_in_chromium_refuses_other_sites_and_redirects_home, 240, 0)
     CHECK_MSG(strstr(dom, "<title>pgjobq - overview</title>") != NULL && strstr(dom, "<table id=\"queues\">") != NULL,
               "after the redirect: %.600s", dom);
     free(dom);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* What the pages show (issue 24)                                                                    */
+
+/* Runs headless Chromium on url in a window width pixels wide and returns the DOM it ended with
+ * (malloc'd), after the page's scripts ran (--virtual-time-budget). */
+static char *chromium_width(const char *url, int width)
+{
+    char cmd[2048], out[600];
+    snprintf(out, sizeof out, "%s/dom.html", t_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=%s/chrome "
+             "--window-size=%d,900 --virtual-time-budget=5000 --dump-dom '%s' > %s 2>/dev/null",
+             t_tmpdir(), width, url, out);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "chromium on %s: status %d", url, rc);
+    return slurp(out);
+}
+
+/* The script that measures the overview's chart: the widths of the chart and of its panel's content
+ * box, the chart's height, each series' legend entry (its text, its swatch's colour, its width) and
+ * the colour of the series' bars, written into <output id="measured"> as NAME=VALUE words between
+ * spaces. */
+static const char measure_chart[] =
+    "<script>addEventListener('load', function () {"
+    " var svg = document.getElementById('throughput'), panel = svg.parentNode, cs = getComputedStyle(panel);"
+    " var inner = panel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);"
+    " var box = svg.getBoundingClientRect();"
+    " var fill = function (e) { return e ? getComputedStyle(e).fill.replace(/ /g, '') : 'none'; };"
+    " var out = ['svg=' + Math.round(box.width), 'panel=' + Math.round(inner), 'height=' + Math.round(box.height)];"
+    " ['completed', 'failed'].forEach(function (k) {"
+    "  var item = svg.querySelector('.legend-item[data-series=' + k + ']');"
+    "  var r = item ? item.getBoundingClientRect() : {width: 0, left: -1, right: -1};"
+    "  out.push(k + '-legend=' + (item ? item.textContent : '') + ',' + fill(item && item.querySelector('rect')) + ','"
+    "   + Math.round(r.width) + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
+    "  out.push(k + '-bar=' + fill(svg.querySelector(':scope > rect.bar-' + k)));"
+    " });"
+    " var o = document.createElement('output'); o.id = 'measured'; o.textContent = ' ' + out.join(' ') + ' ';"
+    " document.body.appendChild(o);"
+    "});</script>";
+
+/* The value of NAME= in the measured words, copied into buf ("" when absent). */
+static const char *measured(const char *dom, const char *name, char *buf, size_t size)
+{
+    const char *m = strstr(dom, "<output id=\"measured\">");
+    char key[64];
+
+    buf[0] = '\0';
+    CHECK_MSG(m != NULL, "the measuring script did not run: %.2000s", dom);
+    snprintf(key, sizeof key, " %s=", name);
+    const char *p = strstr(m, key);
+    if (p == NULL)
+        return buf;
+    p += strlen(key);
+    size_t n = strcspn(p, " <");
+    snprintf(buf, size, "%.*s", (int)(n < size ? n : size - 1), p);
+    return buf;
+}
+
+/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
+ * 60% of the panel at 1280), and a legend names each series in its bars' colour.  The pages allow no
+ * script (Content-Security-Policy), so the test measures a copy of the overview served from another
+ * port with a measuring script added: the same HTML, with <base> pointing at the server, so that the
+ * server's own stylesheet lays it out. */
+TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL, url[600], v[128];
+
+    put(c, "mail", "{}");
+    put(c, "mail", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "<svg id=\"throughput\"") != NULL, "no chart: %s", body);
+
+    /* The copy: <base> after <head>, no refresh, the script before </body>. */
+    char base[100];
+    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", s->port);
+    char *head = strstr(body, "<head>"), *refresh = strstr(body, "<meta http-equiv=\"refresh\""),
+         *end = strstr(body, "</body>");
+    CHECK(head != NULL && refresh != NULL && end != NULL && head < refresh && refresh < end);
+    char *refresh_end = strchr(refresh, '>') + 1;
+    size_t size = strlen(body) + sizeof base + sizeof measure_chart;
+    char *copy = malloc(size);
+    CHECK(copy != NULL);
+    head += strlen("<head>");
+    snprintf(copy, size, "%.*s%s%.*s%.*s%s%s", (int)(head - body), body, base, (int)(refresh - head), head,
+             (int)(end - refresh_end), refresh_end, measure_chart, end);
+    int page = serve_page(copy);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", page);
+
+    static const int widths[] = {1280, 900};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        char *dom = chromium_width(url, widths[i]);
+        int svg = atoi(measured(dom, "svg", v, sizeof v)), panel = atoi(measured(dom, "panel", v, sizeof v));
+        int height = atoi(measured(dom, "height", v, sizeof v));
+        printf("window %d: chart %d of %d pixels, %d high\n", widths[i], svg, panel, height);
+        CHECK_MSG(panel > 0 && svg >= panel - 2 && svg <= panel + 1,
+                  "window %d: the chart is %d pixels of its panel's %d", widths[i], svg, panel);
+        CHECK_MSG(height >= 100 && height <= 400, "window %d: the chart is %d pixels high", widths[i], height);
+        static const char *const series[] = {"completed", "failed"};
+        char bar[2][64];
+        for (int k = 0; k < 2; k++) {
+            char key[32], legend[128], want[200];
+            snprintf(key, sizeof key, "%s-bar", series[k]);
+            measured(dom, key, bar[k], sizeof bar[k]);
+            CHECK_MSG(strncmp(bar[k], "rgb(", 4) == 0 && strcmp(bar[k], "rgb(0,0,0)") != 0,
+                      "window %d: the %s bars' colour is '%s' (no stylesheet?)", widths[i], series[k], bar[k]);
+            snprintf(key, sizeof key, "%s-legend", series[k]);
+            measured(dom, key, legend, sizeof legend);
+            snprintf(want, sizeof want, "%s,%s,", series[k], bar[k]);
+            CHECK_MSG(strncmp(legend, want, strlen(want)) == 0, "window %d: the legend of %s is '%s', not '%s...'",
+                      widths[i], series[k], legend, want);
+            const char *rest = legend + strlen(want);
+            CHECK_MSG(atoi(rest) > 20 && strstr(rest, ",inside") != NULL,
+                      "window %d: the legend of %s is not shown within the chart: '%s'", widths[i], series[k], legend);
+        }
+        CHECK_MSG(strcmp(bar[0], bar[1]) != 0, "the series share a colour: %s", bar[0]);
+        free(dom);
+    }
+    free(copy);
+    free(body);
+    pgjobq_client_close(c);
+}
+
+/* /jobs has a run-at column (issue 24): when each job is due relative to now, its absolute time (UTC)
+ * as the cell's title, and a queued job that is not due yet is marked scheduled, so that a job
+ * delayed by ten minutes no longer looks due.  Seen in headless Chromium.  Each relative time is
+ * accepted one minute later too (a slow machine may take that long between enqueue and page). */
+TEST_FULL(serve_jobs_page_shows_when_each_job_runs, 120, 0)
+{
+    static const struct {
+        const char *run_at; /* SQL */
+        int scheduled;
+        const char *when, *or_when;
+    } jobs[] = {{"now() + interval '10 minutes'", 1, "in 10 min", "in 9 min"},
+                {"now() + interval '2 days 3 hours'", 1, "in 2 d 3 h", "in 2 d 3 h"},
+                {"now() - interval '90 minutes'", 0, "1 h 30 min ago", "1 h 31 min ago"},
+                {"now() - interval '20 seconds'", 0, " s ago<", "1 min ago<"}};
+    PGconn *pg = t_pg();
+    long long id[4];
+
+    for (int i = 0; i < 4; i++)
+        id[i] = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'later', run_at => %s)", jobs[i].run_at);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    char *dom = chromium(s->port, "/jobs?queue=later", NULL);
+    CHECK_MSG(strstr(dom, "<th>Run at</th>") != NULL, "/jobs: no run-at column: %s", dom);
+    for (int i = 0; i < 4; i++) {
+        char key[32], want[300];
+        snprintf(key, sizeof key, "%lld", id[i]);
+        char *row = row_of(dom, "id", key);
+        PGresult *at = t_exec(pg,
+                              "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),"
+                              " to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+                              " FROM pgjobq.jobs WHERE id = %lld",
+                              id[i]);
+        const char *abs = PQgetvalue(at, 0, 0), *iso = PQgetvalue(at, 0, 1);
+        snprintf(want, sizeof want, "<td class=\"run-at%s\" title=\"%s UTC\"><time datetime=\"%s\">",
+                 jobs[i].scheduled ? " scheduled" : "", abs, iso);
+        const char *cell = strstr(row, want);
+        CHECK_MSG(cell != NULL, "job %lld (run at %s): no %s in %s", id[i], jobs[i].run_at, want, row);
+        const char *end = strstr(cell, "</td>");
+        CHECK(end != NULL);
+        char text[200];
+        snprintf(text, sizeof text, "%.*s", (int)(end - cell), cell);
+        CHECK_MSG(strstr(text, jobs[i].when) != NULL || strstr(text, jobs[i].or_when) != NULL,
+                  "job %lld (run at %s): '%s', not '%s'", id[i], jobs[i].run_at, text, jobs[i].when);
+        int marked = strstr(row, "<span class=\"state s-scheduled\"") != NULL;
+        CHECK_MSG(marked == jobs[i].scheduled, "job %lld (run at %s) is%s marked scheduled: %s", id[i], jobs[i].run_at,
+                  marked ? "" : " not", row);
+        CHECK_MSG(strstr(row, "<span class=\"state s-queued\">queued</span>") != NULL, "job %lld: %s", id[i], row);
+        PQclear(at);
+        free(row);
+    }
+    free(dom);
+    PQfinish(pg);
+}
+
+/* s with every double quote written as &quot;, as the pages write text, into buf; returns buf. */
+static const char *html_quotes(const char *s, char *buf, size_t size)
+{
+    size_t k = 0;
+    for (; *s && k + 7 < size; s++) {
+        if (*s == '"') {
+            memcpy(buf + k, "&quot;", 6);
+            k += 6;
+        } else {
+            buf[k++] = *s;
+        }
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
+/* An empty object or array is written on one line (issue 24): jsonb_pretty writes {} as "{" newline
+ * "}", and the job page showed a {} payload on two lines.  The payload {} is seen in headless
+ * Chromium; empties inside a document, a result of [] and a progress of {} in the page's HTML. */
+TEST_FULL(serve_job_page_writes_empty_json_on_one_line, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char path[64], *body = NULL;
+
+    int64_t empty = put(c, "mail", "{}");
+    int64_t nested = put(c, "nest", "{\"a\": {}, \"b\": [], \"c\": [[], {}], \"d\": \"{\\n}\", \"e\": {\"f\": 1}}");
+    CHECK_OK(c, pgjobq_claim(c, "nest", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    PQclear(t_exec(pg, "SELECT pgjobq.set_progress(%lld, %lld, '{}')", (long long)jobs[0].id,
+                   (long long)jobs[0].lease_token));
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, "[]"));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)empty);
+    char *dom = chromium(s->port, path, NULL);
+    CHECK_MSG(strstr(dom, "<pre id=\"payload\">{}</pre>") != NULL, "%s: %s", path, dom);
+    free(dom);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)nested);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    /* The text jsonb_pretty writes, with the empties on one line, as HTML (every quote escaped). */
+    static const char want[] = "{\n    \"a\": {},\n    \"b\": [],\n    \"c\": [\n        [],\n        {}\n    ],\n"
+                               "    \"d\": \"{\\n}\",\n    \"e\": {\n        \"f\": 1\n    }\n}";
+    char html[1024], pre[1100];
+    snprintf(pre, sizeof pre, "<pre id=\"payload\">%s</pre>", html_quotes(want, html, sizeof html));
+    CHECK_MSG(strstr(body, pre) != NULL, "%s: no\n%s\nin %s", path, pre, body);
+    CHECK_MSG(strstr(body, "<pre id=\"result\">[]</pre>") != NULL, "%s: %s", path, body);
+    CHECK_MSG(strstr(body, "<pre id=\"progress\">{}</pre>") != NULL, "%s: %s", path, body);
+    free(body);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
