@@ -1454,6 +1454,14 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
             w->next_heartbeat_ms = now; /* leases may have gone unrenewed while it was down */
             w->next_beat_ms = now;
         }
+        if (c == C_MAINT) {
+            /* Perhaps another server now (a failover): its leases may end before the point the rescue
+             * had reached on the old one (a renewal the standby never received), so the next rescue
+             * looks at every expired lease. */
+            w->rescue_since_us = PGJOBQ_TIME_NONE;
+            w->next_full_rescue_ms = now;
+            w->next_rescue_ms = now;
+        }
     }
     if (!w->was_ready[c])
         atomic_fetch_add(&w->st_connected, 1);
