@@ -105,12 +105,14 @@ static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *k
     return any;
 }
 
-/* A job taken by a thread has ended: its slot is free for the next waiting job. */
-static void release_slot(pgjobq__queue *q)
+/* A job taken by a thread has ended: its slot is free for the next waiting job.  A handler's own
+ * thread takes that job itself on its next turn (waking another would only hand the work over:
+ * futex waits and context switches); a job finished elsewhere (PENDING) wakes one. */
+static void release_slot(pgjobq__queue *q, int wake)
 {
     pthread_mutex_lock(&q->mu);
     q->active--;
-    if (q->head)
+    if (wake && q->head)
         pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }
@@ -160,7 +162,7 @@ static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
         average(&q->handler_ns, atomic_load(&q->handled), ns);
         atomic_fetch_add(&q->handled, 1);
     }
-    release_slot(q);
+    release_slot(q, 0);
     pgjobq__worker_done(q->w, ctx);
 }
 
@@ -176,7 +178,7 @@ void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
     average(&q->handler_ns, atomic_load(&q->handled), (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec - ctx->started_ns);
     atomic_fetch_add(&q->handled, 1);
     ctx->outcome = outcome;
-    release_slot(q);
+    release_slot(q, 1);
     pgjobq__worker_done(q->w, ctx);
 }
 
