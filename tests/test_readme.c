@@ -183,4 +183,28 @@ TEST_FULL(readme_make_demo_needs_no_test_tools, 240, 0)
     CHECK_MSG(strstr(out, "pgjobq demo: 2000 jobs") != NULL && strstr(out, "throughput") != NULL, "make demo:\n%s", out);
     CHECK_MSG(strstr(out, "missing packages") == NULL && strstr(out, "chromium") == NULL, "make demo:\n%s", out);
     free(out);
+
+    /* As an ordinary user (as root the dependency check would install, not refuse): the check make
+     * demo runs, then the demo itself, with the same PATH, a home of that user's own. */
+    if (geteuid() != 0)
+        return; /* this run is the ordinary user's already */
+    snprintf(cmd, sizeof cmd, "runuser -u nobody -- test -r '%s/tools/ensure-deps.sh' -a -x '%s'", srcdir(), cli);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "nobody cannot read %s or run %s: the ordinary-user half is skipped\n", srcdir(), cli);
+        return;
+    }
+    char home[600];
+    snprintf(home, sizeof home, "%s/nobody-home", t_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && chown nobody '%s' && chmod 755 '%s'", home, home, t_tmpdir());
+    CHECK_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && runuser -u nobody -- env -i PATH='%s' HOME='%s' PGJOBQ_HOME='%s/pg' sh -c "
+             "'sh tools/ensure-deps.sh --server && %s demo --jobs 1000 --concurrency 8 && %s db stop' > '%s' 2>&1",
+             srcdir(), bin, home, home, cli, cli, log);
+    status = system(cmd);
+    out = slurp(log);
+    CHECK_MSG(status == 0, "make demo's steps as nobody failed (status %d):\n%s", status, out);
+    CHECK_MSG(strstr(out, "pgjobq demo: 1000 jobs") != NULL && strstr(out, "missing packages") == NULL,
+              "as nobody:\n%s", out);
+    free(out);
 }
