@@ -455,27 +455,17 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Encodes text as a JSON string (the text is valid UTF-8 without NUL). */
+/* Encodes text as a JSON string (malloc'd; NULL when out of memory). */
 static char *json_string(const char *s)
 {
-    size_t n = strlen(s), o = 0;
-    char *out = malloc(6 * n + 3);
-    if (out == NULL)
+    sbuf b;
+    sb_init(&b);
+    sb_json(&b, s);
+    if (b.failed) {
+        sb_free(&b);
         return NULL;
-    out[o++] = '"';
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            out[o++] = '\\';
-            out[o++] = (char)*p;
-        } else if (*p < 0x20) {
-            o += (size_t)sprintf(out + o, "\\u%04x", *p);
-        } else {
-            out[o++] = (char)*p;
-        }
     }
-    out[o++] = '"';
-    out[o] = '\0';
-    return out;
+    return b.data;
 }
 
 /* The result to store from the command's stdout: the JSON itself, else the text as a JSON string. */

@@ -819,22 +819,6 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
 /* ------------------------------------------------------------------------------------------------ */
 /* The handler                                                                                       */
 
-static void json_text(sbuf *b, const char *s)
-{
-    sb_putn(b, "\"", 1);
-    for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
-        if (*q == '"' || *q == '\\') {
-            sb_putn(b, "\\", 1);
-            sb_putn(b, (const char *)q, 1);
-        } else if (*q < 0x20) {
-            sb_printf(b, "\\u%04x", *q);
-        } else {
-            sb_putn(b, (const char *)q, 1);
-        }
-    }
-    sb_putn(b, "\"", 1);
-}
-
 pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
 {
     coproc_pool *p = arg;
@@ -853,9 +837,9 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     /* The line first: once the job is linked, its reply may end it (and free ctx) at any moment. */
     sb_init(&line);
     sb_printf(&line, "{\"id\":%lld,\"queue\":", (long long)job->id);
-    json_text(&line, job->queue);
+    sb_json(&line, job->queue);
     sb_puts(&line, ",\"kind\":");
-    json_text(&line, job->kind);
+    sb_json(&line, job->kind);
     sb_printf(&line, ",\"attempt\":%d,\"max_attempts\":%d,\"deadline_ms\":%lld,\"payload\":", job->attempt,
               job->max_attempts, (long long)pgjobq_ctx_time_left_ms(ctx));
     sb_puts(&line, job->payload);

@@ -120,6 +120,38 @@ void sb_html(sbuf *b, const char *s)
     }
 }
 
+void sb_json(sbuf *b, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s, *run;
+
+    if (s == NULL) {
+        sb_puts(b, "null");
+        return;
+    }
+    sb_putn(b, "\"", 1);
+    for (run = p; *p; p++) {
+        unsigned c = *p;
+        int c1 = c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+        if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f && !c1)
+            continue; /* part of the run written as is */
+        sb_putn(b, (const char *)run, (size_t)(p - run));
+        switch (c) {
+        case '"': sb_puts(b, "\\\""); break;
+        case '\\': sb_puts(b, "\\\\"); break;
+        case '\n': sb_puts(b, "\\n"); break;
+        case '\r': sb_puts(b, "\\r"); break;
+        case '\t': sb_puts(b, "\\t"); break;
+        default:
+            if (c1)
+                c = *++p;
+            sb_printf(b, "\\u%04x", c);
+        }
+        run = p + 1;
+    }
+    sb_putn(b, (const char *)run, (size_t)(p - run));
+    sb_putn(b, "\"", 1);
+}
+
 void sb_url(sbuf *b, const char *s)
 {
     static const char hex[] = "0123456789ABCDEF";

@@ -24,6 +24,10 @@ void sb_puts(sbuf *b, const char *s);
 void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s as HTML text or attribute value: & < > " ' escaped.  NULL appends nothing. */
 void sb_html(sbuf *b, const char *s);
+/* s as a JSON string, quotes included (NULL: null): " and \ escaped, \n \r \t, and every other
+ * control character (C0, DEL, and C1 as U+0080..U+009F, which a terminal may act on) as \u00XX.
+ * The one JSON string writer of the command. */
+void sb_json(sbuf *b, const char *s);
 /* s percent-encoded for a URL query value (unreserved characters kept). */
 void sb_url(sbuf *b, const char *s);
 /* s as a Prometheus label value: \ " and newline escaped. */

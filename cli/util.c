@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "http.h" /* sbuf, sb_json */
 
 /* 100 years: long enough for any schedule, short enough that now() + it cannot overflow. */
 #define DURATION_MAX_MS 3155760000000.0
@@ -81,30 +82,14 @@ int cli_parse_int(const char *s, long long min, long long max, long long *out, c
 
 void json_str(FILE *f, const char *s)
 {
-    if (s == NULL) {
-        fputs("null", f);
-        return;
-    }
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            /* Control characters as \u escapes: C0 as JSON requires, DEL and C1 (U+0080..U+009F, which
-             * a terminal may act on) too, so that JSON printed on a terminal is as safe as text. */
-            if (*p < 0x20 || *p == 0x7f)
-                fprintf(f, "\\u%04x", *p);
-            else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-                fprintf(f, "\\u%04x", *++p);
-            else
-                fputc(*p, f);
-        }
-    }
-    fputc('"', f);
+    sbuf b;
+    sb_init(&b);
+    sb_json(&b, s);
+    if (b.failed)
+        fputs("null", f); /* out of memory: a valid document all the same */
+    else
+        fwrite(b.data, 1, b.len, f);
+    sb_free(&b);
 }
 
 static void iso_time(char *buf, size_t size, int64_t us, char sep)
