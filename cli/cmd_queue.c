@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "http.h" /* cli_mono_ms */
 
 enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
        OPT_JSON = 1101, OPT_CREATE = 1102 };
@@ -197,17 +198,11 @@ static int64_t running_in(pgjobq_client *c, const char *queue, int *rc)
     return running;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int drain(pgjobq_client *c, const char *queue, const queue_args *a)
 {
     int rc = pgjobq_queue_pause(c, queue, a->reason ? a->reason : "draining");
-    int64_t start = mono_ms(), running, last = -1;
+    int64_t start = cli_mono_ms(), running, last = -1;
 
     if (rc != PGJOBQ_OK)
         return cli_fail(c, rc);
@@ -217,7 +212,7 @@ static int drain(pgjobq_client *c, const char *queue, const queue_args *a)
         if (running != last)
             fprintf(stderr, "pgjobq: queue %s paused; %lld jobs still running\n", queue, (long long)running);
         last = running;
-        if (a->wait_ms >= 0 && mono_ms() - start >= a->wait_ms) {
+        if (a->wait_ms >= 0 && cli_mono_ms() - start >= a->wait_ms) {
             cli_err("queue %s is paused, but %lld jobs were still running after %lld ms", queue, (long long)running,
                     (long long)a->wait_ms);
             return EX_TEMPFAIL;

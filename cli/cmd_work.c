@@ -448,12 +448,6 @@ static void output_add(output *o, const char *p, size_t n)
     }
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Encodes text as a JSON string (malloc'd; NULL when out of memory). */
 static char *json_string(const char *s)
@@ -623,9 +617,9 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         if (stopped == PGJOBQ_STOP_NONE && pgjobq_ctx_should_stop(ctx)) {
             stopped = pgjobq_ctx_stop_reason(ctx);
             kill(-pid, SIGTERM);
-            term_sent = now_ms();
+            term_sent = cli_mono_ms();
         }
-        if (term_sent && !kill_sent && now_ms() - term_sent >= cfg->kill_grace_ms) {
+        if (term_sent && !kill_sent && cli_mono_ms() - term_sent >= cfg->kill_grace_ms) {
             kill(-pid, SIGKILL);
             kill_sent = 1;
         }
@@ -643,7 +637,7 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
             err.data[i] = ' ';
     if (stopped == PGJOBQ_STOP_TIMEOUT) {
         snprintf(msg, sizeof msg, "timed out after %lld ms and was killed; stderr: %s",
-                 (long long)(now_ms() - term_sent), err.data);
+                 (long long)(cli_mono_ms() - term_sent), err.data);
         pgjobq_ctx_set_error(ctx, msg);
         goto cleanup_retry;
     }

@@ -78,12 +78,6 @@ static void plog(coproc_pool *p, pgjobq_log_level level, const char *fmt, ...)
         p->log(p->log_arg, level, line);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void deadline_in(struct timespec *ts, int64_t ms)
 {
@@ -536,7 +530,7 @@ static int64_t one_life(coproc *c)
 {
     coproc_pool *p = c->pool;
     int in_fd = -1, out_fd = -1, err_fd = -1;
-    int64_t born = mono_ms();
+    int64_t born = cli_mono_ms();
     sbuf out, err;
     char why[300];
     int status = 0, bad = 0;
@@ -571,7 +565,7 @@ static int64_t one_life(coproc *c)
         char buf[65536];
         if (poll(fds, 3, STOP_SCAN_MS) < 0 && errno != EINTR)
             break;
-        int64_t now = mono_ms();
+        int64_t now = cli_mono_ms();
         if (now >= next_scan) {
             give_up_stopped(c);
             next_scan = now + STOP_SCAN_MS;
@@ -720,7 +714,7 @@ static int64_t one_life(coproc *c)
     finish_all(held, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
     if (!stopping)
         plog(p, PGJOBQ_LOG_WARN, "%s; restarting it", why + 4);
-    return mono_ms() - born;
+    return cli_mono_ms() - born;
 }
 
 static void *supervise(void *arg)
@@ -789,14 +783,14 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
     pthread_cond_broadcast(&p->cv);
     /* Each supervisor now closes its coprocess's input (end of input: a well-behaved handler exits). */
     pthread_mutex_unlock(&p->mu);
-    int64_t until = mono_ms() + grace_ms;
+    int64_t until = cli_mono_ms() + grace_ms;
     for (;;) {
         int running = 0;
         pthread_mutex_lock(&p->mu);
         for (int i = 0; i < p->k; i++)
             running += p->cp[i].pid > 0;
         pthread_mutex_unlock(&p->mu);
-        if (!running || mono_ms() >= until)
+        if (!running || cli_mono_ms() >= until)
             break;
         usleep(20000);
     }

@@ -372,7 +372,7 @@ struct http_server {
     int nworkers;
 };
 
-static int64_t mono_ms(void)
+int64_t cli_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -418,7 +418,7 @@ static void track_owing(http_server *s, struct MHD_Connection *c, int owing)
         return;
     pthread_mutex_lock(&s->conn_mu);
     t->owing = owing;
-    t->since_ms = mono_ms();
+    t->since_ms = cli_mono_ms();
     pthread_mutex_unlock(&s->conn_mu);
 }
 
@@ -436,7 +436,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             return; /* not tracked: only libmicrohttpd's idle timeout applies */
         t->fd = ci->connect_fd;
         t->owing = 1;
-        t->since_ms = mono_ms();
+        t->since_ms = cli_mono_ms();
         pthread_mutex_lock(&s->conn_mu);
         t->next = s->conns;
         if (s->conns)
@@ -473,7 +473,7 @@ static void *reaper(void *arg)
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
         pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &until);
-        int64_t now = mono_ms();
+        int64_t now = cli_mono_ms();
         for (tracked *t = s->conns; t; t = t->next) {
             if (t->owing && t->fd >= 0 && now - t->since_ms > REQUEST_DEADLINE_MS) {
                 shutdown(t->fd, SHUT_RDWR);

@@ -17,6 +17,9 @@ typedef struct sbuf {
     int failed;
 } sbuf;
 
+/* Milliseconds on the monotonic clock: the command's one clock for intervals and deadlines. */
+int64_t cli_mono_ms(void);
+
 void sb_init(sbuf *b);
 void sb_free(sbuf *b);
 void sb_putn(sbuf *b, const char *s, size_t n);

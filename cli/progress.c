@@ -8,13 +8,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "http.h" /* cli_mono_ms */
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void progress_init(progress *p, const char *label, int64_t total, int quiet)
 {
@@ -23,12 +18,12 @@ void progress_init(progress *p, const char *label, int64_t total, int quiet)
     p->total = total;
     p->quiet = quiet;
     p->tty = isatty(2);
-    p->started_ms = mono_ms();
+    p->started_ms = cli_mono_ms();
 }
 
 static void draw(progress *p, int64_t done, const char *extra, int final)
 {
-    double secs = (double)(mono_ms() - p->started_ms) / 1000.0;
+    double secs = (double)(cli_mono_ms() - p->started_ms) / 1000.0;
     double rate = secs > 0 ? (double)done / secs : 0;
 
     if (p->tty) {
@@ -52,7 +47,7 @@ static void draw(progress *p, int64_t done, const char *extra, int final)
 
 void progress_update(progress *p, int64_t done, const char *extra)
 {
-    int64_t now = mono_ms();
+    int64_t now = cli_mono_ms();
     /* A terminal is redrawn five times a second; a log gets a line every five seconds. */
     int64_t every = p->tty ? 200 : 5000;
     if (p->quiet || now - p->last_ms < every)

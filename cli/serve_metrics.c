@@ -83,12 +83,6 @@ struct serve_metrics {
     int64_t collections;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static qm *queue_of(serve_metrics *m, const char *name)
 {
@@ -482,7 +476,7 @@ static void *collector(void *arg)
     pthread_mutex_lock(&m->mu);
     while (!m->stop) {
         pthread_mutex_unlock(&m->mu);
-        int64_t t0 = mono_ms();
+        int64_t t0 = cli_mono_ms();
         int rc = collect(m);
         m->up = rc == 0;
         if (rc != 0)
@@ -491,7 +485,7 @@ static void *collector(void *arg)
             m->collections++;
         if (rc == 0)
             m->since_held = (m->since_held + 1) % FINISHED_EVERY;
-        m->collect_s = (double)(mono_ms() - t0) / 1000.0;
+        m->collect_s = (double)(cli_mono_ms() - t0) / 1000.0;
         char *text = render(m);
         pthread_mutex_lock(&m->mu);
         if (text) {
