@@ -169,12 +169,13 @@ static int setup_result(pgjobq__aconn *ac, PGresult *r, int64_t now_ms)
     }
     if (ac->step == 0) {
         int version = st == PGRES_TUPLES_OK && PQntuples(r) == 1 ? atoi(PQgetvalue(r, 0, 0)) : -1;
-        /* The setup's last statement also says whether this session can write. */
-        if (st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 1 && strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
+        /* The setup's last statement (version, needs, read-only: worker.c) also says whether this
+         * session can write. */
+        if (st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 2 && strcmp(PQgetvalue(r, 0, 2), "t") == 0) {
             read_only(ac, now_ms);
             return PGJOBQ__AC_EV_LOST;
         }
-        int needs = st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 2 ? atoi(PQgetvalue(r, 0, 2)) : 0;
+        int needs = st == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) > 1 ? atoi(PQgetvalue(r, 0, 1)) : 0;
         if (!pgjobq__schema_usable(version, needs)) {
             char why[300];
             snprintf(why, sizeof why,

@@ -161,8 +161,19 @@ int pgjobq__utf8_valid(const char *s, size_t n);
 int pgjobq__check_name(pgjobq_client *c, const char *what, const char *name);
 int pgjobq__check_payload(pgjobq_client *c, const char *what, const char *json, size_t len);
 
-/* Advisory lock keys: (PGJOBQ__LOCK_CLASS, n).  1 migrate, 2 rescue, 3 prune. */
+/* Advisory lock keys: (PGJOBQ__LOCK_CLASS, n).  1 migrate, 2 rescue, 3 prune.  PGJOBQ__LOCK(n) is
+ * the key as SQL text, for the statements that take it. */
 #define PGJOBQ__LOCK_CLASS 1885825649
+#define PGJOBQ__STR_(x) #x
+#define PGJOBQ__STR(x) PGJOBQ__STR_(x)
+#define PGJOBQ__LOCK(n) PGJOBQ__STR(PGJOBQ__LOCK_CLASS) ", " #n
+
+/* The database's schema version and the oldest library version that can use it (the largest
+ * "needs" of the applied migrations; needs is read through to_jsonb: the column does not exist
+ * before version 7), as the first two columns of a select list, and where they come from. */
+#define PGJOBQ__SCHEMA_VERSION_COLS                                                                  \
+    "coalesce(max(version), 0), coalesce(max(coalesce((pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"
+#define PGJOBQ__SCHEMA_VERSION_FROM " FROM pgjobq.schema_version s"
 
 /* Formats a millisecond count as a PostgreSQL interval literal into buf ("1500 milliseconds"). */
 void pgjobq__ms_interval(char *buf, size_t size, int64_t ms);

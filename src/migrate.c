@@ -33,7 +33,7 @@ extern const int pgjobq__function_file_count;
 extern const char *const pgjobq__roles_sql;
 
 /* Advisory lock key of the migration runner: ('pgjq', 1). */
-#define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(1885825649, 1)"
+#define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(" PGJOBQ__LOCK(1) ")"
 
 /* The database's schema version, and (needs, may be NULL) the oldest library schema version that can
  * use it: the largest "needs" of the applied migrations, a migration that does not say (all before
@@ -53,11 +53,8 @@ static int read_version(pgjobq_client *c, int *version, int *needs)
         NULL,
         NULL,
         0};
-    /* needs through to_jsonb: the column does not exist before version 7. */
     static const pgjobq__stmt max = {"read schema version",
-                                     "SELECT coalesce(max(version), 0), coalesce(max(coalesce("
-                                     "(pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"
-                                     " FROM pgjobq.schema_version s",
+                                     "SELECT " PGJOBQ__SCHEMA_VERSION_COLS PGJOBQ__SCHEMA_VERSION_FROM,
                                      0,
                                      NULL,
                                      NULL,

@@ -118,12 +118,12 @@ static const Oid since_type[] = {OID_INT8};
 static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
     /* $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
     {"pgjobq_rescue",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 2)"
+     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(2) ")"
      " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
      " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
      1, since_type},
     {"pgjobq_prune",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885825649, 3) THEN pgjobq.prune($1, $2, 1000)"
+     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(3) ") THEN pgjobq.prune($1, $2, 1000)"
      " ELSE -1 END",
      2, prune_types},
     /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
@@ -137,10 +137,8 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
  * the schema check (its result must be last).  The claim connection also listens. */
 #define SETUP_SQL "SET default_transaction_isolation = 'read committed';"
 #define SCHEMA_SQL                                                                                   \
-    "SELECT coalesce(max(version), 0), pg_catalog.pg_is_in_recovery() OR"                           \
-    " pg_catalog.current_setting('transaction_read_only')::boolean,"                                 \
-    " coalesce(max(coalesce((pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"            \
-    " FROM pgjobq.schema_version s"
+    "SELECT " PGJOBQ__SCHEMA_VERSION_COLS ", pg_catalog.pg_is_in_recovery() OR"                    \
+    " pg_catalog.current_setting('transaction_read_only')::boolean" PGJOBQ__SCHEMA_VERSION_FROM
 static const char setup_plain[] = SETUP_SQL SCHEMA_SQL;
 static const char setup_listen[] = SETUP_SQL "LISTEN pgjobq;" SCHEMA_SQL;
 
