@@ -134,8 +134,8 @@ const char *t_script(const char *name, const char *body);
  * in the changing statement's transaction.  A finished job's move to the history is audited as
  * new_state 'moved'. */
 void t_audit_install(PGconn *conn);
-/* From the audit: claims of a job (token t) while the previous holder's lease (t - 1, as last
- * extended) was still valid.  Must be 0. */
+/* From the audit: jobs taken from their holder while its lease (as last extended) was still valid:
+ * claimed again under another token, or put back by the rescue.  Must be 0. */
 long long t_audit_claims_in_valid_lease(PGconn *conn);
 /* From the audit: writes by a holder (complete, fail, heartbeat, hand-back) accepted at or after its
  * lease ended, rescues excepted.  Must be 0. */

@@ -240,3 +240,47 @@ TEST(lease_token_cannot_be_guessed_from_the_time_of_the_claim)
     PQfinish(pg);
     pgjobq_client_close(holder);
 }
+
+/* The chaos and failover suites' audit of double claims (t_audit_claims_in_valid_lease) counts a job
+ * taken from a valid lease, and nothing of a job's ordinary life: a claim, heartbeats, an expiry, the
+ * rescue, a new claim, a completion. */
+TEST(lease_audit_counts_a_job_taken_from_a_valid_lease_only)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *j, *k;
+    int rescued = 0;
+    int64_t id, b, d;
+
+    t_audit_install(pg);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    j = claim_one(c, 300, "w1");
+    CHECK_OK(c, pgjobq_job_extend(c, id, j->lease_token, 300));
+    wait_expired(pg, id);
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    k = claim_one(c, 60000, "w2");
+    CHECK_INT(k->id, id);
+    CHECK_OK(c, pgjobq_job_extend(c, id, k->lease_token, 60000));
+    CHECK_OK(c, pgjobq_job_complete(c, id, k->lease_token, NULL));
+    CHECK_INT(t_audit_claims_in_valid_lease(pg), 0);
+    pgjobq_jobs_free(j);
+    pgjobq_jobs_free(k);
+
+    /* A job given another token while its lease runs (what a double claim writes), and one put back
+     * by a rescue before its lease ended: both counted. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &b));
+    j = claim_one(c, 60000, "w3");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_token = lease_token + 1 WHERE id = %lld", (long long)b));
+    CHECK_INT(t_audit_claims_in_valid_lease(pg), 1);
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &d));
+    k = claim_one(c, 60000, "w4");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET state = 'queued', lease_until = NULL WHERE id = %lld"
+                       " /* as rescue_expired would */",
+                   (long long)d));
+    CHECK_INT(t_audit_claims_in_valid_lease(pg), 2);
+    pgjobq_jobs_free(j);
+    pgjobq_jobs_free(k);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
