@@ -31,9 +31,14 @@
 -- Libraries of version 10 keep working: no function they call changed its signature.  Their workers
 -- prune with their own options (24 hours and 7 days unless set), which a worker role may do as long
 -- as they are not shorter than the retention here; they beat and leave with worker_beat(id, host, pid,
--- version, queues) and worker_gone(id), which stay for them and write rows without a secret.  What
+-- version, queues) and worker_gone(id), which now reach the functions that take the worker's secret
+-- (it defaults to NULL: rows without one).  The old five- and one-argument functions are dropped here,
+-- so that each name has one definition (sql/functions/monitor.sql) and those calls are not ambiguous.  What
 -- such a library cannot do any more, under the admin or monitor role once roles.sql is applied again:
 -- read a job back (it selects lease_token: permission denied).
+
+DROP FUNCTION IF EXISTS pgjobq.worker_beat(text, text, integer, text, text);
+DROP FUNCTION IF EXISTS pgjobq.worker_gone(text);
 
 UPDATE pgjobq.jobs j
    SET run_at = CASE WHEN j.run_at < '1900-01-01 00:00:00+00' THEN '1900-01-01 00:00:00+00'::timestamptz

@@ -78,8 +78,6 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.schedule_tick(integer),
     pgjobq.worker_beat(text, text, integer, text, text, bigint),
     pgjobq.worker_gone(text, bigint),
-    pgjobq.worker_beat(text, text, integer, text, text),
-    pgjobq.worker_gone(text),
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health()

@@ -25,16 +25,17 @@ $$;
 -- and two live workers cannot share an id.  A row unseen for longer is taken over by the next beat
 -- (a worker that crashed and was started again under the same id waits that long).  The admin role
 -- (or the schema's owner) may remove any row; it may not beat over a live one (the duplicate would
--- be the same mistake).  Rows without a secret were written by libraries before schema 11 (whose
--- worker_beat(id, host, pid, version, queues) and worker_gone(id) below write rows without one):
--- anyone may take them over.
+-- be the same mistake).  Rows without a secret were written by libraries before schema 11 (they call
+-- worker_beat(id, host, pid, version, queues) and worker_gone(id): the secret defaults to NULL):
+-- anyone may take them over, and such a call cannot take over or remove the live row of a worker that
+-- has one.
 
 -- worker_beat(id, host, pid, version, queues, secret): the worker `id` (serving queues
 -- "name:concurrency,...") is alive now; started_at is its first beat (or the first since its pid or
 -- its secret changed).  55006 (object_in_use) when the id is another live worker's.  Also forgets
 -- workers unseen for a day and tallies older than a day (one caller at a time does that).
 CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text,
-                                              secret bigint)
+                                              secret bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -71,7 +72,7 @@ $$;
 
 -- worker_gone(id, secret): the worker stopped cleanly.  42501 when the row is another live worker's
 -- (and the caller not an admin); nothing when there is no row.
-CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text, secret bigint) RETURNS void
+CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text, secret bigint DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -84,27 +85,6 @@ BEGIN
         RAISE EXCEPTION 'worker id % belongs to another live worker: only it, or pgjobq_admin, may remove it',
             worker_gone.id USING ERRCODE = 'insufficient_privilege';
     END IF;
-END
-$$;
-
--- worker_beat(id, host, pid, version, queues) and worker_gone(id): what libraries of schema 10 call
--- (migration 11 needs: 10).  Without a secret: they write rows anyone may take over, and cannot take
--- over or remove the live row of a worker that has one.
-CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM pgjobq.worker_beat(id, host, pid, version, queues, NULL::bigint);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM pgjobq.worker_gone(id, NULL::bigint);
 END
 $$;
 
