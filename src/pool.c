@@ -105,18 +105,6 @@ static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *k
     return any;
 }
 
-/* A job taken by a thread has ended: its slot is free for the next waiting job.  A handler's own
- * thread takes that job itself on its next turn (waking another would only hand the work over:
- * futex waits and context switches); a job finished elsewhere (PENDING) wakes one. */
-static void release_slot(pgjobq__queue *q, int wake)
-{
-    pthread_mutex_lock(&q->mu);
-    q->active--;
-    if (wake && q->head)
-        pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-}
-
 /* A moving average of handler times: the first measurement replaces the guess (racy updates only
  * blur it). */
 static void average(_Atomic int64_t *avg, int64_t handled, int64_t ns)
@@ -126,8 +114,9 @@ static void average(_Atomic int64_t *avg, int64_t handled, int64_t ns)
 }
 
 /* Runs one job's handler (or explains why it did not run) and hands the job back to the engine (or,
- * when the handler returns PENDING, leaves that to pgjobq_ctx_finish). */
-static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
+ * when the handler returns PENDING, leaves that to pgjobq_ctx_finish).  Returns 1 when the job ended
+ * here: its slot is then the calling thread's to give back (under the lock it takes next anyway). */
+static int run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
 {
     const pgjobq__handler *h = find_handler(q, ctx->job.kind);
 
@@ -157,13 +146,13 @@ static void run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
          * ended the job here, unless it (wrongly) also finished it. */
         int was = 1;
         if (out == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&ctx->pending, &was, 0))
-            return;
+            return 0;
         ctx->outcome = out;
         average(&q->handler_ns, atomic_load(&q->handled), ns);
         atomic_fetch_add(&q->handled, 1);
     }
-    release_slot(q, 0);
     pgjobq__worker_done(q->w, ctx);
+    return 1;
 }
 
 void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
@@ -178,19 +167,27 @@ void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
     average(&q->handler_ns, atomic_load(&q->handled), (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec - ctx->started_ns);
     atomic_fetch_add(&q->handled, 1);
     ctx->outcome = outcome;
-    release_slot(q, 1);
+    pthread_mutex_lock(&q->mu);
+    q->active--;
+    if (q->head)
+        pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
     pgjobq__worker_done(q->w, ctx);
 }
 
 static void *queue_thread(void *arg)
 {
     pgjobq__queue *q = arg;
+    int holding = 0; /* the slot of the job this thread ended last, given back under the next lock */
 
     for (;;) {
         pgjobq_ctx *ctx;
 
         pthread_mutex_lock(&q->mu);
-        /* A job for each slot: a handler that returned PENDING still holds its slot. */
+        q->active -= holding;
+        /* A job for each slot: a handler that returned PENDING still holds its slot (its finish gives
+         * it back, and wakes a thread).  This thread takes the next job itself: waking another would
+         * only hand the work over. */
         while ((q->head == NULL || q->active >= q->concurrency) && !q->exit_threads)
             pthread_cond_wait(&q->cv, &q->mu);
         if (q->head == NULL) {
@@ -206,7 +203,7 @@ static void *queue_thread(void *arg)
             pthread_cond_signal(&q->cv); /* more work for slow handlers: wake a thread to share it */
         ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
-        run_one(q, ctx);
+        holding = run_one(q, ctx);
     }
 }
 
