@@ -787,8 +787,10 @@ PGJOBQ_EXPORT int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx);
  * CANCEL or DONE; the result, error and retry delay set on ctx before go with it).  Call it exactly
  * once per such job, from any thread, also when the job must stop (pgjobq_ctx_should_stop: a timeout,
  * a cancel, a lost lease, a shutdown), which the holder of a pending job must watch for: the worker
- * waits for every pending job before pgjobq_worker_run returns.  ctx is invalid afterwards.  Nothing
- * happens for a ctx whose handler has not returned PENDING, or for PENDING as the outcome. */
+ * waits for every pending job before pgjobq_worker_run returns.  ctx is invalid afterwards: a second
+ * call is a use after free.  The thread the handler gave ctx to may call it before the handler has
+ * returned PENDING; a handler that returns any other outcome must not call it (that call is ignored,
+ * and so is PENDING as the outcome). */
 PGJOBQ_EXPORT void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome);
 
 /* A handler: runs one job and says how it went.  Called on one of the worker's threads; many run at

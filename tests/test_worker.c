@@ -1178,8 +1178,10 @@ static void *finisher_thread(void *arg)
                 char result[64];
                 snprintf(result, sizeof result, "{\"id\": %lld}", (long long)j->id);
                 CHECK_OK(NULL, pgjobq_ctx_set_result(ready[i], result));
+                /* PENDING as the outcome ends nothing; the real finish follows.  (A second finish would
+                 * touch a ctx the worker may have freed: the contract is exactly once.) */
+                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_PENDING);
                 pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_COMPLETE);
-                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_COMPLETE); /* twice: ignored... */
             }
         }
         struct timespec ts = {0, 2 * 1000000L};
