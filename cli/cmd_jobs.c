@@ -600,6 +600,8 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         printf("{\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
                (long long)h.jobs_bytes, (long long)h.jobs_live, (long long)h.jobs_dead, (long long)h.vacuums);
         json_time(stdout, h.last_vacuum);
+        fputs(",\"autovacuum_paused_since\":", stdout);
+        json_time(stdout, h.autovacuum_paused_since);
         fputs(",\"holder\":", stdout);
         if (h.holder_kind[0] == '\0') {
             fputs("null}\n", stdout);
@@ -628,6 +630,12 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     printf("pgjobq.jobs    %s, %lld live rows, %lld dead rows (estimates)\n", size, (long long)h.jobs_live,
            (long long)h.jobs_dead);
     printf("vacuums        %lld, last %s\n", (long long)h.vacuums, t1);
+    if (h.autovacuum_paused_since != PGJOBQ_TIME_NONE) {
+        format_time(t2, sizeof t2, h.autovacuum_paused_since);
+        printf("autovacuum     paused by pgjobq since %s: a pass could remove nothing while the holder\n"
+               "               below holds; it resumes when that ends\n",
+               t2);
+    }
     if (h.holder_kind[0] == '\0') {
         printf("oldest holder  none: vacuum can remove every dead row\n");
         return EX_OK;

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 11
+#define PGJOBQ_SCHEMA_VERSION 12
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -566,7 +566,10 @@ typedef struct pgjobq_health {
     char holder_state[32];
     int64_t holder_since;       /* microseconds since the epoch; PGJOBQ_TIME_NONE when unknown */
     char holder_query[256];
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t autovacuum_paused_since; /* since when pgjobq has autovacuum of pgjobq.jobs off, because a
+                                        pass could remove nothing while the holder holds (microseconds
+                                        since the epoch; PGJOBQ_TIME_NONE when it is not) */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_health;
 
 /* Fills *out with pgjobq.jobs' size and what holds its vacuum back.  Needs pgjobq_worker or

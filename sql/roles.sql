@@ -80,7 +80,8 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.worker_gone(text, bigint),
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
-    pgjobq.health()
+    pgjobq.health(),
+    pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
 
 -- pgjobq_admin is both of the above.  Granted only when it is not yet: granting a membership needs

@@ -816,7 +816,7 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
 
     if (out) {
         memset(out, 0, sizeof *out);
-        out->last_vacuum = out->holder_since = PGJOBQ_TIME_NONE;
+        out->last_vacuum = out->holder_since = out->autovacuum_paused_since = PGJOBQ_TIME_NONE;
         out->horizon_age_ms = -1;
     }
     if ((rc = enter(c)) != PGJOBQ_OK)
@@ -826,11 +826,12 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
     pgjobq__stmt st = {"health",
                        "SELECT jobs_bytes, jobs_live, jobs_dead, vacuums, last_vacuum,"
                        " round(horizon_age_s * 1000)::int8, horizon_xids::int8, holder_kind, holder_pid::int8,"
-                       " holder_application, holder_state, holder_since, holder_query FROM pgjobq.health()",
+                       " holder_application, holder_state, holder_since, holder_query, autovacuum_paused_since"
+                       " FROM pgjobq.health()",
                        0, NULL, NULL, NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
-    if (PQntuples(r) != 1 || PQnfields(r) != 13) {
+    if (PQntuples(r) != 1 || PQnfields(r) != 14) {
         int n = PQntuples(r);
         PQclear(r);
         return pgjobq__seterr(c, PGJOBQ_EDB, "health: pgjobq.health() returned %d rows, not 1", n);
@@ -840,6 +841,7 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
     out->jobs_dead = pgjobq__get_int8(r, 0, 2);
     out->vacuums = pgjobq__get_int8(r, 0, 3);
     out->last_vacuum = pgjobq__get_time(r, 0, 4);
+    out->autovacuum_paused_since = pgjobq__get_time(r, 0, 13);
     if (!PQgetisnull(r, 0, 7)) {
         out->horizon_age_ms = PQgetisnull(r, 0, 5) ? 0 : pgjobq__get_int8(r, 0, 5);
         out->horizon_xids = pgjobq__get_int8(r, 0, 6);

@@ -128,9 +128,10 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
      2, prune_types},
     /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
     {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
+    /* health() is read before autovacuum_adapt() runs (a function in FROM is materialised first). */
     {"pgjobq_health",
-     "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead"
-     " FROM pgjobq.health()",
+     "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead,"
+     " pgjobq.autovacuum_adapt() FROM pgjobq.health()",
      0, NULL}};
 
 /* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
@@ -1327,13 +1328,21 @@ static void tick_done(pgjobq_worker *w, PGresult *r)
 }
 
 /* What holds vacuum back: said in the log (once a minute while it lasts) when it is older than
- * HORIZON_WARN_S, with what to do; a session is named with its pid, application and state. */
+ * HORIZON_WARN_S, with what to do; a session is named with its pid, application and state.  And
+ * whether autovacuum of pgjobq.jobs was paused or resumed (pgjobq.autovacuum_adapt()). */
 static void health_done(pgjobq_worker *w, PGresult *r)
 {
-    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQnfields(r) != 6) {
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQnfields(r) != 7) {
         wlog(w, PGJOBQ_LOG_DEBUG, "reading pgjobq.health() failed: %s", PQresultErrorMessage(r));
         return;
     }
+    const char *adapted = PQgetisnull(r, 0, 6) ? "" : PQgetvalue(r, 0, 6);
+    if (strcmp(adapted, "paused") == 0)
+        wlog(w, PGJOBQ_LOG_INFO,
+             "paused autovacuum of pgjobq.jobs: a pass has run since the oldest snapshot was taken, and another "
+             "could remove nothing until that snapshot ends (it resumes then)");
+    else if (strcmp(adapted, "resumed") == 0)
+        wlog(w, PGJOBQ_LOG_INFO, "resumed autovacuum of pgjobq.jobs: the snapshot that held vacuum back has ended");
     if (PQgetisnull(r, 0, 0) || atof(PQgetvalue(r, 0, 0)) < HORIZON_WARN_S)
         return;
     const char *kind = PQgetvalue(r, 0, 1);

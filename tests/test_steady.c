@@ -6,6 +6,7 @@
  * The tests drive pgjobq.claim_next the way the worker does: the cursor and the ticks are moved by the
  * engine's own functions (src/cursor.c).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -446,6 +447,205 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     free(out);
     free(err);
     pgjobq_client_close(c);
+    PQfinish(pin);
+    PQfinish(pg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Autovacuum of the live table, paused while a pass could remove nothing                            */
+
+/* 200 jobs enqueued, claimed and completed: 200 dead rows that a held snapshot keeps. */
+static void churn(PGconn *pg, const char *queue)
+{
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('%s'::text, ARRAY[200]), NULL, NULL)",
+                   queue));
+    PQclear(t_exec(pg, "WITH b AS (SELECT j.id, j.lease_token FROM pgjobq.claim_batch('%s', 200,"
+                       " interval '1 minute', 'w') j) SELECT count(*) FROM pgjobq.complete_many("
+                       "(SELECT array_agg(id) FROM b), (SELECT array_agg(lease_token) FROM b))",
+                   queue));
+}
+
+/* "on": autovacuum of pgjobq.jobs is as the migrations left it; "off": autovacuum_enabled=false. */
+static char *autovacuum_setting(PGconn *pg)
+{
+    return t_str(pg, "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_class c, pg_options_to_table(c.reloptions) o"
+                     " WHERE c.oid = 'pgjobq.jobs'::regclass AND o.option_name = 'autovacuum_enabled'"
+                     " AND o.option_value = 'false') THEN 'off' ELSE 'on' END");
+}
+
+static void vacuum_jobs(PGconn *pg)
+{
+    PQclear(t_exec(pg, "VACUUM pgjobq.jobs"));
+    PQclear(t_exec(pg, "SELECT pg_stat_force_next_flush()"));
+}
+
+/* Alone: a transaction of another test's database that is running when a pin takes its snapshot
+ * becomes that snapshot's xmin, and so this database's horizon, whichever pin holds it. */
+TEST_FULL(autovacuum_pauses_once_a_pass_ran_under_the_held_snapshot_and_resumes_when_it_ends, 60, TEST_EXCLUSIVE)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg(), *pin = t_pg();
+    pgjobq_health h;
+    char *s;
+
+    /* Nothing holds: nothing to do, however often it is asked. */
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    vacuum_jobs(pg);
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "on");
+    free(s);
+
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    churn(pg, "av");
+    /* First sight of this holder: a pass may still remove what died before it. */
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "on");
+    free(s);
+    /* A pass entirely under it: the next could remove nothing more. */
+    vacuum_jobs(pg);
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "paused");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "off");
+    free(s);
+    CHECK_OK(c, pgjobq_health_get(c, &h));
+    CHECK(h.autovacuum_paused_since != PGJOBQ_TIME_NONE);
+    CHECK_STR(h.holder_kind, "session");
+    churn(pg, "av");
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "off");
+    free(s);
+
+    /* The holder ends: on again at the next call, and health says so. */
+    PQclear(t_exec(pin, "COMMIT"));
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "resumed");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "on");
+    free(s);
+    CHECK_OK(c, pgjobq_health_get(c, &h));
+    CHECK(h.autovacuum_paused_since == PGJOBQ_TIME_NONE);
+
+    /* A newer holder replaces a paused one: on again (what died between the two is removable). */
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    PGconn *pin2 = t_pg();
+    churn(pg, "av");
+    free(t_str(pg, "SELECT pgjobq.autovacuum_adapt()"));
+    vacuum_jobs(pg);
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "paused");
+    free(s);
+    PQclear(t_exec(pin2, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin2, "SELECT count(*) FROM pgjobq.queues"));
+    PQclear(t_exec(pin, "COMMIT"));
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "resumed");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "on");
+    free(s);
+    PQclear(t_exec(pin2, "COMMIT"));
+
+    /* Turned off by someone else: left as it is, during a holder and after. */
+    PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs SET (autovacuum_enabled = false)"));
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    churn(pg, "av");
+    free(t_str(pg, "SELECT pgjobq.autovacuum_adapt()"));
+    vacuum_jobs(pg);
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    PQclear(t_exec(pin, "COMMIT"));
+    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+    free(s);
+    CHECK_STR((s = autovacuum_setting(pg)), "off");
+    free(s);
+    PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs RESET (autovacuum_enabled)"));
+
+    /* Not for anyone to call: EXECUTE is pgjobq_worker's (sql/roles.sql). */
+    PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'av_nobody') THEN"
+                       " CREATE ROLE av_nobody; END IF; END $$"));
+    PQclear(t_exec(pg, "SET ROLE av_nobody"));
+    PGresult *r = PQexec(pg, "SELECT pgjobq.autovacuum_adapt()");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "42501");
+    PQclear(r);
+    PQclear(t_exec(pg, "RESET ROLE"));
+
+    PQfinish(pin2);
+    PQfinish(pin);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+typedef struct log_seen {
+    pthread_mutex_t mu;
+    int paused;
+} log_seen;
+
+static void watch_log(void *arg, pgjobq_log_level level, const char *msg)
+{
+    log_seen *l = arg;
+    (void)level;
+    pthread_mutex_lock(&l->mu);
+    l->paused += strstr(msg, "paused autovacuum of pgjobq.jobs") != NULL;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static _Atomic int worker_rc = -1;
+
+static void *worker_run(void *arg)
+{
+    atomic_store(&worker_rc, pgjobq_worker_run(arg));
+    return NULL;
+}
+
+static pgjobq_outcome noop(pgjobq_ctx *ctx, void *arg)
+{
+    (void)ctx;
+    (void)arg;
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static int autovacuum_off(void *arg)
+{
+    char *s = autovacuum_setting(arg);
+    int off = strcmp(s, "off") == 0;
+    free(s);
+    return off;
+}
+
+TEST_FULL(the_maintaining_worker_pauses_autovacuum_and_says_so, 60, 0)
+{
+    PGconn *pg = t_pg(), *pin = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    log_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0};
+    pthread_t th;
+
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    churn(pg, "avw");
+    free(t_str(pg, "SELECT pgjobq.autovacuum_adapt()"));
+    vacuum_jobs(pg);
+    o.log_fn = watch_log;
+    o.log_arg = &seen;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "avw", NULL, 1, noop, NULL) == PGJOBQ_OK);
+    CHECK(pthread_create(&th, NULL, worker_run, w) == 0);
+    /* Its first look at health() is 5 s after it starts. */
+    CHECK_MSG(t_wait_until(autovacuum_off, pg, 30000), "the worker did not pause autovacuum");
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_INT(atomic_load(&worker_rc), PGJOBQ_OK);
+    pgjobq_worker_free(w);
+    pthread_mutex_lock(&seen.mu);
+    CHECK_INT(seen.paused, 1);
+    pthread_mutex_unlock(&seen.mu);
+    PQclear(t_exec(pin, "COMMIT"));
+    char *s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+    CHECK_STR(s, "resumed");
+    free(s);
     PQfinish(pin);
     PQfinish(pg);
 }

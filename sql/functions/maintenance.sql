@@ -254,3 +254,101 @@ AS $$
        SET completed = coalesce($1, r.completed), failed = coalesce($2, r.failed), updated_at = now()
     RETURNING r.completed, r.failed
 $$;
+
+-- autovacuum_adapt(): pauses the autovacuum of pgjobq.jobs while it can remove nothing, and resumes it
+-- when it can.  While a transaction or snapshot is held open (health() names it), vacuum removes no
+-- row that died after it; once a vacuum of pgjobq.jobs has run entirely while the same holder was the
+-- oldest, another pass would remove nothing more, yet the dead rows keep autovacuum starting every
+-- minute, each pass reading the whole table.  This turns autovacuum_enabled off on pgjobq.jobs then,
+-- and resets it as soon as the oldest holder is another one or none (migration 12 says more).  A
+-- table whose autovacuum someone else turned off is left as it is.  Anti-wraparound vacuums run
+-- whatever the setting.  Returns 'paused' or 'resumed' when it changed that, else NULL.
+--
+-- Called each minute by the worker that maintains (pgjobq_worker).  Changing the setting needs SHARE
+-- UPDATE EXCLUSIVE on the table, which claims, writes and pg_dump do not conflict with: it waits only
+-- for a vacuum that is running, which PostgreSQL cancels after deadlock_timeout for it; it gives up
+-- after deadlock_timeout and a second (and tries again at the next call).
+CREATE OR REPLACE FUNCTION pgjobq.autovacuum_adapt() RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_horizon text;
+    v_vacuums bigint;
+    v_needed bigint;
+    v_running boolean;
+    v_off boolean;
+    w pgjobq.vacuum_watch;
+BEGIN
+    -- The oldest transaction id that holds this database's horizon back (health()'s holders, without
+    -- the vacuums themselves, whose own snapshots do not hold other vacuums back): a session's own
+    -- transaction id or its snapshot's xmin, whichever is older.
+    SELECT h.xid INTO v_horizon
+      FROM (SELECT x.x
+              FROM pg_stat_activity a, LATERAL (VALUES (a.backend_xid), (a.backend_xmin)) x(x)
+             WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+               AND a.backend_type <> 'autovacuum worker' AND a.pid <> pg_backend_pid() AND x.x IS NOT NULL
+            UNION ALL
+            SELECT a.backend_xmin FROM pg_stat_activity a
+             WHERE a.backend_type = 'walsender' AND a.backend_xmin IS NOT NULL
+            UNION ALL
+            SELECT s.xmin FROM pg_replication_slots s WHERE s.xmin IS NOT NULL
+            UNION ALL
+            SELECT p.transaction FROM pg_prepared_xacts p WHERE p.database = current_database()) o,
+           LATERAL (SELECT o.x::text AS xid, age(o.x) AS xids) h
+     ORDER BY h.xids DESC
+     LIMIT 1;
+    SELECT s.vacuum_count + s.autovacuum_count INTO v_vacuums
+      FROM pg_stat_user_tables s WHERE s.relid = 'pgjobq.jobs'::regclass;
+    v_running := EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = 'pgjobq.jobs'::regclass);
+    SELECT coalesce(bool_or(o.option_value IN ('false', 'off', 'no', '0')), false) INTO v_off
+      FROM pg_class c, pg_options_to_table(c.reloptions) o
+     WHERE c.oid = 'pgjobq.jobs'::regclass AND o.option_name = 'autovacuum_enabled';
+
+    SELECT * INTO w FROM pgjobq.vacuum_watch WHERE one FOR UPDATE; -- one caller at a time
+    IF v_horizon IS DISTINCT FROM w.horizon THEN
+        -- Another holder, or none: whatever was paused can do work again.
+        IF w.paused_since IS NOT NULL AND v_off THEN
+            PERFORM set_config('lock_timeout', pgjobq.autovacuum_lock_wait(), true);
+            BEGIN
+                ALTER TABLE pgjobq.jobs RESET (autovacuum_enabled);
+            EXCEPTION WHEN lock_not_available THEN
+                RETURN NULL; -- the watch is left as it was: the next call tries again
+            END;
+        END IF;
+        UPDATE pgjobq.vacuum_watch
+           SET horizon = v_horizon, seen_since = now(), vacuums_then = v_vacuums, vacuum_running = v_running,
+               paused_since = NULL
+         WHERE one;
+        RETURN CASE WHEN w.paused_since IS NOT NULL AND v_off THEN 'resumed' END;
+    END IF;
+    IF w.paused_since IS NOT NULL AND NOT v_off THEN
+        -- Someone turned it on again by hand: theirs to decide from now on, for this holder.
+        UPDATE pgjobq.vacuum_watch SET paused_since = NULL, vacuums_then = NULL WHERE one;
+        RETURN NULL;
+    END IF;
+    -- A pass that was running at first sight may have begun before the holder: one more is needed.
+    v_needed := w.vacuums_then + 1 + w.vacuum_running::integer;
+    IF v_horizon IS NULL OR w.paused_since IS NOT NULL OR v_off OR v_needed IS NULL OR v_vacuums < v_needed THEN
+        RETURN NULL; -- nothing holds, already paused, turned off by someone else, or no full pass yet
+    END IF;
+    PERFORM set_config('lock_timeout', pgjobq.autovacuum_lock_wait(), true);
+    BEGIN
+        ALTER TABLE pgjobq.jobs SET (autovacuum_enabled = false);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN NULL; -- a vacuum that could not be cancelled: again at the next call
+    END;
+    UPDATE pgjobq.vacuum_watch SET paused_since = now() WHERE one;
+    RETURN 'paused';
+END
+$$;
+
+-- autovacuum_lock_wait(): how long autovacuum_adapt() waits for the table's SHARE UPDATE EXCLUSIVE
+-- lock, in milliseconds: a second longer than deadlock_timeout, after which PostgreSQL cancels an
+-- autovacuum that holds it.
+CREATE OR REPLACE FUNCTION pgjobq.autovacuum_lock_wait() RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT least(extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000 + 1000, 60000)::bigint::text
+$$;

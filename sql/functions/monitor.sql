@@ -98,10 +98,13 @@ $$;
 -- held, every job that finishes leaves dead rows behind (claims step over none of them: docs/design.md,
 -- "The claim's cursor"), and the table grows until it ends.  Seeing another role's session's
 -- application, state and query takes pg_read_all_stats (for the schema's owner, which this runs as).
+-- autovacuum_paused_since: since when autovacuum of pgjobq.jobs is off because it could remove
+-- nothing while the holder holds (autovacuum_adapt(), sql/functions/maintenance.sql); NULL when not.
 CREATE OR REPLACE FUNCTION pgjobq.health()
 RETURNS TABLE (jobs_bytes bigint, jobs_live bigint, jobs_dead bigint, vacuums bigint, last_vacuum timestamptz,
                horizon_age_s double precision, horizon_xids integer, holder_kind text, holder_pid integer,
-               holder_application text, holder_state text, holder_since timestamptz, holder_query text)
+               holder_application text, holder_state text, holder_since timestamptz, holder_query text,
+               autovacuum_paused_since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -127,7 +130,7 @@ AS $$
     SELECT pg_total_relation_size('pgjobq.jobs'), s.n_live_tup, s.n_dead_tup, s.vacuum_count + s.autovacuum_count,
            greatest(s.last_vacuum, s.last_autovacuum),
            extract(epoch FROM now() - o.since)::double precision, o.xids, o.kind, o.pid, o.app, o.state, o.since,
-           o.query
+           o.query, (SELECT v.paused_since FROM pgjobq.vacuum_watch v)
       FROM pg_stat_user_tables s
       LEFT JOIN oldest o ON true
      WHERE s.relid = 'pgjobq.jobs'::regclass
