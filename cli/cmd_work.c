@@ -11,10 +11,8 @@
  * the tail of stderr as the error.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,8 +23,7 @@
 #include "cli.h"
 #include "coproc.h"
 #include "http.h"
-
-extern char **environ;
+#include "spawn.h"
 
 #define OPT_QUEUE 'q'
 #define OPT_EXEC 'e'
@@ -385,33 +382,6 @@ fail:
     return NULL;
 }
 
-/* Whether a variable of the worker's environment stays out of a handler's: every variable libpq reads
- * (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS, ...: all
- * begin with PG, and so do the ones a later libpq adds), every pgjobq setting (PGJOBQ_DATABASE_URL,
- * PGJOBQ_SERVE_TOKEN, ...) and DATABASE_URL.  A rule by prefix rather than a list: a list misses the
- * variable added next year.  The handler gets its job's PGJOBQ_* variables afterwards. */
-static int withheld_from_handlers(const char *var)
-{
-    return strncmp(var, "PG", 2) == 0 || strncmp(var, "DATABASE_URL=", 13) == 0;
-}
-
-/* The worker's environment minus what could reach its database or hold a secret. */
-static char **clean_environment(void)
-{
-    size_t n = 0, k = 0;
-    char **env;
-
-    while (environ[n])
-        n++;
-    env = calloc(n + 1, sizeof *env);
-    if (env == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++)
-        if (!withheld_from_handlers(environ[i]))
-            env[k++] = environ[i];
-    return env;
-}
-
 /* ------------------------------------------------------------------------------------------------ */
 /* The exec handler                                                                                  */
 
@@ -502,11 +472,10 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
 {
     const exec_cfg *cfg = arg;
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
-    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status = 0, exited = 0;
+    int fds[3] = {-1, -1, -1}; /* the command's stdin, stdout and stderr: our ends */
+    int status = 0, exited = 0, src;
     char vars[6][96], **env = NULL, *parents_var = NULL;
     output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
     size_t nenv = 0, written = 0, plen = strlen(job->payload);
     int64_t term_sent = 0, kill_sent = 0;
     pgjobq_stop_reason stopped = PGJOBQ_STOP_NONE;
@@ -518,11 +487,8 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     while (cfg->env[nenv])
         nenv++;
     env = calloc(nenv + 8, sizeof *env);
-    if (out.data == NULL || err.data == NULL || env == NULL || pipe2(in, O_CLOEXEC) != 0 ||
-        pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
-        pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
-        goto cleanup_retry;
-    }
+    if (out.data == NULL || err.data == NULL || env == NULL)
+        goto cannot_set_up;
     memcpy(env, cfg->env, nenv * sizeof *env);
     snprintf(vars[0], sizeof vars[0], "PGJOBQ_JOB_ID=%lld", (long long)job->id);
     snprintf(vars[1], sizeof vars[1], "PGJOBQ_QUEUE=%s", job->queue);
@@ -543,72 +509,51 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         env[nenv + 6] = parents_var;
     }
 
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, outp[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, errp[1], 2);
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGINT);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0); /* its own process group, so a timeout kills all of it */
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    int src = posix_spawnp(&pid, cfg->argv[0], &fa, &attr, cfg->argv, env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    close(in[0]);
-    close(outp[1]);
-    close(errp[1]);
-    in[0] = outp[1] = errp[1] = -1;
+    if ((src = spawn_piped(cfg->argv, env, &pid, fds)) < 0)
+        goto cannot_set_up;
     if (src != 0) {
         snprintf(msg, sizeof msg, "cannot run %s: %s", cfg->argv[0], strerror(src));
         pgjobq_ctx_set_error(ctx, msg);
         goto cleanup_retry;
     }
-    fcntl(in[1], F_SETFL, O_NONBLOCK);
     if (plen == 0) {
-        close(in[1]);
-        in[1] = -1;
+        close(fds[0]);
+        fds[0] = -1;
     }
 
     /* Until the command has exited and both pipes are at EOF: a command that has exited may still
      * have output waiting in the pipes, which must be read before its result is judged. */
-    while (!(exited && outp[0] < 0 && errp[0] < 0)) {
-        struct pollfd p[3] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
+    while (!(exited && fds[1] < 0 && fds[2] < 0)) {
+        struct pollfd p[3] = {{fds[1], POLLIN, 0}, {fds[2], POLLIN, 0}, {fds[0], POLLOUT, 0}};
         char buf[65536];
 
         /* With both pipes closed only the exit is left to wait for: look again soon. */
-        poll(p, 3, outp[0] < 0 && errp[0] < 0 ? 1 : 100);
+        poll(p, 3, fds[1] < 0 && fds[2] < 0 ? 1 : 100);
         if (p[0].revents) {
-            ssize_t n = read(outp[0], buf, sizeof buf);
+            ssize_t n = read(fds[1], buf, sizeof buf);
             if (n > 0)
                 output_add(&out, buf, (size_t)n);
             else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(outp[0]);
-                outp[0] = -1;
+                close(fds[1]);
+                fds[1] = -1;
             }
         }
         if (p[1].revents) {
-            ssize_t n = read(errp[0], buf, sizeof buf);
+            ssize_t n = read(fds[2], buf, sizeof buf);
             if (n > 0)
                 output_add(&err, buf, (size_t)n);
             else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(errp[0]);
-                errp[0] = -1;
+                close(fds[2]);
+                fds[2] = -1;
             }
         }
-        if (in[1] >= 0 && (p[2].revents || exited)) {
-            ssize_t n = exited ? -1 : write(in[1], job->payload + written, plen - written);
+        if (fds[0] >= 0 && (p[2].revents || exited)) {
+            ssize_t n = exited ? -1 : write(fds[0], job->payload + written, plen - written);
             if (n > 0)
                 written += (size_t)n;
             if (exited || (n < 0 && errno != EAGAIN && errno != EINTR) || written == plen) {
-                close(in[1]); /* done, or the command does not read its input */
-                in[1] = -1;
+                close(fds[0]); /* done, or the command does not read its input */
+                fds[0] = -1;
             }
         }
         if (exited)
@@ -662,18 +607,13 @@ static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         snprintf(msg, sizeof msg, "killed by signal %d; stderr: %s", WTERMSIG(status), err.data);
     pgjobq_ctx_set_error(ctx, msg);
 
+    goto cleanup_retry;
+cannot_set_up:
+    pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
 cleanup_retry:
-    for (int *fd = &in[0]; fd <= &in[1]; fd++)
-        if (*fd >= 0)
-            close(*fd);
-    if (outp[0] >= 0)
-        close(outp[0]);
-    if (outp[1] >= 0)
-        close(outp[1]);
-    if (errp[0] >= 0)
-        close(errp[0]);
-    if (errp[1] >= 0)
-        close(errp[1]);
+    for (int i = 0; i < 3; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
     free(out.data);
     free(err.data);
     free(env);
@@ -755,7 +695,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         if (cfg.argv == NULL)
             return cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
     }
-    cfg.env = clean_environment();
+    cfg.env = spawn_environment();
     if (cfg.argv == NULL || cfg.env == NULL) {
         cli_err("out of memory");
         return EX_OSERR;

@@ -13,11 +13,9 @@
  * {"cancel": ID} line.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +25,7 @@
 
 #include "coproc.h"
 #include "http.h" /* sbuf */
+#include "spawn.h"
 
 #define LINE_MAX_BYTES (4 * 1024 * 1024) /* a reply: a result of up to 1 MiB, escaped, and the rest */
 #define BACKOFF_MIN_MS 100
@@ -389,60 +388,22 @@ static void give_up_stopped(coproc *c)
     }
 }
 
-static pid_t spawn(coproc *c, int *in_fd, int *out_fd, int *err_fd)
+/* Starts the coprocess: its pid, with the ends of its pipes that are ours, or -1 (logged). */
+static pid_t start(coproc *c, int *in_fd, int *out_fd, int *err_fd)
 {
     coproc_pool *p = c->pool;
-    int in[2], out[2], err[2];
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
+    int fds[3];
     pid_t pid = 0;
 
-    if (pipe2(in, O_CLOEXEC) != 0)
-        return -1;
-    if (pipe2(out, O_CLOEXEC) != 0) {
-        close(in[0]);
-        close(in[1]);
-        return -1;
-    }
-    if (pipe2(err, O_CLOEXEC) != 0) {
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        return -1;
-    }
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGINT);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    int rc = posix_spawnp(&pid, p->argv[0], &fa, &attr, p->argv, p->env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    close(in[0]);
-    close(out[1]);
-    close(err[1]);
+    int rc = spawn_piped(p->argv, p->env, &pid, fds);
     if (rc != 0) {
-        plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: cannot run %s: %s", c->index, p->argv[0], strerror(rc));
-        close(in[1]);
-        close(out[0]);
-        close(err[0]);
+        if (rc > 0)
+            plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: cannot run %s: %s", c->index, p->argv[0], strerror(rc));
         return -1;
     }
-    fcntl(in[1], F_SETFL, O_NONBLOCK);
-    *in_fd = in[1];
-    *out_fd = out[0];
-    *err_fd = err[0];
+    *in_fd = fds[0];
+    *out_fd = fds[1];
+    *err_fd = fds[2];
     return pid;
 }
 
@@ -539,7 +500,7 @@ static int64_t one_life(coproc *c)
     size_t nbatch = 0, capbatch = 0;
     int64_t next_scan = 0;
 
-    pid_t pid = spawn(c, &in_fd, &out_fd, &err_fd);
+    pid_t pid = start(c, &in_fd, &out_fd, &err_fd);
     if (pid < 0)
         return 0;
     pthread_mutex_lock(&p->mu);
