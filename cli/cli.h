@@ -88,6 +88,17 @@ void format_time(char *buf, size_t size, int64_t us); /* "2026-11-30 09:30:00.12
  * `queue ls` and the dashboard's /queues both print a rate as N/ and this. */
 const char *format_period(char *buf, size_t size, int64_t ms);
 
+/* Reading JSON (json.c), from a document known to be valid (pgjobq_json_check, or jsonb's output). */
+/* The top-level member `key` of the object obj: its raw text (a string with its quotes, an object
+ * with its braces, a number, true, false, null) with *len set, or NULL when obj is not an object or
+ * has no such member. */
+const char *json_member(const char *obj, const char *key, size_t *len);
+/* A string value as json_member returns it (quotes included), unescaped: malloc'd text (\u0000 as a
+ * blank), or NULL when it is not a string or out of memory. */
+char *json_unquote(const char *v, size_t len);
+/* A value as json_member returns it as an integer; *ok is 0 when it is NULL or not an integer. */
+int64_t json_integer(const char *v, size_t len, int *ok);
+
 /* Progress on stderr: a bar redrawn in place on a terminal, a line every few seconds otherwise. */
 typedef struct progress {
     const char *label;
