@@ -1,18 +1,101 @@
 /*
- * spawn.c - starting a handler process (--exec and --coproc): the environment it gets and the
- * posix_spawn set-up, written once for both.
+ * spawn.c - starting a handler process (--exec and --coproc): its command split into words and
+ * checked, the environment it gets, and the posix_spawn set-up, written once for both.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "spawn.h"
 
 extern char **environ;
+
+/* Splits a command into words: blanks separate, '...' and "..." quote, \ escapes (outside '...'). */
+char **spawn_split_words(const char *s, char *why, size_t why_size)
+{
+    size_t cap = strlen(s) + 1, n = 0, len = 0;
+    char **argv = calloc(cap + 1, sizeof *argv);
+    char *word = malloc(cap);
+    int in_word = 0;
+
+    if (argv == NULL || word == NULL) {
+        free(argv);
+        free(word);
+        snprintf(why, why_size, "out of memory");
+        return NULL;
+    }
+    for (const char *p = s;; p++) {
+        if (*p == '\0' || *p == ' ' || *p == '\t' || *p == '\n') {
+            if (in_word) {
+                word[len] = '\0';
+                argv[n++] = strdup(word);
+                len = 0;
+                in_word = 0;
+            }
+            if (*p == '\0')
+                break;
+            continue;
+        }
+        in_word = 1;
+        if (*p == '\'' || *p == '"') {
+            char quote = *p++;
+            while (*p && *p != quote) {
+                if (quote == '"' && *p == '\\' && p[1])
+                    p++;
+                word[len++] = *p++;
+            }
+            if (*p != quote) {
+                snprintf(why, why_size, "unterminated %c quote", quote);
+                goto fail;
+            }
+        } else if (*p == '\\' && p[1]) {
+            word[len++] = *++p;
+        } else {
+            word[len++] = *p;
+        }
+    }
+    free(word);
+    if (n == 0) {
+        snprintf(why, why_size, "the command is empty");
+        free(argv);
+        return NULL;
+    }
+    return argv;
+fail:
+    for (size_t i = 0; i < n; i++)
+        free(argv[i]);
+    free(argv);
+    free(word);
+    return NULL;
+}
+
+/* 1 when file names an executable regular file: as a path when it holds '/', else on $PATH, as
+ * execvp() would look for it. */
+int spawn_runnable(const char *file)
+{
+    struct stat st;
+    char path[4096];
+
+    if (strchr(file, '/'))
+        return stat(file, &st) == 0 && S_ISREG(st.st_mode) && access(file, X_OK) == 0;
+    const char *p = getenv("PATH");
+    if (p == NULL || p[0] == '\0')
+        p = "/usr/local/bin:/usr/bin:/bin";
+    while (*p) {
+        size_t len = strcspn(p, ":");
+        snprintf(path, sizeof path, "%.*s/%s", (int)len, len ? p : ".", file);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0)
+            return 1;
+        p += len + (p[len] == ':');
+    }
+    return 0;
+}
 
 /* Whether a variable of the worker's environment stays out of a handler's: every variable libpq reads
  * (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS, ...: all

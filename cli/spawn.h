@@ -1,12 +1,22 @@
 /*
  * spawn.h - how `pgjobq work` starts a handler process, for --exec (one per job) and --coproc (one per
- * copy) alike: the worker's environment without its credentials, and the process on three pipes in
- * a process group of its own.
+ * copy) alike: its command as words, the worker's environment without its credentials, and the
+ * process on three pipes in a process group of its own.
  */
 #ifndef PGJOBQ_CLI_SPAWN_H
 #define PGJOBQ_CLI_SPAWN_H
 
+#include <stddef.h>
 #include <sys/types.h>
+
+/* The command of --exec or --coproc split into words: blanks separate, '...' and "..." quote, \
+ * escapes (outside '...').  A malloc'd NULL-terminated array of malloc'd words, or NULL with why set
+ * (an unterminated quote, no word at all, out of memory). */
+char **spawn_split_words(const char *s, char *why, size_t why_size);
+
+/* 1 when file names an executable regular file: as a path when it holds '/', else on $PATH, as
+ * posix_spawnp looks for it; else 0. */
+int spawn_runnable(const char *file);
 
 /* The worker's environment minus every variable that could reach its database or hold a secret
  * (each beginning with PG, and DATABASE_URL): a malloc'd array of pointers into environ, NULL
