@@ -48,6 +48,20 @@ static void output_add(output *o, const char *p, size_t n)
     }
 }
 
+/* Reads what the pipe *fd holds into o; at its end (or on an error) closes it and sets *fd to -1. */
+static void drain(int *fd, output *o)
+{
+    char buf[65536];
+    ssize_t n = read(*fd, buf, sizeof buf);
+
+    if (n > 0)
+        output_add(o, buf, (size_t)n);
+    else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
 /* Encodes text as a JSON string (malloc'd; NULL when out of memory). */
 static char *json_string(const char *s)
 {
@@ -155,28 +169,13 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
      * have output waiting in the pipes, which must be read before its result is judged. */
     while (!(exited && fds[1] < 0 && fds[2] < 0)) {
         struct pollfd p[3] = {{fds[1], POLLIN, 0}, {fds[2], POLLIN, 0}, {fds[0], POLLOUT, 0}};
-        char buf[65536];
 
         /* With both pipes closed only the exit is left to wait for: look again soon. */
         poll(p, 3, fds[1] < 0 && fds[2] < 0 ? 1 : 100);
-        if (p[0].revents) {
-            ssize_t n = read(fds[1], buf, sizeof buf);
-            if (n > 0)
-                output_add(&out, buf, (size_t)n);
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(fds[1]);
-                fds[1] = -1;
-            }
-        }
-        if (p[1].revents) {
-            ssize_t n = read(fds[2], buf, sizeof buf);
-            if (n > 0)
-                output_add(&err, buf, (size_t)n);
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(fds[2]);
-                fds[2] = -1;
-            }
-        }
+        if (p[0].revents)
+            drain(&fds[1], &out);
+        if (p[1].revents)
+            drain(&fds[2], &err);
         if (fds[0] >= 0 && (p[2].revents || exited)) {
             ssize_t n = exited ? -1 : write(fds[0], job->payload + written, plen - written);
             if (n > 0)
