@@ -6,6 +6,7 @@
 #ifndef PGJOBQ_CLI_H
 #define PGJOBQ_CLI_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,28 +37,42 @@ typedef struct cli_cmd {
     {"db", OPT_DB, "URL", "database to use (else $PGJOBQ_DATABASE_URL, $DATABASE_URL, the embedded one)"},             \
         {"help", OPT_HELP, NULL, "show this help and exit"}
 
+/* config.c: what this run was told. */
 extern const char *cli_db_url; /* --db, when given */
 /* This program as hints should name it: argv[0] when it was run by a path (build/pgjobq), else
  * "pgjobq". */
 extern const char *cli_self;
+/* The configured database URL (--db, $PGJOBQ_DATABASE_URL, $DATABASE_URL), or NULL. */
+const char *cli_database_url(void);
+/* Where cli_database_url() found its value ("--db", "$PGJOBQ_DATABASE_URL", "$DATABASE_URL"), for
+ * messages that must not quote the value itself. */
+const char *cli_database_source(void);
 
-/* Parses argv for cmd; calls on_opt(key, optarg) for each option that is not a common one.  Returns
- * the index of the first operand, or -1 after printing a usage error (the caller exits EX_USAGE), or
- * -2 when --help was printed (exit 0). */
+/* usage.c: the command line.  Parses argv for cmd; calls on_opt(key, optarg) for each option that
+ * is not a common one.  Returns the index of the first operand, or -1 after printing a usage error
+ * (the caller exits EX_USAGE), or -2 when --help was printed (exit 0). */
 int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, const char *arg, void *ctx),
               void *ctx);
+/* cmd's --help: its usage line, summary and options. */
 void cli_usage(const cli_cmd *cmd, FILE *to);
+/* Prints "pgjobq CMD: message" and a hint to run --help on stderr; returns EX_USAGE. */
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* `pgjobq --help`: the global usage and a line for each of the n commands. */
+void cli_main_usage(FILE *to, const cli_cmd *commands, size_t n);
 
-/* Prints "pgjobq: message" on stderr, with passwords redacted (cli_redact). */
+/* msg.c: messages for a person.  Prints "pgjobq: message" on stderr, with passwords redacted
+ * (cli_redact) and control characters escaped (tty_put). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same with the prefix and suffix given: what cli_err and cli_usage_error share. */
+void cli_vsay(const char *prefix, const char *fmt, va_list ap, const char *suffix);
 
 /* msg with the configured database's password, $PGPASSWORD and anything shaped like a password
  * replaced by "***" (pgjobq_conninfo_redact): a malloc'd string, or NULL when out of memory. */
 char *cli_redact(const char *msg);
 
-/* Opens a client on the configured database; on failure prints why and returns NULL with *status set
- * to the exit status.  allow_unmigrated lets `migrate` through on an empty database. */
+/* connect.c: opening the configured database.  Opens a client on it; on failure prints why and
+ * returns NULL with *status set to the exit status.  allow_unmigrated lets `migrate` through on an
+ * empty database. */
 pgjobq_client *cli_connect(int allow_unmigrated, int *status);
 
 /* The sysexits.h status for a library result code. */
@@ -88,6 +103,17 @@ void format_time(char *buf, size_t size, int64_t us); /* "2026-11-30 09:30:00.12
  * `queue ls` and the dashboard's /queues both print a rate as N/ and this. */
 const char *format_period(char *buf, size_t size, int64_t ms);
 
+/* Reading JSON (json.c), from a document known to be valid (pgjobq_json_check, or jsonb's output). */
+/* The top-level member `key` of the object obj: its raw text (a string with its quotes, an object
+ * with its braces, a number, true, false, null) with *len set, or NULL when obj is not an object or
+ * has no such member. */
+const char *json_member(const char *obj, const char *key, size_t *len);
+/* A string value as json_member returns it (quotes included), unescaped: malloc'd text (\u0000 as a
+ * blank), or NULL when it is not a string or out of memory. */
+char *json_unquote(const char *v, size_t len);
+/* A value as json_member returns it as an integer; *ok is 0 when it is NULL or not an integer. */
+int64_t json_integer(const char *v, size_t len, int *ok);
+
 /* Progress on stderr: a bar redrawn in place on a terminal, a line every few seconds otherwise. */
 typedef struct progress {
     const char *label;
@@ -102,12 +128,12 @@ void progress_init(progress *p, const char *label, int64_t total, int quiet);
 void progress_update(progress *p, int64_t done, const char *extra);
 void progress_done(progress *p, int64_t done, const char *extra);
 
-/* The embedded PostgreSQL's conninfo, creating, starting and migrating it as needed; NULL with
+/* embedded.c: the embedded PostgreSQL's conninfo, creating, starting and migrating it as needed; NULL with
  * *status set (after printing why) when that fails. */
 const char *cli_embedded_conninfo(int *status);
 
-/* The database to use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded one.  NULL with
- * *status set after printing why; a URL libpq cannot parse is EX_CONFIG. */
+/* connect.c: the database to use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded
+ * one.  NULL with *status set after printing why; a URL libpq cannot parse is EX_CONFIG. */
 const char *cli_resolve_db(int *status);
 
 /* Commands. */
@@ -127,9 +153,6 @@ int cmd_db(const cli_cmd *cmd, int argc, char **argv);
 int cmd_demo(const cli_cmd *cmd, int argc, char **argv);
 int cmd_bench(const cli_cmd *cmd, int argc, char **argv);
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
-
-/* The configured database URL (--db, $PGJOBQ_DATABASE_URL, $DATABASE_URL), or NULL. */
-const char *cli_database_url(void);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
     retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[];

@@ -68,15 +68,20 @@ static pgjobq_outcome demo_handler(pgjobq_ctx *ctx, void *arg)
 {
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
     char hex[65], result[96];
-    const char *flaky = strstr(job->payload, "\"flaky\": ");
+    size_t n = 0, flaky_len = 0;
+    int ok;
+    const char *poison = json_member(job->payload, "poison", &n);
+    int is_poison = poison && n == 4 && memcmp(poison, "true", 4) == 0;
+    const char *flaky_v = json_member(job->payload, "flaky", &flaky_len);
+    int64_t flaky = json_integer(flaky_v, flaky_len, &ok);
 
     (void)arg;
-    if (strstr(job->payload, "\"poison\": true")) {
+    if (is_poison) {
         pgjobq_ctx_set_error(ctx, "demo: this job always fails (an injected permanent failure)");
         pgjobq_ctx_set_retry_delay(ctx, 100);
         return PGJOBQ_OUTCOME_RETRY;
     }
-    if (flaky && job->attempt <= atoi(flaky + 9)) {
+    if (ok && job->attempt <= flaky) {
         pgjobq_ctx_set_error(ctx, "demo: an injected transient failure; the next attempt may succeed");
         pgjobq_ctx_set_retry_delay(ctx, 100);
         return PGJOBQ_OUTCOME_RETRY;

@@ -1,6 +1,9 @@
 /*
  * cmd_work.c - pgjobq work: a worker whose handler runs a command given on the worker's own command
- * line (never one taken from a job row), once per job.
+ * line (never one taken from a job row), once per job (--exec, work_exec.c) or as long-lived
+ * coprocesses (--coproc, coproc.c).  This file reads the options and runs the worker until a signal
+ * stops it; its log is work_log.c's, --metrics-listen work_metrics.c's, and starting a handler
+ * process spawn.c's.
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
@@ -10,23 +13,14 @@
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "coproc.h"
-#include "http.h"
-
-extern char **environ;
+#include "spawn.h"
+#include "work.h"
 
 #define OPT_QUEUE 'q'
 #define OPT_EXEC 'e'
@@ -79,28 +73,15 @@ const cli_opt work_opts[] = {
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
-typedef struct queue_arg {
-    char name[PGJOBQ_NAME_MAX + 1];
-    int concurrency;
-} queue_arg;
-
-typedef struct exec_cfg {
-    char **argv;      /* the command, split (or sh -c) */
-    char **env;       /* the worker's environment without credentials */
-    size_t max_output;
-    int64_t kill_grace_ms;
-} exec_cfg;
-
 typedef struct work_args {
     const cli_cmd *cmd;
     pgjobq_worker_opts opts;
-    queue_arg queues[64];
+    work_queue queues[64];
     int nqueues;
     const char *exec;
     int shell;
     long long max_output;
-    int json_log;
-    int log_level;
+    work_log_cfg log;
     const char *metrics_listen;
     const char *coproc;
     int coprocs;
@@ -113,100 +94,6 @@ static void on_signal(int sig)
     (void)sig;
     if (the_worker)
         pgjobq_worker_stop(the_worker);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Logging                                                                                           */
-
-static void log_line(void *arg, pgjobq_log_level level, const char *msg)
-{
-    const work_args *a = arg;
-    char ts[96], *safe;
-    struct timespec now;
-    struct tm tm;
-
-    if ((int)level < a->log_level)
-        return;
-    /* The library redacts what it logs; this covers the lines of the coprocesses too. */
-    if ((safe = cli_redact(msg)) == NULL)
-        return;
-    msg = safe;
-    clock_gettime(CLOCK_REALTIME, &now);
-    gmtime_r(&now.tv_sec, &tm);
-    snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-             tm.tm_hour, tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000);
-    flockfile(stderr);
-    if (a->json_log) {
-        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":", ts, pgjobq_log_level_name(level));
-        json_str(stderr, msg);
-        fputs("}\n", stderr);
-    } else {
-        /* One line per record, whatever a handler or the database put in it. */
-        fprintf(stderr, "%s %-5s ", ts, pgjobq_log_level_name(level));
-        tty_put(stderr, msg, 0);
-        fputc('\n', stderr);
-    }
-    funlockfile(stderr);
-    free(safe);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* --metrics-listen                                                                                  */
-
-typedef struct metrics_ctx {
-    pgjobq_worker *w;
-    const work_args *a;
-} metrics_ctx;
-
-static void counter(sbuf *b, const char *name, const char *help, int64_t v)
-{
-    sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %lld\n", name, help, name, name, (long long)v);
-}
-
-/* This process's own counters, in the Prometheus text format (the queue's are `pgjobq serve`'s). */
-static void worker_metrics(void *arg, const http_req *req, http_resp *out)
-{
-    metrics_ctx *m = arg;
-    pgjobq_worker_stats st;
-    sbuf *b = &out->body;
-
-    out->content_type = "text/plain; charset=utf-8";
-    if (strcmp(req->path, "/healthz") == 0) {
-        sb_puts(b, "ok\n");
-        return;
-    }
-    if (strcmp(req->path, "/metrics") != 0) {
-        out->status = 404;
-        sb_puts(b, "not found: this worker serves /metrics and /healthz\n");
-        return;
-    }
-    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
-    pgjobq_worker_get_stats(m->w, &st);
-    sb_printf(b, "# HELP pgjobq_worker_running Jobs this worker holds now.\n# TYPE pgjobq_worker_running gauge\n"
-                 "pgjobq_worker_running %lld\n",
-              (long long)st.running);
-    sb_puts(b, "# HELP pgjobq_worker_slots Jobs this worker runs at once, per queue.\n"
-               "# TYPE pgjobq_worker_slots gauge\n");
-    for (int i = 0; i < m->a->nqueues; i++) {
-        sb_puts(b, "pgjobq_worker_slots{queue=\"");
-        sb_label(b, m->a->queues[i].name);
-        sb_printf(b, "\"} %d\n", m->a->queues[i].concurrency);
-    }
-    sb_printf(b, "# HELP pgjobq_worker_connections Database connections connected and set up (of 3).\n"
-                 "# TYPE pgjobq_worker_connections gauge\npgjobq_worker_connections %d\n",
-              pgjobq_worker_connections(m->w));
-    counter(b, "pgjobq_worker_claimed_total", "Jobs claimed.", st.claimed);
-    counter(b, "pgjobq_worker_claims_total", "Claim statements (claimed_total / claims_total is the mean batch).",
-            st.claims);
-    counter(b, "pgjobq_worker_completed_total", "Completions written.", st.completed);
-    counter(b, "pgjobq_worker_retried_total", "Failed attempts queued again.", st.retried);
-    counter(b, "pgjobq_worker_failed_total", "Jobs that ended failed.", st.failed);
-    counter(b, "pgjobq_worker_cancelled_total", "Jobs that ended cancelled.", st.cancelled);
-    counter(b, "pgjobq_worker_lost_total", "Jobs whose lease this worker lost (their outcome was not written).",
-            st.lost);
-    counter(b, "pgjobq_worker_released_total", "Jobs handed back unstarted at shutdown.", st.released);
-    counter(b, "pgjobq_worker_rescued_total", "Expired leases of other workers rescued by this one.", st.rescued);
-    counter(b, "pgjobq_worker_writes_total", "Statements that wrote outcomes.", st.writes);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -234,7 +121,7 @@ static int work_opt(int key, const char *arg, void *ctx)
 
     switch (key) {
     case OPT_QUEUE: {
-        queue_arg *q = &a->queues[a->nqueues];
+        work_queue *q = &a->queues[a->nqueues];
         /* The concurrency is what follows the last ':'. */
         const char *colon = strrchr(arg, ':');
         if (a->nqueues == 64) {
@@ -310,13 +197,13 @@ static int work_opt(int key, const char *arg, void *ctx)
             cli_usage_error(a->cmd, "--log-format must be text or json, not '%s'", arg);
             return -1;
         }
-        a->json_log = strcmp(arg, "json") == 0;
+        a->log.json = strcmp(arg, "json") == 0;
         return 0;
     case OPT_LOG_LEVEL: {
         static const char *const names[] = {"debug", "info", "warn", "error"};
         for (int i = 0; i < 4; i++)
             if (strcmp(arg, names[i]) == 0) {
-                a->log_level = i;
+                a->log.level = i;
                 return 0;
             }
         cli_usage_error(a->cmd, "--log-level must be debug, info, warn or error, not '%s'", arg);
@@ -326,384 +213,7 @@ static int work_opt(int key, const char *arg, void *ctx)
     return -1;
 }
 
-/* Splits a command into words: blanks separate, '...' and "..." quote, \ escapes (outside '...'). */
-static char **split_words(const char *s, char *why, size_t why_size)
-{
-    size_t cap = strlen(s) + 1, n = 0, len = 0;
-    char **argv = calloc(cap + 1, sizeof *argv);
-    char *word = malloc(cap);
-    int in_word = 0;
-
-    if (argv == NULL || word == NULL) {
-        free(argv);
-        free(word);
-        snprintf(why, why_size, "out of memory");
-        return NULL;
-    }
-    for (const char *p = s;; p++) {
-        if (*p == '\0' || *p == ' ' || *p == '\t' || *p == '\n') {
-            if (in_word) {
-                word[len] = '\0';
-                argv[n++] = strdup(word);
-                len = 0;
-                in_word = 0;
-            }
-            if (*p == '\0')
-                break;
-            continue;
-        }
-        in_word = 1;
-        if (*p == '\'' || *p == '"') {
-            char quote = *p++;
-            while (*p && *p != quote) {
-                if (quote == '"' && *p == '\\' && p[1])
-                    p++;
-                word[len++] = *p++;
-            }
-            if (*p != quote) {
-                snprintf(why, why_size, "unterminated %c quote", quote);
-                goto fail;
-            }
-        } else if (*p == '\\' && p[1]) {
-            word[len++] = *++p;
-        } else {
-            word[len++] = *p;
-        }
-    }
-    free(word);
-    if (n == 0) {
-        snprintf(why, why_size, "the command is empty");
-        free(argv);
-        return NULL;
-    }
-    return argv;
-fail:
-    for (size_t i = 0; i < n; i++)
-        free(argv[i]);
-    free(argv);
-    free(word);
-    return NULL;
-}
-
-/* Whether a variable of the worker's environment stays out of a handler's: every variable libpq reads
- * (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS, ...: all
- * begin with PG, and so do the ones a later libpq adds), every pgjobq setting (PGJOBQ_DATABASE_URL,
- * PGJOBQ_SERVE_TOKEN, ...) and DATABASE_URL.  A rule by prefix rather than a list: a list misses the
- * variable added next year.  The handler gets its job's PGJOBQ_* variables afterwards. */
-static int withheld_from_handlers(const char *var)
-{
-    return strncmp(var, "PG", 2) == 0 || strncmp(var, "DATABASE_URL=", 13) == 0;
-}
-
-/* The worker's environment minus what could reach its database or hold a secret. */
-static char **clean_environment(void)
-{
-    size_t n = 0, k = 0;
-    char **env;
-
-    while (environ[n])
-        n++;
-    env = calloc(n + 1, sizeof *env);
-    if (env == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++)
-        if (!withheld_from_handlers(environ[i]))
-            env[k++] = environ[i];
-    return env;
-}
-
 /* ------------------------------------------------------------------------------------------------ */
-/* The exec handler                                                                                  */
-
-typedef struct output {
-    char *data;
-    size_t len, cap;
-    size_t total;    /* bytes seen */
-    int keep_tail;   /* keep the last cap bytes rather than the first */
-} output;
-
-static void output_add(output *o, const char *p, size_t n)
-{
-    o->total += n;
-    if (!o->keep_tail) {
-        size_t room = o->cap - o->len;
-        if (n > room)
-            n = room;
-        memcpy(o->data + o->len, p, n);
-        o->len += n;
-        return;
-    }
-    if (n >= o->cap) {
-        memcpy(o->data, p + n - o->cap, o->cap);
-        o->len = o->cap;
-    } else if (o->len + n <= o->cap) {
-        memcpy(o->data + o->len, p, n);
-        o->len += n;
-    } else {
-        size_t drop = o->len + n - o->cap;
-        memmove(o->data, o->data + drop, o->len - drop);
-        o->len -= drop;
-        memcpy(o->data + o->len, p, n);
-        o->len += n;
-    }
-}
-
-
-/* Encodes text as a JSON string (malloc'd; NULL when out of memory). */
-static char *json_string(const char *s)
-{
-    sbuf b;
-    sb_init(&b);
-    sb_json(&b, s);
-    if (b.failed) {
-        sb_free(&b);
-        return NULL;
-    }
-    return b.data;
-}
-
-/* The result to store from the command's stdout: the JSON itself, else the text as a JSON string. */
-static void set_result(pgjobq_ctx *ctx, output *out)
-{
-    size_t len = out->len;
-    while (len > 0 && (out->data[len - 1] == '\n' || out->data[len - 1] == '\r' || out->data[len - 1] == ' '))
-        len--;
-    if (len == 0)
-        return;
-    out->data[len] = '\0';
-    if (out->total == out->len && memchr(out->data, '\0', len) == NULL && pgjobq_ctx_set_result(ctx, out->data) == PGJOBQ_OK)
-        return;
-    /* Not JSON (or cut at --max-output): keep it as text, cut so that the encoded form fits. */
-    char *clean = NULL;
-    size_t keep = len;
-    for (;;) {
-        char *tmp = malloc(keep + 1);
-        if (tmp == NULL)
-            return;
-        for (size_t i = 0; i < keep; i++)
-            tmp[i] = out->data[i] ? out->data[i] : ' ';
-        tmp[keep] = '\0';
-        free(clean);
-        clean = tmp;
-        char *enc = json_string(clean);
-        if (enc && pgjobq_ctx_set_result(ctx, enc) == PGJOBQ_OK) {
-            free(enc);
-            break;
-        }
-        free(enc);
-        if (keep < 16)
-            break;
-        keep = keep / 2; /* too long once escaped, or not valid UTF-8: try a shorter cut */
-    }
-    free(clean);
-}
-
-static pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
-{
-    const exec_cfg *cfg = arg;
-    const pgjobq_job *job = pgjobq_ctx_job(ctx);
-    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status = 0, exited = 0;
-    char vars[6][96], **env = NULL, *parents_var = NULL;
-    output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    size_t nenv = 0, written = 0, plen = strlen(job->payload);
-    int64_t term_sent = 0, kill_sent = 0;
-    pgjobq_stop_reason stopped = PGJOBQ_STOP_NONE;
-    pid_t pid = -1;
-    char msg[PGJOBQ_ERROR_MAX];
-
-    out.data = malloc(cfg->max_output + 1);
-    err.data = malloc(err.cap + 1);
-    while (cfg->env[nenv])
-        nenv++;
-    env = calloc(nenv + 8, sizeof *env);
-    if (out.data == NULL || err.data == NULL || env == NULL || pipe2(in, O_CLOEXEC) != 0 ||
-        pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
-        pgjobq_ctx_set_error(ctx, "the worker could not set up the command (out of memory or file descriptors)");
-        goto cleanup_retry;
-    }
-    memcpy(env, cfg->env, nenv * sizeof *env);
-    snprintf(vars[0], sizeof vars[0], "PGJOBQ_JOB_ID=%lld", (long long)job->id);
-    snprintf(vars[1], sizeof vars[1], "PGJOBQ_QUEUE=%s", job->queue);
-    snprintf(vars[2], sizeof vars[2], "PGJOBQ_KIND=%s", job->kind);
-    snprintf(vars[3], sizeof vars[3], "PGJOBQ_ATTEMPT=%d", job->attempt);
-    snprintf(vars[4], sizeof vars[4], "PGJOBQ_MAX_ATTEMPTS=%d", job->max_attempts);
-    snprintf(vars[5], sizeof vars[5], "PGJOBQ_LEASE_TOKEN=%lld", (long long)job->lease_token);
-    for (int i = 0; i < 6; i++)
-        env[nenv + (size_t)i] = vars[i];
-    if (job->parents) { /* a job that waited for others: their states and results, as JSON */
-        size_t parents_len = strlen(job->parents);
-        if (parents_len > 65536 || (parents_var = malloc(parents_len + sizeof "PGJOBQ_PARENTS=")) == NULL) {
-            pgjobq_ctx_set_error(ctx, "the parents' results are too large for the environment (more than 64 KiB)");
-            goto cleanup_retry;
-        }
-        memcpy(parents_var, "PGJOBQ_PARENTS=", sizeof "PGJOBQ_PARENTS=" - 1);
-        memcpy(parents_var + sizeof "PGJOBQ_PARENTS=" - 1, job->parents, parents_len + 1);
-        env[nenv + 6] = parents_var;
-    }
-
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, outp[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, errp[1], 2);
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGINT);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0); /* its own process group, so a timeout kills all of it */
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    int src = posix_spawnp(&pid, cfg->argv[0], &fa, &attr, cfg->argv, env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    close(in[0]);
-    close(outp[1]);
-    close(errp[1]);
-    in[0] = outp[1] = errp[1] = -1;
-    if (src != 0) {
-        snprintf(msg, sizeof msg, "cannot run %s: %s", cfg->argv[0], strerror(src));
-        pgjobq_ctx_set_error(ctx, msg);
-        goto cleanup_retry;
-    }
-    fcntl(in[1], F_SETFL, O_NONBLOCK);
-    if (plen == 0) {
-        close(in[1]);
-        in[1] = -1;
-    }
-
-    /* Until the command has exited and both pipes are at EOF: a command that has exited may still
-     * have output waiting in the pipes, which must be read before its result is judged. */
-    while (!(exited && outp[0] < 0 && errp[0] < 0)) {
-        struct pollfd p[3] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
-        char buf[65536];
-
-        /* With both pipes closed only the exit is left to wait for: look again soon. */
-        poll(p, 3, outp[0] < 0 && errp[0] < 0 ? 1 : 100);
-        if (p[0].revents) {
-            ssize_t n = read(outp[0], buf, sizeof buf);
-            if (n > 0)
-                output_add(&out, buf, (size_t)n);
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(outp[0]);
-                outp[0] = -1;
-            }
-        }
-        if (p[1].revents) {
-            ssize_t n = read(errp[0], buf, sizeof buf);
-            if (n > 0)
-                output_add(&err, buf, (size_t)n);
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(errp[0]);
-                errp[0] = -1;
-            }
-        }
-        if (in[1] >= 0 && (p[2].revents || exited)) {
-            ssize_t n = exited ? -1 : write(in[1], job->payload + written, plen - written);
-            if (n > 0)
-                written += (size_t)n;
-            if (exited || (n < 0 && errno != EAGAIN && errno != EINTR) || written == plen) {
-                close(in[1]); /* done, or the command does not read its input */
-                in[1] = -1;
-            }
-        }
-        if (exited)
-            continue;
-        /* Told to stop (timeout, cancel, lost lease, shutdown): TERM the group, then KILL it. */
-        if (stopped == PGJOBQ_STOP_NONE && pgjobq_ctx_should_stop(ctx)) {
-            stopped = pgjobq_ctx_stop_reason(ctx);
-            kill(-pid, SIGTERM);
-            term_sent = cli_mono_ms();
-        }
-        if (term_sent && !kill_sent && cli_mono_ms() - term_sent >= cfg->kill_grace_ms) {
-            kill(-pid, SIGKILL);
-            kill_sent = 1;
-        }
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            exited = 1;
-            /* Anything it left behind in its group holding the pipes goes too, so that EOF comes. */
-            kill(-pid, SIGKILL);
-        }
-    }
-
-    /* The stderr tail, made storable. */
-    err.data[err.len] = '\0';
-    for (size_t i = 0; i < err.len; i++)
-        if (err.data[i] == '\0')
-            err.data[i] = ' ';
-    if (stopped == PGJOBQ_STOP_TIMEOUT) {
-        snprintf(msg, sizeof msg, "timed out after %lld ms and was killed; stderr: %s",
-                 (long long)(cli_mono_ms() - term_sent), err.data);
-        pgjobq_ctx_set_error(ctx, msg);
-        goto cleanup_retry;
-    }
-    if (stopped != PGJOBQ_STOP_NONE) {
-        snprintf(msg, sizeof msg, "stopped by the worker (%s)",
-                 stopped == PGJOBQ_STOP_SHUTDOWN ? "shutdown" : stopped == PGJOBQ_STOP_CANCELLED ? "cancelled" : "lease lost");
-        pgjobq_ctx_set_error(ctx, msg);
-        goto cleanup_retry;
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        set_result(ctx, &out);
-        free(out.data);
-        free(err.data);
-        free(env);
-        free(parents_var);
-        return PGJOBQ_OUTCOME_COMPLETE;
-    }
-    if (WIFEXITED(status))
-        snprintf(msg, sizeof msg, "%s (exit status %d); stderr: %s",
-                 WEXITSTATUS(status) == EX_TEMPFAIL ? "temporary failure" : "failed", WEXITSTATUS(status), err.data);
-    else
-        snprintf(msg, sizeof msg, "killed by signal %d; stderr: %s", WTERMSIG(status), err.data);
-    pgjobq_ctx_set_error(ctx, msg);
-
-cleanup_retry:
-    for (int *fd = &in[0]; fd <= &in[1]; fd++)
-        if (*fd >= 0)
-            close(*fd);
-    if (outp[0] >= 0)
-        close(outp[0]);
-    if (outp[1] >= 0)
-        close(outp[1]);
-    if (errp[0] >= 0)
-        close(errp[0]);
-    if (errp[1] >= 0)
-        close(errp[1]);
-    free(out.data);
-    free(err.data);
-    free(env);
-    free(parents_var);
-    return PGJOBQ_OUTCOME_RETRY;
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-
-/* 1 when file names an executable regular file: as a path when it holds '/', else on $PATH, as
- * execvp() would look for it. */
-static int runnable(const char *file)
-{
-    struct stat st;
-    char path[4096];
-
-    if (strchr(file, '/'))
-        return stat(file, &st) == 0 && S_ISREG(st.st_mode) && access(file, X_OK) == 0;
-    const char *p = getenv("PATH");
-    if (p == NULL || p[0] == '\0')
-        p = "/usr/local/bin:/usr/bin:/bin";
-    while (*p) {
-        size_t len = strcspn(p, ":");
-        snprintf(path, sizeof path, "%.*s/%s", (int)len, len ? p : ".", file);
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0)
-            return 1;
-        p += len + (p[len] == ':');
-    }
-    return 0;
-}
 
 int cmd_work(const cli_cmd *cmd, int argc, char **argv)
 {
@@ -713,14 +223,13 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     const char *url;
     char why[160];
     int first, rc, status = EX_OK;
-    metrics_ctx mctx;
-    http_server *metrics = NULL;
+    work_metrics metrics = {NULL, NULL, 0, NULL};
     coproc_pool *pool = NULL;
 
     memset(&a, 0, sizeof a);
     a.cmd = cmd;
     a.max_output = -1;
-    a.log_level = PGJOBQ_LOG_INFO;
+    a.log.level = PGJOBQ_LOG_INFO;
     first = cli_parse(cmd, argc, argv, work_opt, &a);
     if (first == -2)
         return EX_OK;
@@ -751,25 +260,25 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
             cfg.argv[2] = strdup(command);
         }
     } else {
-        cfg.argv = split_words(command, why, sizeof why);
+        cfg.argv = spawn_split_words(command, why, sizeof why);
         if (cfg.argv == NULL)
             return cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
     }
-    cfg.env = clean_environment();
+    cfg.env = spawn_environment();
     if (cfg.argv == NULL || cfg.env == NULL) {
         cli_err("out of memory");
         return EX_OSERR;
     }
     /* A handler that cannot be run would fail every job: say so now, not once per attempt. */
-    if (!a.shell && !runnable(cfg.argv[0])) {
+    if (!a.shell && !spawn_runnable(cfg.argv[0])) {
         status = cli_usage_error(cmd, "--%s: %s is not an executable file%s", a.exec ? "exec" : "coproc", cfg.argv[0],
                                  strchr(cfg.argv[0], '/') ? "" : " on PATH");
         goto out;
     }
     if ((url = cli_resolve_db(&status)) == NULL)
         goto out;
-    a.opts.log_fn = log_line;
-    a.opts.log_arg = &a;
+    a.opts.log_fn = work_log;
+    a.opts.log_arg = &a.log;
     rc = pgjobq_worker_new(&w, url, &a.opts);
     if (rc != PGJOBQ_OK) {
         cli_err("%s", pgjobq_worker_errmsg(w));
@@ -789,7 +298,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         int k = a.coprocs ? a.coprocs : 1, slots = 0;
         for (int i = 0; i < a.nqueues; i++)
             slots += a.queues[i].concurrency;
-        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, log_line, &a)) == NULL) {
+        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log)) == NULL) {
             cli_err("out of memory");
             status = EX_OSERR;
             goto out;
@@ -805,32 +314,11 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         }
     }
     if (a.metrics_listen) {
-        char mwhy[256], line[300];
-        http_addr addr;
-        const char *token = getenv("PGJOBQ_SERVE_TOKEN");
-        if (token && !token[0])
-            token = NULL;
-        if (http_addr_parse(a.metrics_listen, &addr, mwhy, sizeof mwhy) != 0) {
-            status = cli_usage_error(cmd, "--metrics-listen: %s", mwhy);
+        metrics.w = w;
+        metrics.queues = a.queues;
+        metrics.nqueues = a.nqueues;
+        if ((status = work_metrics_start(&metrics, cmd, a.metrics_listen, &a.log)) != EX_OK)
             goto out;
-        }
-        if (!addr.loopback && (token == NULL || strlen(token) < 16)) {
-            cli_err("--metrics-listen %s is not a loopback address: set $PGJOBQ_SERVE_TOKEN (16+ characters) to "
-                    "require it as credentials, or listen on 127.0.0.1",
-                    a.metrics_listen);
-            status = EX_USAGE;
-            goto out;
-        }
-        mctx.w = w;
-        mctx.a = &a;
-        if ((metrics = http_start(&addr, token, worker_metrics, &mctx, mwhy, sizeof mwhy)) == NULL) {
-            cli_err("--metrics-listen: %s", mwhy);
-            status = EX_UNAVAILABLE;
-            goto out;
-        }
-        snprintf(line, sizeof line, "metrics at http://%s%s%s:%d/metrics", strchr(addr.host, ':') ? "[" : "",
-                 addr.host, strchr(addr.host, ':') ? "]" : "", http_port(metrics));
-        log_line(&a, PGJOBQ_LOG_INFO, line);
     }
     the_worker = w;
     struct sigaction sa;
@@ -852,7 +340,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         status = cli_exit_status(rc);
     }
 out:
-    http_stop(metrics);
+    work_metrics_stop(&metrics);
     coproc_stop(pool, 5000);
     pgjobq_worker_free(w);
     for (char **p = cfg.argv; p && *p; p++)

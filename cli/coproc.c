@@ -13,11 +13,9 @@
  * {"cancel": ID} line.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +25,7 @@
 
 #include "coproc.h"
 #include "http.h" /* sbuf */
+#include "spawn.h"
 
 #define LINE_MAX_BYTES (4 * 1024 * 1024) /* a reply: a result of up to 1 MiB, escaped, and the rest */
 #define BACKOFF_MIN_MS 100
@@ -90,147 +89,6 @@ static void deadline_in(struct timespec *ts, int64_t ms)
 /* ------------------------------------------------------------------------------------------------ */
 /* Replies                                                                                           */
 
-/* The top-level member `key` of a valid JSON object: its raw value, or NULL (*len set). */
-static const char *member(const char *obj, const char *key, size_t *len)
-{
-    const char *p = obj;
-    size_t klen = strlen(key);
-
-    while (*p && *p != '{')
-        p++;
-    if (*p != '{')
-        return NULL;
-    p++;
-    for (;;) {
-        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == ',')
-            p++;
-        if (*p != '"')
-            return NULL;
-        const char *k = ++p;
-        while (*p && *p != '"')
-            p += *p == '\\' && p[1] ? 2 : 1;
-        int match = (size_t)(p - k) == klen && memcmp(k, key, klen) == 0;
-        p++; /* the closing quote */
-        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == ':')
-            p++;
-        const char *v = p;
-        int depth = 0;
-        while (*p) {
-            if (*p == '"') {
-                p++;
-                while (*p && *p != '"')
-                    p += *p == '\\' && p[1] ? 2 : 1;
-                p++;
-                if (depth == 0)
-                    break;
-                continue;
-            }
-            if (*p == '{' || *p == '[')
-                depth++;
-            else if (*p == '}' || *p == ']') {
-                if (depth == 0)
-                    break;
-                if (--depth == 0) {
-                    p++;
-                    break;
-                }
-            } else if (depth == 0 && (*p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) {
-                break;
-            }
-            p++;
-        }
-        if (match) {
-            *len = (size_t)(p - v);
-            return v;
-        }
-        if (*p == '}' || *p == '\0')
-            return NULL;
-    }
-}
-
-/* Appends the code point as UTF-8. */
-static void put_utf8(sbuf *b, unsigned cp)
-{
-    char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xC0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    sb_putn(b, u, n);
-}
-
-/* A JSON string value (with its quotes, already validated) as text; malloc'd, NULL if not a string. */
-static char *unquote(const char *v, size_t len)
-{
-    sbuf b;
-    if (len < 2 || v[0] != '"')
-        return NULL;
-    sb_init(&b);
-    sb_putn(&b, "", 0);
-    for (size_t i = 1; i + 1 < len; i++) {
-        if (v[i] != '\\') {
-            sb_putn(&b, v + i, 1);
-            continue;
-        }
-        char e = v[++i];
-        switch (e) {
-        case 'n': sb_putn(&b, "\n", 1); break;
-        case 't': sb_putn(&b, "\t", 1); break;
-        case 'r': sb_putn(&b, "\r", 1); break;
-        case 'b': sb_putn(&b, "\b", 1); break;
-        case 'f': sb_putn(&b, "\f", 1); break;
-        case 'u': {
-            unsigned cp = (unsigned)strtoul((char[5]){v[i + 1], v[i + 2], v[i + 3], v[i + 4], 0}, NULL, 16);
-            i += 4;
-            if (cp >= 0xD800 && cp < 0xDC00 && i + 6 < len && v[i + 1] == '\\' && v[i + 2] == 'u') {
-                unsigned lo = (unsigned)strtoul((char[5]){v[i + 3], v[i + 4], v[i + 5], v[i + 6], 0}, NULL, 16);
-                if (lo >= 0xDC00 && lo < 0xE000) {
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                    i += 6;
-                }
-            }
-            put_utf8(&b, cp == 0 ? ' ' : cp);
-            break;
-        }
-        default: sb_putn(&b, &e, 1); break; /* \" \\ \/ */
-        }
-    }
-    if (b.failed) {
-        sb_free(&b);
-        return NULL;
-    }
-    return b.data;
-}
-
-static int64_t integer(const char *v, size_t len, int *ok)
-{
-    char buf[32], *end;
-    *ok = 0;
-    if (v == NULL || len == 0 || len >= sizeof buf)
-        return 0;
-    memcpy(buf, v, len);
-    buf[len] = '\0';
-    long long x = strtoll(buf, &end, 10);
-    *ok = *end == '\0';
-    return x;
-}
-
 /* Parses a reply line into its parts.  Returns 0 for a valid reply, -1 with why set otherwise; *id
  * is set (and *have_id) whenever the line names a job, valid or not. */
 typedef struct reply {
@@ -255,29 +113,29 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
         snprintf(why, why_size, "not a JSON object");
         return -1;
     }
-    v = member(line, "id", &n);
-    r->id = integer(v, n, &ok);
+    v = json_member(line, "id", &n);
+    r->id = json_integer(v, n, &ok);
     if (!ok) {
         snprintf(why, why_size, "no integer \"id\"");
         return -1;
     }
     r->have_id = 1;
-    char *status = (v = member(line, "status", &n)) ? unquote(v, n) : NULL;
+    char *status = (v = json_member(line, "status", &n)) ? json_unquote(v, n) : NULL;
     if (status == NULL) {
         snprintf(why, why_size, "no \"status\" string");
         return -1;
     }
     if (strcmp(status, "completed") == 0) {
         r->outcome = PGJOBQ_OUTCOME_COMPLETE;
-        if ((v = member(line, "result", &n)) != NULL && !(n == 4 && memcmp(v, "null", 4) == 0)) {
+        if ((v = json_member(line, "result", &n)) != NULL && !(n == 4 && memcmp(v, "null", 4) == 0)) {
             r->result = strndup(v, n);
         }
     } else if (strcmp(status, "retry") == 0 || strcmp(status, "failed") == 0) {
         r->outcome = status[0] == 'r' ? PGJOBQ_OUTCOME_RETRY : PGJOBQ_OUTCOME_FAIL;
-        if ((v = member(line, "error", &n)) != NULL)
-            r->error = v[0] == '"' ? unquote(v, n) : strndup(v, n);
-        if (r->outcome == PGJOBQ_OUTCOME_RETRY && (v = member(line, "delay_ms", &n)) != NULL) {
-            r->delay_ms = integer(v, n, &ok);
+        if ((v = json_member(line, "error", &n)) != NULL)
+            r->error = v[0] == '"' ? json_unquote(v, n) : strndup(v, n);
+        if (r->outcome == PGJOBQ_OUTCOME_RETRY && (v = json_member(line, "delay_ms", &n)) != NULL) {
+            r->delay_ms = json_integer(v, n, &ok);
             if (!ok || r->delay_ms < 0) {
                 snprintf(why, why_size, "\"delay_ms\" must be a non-negative integer");
                 free(status);
@@ -389,60 +247,22 @@ static void give_up_stopped(coproc *c)
     }
 }
 
-static pid_t spawn(coproc *c, int *in_fd, int *out_fd, int *err_fd)
+/* Starts the coprocess: its pid, with the ends of its pipes that are ours, or -1 (logged). */
+static pid_t start(coproc *c, int *in_fd, int *out_fd, int *err_fd)
 {
     coproc_pool *p = c->pool;
-    int in[2], out[2], err[2];
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
+    int fds[3];
     pid_t pid = 0;
 
-    if (pipe2(in, O_CLOEXEC) != 0)
-        return -1;
-    if (pipe2(out, O_CLOEXEC) != 0) {
-        close(in[0]);
-        close(in[1]);
-        return -1;
-    }
-    if (pipe2(err, O_CLOEXEC) != 0) {
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        return -1;
-    }
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGINT);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    int rc = posix_spawnp(&pid, p->argv[0], &fa, &attr, p->argv, p->env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    close(in[0]);
-    close(out[1]);
-    close(err[1]);
+    int rc = spawn_piped(p->argv, p->env, &pid, fds);
     if (rc != 0) {
-        plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: cannot run %s: %s", c->index, p->argv[0], strerror(rc));
-        close(in[1]);
-        close(out[0]);
-        close(err[0]);
+        if (rc > 0)
+            plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: cannot run %s: %s", c->index, p->argv[0], strerror(rc));
         return -1;
     }
-    fcntl(in[1], F_SETFL, O_NONBLOCK);
-    *in_fd = in[1];
-    *out_fd = out[0];
-    *err_fd = err[0];
+    *in_fd = fds[0];
+    *out_fd = fds[1];
+    *err_fd = fds[2];
     return pid;
 }
 
@@ -539,7 +359,7 @@ static int64_t one_life(coproc *c)
     size_t nbatch = 0, capbatch = 0;
     int64_t next_scan = 0;
 
-    pid_t pid = spawn(c, &in_fd, &out_fd, &err_fd);
+    pid_t pid = start(c, &in_fd, &out_fd, &err_fd);
     if (pid < 0)
         return 0;
     pthread_mutex_lock(&p->mu);

@@ -1,0 +1,104 @@
+/*
+ * connect.c - from the configured database to an open client: the URL checked before anything
+ * connects (else the embedded database), the connection, and the exit status a failure maps to.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_exit_status(int code)
+{
+    switch (code) {
+    case PGJOBQ_OK: return EX_OK;
+    case PGJOBQ_EINVAL:
+    case PGJOBQ_ENOTFOUND:
+    case PGJOBQ_ESTATE:
+    case PGJOBQ_EDUPLICATE: return EX_DATAERR;
+    case PGJOBQ_ECONN: return EX_UNAVAILABLE;
+    case PGJOBQ_ESCHEMA: return EX_CONFIG;
+    case PGJOBQ_EPERM: return EX_NOPERM;
+    case PGJOBQ_ECONFLICT:
+    case PGJOBQ_ETIMEOUT: return EX_TEMPFAIL;
+    default: return EX_SOFTWARE;
+    }
+}
+
+int cli_fail(pgjobq_client *c, int code)
+{
+    const char *msg = pgjobq_errmsg(c);
+    cli_err("%s", msg && msg[0] ? msg : pgjobq_strerror(code));
+    return cli_exit_status(code);
+}
+
+/* 0 when url reads as a PostgreSQL URL (postgresql:// or postgres://) or a conninfo (key=value
+ * pairs); -1 with why set otherwise.  The value itself is never quoted: it may hold a password. */
+static int db_url_check(const char *url, char *why, size_t why_size)
+{
+    const char *scheme_end = strstr(url, "://");
+    size_t key = strspn(url, " \t");
+
+    if (url[key] == '\0') {
+        snprintf(why, why_size, "it is empty");
+        return -1;
+    }
+    if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
+        return 0;
+    const char *eq = strchr(url, '=');
+    if (scheme_end != NULL && (eq == NULL || eq > scheme_end)) {
+        snprintf(why, why_size, "it is a %.*s:// URL, not postgresql://",
+                 (int)(scheme_end - url < 20 ? scheme_end - url : 20), url);
+        return -1;
+    }
+    /* conninfo: the first word is key=value with a known-looking key. */
+    size_t klen = strspn(url + key, "abcdefghijklmnopqrstuvwxyz_");
+    if (klen > 0 && url[key + klen + strspn(url + key + klen, " \t")] == '=')
+        return 0;
+    snprintf(why, why_size, "it is neither a postgresql:// URL nor a conninfo (host=... dbname=...)");
+    return -1;
+}
+
+/* A URL that is not PostgreSQL's, or that libpq cannot parse, is a configuration error, said before
+ * anything connects (a worker would retry it forever), naming where it came from but not its value
+ * (it may hold a password). */
+const char *cli_resolve_db(int *status)
+{
+    const char *url = cli_database_url();
+    char why[512];
+    int rc;
+
+    *status = EX_OK;
+    if (url == NULL)
+        return cli_embedded_conninfo(status);
+    if (db_url_check(url, why, sizeof why) != 0) {
+        cli_err("the database URL (%s) is not usable: %s", cli_database_source(), why);
+        *status = EX_CONFIG;
+        return NULL;
+    }
+    if ((rc = pgjobq_conninfo_check(url, why, sizeof why)) != PGJOBQ_OK) {
+        cli_err("the database URL (%s) is not valid: %s", cli_database_source(), why);
+        *status = rc == PGJOBQ_ENOMEM ? EX_OSERR : EX_CONFIG;
+        return NULL;
+    }
+    return url;
+}
+
+pgjobq_client *cli_connect(int allow_unmigrated, int *status)
+{
+    const char *url = cli_resolve_db(status);
+    pgjobq_client *c = NULL;
+    int rc;
+
+    if (url == NULL)
+        return NULL;
+    rc = pgjobq_client_open(&c, url);
+    if (rc == PGJOBQ_OK || (allow_unmigrated && rc == PGJOBQ_ESCHEMA && c != NULL)) {
+        *status = EX_OK;
+        return c;
+    }
+    *status = cli_fail(c, rc);
+    if (rc == PGJOBQ_ECONN && cli_database_url() != NULL)
+        cli_err("(the database URL came from %s)", cli_database_source());
+    pgjobq_client_close(c);
+    return NULL;
+}
