@@ -13,6 +13,7 @@
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,9 +326,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 || signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+        cli_err("cannot install the signal handlers: %s", strerror(errno));
+        status = EX_OSERR;
+        the_worker = NULL;
+        goto out;
+    }
     rc = pgjobq_worker_run(w);
     the_worker = NULL;
     if (rc == PGJOBQ_ESTOPPED) {

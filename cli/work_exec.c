@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "spawn.h"
@@ -171,7 +172,15 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         struct pollfd p[3] = {{fds[1], POLLIN, 0}, {fds[2], POLLIN, 0}, {fds[0], POLLOUT, 0}};
 
         /* With both pipes closed only the exit is left to wait for: look again soon. */
-        poll(p, 3, fds[1] < 0 && fds[2] < 0 ? 1 : 100);
+        if (poll(p, 3, fds[1] < 0 && fds[2] < 0 ? 1 : 100) < 0) {
+            /* A signal (EINTR), or no memory for the poll: nothing is ready this turn; the exit and
+             * the stop are still checked below, and the pipes are looked at again. */
+            p[0].revents = p[1].revents = p[2].revents = 0;
+            if (errno != EINTR) {
+                struct timespec ts = {0, 10 * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
         if (p[0].revents)
             drain(&fds[1], &out);
         if (p[1].revents)
