@@ -49,6 +49,8 @@ int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix)
     return code;
 }
 
+static int run(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult **out);
+
 /*
  * Session settings for a connection the client owns, after every (re)connect.  Queue transitions are
  * single statements whose correctness comes from row locks and SKIP LOCKED, designed for READ
@@ -58,15 +60,13 @@ int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix)
  */
 static int session_setup(pgjobq_client *c)
 {
-    PGresult *r = PQexec(c->conn, "SET default_transaction_isolation = 'read committed'");
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    static const pgjobq__stmt st = {.what = "connect: setting up the session",
+                                    .sql = "SET default_transaction_isolation = 'read committed'"};
+    PGresult *r = NULL;
+    int rc = run(c, &st, 1, &r);
 
     PQclear(r);
-    if (!ok) {
-        set_conn_error(c, "connect: setting up the session", NULL);
-        return PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN;
-    }
-    return PGJOBQ_OK;
+    return rc;
 }
 
 int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
@@ -215,7 +215,61 @@ static void set_result_error(pgjobq_client *c, const char *what, const PGresult 
              state ? state : "?");
 }
 
-int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
+/* Sends a statement: one with bound parameters, or (simple) a text that may hold several statements,
+ * with the simple protocol.  NULL when libpq could not even make a result. */
+static PGresult *send_stmt(pgjobq_client *c, const pgjobq__stmt *st, int simple)
+{
+    if (simple)
+        return PQexec(c->conn, st->sql);
+    return PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
+                        st->binary_result);
+}
+
+/* Whether a statement succeeded.  (A text of comments only is an empty query: a migration whose
+ * functions all moved to the function files.) */
+static int succeeded(const PGresult *r)
+{
+    ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    return s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK || s == PGRES_EMPTY_QUERY;
+}
+
+/* Sets the error of a statement that failed (r may be NULL) on c and returns its code. */
+static int stmt_error(pgjobq_client *c, const char *what, const PGresult *r)
+{
+    if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
+        set_conn_error(c, what, NULL);
+        return PGJOBQ_ECONN;
+    }
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    set_result_error(c, what, r);
+    if (state && strcmp(state, "25006") == 0) {
+        size_t n = strlen(c->errmsg);
+        snprintf(c->errmsg + n, sizeof c->errmsg - n,
+                 "; the server is read-only (a standby?): use a URL that reaches the primary, e.g. with"
+                 " target_session_attrs=read-write");
+    }
+    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+    return pgjobq__code_from_sqlstate(state);
+}
+
+/* Runs one statement once, on the connection as it is: no reconnect, no retry.  PGJOBQ_OK with the
+ * result in *out (the caller clears it), or the error, set on c. */
+static int run(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult **out)
+{
+    PGresult *r = send_stmt(c, st, simple);
+
+    *out = NULL;
+    if (succeeded(r)) {
+        *out = r;
+        return PGJOBQ_OK;
+    }
+    int code = stmt_error(c, st->what, r);
+    PQclear(r);
+    return code;
+}
+
+/* The statement helper of the library: pgjobq__exec and pgjobq__exec_sql. */
+static int exec(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult **out)
 {
     int in_tx;
 
@@ -241,13 +295,10 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
 
     int reset_read_only = 0;
     for (unsigned attempt = 0;; attempt++) {
-        PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
-                                   st->binary_result);
-        ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+        PGresult *r = send_stmt(c, st, simple);
         const char *state;
-        int code;
 
-        if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK) {
+        if (succeeded(r)) {
             *out = r;
             return PGJOBQ_OK;
         }
@@ -257,7 +308,6 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
             return PGJOBQ_ECONN;
         }
         state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-        code = pgjobq__code_from_sqlstate(state);
         /* A read-only server (a standby reached by mistake, or a primary demoted under a live session):
          * our own idle connection is dropped and made again once, which with a multi-host URL and
          * target_session_attrs=read-write reaches the primary. */
@@ -272,7 +322,7 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
                 return rc;
             continue;
         }
-        if (code == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
+        if (pgjobq__code_from_sqlstate(state) == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
             pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what, state,
                         attempt + 1);
             c->conflict_retries++;
@@ -280,17 +330,44 @@ int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
             conflict_pause(attempt);
             continue;
         }
-        set_result_error(c, st->what, r);
-        if (state && strcmp(state, "25006") == 0) {
-            size_t n = strlen(c->errmsg);
-            snprintf(c->errmsg + n, sizeof c->errmsg - n,
-                     "; the server is read-only (a standby?): use a URL that reaches the primary, e.g. with"
-                     " target_session_attrs=read-write");
-        }
-        snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+        int code = stmt_error(c, st->what, r);
         PQclear(r);
         return code;
     }
+}
+
+int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
+{
+    return exec(c, st, 0, out);
+}
+
+int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
+{
+    const pgjobq__stmt st = {.what = what, .sql = sql};
+    PGresult *r = NULL;
+    int rc = exec(c, &st, 1, &r);
+
+    if (out)
+        *out = r;
+    else
+        PQclear(r);
+    return rc;
+}
+
+void pgjobq__rollback_quietly(pgjobq_client *c)
+{
+    char errmsg[sizeof c->errmsg], sqlstate[sizeof c->sqlstate];
+
+    if (c->conn == NULL || PQstatus(c->conn) != CONNECTION_OK || PQtransactionStatus(c->conn) == PQTRANS_IDLE)
+        return;
+    memcpy(errmsg, c->errmsg, sizeof errmsg);
+    memcpy(sqlstate, c->sqlstate, sizeof sqlstate);
+    if (pgjobq__exec_sql(c, "ROLLBACK", "ROLLBACK", NULL) != PGJOBQ_OK) {
+        /* Nothing to do: the transaction ends with the connection, and the first error is the one to
+         * report. */
+    }
+    memcpy(c->errmsg, errmsg, sizeof errmsg);
+    memcpy(c->sqlstate, sqlstate, sizeof sqlstate);
 }
 
 int pgjobq__require_schema(pgjobq_client *c)
@@ -324,13 +401,9 @@ static int tx_command(pgjobq_client *c, const char *sql, int want_idle)
     if (idle != want_idle)
         return pgjobq__seterr(c, PGJOBQ_ESTATE, "%s: %s", sql,
                               idle ? "no transaction is open" : "a transaction is already open");
-    r = PQexec(c->conn, sql);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        int lost = PQstatus(c->conn) != CONNECTION_OK;
-        set_conn_error(c, sql, NULL);
-        PQclear(r);
-        return lost ? PGJOBQ_ECONN : PGJOBQ_EDB;
-    }
+    int rc = pgjobq__exec_sql(c, sql, sql, &r);
+    if (rc != PGJOBQ_OK)
+        return rc;
     /* COMMIT of a failed transaction succeeds as a command but reports ROLLBACK. */
     int rolled_back = strcmp(sql, "COMMIT") == 0 && strcmp(PQcmdStatus(r), "ROLLBACK") == 0;
     PQclear(r);

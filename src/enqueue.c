@@ -599,24 +599,6 @@ static int copy_flush(pgjobq_client *c, pgjobq__buf *b)
     return ok ? 0 : -1;
 }
 
-/* Runs one simple command (BEGIN, COMMIT, ROLLBACK) on the client's connection. */
-static int simple_command(pgjobq_client *c, const char *sql)
-{
-    PGresult *r = PQexec(c->conn, sql);
-    int rc = PGJOBQ_OK;
-
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQstatus(c->conn) != CONNECTION_OK) {
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "enqueue: %s", sql);
-        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, prefix);
-    } else if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        const char *m = PQerrorMessage(c->conn);
-        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: %s: %.*s", sql, (int)strcspn(m, "\n"), m);
-    }
-    PQclear(r);
-    return rc;
-}
-
 /* Reserves n ids from the sequence into ids[0..n). */
 static int reserve_ids(pgjobq_client *c, size_t n, int64_t *ids)
 {
@@ -689,17 +671,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         free(levels);
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
     }
-    if (own_tx && (rc = simple_command(c, "BEGIN")) != PGJOBQ_OK)
+    if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: BEGIN", "BEGIN", NULL)) != PGJOBQ_OK)
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
         goto out;
     /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
-    r = PQexec(c->conn, "SELECT pg_catalog.pg_current_xact_id()");
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        rc = pgjobq__seterr_conn(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue");
+    if ((rc = pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id()", NULL)) != PGJOBQ_OK)
         goto out;
-    }
-    PQclear(r);
 
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
@@ -793,18 +771,12 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     PQclear(r);
     r = NULL;
-    if (own_tx && (rc = simple_command(c, "COMMIT")) != PGJOBQ_OK)
+    if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: COMMIT", "COMMIT", NULL)) != PGJOBQ_OK)
         goto out;
 out:
     PQclear(r);
-    if (rc != PGJOBQ_OK && own_tx && PQstatus(c->conn) == CONNECTION_OK &&
-        PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
-        char keep[sizeof c->errmsg];
-        memcpy(keep, c->errmsg, sizeof keep); /* the rollback's own outcome does not matter */
-        PGresult *rb = PQexec(c->conn, "ROLLBACK");
-        PQclear(rb);
-        memcpy(c->errmsg, keep, sizeof keep);
-    }
+    if (rc != PGJOBQ_OK && own_tx)
+        pgjobq__rollback_quietly(c);
     pgjobq__buf_free(&data);
     pgjobq__buf_free(&queues.buf);
     pgjobq__buf_free(&level_queues.buf);

@@ -75,7 +75,17 @@ size_t pgjobq__redact(char *buf, size_t size, const char *msg, size_t msg_len, c
 
 /* client.c */
 int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms);
+/* The one way the library runs a statement on a client: PGJOBQ_OK with the result in *out (the caller
+ * clears it), or the error, set on c.  An owned connection that broke is made again first; outside a
+ * transaction, a serialization failure or deadlock is run again (PGJOBQ__CONFLICT_RETRIES). */
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
+/* The same for a text without parameters that may hold several statements (the simple protocol: BEGIN,
+ * a migration); out may be NULL when the result is not wanted. */
+int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
+    __attribute__((warn_unused_result));
+/* Rolls back the transaction open on the client's connection, if any, keeping the client's error: what
+ * a failed step of the library's own transaction ends with. */
+void pgjobq__rollback_quietly(pgjobq_client *c);
 int pgjobq__require_schema(pgjobq_client *c);
 /* Sets the client's message to prefix and libpq's connection error, redacted, and returns code. */
 int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix);

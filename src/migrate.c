@@ -126,41 +126,31 @@ int pgjobq__check_schema(pgjobq_client *c)
     return PGJOBQ_OK;
 }
 
-/* Runs sql: with no parameters, possibly several statements with the simple protocol; else one
- * statement with its text parameters.  0 or an error code.  When out is not NULL it receives the result
- * of a success (the caller clears it). */
-static int run(pgjobq_client *c, const char *what, const char *sql, int nparams, const char *const *values,
-               PGresult **out)
+/* A migration's error is the database's: PGJOBQ_ESCHEMA would tell the caller to run the migrations
+ * that just failed. */
+static int migration_code(int rc)
 {
-    PGresult *r = nparams ? PQexecParams(c->conn, sql, nparams, NULL, values, NULL, NULL, 0) : PQexec(c->conn, sql);
-    ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    return rc == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : rc;
+}
 
-    /* (A migration that holds only comments is an empty query: version 2's functions are all in the
-     * function files now.) */
-    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK || s == PGRES_EMPTY_QUERY) {
-        if (out)
-            *out = r;
-        else
-            PQclear(r);
-        return PGJOBQ_OK;
-    }
-    if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
-        PQclear(r);
-        return pgjobq__seterr_conn(c, PGJOBQ_ECONN, what);
-    }
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-    int code = pgjobq__code_from_sqlstate(state);
-    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
-    pgjobq__seterr(c, code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code, "%s: %s (SQLSTATE %s)", what,
-                   msg ? msg : PQresultErrorMessage(r), state ? state : "?");
-    PQclear(r);
-    return code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code;
+/* Runs sql, which may hold several statements, with the simple protocol; the result, when out is not
+ * NULL, is the caller's to clear. */
+static int run(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
+{
+    return migration_code(pgjobq__exec_sql(c, what, sql, out));
+}
+
+/* Runs one statement with text parameters; the result is the caller's to clear. */
+static int run_params(pgjobq_client *c, const char *what, const char *sql, int nparams, const char *const *values,
+                      PGresult **out)
+{
+    const pgjobq__stmt st = {.what = what, .sql = sql, .nparams = nparams, .values = values};
+    return migration_code(pgjobq__exec(c, &st, out));
 }
 
 static int simple(pgjobq_client *c, const char *what, const char *sql)
 {
-    return run(c, what, sql, 0, NULL, NULL);
+    return run(c, what, sql, NULL);
 }
 
 /* Begins a transaction that holds the migration lock.  Its notices are not shown: they would only say
@@ -180,11 +170,7 @@ static int end_locked(pgjobq_client *c, const char *what, int rc)
 {
     if (rc == PGJOBQ_OK)
         return simple(c, what, "COMMIT");
-    if (PQstatus(c->conn) == CONNECTION_OK) {
-        /* Keep the first error: the rollback's own outcome does not matter. */
-        PGresult *r = PQexec(c->conn, "ROLLBACK");
-        PQclear(r);
-    }
+    pgjobq__rollback_quietly(c); /* keeps the first error */
     return rc;
 }
 
@@ -192,7 +178,7 @@ static int end_locked(pgjobq_client *c, const char *what, int rc)
 static int ask(pgjobq_client *c, const char *what, const char *sql, int *flags, int n)
 {
     PGresult *r = NULL;
-    int rc = run(c, what, sql, 0, NULL, &r);
+    int rc = run(c, what, sql, &r);
 
     if (rc != PGJOBQ_OK)
         return rc;
@@ -240,7 +226,7 @@ static int functions_checksum(pgjobq_client *c, char *sum, int *same)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "migrate: out of memory");
     }
     const char *values[1] = {text.data};
-    rc = run(c, "function files",
+    rc = run_params(c, "function files",
              "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
              " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
              1, values, &r);
@@ -304,8 +290,10 @@ static int apply_functions(pgjobq_client *c)
         rc = simple(c, "function files", "DELETE FROM pgjobq.function_files");
     if (rc == PGJOBQ_OK) {
         const char *values[2] = {sum, PGJOBQ_VERSION};
-        rc = run(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)", 2,
-                 values, NULL);
+        PGresult *r = NULL;
+        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)",
+                        2, values, &r);
+        PQclear(r);
     }
     if (rc == PGJOBQ_OK)
         pgjobq__log(c, PGJOBQ_LOG_INFO, "applied the function files (sha256 %.12s...)", sum);
