@@ -144,6 +144,35 @@ const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
 
 /* jobs.c */
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
+
+/* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of
+ * its select list, in this order; pgjobq__claimed_read() reads them. */
+#define PGJOBQ__CLAIMED_COLUMNS                                                                         \
+    "id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
+    " lease_until, unique_key, last_error, parents"
+enum {
+    PGJOBQ__K_ID,
+    PGJOBQ__K_KIND,
+    PGJOBQ__K_PAYLOAD,
+    PGJOBQ__K_PRIORITY,
+    PGJOBQ__K_ATTEMPT,
+    PGJOBQ__K_MAX_ATTEMPTS,
+    PGJOBQ__K_TOKEN,
+    PGJOBQ__K_RUN_AT,
+    PGJOBQ__K_CREATED_AT,
+    PGJOBQ__K_STARTED_AT,
+    PGJOBQ__K_LEASE_UNTIL,
+    PGJOBQ__K_UNIQUE_KEY,
+    PGJOBQ__K_LAST_ERROR,
+    PGJOBQ__K_PARENTS,
+    PGJOBQ__K_NCOLS
+};
+/* The bytes the strings of a claimed row take, each with its NUL. */
+size_t pgjobq__claimed_size(const PGresult *r, int row);
+/* Reads a claimed row into *j, a job running under the claim's lease, its strings copied to `strings`
+ * (pgjobq__claimed_size bytes); j->queue and j->worker_id are left NULL, for the caller.  Returns the
+ * end of what it copied. */
+char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *strings);
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n);
 
 /* The outcome a fenced write reports per job (complete_many, fail_many, extend_many, release_many,

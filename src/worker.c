@@ -77,61 +77,80 @@
 
 enum { C_CLAIM, C_WRITE, C_MAINT, NCONN };
 
-/* The claim connection's statement.  claim_next's columns, in this order, are what make_ctx and
- * claim_done read: a row per claimed job (meta NULL), then rows that say where the claim got to (meta
- * 'exhausted': a level read to its end; 'tick': the claim's tick, cap and the next due job). */
-enum { S_CLAIM, NCLAIM_STMTS };
-#define CLAIM_COLUMNS                                                                                         \
-    "SELECT id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error, parents, key, meta, cap, tick_xid, next_due, limited"                \
-    " FROM pgjobq.claim_next"
-enum { K_ID, K_KIND, K_PAYLOAD, K_PRIORITY, K_ATTEMPT, K_MAX_ATTEMPTS, K_TOKEN, K_RUN_AT, K_CREATED_AT, K_STARTED_AT,
-       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_KEY, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_LIMITED,
-       K_NCOLS };
+/* Every statement the engine prepares and sends, in one table: the claim connection's, the write
+ * connection's, then the maintenance connection's (conn_stmts says which are whose: each connection
+ * prepares its own). */
+enum {
+    S_CLAIM,
+    /* The kinds of write the engine batches, in the order it writes them (W_*), then the heartbeat and
+     * the registry's beat. */
+    S_COMPLETE,
+    S_FAIL,
+    S_RELEASE,
+    S_CANCEL,
+    S_EXTEND,
+    S_BEAT,
+    /* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
+    S_RESCUE,
+    S_PRUNE,
+    S_TICK,
+    S_HEALTH,
+    NSTMTS
+};
+enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS };
+#define WRITE_STMT(kind) (S_COMPLETE + (kind))
+static const struct {
+    int first, n;
+} conn_stmts[NCONN] = {{S_CLAIM, 1}, {S_COMPLETE, S_BEAT + 1 - S_COMPLETE}, {S_RESCUE, NSTMTS - S_RESCUE}};
+
+/* claim_next's columns, in this order, are what make_ctx and claim_done read: a row per claimed job
+ * (meta NULL), then rows that say where the claim got to (meta 'exhausted': a level read to its end;
+ * 'tick': the claim's tick, cap and the next due job). */
+enum { K_KEY = PGJOBQ__K_NCOLS, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_LIMITED, K_NCOLS };
 static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
                                   OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
-static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
-    {"pgjobq_claim", CLAIM_COLUMNS "($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, claim_types}};
-
-/* The kinds of write the engine batches, in the order it writes them, then the heartbeat. */
-enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS, S_EXTEND = W_KINDS, S_BEAT, NWRITE_STMTS };
 static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
 static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
-static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
-    {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3, complete_types},
-    {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
-    {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3, reason_types},
-    {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
-    {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
-    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
-     * secret, which makes the row its own. */
-    {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types}};
-static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
-
-/* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
-enum { S_RESCUE, S_PRUNE, S_TICK, S_HEALTH, NMAINT_STMTS };
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
-static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
+static const pgjobq__stmtdef stmts[NSTMTS] = {
+    [S_CLAIM] = {"pgjobq_claim",
+                 "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
+                 " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 9, claim_types},
+    [S_COMPLETE] = {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3, complete_types},
+    [S_FAIL] = {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
+    [S_RELEASE] = {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3, reason_types},
+    [S_CANCEL] = {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
+    [S_EXTEND] = {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
+    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
+     * secret, which makes the row its own. */
+    [S_BEAT] = {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types},
     /* $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
-    {"pgjobq_rescue",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(2) ")"
-     " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
-     " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
-     1, since_type},
-    {"pgjobq_prune",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(3) ") THEN pgjobq.prune($1, $2, 1000)"
-     " ELSE -1 END",
-     2, prune_types},
+    [S_RESCUE] = {"pgjobq_rescue",
+                  "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(2) ")"
+                  " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
+                  " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
+                  1, since_type},
+    [S_PRUNE] = {"pgjobq_prune",
+                 "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(3) ") THEN pgjobq.prune($1, $2, 1000)"
+                 " ELSE -1 END",
+                 2, prune_types},
     /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
-    {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
-    {"pgjobq_health",
-     "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead"
-     " FROM pgjobq.health()",
-     0, NULL}};
+    [S_TICK] = {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
+    [S_HEALTH] = {"pgjobq_health",
+                  "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead"
+                  " FROM pgjobq.health()",
+                  0, NULL}};
+static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
+
+/* The claim connection's simple queries (not prepared): its LISTEN, again after a reconnect, and the
+ * check that it still listens. */
+#define LISTEN_SQL "LISTEN pgjobq"
+#define LISTEN_CHECK_SQL "SELECT 1 FROM pg_catalog.pg_listening_channels() c WHERE c = 'pgjobq'"
 
 /* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
  * the schema check (its result must be last).  The claim connection also listens. */
@@ -140,7 +159,7 @@ static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
     "SELECT " PGJOBQ__SCHEMA_VERSION_COLS ", pg_catalog.pg_is_in_recovery() OR"                    \
     " pg_catalog.current_setting('transaction_read_only')::boolean" PGJOBQ__SCHEMA_VERSION_FROM
 static const char setup_plain[] = SETUP_SQL SCHEMA_SQL;
-static const char setup_listen[] = SETUP_SQL "LISTEN pgjobq;" SCHEMA_SQL;
+static const char setup_listen[] = SETUP_SQL LISTEN_SQL ";" SCHEMA_SQL;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* State                                                                                             */
@@ -662,6 +681,15 @@ static void phase_collect(pgjobq_worker *w, int64_t now)
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: write (outcomes and heartbeats, on the write connection)                                   */
 
+/* Sends statement s of the table on the connection that prepared it.  0, or -1 after the connection
+ * broke (pgjobq__aconn_send). */
+static int send_stmt(pgjobq_worker *w, int s, const char *const *values, const int *lengths, const int *formats,
+                     int binary_result, int64_t now)
+{
+    int c = s < S_COMPLETE ? C_CLAIM : s < S_RESCUE ? C_WRITE : C_MAINT;
+    return pgjobq__aconn_send(&w->conn[c], s - conn_stmts[c].first, values, lengths, formats, binary_result, now);
+}
+
 /* Sends one batch of outcomes of one kind; the batch moves into the request. */
 static void send_write(pgjobq_worker *w, int kind, int64_t now)
 {
@@ -669,7 +697,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
     batch *b = &w->pending[kind];
     pgjobq__array a[5];
     const char *values[5] = {NULL};
-    int lengths[5] = {0}, formats[5] = {1, 1, 1, 1, 1}, nparams = write_stmts[kind].nparams;
+    int lengths[5] = {0}, formats[5] = {1, 1, 1, 1, 1}, nparams = stmts[WRITE_STMT(kind)].nparams;
     char reason[300];
 
     memset(a, 0, sizeof a);
@@ -721,7 +749,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         values[k] = a[k].buf.data;
         lengths[k] = (int)a[k].buf.len;
     }
-    if (pgjobq__aconn_send(&w->conn[C_WRITE], kind, values, lengths, formats, 1, now) != 0)
+    if (send_stmt(w, WRITE_STMT(kind), values, lengths, formats, 1, now) != 0)
         goto out; /* the connection broke: the outcomes stay pending */
     atomic_fetch_add(&w->st_writes, 1);
     rq->kind = R_WRITE;
@@ -761,7 +789,7 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
         values[1] = tokens.buf.data;
         lengths[1] = (int)tokens.buf.len;
         values[2] = w->lease_s;
-        if (pgjobq__aconn_send(&w->conn[C_WRITE], S_EXTEND, values, lengths, formats, 1, now) == 0) {
+        if (send_stmt(w, S_EXTEND, values, lengths, formats, 1, now) == 0) {
             w->req[C_WRITE].kind = R_HEARTBEAT;
             w->req[C_WRITE].sent_ms = now;
         }
@@ -786,7 +814,7 @@ static void send_beat(pgjobq_worker *w, int64_t now)
             len += (size_t)k;
         }
     }
-    if (pgjobq__aconn_send(&w->conn[C_WRITE], S_BEAT, values, NULL, NULL, 0, now) == 0)
+    if (send_stmt(w, S_BEAT, values, NULL, NULL, 0, now) == 0)
         w->req[C_WRITE].kind = R_BEAT;
 }
 
@@ -958,47 +986,16 @@ static void heartbeat_done(pgjobq_worker *w, request *rq, PGresult *r)
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: claim (and the listener, on the claim connection)                                          */
 
-/* Builds a job's context from a claim_batch row: one allocation for the context, the job and its
+/* Builds a job's context from a claimed row: one allocation for the context, the job and its
  * strings. */
 static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *r, int row)
 {
-    static const int text_cols[] = {K_KIND, K_PAYLOAD, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS};
-    const char *s[5];
-    size_t len[5], bytes = sizeof(pgjobq_ctx);
-    pgjobq_ctx *ctx;
-    char *p;
+    pgjobq_ctx *ctx = calloc(1, sizeof(pgjobq_ctx) + pgjobq__claimed_size(r, row));
 
-    for (int k = 0; k < 5; k++) {
-        s[k] = pgjobq__get_text(r, row, text_cols[k], &len[k]);
-        if (s[k])
-            bytes += len[k] + 1;
-    }
-    ctx = calloc(1, bytes);
     if (ctx == NULL)
         return NULL;
-    p = (char *)(ctx + 1);
-    const char **dst[5] = {&ctx->job.kind, &ctx->job.payload, &ctx->job.unique_key, &ctx->job.last_error,
-                           &ctx->job.parents};
-    for (int k = 0; k < 5; k++) {
-        if (s[k] == NULL)
-            continue;
-        memcpy(p, s[k], len[k]);
-        p[len[k]] = '\0';
-        *dst[k] = p;
-        p += len[k] + 1;
-    }
-    ctx->job.id = pgjobq__get_int8(r, row, K_ID);
+    pgjobq__claimed_read(r, row, &ctx->job, (char *)(ctx + 1));
     ctx->job.queue = q->name;
-    ctx->job.priority = pgjobq__get_int2(r, row, K_PRIORITY);
-    ctx->job.state = PGJOBQ_RUNNING;
-    ctx->job.attempt = pgjobq__get_int4(r, row, K_ATTEMPT);
-    ctx->job.max_attempts = pgjobq__get_int4(r, row, K_MAX_ATTEMPTS);
-    ctx->job.lease_token = pgjobq__get_int8(r, row, K_TOKEN);
-    ctx->job.run_at = pgjobq__get_time(r, row, K_RUN_AT);
-    ctx->job.created_at = pgjobq__get_time(r, row, K_CREATED_AT);
-    ctx->job.started_at = pgjobq__get_time(r, row, K_STARTED_AT);
-    ctx->job.finished_at = PGJOBQ_TIME_NONE;
-    ctx->job.lease_until = pgjobq__get_time(r, row, K_LEASE_UNTIL);
     ctx->job.worker_id = w->worker_id;
     ctx->q = q;
     ctx->retry_delay_ms = PGJOBQ_BACKOFF;
@@ -1049,7 +1046,7 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
         values[4 + k] = a[k].buf.data;
         lengths[4 + k] = (int)a[k].buf.len;
     }
-    if (pgjobq__aconn_send(&w->conn[C_CLAIM], S_CLAIM, values, lengths, formats, 1, now) != 0)
+    if (send_stmt(w, S_CLAIM, values, lengths, formats, 1, now) != 0)
         goto out;
     atomic_fetch_add(&w->st_claims, 1);
     request *rq = &w->req[C_CLAIM];
@@ -1084,8 +1081,8 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
     if (what == NULL)
         return;
     if (len == 9 && memcmp(what, "exhausted", 9) == 0) {
-        if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, K_PRIORITY))
-            m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, K_PRIORITY);
+        if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, PGJOBQ__K_PRIORITY))
+            m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, PGJOBQ__K_PRIORITY);
     } else if (len == 4 && memcmp(what, "tick", 4) == 0) {
         m->cap_us = pgjobq__get_time(r, row, K_CAP);
         if (!PQgetisnull(r, row, K_KEY) && !PQgetisnull(r, row, K_TICK_XID))
@@ -1120,7 +1117,7 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
     rows = PQntuples(r);
     claimed = rows > 0 ? malloc((size_t)rows * sizeof *claimed) : NULL;
     for (int row = 0; row < rows; row++) {
-        if (PQgetisnull(r, row, K_ID)) {
+        if (PQgetisnull(r, row, PGJOBQ__K_ID)) {
             read_meta(w, r, row, &meta);
             continue;
         }
@@ -1128,7 +1125,7 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
         if (ctx == NULL || running_add(w, ctx) != 0) {
             /* Out of memory: the job's lease will expire and it will run elsewhere. */
             wlog(w, PGJOBQ_LOG_ERROR, "out of memory dispatching job %lld",
-                 (long long)pgjobq__get_int8(r, row, K_ID));
+                 (long long)pgjobq__get_int8(r, row, PGJOBQ__K_ID));
             pgjobq__ctx_free(ctx);
             continue;
         }
@@ -1219,7 +1216,7 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
     if (!pgjobq__aconn_idle(ac))
         return;
     if (!w->o.poll_only && w->need_listen) {
-        if (pgjobq__aconn_send_simple(ac, "LISTEN pgjobq", now) == 0) {
+        if (pgjobq__aconn_send_simple(ac, LISTEN_SQL, now) == 0) {
             rq->kind = R_LISTEN;
             w->need_listen = 0;
             for (int i = 0; i < w->nqueues; i++)
@@ -1229,8 +1226,7 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
     }
     if (!w->o.poll_only && now >= w->listen_check_ms) {
         w->listen_check_ms = now + LISTEN_CHECK_MS;
-        if (pgjobq__aconn_send_simple(ac, "SELECT 1 FROM pg_catalog.pg_listening_channels() c WHERE c = 'pgjobq'",
-                                      now) == 0)
+        if (pgjobq__aconn_send_simple(ac, LISTEN_CHECK_SQL, now) == 0)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
@@ -1271,22 +1267,22 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
             snprintf(since, sizeof since, "%lld", (long long)w->rescue_since_us);
             values[0] = since;
         }
-        if (pgjobq__aconn_send(ac, S_RESCUE, values, NULL, NULL, 0, now) == 0) {
+        if (send_stmt(w, S_RESCUE, values, NULL, NULL, 0, now) == 0) {
             rq->kind = R_RESCUE;
             if (values[0] == NULL)
                 w->next_full_rescue_ms = now + RESCUE_FULL_EVERY_MS;
         }
     } else if (now >= w->next_tick_ms) {
         w->next_tick_ms = now + TICK_EVERY_MS;
-        if (pgjobq__aconn_send(ac, S_TICK, NULL, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, S_TICK, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_TICK;
     } else if (now >= w->next_health_ms) {
         w->next_health_ms = now + HEALTH_EVERY_MS;
-        if (pgjobq__aconn_send(ac, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_HEALTH;
     } else if (now >= w->next_prune_ms) {
         const char *values[2] = {w->completed_s[0] ? w->completed_s : NULL, w->failed_s[0] ? w->failed_s : NULL};
-        if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, S_PRUNE, values, NULL, NULL, 0, now) == 0)
             rq->kind = R_PRUNE;
     }
 }
@@ -1646,8 +1642,6 @@ static void server_notice(void *arg, const char *message)
 static void init_connections(pgjobq_worker *w)
 {
     static const char *const names[NCONN] = {"claim", "write", "maintenance"};
-    static const pgjobq__stmtdef *const stmts[NCONN] = {claim_stmts, write_stmts, maint_stmts};
-    static const int nstmts[NCONN] = {NCLAIM_STMTS, NWRITE_STMTS, NMAINT_STMTS};
 
     for (int c = 0; c < NCONN; c++) {
         pgjobq__aconn *ac = &w->conn[c];
@@ -1655,8 +1649,8 @@ static void init_connections(pgjobq_worker *w)
         ac->name = names[c];
         ac->conninfo = w->conninfo;
         ac->setup_sql = c == C_CLAIM && !w->o.poll_only ? setup_listen : setup_plain;
-        ac->stmts = stmts[c];
-        ac->nstmts = nstmts[c];
+        ac->stmts = &stmts[conn_stmts[c].first];
+        ac->nstmts = conn_stmts[c].n;
         /* PgBouncer in transaction mode (poll-only) hands each transaction to any server connection:
          * named prepared statements would not be there. */
         ac->prepare = !w->o.poll_only;
