@@ -266,32 +266,6 @@ static int spec_needs_graph(const pgjobq_job_spec *j)
     return j->opts.after != NULL || j->opts.tags != NULL;
 }
 
-/* Appends s as a JSON string (s is valid UTF-8). */
-static void json_string(pgjobq__buf *b, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    pgjobq__buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            pgjobq__buf_put(b, esc, 2);
-        } else if (*p < 0x20) {
-            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
-            pgjobq__buf_put(b, esc, 6);
-        } else {
-            pgjobq__buf_put(b, p, 1);
-        }
-    }
-    pgjobq__buf_put(b, "\"", 1);
-}
-
-static void json_key(pgjobq__buf *b, const char *key)
-{
-    pgjobq__buf_put(b, ",", 1);
-    json_string(b, key);
-    pgjobq__buf_put(b, ":", 1);
-}
-
 /* The jobs as the graph pgjobq.enqueue_graph takes (checked by check_spec). */
 static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n)
 {
@@ -303,48 +277,48 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
         pgjobq__buf_put(b, i ? ",{\"payload\":" : "{\"payload\":", i ? 12 : 11);
         pgjobq__buf_put(b, payload, strlen(payload));
         if (o->queue) {
-            json_key(b, "queue");
-            json_string(b, o->queue);
+            pgjobq__json_key(b, "queue");
+            pgjobq__json_string(b, o->queue);
         }
         if (o->kind) {
-            json_key(b, "kind");
-            json_string(b, o->kind);
+            pgjobq__json_key(b, "kind");
+            pgjobq__json_string(b, o->kind);
         }
-        json_key(b, "priority");
+        pgjobq__json_key(b, "priority");
         pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->priority));
         if (o->max_attempts) {
-            json_key(b, "max_attempts");
+            pgjobq__json_key(b, "max_attempts");
             pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->max_attempts));
         }
         if (o->concurrency_key) {
-            json_key(b, "concurrency_key");
-            json_string(b, o->concurrency_key);
+            pgjobq__json_key(b, "concurrency_key");
+            pgjobq__json_string(b, o->concurrency_key);
         }
         if (o->run_at) {
-            json_key(b, "run_at");
-            json_string(b, o->run_at);
+            pgjobq__json_key(b, "run_at");
+            pgjobq__json_string(b, o->run_at);
         } else if (o->delay_ms) {
-            json_key(b, "delay");
+            pgjobq__json_key(b, "delay");
             pgjobq__buf_put(b, num,
                             (size_t)snprintf(num, sizeof num, "%lld.%03lld", (long long)(o->delay_ms / 1000),
                                              (long long)(o->delay_ms % 1000)));
         }
         if (o->tags) {
-            json_key(b, "tags");
+            pgjobq__json_key(b, "tags");
             for (size_t k = 0; o->tags[k]; k++) {
                 pgjobq__buf_put(b, k ? "," : "[", 1);
-                json_string(b, o->tags[k]);
+                pgjobq__json_string(b, o->tags[k]);
             }
             pgjobq__buf_put(b, "]", 1);
         }
         if (o->after) {
-            json_key(b, "after");
+            pgjobq__json_key(b, "after");
             for (size_t k = 0; o->after[k]; k++)
                 pgjobq__buf_put(b, num,
                                 (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "[", (long long)o->after[k]));
             pgjobq__buf_put(b, "]", 1);
-            json_key(b, "on_parent_failure");
-            json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
+            pgjobq__json_key(b, "on_parent_failure");
+            pgjobq__json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
         }
         pgjobq__buf_put(b, "}", 1);
     }

@@ -188,8 +188,12 @@ typedef enum pgjobq__outcome {
 } pgjobq__outcome;
 pgjobq__outcome pgjobq__outcome_parse(const char *s, size_t len);
 
-/* json.c */
+/* json.c: the library's JSON, read (checked) and written */
 int pgjobq__json_check(const char *s, size_t n, char *why, size_t why_size);
+/* Appends s, valid UTF-8, to b as a JSON string (quotes, backslashes and control characters escaped). */
+void pgjobq__json_string(pgjobq__buf *b, const char *s);
+/* Appends the key of an object's member that follows another: ,"key": */
+void pgjobq__json_key(pgjobq__buf *b, const char *key);
 /* Copies s[0..n) into a new string that is valid UTF-8 (bad sequences become U+FFFD), has no NUL
  * bytes, and is at most cap bytes (cut on a character boundary).  keep_tail keeps the end instead of
  * the start.  Returns NULL on OOM. */
