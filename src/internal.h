@@ -75,6 +75,8 @@ size_t pgjobq__redact(char *buf, size_t size, const char *msg, size_t msg_len, c
 
 /* client.c */
 int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms);
+
+/* exec.c: running statements */
 /* The one way the library runs a statement on a client: PGJOBQ_OK with the result in *out (the caller
  * clears it), or the error, set on c.  An owned connection that broke is made again first; outside a
  * transaction, a serialization failure or deadlock is run again (PGJOBQ__CONFLICT_RETRIES). */
@@ -86,12 +88,21 @@ int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresu
 /* Rolls back the transaction open on the client's connection, if any, keeping the client's error: what
  * a failed step of the library's own transaction ends with. */
 void pgjobq__rollback_quietly(pgjobq_client *c);
-int pgjobq__require_schema(pgjobq_client *c);
-/* Sets the client's message to prefix and libpq's connection error, redacted, and returns code. */
+/* The session settings of a connection the client owns, after every (re)connect. */
+int pgjobq__session_setup(pgjobq_client *c);
+/* Sets the client's message to prefix and libpq's connection error, with every password redacted
+ * (conninfo: the string the connection was opened with, when at hand; may be NULL). */
+void pgjobq__conn_error(pgjobq_client *c, const char *prefix, const char *conninfo);
+/* pgjobq__conn_error without a conninfo, returning code. */
 int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix);
 
-/* migrate.c */
+/* schema.c: the database's schema version */
+/* Reads it, and (needs, may be NULL) the oldest library schema version that can use the database. */
+int pgjobq__read_version(pgjobq_client *c, int *version, int *needs);
+/* Reads it and records on c whether this library can use the database (an error when not). */
 int pgjobq__check_schema(pgjobq_client *c);
+/* PGJOBQ_OK when the last check found a usable schema, else PGJOBQ_ESCHEMA with the reason. */
+int pgjobq__require_schema(pgjobq_client *c);
 
 /* Whether this library can use a database at schema `version` whose migrations need library schema
  * `needs` or later.  Newer compatible schemas are accepted, so that a
