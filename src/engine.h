@@ -303,7 +303,7 @@ struct pgjobq_ctx {
 };
 
 typedef struct pgjobq__queue {
-    struct pgjobq_worker *w;
+    struct pgjobq__pool *pool; /* whose mailbox its ended jobs go to */
     char name[PGJOBQ_NAME_MAX + 1];
     int concurrency;
     pgjobq__handler handlers[PGJOBQ__MAX_HANDLERS];
@@ -330,10 +330,28 @@ typedef struct pgjobq__queue {
     pgjobq__cursor cursor;
 } pgjobq__queue;
 
-/* Starts each queue's threads; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
-int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
+/* The pool's side of a worker: where its threads hand ended jobs back.  The mailbox is a list, taken
+ * whole by the engine (pgjobq__pool_collect); a job that arrives in an empty mailbox calls the wakeup
+ * registered at pgjobq__pool_init, so one wakeup covers a batch.  The pool knows nothing of the engine
+ * beyond these. */
+typedef struct pgjobq__pool {
+    const char *worker_id;   /* for messages */
+    void (*wake)(void *arg); /* called, from a handler thread, when a job arrives in an empty mailbox */
+    void *wake_arg;
+    pthread_mutex_t mu;
+    pgjobq_ctx *done;        /* the mailbox: jobs ended, newest first */
+} pgjobq__pool;
+
+/* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages. */
+void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg);
+/* Releases what pgjobq__pool_init set up; after pgjobq__pool_stop and the last collect. */
+void pgjobq__pool_destroy(pgjobq__pool *pool);
+/* Starts each queue's threads, handing ended jobs to pool; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
+int pgjobq__pool_start(pgjobq__pool *pool, pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
 /* Stops and joins every thread; jobs still on a list are left there for the caller. */
 void pgjobq__pool_stop(pgjobq__queue *queues, int nqueues);
+/* Takes the jobs in the mailbox, as a chain (newest first); NULL when none. */
+pgjobq_ctx *pgjobq__pool_collect(pgjobq__pool *pool);
 /* Appends a chain of jobs to a queue's list and wakes one thread. */
 void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last);
 /* Takes the jobs waiting on a queue's list (not started), as a chain; NULL when none. */
@@ -345,11 +363,6 @@ int pgjobq__pool_help(pgjobq__queue *queues, int nqueues);
 void pgjobq__ctx_free(pgjobq_ctx *ctx);
 /* Asks a handler to stop, keeping the first reason given. */
 void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why);
-
-/* worker.c, called from the handler threads: hands a finished job back to the engine. */
-void pgjobq__worker_done(struct pgjobq_worker *w, pgjobq_ctx *ctx);
-/* worker.c: the worker's id, for messages from the pool. */
-const char *pgjobq__worker_id(const struct pgjobq_worker *w);
 
 /* A monotonic clock in milliseconds. */
 int64_t pgjobq__mono_ms(void);

@@ -196,9 +196,8 @@ struct pgjobq_worker {
     _Atomic int stop_requests;
     int wake_pipe[2];
 
-    /* Outcomes from handler threads. */
-    pthread_mutex_t done_mu;
-    pgjobq_ctx *done_head;
+    /* The handler threads, and the mailbox they hand outcomes back through. */
+    pgjobq__pool pool;
 
     /* Engine state. */
     pgjobq__aconn conn[NCONN];
@@ -288,9 +287,10 @@ static int batch_add(batch *b, pgjobq_ctx *ctx)
     return 0;
 }
 
-const char *pgjobq__worker_id(const pgjobq_worker *w)
+/* The pool's wakeup: a job arrived in its empty mailbox. */
+static void pool_wake(void *arg)
 {
-    return w->worker_id;
+    wake(arg);
 }
 
 /* How long a connection of the worker waits for an unanswered network before giving up: well inside
@@ -404,7 +404,6 @@ int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, const char *kind, 
             return werr(w, PGJOBQ_EINVAL, "at most %d queues per worker", PGJOBQ__MAX_QUEUES);
         q = &w->queues[w->nqueues++];
         memset(q, 0, sizeof *q);
-        q->w = w;
         snprintf(q->name, sizeof q->name, "%s", queue);
         q->concurrency = concurrency;
     } else if (q->concurrency != concurrency) {
@@ -512,19 +511,6 @@ static pgjobq_ctx *running_find(pgjobq_worker *w, int64_t id)
         if (w->running[i]->job.id == id)
             return w->running[i];
     return NULL;
-}
-
-void pgjobq__worker_done(pgjobq_worker *w, pgjobq_ctx *ctx)
-{
-    int was_empty;
-    pthread_mutex_lock(&w->done_mu);
-    was_empty = w->done_head == NULL;
-    ctx->next = w->done_head;
-    w->done_head = ctx;
-    pthread_mutex_unlock(&w->done_mu);
-    /* The engine drains the whole list when it wakes: one wakeup per batch is enough. */
-    if (was_empty)
-        wake(w);
 }
 
 /* Queues a job's outcome for writing (or drops the job when there is nothing to write). */
@@ -663,12 +649,8 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
 
 static void phase_collect(pgjobq_worker *w, int64_t now)
 {
-    pgjobq_ctx *list;
+    pgjobq_ctx *list = pgjobq__pool_collect(&w->pool);
 
-    pthread_mutex_lock(&w->done_mu);
-    list = w->done_head;
-    w->done_head = NULL;
-    pthread_mutex_unlock(&w->done_mu);
     while (list) {
         pgjobq_ctx *ctx = list;
         list = ctx->next;
@@ -1749,7 +1731,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
         if (fcntl(w->wake_pipe[k], F_SETFL, O_NONBLOCK) != 0 || fcntl(w->wake_pipe[k], F_SETFD, FD_CLOEXEC) != 0)
             return werr(w, PGJOBQ_ENOMEM, "fcntl: %s", strerror(errno));
     }
-    pthread_mutex_init(&w->done_mu, NULL);
+    pgjobq__pool_init(&w->pool, w->worker_id, pool_wake, w);
     for (int i = 0; i < w->nqueues; i++) {
         pgjobq__queue *q = &w->queues[i];
         pthread_mutex_init(&q->mu, NULL);
@@ -1759,7 +1741,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
         q->timeout_ms = w->o.timeout_ms;
     }
     init_connections(w);
-    if ((rc = pgjobq__pool_start(w->queues, w->nqueues, err, sizeof err)) != PGJOBQ_OK) {
+    if ((rc = pgjobq__pool_start(&w->pool, w->queues, w->nqueues, err, sizeof err)) != PGJOBQ_OK) {
         werr(w, rc, "%s", err);
         goto done;
     }
@@ -1820,7 +1802,7 @@ done:
         pthread_mutex_destroy(&w->queues[i].mu);
         pthread_cond_destroy(&w->queues[i].cv);
     }
-    pthread_mutex_destroy(&w->done_mu);
+    pgjobq__pool_destroy(&w->pool);
     wlog(w, PGJOBQ_LOG_INFO, "worker %s stopped", w->worker_id);
     return rc;
 }
