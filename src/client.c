@@ -1,6 +1,6 @@
 /*
- * client.c - the client handle: connecting, wrapping a caller's connection, running statements with
- * bounded retries of serialization failures and deadlocks, and routing libpq notices to the log.
+ * client.c - the client handle: connecting, wrapping a caller's connection, its transactions, and
+ * routing libpq notices to the log.  Statements run through exec.c; the schema check is schema.c's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,50 +23,6 @@ static pgjobq_client *client_new(void)
 {
     pgjobq_client *c = calloc(1, sizeof *c);
     return c;
-}
-
-/* Copies libpq's message (which ends in a newline) without the newline, after prefix, with every
- * password redacted: libpq's errors about a connection string quote it, whole or in part.  conninfo is
- * the string the connection was opened with, when it is at hand (the connection's own options are
- * looked at too).  Redacted before it is cut to fit, so that no cut can leave part of a password. */
-static void set_conn_error(pgjobq_client *c, const char *prefix, const char *conninfo)
-{
-    const char *m = c->conn ? PQerrorMessage(c->conn) : "out of memory";
-    size_t n = strlen(m);
-    int k;
-
-    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
-        n--;
-    k = snprintf(c->errmsg, sizeof c->errmsg, "%s: ", prefix);
-    if (k < 0 || (size_t)k >= sizeof c->errmsg)
-        return;
-    pgjobq__redact(c->errmsg + k, sizeof c->errmsg - (size_t)k, m, n, conninfo, c->conn);
-}
-
-int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix)
-{
-    set_conn_error(c, prefix, NULL);
-    return code;
-}
-
-/*
- * Session settings for a connection the client owns, after every (re)connect.  Queue transitions are
- * single statements whose correctness comes from row locks and SKIP LOCKED, designed for READ
- * COMMITTED; under a database-wide SERIALIZABLE default, SSI's predicate locks would make concurrent
- * claims fail with 40001 over and over.  SET rather than the `options` keyword, so that options in
- * the caller's conninfo are kept.
- */
-static int session_setup(pgjobq_client *c)
-{
-    PGresult *r = PQexec(c->conn, "SET default_transaction_isolation = 'read committed'");
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-
-    PQclear(r);
-    if (!ok) {
-        set_conn_error(c, "connect: setting up the session", NULL);
-        return PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN;
-    }
-    return PGJOBQ_OK;
 }
 
 int pgjobq_client_open(pgjobq_client **out, const char *conninfo)
@@ -107,10 +63,10 @@ int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64
     if (c->conn == NULL)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "connect: out of memory");
     if (PQstatus(c->conn) != CONNECTION_OK) {
-        set_conn_error(c, "connect", conninfo);
+        pgjobq__conn_error(c, "connect", conninfo);
         return PGJOBQ_ECONN;
     }
-    int rc = session_setup(c);
+    int rc = pgjobq__session_setup(c);
     if (rc != PGJOBQ_OK)
         return rc;
     return pgjobq__check_schema(c);
@@ -130,7 +86,7 @@ int pgjobq_client_wrap(pgjobq_client **out, struct pg_conn *conn)
     c->conn = conn;
     c->owned = 0;
     if (PQstatus(conn) != CONNECTION_OK) {
-        set_conn_error(c, "wrap", NULL);
+        pgjobq__conn_error(c, "wrap", NULL);
         return PGJOBQ_ECONN;
     }
     return pgjobq__check_schema(c);
@@ -175,138 +131,6 @@ void pgjobq_client_set_log(pgjobq_client *c, pgjobq_log_fn fn, void *arg)
     }
 }
 
-/* Opens an owned connection again and sets its session up; PGJOBQ_OK or the error, set on c. */
-static int reconnect(pgjobq_client *c, const char *what)
-{
-    PQreset(c->conn);
-    if (PQstatus(c->conn) != CONNECTION_OK) {
-        set_conn_error(c, what, NULL);
-        return PGJOBQ_ECONN;
-    }
-    return session_setup(c);
-}
-
-/* A short random pause before re-running a statement that lost a serialization conflict, so that the
- * contenders do not collide again in lockstep: up to 1, 2, 4 ... 32 ms. */
-static void conflict_pause(unsigned attempt)
-{
-    static _Thread_local unsigned seed;
-    struct timespec ts;
-    long max_us = 1000L << (attempt < 5 ? attempt : 5);
-
-    if (seed == 0)
-        seed = (unsigned)time(NULL) ^ (unsigned)(uintptr_t)&ts;
-    seed = seed * 1103515245u + 12345u;
-    long us = (long)((seed >> 8) % (unsigned long)max_us);
-    ts.tv_sec = 0;
-    ts.tv_nsec = us * 1000L;
-    nanosleep(&ts, NULL);
-}
-
-static void set_result_error(pgjobq_client *c, const char *what, const PGresult *r)
-{
-    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-    const char *hint = PQresultErrorField(r, PG_DIAG_MESSAGE_HINT);
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-
-    if (primary == NULL)
-        primary = PQresultErrorMessage(r);
-    snprintf(c->errmsg, sizeof c->errmsg, "%s: %s%s%s (SQLSTATE %s)", what, primary, hint ? "; " : "", hint ? hint : "",
-             state ? state : "?");
-}
-
-int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
-{
-    int in_tx;
-
-    *out = NULL;
-    pgjobq__clearerr(c);
-    if (c->conn == NULL)
-        return pgjobq__seterr(c, PGJOBQ_ECONN, "%s: no connection", st->what);
-    if (PQstatus(c->conn) != CONNECTION_OK) {
-        /* An owned connection that broke earlier is re-established once, here, so that a caller who
-         * saw PGJOBQ_ECONN can simply try again.  A borrowed connection is the caller's to reset. */
-        if (!c->owned) {
-            set_conn_error(c, st->what, NULL);
-            return PGJOBQ_ECONN;
-        }
-        int rc = reconnect(c, st->what);
-        if (rc != PGJOBQ_OK)
-            return rc;
-        pgjobq__log(c, PGJOBQ_LOG_INFO, "reconnected to the database");
-    }
-    /* Inside the caller's transaction a failed statement has aborted the whole transaction, so only
-     * the caller can retry; on our own (idle) connection the statement was its own transaction. */
-    in_tx = PQtransactionStatus(c->conn) != PQTRANS_IDLE;
-
-    int reset_read_only = 0;
-    for (unsigned attempt = 0;; attempt++) {
-        PGresult *r = PQexecParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
-                                   st->binary_result);
-        ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
-        const char *state;
-        int code;
-
-        if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK) {
-            *out = r;
-            return PGJOBQ_OK;
-        }
-        if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
-            PQclear(r);
-            set_conn_error(c, st->what, NULL);
-            return PGJOBQ_ECONN;
-        }
-        state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-        code = pgjobq__code_from_sqlstate(state);
-        /* A read-only server (a standby reached by mistake, or a primary demoted under a live session):
-         * our own idle connection is dropped and made again once, which with a multi-host URL and
-         * target_session_attrs=read-write reaches the primary. */
-        if (state && strcmp(state, "25006") == 0 && c->owned && !in_tx && !reset_read_only) {
-            const char *host = PQhost(c->conn), *port = PQport(c->conn);
-            pgjobq__log(c, PGJOBQ_LOG_WARN, "%s: the server at %s:%s is read-only; connecting again", st->what,
-                        host ? host : "?", port ? port : "?");
-            PQclear(r);
-            reset_read_only = 1;
-            int rc = reconnect(c, st->what);
-            if (rc != PGJOBQ_OK)
-                return rc;
-            continue;
-        }
-        if (code == PGJOBQ_ECONFLICT && !in_tx && attempt < PGJOBQ__CONFLICT_RETRIES) {
-            pgjobq__log(c, PGJOBQ_LOG_DEBUG, "%s: SQLSTATE %s, running it again (retry %u)", st->what, state,
-                        attempt + 1);
-            c->conflict_retries++;
-            PQclear(r);
-            conflict_pause(attempt);
-            continue;
-        }
-        set_result_error(c, st->what, r);
-        if (state && strcmp(state, "25006") == 0) {
-            size_t n = strlen(c->errmsg);
-            snprintf(c->errmsg + n, sizeof c->errmsg - n,
-                     "; the server is read-only (a standby?): use a URL that reaches the primary, e.g. with"
-                     " target_session_attrs=read-write");
-        }
-        snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
-        PQclear(r);
-        return code;
-    }
-}
-
-int pgjobq__require_schema(pgjobq_client *c)
-{
-    if (c->schema_state == 1)
-        return PGJOBQ_OK;
-    if (c->schema_state == -1)
-        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
-                              "the database's pgjobq schema is newer than this library (version %d): "
-                              "upgrade pgjobq",
-                              PGJOBQ_SCHEMA_VERSION);
-    return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
-                          "the pgjobq schema is not installed or is out of date: "
-                          "run `pgjobq migrate` (or pgjobq_migrate())");
-}
-
 /* Runs BEGIN, COMMIT or ROLLBACK; `want_idle` is whether the connection must be outside a transaction. */
 static int tx_command(pgjobq_client *c, const char *sql, int want_idle)
 {
@@ -324,13 +148,9 @@ static int tx_command(pgjobq_client *c, const char *sql, int want_idle)
     if (idle != want_idle)
         return pgjobq__seterr(c, PGJOBQ_ESTATE, "%s: %s", sql,
                               idle ? "no transaction is open" : "a transaction is already open");
-    r = PQexec(c->conn, sql);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        int lost = PQstatus(c->conn) != CONNECTION_OK;
-        set_conn_error(c, sql, NULL);
-        PQclear(r);
-        return lost ? PGJOBQ_ECONN : PGJOBQ_EDB;
-    }
+    int rc = pgjobq__exec_sql(c, sql, sql, &r);
+    if (rc != PGJOBQ_OK)
+        return rc;
     /* COMMIT of a failed transaction succeeds as a command but reports ROLLBACK. */
     int rolled_back = strcmp(sql, "COMMIT") == 0 && strcmp(PQcmdStatus(r), "ROLLBACK") == 0;
     PQclear(r);

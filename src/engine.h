@@ -1,6 +1,7 @@
 /*
  * engine.h - what the worker's files share: the policy (policy.c), asynchronous connections
- * (aconn.c), the handler pool (pool.c) and the engine loop (worker.c).  Not installed, not API.
+ * (aconn.c), the handler pool (pool.c), the worker's public functions (worker_api.c), its statements
+ * (worker_sql.c) and the engine loop (worker.c).  Not installed, not API.
  *
  * The shape of a worker:
  *
@@ -303,7 +304,7 @@ struct pgjobq_ctx {
 };
 
 typedef struct pgjobq__queue {
-    struct pgjobq_worker *w;
+    struct pgjobq__pool *pool; /* whose mailbox its ended jobs go to */
     char name[PGJOBQ_NAME_MAX + 1];
     int concurrency;
     pgjobq__handler handlers[PGJOBQ__MAX_HANDLERS];
@@ -330,10 +331,28 @@ typedef struct pgjobq__queue {
     pgjobq__cursor cursor;
 } pgjobq__queue;
 
-/* Starts each queue's threads; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
-int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
+/* The pool's side of a worker: where its threads hand ended jobs back.  The mailbox is a list, taken
+ * whole by the engine (pgjobq__pool_collect); a job that arrives in an empty mailbox calls the wakeup
+ * registered at pgjobq__pool_init, so one wakeup covers a batch.  The pool knows nothing of the engine
+ * beyond these. */
+typedef struct pgjobq__pool {
+    const char *worker_id;   /* for messages */
+    void (*wake)(void *arg); /* called, from a handler thread, when a job arrives in an empty mailbox */
+    void *wake_arg;
+    pthread_mutex_t mu;
+    pgjobq_ctx *done;        /* the mailbox: jobs ended, newest first */
+} pgjobq__pool;
+
+/* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages. */
+void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg);
+/* Releases what pgjobq__pool_init set up; after pgjobq__pool_stop and the last collect. */
+void pgjobq__pool_destroy(pgjobq__pool *pool);
+/* Starts each queue's threads, handing ended jobs to pool; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
+int pgjobq__pool_start(pgjobq__pool *pool, pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
 /* Stops and joins every thread; jobs still on a list are left there for the caller. */
 void pgjobq__pool_stop(pgjobq__queue *queues, int nqueues);
+/* Takes the jobs in the mailbox, as a chain (newest first); NULL when none. */
+pgjobq_ctx *pgjobq__pool_collect(pgjobq__pool *pool);
 /* Appends a chain of jobs to a queue's list and wakes one thread. */
 void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last);
 /* Takes the jobs waiting on a queue's list (not started), as a chain; NULL when none. */
@@ -346,12 +365,130 @@ void pgjobq__ctx_free(pgjobq_ctx *ctx);
 /* Asks a handler to stop, keeping the first reason given. */
 void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why);
 
-/* worker.c, called from the handler threads: hands a finished job back to the engine. */
-void pgjobq__worker_done(struct pgjobq_worker *w, pgjobq_ctx *ctx);
-/* worker.c: the worker's id, for messages from the pool. */
-const char *pgjobq__worker_id(const struct pgjobq_worker *w);
-
 /* A monotonic clock in milliseconds. */
 int64_t pgjobq__mono_ms(void);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The worker: worker_api.c (its public functions and their checks), worker_sql.c (its statements)  */
+/* and worker.c (the engine loop)                                                                    */
+
+/* The worker's connections. */
+enum { PGJOBQ__C_CLAIM, PGJOBQ__C_WRITE, PGJOBQ__C_MAINT, PGJOBQ__NCONN };
+
+/* worker_sql.c: every statement the engine prepares and sends, in one table (pgjobq__worker_stmts),
+ * grouped by the connection that carries it: the claim connection's, the write connection's, then the
+ * maintenance connection's (pgjobq__worker_conn_stmts: each connection prepares its own). */
+enum {
+    PGJOBQ__S_CLAIM,
+    /* The kinds of write the engine batches, in the order it writes them (PGJOBQ__W_*), then the
+     * heartbeat and the registry's beat. */
+    PGJOBQ__S_COMPLETE,
+    PGJOBQ__S_FAIL,
+    PGJOBQ__S_RELEASE,
+    PGJOBQ__S_CANCEL,
+    PGJOBQ__S_EXTEND,
+    PGJOBQ__S_BEAT,
+    PGJOBQ__S_RESCUE,
+    PGJOBQ__S_PRUNE,
+    PGJOBQ__S_TICK,
+    PGJOBQ__S_HEALTH,
+    PGJOBQ__NSTMTS
+};
+enum { PGJOBQ__W_COMPLETE, PGJOBQ__W_FAIL, PGJOBQ__W_RELEASE, PGJOBQ__W_CANCEL, PGJOBQ__W_KINDS };
+#define PGJOBQ__WRITE_STMT(kind) (PGJOBQ__S_COMPLETE + (kind))
+/* The claim's columns after the claimed job's (PGJOBQ__K_ID ...). */
+enum { PGJOBQ__K_KEY = PGJOBQ__K_NCOLS, PGJOBQ__K_META, PGJOBQ__K_CAP, PGJOBQ__K_TICK_XID, PGJOBQ__K_NEXT_DUE,
+       PGJOBQ__K_LIMITED, PGJOBQ__K_CLAIM_NCOLS };
+typedef struct pgjobq__stmt_range {
+    int first, n;
+} pgjobq__stmt_range;
+extern const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS];
+extern const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN];
+extern const char *const pgjobq__worker_write_what[PGJOBQ__W_KINDS]; /* "complete" ...: for the log */
+extern const char pgjobq__worker_listen_sql[];       /* the claim connection's LISTEN */
+extern const char pgjobq__worker_listen_check_sql[]; /* whether it still listens */
+extern const char pgjobq__worker_setup_plain[];      /* session setup and the schema check (last) */
+extern const char pgjobq__worker_setup_listen[];     /* the same, listening */
+
+/* Jobs, in a growing array. */
+typedef struct pgjobq__batch {
+    pgjobq_ctx **items;
+    size_t n, cap;
+} pgjobq__batch;
+
+/* The statement a connection carries, and what the engine must remember about it (kind: worker.c's
+ * R_*). */
+typedef struct pgjobq__request {
+    int kind;
+    int queue;      /* claim, next due */
+    int want;       /* claim */
+    int from_cursor; /* claim */
+    int woken;       /* claim: made because the queue was woken */
+    int wkind;      /* write: PGJOBQ__W_* */
+    pgjobq__batch items;    /* write: the jobs it writes, owned until its result */
+    int64_t sent_ms;
+} pgjobq__request;
+
+/* A worker: what worker_api.c configures and worker.c runs. */
+struct pgjobq_worker {
+    char *conninfo;
+    char worker_id[256];
+    pgjobq_worker_opts o;
+    pgjobq__queue queues[PGJOBQ__MAX_QUEUES];
+    int nqueues;
+    char errmsg[512];
+    int ran;
+
+    /* Stop requests (signal-safe). */
+    _Atomic int stop_requests;
+    int wake_pipe[2];
+
+    /* The handler threads, and the mailbox they hand outcomes back through. */
+    pgjobq__pool pool;
+
+    /* Engine state. */
+    pgjobq__aconn conn[PGJOBQ__NCONN];
+    pgjobq__request req[PGJOBQ__NCONN];
+    int was_ready[PGJOBQ__NCONN];
+    int ever_ready[PGJOBQ__NCONN];
+    int failed_connects[PGJOBQ__NCONN];    /* connection attempts failed since it was last ready */
+    int64_t down_since_ms[PGJOBQ__NCONN];  /* when it was lost (or first failed); 0 while up */
+    int64_t next_down_warn_ms[PGJOBQ__NCONN];
+    pgjobq__batch pending[PGJOBQ__W_KINDS];
+    int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
+    pgjobq_ctx **running;     /* every claimed job not yet written or given up */
+    size_t nrunning, caprunning;
+    int stopping, handed_back, fatal, exit_rc;
+    int64_t shutdown_at_ms;
+    int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
+    int64_t next_health_ms;
+    int64_t next_beat_ms;
+    int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
+    int64_t next_full_rescue_ms;
+    char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
+    char secret_s[24];                         /* random, drawn at start: its row of pgjobq.workers is its own */
+    int registered;                            /* a beat had the id (or failed for another reason): claims may start */
+    int64_t id_refused_ms;                     /* when a beat first found the id in use by a live worker; 0: never */
+    int need_listen;
+    int claim_rr; /* round-robin start among queues */
+    pgjobq__ticks ticks; /* the latest claims' ticks (cursor.c) */
+    char lease_s[48], completed_s[48], failed_s[48]; /* the retention: "" for the database's */
+
+    /* Statistics. */
+    _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
+        st_running, st_claims, st_rescued, st_writes;
+    _Atomic int st_connected; /* connections ready now */
+
+    /* Failed attempts in the log: at most FAIL_LOG_MAX lines a FAIL_LOG_WINDOW_MS (engine thread). */
+    int64_t faillog_window_ms;
+    int faillog_lines;
+    int64_t faillog_dropped;
+};
+
+/* worker_api.c */
+/* Sets the worker's message and returns code. */
+int pgjobq__worker_err(pgjobq_worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Wakes the engine from its poll (signal-safe: a byte into its pipe). */
+void pgjobq__worker_wake(pgjobq_worker *w);
 
 #endif /* PGJOBQ_ENGINE_H */

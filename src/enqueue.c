@@ -266,32 +266,6 @@ static int spec_needs_graph(const pgjobq_job_spec *j)
     return j->opts.after != NULL || j->opts.tags != NULL;
 }
 
-/* Appends s as a JSON string (s is valid UTF-8). */
-static void json_string(pgjobq__buf *b, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    pgjobq__buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            pgjobq__buf_put(b, esc, 2);
-        } else if (*p < 0x20) {
-            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
-            pgjobq__buf_put(b, esc, 6);
-        } else {
-            pgjobq__buf_put(b, p, 1);
-        }
-    }
-    pgjobq__buf_put(b, "\"", 1);
-}
-
-static void json_key(pgjobq__buf *b, const char *key)
-{
-    pgjobq__buf_put(b, ",", 1);
-    json_string(b, key);
-    pgjobq__buf_put(b, ":", 1);
-}
-
 /* The jobs as the graph pgjobq.enqueue_graph takes (checked by check_spec). */
 static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n)
 {
@@ -303,48 +277,48 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
         pgjobq__buf_put(b, i ? ",{\"payload\":" : "{\"payload\":", i ? 12 : 11);
         pgjobq__buf_put(b, payload, strlen(payload));
         if (o->queue) {
-            json_key(b, "queue");
-            json_string(b, o->queue);
+            pgjobq__json_key(b, "queue");
+            pgjobq__json_string(b, o->queue);
         }
         if (o->kind) {
-            json_key(b, "kind");
-            json_string(b, o->kind);
+            pgjobq__json_key(b, "kind");
+            pgjobq__json_string(b, o->kind);
         }
-        json_key(b, "priority");
+        pgjobq__json_key(b, "priority");
         pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->priority));
         if (o->max_attempts) {
-            json_key(b, "max_attempts");
+            pgjobq__json_key(b, "max_attempts");
             pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%d", o->max_attempts));
         }
         if (o->concurrency_key) {
-            json_key(b, "concurrency_key");
-            json_string(b, o->concurrency_key);
+            pgjobq__json_key(b, "concurrency_key");
+            pgjobq__json_string(b, o->concurrency_key);
         }
         if (o->run_at) {
-            json_key(b, "run_at");
-            json_string(b, o->run_at);
+            pgjobq__json_key(b, "run_at");
+            pgjobq__json_string(b, o->run_at);
         } else if (o->delay_ms) {
-            json_key(b, "delay");
+            pgjobq__json_key(b, "delay");
             pgjobq__buf_put(b, num,
                             (size_t)snprintf(num, sizeof num, "%lld.%03lld", (long long)(o->delay_ms / 1000),
                                              (long long)(o->delay_ms % 1000)));
         }
         if (o->tags) {
-            json_key(b, "tags");
+            pgjobq__json_key(b, "tags");
             for (size_t k = 0; o->tags[k]; k++) {
                 pgjobq__buf_put(b, k ? "," : "[", 1);
-                json_string(b, o->tags[k]);
+                pgjobq__json_string(b, o->tags[k]);
             }
             pgjobq__buf_put(b, "]", 1);
         }
         if (o->after) {
-            json_key(b, "after");
+            pgjobq__json_key(b, "after");
             for (size_t k = 0; o->after[k]; k++)
                 pgjobq__buf_put(b, num,
                                 (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "[", (long long)o->after[k]));
             pgjobq__buf_put(b, "]", 1);
-            json_key(b, "on_parent_failure");
-            json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
+            pgjobq__json_key(b, "on_parent_failure");
+            pgjobq__json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
         }
         pgjobq__buf_put(b, "}", 1);
     }
@@ -599,24 +573,6 @@ static int copy_flush(pgjobq_client *c, pgjobq__buf *b)
     return ok ? 0 : -1;
 }
 
-/* Runs one simple command (BEGIN, COMMIT, ROLLBACK) on the client's connection. */
-static int simple_command(pgjobq_client *c, const char *sql)
-{
-    PGresult *r = PQexec(c->conn, sql);
-    int rc = PGJOBQ_OK;
-
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQstatus(c->conn) != CONNECTION_OK) {
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "enqueue: %s", sql);
-        rc = pgjobq__seterr_conn(c, PGJOBQ_ECONN, prefix);
-    } else if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        const char *m = PQerrorMessage(c->conn);
-        rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: %s: %.*s", sql, (int)strcspn(m, "\n"), m);
-    }
-    PQclear(r);
-    return rc;
-}
-
 /* Reserves n ids from the sequence into ids[0..n). */
 static int reserve_ids(pgjobq_client *c, size_t n, int64_t *ids)
 {
@@ -689,17 +645,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         free(levels);
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
     }
-    if (own_tx && (rc = simple_command(c, "BEGIN")) != PGJOBQ_OK)
+    if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: BEGIN", "BEGIN", NULL)) != PGJOBQ_OK)
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
         goto out;
     /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
-    r = PQexec(c->conn, "SELECT pg_catalog.pg_current_xact_id()");
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        rc = pgjobq__seterr_conn(c, PQstatus(c->conn) == CONNECTION_OK ? PGJOBQ_EDB : PGJOBQ_ECONN, "enqueue");
+    if ((rc = pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id()", NULL)) != PGJOBQ_OK)
         goto out;
-    }
-    PQclear(r);
 
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
@@ -793,18 +745,12 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     PQclear(r);
     r = NULL;
-    if (own_tx && (rc = simple_command(c, "COMMIT")) != PGJOBQ_OK)
+    if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: COMMIT", "COMMIT", NULL)) != PGJOBQ_OK)
         goto out;
 out:
     PQclear(r);
-    if (rc != PGJOBQ_OK && own_tx && PQstatus(c->conn) == CONNECTION_OK &&
-        PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
-        char keep[sizeof c->errmsg];
-        memcpy(keep, c->errmsg, sizeof keep); /* the rollback's own outcome does not matter */
-        PGresult *rb = PQexec(c->conn, "ROLLBACK");
-        PQclear(rb);
-        memcpy(c->errmsg, keep, sizeof keep);
-    }
+    if (rc != PGJOBQ_OK && own_tx)
+        pgjobq__rollback_quietly(c);
     pgjobq__buf_free(&data);
     pgjobq__buf_free(&queues.buf);
     pgjobq__buf_free(&level_queues.buf);

@@ -75,13 +75,34 @@ size_t pgjobq__redact(char *buf, size_t size, const char *msg, size_t msg_len, c
 
 /* client.c */
 int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64_t tcp_timeout_ms);
+
+/* exec.c: running statements */
+/* The one way the library runs a statement on a client: PGJOBQ_OK with the result in *out (the caller
+ * clears it), or the error, set on c.  An owned connection that broke is made again first; outside a
+ * transaction, a serialization failure or deadlock is run again (PGJOBQ__CONFLICT_RETRIES). */
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
-int pgjobq__require_schema(pgjobq_client *c);
-/* Sets the client's message to prefix and libpq's connection error, redacted, and returns code. */
+/* The same for a text without parameters that may hold several statements (the simple protocol: BEGIN,
+ * a migration); out may be NULL when the result is not wanted. */
+int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
+    __attribute__((warn_unused_result));
+/* Rolls back the transaction open on the client's connection, if any, keeping the client's error: what
+ * a failed step of the library's own transaction ends with. */
+void pgjobq__rollback_quietly(pgjobq_client *c);
+/* The session settings of a connection the client owns, after every (re)connect. */
+int pgjobq__session_setup(pgjobq_client *c);
+/* Sets the client's message to prefix and libpq's connection error, with every password redacted
+ * (conninfo: the string the connection was opened with, when at hand; may be NULL). */
+void pgjobq__conn_error(pgjobq_client *c, const char *prefix, const char *conninfo);
+/* pgjobq__conn_error without a conninfo, returning code. */
 int pgjobq__seterr_conn(pgjobq_client *c, int code, const char *prefix);
 
-/* migrate.c */
+/* schema.c: the database's schema version */
+/* Reads it, and (needs, may be NULL) the oldest library schema version that can use the database. */
+int pgjobq__read_version(pgjobq_client *c, int *version, int *needs);
+/* Reads it and records on c whether this library can use the database (an error when not). */
 int pgjobq__check_schema(pgjobq_client *c);
+/* PGJOBQ_OK when the last check found a usable schema, else PGJOBQ_ESCHEMA with the reason. */
+int pgjobq__require_schema(pgjobq_client *c);
 
 /* Whether this library can use a database at schema `version` whose migrations need library schema
  * `needs` or later.  Newer compatible schemas are accepted, so that a
@@ -134,6 +155,35 @@ const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
 
 /* jobs.c */
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
+
+/* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of
+ * its select list, in this order; pgjobq__claimed_read() reads them. */
+#define PGJOBQ__CLAIMED_COLUMNS                                                                         \
+    "id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
+    " lease_until, unique_key, last_error, parents"
+enum {
+    PGJOBQ__K_ID,
+    PGJOBQ__K_KIND,
+    PGJOBQ__K_PAYLOAD,
+    PGJOBQ__K_PRIORITY,
+    PGJOBQ__K_ATTEMPT,
+    PGJOBQ__K_MAX_ATTEMPTS,
+    PGJOBQ__K_TOKEN,
+    PGJOBQ__K_RUN_AT,
+    PGJOBQ__K_CREATED_AT,
+    PGJOBQ__K_STARTED_AT,
+    PGJOBQ__K_LEASE_UNTIL,
+    PGJOBQ__K_UNIQUE_KEY,
+    PGJOBQ__K_LAST_ERROR,
+    PGJOBQ__K_PARENTS,
+    PGJOBQ__K_NCOLS
+};
+/* The bytes the strings of a claimed row take, each with its NUL. */
+size_t pgjobq__claimed_size(const PGresult *r, int row);
+/* Reads a claimed row into *j, a job running under the claim's lease, its strings copied to `strings`
+ * (pgjobq__claimed_size bytes); j->queue and j->worker_id are left NULL, for the caller.  Returns the
+ * end of what it copied. */
+char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *strings);
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n);
 
 /* The outcome a fenced write reports per job (complete_many, fail_many, extend_many, release_many,
@@ -149,8 +199,12 @@ typedef enum pgjobq__outcome {
 } pgjobq__outcome;
 pgjobq__outcome pgjobq__outcome_parse(const char *s, size_t len);
 
-/* json.c */
+/* json.c: the library's JSON, read (checked) and written */
 int pgjobq__json_check(const char *s, size_t n, char *why, size_t why_size);
+/* Appends s, valid UTF-8, to b as a JSON string (quotes, backslashes and control characters escaped). */
+void pgjobq__json_string(pgjobq__buf *b, const char *s);
+/* Appends the key of an object's member that follows another: ,"key": */
+void pgjobq__json_key(pgjobq__buf *b, const char *key);
 /* Copies s[0..n) into a new string that is valid UTF-8 (bad sequences become U+FFFD), has no NUL
  * bytes, and is at most cap bytes (cut on a character boundary).  keep_tail keeps the end instead of
  * the start.  Returns NULL on OOM. */

@@ -177,6 +177,86 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
     return PGJOBQ_OK;
 }
 
+static const int claimed_text_cols[] = {PGJOBQ__K_KIND, PGJOBQ__K_PAYLOAD, PGJOBQ__K_UNIQUE_KEY,
+                                        PGJOBQ__K_LAST_ERROR, PGJOBQ__K_PARENTS};
+#define NCLAIMED_TEXT (sizeof claimed_text_cols / sizeof claimed_text_cols[0])
+
+size_t pgjobq__claimed_size(const PGresult *r, int row)
+{
+    size_t bytes = 0, len;
+
+    for (size_t k = 0; k < NCLAIMED_TEXT; k++)
+        if (pgjobq__get_text(r, row, claimed_text_cols[k], &len) != NULL)
+            bytes += len + 1;
+    return bytes;
+}
+
+char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *strings)
+{
+    const char **dst[NCLAIMED_TEXT] = {&j->kind, &j->payload, &j->unique_key, &j->last_error, &j->parents};
+
+    memset(j, 0, sizeof *j);
+    for (size_t k = 0; k < NCLAIMED_TEXT; k++) {
+        size_t len;
+        const char *s = pgjobq__get_text(r, row, claimed_text_cols[k], &len);
+        if (s == NULL)
+            continue;
+        memcpy(strings, s, len);
+        strings[len] = '\0';
+        *dst[k] = strings;
+        strings += len + 1;
+    }
+    j->id = pgjobq__get_int8(r, row, PGJOBQ__K_ID);
+    j->priority = pgjobq__get_int2(r, row, PGJOBQ__K_PRIORITY);
+    j->state = PGJOBQ_RUNNING;
+    j->attempt = pgjobq__get_int4(r, row, PGJOBQ__K_ATTEMPT);
+    j->max_attempts = pgjobq__get_int4(r, row, PGJOBQ__K_MAX_ATTEMPTS);
+    j->lease_token = pgjobq__get_int8(r, row, PGJOBQ__K_TOKEN);
+    j->run_at = pgjobq__get_time(r, row, PGJOBQ__K_RUN_AT);
+    j->created_at = pgjobq__get_time(r, row, PGJOBQ__K_CREATED_AT);
+    j->started_at = pgjobq__get_time(r, row, PGJOBQ__K_STARTED_AT);
+    j->finished_at = PGJOBQ_TIME_NONE;
+    j->lease_until = pgjobq__get_time(r, row, PGJOBQ__K_LEASE_UNTIL);
+    return strings;
+}
+
+/* The jobs of a claim_batch result, in one allocation with their strings and the queue's and worker's
+ * names they share. */
+static int claimed_jobs(pgjobq_client *c, const PGresult *r, const char *queue, const char *worker_id,
+                        pgjobq_job **out, size_t *n_out)
+{
+    size_t n = (size_t)PQntuples(r), bytes, qlen = strlen(queue), wlen = worker_id ? strlen(worker_id) : 0;
+    pgjobq_job *jobs;
+    char *strings, *q, *wid = NULL;
+
+    if (n == 0)
+        return PGJOBQ_OK;
+    if (PQnfields(r) != PGJOBQ__K_NCOLS)
+        return pgjobq__seterr(c, PGJOBQ_EDB, "claim: unexpected result shape (%d columns)", PQnfields(r));
+    bytes = n * sizeof *jobs + qlen + 1 + (worker_id ? wlen + 1 : 0);
+    for (size_t i = 0; i < n; i++)
+        bytes += pgjobq__claimed_size(r, (int)i);
+    jobs = malloc(bytes);
+    if (jobs == NULL)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "out of memory reading %zu jobs", n);
+    q = (char *)(jobs + n);
+    memcpy(q, queue, qlen + 1);
+    strings = q + qlen + 1;
+    if (worker_id) {
+        wid = strings;
+        memcpy(wid, worker_id, wlen + 1);
+        strings += wlen + 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        strings = pgjobq__claimed_read(r, (int)i, &jobs[i], strings);
+        jobs[i].queue = q;
+        jobs[i].worker_id = wid;
+    }
+    *out = jobs;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
 /* Common preamble of the calls below. */
 static int enter(pgjobq_client *c)
 {
@@ -229,10 +309,7 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     values[3] = worker_id;
     /* claim_batch returns what a worker needs; the rest of a claimed job's fields are known. */
     pgjobq__stmt st = {"claim",
-                       "SELECT id, $1::pg_catalog.text, kind, payload, priority, 'running', attempt, max_attempts,"
-                       " lease_token, run_at, created_at, started_at, NULL::pg_catalog.timestamptz, lease_until,"
-                       " $4::pg_catalog.text, NULL::pg_catalog.jsonb, last_error, unique_key, false, NULL::pg_catalog.jsonb,"
-                       " NULL::pg_catalog.jsonb, parents"
+                       "SELECT " PGJOBQ__CLAIMED_COLUMNS
                        " FROM pgjobq.claim_batch($1, $2, $3, $4) ORDER BY priority, run_at, id",
                        4,
                        types,
@@ -242,7 +319,7 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
                        1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
-    rc = pgjobq__jobs_from_result(c, r, jobs_out, n_out);
+    rc = claimed_jobs(c, r, queue, worker_id, jobs_out, n_out);
     PQclear(r);
     return rc;
 }

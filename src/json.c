@@ -1,5 +1,6 @@
 /*
- * json.c - a strict JSON checker (what PostgreSQL's jsonb accepts) and a text sanitiser.
+ * json.c - the library's JSON: a strict checker (what PostgreSQL's jsonb accepts), the writer of the
+ * JSON the library builds (strings and keys), and a text sanitiser.
  *
  * The checker lets the library reject a bad payload before it reaches the server, with a message that
  * says where the problem is and, in a batch, which job has it.  The server still parses every payload
@@ -345,4 +346,32 @@ char *pgjobq__sanitize_text(const char *text, size_t n, size_t cap, int keep_tai
     }
     out[o] = '\0';
     return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Writing                                                                                           */
+
+void pgjobq__json_string(pgjobq__buf *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    pgjobq__buf_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            pgjobq__buf_put(b, esc, 2);
+        } else if (*p < 0x20) {
+            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
+            pgjobq__buf_put(b, esc, 6);
+        } else {
+            pgjobq__buf_put(b, p, 1);
+        }
+    }
+    pgjobq__buf_put(b, "\"", 1);
+}
+
+void pgjobq__json_key(pgjobq__buf *b, const char *key)
+{
+    pgjobq__buf_put(b, ",", 1);
+    pgjobq__json_string(b, key);
+    pgjobq__buf_put(b, ":", 1);
 }

@@ -1,6 +1,6 @@
 /*
- * migrate.c - applies the numbered migrations and the function files embedded from sql/, and checks
- * the schema version.
+ * migrate.c - applies the numbered migrations and the function files embedded from sql/ (the schema
+ * version they lead to is read by schema.c).
  *
  * Migration N runs in its own transaction, under a transaction-scoped advisory lock, and only when
  * pgjobq.schema_version does not list N yet.  Hosts that migrate at once queue on the lock; the later
@@ -35,132 +35,31 @@ extern const char *const pgjobq__roles_sql;
 /* Advisory lock key of the migration runner: ('pgjq', 1). */
 #define MIGRATE_LOCK_SQL "SELECT pg_catalog.pg_advisory_xact_lock(" PGJOBQ__LOCK(1) ")"
 
-/* The database's schema version, and (needs, may be NULL) the oldest library schema version that can
- * use it: the largest "needs" of the applied migrations, a migration that does not say (all before
- * version 7) needing its own version. */
-static int read_version(pgjobq_client *c, int *version, int *needs)
+/* A migration's error is the database's: PGJOBQ_ESCHEMA would tell the caller to run the migrations
+ * that just failed. */
+static int migration_code(int rc)
 {
-    /* A plain query of the catalogs, not to_regclass(): the latter answers from the backend's cache,
-     * which a migrator that waited on the advisory lock has not refreshed, so it would miss the table
-     * another host has just created. */
-    static const pgjobq__stmt exists = {
-        "read schema version",
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
-        " ON n.oid = c.relnamespace WHERE n.nspname = 'pgjobq' AND c.relname = 'schema_version')",
-        0,
-        NULL,
-        NULL,
-        NULL,
-        NULL,
-        0};
-    static const pgjobq__stmt max = {"read schema version",
-                                     "SELECT " PGJOBQ__SCHEMA_VERSION_COLS PGJOBQ__SCHEMA_VERSION_FROM,
-                                     0,
-                                     NULL,
-                                     NULL,
-                                     NULL,
-                                     NULL,
-                                     0};
-    PGresult *r;
-    int rc;
-
-    *version = 0;
-    if (needs)
-        *needs = 0;
-    rc = pgjobq__exec(c, &exists, &r);
-    if (rc != PGJOBQ_OK)
-        return rc;
-    int present = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-    PQclear(r);
-    if (!present)
-        return PGJOBQ_OK;
-    rc = pgjobq__exec(c, &max, &r);
-    if (rc != PGJOBQ_OK)
-        return rc;
-    *version = atoi(PQgetvalue(r, 0, 0));
-    if (needs)
-        *needs = atoi(PQgetvalue(r, 0, 1));
-    PQclear(r);
-    return PGJOBQ_OK;
+    return rc == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : rc;
 }
 
-int pgjobq__schema_usable(int version, int needs)
+/* Runs sql, which may hold several statements, with the simple protocol; the result, when out is not
+ * NULL, is the caller's to clear. */
+static int run(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
 {
-    if (version == PGJOBQ_SCHEMA_VERSION)
-        return 1;
-    return version > PGJOBQ_SCHEMA_VERSION && needs <= PGJOBQ_SCHEMA_VERSION;
+    return migration_code(pgjobq__exec_sql(c, what, sql, out));
 }
 
-int pgjobq_schema_version(pgjobq_client *c, int *version)
+/* Runs one statement with text parameters; the result is the caller's to clear. */
+static int run_params(pgjobq_client *c, const char *what, const char *sql, int nparams, const char *const *values,
+                      PGresult **out)
 {
-    if (c == NULL || version == NULL)
-        return PGJOBQ_EINVAL;
-    return read_version(c, version, NULL);
-}
-
-int pgjobq__check_schema(pgjobq_client *c)
-{
-    int version, needs, rc;
-
-    rc = read_version(c, &version, &needs);
-    if (rc != PGJOBQ_OK)
-        return rc;
-    if (version > PGJOBQ_SCHEMA_VERSION && !pgjobq__schema_usable(version, needs)) {
-        c->schema_state = -1;
-        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
-                              "the database has pgjobq schema version %d, newer than this pgjobq %s "
-                              "understands (version %d), and it needs at least version %d: upgrade pgjobq",
-                              version, PGJOBQ_VERSION, PGJOBQ_SCHEMA_VERSION, needs);
-    }
-    if (version < PGJOBQ_SCHEMA_VERSION) {
-        c->schema_state = 0;
-        if (version == 0)
-            return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
-                                  "the pgjobq schema is not installed in this database: run `pgjobq migrate`");
-        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
-                              "the database has pgjobq schema version %d, older than the version %d this "
-                              "pgjobq needs: run `pgjobq migrate`",
-                              version, PGJOBQ_SCHEMA_VERSION);
-    }
-    c->schema_state = 1;
-    return PGJOBQ_OK;
-}
-
-/* Runs sql: with no parameters, possibly several statements with the simple protocol; else one
- * statement with its text parameters.  0 or an error code.  When out is not NULL it receives the result
- * of a success (the caller clears it). */
-static int run(pgjobq_client *c, const char *what, const char *sql, int nparams, const char *const *values,
-               PGresult **out)
-{
-    PGresult *r = nparams ? PQexecParams(c->conn, sql, nparams, NULL, values, NULL, NULL, 0) : PQexec(c->conn, sql);
-    ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
-
-    /* (A migration that holds only comments is an empty query: version 2's functions are all in the
-     * function files now.) */
-    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK || s == PGRES_EMPTY_QUERY) {
-        if (out)
-            *out = r;
-        else
-            PQclear(r);
-        return PGJOBQ_OK;
-    }
-    if (r == NULL || PQstatus(c->conn) != CONNECTION_OK) {
-        PQclear(r);
-        return pgjobq__seterr_conn(c, PGJOBQ_ECONN, what);
-    }
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-    int code = pgjobq__code_from_sqlstate(state);
-    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
-    pgjobq__seterr(c, code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code, "%s: %s (SQLSTATE %s)", what,
-                   msg ? msg : PQresultErrorMessage(r), state ? state : "?");
-    PQclear(r);
-    return code == PGJOBQ_ESCHEMA ? PGJOBQ_EDB : code;
+    const pgjobq__stmt st = {.what = what, .sql = sql, .nparams = nparams, .values = values};
+    return migration_code(pgjobq__exec(c, &st, out));
 }
 
 static int simple(pgjobq_client *c, const char *what, const char *sql)
 {
-    return run(c, what, sql, 0, NULL, NULL);
+    return run(c, what, sql, NULL);
 }
 
 /* Begins a transaction that holds the migration lock.  Its notices are not shown: they would only say
@@ -180,11 +79,7 @@ static int end_locked(pgjobq_client *c, const char *what, int rc)
 {
     if (rc == PGJOBQ_OK)
         return simple(c, what, "COMMIT");
-    if (PQstatus(c->conn) == CONNECTION_OK) {
-        /* Keep the first error: the rollback's own outcome does not matter. */
-        PGresult *r = PQexec(c->conn, "ROLLBACK");
-        PQclear(r);
-    }
+    pgjobq__rollback_quietly(c); /* keeps the first error */
     return rc;
 }
 
@@ -192,7 +87,7 @@ static int end_locked(pgjobq_client *c, const char *what, int rc)
 static int ask(pgjobq_client *c, const char *what, const char *sql, int *flags, int n)
 {
     PGresult *r = NULL;
-    int rc = run(c, what, sql, 0, NULL, &r);
+    int rc = run(c, what, sql, &r);
 
     if (rc != PGJOBQ_OK)
         return rc;
@@ -240,7 +135,7 @@ static int functions_checksum(pgjobq_client *c, char *sum, int *same)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "migrate: out of memory");
     }
     const char *values[1] = {text.data};
-    rc = run(c, "function files",
+    rc = run_params(c, "function files",
              "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
              " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
              1, values, &r);
@@ -304,8 +199,10 @@ static int apply_functions(pgjobq_client *c)
         rc = simple(c, "function files", "DELETE FROM pgjobq.function_files");
     if (rc == PGJOBQ_OK) {
         const char *values[2] = {sum, PGJOBQ_VERSION};
-        rc = run(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)", 2,
-                 values, NULL);
+        PGresult *r = NULL;
+        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)",
+                        2, values, &r);
+        PQclear(r);
     }
     if (rc == PGJOBQ_OK)
         pgjobq__log(c, PGJOBQ_LOG_INFO, "applied the function files (sha256 %.12s...)", sum);
@@ -320,7 +217,7 @@ static int apply_functions_alone(pgjobq_client *c)
 
     rc = begin_locked(c, "function files");
     if (rc == PGJOBQ_OK)
-        rc = read_version(c, &version, NULL);
+        rc = pgjobq__read_version(c, &version, NULL);
     if (rc == PGJOBQ_OK && version == pgjobq__migration_count)
         rc = apply_functions(c);
     return end_locked(c, "function files", rc);
@@ -335,7 +232,7 @@ static int apply_one(pgjobq_client *c, int n, int *applied, int *functions_done)
     snprintf(what, sizeof what, "migration %s", pgjobq__migration_names[n - 1]);
     rc = begin_locked(c, what);
     if (rc == PGJOBQ_OK)
-        rc = read_version(c, &version, &needs);
+        rc = pgjobq__read_version(c, &version, &needs);
     if (rc == PGJOBQ_OK && version > pgjobq__migration_count && !pgjobq__schema_usable(version, needs)) {
         c->schema_state = -1;
         rc = pgjobq__seterr(c, PGJOBQ_ESCHEMA,

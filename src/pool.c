@@ -7,6 +7,10 @@
  * (waking a thread per job made futex waits and context switches the worker's whole profile), and
  * slow ones still fan out; the engine hands jobs still waiting to another thread every few
  * milliseconds (pgjobq__pool_help), so that one slow job cannot hold back the rest.
+ *
+ * A job that ended goes back through the pool's mailbox (pgjobq__pool), under its own lock, and the
+ * wakeup the engine registered is called only when the mailbox was empty: the engine takes the whole
+ * list when it wakes.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -93,6 +97,21 @@ void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why)
 /* ------------------------------------------------------------------------------------------------ */
 /* Threads                                                                                           */
 
+/* Hands an ended job back: into the mailbox, waking the engine when it was empty (one lock and at most
+ * one wakeup per job; the engine drains the whole list when it wakes). */
+static void post(pgjobq__pool *pool, pgjobq_ctx *ctx)
+{
+    int was_empty;
+
+    pthread_mutex_lock(&pool->mu);
+    was_empty = pool->done == NULL;
+    ctx->next = pool->done;
+    pool->done = ctx;
+    pthread_mutex_unlock(&pool->mu);
+    if (was_empty)
+        pool->wake(pool->wake_arg);
+}
+
 static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *kind)
 {
     const pgjobq__handler *any = NULL;
@@ -127,7 +146,7 @@ static int run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
     } else if (h == NULL) {
         char why[512];
         snprintf(why, sizeof why, "no handler for kind %s in queue %s on worker %s", ctx->job.kind, q->name,
-                 pgjobq__worker_id(q->w));
+                 q->pool->worker_id);
         ctx->outcome = PGJOBQ_OUTCOME_FAIL;
         pgjobq_ctx_set_error(ctx, why);
     } else {
@@ -151,7 +170,7 @@ static int run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
         average(&q->handler_ns, atomic_load(&q->handled), ns);
         atomic_fetch_add(&q->handled, 1);
     }
-    pgjobq__worker_done(q->w, ctx);
+    post(q->pool, ctx);
     return 1;
 }
 
@@ -172,7 +191,7 @@ void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
     if (q->head)
         pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    pgjobq__worker_done(q->w, ctx);
+    post(q->pool, ctx);
 }
 
 static void *queue_thread(void *arg)
@@ -207,10 +226,36 @@ static void *queue_thread(void *arg)
     }
 }
 
-int pgjobq__pool_start(pgjobq__queue *queues, int nqueues, char *err, size_t err_size)
+void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg)
+{
+    pool->worker_id = worker_id;
+    pool->wake = wake;
+    pool->wake_arg = wake_arg;
+    pool->done = NULL;
+    pthread_mutex_init(&pool->mu, NULL);
+}
+
+void pgjobq__pool_destroy(pgjobq__pool *pool)
+{
+    pthread_mutex_destroy(&pool->mu);
+}
+
+pgjobq_ctx *pgjobq__pool_collect(pgjobq__pool *pool)
+{
+    pgjobq_ctx *list;
+
+    pthread_mutex_lock(&pool->mu);
+    list = pool->done;
+    pool->done = NULL;
+    pthread_mutex_unlock(&pool->mu);
+    return list;
+}
+
+int pgjobq__pool_start(pgjobq__pool *pool, pgjobq__queue *queues, int nqueues, char *err, size_t err_size)
 {
     for (int i = 0; i < nqueues; i++) {
         pgjobq__queue *q = &queues[i];
+        q->pool = pool;
         atomic_store(&q->handler_ns, INT64_C(1000000)); /* unknown: assume slow until measured */
         atomic_store(&q->busy_ns, INT64_C(1000000));
         q->threads = calloc((size_t)q->concurrency, sizeof *q->threads);

@@ -1,5 +1,6 @@
 /*
- * worker.c - the worker: its public API, and the engine loop that owns its three connections.
+ * worker.c - the worker's engine: pgjobq_worker_run and the loop that owns its three connections
+ * (its public functions are in worker_api.c, its statements in worker_sql.c).
  *
  * The engine (the thread in pgjobq_worker_run) is the only one that talks to the database.  Its loop
  * is a list of phases, each a function:
@@ -72,154 +73,9 @@
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
 
-/* ------------------------------------------------------------------------------------------------ */
-/* Statements                                                                                        */
-
-enum { C_CLAIM, C_WRITE, C_MAINT, NCONN };
-
-/* The claim connection's statement.  claim_next's columns, in this order, are what make_ctx and
- * claim_done read: a row per claimed job (meta NULL), then rows that say where the claim got to (meta
- * 'exhausted': a level read to its end; 'tick': the claim's tick, cap and the next due job). */
-enum { S_CLAIM, NCLAIM_STMTS };
-#define CLAIM_COLUMNS                                                                                         \
-    "SELECT id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error, parents, key, meta, cap, tick_xid, next_due, limited"                \
-    " FROM pgjobq.claim_next"
-enum { K_ID, K_KIND, K_PAYLOAD, K_PRIORITY, K_ATTEMPT, K_MAX_ATTEMPTS, K_TOKEN, K_RUN_AT, K_CREATED_AT, K_STARTED_AT,
-       K_LEASE_UNTIL, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS, K_KEY, K_META, K_CAP, K_TICK_XID, K_NEXT_DUE, K_LIMITED,
-       K_NCOLS };
-static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
-                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
-static const pgjobq__stmtdef claim_stmts[NCLAIM_STMTS] = {
-    {"pgjobq_claim", CLAIM_COLUMNS "($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, claim_types}};
-
-/* The kinds of write the engine batches, in the order it writes them, then the heartbeat. */
-enum { W_COMPLETE, W_FAIL, W_RELEASE, W_CANCEL, W_KINDS, S_EXTEND = W_KINDS, S_BEAT, NWRITE_STMTS };
-static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
-static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
-static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
-static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
-static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
-static const pgjobq__stmtdef write_stmts[NWRITE_STMTS] = {
-    {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3, complete_types},
-    {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
-    {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3, reason_types},
-    {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
-    {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
-    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
-     * secret, which makes the row its own. */
-    {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types}};
-static const char *const write_what[W_KINDS] = {"complete", "fail", "release", "cancel"};
-
-/* Maintenance: only one process of the fleet does each pass at a time (the others get -1). */
-enum { S_RESCUE, S_PRUNE, S_TICK, S_HEALTH, NMAINT_STMTS };
-static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
-static const Oid since_type[] = {OID_INT8};
-static const pgjobq__stmtdef maint_stmts[NMAINT_STMTS] = {
-    /* $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
-    {"pgjobq_rescue",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(2) ")"
-     " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
-     " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
-     1, since_type},
-    {"pgjobq_prune",
-     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(3) ") THEN pgjobq.prune($1, $2, 1000)"
-     " ELSE -1 END",
-     2, prune_types},
-    /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
-    {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
-    /* health() is read before autovacuum_adapt() runs (a function in FROM is materialised first). */
-    {"pgjobq_health",
-     "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state, jobs_dead,"
-     " pgjobq.autovacuum_adapt() FROM pgjobq.health()",
-     0, NULL}};
-
-/* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
- * the schema check (its result must be last).  The claim connection also listens. */
-#define SETUP_SQL "SET default_transaction_isolation = 'read committed';"
-#define SCHEMA_SQL                                                                                   \
-    "SELECT " PGJOBQ__SCHEMA_VERSION_COLS ", pg_catalog.pg_is_in_recovery() OR"                    \
-    " pg_catalog.current_setting('transaction_read_only')::boolean" PGJOBQ__SCHEMA_VERSION_FROM
-static const char setup_plain[] = SETUP_SQL SCHEMA_SQL;
-static const char setup_listen[] = SETUP_SQL "LISTEN pgjobq;" SCHEMA_SQL;
-
-/* ------------------------------------------------------------------------------------------------ */
-/* State                                                                                             */
-
-typedef struct batch {
-    pgjobq_ctx **items;
-    size_t n, cap;
-} batch;
-
 /* The statement a connection carries, and what the engine must remember about it. */
 enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK,
        R_HEALTH };
-typedef struct request {
-    int kind;
-    int queue;      /* claim, next due */
-    int want;       /* claim */
-    int from_cursor; /* claim */
-    int woken;       /* claim: made because the queue was woken */
-    int wkind;      /* write: W_* */
-    batch items;    /* write: the jobs it writes, owned until its result */
-    int64_t sent_ms;
-} request;
-
-struct pgjobq_worker {
-    char *conninfo;
-    char worker_id[256];
-    pgjobq_worker_opts o;
-    pgjobq__queue queues[PGJOBQ__MAX_QUEUES];
-    int nqueues;
-    char errmsg[512];
-    int ran;
-
-    /* Stop requests (signal-safe). */
-    _Atomic int stop_requests;
-    int wake_pipe[2];
-
-    /* Outcomes from handler threads. */
-    pthread_mutex_t done_mu;
-    pgjobq_ctx *done_head;
-
-    /* Engine state. */
-    pgjobq__aconn conn[NCONN];
-    request req[NCONN];
-    int was_ready[NCONN];
-    int ever_ready[NCONN];
-    int failed_connects[NCONN];    /* connection attempts failed since it was last ready */
-    int64_t down_since_ms[NCONN];  /* when it was lost (or first failed); 0 while up */
-    int64_t next_down_warn_ms[NCONN];
-    batch pending[W_KINDS];
-    int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
-    pgjobq_ctx **running;     /* every claimed job not yet written or given up */
-    size_t nrunning, caprunning;
-    int stopping, handed_back, fatal, exit_rc;
-    int64_t shutdown_at_ms;
-    int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
-    int64_t next_health_ms;
-    int64_t next_beat_ms;
-    int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
-    int64_t next_full_rescue_ms;
-    char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
-    char secret_s[24];                         /* random, drawn at start: its row of pgjobq.workers is its own */
-    int registered;                            /* a beat had the id (or failed for another reason): claims may start */
-    int64_t id_refused_ms;                     /* when a beat first found the id in use by a live worker; 0: never */
-    int need_listen;
-    int claim_rr; /* round-robin start among queues */
-    pgjobq__ticks ticks; /* the latest claims' ticks (cursor.c) */
-    char lease_s[48], completed_s[48], failed_s[48]; /* the retention: "" for the database's */
-
-    /* Statistics. */
-    _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
-        st_running, st_claims, st_rescued, st_writes;
-    _Atomic int st_connected; /* connections ready now */
-
-    /* Failed attempts in the log: at most FAIL_LOG_MAX lines a FAIL_LOG_WINDOW_MS (engine thread). */
-    int64_t faillog_window_ms;
-    int faillog_lines;
-    int64_t faillog_dropped;
-};
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Small helpers                                                                                     */
@@ -238,25 +94,7 @@ static void wlog(pgjobq_worker *w, pgjobq_log_level level, const char *fmt, ...)
     w->o.log_fn(w->o.log_arg, level, line);
 }
 
-static int werr(pgjobq_worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int werr(pgjobq_worker *w, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(w->errmsg, sizeof w->errmsg, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-static void wake(pgjobq_worker *w)
-{
-    char c = 1;
-    /* A full pipe already holds a wakeup; nothing else can go wrong here that we could act on. */
-    ssize_t n = write(w->wake_pipe[1], &c, 1);
-    (void)n;
-}
-
-static int batch_add(batch *b, pgjobq_ctx *ctx)
+static int batch_add(pgjobq__batch *b, pgjobq_ctx *ctx)
 {
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 64;
@@ -270,9 +108,10 @@ static int batch_add(batch *b, pgjobq_ctx *ctx)
     return 0;
 }
 
-const char *pgjobq__worker_id(const pgjobq_worker *w)
+/* The pool's wakeup: a job arrived in its empty mailbox. */
+static void pool_wake(void *arg)
 {
-    return w->worker_id;
+    pgjobq__worker_wake(arg);
 }
 
 /* How long a connection of the worker waits for an unanswered network before giving up: well inside
@@ -282,177 +121,6 @@ static int64_t tcp_timeout(const pgjobq_worker *w)
 {
     int64_t t = w->o.lease_ms / 3;
     return t < 1000 ? 1000 : t;
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Creating and configuring                                                                          */
-
-int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_worker_opts *opts)
-{
-    pgjobq_worker *w;
-    char host[128] = "localhost";
-
-    *out = NULL;
-    if (gethostname(host, sizeof host) != 0)
-        snprintf(host, sizeof host, "localhost");
-    host[sizeof host - 1] = '\0';
-    w = calloc(1, sizeof *w);
-    if (w == NULL)
-        return PGJOBQ_ENOMEM;
-    w->wake_pipe[0] = w->wake_pipe[1] = -1;
-    *out = w;
-    if (opts)
-        w->o = *opts;
-    w->conninfo = strdup(conninfo ? conninfo : "");
-    if (w->conninfo == NULL)
-        return werr(w, PGJOBQ_ENOMEM, "out of memory");
-    /* A connection string libpq cannot parse would be retried forever by pgjobq_worker_run. */
-    char why[400];
-    if (pgjobq_conninfo_check(w->conninfo, why, sizeof why) == PGJOBQ_EINVAL)
-        return werr(w, PGJOBQ_EINVAL, "the connection string is not valid: %s", why);
-    if (w->o.lease_ms == 0)
-        w->o.lease_ms = 60000;
-    if (w->o.heartbeat_ms == 0)
-        w->o.heartbeat_ms = w->o.lease_ms / 3;
-    if (w->o.timeout_ms == 0)
-        w->o.timeout_ms = w->o.lease_ms * 4 / 5;
-    if (w->o.poll_ms == 0)
-        w->o.poll_ms = 1000;
-    if (w->o.shutdown_timeout_ms == 0)
-        w->o.shutdown_timeout_ms = 30000;
-    if (w->o.batch_max == 0)
-        w->o.batch_max = 1000;
-
-    if (w->o.lease_ms < 100 || w->o.lease_ms > INT64_C(31536000000))
-        return werr(w, PGJOBQ_EINVAL, "the lease must be between 100 ms and one year");
-    if (w->o.heartbeat_ms <= 0 || w->o.heartbeat_ms >= w->o.lease_ms)
-        return werr(w, PGJOBQ_EINVAL,
-                    "the heartbeat interval (%lld ms) must be positive and shorter than the lease (%lld ms): "
-                    "a lease that is renewed less often than it lasts expires under a healthy worker",
-                    (long long)w->o.heartbeat_ms, (long long)w->o.lease_ms);
-    if (w->o.timeout_ms <= 0 || w->o.timeout_ms >= w->o.lease_ms)
-        return werr(w, PGJOBQ_EINVAL,
-                    "the job timeout (%lld ms) must be shorter than the lease (%lld ms): a job that can outlive "
-                    "its lease may be claimed and run by another worker while it still runs; raise the lease "
-                    "or lower the timeout",
-                    (long long)w->o.timeout_ms, (long long)w->o.lease_ms);
-    if (w->o.poll_ms < 10)
-        return werr(w, PGJOBQ_EINVAL, "the poll interval must be at least 10 ms");
-    if (w->o.batch_max < 1 || w->o.batch_max > PGJOBQ_BATCH_MAX)
-        return werr(w, PGJOBQ_EINVAL, "the claim batch size must be between 1 and %d", PGJOBQ_BATCH_MAX);
-    if (w->o.worker_id) {
-        size_t len = strlen(w->o.worker_id);
-        if (len == 0 || len >= sizeof w->worker_id || !pgjobq__utf8_valid(w->o.worker_id, len))
-            return werr(w, PGJOBQ_EINVAL, "the worker id must be 1 to 255 bytes of UTF-8");
-        memcpy(w->worker_id, w->o.worker_id, len + 1);
-    } else {
-        /* Two live workers cannot share an id: the second and later workers of a process get a
-         * number. */
-        static _Atomic int made;
-        int k = atomic_fetch_add(&made, 1) + 1;
-        if (k == 1)
-            snprintf(w->worker_id, sizeof w->worker_id, "%s:%d", host, (int)getpid());
-        else
-            snprintf(w->worker_id, sizeof w->worker_id, "%s:%d.%d", host, (int)getpid(), k);
-    }
-    snprintf(w->host, sizeof w->host, "%s", host);
-    snprintf(w->pid_s, sizeof w->pid_s, "%d", (int)getpid());
-    w->o.worker_id = w->worker_id;
-    return PGJOBQ_OK;
-}
-
-int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, const char *kind, int concurrency,
-                         pgjobq_handler_fn fn, void *arg)
-{
-    pgjobq__queue *q = NULL;
-
-    if (w == NULL)
-        return PGJOBQ_EINVAL;
-    if (w->ran)
-        return werr(w, PGJOBQ_EINVAL, "handlers must be added before the worker runs");
-    if (pgjobq_name_check(queue) != PGJOBQ_OK)
-        return werr(w, PGJOBQ_EINVAL, "invalid queue name \"%.80s\"", queue ? queue : "");
-    if (kind && pgjobq_name_check(kind) != PGJOBQ_OK)
-        return werr(w, PGJOBQ_EINVAL, "invalid kind name \"%.80s\"", kind);
-    if (concurrency < 1 || concurrency > 1024)
-        return werr(w, PGJOBQ_EINVAL, "concurrency must be between 1 and 1024, not %d", concurrency);
-    if (fn == NULL)
-        return werr(w, PGJOBQ_EINVAL, "no handler function given");
-    for (int i = 0; i < w->nqueues; i++)
-        if (strcmp(w->queues[i].name, queue) == 0)
-            q = &w->queues[i];
-    if (q == NULL) {
-        if (w->nqueues == PGJOBQ__MAX_QUEUES)
-            return werr(w, PGJOBQ_EINVAL, "at most %d queues per worker", PGJOBQ__MAX_QUEUES);
-        q = &w->queues[w->nqueues++];
-        memset(q, 0, sizeof *q);
-        q->w = w;
-        snprintf(q->name, sizeof q->name, "%s", queue);
-        q->concurrency = concurrency;
-    } else if (q->concurrency != concurrency) {
-        return werr(w, PGJOBQ_EINVAL, "queue %s was given concurrency %d and %d", queue, q->concurrency,
-                    concurrency);
-    }
-    for (int i = 0; i < q->nhandlers; i++)
-        if (strcmp(q->handlers[i].kind, kind ? kind : "") == 0)
-            return werr(w, PGJOBQ_EINVAL, "queue %s already has a handler for %s%s", queue, kind ? "kind " : "",
-                        kind ? kind : "every kind");
-    if (q->nhandlers == PGJOBQ__MAX_HANDLERS)
-        return werr(w, PGJOBQ_EINVAL, "at most %d handlers per queue", PGJOBQ__MAX_HANDLERS);
-    pgjobq__handler *h = &q->handlers[q->nhandlers++];
-    snprintf(h->kind, sizeof h->kind, "%s", kind ? kind : "");
-    h->fn = fn;
-    h->arg = arg;
-    return PGJOBQ_OK;
-}
-
-void pgjobq_worker_stop(pgjobq_worker *w)
-{
-    if (w == NULL)
-        return;
-    atomic_fetch_add(&w->stop_requests, 1);
-    if (w->wake_pipe[1] >= 0)
-        wake(w);
-}
-
-void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
-{
-    pgjobq_worker *w = (pgjobq_worker *)cw;
-    out->claimed = atomic_load(&w->st_claimed);
-    out->completed = atomic_load(&w->st_completed);
-    out->retried = atomic_load(&w->st_retried);
-    out->failed = atomic_load(&w->st_failed);
-    out->cancelled = atomic_load(&w->st_cancelled);
-    out->lost = atomic_load(&w->st_lost);
-    out->released = atomic_load(&w->st_released);
-    out->running = atomic_load(&w->st_running);
-    out->claims = atomic_load(&w->st_claims);
-    out->rescued = atomic_load(&w->st_rescued);
-    out->writes = atomic_load(&w->st_writes);
-}
-
-int pgjobq_worker_connections(const pgjobq_worker *cw)
-{
-    pgjobq_worker *w = (pgjobq_worker *)cw;
-    return w ? atomic_load(&w->st_connected) : 0;
-}
-
-const char *pgjobq_worker_errmsg(const pgjobq_worker *w)
-{
-    return w ? w->errmsg : "no worker";
-}
-
-void pgjobq_worker_free(pgjobq_worker *w)
-{
-    if (w == NULL)
-        return;
-    free(w->conninfo);
-    if (w->wake_pipe[0] >= 0)
-        close(w->wake_pipe[0]);
-    if (w->wake_pipe[1] >= 0)
-        close(w->wake_pipe[1]);
-    free(w->running);
-    free(w);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -496,19 +164,6 @@ static pgjobq_ctx *running_find(pgjobq_worker *w, int64_t id)
     return NULL;
 }
 
-void pgjobq__worker_done(pgjobq_worker *w, pgjobq_ctx *ctx)
-{
-    int was_empty;
-    pthread_mutex_lock(&w->done_mu);
-    was_empty = w->done_head == NULL;
-    ctx->next = w->done_head;
-    w->done_head = ctx;
-    pthread_mutex_unlock(&w->done_mu);
-    /* The engine drains the whole list when it wakes: one wakeup per batch is enough. */
-    if (was_empty)
-        wake(w);
-}
-
 /* Queues a job's outcome for writing (or drops the job when there is nothing to write). */
 static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
@@ -522,13 +177,13 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         return;
     }
     if (atomic_load(&ctx->stop) == PGJOBQ_STOP_SHUTDOWN && ctx->outcome != PGJOBQ_OUTCOME_COMPLETE)
-        kind = W_RELEASE;
+        kind = PGJOBQ__W_RELEASE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_COMPLETE)
-        kind = W_COMPLETE;
+        kind = PGJOBQ__W_COMPLETE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_CANCEL)
-        kind = W_CANCEL;
+        kind = PGJOBQ__W_CANCEL;
     else
-        kind = W_FAIL;
+        kind = PGJOBQ__W_FAIL;
     if (ctx->outcome == PGJOBQ_OUTCOME_RETRY && ctx->error == NULL &&
         pgjobq_ctx_stop_reason(ctx) == PGJOBQ_STOP_TIMEOUT) {
         char why[96];
@@ -550,7 +205,7 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 }
 
 /* Logs an attempt that failed (retried: rate-limited; failed for good: always), with its error. */
-static void log_failed_attempt(pgjobq_worker *w, const batch *items, int64_t id, int for_good)
+static void log_failed_attempt(pgjobq_worker *w, const pgjobq__batch *items, int64_t id, int for_good)
 {
     const pgjobq_ctx *ctx = NULL;
     int64_t now = pgjobq__mono_ms();
@@ -582,7 +237,7 @@ static void log_failed_attempt(pgjobq_worker *w, const batch *items, int64_t id,
 static size_t pending_count(const pgjobq_worker *w)
 {
     size_t n = 0;
-    for (int k = 0; k < W_KINDS; k++)
+    for (int k = 0; k < PGJOBQ__W_KINDS; k++)
         n += w->pending[k].n;
     return n;
 }
@@ -645,12 +300,8 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
 
 static void phase_collect(pgjobq_worker *w, int64_t now)
 {
-    pgjobq_ctx *list;
+    pgjobq_ctx *list = pgjobq__pool_collect(&w->pool);
 
-    pthread_mutex_lock(&w->done_mu);
-    list = w->done_head;
-    w->done_head = NULL;
-    pthread_mutex_unlock(&w->done_mu);
     while (list) {
         pgjobq_ctx *ctx = list;
         list = ctx->next;
@@ -663,14 +314,23 @@ static void phase_collect(pgjobq_worker *w, int64_t now)
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: write (outcomes and heartbeats, on the write connection)                                   */
 
+/* Sends statement s of the table on the connection that prepared it.  0, or -1 after the connection
+ * broke (pgjobq__aconn_send). */
+static int send_stmt(pgjobq_worker *w, int s, const char *const *values, const int *lengths, const int *formats,
+                     int binary_result, int64_t now)
+{
+    int c = s < PGJOBQ__S_COMPLETE ? PGJOBQ__C_CLAIM : s < PGJOBQ__S_RESCUE ? PGJOBQ__C_WRITE : PGJOBQ__C_MAINT;
+    return pgjobq__aconn_send(&w->conn[c], s - pgjobq__worker_conn_stmts[c].first, values, lengths, formats, binary_result, now);
+}
+
 /* Sends one batch of outcomes of one kind; the batch moves into the request. */
 static void send_write(pgjobq_worker *w, int kind, int64_t now)
 {
-    request *rq = &w->req[C_WRITE];
-    batch *b = &w->pending[kind];
+    pgjobq__request *rq = &w->req[PGJOBQ__C_WRITE];
+    pgjobq__batch *b = &w->pending[kind];
     pgjobq__array a[5];
     const char *values[5] = {NULL};
-    int lengths[5] = {0}, formats[5] = {1, 1, 1, 1, 1}, nparams = write_stmts[kind].nparams;
+    int lengths[5] = {0}, formats[5] = {1, 1, 1, 1, 1}, nparams = pgjobq__worker_stmts[PGJOBQ__WRITE_STMT(kind)].nparams;
     char reason[300];
 
     memset(a, 0, sizeof a);
@@ -681,7 +341,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         pgjobq__array_int8(&a[1], b->items[i]->job.lease_token);
     }
     switch (kind) {
-    case W_COMPLETE:
+    case PGJOBQ__W_COMPLETE:
         pgjobq__array_begin(&a[2], OID_JSONB);
         for (size_t i = 0; i < b->n; i++) {
             if (b->items[i]->result)
@@ -690,7 +350,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
                 pgjobq__array_null(&a[2]);
         }
         break;
-    case W_FAIL:
+    case PGJOBQ__W_FAIL:
         pgjobq__array_begin(&a[2], OID_TEXT);
         pgjobq__array_begin(&a[3], OID_INTERVAL);
         pgjobq__array_begin(&a[4], OID_BOOL);
@@ -707,7 +367,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         break;
     default:
         snprintf(reason, sizeof reason, "%s by worker %s",
-                 kind == W_RELEASE ? "handed back at shutdown" : "cancelled by its handler", w->worker_id);
+                 kind == PGJOBQ__W_RELEASE ? "handed back at shutdown" : "cancelled by its handler", w->worker_id);
         values[2] = reason;
         formats[2] = 0;
         break;
@@ -722,14 +382,14 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         values[k] = a[k].buf.data;
         lengths[k] = (int)a[k].buf.len;
     }
-    if (pgjobq__aconn_send(&w->conn[C_WRITE], kind, values, lengths, formats, 1, now) != 0)
+    if (send_stmt(w, PGJOBQ__WRITE_STMT(kind), values, lengths, formats, 1, now) != 0)
         goto out; /* the connection broke: the outcomes stay pending */
     atomic_fetch_add(&w->st_writes, 1);
     rq->kind = R_WRITE;
     rq->wkind = kind;
     rq->sent_ms = now;
     /* The batch becomes the request's; the pending list starts afresh with the request's old array. */
-    batch spare = rq->items;
+    pgjobq__batch spare = rq->items;
     rq->items = *b;
     *b = spare;
     b->n = 0;
@@ -762,9 +422,9 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
         values[1] = tokens.buf.data;
         lengths[1] = (int)tokens.buf.len;
         values[2] = w->lease_s;
-        if (pgjobq__aconn_send(&w->conn[C_WRITE], S_EXTEND, values, lengths, formats, 1, now) == 0) {
-            w->req[C_WRITE].kind = R_HEARTBEAT;
-            w->req[C_WRITE].sent_ms = now;
+        if (send_stmt(w, PGJOBQ__S_EXTEND, values, lengths, formats, 1, now) == 0) {
+            w->req[PGJOBQ__C_WRITE].kind = R_HEARTBEAT;
+            w->req[PGJOBQ__C_WRITE].sent_ms = now;
         }
     }
     pgjobq__buf_free(&ids.buf);
@@ -787,8 +447,8 @@ static void send_beat(pgjobq_worker *w, int64_t now)
             len += (size_t)k;
         }
     }
-    if (pgjobq__aconn_send(&w->conn[C_WRITE], S_BEAT, values, NULL, NULL, 0, now) == 0)
-        w->req[C_WRITE].kind = R_BEAT;
+    if (send_stmt(w, PGJOBQ__S_BEAT, values, NULL, NULL, 0, now) == 0)
+        w->req[PGJOBQ__C_WRITE].kind = R_BEAT;
 }
 
 /* A beat's answer.  The registry refuses a beat (55006, object_in_use) when the id is another live
@@ -823,11 +483,11 @@ static void beat_done(pgjobq_worker *w, PGresult *r, int64_t now)
         break;
     case PGJOBQ__ID_GIVE_UP:
         w->fatal =
-            werr(w, PGJOBQ_ECONFLICT, "%s: give each worker its own id (--worker-id)", msg ? msg : "worker id in use");
+            pgjobq__worker_err(w, PGJOBQ_ECONFLICT, "%s: give each worker its own id (--worker-id)", msg ? msg : "worker id in use");
         wlog(w, PGJOBQ_LOG_ERROR, "%s", w->errmsg);
         break;
     case PGJOBQ__ID_TAKEN:
-        w->fatal = werr(w, PGJOBQ_ECONFLICT,
+        w->fatal = pgjobq__worker_err(w, PGJOBQ_ECONFLICT,
                         "worker id %s was taken over by another worker while this one went unseen: %s; stopping",
                         w->worker_id, msg ? msg : "in use");
         wlog(w, PGJOBQ_LOG_ERROR, "%s", w->errmsg);
@@ -837,22 +497,22 @@ static void beat_done(pgjobq_worker *w, PGresult *r, int64_t now)
 
 static void phase_write(pgjobq_worker *w, int64_t now)
 {
-    if (!pgjobq__aconn_idle(&w->conn[C_WRITE]))
+    if (!pgjobq__aconn_idle(&w->conn[PGJOBQ__C_WRITE]))
         return;
     if (w->nrunning > 0 && now >= w->next_heartbeat_ms) {
         send_heartbeat(w, now);
-        if (w->req[C_WRITE].kind != R_NONE)
+        if (w->req[PGJOBQ__C_WRITE].kind != R_NONE)
             return;
     }
     if (now >= w->next_beat_ms && !w->stopping) {
         send_beat(w, now);
-        if (w->req[C_WRITE].kind != R_NONE)
+        if (w->req[PGJOBQ__C_WRITE].kind != R_NONE)
             return;
     }
     if (!pgjobq__flush_decide(pending_count(w), w->first_pending_ms, outstanding(w), w->stopping, now,
                               FLUSH_AFTER_MS))
         return;
-    for (int k = 0; k < W_KINDS; k++) {
+    for (int k = 0; k < PGJOBQ__W_KINDS; k++) {
         if (w->pending[k].n == 0)
             continue;
         send_write(w, k, now);
@@ -864,7 +524,7 @@ static void phase_write(pgjobq_worker *w, int64_t now)
 }
 
 /* The result of a write: counts its outcomes, then forgets the jobs. */
-static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
+static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
 {
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
@@ -881,7 +541,7 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
         }
         wlog(w, PGJOBQ_LOG_ERROR, "writing %zu outcomes (%s) failed: %s; their leases will expire and the jobs run "
                                   "again",
-             rq->items.n, write_what[rq->wkind], PQresultErrorMessage(r));
+             rq->items.n, pgjobq__worker_write_what[rq->wkind], PQresultErrorMessage(r));
     } else {
         for (int row = 0; row < PQntuples(r); row++) {
             size_t len = 0;
@@ -892,8 +552,8 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
             switch (pgjobq__outcome_parse(outcome, len)) {
             case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
             case PGJOBQ__O_QUEUED:
-                atomic_fetch_add(rq->wkind == W_RELEASE ? &w->st_released : &w->st_retried, 1);
-                if (rq->wkind == W_FAIL)
+                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE ? &w->st_released : &w->st_retried, 1);
+                if (rq->wkind == PGJOBQ__W_FAIL)
                     log_failed_attempt(w, &rq->items, id, 0);
                 break;
             case PGJOBQ__O_FAILED:
@@ -926,7 +586,7 @@ static void write_done(pgjobq_worker *w, request *rq, PGresult *r)
     rq->items.n = 0;
 }
 
-static void heartbeat_done(pgjobq_worker *w, request *rq, PGresult *r)
+static void heartbeat_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
 {
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         wlog(w, PGJOBQ_LOG_WARN, "heartbeat failed: %s", PQresultErrorMessage(r));
@@ -959,47 +619,16 @@ static void heartbeat_done(pgjobq_worker *w, request *rq, PGresult *r)
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: claim (and the listener, on the claim connection)                                          */
 
-/* Builds a job's context from a claim_batch row: one allocation for the context, the job and its
+/* Builds a job's context from a claimed row: one allocation for the context, the job and its
  * strings. */
 static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *r, int row)
 {
-    static const int text_cols[] = {K_KIND, K_PAYLOAD, K_UNIQUE_KEY, K_LAST_ERROR, K_PARENTS};
-    const char *s[5];
-    size_t len[5], bytes = sizeof(pgjobq_ctx);
-    pgjobq_ctx *ctx;
-    char *p;
+    pgjobq_ctx *ctx = calloc(1, sizeof(pgjobq_ctx) + pgjobq__claimed_size(r, row));
 
-    for (int k = 0; k < 5; k++) {
-        s[k] = pgjobq__get_text(r, row, text_cols[k], &len[k]);
-        if (s[k])
-            bytes += len[k] + 1;
-    }
-    ctx = calloc(1, bytes);
     if (ctx == NULL)
         return NULL;
-    p = (char *)(ctx + 1);
-    const char **dst[5] = {&ctx->job.kind, &ctx->job.payload, &ctx->job.unique_key, &ctx->job.last_error,
-                           &ctx->job.parents};
-    for (int k = 0; k < 5; k++) {
-        if (s[k] == NULL)
-            continue;
-        memcpy(p, s[k], len[k]);
-        p[len[k]] = '\0';
-        *dst[k] = p;
-        p += len[k] + 1;
-    }
-    ctx->job.id = pgjobq__get_int8(r, row, K_ID);
+    pgjobq__claimed_read(r, row, &ctx->job, (char *)(ctx + 1));
     ctx->job.queue = q->name;
-    ctx->job.priority = pgjobq__get_int2(r, row, K_PRIORITY);
-    ctx->job.state = PGJOBQ_RUNNING;
-    ctx->job.attempt = pgjobq__get_int4(r, row, K_ATTEMPT);
-    ctx->job.max_attempts = pgjobq__get_int4(r, row, K_MAX_ATTEMPTS);
-    ctx->job.lease_token = pgjobq__get_int8(r, row, K_TOKEN);
-    ctx->job.run_at = pgjobq__get_time(r, row, K_RUN_AT);
-    ctx->job.created_at = pgjobq__get_time(r, row, K_CREATED_AT);
-    ctx->job.started_at = pgjobq__get_time(r, row, K_STARTED_AT);
-    ctx->job.finished_at = PGJOBQ_TIME_NONE;
-    ctx->job.lease_until = pgjobq__get_time(r, row, K_LEASE_UNTIL);
     ctx->job.worker_id = w->worker_id;
     ctx->q = q;
     ctx->retry_delay_ms = PGJOBQ_BACKOFF;
@@ -1050,10 +679,10 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
         values[4 + k] = a[k].buf.data;
         lengths[4 + k] = (int)a[k].buf.len;
     }
-    if (pgjobq__aconn_send(&w->conn[C_CLAIM], S_CLAIM, values, lengths, formats, 1, now) != 0)
+    if (send_stmt(w, PGJOBQ__S_CLAIM, values, lengths, formats, 1, now) != 0)
         goto out;
     atomic_fetch_add(&w->st_claims, 1);
-    request *rq = &w->req[C_CLAIM];
+    pgjobq__request *rq = &w->req[PGJOBQ__C_CLAIM];
     rq->kind = R_CLAIM;
     rq->queue = qi;
     rq->want = want;
@@ -1080,26 +709,26 @@ typedef struct claim_meta {
 static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *m)
 {
     size_t len = 0;
-    const char *what = pgjobq__get_text(r, row, K_META, &len);
+    const char *what = pgjobq__get_text(r, row, PGJOBQ__K_META, &len);
 
     if (what == NULL)
         return;
     if (len == 9 && memcmp(what, "exhausted", 9) == 0) {
-        if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, K_PRIORITY))
-            m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, K_PRIORITY);
+        if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, PGJOBQ__K_PRIORITY))
+            m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, PGJOBQ__K_PRIORITY);
     } else if (len == 4 && memcmp(what, "tick", 4) == 0) {
-        m->cap_us = pgjobq__get_time(r, row, K_CAP);
-        if (!PQgetisnull(r, row, K_KEY) && !PQgetisnull(r, row, K_TICK_XID))
-            pgjobq__ticks_add(&w->ticks, pgjobq__get_time(r, row, K_KEY), pgjobq__get_int8(r, row, K_TICK_XID));
-        if (!PQgetisnull(r, row, K_NEXT_DUE)) {
-            uint64_t u = pgjobq__get_be64(PQgetvalue(r, row, K_NEXT_DUE));
+        m->cap_us = pgjobq__get_time(r, row, PGJOBQ__K_CAP);
+        if (!PQgetisnull(r, row, PGJOBQ__K_KEY) && !PQgetisnull(r, row, PGJOBQ__K_TICK_XID))
+            pgjobq__ticks_add(&w->ticks, pgjobq__get_time(r, row, PGJOBQ__K_KEY), pgjobq__get_int8(r, row, PGJOBQ__K_TICK_XID));
+        if (!PQgetisnull(r, row, PGJOBQ__K_NEXT_DUE)) {
+            uint64_t u = pgjobq__get_be64(PQgetvalue(r, row, PGJOBQ__K_NEXT_DUE));
             memcpy(&m->next_due, &u, sizeof m->next_due);
         }
-        m->limited = !PQgetisnull(r, row, K_LIMITED) && pgjobq__get_bool(r, row, K_LIMITED);
+        m->limited = !PQgetisnull(r, row, PGJOBQ__K_LIMITED) && pgjobq__get_bool(r, row, PGJOBQ__K_LIMITED);
     }
 }
 
-static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
+static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64_t now)
 {
     pgjobq__queue *q = &w->queues[rq->queue];
     pgjobq_ctx *first = NULL, *last = NULL;
@@ -1107,7 +736,7 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
     claim_meta meta;
     int n = 0, rows;
 
-    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != K_NCOLS) {
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != PGJOBQ__K_CLAIM_NCOLS) {
         wlog(w, PGJOBQ_LOG_WARN, "claim from %s failed: %s", q->name, PQresultErrorMessage(r));
         q->claim.next_poll_ms = now + w->o.poll_ms;
         q->claim.woken = q->claim.last_full = 0;
@@ -1121,7 +750,7 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
     rows = PQntuples(r);
     claimed = rows > 0 ? malloc((size_t)rows * sizeof *claimed) : NULL;
     for (int row = 0; row < rows; row++) {
-        if (PQgetisnull(r, row, K_ID)) {
+        if (PQgetisnull(r, row, PGJOBQ__K_ID)) {
             read_meta(w, r, row, &meta);
             continue;
         }
@@ -1129,14 +758,14 @@ static void claim_done(pgjobq_worker *w, request *rq, PGresult *r, int64_t now)
         if (ctx == NULL || running_add(w, ctx) != 0) {
             /* Out of memory: the job's lease will expire and it will run elsewhere. */
             wlog(w, PGJOBQ_LOG_ERROR, "out of memory dispatching job %lld",
-                 (long long)pgjobq__get_int8(r, row, K_ID));
+                 (long long)pgjobq__get_int8(r, row, PGJOBQ__K_ID));
             pgjobq__ctx_free(ctx);
             continue;
         }
         n++;
         if (claimed) {
             claimed[n - 1].priority = (int16_t)ctx->job.priority;
-            claimed[n - 1].key_us = pgjobq__get_time(r, row, K_KEY);
+            claimed[n - 1].key_us = pgjobq__get_time(r, row, PGJOBQ__K_KEY);
             claimed[n - 1].id = ctx->job.id;
         }
         ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
@@ -1193,9 +822,9 @@ static void read_notifications(pgjobq_worker *w)
 {
     PGnotify *n;
 
-    if (w->conn[C_CLAIM].pg == NULL)
+    if (w->conn[PGJOBQ__C_CLAIM].pg == NULL)
         return;
-    while ((n = PQnotifies(w->conn[C_CLAIM].pg)) != NULL) {
+    while ((n = PQnotifies(w->conn[PGJOBQ__C_CLAIM].pg)) != NULL) {
         for (int i = 0; i < w->nqueues; i++)
             if (strcmp(w->queues[i].name, n->extra) == 0)
                 w->queues[i].claim.woken = 1;
@@ -1214,13 +843,13 @@ static void listen_check_done(pgjobq_worker *w, PGresult *r)
 
 static void phase_claim(pgjobq_worker *w, int64_t now)
 {
-    pgjobq__aconn *ac = &w->conn[C_CLAIM];
-    request *rq = &w->req[C_CLAIM];
+    pgjobq__aconn *ac = &w->conn[PGJOBQ__C_CLAIM];
+    pgjobq__request *rq = &w->req[PGJOBQ__C_CLAIM];
 
     if (!pgjobq__aconn_idle(ac))
         return;
     if (!w->o.poll_only && w->need_listen) {
-        if (pgjobq__aconn_send_simple(ac, "LISTEN pgjobq", now) == 0) {
+        if (pgjobq__aconn_send_simple(ac, pgjobq__worker_listen_sql, now) == 0) {
             rq->kind = R_LISTEN;
             w->need_listen = 0;
             for (int i = 0; i < w->nqueues; i++)
@@ -1230,8 +859,7 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
     }
     if (!w->o.poll_only && now >= w->listen_check_ms) {
         w->listen_check_ms = now + LISTEN_CHECK_MS;
-        if (pgjobq__aconn_send_simple(ac, "SELECT 1 FROM pg_catalog.pg_listening_channels() c WHERE c = 'pgjobq'",
-                                      now) == 0)
+        if (pgjobq__aconn_send_simple(ac, pgjobq__worker_listen_check_sql, now) == 0)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
@@ -1258,8 +886,8 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
 
 static void phase_maintain(pgjobq_worker *w, int64_t now)
 {
-    pgjobq__aconn *ac = &w->conn[C_MAINT];
-    request *rq = &w->req[C_MAINT];
+    pgjobq__aconn *ac = &w->conn[PGJOBQ__C_MAINT];
+    pgjobq__request *rq = &w->req[PGJOBQ__C_MAINT];
 
     if (w->o.no_maintenance || !pgjobq__aconn_idle(ac))
         return;
@@ -1272,22 +900,22 @@ static void phase_maintain(pgjobq_worker *w, int64_t now)
             snprintf(since, sizeof since, "%lld", (long long)w->rescue_since_us);
             values[0] = since;
         }
-        if (pgjobq__aconn_send(ac, S_RESCUE, values, NULL, NULL, 0, now) == 0) {
+        if (send_stmt(w, PGJOBQ__S_RESCUE, values, NULL, NULL, 0, now) == 0) {
             rq->kind = R_RESCUE;
             if (values[0] == NULL)
                 w->next_full_rescue_ms = now + RESCUE_FULL_EVERY_MS;
         }
     } else if (now >= w->next_tick_ms) {
         w->next_tick_ms = now + TICK_EVERY_MS;
-        if (pgjobq__aconn_send(ac, S_TICK, NULL, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, PGJOBQ__S_TICK, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_TICK;
     } else if (now >= w->next_health_ms) {
         w->next_health_ms = now + HEALTH_EVERY_MS;
-        if (pgjobq__aconn_send(ac, S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, PGJOBQ__S_HEALTH, NULL, NULL, NULL, 0, now) == 0)
             rq->kind = R_HEALTH;
     } else if (now >= w->next_prune_ms) {
         const char *values[2] = {w->completed_s[0] ? w->completed_s : NULL, w->failed_s[0] ? w->failed_s : NULL};
-        if (pgjobq__aconn_send(ac, S_PRUNE, values, NULL, NULL, 0, now) == 0)
+        if (send_stmt(w, PGJOBQ__S_PRUNE, values, NULL, NULL, 0, now) == 0)
             rq->kind = R_PRUNE;
     }
 }
@@ -1392,7 +1020,7 @@ static void phase_deadlines(pgjobq_worker *w, int64_t now)
  * never came: if it committed, those jobs are rescued when their leases expire). */
 static void connection_lost(pgjobq_worker *w, int c, int64_t now)
 {
-    request *rq = &w->req[c];
+    pgjobq__request *rq = &w->req[c];
 
     int64_t retry_in = w->conn[c].retry_at_ms > now ? w->conn[c].retry_at_ms - now : 0;
 
@@ -1429,7 +1057,7 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
         w->need_listen = 1;
     /* A claim whose result never came may have rolled back: the rows it had locked are queued again,
      * and other workers' cursors have passed them.  The next claims start at the low-water marks. */
-    if (c == C_CLAIM)
+    if (c == PGJOBQ__C_CLAIM)
         for (int i = 0; i < w->nqueues; i++)
             w->queues[i].claim.cursor_valid = 0;
     rq->kind = R_NONE;
@@ -1447,7 +1075,7 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
     w->failed_connects[c] = 0;
     w->next_down_warn_ms[c] = 0;
     w->ever_ready[c] = 1;
-    if (c == C_CLAIM) {
+    if (c == PGJOBQ__C_CLAIM) {
         wlog(w, PGJOBQ_LOG_INFO, "connected to the database at %s as worker %s%s", where, w->worker_id,
              w->o.poll_only ? " (polling)" : "; listening for new jobs");
         /* Jobs may have arrived while nobody listened. */
@@ -1457,11 +1085,11 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
         w->need_listen = 0;
     } else {
         wlog(w, PGJOBQ_LOG_DEBUG, "the %s connection is ready", w->conn[c].name);
-        if (c == C_WRITE) {
+        if (c == PGJOBQ__C_WRITE) {
             w->next_heartbeat_ms = now; /* leases may have gone unrenewed while it was down */
             w->next_beat_ms = now;
         }
-        if (c == C_MAINT) {
+        if (c == PGJOBQ__C_MAINT) {
             /* Perhaps another server now (a failover): its leases may end before the point the rescue
              * had reached on the old one (a renewal the standby never received), so the next rescue
              * looks at every expired lease. */
@@ -1477,7 +1105,7 @@ static void connection_ready(pgjobq_worker *w, int c, int64_t now)
 
 static void result_ready(pgjobq_worker *w, int c, int64_t now)
 {
-    request *rq = &w->req[c];
+    pgjobq__request *rq = &w->req[c];
     PGresult *r = pgjobq__aconn_take(&w->conn[c]);
     int kind = rq->kind;
 
@@ -1511,12 +1139,12 @@ static void connection_event(pgjobq_worker *w, int c, int ev, int64_t now)
     case PGJOBQ__AC_EV_RESULT: result_ready(w, c, now); break;
     case PGJOBQ__AC_EV_LOST: connection_lost(w, c, now); break;
     case PGJOBQ__AC_EV_SCHEMA:
-        w->fatal = werr(w, PGJOBQ_ESCHEMA, "%s", w->conn[c].err);
+        w->fatal = pgjobq__worker_err(w, PGJOBQ_ESCHEMA, "%s", w->conn[c].err);
         wlog(w, PGJOBQ_LOG_ERROR, "%s", w->errmsg);
         break;
     default: break;
     }
-    if (c == C_CLAIM)
+    if (c == PGJOBQ__C_CLAIM)
         read_notifications(w);
 }
 
@@ -1531,7 +1159,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
         if (t_ < next)    \
             next = t_;    \
     } while (0)
-    if (pgjobq__aconn_idle(&w->conn[C_WRITE])) {
+    if (pgjobq__aconn_idle(&w->conn[PGJOBQ__C_WRITE])) {
         if (w->nrunning > 0)
             SOONER(w->next_heartbeat_ms);
         if (!w->stopping)
@@ -1547,10 +1175,10 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
         SOONER(atomic_load(&w->running[i]->timeout_at_ms));
         SOONER(w->running[i]->lease_valid_until_ms - pgjobq__lease_margin(w->o.lease_ms));
     }
-    for (int c = 0; c < NCONN; c++)
-        if (c != C_MAINT || !w->o.no_maintenance)
+    for (int c = 0; c < PGJOBQ__NCONN; c++)
+        if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)
             SOONER(pgjobq__aconn_next_ms(&w->conn[c]));
-    if (pgjobq__aconn_idle(&w->conn[C_CLAIM])) {
+    if (pgjobq__aconn_idle(&w->conn[PGJOBQ__C_CLAIM])) {
         if (!w->o.poll_only)
             SOONER(w->listen_check_ms);
         for (int i = 0; i < w->nqueues && !w->stopping; i++) {
@@ -1560,7 +1188,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
             SOONER(pgjobq__claim_next_ms(&q->claim));
         }
     }
-    if (!w->o.no_maintenance && pgjobq__aconn_idle(&w->conn[C_MAINT])) {
+    if (!w->o.no_maintenance && pgjobq__aconn_idle(&w->conn[PGJOBQ__C_MAINT])) {
         SOONER(w->next_rescue_ms);
         SOONER(w->next_tick_ms);
         SOONER(w->next_health_ms);
@@ -1572,18 +1200,18 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
 
 static void phase_poll(pgjobq_worker *w, int64_t now, int waiting)
 {
-    struct pollfd p[1 + NCONN];
+    struct pollfd p[1 + PGJOBQ__NCONN];
     int64_t next = next_timer(w, now, waiting);
     int timeout = next > now ? (int)(next - now < 60000 ? next - now : 60000) : 0;
 
     p[0].fd = w->wake_pipe[0];
     p[0].events = POLLIN;
     p[0].revents = 0;
-    for (int c = 0; c < NCONN; c++) {
+    for (int c = 0; c < PGJOBQ__NCONN; c++) {
         pgjobq__aconn_pollfd(&w->conn[c], &p[1 + c].fd, &p[1 + c].events);
         p[1 + c].revents = 0;
     }
-    if (poll(p, 1 + NCONN, timeout) < 0 && errno != EINTR)
+    if (poll(p, 1 + PGJOBQ__NCONN, timeout) < 0 && errno != EINTR)
         wlog(w, PGJOBQ_LOG_WARN, "poll: %s", strerror(errno));
     if (p[0].revents) {
         char buf[256];
@@ -1591,7 +1219,7 @@ static void phase_poll(pgjobq_worker *w, int64_t now, int waiting)
             ;
     }
     now = pgjobq__mono_ms();
-    for (int c = 0; c < NCONN; c++) {
+    for (int c = 0; c < PGJOBQ__NCONN; c++) {
         int ev = pgjobq__aconn_io(&w->conn[c], p[1 + c].fd >= 0 ? p[1 + c].revents : 0, now);
         connection_event(w, c, ev, now);
     }
@@ -1626,14 +1254,14 @@ static int phase_done(pgjobq_worker *w, int64_t now)
     }
     if (!w->stopping)
         return 0;
-    if (w->nrunning == 0 && w->req[C_CLAIM].kind != R_CLAIM)
+    if (w->nrunning == 0 && w->req[PGJOBQ__C_CLAIM].kind != R_CLAIM)
         return 1;
     int requests = atomic_load(&w->stop_requests);
-    if (w->conn[C_WRITE].state != PGJOBQ__AC_READY && (requests > 1 || now >= w->shutdown_at_ms) &&
+    if (w->conn[PGJOBQ__C_WRITE].state != PGJOBQ__AC_READY && (requests > 1 || now >= w->shutdown_at_ms) &&
         outstanding(w) == 0) {
-        size_t unwritten = pending_count(w) + w->req[C_WRITE].items.n;
+        size_t unwritten = pending_count(w) + w->req[PGJOBQ__C_WRITE].items.n;
         if (unwritten)
-            w->exit_rc = werr(w, PGJOBQ_ETIMEOUT,
+            w->exit_rc = pgjobq__worker_err(w, PGJOBQ_ETIMEOUT,
                               "stopped without a database: the outcomes of %zu jobs could not be written; their "
                               "leases will expire and they will run again",
                               unwritten);
@@ -1654,18 +1282,16 @@ static void server_notice(void *arg, const char *message)
 
 static void init_connections(pgjobq_worker *w)
 {
-    static const char *const names[NCONN] = {"claim", "write", "maintenance"};
-    static const pgjobq__stmtdef *const stmts[NCONN] = {claim_stmts, write_stmts, maint_stmts};
-    static const int nstmts[NCONN] = {NCLAIM_STMTS, NWRITE_STMTS, NMAINT_STMTS};
+    static const char *const names[PGJOBQ__NCONN] = {"claim", "write", "maintenance"};
 
-    for (int c = 0; c < NCONN; c++) {
+    for (int c = 0; c < PGJOBQ__NCONN; c++) {
         pgjobq__aconn *ac = &w->conn[c];
         memset(ac, 0, sizeof *ac);
         ac->name = names[c];
         ac->conninfo = w->conninfo;
-        ac->setup_sql = c == C_CLAIM && !w->o.poll_only ? setup_listen : setup_plain;
-        ac->stmts = stmts[c];
-        ac->nstmts = nstmts[c];
+        ac->setup_sql = c == PGJOBQ__C_CLAIM && !w->o.poll_only ? pgjobq__worker_setup_listen : pgjobq__worker_setup_plain;
+        ac->stmts = &pgjobq__worker_stmts[pgjobq__worker_conn_stmts[c].first];
+        ac->nstmts = pgjobq__worker_conn_stmts[c].n;
         /* PgBouncer in transaction mode (poll-only) hands each transaction to any server connection:
          * named prepared statements would not be there. */
         ac->prepare = !w->o.poll_only;
@@ -1705,7 +1331,7 @@ static int draw_secret(pgjobq_worker *w)
         if (f)
             fclose(f);
         if (got < sizeof v)
-            return werr(w, PGJOBQ_ENOMEM, "no random bytes for the worker's secret: %s", strerror(errno));
+            return pgjobq__worker_err(w, PGJOBQ_ENOMEM, "no random bytes for the worker's secret: %s", strerror(errno));
     }
     snprintf(w->secret_s, sizeof w->secret_s, "%lld", (long long)(int64_t)v);
     return PGJOBQ_OK;
@@ -1715,7 +1341,7 @@ static int draw_secret(pgjobq_worker *w)
 static void finish(pgjobq_worker *w)
 {
     /* A clean stop leaves pgjobq.workers at once (a crashed worker ages out of it). */
-    pgjobq__aconn *wc = &w->conn[C_WRITE];
+    pgjobq__aconn *wc = &w->conn[PGJOBQ__C_WRITE];
     if (wc->state == PGJOBQ__AC_READY && !wc->busy && wc->pg && !w->fatal) {
         const char *values[2] = {w->worker_id, w->secret_s};
         PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1, $2)", 2, NULL, values, NULL, NULL, 0);
@@ -1723,14 +1349,14 @@ static void finish(pgjobq_worker *w)
             wlog(w, PGJOBQ_LOG_DEBUG, "could not remove this worker from pgjobq.workers: %s", PQresultErrorMessage(r));
         PQclear(r);
     }
-    for (int k = 0; k < W_KINDS; k++) {
+    for (int k = 0; k < PGJOBQ__W_KINDS; k++) {
         for (size_t i = 0; i < w->pending[k].n; i++)
             running_drop(w, w->pending[k].items[i]);
         free(w->pending[k].items);
         w->pending[k].items = NULL;
         w->pending[k].n = 0;
     }
-    for (int c = 0; c < NCONN; c++) {
+    for (int c = 0; c < PGJOBQ__NCONN; c++) {
         for (size_t i = 0; i < w->req[c].items.n; i++)
             running_drop(w, w->req[c].items.items[i]);
         free(w->req[c].items.items);
@@ -1750,21 +1376,21 @@ int pgjobq_worker_run(pgjobq_worker *w)
     if (w == NULL)
         return PGJOBQ_EINVAL;
     if (w->ran)
-        return werr(w, PGJOBQ_EINVAL, "pgjobq_worker_run was already called");
+        return pgjobq__worker_err(w, PGJOBQ_EINVAL, "pgjobq_worker_run was already called");
     w->ran = 1;
     if (w->nqueues == 0)
-        return werr(w, PGJOBQ_EINVAL, "no queue to serve: add a handler with pgjobq_worker_handle");
+        return pgjobq__worker_err(w, PGJOBQ_EINVAL, "no queue to serve: add a handler with pgjobq_worker_handle");
     if (atomic_load(&w->stop_requests) > 0)
-        return werr(w, PGJOBQ_ESTOPPED, "pgjobq_worker_stop was called before the worker ran: it did nothing");
+        return pgjobq__worker_err(w, PGJOBQ_ESTOPPED, "pgjobq_worker_stop was called before the worker ran: it did nothing");
     if ((rc = draw_secret(w)) != PGJOBQ_OK)
         return rc;
     if (pipe(w->wake_pipe) != 0)
-        return werr(w, PGJOBQ_ENOMEM, "pipe: %s", strerror(errno));
+        return pgjobq__worker_err(w, PGJOBQ_ENOMEM, "pipe: %s", strerror(errno));
     for (int k = 0; k < 2; k++) {
         if (fcntl(w->wake_pipe[k], F_SETFL, O_NONBLOCK) != 0 || fcntl(w->wake_pipe[k], F_SETFD, FD_CLOEXEC) != 0)
-            return werr(w, PGJOBQ_ENOMEM, "fcntl: %s", strerror(errno));
+            return pgjobq__worker_err(w, PGJOBQ_ENOMEM, "fcntl: %s", strerror(errno));
     }
-    pthread_mutex_init(&w->done_mu, NULL);
+    pgjobq__pool_init(&w->pool, w->worker_id, pool_wake, w);
     for (int i = 0; i < w->nqueues; i++) {
         pgjobq__queue *q = &w->queues[i];
         pthread_mutex_init(&q->mu, NULL);
@@ -1774,8 +1400,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
         q->timeout_ms = w->o.timeout_ms;
     }
     init_connections(w);
-    if ((rc = pgjobq__pool_start(w->queues, w->nqueues, err, sizeof err)) != PGJOBQ_OK) {
-        werr(w, rc, "%s", err);
+    if ((rc = pgjobq__pool_start(&w->pool, w->queues, w->nqueues, err, sizeof err)) != PGJOBQ_OK) {
+        pgjobq__worker_err(w, rc, "%s", err);
         goto done;
     }
     int64_t now = pgjobq__mono_ms();
@@ -1808,8 +1434,8 @@ int pgjobq_worker_run(pgjobq_worker *w)
         now = pgjobq__mono_ms();
         phase_stop(w, now);
         phase_collect(w, now);
-        for (int c = 0; c < NCONN; c++)
-            if (c != C_MAINT || !w->o.no_maintenance)
+        for (int c = 0; c < PGJOBQ__NCONN; c++)
+            if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)
                 pgjobq__aconn_start(&w->conn[c], now);
         phase_write(w, now);
         phase_claim(w, now);
@@ -1822,7 +1448,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
     }
     rc = w->exit_rc;
     if (rc == PGJOBQ_OK && w->handed_back)
-        rc = werr(w, PGJOBQ_ETIMEOUT, "%s",
+        rc = pgjobq__worker_err(w, PGJOBQ_ETIMEOUT, "%s",
                   w->handed_back == 2 ? "jobs still running at the second stop request were handed back"
                                       : "jobs still running at the shutdown timeout were handed back");
 
@@ -1835,7 +1461,7 @@ done:
         pthread_mutex_destroy(&w->queues[i].mu);
         pthread_cond_destroy(&w->queues[i].cv);
     }
-    pthread_mutex_destroy(&w->done_mu);
+    pgjobq__pool_destroy(&w->pool);
     wlog(w, PGJOBQ_LOG_INFO, "worker %s stopped", w->worker_id);
     return rc;
 }

@@ -1,0 +1,78 @@
+/*
+ * worker_sql.c - the worker's statements, in one table: every statement the engine prepares and
+ * sends, the session setup of its connections, and its LISTEN.  The indexes (PGJOBQ__S_*) and the
+ * columns of the claim (PGJOBQ__K_*) are in engine.h; worker.c sends and reads them.
+ */
+#include "engine.h"
+
+/* The claim connection's, the write connection's, then the maintenance connection's: each connection
+ * prepares its own. */
+const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN] = {
+    [PGJOBQ__C_CLAIM] = {PGJOBQ__S_CLAIM, 1},
+    [PGJOBQ__C_WRITE] = {PGJOBQ__S_COMPLETE, PGJOBQ__S_BEAT + 1 - PGJOBQ__S_COMPLETE},
+    [PGJOBQ__C_MAINT] = {PGJOBQ__S_RESCUE, PGJOBQ__NSTMTS - PGJOBQ__S_RESCUE}};
+
+static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
+                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
+static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
+static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
+static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
+static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
+static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
+static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
+static const Oid since_type[] = {OID_INT8};
+
+const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
+    /* claim_next's columns, in the order of PGJOBQ__K_*: a row per claimed job (meta NULL), then rows
+     * that say where the claim got to (meta 'exhausted': a level read to its end; 'tick': the claim's
+     * tick, cap and the next due job). */
+    [PGJOBQ__S_CLAIM] = {"pgjobq_claim",
+                         "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
+                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                         9, claim_types},
+    [PGJOBQ__S_COMPLETE] = {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3,
+                            complete_types},
+    [PGJOBQ__S_FAIL] = {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},
+    [PGJOBQ__S_RELEASE] = {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3,
+                           reason_types},
+    [PGJOBQ__S_CANCEL] = {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
+    [PGJOBQ__S_EXTEND] = {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
+    /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
+     * secret, which makes the row its own. */
+    [PGJOBQ__S_BEAT] = {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types},
+    /* Maintenance: only one process of the fleet does each pass at a time (the others get -1).
+     * $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
+    [PGJOBQ__S_RESCUE] = {"pgjobq_rescue",
+                          "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(2) ")"
+                          " THEN pgjobq.rescue_expired(1000, pg_catalog.to_timestamp($1 / 1000000.0)) ELSE -1 END,"
+                          " (pg_catalog.date_part('epoch', pg_catalog.now()) * 1000000)::bigint",
+                          1, since_type},
+    [PGJOBQ__S_PRUNE] = {"pgjobq_prune",
+                         "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(" PGJOBQ__LOCK(3) ")"
+                         " THEN pgjobq.prune($1, $2, 1000) ELSE -1 END",
+                         2, prune_types},
+    /* Schedules need no lock: each due schedule is taken by one tick (FOR UPDATE SKIP LOCKED). */
+    [PGJOBQ__S_TICK] = {"pgjobq_tick", "SELECT pgjobq.schedule_tick(100)", 0, NULL},
+    /* health() is read before autovacuum_adapt() runs (a function in FROM is materialised first). */
+    [PGJOBQ__S_HEALTH] = {"pgjobq_health",
+                          "SELECT round(horizon_age_s), holder_kind, holder_pid, holder_application, holder_state,"
+                          " jobs_dead, pgjobq.autovacuum_adapt() FROM pgjobq.health()",
+                          0, NULL}};
+
+const char *const pgjobq__worker_write_what[PGJOBQ__W_KINDS] = {"complete", "fail", "release", "cancel"};
+
+/* The claim connection's simple queries (not prepared): its LISTEN, again after a reconnect, and the
+ * check that it still listens. */
+#define LISTEN_SQL "LISTEN pgjobq"
+const char pgjobq__worker_listen_sql[] = LISTEN_SQL;
+const char pgjobq__worker_listen_check_sql[] =
+    "SELECT 1 FROM pg_catalog.pg_listening_channels() c WHERE c = 'pgjobq'";
+
+/* Session setup of every connection: the isolation level pgjobq's statements are designed for, and
+ * the schema check (its result must be last).  The claim connection also listens. */
+#define SETUP_SQL "SET default_transaction_isolation = 'read committed';"
+#define SCHEMA_SQL                                                                                   \
+    "SELECT " PGJOBQ__SCHEMA_VERSION_COLS ", pg_catalog.pg_is_in_recovery() OR"                    \
+    " pg_catalog.current_setting('transaction_read_only')::boolean" PGJOBQ__SCHEMA_VERSION_FROM
+const char pgjobq__worker_setup_plain[] = SETUP_SQL SCHEMA_SQL;
+const char pgjobq__worker_setup_listen[] = SETUP_SQL LISTEN_SQL ";" SCHEMA_SQL;
