@@ -374,20 +374,8 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
                "</tr></thead><tbody>");
     r = query(c, out,
-              "WITH live AS (SELECT j.queue::text AS queue,"
-              "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,"
-              "  count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()) AS later,"
-              "  count(*) FILTER (WHERE j.state = 'running') AS running,"
-              "  extract(epoch FROM now() - min(j.run_at) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()))"
-              "    AS lag FROM pgjobq.jobs j GROUP BY 1),"
-              " hour AS (SELECT h.queue, count(*) FILTER (WHERE h.state = 'completed') AS done,"
-              "  count(*) FILTER (WHERE h.state = 'failed') AS failed FROM pgjobq.history h"
-              "  WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1),"
-              " names AS (SELECT queue FROM live UNION SELECT queue FROM hour UNION SELECT name::text FROM pgjobq.queues)"
-              " SELECT n.queue, coalesce((SELECT (q.paused_at IS NOT NULL)::int FROM pgjobq.queues q"
-              "  WHERE q.name::text = n.queue), 0), coalesce(l.due, 0), coalesce(l.later, 0), coalesce(l.running, 0),"
-              "  coalesce(round(l.lag::numeric, 1)::text, ''), coalesce(h.done, 0), coalesce(h.failed, 0)"
-              " FROM names n LEFT JOIN live l ON l.queue = n.queue LEFT JOIN hour h ON h.queue = n.queue ORDER BY 1",
+              "SELECT queue, paused::int, due, scheduled, running, coalesce(round(lag_s, 1)::text, ''),"
+              " completed_1h, failed_1h FROM pgjobq.monitor_overview()",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
@@ -455,9 +443,7 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     PQclear(r);
     sb_puts(b, "<h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
     r = query(c, out,
-              "SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,"
-              " count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')"
-              " FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1",
+              "SELECT minutes_ago, completed, failed FROM pgjobq.monitor_finished_per_minute()",
               0, NULL);
     if (r) {
         chart(b, r);
@@ -466,9 +452,8 @@ static void page_overview(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "</div><h2>Failures, last hour</h2><table id=\"failures\"><thead><tr><th>Job</th><th>Queue</th>"
                "<th>Kind</th><th>Finished (UTC)</th><th>Error</th></tr></thead><tbody>");
     r = query(c, out,
-              "SELECT h.id, h.queue, h.kind, " TS("h.finished_at") ", left(coalesce(h.last_error, ''), 200)"
-              " FROM pgjobq.history h WHERE h.state = 'failed' AND h.finished_at > now() - interval '1 hour'"
-              " ORDER BY h.finished_at DESC LIMIT 10",
+              "SELECT id, queue, kind, " TS("finished_at") ", left(coalesce(last_error, ''), 200)"
+              " FROM pgjobq.monitor_failures(10)",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
@@ -611,13 +596,7 @@ static void page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp
                              " coalesce(to_char(a.run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ''),"
                              " coalesce(round(extract(epoch FROM a.run_at - now()))::bigint, 0),"
                              " (a.state = 'queued' AND a.run_at > now())::int"
-                             " FROM pgjobq.all_jobs a"
-                             " WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)"
-                             " AND ($3::text IS NULL OR a.kind = $3)"
-                             " AND ($4::text IS NULL OR a.last_error ILIKE '%' || replace(replace(replace($4, '\\', "
-                             "'\\\\'), '%', '\\%'), '_', '\\_') || '%')"
-                             " AND ($5::bigint IS NULL OR a.id < $5::bigint) AND ($6::text IS NULL OR a.worker_id = $6)"
-                             " ORDER BY a.id DESC LIMIT $7::int",
+                             " FROM pgjobq.monitor_jobs($1, $2, $3, $4, $5::bigint, $6, $7::int) a",
         7, values);
     if (r) {
         int n = PQntuples(r);
@@ -725,7 +704,7 @@ static void page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *ou
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
                         " coalesce(array_to_string(a.tags, ', '), ''),"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END"
-                        " FROM pgjobq.all_jobs a WHERE a.id = $1::bigint",
+                        " FROM pgjobq.monitor_job($1::bigint) a",
                         2, values);
     if (r && PQntuples(r) == 0) {
         out->status = 404;
@@ -901,12 +880,9 @@ static void page_workers(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
     PGresult *r = query(c, out,
-                        "SELECT w.id, (w.last_seen > now() - interval '15 seconds')::int, w.host, w.pid, w.queues,"
-                        " coalesce(r.n, 0), " TS("w.started_at") ","
+                        "SELECT w.id, w.alive::int, w.host, w.pid, w.queues, w.jobs, " TS("w.started_at") ","
                         " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
-                        " FROM pgjobq.workers w LEFT JOIN (SELECT j.worker_id::text AS id, count(*) AS n"
-                        " FROM pgjobq.jobs j WHERE j.state = 'running' GROUP BY 1) r ON r.id = w.id"
-                        " WHERE w.last_seen > now() - interval '1 hour' ORDER BY 2 DESC, 1",
+                        " FROM pgjobq.monitor_workers() w ORDER BY 2 DESC, 1",
                         0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
