@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "serve.h"
+#include "serve_log.h"
 
 /* Histogram bounds (seconds) of the wait and duration histograms. */
 static const double bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600};
