@@ -163,5 +163,6 @@ GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_na
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
     pgjobq.monitor_workers(), pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
-    pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts()
+    pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
+    pgjobq.monitor_run(bigint, bigint)
 TO pgjobq_admin, pgjobq_monitor;

@@ -324,3 +324,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT h.queue, h.state::text, count(*) FROM pgjobq.history h GROUP BY 1, 2
 $$;
+
+-- monitor_run(first_id, last_id): what happened to the jobs first_id..last_id (a run of `pgjobq demo`,
+-- which enqueues them together): how many completed and failed, the pickup latency of their first
+-- attempts (started_at - created_at, both by the database clock) at the median and the 99th
+-- percentile in milliseconds (NULL without any), and how many ended after 1, 2 and 3 attempts.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_run(first_id bigint, last_id bigint)
+RETURNS TABLE (completed bigint, failed bigint, pickup_p50_ms double precision, pickup_p99_ms double precision,
+               attempts_1 bigint, attempts_2 bigint, attempts_3 bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) FILTER (WHERE a.state = 'completed'), count(*) FILTER (WHERE a.state = 'failed'),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at))
+               FILTER (WHERE a.attempt = 1) * 1000,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at))
+               FILTER (WHERE a.attempt = 1) * 1000,
+           count(*) FILTER (WHERE a.attempt = 1), count(*) FILTER (WHERE a.attempt = 2),
+           count(*) FILTER (WHERE a.attempt = 3)
+      FROM pgjobq.all_jobs a WHERE a.id BETWEEN monitor_run.first_id AND monitor_run.last_id
+$$;
