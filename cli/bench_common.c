@@ -84,17 +84,19 @@ int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *
     return rc;
 }
 
-/* Inserts n completed jobs of queue into the history (untimed): what a busy production table holds. */
+/* Adds n completed jobs of queue to the history (untimed): what a busy production table holds. */
 int bench_insert_finished(PGconn *ctl, const char *queue, long long n)
 {
-    char sql[600];
-    snprintf(sql, sizeof sql,
-             "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
-             " run_at, created_at, started_at, finished_at, lease_token)"
-             " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), '%s', 'default', '{}', 0,"
-             " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
-             queue, n);
-    return bench_sql(ctl, sql);
+    char count[24];
+    const char *values[2] = {queue, count};
+
+    snprintf(count, sizeof count, "%lld", n);
+    PGresult *r = PQexecParams(ctl, "SELECT pgjobq.load_history($1, $2::bigint)", 2, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    if (!ok)
+        cli_err("bench: loading the history: %s", PQerrorMessage(ctl));
+    PQclear(r);
+    return ok ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -344,3 +344,86 @@ AS $$
            count(*) FILTER (WHERE a.attempt = 3)
       FROM pgjobq.all_jobs a WHERE a.id BETWEEN monitor_run.first_id AND monitor_run.last_id
 $$;
+
+-- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running).  What a
+-- benchmark polls to see a queue drain; the claim's index on the queue keeps it cheap.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_live(queue text) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    EXECUTE 'SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1' INTO v_n USING monitor_queue_live.queue;
+    RETURN v_n;
+END
+$$;
+
+-- monitor_last_id(): the greatest id of any job, live or finished, 0 without any: the jobs enqueued
+-- after this call have greater ones.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_last_id() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(max(a.id), 0) FROM pgjobq.all_jobs a
+$$;
+
+-- monitor_latency(queue, after_id): how long the queue's jobs with an id above after_id that started
+-- waited from their creation to their (last) start, both by the database clock, in milliseconds: the
+-- median, the 95th and 99th percentiles and the longest (NULL without any).  EXECUTE: see above.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_latency(queue text, after_id bigint)
+RETURNS TABLE (p50_ms double precision, p95_ms double precision, p99_ms double precision, max_ms double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT p[1], p[2], p[3], m
+             FROM (SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+                              (ORDER BY extract(epoch FROM a.started_at - a.created_at) * 1000) AS p,
+                          (max(extract(epoch FROM a.started_at - a.created_at)) * 1000)::float8 AS m
+                     FROM pgjobq.all_jobs a WHERE a.queue = $1 AND a.id > $2 AND a.started_at IS NOT NULL) s$q$
+        USING monitor_latency.queue, monitor_latency.after_id;
+END
+$$;
+
+-- monitor_pickup_lag(queue, after_id): the pickup lag of the queue's jobs with an id above after_id that
+-- finished in the last minute: from when each was due (run_at, or its creation if that was later) to
+-- its start, in milliseconds, the median and the 99th percentile (NULL without any).  Jobs scheduled
+-- more than an hour after their creation are left out (their lag says nothing of the workers).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_pickup_lag(queue text, after_id bigint)
+RETURNS TABLE (p50_ms double precision, p99_ms double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT p[1], p[2]
+             FROM (SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
+                              (ORDER BY extract(epoch FROM h.started_at - greatest(h.run_at, h.created_at)) * 1000) AS p
+                     FROM pgjobq.history h
+                    WHERE h.queue = $1 AND h.id > $2 AND h.finished_at > now() - interval '60 s'
+                      AND h.run_at <= h.created_at + interval '1 hour') s$q$
+        USING monitor_pickup_lag.queue, monitor_pickup_lag.after_id;
+END
+$$;
+
+-- monitor_storage(): the storage of the jobs, from the statistics (estimates): the live table with its
+-- indexes and TOAST (and its partitions, if it has any), its live and dead rows, its vacuums (manual
+-- and auto) and autovacuums, and the size of every partition of the history.  What the benchmarks
+-- sample; health() says what holds vacuum back.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_storage()
+RETURNS TABLE (jobs_bytes bigint, jobs_live bigint, jobs_dead bigint, jobs_vacuums bigint, jobs_autovacuums bigint,
+               history_bytes bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
+           coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.autovacuum_count + s.vacuum_count), 0)::bigint,
+           coalesce(sum(s.autovacuum_count), 0)::bigint,
+           (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+             WHERE c.relnamespace = 'pgjobq'::regnamespace AND c.relkind = 'r' AND c.relname LIKE 'history%')
+      FROM (SELECT 'pgjobq.jobs'::regclass AS relid UNION
+            SELECT p.relid FROM pg_partition_tree('pgjobq.jobs') p WHERE p.isleaf) t
+      LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
+$$;
