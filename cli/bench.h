@@ -55,6 +55,8 @@ PGconn *bench_control(const char *url);
 int bench_sql(PGconn *c, const char *sql);
 /* The first column of the first row of sql as a number; -1 when there is none. */
 double bench_number(PGconn *c, const char *sql);
+/* The same, sql with one parameter, $1 (value, as text). */
+double bench_number1(PGconn *c, const char *sql, const char *value);
 
 /* Loads n no-op jobs into queue (untimed), due at run_at (NULL: now); a library result code. */
 int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *run_at);

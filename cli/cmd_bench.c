@@ -148,10 +148,12 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     }
     /* The jobs come due a little later, by the database's clock; until then the workers start. */
     int lead_ms = a->lead_ms ? a->lead_ms : 3000 + 100 * a->processes + (int)(a->jobs / 100);
-    snprintf(sql, sizeof sql, "SELECT to_char((now() + make_interval(secs => %d / 1000.0)) AT TIME ZONE 'UTC',"
-                              " 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
-             lead_ms);
-    PGresult *r = PQexec(ctl, sql);
+    snprintf(sql, sizeof sql, "%d", lead_ms);
+    const char *lead_v[1] = {sql};
+    PGresult *r = PQexecParams(ctl,
+                               "SELECT to_char((now() + make_interval(secs => $1::int / 1000.0)) AT TIME ZONE 'UTC',"
+                               " 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
+                               1, NULL, lead_v, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
         PQclear(r);
         goto soft_fail;
@@ -169,8 +171,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         goto out;
     }
     /* Wait for the workers, then for the moment the jobs are due (local clock from the database's). */
-    snprintf(sql, sizeof sql, "SELECT extract(epoch FROM '%s'::timestamptz - clock_timestamp())", run_at);
-    due = bench_now() + bench_number(ctl, sql);
+    due = bench_now() + bench_number1(ctl, "SELECT extract(epoch FROM $1::timestamptz - clock_timestamp())", run_at);
     while (bench_now() < due) {
         if (ready_at < 0 && bench_ready_workers(ctl) >= a->processes)
             ready_at = bench_now();
