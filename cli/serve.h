@@ -1,6 +1,7 @@
 /*
  * serve.h - the parts of `pgjobq serve`: the metrics collector (serve_metrics.c) and the dashboard
- * pages and actions (cmd_serve.c), over the HTTP layer of http.h.  Both log through serve_log.h.
+ * (cmd_serve.c and the files of serve_dashboard.h), over the HTTP layer of http.h.  Both log through
+ * serve_log.h.
  */
 #ifndef PGJOBQ_CLI_SERVE_H
 #define PGJOBQ_CLI_SERVE_H

@@ -1,5 +1,5 @@
 /*
- * serve_log.c - the log of `pgjobq serve`, shared by the pages (cmd_serve.c) and the metrics
+ * serve_log.c - the log of `pgjobq serve`, shared by the dashboard (serve_dashboard.h) and the metrics
  * collector (serve_metrics.c), so that neither calls into the other.
  */
 #include <pthread.h>

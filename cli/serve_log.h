@@ -1,6 +1,6 @@
 /*
  * serve_log.h - the log of `pgjobq serve` (serve_log.c): what its pages, actions and metrics collector
- * (cmd_serve.c, serve_metrics.c) write on stderr, a line at a time.
+ * (serve_pool.c, serve_actions.c, cmd_serve.c, serve_metrics.c) write on stderr, a line at a time.
  */
 #ifndef PGJOBQ_CLI_SERVE_LOG_H
 #define PGJOBQ_CLI_SERVE_LOG_H
