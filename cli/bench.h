@@ -36,10 +36,13 @@ typedef struct bench_shared {
     _Atomic int ready;
 } bench_shared;
 
-/* Removes the benchmark's jobs, live and finished (and nothing else). */
-#define BENCH_RESET_SQL                                                \
-    "DELETE FROM pgjobq.jobs WHERE queue IN ('bench', 'bench_noise');" \
-    "DELETE FROM pgjobq.history WHERE queue IN ('bench', 'bench_noise')"
+/* Removes the benchmark's jobs, live and finished (and nothing else): pgjobq.reset_queue, which needs
+ * the admin role. */
+#define BENCH_RESET_SQL "SELECT pgjobq.reset_queue('bench'), pgjobq.reset_queue('bench_noise')"
+
+/* Vacuums and analyses the database before a timed run (untimed): the benchmark's own database, so
+ * that is the queue's tables after BENCH_RESET_SQL removed the last run's jobs. */
+#define BENCH_VACUUM_SQL "VACUUM ANALYZE"
 
 /* A monotonic clock in seconds, and a sleep. */
 double bench_now(void);
@@ -52,10 +55,12 @@ PGconn *bench_control(const char *url);
 int bench_sql(PGconn *c, const char *sql);
 /* The first column of the first row of sql as a number; -1 when there is none. */
 double bench_number(PGconn *c, const char *sql);
+/* The same, sql with one parameter, $1 (value, as text). */
+double bench_number1(PGconn *c, const char *sql, const char *value);
 
 /* Loads n no-op jobs into queue (untimed), due at run_at (NULL: now); a library result code. */
 int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *run_at);
-/* Inserts n completed jobs of queue into the history (untimed); 0 or -1. */
+/* Adds n completed jobs of queue to the history (untimed; pgjobq.load_history); 0 or -1. */
 int bench_insert_finished(PGconn *ctl, const char *queue, long long n);
 
 /* The sum of a per-process counter. */

@@ -53,7 +53,13 @@ int bench_sql(PGconn *c, const char *sql)
 
 double bench_number(PGconn *c, const char *sql)
 {
-    PGresult *r = PQexec(c, sql);
+    return bench_number1(c, sql, NULL);
+}
+
+double bench_number1(PGconn *c, const char *sql, const char *value)
+{
+    const char *values[1] = {value};
+    PGresult *r = value ? PQexecParams(c, sql, 1, NULL, values, NULL, NULL, 0) : PQexec(c, sql);
     double v = -1;
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 && !PQgetisnull(r, 0, 0))
         v = atof(PQgetvalue(r, 0, 0));
@@ -84,17 +90,19 @@ int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *
     return rc;
 }
 
-/* Inserts n completed jobs of queue into the history (untimed): what a busy production table holds. */
+/* Adds n completed jobs of queue to the history (untimed): what a busy production table holds. */
 int bench_insert_finished(PGconn *ctl, const char *queue, long long n)
 {
-    char sql[600];
-    snprintf(sql, sizeof sql,
-             "INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts,"
-             " run_at, created_at, started_at, finished_at, lease_token)"
-             " SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), '%s', 'default', '{}', 0,"
-             " 'completed', 1, 25, now(), now(), now(), now(), 1 FROM generate_series(1, %lld)",
-             queue, n);
-    return bench_sql(ctl, sql);
+    char count[24];
+    const char *values[2] = {queue, count};
+
+    snprintf(count, sizeof count, "%lld", n);
+    PGresult *r = PQexecParams(ctl, "SELECT pgjobq.load_history($1, $2::bigint)", 2, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    if (!ok)
+        cli_err("bench: loading the history: %s", PQerrorMessage(ctl));
+    PQclear(r);
+    return ok ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -241,13 +249,13 @@ void bench_stop_workers(const bench_args *a, pid_t *pids)
  * benchmark's own client (which loaded the jobs). */
 int bench_worker_connections(PGconn *ctl, pgjobq_client *mine)
 {
-    char sql[400];
-    snprintf(sql, sizeof sql,
-             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-             " AND backend_type = 'client backend' AND application_name LIKE 'pgjobq%%'"
-             " AND application_name <> 'pgjobq-bench' AND pid <> pg_backend_pid() AND pid <> %d",
-             PQbackendPID(pgjobq_client_conn(mine)));
-    return (int)bench_number(ctl, sql);
+    char pid[16];
+    snprintf(pid, sizeof pid, "%d", PQbackendPID(pgjobq_client_conn(mine)));
+    return (int)bench_number1(ctl,
+                              "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                              " AND backend_type = 'client backend' AND application_name LIKE 'pgjobq%'"
+                              " AND application_name <> 'pgjobq-bench' AND pid <> pg_backend_pid() AND pid <> $1::int",
+                              pid);
 }
 
 /* Claim connections past their set-up: workers that are ready. */

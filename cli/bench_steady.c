@@ -179,7 +179,7 @@ static PGconn *pin_open(const char *url, const char *mode)
     if (pin == NULL)
         return NULL;
     if (bench_sql(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ") != 0 ||
-        bench_sql(pin, "SELECT count(*) FROM pgjobq.queues") != 0 ||
+        bench_sql(pin, "SELECT count(*) FROM pgjobq.monitor_queue_names()") != 0 ||
         (strcmp(mode, "dump") == 0 &&
          bench_sql(pin, "DO $$ DECLARE t regclass; BEGIN"
                         " FOR t IN SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -214,16 +214,12 @@ static int have_statements(PGconn *ctl)
 
 static int sample(PGconn *ctl, int statements, const bench_args *a, bench_shared *sh, window_sample *s)
 {
-    /* The live table: pgjobq.jobs with its partitions, if it has any. */
-    PGresult *r = PQexec(ctl, "SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0),"
-                              " coalesce(sum(s.n_dead_tup), 0), coalesce(sum(s.n_live_tup), 0),"
-                              " coalesce(sum(s.autovacuum_count + s.vacuum_count), 0),"
+    /* The live table, with its partitions if it has any (pgjobq.monitor_storage). */
+    PGresult *r = PQexec(ctl, "SELECT jobs_bytes, jobs_dead, jobs_live, jobs_vacuums,"
                               " (SELECT coalesce(extract(epoch FROM max(clock_timestamp() - xact_start)), 0)"
                               "    FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND datname = current_database()"
                               "     AND pid <> pg_backend_pid())"
-                              " FROM (SELECT 'pgjobq.jobs'::regclass AS relid UNION"
-                              "       SELECT relid FROM pg_partition_tree('pgjobq.jobs') WHERE isleaf) t"
-                              " LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid");
+                              " FROM pgjobq.monitor_storage()");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
         cli_err("bench: steady statistics: %s", PQerrorMessage(ctl));
         PQclear(r);
@@ -284,7 +280,7 @@ int bench_steady(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
                                  BENCH_MAX_PROCESSES, MAX_PRODUCERS, MAX_WINDOWS);
         goto out;
     }
-    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 ||
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_sql(ctl, BENCH_VACUUM_SQL) != 0 ||
         bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
     statements = have_statements(ctl);

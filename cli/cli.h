@@ -1,7 +1,9 @@
 /*
  * cli.h - what the files of the pgjobq command share.  The command uses only include/pgjobq.h from the
  * library; it calls libpq directly only for what is not the queue's business: running the embedded
- * server (embedded.c) and the demo's summary queries.
+ * server (embedded.c), and reading what the library has no call for (the dashboard, the metrics, the
+ * demo's summary, the benchmarks' measurements) through the pgjobq.monitor_* functions of
+ * sql/functions/monitor.sql, never from the tables.
  */
 #ifndef PGJOBQ_CLI_H
 #define PGJOBQ_CLI_H

@@ -141,18 +141,19 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         /* History and another queue's backlog: what a busy production table holds. */
         if (bench_insert_finished(ctl, "bench_noise", a->noise) != 0)
             goto soft_fail;
-        snprintf(sql, sizeof sql,
-                 "INSERT INTO pgjobq.jobs (queue, payload) SELECT 'bench_noise', '{}' FROM generate_series(1, %lld)",
-                 a->noise);
-        if (bench_sql(ctl, sql) != 0)
-            goto soft_fail;
+        if ((rc = bench_preload(c, "bench_noise", a->noise, NULL)) != PGJOBQ_OK) {
+            munmap(sh, sizeof *sh);
+            return cli_fail(c, rc);
+        }
     }
     /* The jobs come due a little later, by the database's clock; until then the workers start. */
     int lead_ms = a->lead_ms ? a->lead_ms : 3000 + 100 * a->processes + (int)(a->jobs / 100);
-    snprintf(sql, sizeof sql, "SELECT to_char((now() + make_interval(secs => %d / 1000.0)) AT TIME ZONE 'UTC',"
-                              " 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
-             lead_ms);
-    PGresult *r = PQexec(ctl, sql);
+    snprintf(sql, sizeof sql, "%d", lead_ms);
+    const char *lead_v[1] = {sql};
+    PGresult *r = PQexecParams(ctl,
+                               "SELECT to_char((now() + make_interval(secs => $1::int / 1000.0)) AT TIME ZONE 'UTC',"
+                               " 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
+                               1, NULL, lead_v, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
         PQclear(r);
         goto soft_fail;
@@ -163,15 +164,14 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         munmap(sh, sizeof *sh);
         return cli_fail(c, rc);
     }
-    if (bench_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
+    if (bench_sql(ctl, BENCH_VACUUM_SQL) != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
     if (bench_start_workers(url, a, sh, exec_mode, pids) != 0) {
         status = EX_OSERR;
         goto out;
     }
     /* Wait for the workers, then for the moment the jobs are due (local clock from the database's). */
-    snprintf(sql, sizeof sql, "SELECT extract(epoch FROM '%s'::timestamptz - clock_timestamp())", run_at);
-    due = bench_now() + bench_number(ctl, sql);
+    due = bench_now() + bench_number1(ctl, "SELECT extract(epoch FROM $1::timestamptz - clock_timestamp())", run_at);
     while (bench_now() < due) {
         if (ready_at < 0 && bench_ready_workers(ctl) >= a->processes)
             ready_at = bench_now();
@@ -185,7 +185,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     for (;;) {
         long long done;
         if (exec_mode)
-            done = a->jobs - (long long)bench_number(ctl, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'");
+            done = a->jobs - (long long)bench_number(ctl, "SELECT pgjobq.monitor_queue_live('bench')");
         else
             done = bench_total(sh->completed, a->processes);
         /* Sampled every 200 ms: the sampling query must not load the database it measures. */
@@ -208,7 +208,8 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     for (int i = 0; i < a->processes; i++)
         if (atomic_load(&sh->rss_kb[i]) > rss)
             rss = atomic_load(&sh->rss_kb[i]);
-    double completed = bench_number(ctl, "SELECT count(*) FROM pgjobq.history WHERE queue = 'bench' AND state = 'completed'");
+    double completed = bench_number(ctl, "SELECT coalesce(sum(jobs), 0) FROM pgjobq.monitor_history_counts()"
+                                         " WHERE queue = 'bench' AND state = 'completed'");
     double ready_ms = ready_at < 0 ? -1 : (due - ready_at) * 1000; /* how long the fleet waited, ready */
     if (a->json)
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
@@ -246,7 +247,7 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
 
     if (specs == NULL)
         return EX_OSERR;
-    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_sql(ctl, "VACUUM pgjobq.jobs") != 0 ||
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_sql(ctl, "VACUUM") != 0 ||
         bench_sql(ctl, "CHECKPOINT") != 0) {
         free(specs);
         return EX_SOFTWARE;
@@ -277,21 +278,19 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
  * enqueuing statement's now(), started_at the claim's now(); the handler starts right after. */
 static void latency_stats(PGconn *ctl, long long since_id, double out[4])
 {
-    char sql[512];
-    static const char *const q[4] = {"percentile_cont(0.5)", "percentile_cont(0.95)", "percentile_cont(0.99)", "max"};
-    for (int i = 0; i < 4; i++) {
-        if (i < 3)
-            snprintf(sql, sizeof sql,
-                     "SELECT %s WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) * 1000"
-                     " FROM pgjobq.all_jobs WHERE queue = 'bench' AND id > %lld AND started_at IS NOT NULL",
-                     q[i], since_id);
-        else
-            snprintf(sql, sizeof sql,
-                     "SELECT max(extract(epoch FROM started_at - created_at)) * 1000"
-                     " FROM pgjobq.all_jobs WHERE queue = 'bench' AND id > %lld AND started_at IS NOT NULL",
-                     since_id);
-        out[i] = bench_number(ctl, sql);
-    }
+    char since[24];
+    const char *values[1] = {since};
+
+    snprintf(since, sizeof since, "%lld", since_id);
+    for (int i = 0; i < 4; i++)
+        out[i] = -1;
+    PGresult *r = PQexecParams(ctl, "SELECT p50_ms, p95_ms, p99_ms, max_ms FROM pgjobq.monitor_latency('bench', $1::bigint)",
+                               1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        for (int i = 0; i < 4; i++)
+            if (!PQgetisnull(r, 0, i))
+                out[i] = atof(PQgetvalue(r, 0, i));
+    PQclear(r);
 }
 
 static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
@@ -311,7 +310,7 @@ static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_cli
         munmap(sh, sizeof *sh);
         return EX_SOFTWARE;
     }
-    since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
+    since = (long long)bench_number(ctl, "SELECT pgjobq.monitor_last_id()");
     if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0) {
         status = EX_SOFTWARE;
         goto out;
@@ -374,7 +373,7 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
         status = EX_SOFTWARE;
         goto out;
     }
-    since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs");
+    since = (long long)bench_number(ctl, "SELECT pgjobq.monitor_last_id()");
     for (int i = 0; i < per_tick; i++) {
         specs[i].payload = "{\"mixed\": true}";
         specs[i].opts.queue = "bench";
@@ -449,11 +448,11 @@ enum { SOAK_SAMPLE_S = 10, SOAK_MAX_SAMPLES = 8640 };
 typedef struct soak_sample {
     double t;                  /* seconds since the workers were ready */
     long long completed;       /* completions so far */
-    long long dead, live;      /* pgjobq.jobs: dead and live tuples (statistics, approximate) */
-    long long jobs_bytes;      /* pgjobq.jobs with its indexes and TOAST */
-    long long history_bytes;   /* every partition of pgjobq.history */
+    long long dead, live;      /* the live table: dead and live tuples (statistics, approximate) */
+    long long jobs_bytes;      /* the live table with its indexes and TOAST */
+    long long history_bytes;   /* every partition of the history */
     long long conns;           /* the workers' connections */
-    long long vacuums;         /* autovacuum runs on pgjobq.jobs so far */
+    long long vacuums;         /* autovacuum runs on the live table so far */
     long rss_kb_max, rss_kb_sum;
 } soak_sample;
 
@@ -475,14 +474,11 @@ static long rss_kb(pid_t pid)
 static int soak_measure(PGconn *ctl, const bench_args *a, bench_shared *sh, const pid_t *pids, double t, soak_sample *s)
 {
     PGresult *r = PQexec(ctl,
-                         "SELECT n_dead_tup, n_live_tup, pg_total_relation_size('pgjobq.jobs'),"
-                         " (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
-                         "   JOIN pg_namespace n ON n.oid = c.relnamespace"
-                         "   WHERE n.nspname = 'pgjobq' AND c.relkind = 'r' AND c.relname LIKE 'history%'),"
+                         "SELECT jobs_dead, jobs_live, jobs_bytes, history_bytes,"
                          " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
                          "   AND application_name IN ('pgjobq-claim', 'pgjobq-write', 'pgjobq-maintenance')),"
-                         " autovacuum_count"
-                         " FROM pg_stat_user_tables WHERE relid = 'pgjobq.jobs'::regclass");
+                         " jobs_autovacuums"
+                         " FROM pgjobq.monitor_storage()");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
         cli_err("bench: soak statistics: %s", PQerrorMessage(ctl));
         PQclear(r);
@@ -560,7 +556,7 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
         status = cli_fail(c, rc);
         goto out;
     }
-    if (bench_sql(ctl, "VACUUM ANALYZE pgjobq.jobs") != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
+    if (bench_sql(ctl, BENCH_VACUUM_SQL) != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
     for (int i = 0; i < REFILL_MAX; i++) {
         specs[i].payload = "{\"noop\": true}";
@@ -569,7 +565,7 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
     if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0)
         goto soft_fail;
     double t0 = bench_now(), next = t0;
-    long long since = (long long)bench_number(ctl, "SELECT coalesce(max(id), 0) FROM pgjobq.jobs");
+    long long since = (long long)bench_number(ctl, "SELECT pgjobq.monitor_last_id()");
     for (;;) {
         double now = bench_now();
         if (now >= next) {
@@ -621,16 +617,15 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
         conns_min = conns_min < 0 || s->conns < conns_min ? s->conns : conns_min;
         conns_max = s->conns > conns_max ? s->conns : conns_max;
     }
-    snprintf(sql, sizeof sql,
-             "SELECT coalesce(percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY"
-             " extract(epoch FROM started_at - greatest(run_at, created_at)) * 1000), ARRAY[-1, -1]::float8[])::text"
-             " FROM pgjobq.history WHERE queue = 'bench' AND id > %lld AND finished_at > now() - interval '60 s'"
-             " AND run_at <= created_at + interval '1 hour'",
-             since);
-    PGresult *r = PQexec(ctl, sql);
+    snprintf(sql, sizeof sql, "%lld", since);
+    const char *since_v[1] = {sql};
+    PGresult *r = PQexecParams(ctl, "SELECT p50_ms, p99_ms FROM pgjobq.monitor_pickup_lag('bench', $1::bigint)", 1, NULL,
+                               since_v, NULL, NULL, 0);
     double lag50 = -1, lag99 = -1;
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-        sscanf(PQgetvalue(r, 0, 0), "{%lf,%lf}", &lag50, &lag99);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0) && !PQgetisnull(r, 0, 1)) {
+        lag50 = atof(PQgetvalue(r, 0, 0));
+        lag99 = atof(PQgetvalue(r, 0, 1));
+    }
     PQclear(r);
     int steady = last_rate >= 0.9 * first_rate && (a->rate == 0 || last_rate >= 0.9 * a->rate);
     int rss_flat = rss_second <= rss_first + rss_first / 5 + 1024;

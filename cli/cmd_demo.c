@@ -187,20 +187,27 @@ static double seconds_since(const struct timespec *t0)
     return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-/* Reads one number from the database about this run's jobs (ids first..last). */
-static double query_number(PGconn *c, const char *sql, int64_t first, int64_t last)
+/* What the database says of this run's jobs (ids first..last), pgjobq.monitor_run: completed, failed,
+ * pickup p50 and p99 (ms), jobs that ended after 1, 2 and 3 attempts; a value it has not (a NULL, an
+ * error) is 0. */
+static void run_summary(PGconn *c, int64_t first, int64_t last, double out[7])
 {
     char a[24], b[24];
     const char *values[2] = {a, b};
-    double v = 0;
 
     snprintf(a, sizeof a, "%lld", (long long)first);
     snprintf(b, sizeof b, "%lld", (long long)last);
-    PGresult *r = PQexecParams(c, sql, 2, NULL, values, NULL, NULL, 0);
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-        v = atof(PQgetvalue(r, 0, 0));
+    for (int k = 0; k < 7; k++)
+        out[k] = 0;
+    PGresult *r = PQexecParams(c,
+                               "SELECT completed, failed, pickup_p50_ms, pickup_p99_ms, attempts_1, attempts_2, attempts_3"
+                               " FROM pgjobq.monitor_run($1, $2)",
+                               2, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        for (int k = 0; k < 7; k++)
+            if (!PQgetisnull(r, 0, k))
+                out[k] = atof(PQgetvalue(r, 0, k));
     PQclear(r);
-    return v;
 }
 
 int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
@@ -297,20 +304,13 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
 
     /* The summary comes from the database: this run's jobs are ids first..last. */
     PGconn *pg = pgjobq_client_conn(c);
-    double completed = query_number(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND state = 'completed'", first, last);
-    double failed = query_number(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND state = 'failed'", first, last);
+    double sum[7];
+    run_summary(pg, first, last, sum);
+    double completed = sum[0], failed = sum[1];
     /* Pickup latency: from when a job became due (created, for first attempts) to when it started,
      * both by the database clock.  With everything enqueued up front, it mostly measures queueing. */
-    double p50 = query_number(pg, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))"
-                                  " * 1000 FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
-    double p99 = query_number(pg, "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))"
-                                  " * 1000 FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = 1", first, last);
-    double attempts[4];
-    for (int k = 1; k <= 3; k++) {
-        char sql[160];
-        snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.all_jobs WHERE id BETWEEN $1 AND $2 AND attempt = %d", k);
-        attempts[k] = query_number(pg, sql, first, last);
-    }
+    double p50 = sum[2], p99 = sum[3];
+    double attempts[4] = {0, sum[4], sum[5], sum[6]};
     double rate = total_s > 0 ? (double)a.jobs / total_s : 0;
     if (a.json) {
         printf("{\"jobs\":%lld,\"concurrency\":%d,\"wall_s\":%.3f,\"enqueue_s\":%.3f,\"jobs_per_s\":%.1f,"

@@ -1,6 +1,7 @@
 /*
  * serve.h - the parts of `pgjobq serve`: the metrics collector (serve_metrics.c) and the dashboard
- * pages and actions (cmd_serve.c), over the HTTP layer of http.h.
+ * (cmd_serve.c and the files of serve_dashboard.h), over the HTTP layer of http.h.  Both log through
+ * serve_log.h.
  */
 #ifndef PGJOBQ_CLI_SERVE_H
 #define PGJOBQ_CLI_SERVE_H
@@ -9,9 +10,6 @@
 
 #include "cli.h"
 #include "http.h"
-
-/* Prints "pgjobq serve: message" on stderr (thread-safe, one line at a time). */
-void serve_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 typedef struct serve_metrics serve_metrics;
 

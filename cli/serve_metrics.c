@@ -4,11 +4,12 @@
  * timeout, and renders the Prometheus text that every scrape then gets as is.  So scrapes cost the
  * database nothing, and however many Prometheus servers scrape, the queries run once per interval.
  *
- * Gauges come from the live table (pgjobq.jobs), pgjobq.queues and pgjobq.workers.  Counters and
- * histograms count what happened since this process started: jobs that reached pgjobq.history (a
- * BRIN index on finished_at keeps "the last few seconds" cheap) and retries and lost leases from
- * pgjobq.tallies, each over (last watermark, now() - 2 s] (at most a minute of it per collection); the
- * settle time lets the transactions that wrote those rows commit before the window closes.
+ * Everything is read through the monitor functions of sql/functions/monitor.sql.  Gauges come from
+ * the live jobs (monitor_queue_counts), the queues' settings and the workers.  Counters and histograms
+ * count what happened since this process started: jobs that reached the history (monitor_finished)
+ * and retries and lost leases (monitor_tallies), each over (last watermark, now() - 2 s] (at most a
+ * minute of it per collection); the settle time lets the transactions that wrote those rows commit
+ * before the window closes.
  */
 #include <math.h>
 #include <pthread.h>
@@ -17,11 +18,12 @@
 #include <time.h>
 
 #include "serve.h"
+#include "serve_log.h"
 
 /* Histogram bounds (seconds) of the wait and duration histograms. */
 static const double bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600};
 #define NB ((int)(sizeof bounds / sizeof bounds[0]))
-/* The same bounds negated, ascending, as width_bucket wants them (see collect_history). */
+/* The same bounds negated, ascending, as width_bucket wants them (pgjobq.monitor_finished). */
 #define NEG_BOUNDS "{-3600,-900,-300,-60,-30,-10,-5,-2.5,-1,-0.5,-0.25,-0.1,-0.05,-0.025,-0.01,-0.005}"
 
 #define SETTLE "interval '2 seconds'"
@@ -201,44 +203,22 @@ static int collect(serve_metrics *m)
                     1, from)) == NULL)
         goto out;
     const char *win[2] = {m->watermark[0] ? m->watermark : PQgetvalue(upto, 0, 0), PQgetvalue(upto, 0, 0)};
-    live = run(m,
-               "SELECT j.queue::text, count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()),"
-               " count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()),"
-               " count(*) FILTER (WHERE j.state = 'running'),"
-               " coalesce(extract(epoch FROM now() - min(j.run_at) FILTER"
-               " (WHERE j.state = 'queued' AND j.run_at <= now())), 0),"
-               " count(*) FILTER (WHERE j.state = 'waiting')"
-               " FROM pgjobq.jobs j GROUP BY 1",
+    live = run(m, "SELECT queue, due, scheduled, running, coalesce(lag_s, 0), waiting FROM pgjobq.monitor_queue_counts()",
                0, NULL);
-    paused = run(m, "SELECT q.name::text, (q.paused_at IS NOT NULL)::int FROM pgjobq.queues q", 0, NULL);
+    paused = run(m, "SELECT queue, paused::int FROM pgjobq.monitor_queue_names()", 0, NULL);
+    const char *hist_args[3] = {win[0], win[1], NEG_BOUNDS};
     d.hist = run(m,
-                 "SELECT h.queue, h.state::text,"
-                 " width_bucket(-extract(epoch FROM h.started_at - h.run_at)::float8, '" NEG_BOUNDS "'::float8[]),"
-                 " width_bucket(-extract(epoch FROM h.finished_at - h.started_at)::float8, '" NEG_BOUNDS
-                 "'::float8[]),"
-                 " count(*), count(h.started_at),"
-                 " coalesce(sum(greatest(extract(epoch FROM h.started_at - h.run_at), 0)), 0),"
-                 " coalesce(sum(greatest(extract(epoch FROM h.finished_at - h.started_at), 0)), 0)"
-                 " FROM pgjobq.history h WHERE h.finished_at > $1::timestamptz AND h.finished_at <= $2::timestamptz"
-                 " GROUP BY 1, 2, 3, 4",
-                 2, win);
-    d.tallies = run(m,
-                    "SELECT t.queue, t.what, sum(t.n) FROM pgjobq.tallies t"
-                    " WHERE t.at > $1::timestamptz AND t.at <= $2::timestamptz GROUP BY 1, 2",
-                    2, win);
-    workers = run(m,
-                  "SELECT w.id, w.host, (w.last_seen > now() - interval '15 seconds')::int,"
-                  " coalesce(r.n, 0) FROM pgjobq.workers w LEFT JOIN"
-                  " (SELECT j.worker_id::text AS id, count(*) AS n FROM pgjobq.jobs j WHERE j.state = 'running'"
-                  " GROUP BY 1) r ON r.id = w.id"
-                  " WHERE w.last_seen > now() - interval '1 hour' ORDER BY 1",
-                  0, NULL);
+                 "SELECT queue, state, wait_bucket, run_bucket, jobs, started, wait_s, run_s"
+                 " FROM pgjobq.monitor_finished($1::timestamptz, $2::timestamptz, $3::float8[])",
+                 3, hist_args);
+    d.tallies = run(m, "SELECT queue, what, n FROM pgjobq.monitor_tallies($1::timestamptz, $2::timestamptz)", 2, win);
+    workers = run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers()", 0, NULL);
     health = run(m,
                  "SELECT jobs_bytes, jobs_dead, vacuums, coalesce(horizon_age_s, 0), holder_kind,"
                  " coalesce(holder_pid, 0), holder_application FROM pgjobq.health()",
                  0, NULL);
     if (want_held)
-        held = run(m, "SELECT h.queue, h.state::text, count(*) FROM pgjobq.history h GROUP BY 1, 2", 0, NULL);
+        held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL);
     if (!live || !paused || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
         goto out;
     if ((r = run(m, "COMMIT", 0, NULL)) == NULL)

@@ -9,7 +9,8 @@
 --                    no shorter than the configured retention, pgjobq.retention).
 --   pgjobq_admin     both of the above, plus reading jobs, statistics, cancel and retry, queue
 --                    settings (pause, resume, limits), and the retention (setting it, pruning below it).
---   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies; all that
+--   pgjobq_monitor   reading only: jobs, history, queues, schedules, workers and tallies (the tables,
+--                    and the monitor_* functions that `pgjobq serve` reads them through); all that
 --                    `pgjobq serve` needs without --allow-actions.
 --   pgjobq_cross_queue  no privilege of its own: its members may make a job of any queue the parent
 --                    of a new job (enqueue's after, enqueue_graph; docs/workflows.md).  Without it a
@@ -157,3 +158,15 @@ BEGIN
 END
 $$;
 GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;
+-- What `pgjobq serve` reads, through the monitor functions (sql/functions/monitor.sql): to the monitor,
+-- which needs nothing else for the dashboard without --allow-actions, and to the admin.
+GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
+    pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
+    pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
+    pgjobq.monitor_workers(), pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
+    pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
+    pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_last_id(),
+    pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
+TO pgjobq_admin, pgjobq_monitor;
+-- What the benchmarks start from (sql/functions/admin.sql): removing a queue's jobs, loading history.
+GRANT EXECUTE ON FUNCTION pgjobq.reset_queue(text), pgjobq.load_history(text, bigint) TO pgjobq_admin;

@@ -282,3 +282,35 @@ AS $$
     SELECT coalesce(pg_has_role(session_user, to_regrole('pgjobq_admin')::oid, 'MEMBER'), false)
         OR pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgjobq'), 'MEMBER')
 $$;
+
+-- reset_queue(queue): removes every job of the queue, live and finished, at once, and returns how many
+-- were live.  What the benchmarks start from (`pgjobq bench`, bench/run.sh); not a transition: the
+-- jobs are gone without a trace, whatever their state, and a worker holding one of them finds it gone
+-- at its next write.  Granted to pgjobq_admin only.
+CREATE OR REPLACE FUNCTION pgjobq.reset_queue(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_live bigint;
+BEGIN
+    DELETE FROM pgjobq.jobs j WHERE j.queue = reset_queue.queue;
+    GET DIAGNOSTICS v_live = ROW_COUNT;
+    DELETE FROM pgjobq.history h WHERE h.queue = reset_queue.queue;
+    RETURN v_live;
+END
+$$;
+
+-- load_history(queue, n): adds n completed jobs of the queue, finished now, to the history at once (ids
+-- from the jobs' sequence; kind 'default', payload {}): what a busy production table holds, for the
+-- benchmarks (`pgjobq bench --noise`).  Granted to pgjobq_admin only.
+CREATE OR REPLACE FUNCTION pgjobq.load_history(queue text, n bigint) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                created_at, started_at, finished_at, lease_token)
+    SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), load_history.queue, 'default', '{}', 0,
+           'completed', 1, 25, now(), now(), now(), now(), 1
+      FROM generate_series(1, load_history.n)
+$$;

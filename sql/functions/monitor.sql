@@ -135,3 +135,298 @@ AS $$
       LEFT JOIN oldest o ON true
      WHERE s.relid = 'pgjobq.jobs'::regclass
 $$;
+
+-- ------------------------------------------------------------------------------------------------
+-- What `pgjobq serve` (its pages and its /metrics), the demo's summary and the benchmarks read: the
+-- command knows these functions, not the tables.  Each is the statement the command ran before, moved
+-- here unchanged, so that a change of the tables is made in SQL and the library only.  STABLE,
+-- SECURITY DEFINER with a pinned search_path like the transitions: the monitor role may be granted
+-- them without the tables.  None returns a lease token or a worker's secret.
+--
+-- The ones that filter by values the caller gives (a time window, the jobs page's filters) are PL/pgSQL
+-- running their query with EXECUTE ... USING: such a query is planned for each call with the values
+-- known, as the command's own parameterised statement was (a SQL function's body is planned once for
+-- any values, and `$1 IS NULL OR ...` filters or a window over hourly partitions want the values).
+
+-- monitor_queue_counts(): the live jobs per queue: due (queued, run_at reached), scheduled (queued, not
+-- due yet), running, waiting (for parents), and the lag, seconds since the oldest due job became due
+-- (NULL when none is due).  One scan of pgjobq.jobs.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_counts()
+RETURNS TABLE (queue text, due bigint, scheduled bigint, running bigint, waiting bigint, lag_s numeric)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT j.queue::text, count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()),
+           count(*) FILTER (WHERE j.state = 'queued' AND j.run_at > now()),
+           count(*) FILTER (WHERE j.state = 'running'),
+           count(*) FILTER (WHERE j.state = 'waiting'),
+           extract(epoch FROM now() - min(j.run_at) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()))
+      FROM pgjobq.jobs j GROUP BY 1
+$$;
+
+-- monitor_queue_names(): every queue that has settings (pgjobq.queues), and whether it is paused.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_names() RETURNS TABLE (queue text, paused boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT q.name::text, q.paused_at IS NOT NULL FROM pgjobq.queues q
+$$;
+
+-- monitor_overview(): the dashboard's table of queues: every queue with live jobs, jobs finished in
+-- the last hour or settings, whether it is paused, its live counts (monitor_queue_counts) and the
+-- jobs completed and failed in the last hour.  Ordered by queue.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_overview()
+RETURNS TABLE (queue text, paused boolean, due bigint, scheduled bigint, running bigint, lag_s numeric,
+               completed_1h bigint, failed_1h bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH live AS (SELECT * FROM pgjobq.monitor_queue_counts()),
+    hour AS (SELECT h.queue, count(*) FILTER (WHERE h.state = 'completed') AS done,
+                    count(*) FILTER (WHERE h.state = 'failed') AS failed
+               FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1),
+    settings AS (SELECT * FROM pgjobq.monitor_queue_names()),
+    names AS (SELECT l.queue FROM live l UNION SELECT h.queue FROM hour h UNION SELECT s.queue FROM settings s)
+    SELECT n.queue, coalesce((SELECT s.paused FROM settings s WHERE s.queue = n.queue), false),
+           coalesce(l.due, 0), coalesce(l.scheduled, 0), coalesce(l.running, 0), l.lag_s,
+           coalesce(h.done, 0), coalesce(h.failed, 0)
+      FROM names n LEFT JOIN live l ON l.queue = n.queue LEFT JOIN hour h ON h.queue = n.queue
+     ORDER BY 1
+$$;
+
+-- monitor_finished_per_minute(): the jobs finished in the last hour, completed and failed, per minute
+-- ago (0: the last minute); minutes without any are left out.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_finished_per_minute()
+RETURNS TABLE (minutes_ago integer, completed bigint, failed bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,
+           count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')
+      FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1
+$$;
+
+-- monitor_failures(max_jobs): the jobs that failed in the last hour, the last first, at most max_jobs.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_failures(max_jobs integer)
+RETURNS TABLE (id bigint, queue text, kind text, finished_at timestamptz, last_error text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT h.id, h.queue, h.kind, h.finished_at, h.last_error
+      FROM pgjobq.history h WHERE h.state = 'failed' AND h.finished_at > now() - interval '1 hour'
+     ORDER BY h.finished_at DESC LIMIT monitor_failures.max_jobs
+$$;
+
+-- monitor_jobs(of_state, of_queue, of_kind, error_contains, before_id, of_worker, max_jobs): jobs, live and
+-- finished, the newest first, at most max_jobs; each filter NULL matches every job.  error_contains is
+-- a substring of the last error, without wildcards (its % and _ are matched as such; the escape is !, as
+-- tools/embed-sql.awk does not carry a backslash over); before_id keeps the jobs with a smaller id (the
+-- next page).  PL/pgSQL with EXECUTE: see the top of this section.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_jobs(of_state text, of_queue text, of_kind text, error_contains text,
+                                               before_id bigint, of_worker text, max_jobs integer)
+RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, max_attempts integer,
+               run_at timestamptz, created_at timestamptz, finished_at timestamptz, worker_id text,
+               last_error text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, a.run_at, a.created_at,
+                  a.finished_at, a.worker_id, a.last_error
+             FROM pgjobq.all_jobs a
+            WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)
+              AND ($3::text IS NULL OR a.kind = $3)
+              AND ($4::text IS NULL OR a.last_error ILIKE '%' || replace(replace(replace($4, '!', '!!'), '%', '!%'),
+                                                                        '_', '!_') || '%' ESCAPE '!')
+              AND ($5::bigint IS NULL OR a.id < $5::bigint) AND ($6::text IS NULL OR a.worker_id = $6)
+            ORDER BY a.id DESC LIMIT $7::int$q$
+        USING monitor_jobs.of_state, monitor_jobs.of_queue, monitor_jobs.of_kind, monitor_jobs.error_contains,
+              monitor_jobs.before_id, monitor_jobs.of_worker, monitor_jobs.max_jobs;
+END
+$$;
+
+-- monitor_job(job_id): one job, live or finished, with every column but its lease token; no row when there
+-- is no such job (it may have been pruned).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_job(job_id bigint)
+RETURNS TABLE (id bigint, queue text, kind text, state text, priority smallint, attempt integer,
+               max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
+               finished_at timestamptz, lease_until timestamptz, worker_id text, unique_key text,
+               cancel_requested boolean, payload jsonb, result jsonb, last_error text, tags text[], progress jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts, a.run_at, a.created_at,
+           a.started_at, a.finished_at, a.lease_until, a.worker_id, a.unique_key, a.cancel_requested, a.payload,
+           a.result, a.last_error, a.tags, a.progress
+      FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
+$$;
+
+-- monitor_workers(): the workers seen in the last hour, by id: alive when seen in the last 15 seconds
+-- (three beats), and the jobs each runs now.  Not their secret.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_workers()
+RETURNS TABLE (id text, host text, pid integer, queues text, version text, started_at timestamptz,
+               last_seen timestamptz, alive boolean, jobs bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT w.id, w.host, w.pid, w.queues, w.version, w.started_at, w.last_seen,
+           w.last_seen > now() - interval '15 seconds', coalesce(r.n, 0)
+      FROM pgjobq.workers w
+      LEFT JOIN (SELECT j.worker_id::text AS id, count(*) AS n FROM pgjobq.jobs j WHERE j.state = 'running'
+                  GROUP BY 1) r ON r.id = w.id
+     WHERE w.last_seen > now() - interval '1 hour'
+     ORDER BY 1
+$$;
+
+-- monitor_finished(since, upto, bounds): the jobs that reached the history in (since, upto], per queue
+-- and state, with how long they waited (started_at - run_at) and ran (finished_at - started_at) put in
+-- buckets: bounds are the histogram's bounds in seconds, negated and ascending, and a bucket column is
+-- width_bucket of the negated time over them (how many bounds hold the time; NULL for a job that never
+-- started).  jobs counts all, started those that started; wait_s and run_s are the sums.  The finished_at
+-- index (BRIN on the hourly partitions) keeps a window of a few seconds cheap.  EXECUTE: see above.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_finished(since timestamptz, upto timestamptz, bounds float8[])
+RETURNS TABLE (queue text, state text, wait_bucket integer, run_bucket integer, jobs bigint, started bigint,
+               wait_s numeric, run_s numeric)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT h.queue, h.state::text,
+                  width_bucket(-extract(epoch FROM h.started_at - h.run_at)::float8, $3),
+                  width_bucket(-extract(epoch FROM h.finished_at - h.started_at)::float8, $3),
+                  count(*), count(h.started_at),
+                  coalesce(sum(greatest(extract(epoch FROM h.started_at - h.run_at), 0)), 0),
+                  coalesce(sum(greatest(extract(epoch FROM h.finished_at - h.started_at), 0)), 0)
+             FROM pgjobq.history h WHERE h.finished_at > $1 AND h.finished_at <= $2
+            GROUP BY 1, 2, 3, 4$q$
+        USING monitor_finished.since, monitor_finished.upto, monitor_finished.bounds;
+END
+$$;
+
+-- monitor_tallies(since, upto): the retries and lost leases (pgjobq.tallies) of (since, upto], per
+-- queue and what ('retried', 'lost').
+CREATE OR REPLACE FUNCTION pgjobq.monitor_tallies(since timestamptz, upto timestamptz)
+RETURNS TABLE (queue text, what text, n numeric)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT t.queue, t.what, sum(t.n) FROM pgjobq.tallies t
+            WHERE t.at > $1 AND t.at <= $2 GROUP BY 1, 2$q$
+        USING monitor_tallies.since, monitor_tallies.upto;
+END
+$$;
+
+-- monitor_history_counts(): the finished jobs the history holds, per queue and state (a scan of it).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_history_counts() RETURNS TABLE (queue text, state text, jobs bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT h.queue, h.state::text, count(*) FROM pgjobq.history h GROUP BY 1, 2
+$$;
+
+-- monitor_run(first_id, last_id): what happened to the jobs first_id..last_id (a run of `pgjobq demo`,
+-- which enqueues them together): how many completed and failed, the pickup latency of their first
+-- attempts (started_at - created_at, both by the database clock) at the median and the 99th
+-- percentile in milliseconds (NULL without any), and how many ended after 1, 2 and 3 attempts.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_run(first_id bigint, last_id bigint)
+RETURNS TABLE (completed bigint, failed bigint, pickup_p50_ms double precision, pickup_p99_ms double precision,
+               attempts_1 bigint, attempts_2 bigint, attempts_3 bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) FILTER (WHERE a.state = 'completed'), count(*) FILTER (WHERE a.state = 'failed'),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at))
+               FILTER (WHERE a.attempt = 1) * 1000,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at))
+               FILTER (WHERE a.attempt = 1) * 1000,
+           count(*) FILTER (WHERE a.attempt = 1), count(*) FILTER (WHERE a.attempt = 2),
+           count(*) FILTER (WHERE a.attempt = 3)
+      FROM pgjobq.all_jobs a WHERE a.id BETWEEN monitor_run.first_id AND monitor_run.last_id
+$$;
+
+-- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running).  What a
+-- benchmark polls to see a queue drain; the claim's index on the queue keeps it cheap.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_live(queue text) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    EXECUTE 'SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1' INTO v_n USING monitor_queue_live.queue;
+    RETURN v_n;
+END
+$$;
+
+-- monitor_last_id(): the greatest id of any job, live or finished, 0 without any: the jobs enqueued
+-- after this call have greater ones.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_last_id() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(max(a.id), 0) FROM pgjobq.all_jobs a
+$$;
+
+-- monitor_latency(queue, after_id): how long the queue's jobs with an id above after_id that started
+-- waited from their creation to their (last) start, both by the database clock, in milliseconds: the
+-- median, the 95th and 99th percentiles and the longest (NULL without any).  EXECUTE: see above.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_latency(queue text, after_id bigint)
+RETURNS TABLE (p50_ms double precision, p95_ms double precision, p99_ms double precision, max_ms double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT p[1], p[2], p[3], m
+             FROM (SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+                              (ORDER BY extract(epoch FROM a.started_at - a.created_at) * 1000) AS p,
+                          (max(extract(epoch FROM a.started_at - a.created_at)) * 1000)::float8 AS m
+                     FROM pgjobq.all_jobs a WHERE a.queue = $1 AND a.id > $2 AND a.started_at IS NOT NULL) s$q$
+        USING monitor_latency.queue, monitor_latency.after_id;
+END
+$$;
+
+-- monitor_pickup_lag(queue, after_id): the pickup lag of the queue's jobs with an id above after_id that
+-- finished in the last minute: from when each was due (run_at, or its creation if that was later) to
+-- its start, in milliseconds, the median and the 99th percentile (NULL without any).  Jobs scheduled
+-- more than an hour after their creation are left out (their lag says nothing of the workers).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_pickup_lag(queue text, after_id bigint)
+RETURNS TABLE (p50_ms double precision, p99_ms double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        $q$SELECT p[1], p[2]
+             FROM (SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
+                              (ORDER BY extract(epoch FROM h.started_at - greatest(h.run_at, h.created_at)) * 1000) AS p
+                     FROM pgjobq.history h
+                    WHERE h.queue = $1 AND h.id > $2 AND h.finished_at > now() - interval '60 s'
+                      AND h.run_at <= h.created_at + interval '1 hour') s$q$
+        USING monitor_pickup_lag.queue, monitor_pickup_lag.after_id;
+END
+$$;
+
+-- monitor_storage(): the storage of the jobs, from the statistics (estimates): the live table with its
+-- indexes and TOAST (and its partitions, if it has any), its live and dead rows, its vacuums (manual
+-- and auto) and autovacuums, and the size of every partition of the history.  What the benchmarks
+-- sample; health() says what holds vacuum back.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_storage()
+RETURNS TABLE (jobs_bytes bigint, jobs_live bigint, jobs_dead bigint, jobs_vacuums bigint, jobs_autovacuums bigint,
+               history_bytes bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
+           coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.autovacuum_count + s.vacuum_count), 0)::bigint,
+           coalesce(sum(s.autovacuum_count), 0)::bigint,
+           (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+             WHERE c.relnamespace = 'pgjobq'::regnamespace AND c.relkind = 'r' AND c.relname LIKE 'history%')
+      FROM (SELECT 'pgjobq.jobs'::regclass AS relid UNION
+            SELECT p.relid FROM pg_partition_tree('pgjobq.jobs') p WHERE p.isleaf) t
+      LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
+$$;
