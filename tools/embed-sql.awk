@@ -37,11 +37,24 @@ FNR <= 5 && kind == "migration" && /^-- needs: [0-9]+$/ {
     needs[n] = $3 + 0
 }
 {
-    line = $0
-    gsub(/\\/, "\\\\", line)
-    gsub(/"/, "\\\"", line)
-    gsub(/\t/, "\\t", line)
-    printf "    \"%s\\n\"\n", line
+    printf "    \"%s\\n\"\n", cstring($0)
+}
+# A line as the inside of a C string literal.  Character by character, not gsub: what a backslash in
+# gsub's replacement means differs between awks (mawk's "\\\\" left a backslash single).
+function cstring(s,    out, i, c) {
+    out = ""
+    for (i = 1; i <= length(s); i++) {
+        c = substr(s, i, 1)
+        if (c == "\\")
+            out = out "\\\\"
+        else if (c == "\"")
+            out = out "\\\""
+        else if (c == "\t")
+            out = out "\\t"
+        else
+            out = out c
+    }
+    return out
 }
 END {
     if (open) print ";"
