@@ -77,6 +77,7 @@ struct serve_metrics {
     /* pgjobq.health(): the live table's size and what holds vacuum back. */
     int64_t jobs_bytes, jobs_dead, vacuums;
     double horizon_age_s; /* 0: nothing holds */
+    int autovacuum_paused; /* pgjobq paused autovacuum of pgjobq.jobs under the holder */
     char holder_kind[16], holder_app[64];
     int holder_pid;
     int up;
@@ -215,7 +216,8 @@ static int collect(serve_metrics *m)
     workers = run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers()", 0, NULL);
     health = run(m,
                  "SELECT jobs_bytes, jobs_dead, vacuums, coalesce(horizon_age_s, 0), holder_kind,"
-                 " coalesce(holder_pid, 0), holder_application FROM pgjobq.health()",
+                 " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"
+                 " FROM pgjobq.health()",
                  0, NULL);
     if (want_held)
         held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL);
@@ -258,6 +260,7 @@ static int collect(serve_metrics *m)
     snprintf(m->holder_kind, sizeof m->holder_kind, "%s", PQgetvalue(health, 0, 4));
     m->holder_pid = atoi(PQgetvalue(health, 0, 5));
     snprintf(m->holder_app, sizeof m->holder_app, "%s", PQgetvalue(health, 0, 6));
+    m->autovacuum_paused = atoi(PQgetvalue(health, 0, 7));
     if (m->watermark[0])
         apply_delta(m, &d);
     snprintf(m->watermark, sizeof m->watermark, "%s", PQgetvalue(upto, 0, 0));
@@ -366,6 +369,10 @@ static char *render(const serve_metrics *m)
     family(&b, "pgjobq_vacuum_horizon_age_seconds", "gauge",
            "How long the oldest snapshot, slot or prepared transaction has held vacuum back (0: none).");
     sb_printf(&b, "pgjobq_vacuum_horizon_age_seconds %.3f\n", m->horizon_age_s);
+    family(&b, "pgjobq_jobs_table_autovacuum_paused", "gauge",
+           "1 while pgjobq has autovacuum of pgjobq.jobs off: a pass could remove nothing while the oldest snapshot "
+           "holds (docs/deploy.md).");
+    sb_printf(&b, "pgjobq_jobs_table_autovacuum_paused %d\n", m->autovacuum_paused);
     family(&b, "pgjobq_vacuum_horizon_holder", "gauge",
            "1 for what holds vacuum back the longest: kind session, standby, slot or prepared.");
     if (m->holder_kind[0]) {

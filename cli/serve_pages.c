@@ -116,7 +116,9 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
               "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
               " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
               " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
-              " (coalesce(horizon_age_s, 0) >= 300)::int FROM pgjobq.health()",
+              " (coalesce(horizon_age_s, 0) >= 300)::int,"
+              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
+              " FROM pgjobq.health()",
               0, NULL);
     if (r && PQntuples(r) == 1) {
         int warn = atoi(V(r, 0, 8));
@@ -150,6 +152,11 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
                 sb_puts(b, "</code>");
             }
             sb_puts(b, warn ? ". Finished jobs leave dead rows until it ends (docs/deploy.md)." : ".");
+            if (V(r, 0, 9)[0]) {
+                sb_puts(b, " Autovacuum of the table paused by pgjobq since ");
+                sb_html(b, V(r, 0, 9));
+                sb_puts(b, " UTC: a pass could remove nothing until it ends.");
+            }
         } else {
             sb_puts(b, "Nothing holds vacuum back.");
         }

@@ -20,6 +20,11 @@
 -- same holder was the oldest (another pass could remove nothing more), and resets it as soon as the
 -- oldest holder is another or none.  Anti-wraparound vacuums run whatever the setting.
 --
+-- With this version, outside this file: what the dashboard, /metrics, the demo and the benchmarks
+-- read comes from the pgjobq.monitor_* functions (sql/functions/monitor.sql), granted to
+-- pgjobq_monitor and pgjobq_admin, so that the command knows no table; the benchmarks start from
+-- pgjobq.reset_queue() and pgjobq.load_history() (sql/functions/admin.sql, pgjobq_admin only).
+--
 -- Libraries of version 11 keep working: nothing they call changed, and they select health()'s
 -- columns by name.  They do not pause autovacuum.
 

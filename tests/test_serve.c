@@ -320,7 +320,23 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
         free(body);
     }
     CHECK_MSG(age >= 0.5 && age < 60, "pgjobq_vacuum_horizon_age_seconds is %g", age);
+    /* Once a vacuum has run entirely under the holder, autovacuum is paused (what the worker that
+     * maintains does each minute), and /metrics and the overview say so. */
+    PQclear(t_exec(pg, "SELECT pgjobq.autovacuum_adapt()"));
+    PQclear(t_exec(pg, "VACUUM pgjobq.jobs"));
+    PQclear(t_exec(pg, "SELECT pg_stat_force_next_flush()"));
+    char *adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+    CHECK_STR(adapted, "paused");
+    free(adapted);
+    wait_metric(s->port, "pgjobq_jobs_table_autovacuum_paused", 1);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "Autovacuum of the table paused by pgjobq since ") != NULL, "%s", body);
+    free(body);
     PQfinish(holder);
+    adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+    CHECK_STR(adapted, "resumed");
+    free(adapted);
+    wait_metric(s->port, "pgjobq_jobs_table_autovacuum_paused", 0);
 
     /* The finished-state gauges are the history's counts. */
     wait_metric(s->port, "pgjobq_jobs{queue=\"mail\",state=\"completed\"}",
