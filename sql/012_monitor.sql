@@ -11,14 +11,16 @@
 --   pgjobq.vacuum_watch  one row: the oldest transaction id that holds the horizon back (as the last
 --                        call of pgjobq.autovacuum_adapt() saw it), when it was first seen, how many
 --                        vacuums of pgjobq.jobs had ended then and whether one was running, and
---                        when autovacuum_adapt() paused autovacuum of pgjobq.jobs (NULL: it did not).
+--                        when autovacuum_adapt() paused autovacuum's vacuums of pgjobq.jobs (NULL:
+--                        it did not).
 --   health()             gains autovacuum_paused_since (it returns one more column: dropped here and
 --                        created again by sql/functions/monitor.sql).
 --
 -- autovacuum_adapt() (sql/functions/maintenance.sql), called each minute by the worker that
--- maintains, turns autovacuum_enabled off on pgjobq.jobs once a vacuum has run entirely while the
--- same holder was the oldest (another pass could remove nothing more), and resets it as soon as the
--- oldest holder is another or none.  Anti-wraparound vacuums run whatever the setting.
+-- maintains, raises the vacuum thresholds of pgjobq.jobs out of reach once a vacuum has run entirely
+-- while the same holder was the oldest (another pass could remove nothing more), and resets them as
+-- soon as the oldest holder is another or none.  Autovacuum's ANALYZE goes on.  Anti-wraparound
+-- vacuums run whatever the setting.
 --
 -- With this version, outside this file: what the dashboard, /metrics, the demo and the benchmarks
 -- read comes from the pgjobq.monitor_* functions (sql/functions/monitor.sql), granted to

@@ -465,12 +465,18 @@ static void churn(PGconn *pg, const char *queue)
                    queue));
 }
 
-/* "on": autovacuum of pgjobq.jobs is as the migrations left it; "off": autovacuum_enabled=false. */
+/* "on": the vacuum thresholds of pgjobq.jobs are as the migrations left them (unset); "off": both are
+ * out of reach; anything else is printed. */
 static char *autovacuum_setting(PGconn *pg)
 {
-    return t_str(pg, "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_class c, pg_options_to_table(c.reloptions) o"
-                     " WHERE c.oid = 'pgjobq.jobs'::regclass AND o.option_name = 'autovacuum_enabled'"
-                     " AND o.option_value = 'false') THEN 'off' ELSE 'on' END");
+    return t_str(pg, "SELECT CASE coalesce(string_agg(o.option_name || '=' || o.option_value, ','"
+                     " ORDER BY o.option_name), '')"
+                     " WHEN '' THEN 'on'"
+                     " WHEN 'autovacuum_vacuum_insert_threshold=-1,autovacuum_vacuum_threshold=2147483647' THEN 'off'"
+                     " ELSE string_agg(o.option_name || '=' || o.option_value, ',') END"
+                     " FROM pg_class c LEFT JOIN LATERAL pg_options_to_table(c.reloptions) o ON true"
+                     " WHERE c.oid = 'pgjobq.jobs'::regclass AND o.option_name IN ('autovacuum_vacuum_threshold',"
+                     " 'autovacuum_vacuum_insert_threshold', 'autovacuum_enabled')");
 }
 
 static void vacuum_jobs(PGconn *pg)
@@ -547,21 +553,27 @@ TEST_FULL(autovacuum_pauses_once_a_pass_ran_under_the_held_snapshot_and_resumes_
     free(s);
     PQclear(t_exec(pin2, "COMMIT"));
 
-    /* Turned off by someone else: left as it is, during a holder and after. */
-    PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs SET (autovacuum_enabled = false)"));
-    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
-    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
-    churn(pg, "av");
-    free(t_str(pg, "SELECT pgjobq.autovacuum_adapt()"));
-    vacuum_jobs(pg);
-    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
-    free(s);
-    PQclear(t_exec(pin, "COMMIT"));
-    CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
-    free(s);
-    CHECK_STR((s = autovacuum_setting(pg)), "off");
-    free(s);
-    PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs RESET (autovacuum_enabled)"));
+    /* Turned off, or tuned, by someone else: left as it is, during a holder and after. */
+    const char *theirs[][2] = {{"autovacuum_enabled = false", "autovacuum_enabled=false"},
+                               {"autovacuum_vacuum_threshold = 500", "autovacuum_vacuum_threshold=500"}};
+    for (int i = 0; i < 2; i++) {
+        PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs SET (%s)", theirs[i][0]));
+        PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+        PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+        churn(pg, "av");
+        free(t_str(pg, "SELECT pgjobq.autovacuum_adapt()"));
+        vacuum_jobs(pg);
+        CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+        free(s);
+        CHECK_STR((s = autovacuum_setting(pg)), theirs[i][1]);
+        free(s);
+        PQclear(t_exec(pin, "COMMIT"));
+        CHECK_STR((s = t_str(pg, "SELECT pgjobq.autovacuum_adapt()")), "");
+        free(s);
+        CHECK_STR((s = autovacuum_setting(pg)), theirs[i][1]);
+        free(s);
+        PQclear(t_exec(pg, "ALTER TABLE pgjobq.jobs RESET (autovacuum_enabled, autovacuum_vacuum_threshold)"));
+    }
 
     /* Not for anyone to call: EXECUTE is pgjobq_worker's (sql/roles.sql). */
     PQclear(t_exec(pg, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'av_nobody') THEN"
