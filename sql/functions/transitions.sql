@@ -23,6 +23,13 @@
 -- probes, and name the table's rows by `j.id = ANY (ids)` besides the join: that bounds the scan of
 -- the table to the input's ids whatever join the planner picks (with statistics saying no job runs
 -- it hashed the input and walked the whole primary key, every row of a backlog, for each batch).
+-- And with enable_nestloop = off: bounded to the input's ids, the rows were still joined to the
+-- input by a nested loop whenever the table's estimate said one row (a vacuum while a snapshot is
+-- held counts no live row: reltuples 0), every row compared with every input row, 250,000
+-- comparisons and 50-110 ms for a batch of 500 (bench/README.md, S3); hashed, 500.  Every join in
+-- these functions is of the input and rows named by their ids, which a hash join serves;
+-- children_release, which they call and which reaches deps through an index per parent, sets
+-- enable_nestloop back on.
 
 -- backoff(attempt): how long to wait before retrying after failed attempt number `attempt` (1-based).
 -- 2^attempt seconds, capped at one hour, with +-10% jitter so that jobs that failed together do not
@@ -51,6 +58,7 @@ CREATE OR REPLACE FUNCTION pgjobq.history_move_cancelled(ids bigint[], reason te
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_n    integer;
@@ -84,6 +92,7 @@ RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_ids      bigint[];
@@ -144,6 +153,7 @@ RETURNS TABLE (id bigint, outcome text, run_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_final bigint[];
@@ -224,6 +234,7 @@ RETURNS TABLE (id bigint, outcome text, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_held   bigint[];
@@ -270,6 +281,7 @@ RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_release bigint[];
@@ -314,6 +326,7 @@ RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_nestloop = off
 AS $$
 DECLARE
     v_ids      bigint[];

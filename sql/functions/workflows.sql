@@ -11,11 +11,14 @@
 -- callback): then the parent counts as finished.  Cancelling a child cancels its own waiting children
 -- in turn.  `among` limits the first round to those children (an enqueue whose parents had already
 -- finished).  Must run in a statement that starts after the statement that finished the parents, so
--- that it sees every edge committed while that statement waited for a parent's row.
+-- that it sees every edge committed while that statement waited for a parent's row.  It reaches
+-- pgjobq.deps through an index per parent, a nested loop: enable_nestloop is set on, as the fenced
+-- writes that call it turn it off (transitions.sql).
 CREATE OR REPLACE FUNCTION pgjobq.children_release(parents bigint[], ok boolean[], among bigint[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_nestloop = on
 AS $$
 DECLARE
     v_parents bigint[]  := parents;
