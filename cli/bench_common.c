@@ -13,12 +13,11 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "http.h"
 
 double bench_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return cli_mono_s();
 }
 
 void bench_pause_ms(long ms)

@@ -13,6 +13,7 @@
 #include <libpq-fe.h>
 
 #include "cli.h"
+#include "http.h"
 #include "sha256.h"
 
 #define OPT_JOBS 'n'
@@ -180,11 +181,9 @@ static void *watch(void *arg)
     }
 }
 
-static double seconds_since(const struct timespec *t0)
+static double seconds_since(double t0)
 {
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+    return cli_mono_s() - t0;
 }
 
 /* What the database says of this run's jobs (ids first..last), pgjobq.monitor_run: completed, failed,
@@ -217,7 +216,7 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
     pgjobq_worker *w = NULL;
     pgjobq_client *c = NULL;
     int64_t first = 0, last = 0;
-    struct timespec t0;
+    double t0;
     const char *url;
     int status, rc, first_arg;
     pthread_t th;
@@ -258,13 +257,13 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
             return EX_TEMPFAIL;
         }
     pgjobq_queue_list_free(qs);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = cli_mono_s();
     if ((rc = enqueue_jobs(c, &a, &first, &last)) != PGJOBQ_OK) {
         status = cli_fail(c, rc);
         pgjobq_client_close(c);
         return status;
     }
-    double enqueue_s = seconds_since(&t0);
+    double enqueue_s = seconds_since(t0);
 
     o.lease_ms = 30000;
     o.poll_ms = 100;
@@ -291,7 +290,7 @@ int cmd_demo(const cli_cmd *cmd, int argc, char **argv)
     rc = pgjobq_worker_run(w);
     atomic_store(&wt.finished, 1);
     pthread_join(th, NULL);
-    double total_s = seconds_since(&t0);
+    double total_s = seconds_since(t0);
     pgjobq_worker_stats s;
     pgjobq_worker_get_stats(w, &s);
     if (rc != PGJOBQ_OK) {

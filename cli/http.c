@@ -372,11 +372,16 @@ struct http_server {
     int nworkers;
 };
 
-int64_t cli_mono_ms(void)
+double cli_mono_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int64_t cli_mono_ms(void)
+{
+    return (int64_t)(cli_mono_s() * 1000);
 }
 
 static void resp_init(http_resp *r)

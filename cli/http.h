@@ -17,8 +17,10 @@ typedef struct sbuf {
     int failed;
 } sbuf;
 
-/* Milliseconds on the monotonic clock: the command's one clock for intervals and deadlines. */
+/* The monotonic clock: the command's one clock for intervals and deadlines, in milliseconds, or in
+ * seconds to the nanosecond (benchmarks, the demo's timings). */
 int64_t cli_mono_ms(void);
+double cli_mono_s(void);
 
 void sb_init(sbuf *b);
 void sb_free(sbuf *b);
