@@ -322,10 +322,16 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
     CHECK_MSG(age >= 0.5 && age < 60, "pgjobq_vacuum_horizon_age_seconds is %g", age);
     /* Once a vacuum has run entirely under the holder, autovacuum is paused (what the worker that
      * maintains does each minute), and /metrics and the overview say so. */
+    char *adapted = NULL;
     PQclear(t_exec(pg, "SELECT pgjobq.autovacuum_adapt()"));
-    PQclear(t_exec(pg, "VACUUM pgjobq.jobs"));
-    PQclear(t_exec(pg, "SELECT pg_stat_force_next_flush()"));
-    char *adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+    for (int i = 0; i < 3; i++) { /* a second pass when an autovacuum was running at first sight */
+        free(adapted);
+        PQclear(t_exec(pg, "VACUUM pgjobq.jobs"));
+        PQclear(t_exec(pg, "SELECT pg_stat_force_next_flush()"));
+        adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+        if (strcmp(adapted, "") != 0)
+            break;
+    }
     CHECK_STR(adapted, "paused");
     free(adapted);
     wait_metric(s->port, "pgjobq_jobs_table_autovacuum_paused", 1);
@@ -333,7 +339,16 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
     CHECK_MSG(strstr(body, "Autovacuum of the table paused by pgjobq since ") != NULL, "%s", body);
     free(body);
     PQfinish(holder);
-    adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+    /* Asked until the horizon has moved (another session of this database may share the holder's
+     * xmin for an instant, when a transaction of another database made it). */
+    for (int64_t t0 = t_now_ms();;) {
+        adapted = t_str(pg, "SELECT pgjobq.autovacuum_adapt()");
+        if (strcmp(adapted, "") != 0 || t_now_ms() - t0 > 10000)
+            break;
+        free(adapted);
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     CHECK_STR(adapted, "resumed");
     free(adapted);
     wait_metric(s->port, "pgjobq_jobs_table_autovacuum_paused", 0);
