@@ -97,7 +97,8 @@ static int bench_opt(int key, const char *arg, void *ctx)
         a->pin = arg;
         return 0;
     }
-    if (cli_parse_int(arg, key == OPT_NOISE ? 0 : 1, max, &v, why, sizeof why) != 0) {
+    /* --rate 0: soak saturates; the other scenarios take their default, as without the option. */
+    if (cli_parse_int(arg, key == OPT_NOISE || key == OPT_RATE ? 0 : 1, max, &v, why, sizeof why) != 0) {
         for (const cli_opt *o = bench_opts; o->name; o++)
             if (o->key == key)
                 cli_usage_error(a->cmd, "--%s: %s", o->name, why);
@@ -678,6 +679,15 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed, "
                                     "steady, soak");
     const char *scenario = argv[first];
+    static const char *const scenarios[] = {"enqueue", "drain",  "drain-exec", "drain-coproc", "latency",
+                                            "mixed",   "steady", "soak",       NULL};
+    int known = 0;
+    for (int i = 0; scenarios[i]; i++)
+        known |= strcmp(scenario, scenarios[i]) == 0;
+    if (!known) /* before any database is reached, or the embedded one started */
+        return cli_usage_error(cmd, "unknown scenario '%s'", scenario);
+    if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
+        return cli_usage_error(cmd, "drain-coproc needs --handler 'CMD ARGS' (e.g. 'python3 examples/coproc.py')");
     if ((strcmp(scenario, "mixed") == 0 || strcmp(scenario, "steady") == 0) && a.rate == 0)
         a.rate = strcmp(scenario, "steady") == 0 ? 15000 : 10000;
     if (strcmp(scenario, "latency") == 0 && a.rate == 0)
@@ -703,8 +713,6 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_drain(url, &a, 0, ctl, c);
     else if (strcmp(scenario, "drain-exec") == 0)
         status = bench_drain(url, &a, 1, ctl, c);
-    else if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
-        status = cli_usage_error(cmd, "drain-coproc needs --handler 'CMD ARGS' (e.g. 'python3 examples/coproc.py')");
     else if (strcmp(scenario, "drain-coproc") == 0)
         status = bench_drain(url, &a, 2, ctl, c);
     else if (strcmp(scenario, "latency") == 0)
@@ -713,10 +721,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_mixed(url, &a, ctl, c);
     else if (strcmp(scenario, "steady") == 0)
         status = bench_steady(url, &a, ctl, c);
-    else if (strcmp(scenario, "soak") == 0)
-        status = bench_soak(url, &a, ctl, c);
     else
-        status = cli_usage_error(cmd, "unknown scenario '%s'", scenario);
+        status = bench_soak(url, &a, ctl, c);
     PQfinish(ctl);
     pgjobq_client_close(c);
     return status;

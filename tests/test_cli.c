@@ -921,3 +921,28 @@ TEST(cli_first_hour_mistakes_are_named)
     free(out);
     free(err);
 }
+
+/* pgjobq bench refuses what it cannot run before it reaches a database (here: before it would create
+ * the embedded one), and takes --rate 0, which soak documents as saturation. */
+TEST(cli_bench_refuses_bad_scenarios_before_any_database_and_takes_rate_0)
+{
+    char *out, *err;
+    const char *home = t_use_embedded_home();
+    char data[4096];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "--rate", "0", "nosuch", NULL), 64);
+    CHECK_MSG(strstr(err, "unknown scenario 'nosuch'") != NULL, "%s", err);
+    CHECK_MSG(strstr(err, "--rate") == NULL, "%s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "drain-coproc", NULL), 64);
+    CHECK_MSG(strstr(err, "drain-coproc needs --handler") != NULL, "%s", err);
+    free(out);
+    free(err);
+    snprintf(data, sizeof data, "%s/data", home);
+    CHECK_MSG(access(data, F_OK) != 0, "%s exists: the embedded database was created", data);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "--rate", "-1", "soak", NULL), 64);
+    CHECK_MSG(strstr(err, "--rate") != NULL, "%s", err);
+    free(out);
+    free(err);
+}
