@@ -9,8 +9,8 @@
 -- 1.89x its first minute's time (bench/README.md, "Steady state").
 --
 --   pgjobq.vacuum_watch  one row: the oldest transaction id that holds the horizon back (as the last
---                        call of pgjobq.autovacuum_adapt() saw it), when it was first seen, how many
---                        vacuums of pgjobq.jobs had ended then and whether one was running, and
+--                        call of pgjobq.autovacuum_adapt() saw it), how many vacuums of pgjobq.jobs
+--                        had ended when it was first seen and whether one was running then, and
 --                        when autovacuum_adapt() paused autovacuum's vacuums of pgjobq.jobs (NULL:
 --                        it did not).
 --   health()             gains autovacuum_paused_since (it returns one more column: dropped here and
@@ -35,7 +35,6 @@ DROP FUNCTION IF EXISTS pgjobq.health();
 CREATE TABLE pgjobq.vacuum_watch (
     one            boolean NOT NULL DEFAULT true,
     horizon        text,
-    seen_since     timestamptz,
     vacuums_then   bigint,
     vacuum_running boolean,
     paused_since   timestamptz,

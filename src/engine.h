@@ -462,6 +462,7 @@ struct pgjobq_worker {
     int64_t shutdown_at_ms;
     int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;
     int64_t next_health_ms;
+    int health_failed;        /* the last health check failed (said at warn once, then at debug) */
     int64_t next_beat_ms;
     int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
     int64_t next_full_rescue_ms;

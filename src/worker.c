@@ -319,7 +319,9 @@ static void phase_collect(pgjobq_worker *w, int64_t now)
 static int send_stmt(pgjobq_worker *w, int s, const char *const *values, const int *lengths, const int *formats,
                      int binary_result, int64_t now)
 {
-    int c = s < PGJOBQ__S_COMPLETE ? PGJOBQ__C_CLAIM : s < PGJOBQ__S_RESCUE ? PGJOBQ__C_WRITE : PGJOBQ__C_MAINT;
+    int c = 0;
+    while (s >= pgjobq__worker_conn_stmts[c].first + pgjobq__worker_conn_stmts[c].n) /* the table's ranges */
+        c++;
     return pgjobq__aconn_send(&w->conn[c], s - pgjobq__worker_conn_stmts[c].first, values, lengths, formats, binary_result, now);
 }
 
@@ -961,9 +963,15 @@ static void tick_done(pgjobq_worker *w, PGresult *r)
 static void health_done(pgjobq_worker *w, PGresult *r)
 {
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQnfields(r) != 7) {
-        wlog(w, PGJOBQ_LOG_DEBUG, "reading pgjobq.health() failed: %s", PQresultErrorMessage(r));
+        /* Without it nothing says what holds vacuum back, and autovacuum is not paused or resumed:
+         * said once at warn (a missing grant, a schema migrated by hand), then each minute at debug. */
+        wlog(w, w->health_failed ? PGJOBQ_LOG_DEBUG : PGJOBQ_LOG_WARN,
+             "reading pgjobq.health() and pgjobq.autovacuum_adapt() failed: %s; vacuum is not watched",
+             PQresultStatus(r) == PGRES_TUPLES_OK ? "unexpected result" : PQresultErrorMessage(r));
+        w->health_failed = 1;
         return;
     }
+    w->health_failed = 0;
     const char *adapted = PQgetisnull(r, 0, 6) ? "" : PQgetvalue(r, 0, 6);
     if (strcmp(adapted, "paused") == 0)
         wlog(w, PGJOBQ_LOG_INFO,

@@ -662,3 +662,61 @@ TEST_FULL(the_maintaining_worker_pauses_autovacuum_and_says_so, 60, 0)
     PQfinish(pin);
     PQfinish(pg);
 }
+
+typedef struct warn_seen {
+    pthread_mutex_t mu;
+    int health_failed;
+} warn_seen;
+
+static void watch_warn(void *arg, pgjobq_log_level level, const char *msg)
+{
+    warn_seen *l = arg;
+    pthread_mutex_lock(&l->mu);
+    l->health_failed += level == PGJOBQ_LOG_WARN && strstr(msg, "reading pgjobq.health() and") != NULL &&
+                        strstr(msg, "vacuum is not watched") != NULL;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int health_warned(void *arg)
+{
+    warn_seen *l = arg;
+    pthread_mutex_lock(&l->mu);
+    int n = l->health_failed;
+    pthread_mutex_unlock(&l->mu);
+    return n > 0;
+}
+
+static int queue_empty_hw(void *arg)
+{
+    return t_int(arg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'hw'") == 0;
+}
+
+/* A worker whose health check fails when it runs (a missing grant: the test's superuser has every
+ * privilege, so the function is replaced by one that fails as a missing grant would) says so at warn,
+ * and goes on working. */
+TEST_FULL(a_failing_health_check_is_said_at_warn_and_the_worker_goes_on, 60, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    warn_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0};
+    pthread_t th;
+
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.autovacuum_adapt() RETURNS text LANGUAGE plpgsql AS"
+                       " $$BEGIN RAISE EXCEPTION 'permission denied for function autovacuum_adapt'"
+                       " USING ERRCODE = 'insufficient_privilege'; END$$"));
+    o.log_fn = watch_warn;
+    o.log_arg = &seen;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "hw", NULL, 1, noop, NULL) == PGJOBQ_OK);
+    CHECK(pthread_create(&th, NULL, worker_run, w) == 0);
+    /* Its first look at health() is 5 s after it starts. */
+    CHECK_MSG(t_wait_until(health_warned, &seen, 30000), "no warning about the failed health check");
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(ARRAY['hw'], NULL, NULL)"));
+    CHECK_MSG(t_wait_until(queue_empty_hw, pg, 20000), "the worker stopped running jobs");
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_INT(atomic_load(&worker_rc), PGJOBQ_OK);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+}

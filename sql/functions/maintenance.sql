@@ -322,7 +322,7 @@ BEGIN
             RETURN NULL; -- the watch is left as it was: the next call tries again
         END IF;
         UPDATE pgjobq.vacuum_watch
-           SET horizon = v_horizon, seen_since = now(), vacuums_then = v_vacuums, vacuum_running = v_running,
+           SET horizon = v_horizon, vacuums_then = v_vacuums, vacuum_running = v_running,
                paused_since = NULL
          WHERE one;
         RETURN CASE WHEN w.paused_since IS NOT NULL AND v_paused THEN 'resumed' END;

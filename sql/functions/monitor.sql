@@ -219,9 +219,9 @@ $$;
 
 -- monitor_jobs(of_state, of_queue, of_kind, error_contains, before_id, of_worker, max_jobs): jobs, live and
 -- finished, the newest first, at most max_jobs; each filter NULL matches every job.  error_contains is
--- a substring of the last error, without wildcards (its % and _ are matched as such; the escape is !, as
--- tools/embed-sql.awk does not carry a backslash over); before_id keeps the jobs with a smaller id (the
--- next page).  PL/pgSQL with EXECUTE: see the top of this section.
+-- a substring of the last error, without wildcards (its % and _ are matched as such, escaped with !);
+-- before_id keeps the jobs with a smaller id (the next page).  PL/pgSQL with EXECUTE: see the top of
+-- this section.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_jobs(of_state text, of_queue text, of_kind text, error_contains text,
                                                before_id bigint, of_worker text, max_jobs integer)
 RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, max_attempts integer,
