@@ -314,6 +314,9 @@ typedef struct pgjobq__queue {
     pthread_cond_t cv;
     pgjobq_ctx *head, *tail;
     int active; /* jobs taken by a thread and not yet ended (pending ones included): at most concurrency */
+    int sleeping;  /* threads waiting on cv */
+    int signalled; /* a thread was signalled and has not run yet: another signal now would only make
+                    * two threads fight for the same jobs */
     int exit_threads;
     pthread_t *threads;
     int nthreads;

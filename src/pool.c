@@ -174,6 +174,17 @@ static int run_one(pgjobq__queue *q, pgjobq_ctx *ctx)
     return 1;
 }
 
+/* Under q->mu: wakes a sleeping thread for the jobs waiting when a slot is free for one, unless a
+ * thread signalled before has not run yet (it takes every job the free slots allow, one after
+ * another).  A thread that is not sleeping looks for work itself before it sleeps. */
+static void wake_one(pgjobq__queue *q)
+{
+    if (q->head && q->active < q->concurrency && q->sleeping > 0 && !q->signalled) {
+        q->signalled = 1;
+        pthread_cond_signal(&q->cv);
+    }
+}
+
 void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
 {
     struct timespec t1;
@@ -188,8 +199,7 @@ void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
     ctx->outcome = outcome;
     pthread_mutex_lock(&q->mu);
     q->active--;
-    if (q->head)
-        pthread_cond_signal(&q->cv);
+    wake_one(q);
     pthread_mutex_unlock(&q->mu);
     post(q->pool, ctx);
 }
@@ -207,8 +217,12 @@ static void *queue_thread(void *arg)
         /* A job for each slot: a handler that returned PENDING still holds its slot (its finish gives
          * it back, and wakes a thread).  This thread takes the next job itself: waking another would
          * only hand the work over. */
-        while ((q->head == NULL || q->active >= q->concurrency) && !q->exit_threads)
+        while ((q->head == NULL || q->active >= q->concurrency) && !q->exit_threads) {
+            q->sleeping++;
             pthread_cond_wait(&q->cv, &q->mu);
+            q->sleeping--;
+            q->signalled = 0;
+        }
         if (q->head == NULL) {
             pthread_mutex_unlock(&q->mu);
             return NULL;
@@ -218,8 +232,8 @@ static void *queue_thread(void *arg)
         q->head = ctx->next;
         if (q->head == NULL)
             q->tail = NULL;
-        else if (atomic_load(&q->busy_ns) > FAST_HANDLER_NS && q->active < q->concurrency)
-            pthread_cond_signal(&q->cv); /* more work for slow handlers: wake a thread to share it */
+        else if (atomic_load(&q->busy_ns) > FAST_HANDLER_NS)
+            wake_one(q); /* more work for slow handlers: wake a thread to share it */
         ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
         holding = run_one(q, ctx);
@@ -299,7 +313,7 @@ void pgjobq__pool_dispatch(pgjobq__queue *q, pgjobq_ctx *first, pgjobq_ctx *last
     else
         q->head = first;
     q->tail = last;
-    pthread_cond_signal(&q->cv);
+    wake_one(q);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -321,7 +335,7 @@ int pgjobq__pool_help(pgjobq__queue *queues, int nqueues)
         pthread_mutex_lock(&q->mu);
         if (q->head) {
             waiting = 1;
-            pthread_cond_signal(&q->cv);
+            wake_one(q);
         }
         pthread_mutex_unlock(&q->mu);
     }
