@@ -13,6 +13,7 @@
  * {"cancel": ID} line.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -49,6 +50,8 @@ typedef struct coproc {
     int in_fd;        /* its stdin (ours to write), -1 while not running */
     sbuf outq;        /* lines not yet written to it */
     int flushing;     /* a thread is writing outq (without the pool's mutex) */
+    int kick[2];      /* handlers wake the supervisor through it to write outq (non-blocking) */
+    int kicked;       /* a wakeup is in the kick pipe and outq not yet written since */
     int retiring;     /* broke the protocol and is being killed: takes no new job */
     pending *held;
     int inflight;
@@ -381,17 +384,22 @@ static int64_t one_life(coproc *c)
         }
         int want_out = c->in_fd >= 0 && c->outq.len > 0 && !c->flushing ? c->in_fd : -1;
         pthread_mutex_unlock(&p->mu);
-        struct pollfd fds[3] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}};
+        struct pollfd fds[4] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}, {c->kick[0], POLLIN, 0}};
         char buf[65536];
-        if (poll(fds, 3, STOP_SCAN_MS) < 0 && errno != EINTR)
+        if (poll(fds, 4, STOP_SCAN_MS) < 0 && errno != EINTR)
             break;
         int64_t now = cli_mono_ms();
         if (now >= next_scan) {
             give_up_stopped(c);
             next_scan = now + STOP_SCAN_MS;
         }
-        if (fds[2].revents) {
+        if (fds[3].revents) {
+            while (read(c->kick[0], buf, 64) == 64) {
+            }
+        }
+        if (fds[2].revents || fds[3].revents) {
             pthread_mutex_lock(&p->mu);
+            c->kicked = 0;
             if (!c->flushing)
                 flush_locked(c);
             pthread_mutex_unlock(&p->mu);
@@ -585,7 +593,14 @@ coproc_pool *coproc_start(char **argv, char **env, int k, int share,
         c->pool = p;
         c->index = i;
         c->in_fd = -1;
+        c->kick[0] = c->kick[1] = -1;
         sb_init(&c->outq);
+        if (pipe2(c->kick, O_CLOEXEC | O_NONBLOCK) != 0) {
+            plog(p, PGJOBQ_LOG_ERROR, "cannot start coprocess %d: pipe: %s", i, strerror(errno));
+            c->kick[0] = c->kick[1] = -1;
+            c->thread = 0;
+            continue;
+        }
         if (pthread_create(&c->thread, NULL, supervise, c) != 0) {
             plog(p, PGJOBQ_LOG_ERROR, "cannot start the thread of coprocess %d", i);
             c->thread = 0;
@@ -623,6 +638,9 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
         if (p->cp[i].thread)
             pthread_join(p->cp[i].thread, NULL);
         sb_free(&p->cp[i].outq);
+        for (int e = 0; e < 2; e++)
+            if (p->cp[i].kick[e] >= 0)
+                close(p->cp[i].kick[e]);
     }
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
@@ -704,9 +722,17 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     pe->next = c->held;
     c->held = pe;
     c->inflight++;
-    if (!c->flushing)
-        flush_locked(c);
+    /* The supervisor writes the lines: woken once for all the lines queued until it runs, so that a
+     * burst of jobs reaches the coprocess in one write (and wakes it once) rather than a line each. */
+    int kick = !c->kicked && !c->flushing;
+    c->kicked |= kick;
+    int kick_fd = c->kick[1];
     pthread_mutex_unlock(&p->mu);
     sb_free(&line);
+    if (kick) {
+        char one = 1;
+        ssize_t n = write(kick_fd, &one, 1); /* a full pipe already holds a wakeup */
+        (void)n;
+    }
     return PGJOBQ_OUTCOME_PENDING;
 }
