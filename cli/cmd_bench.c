@@ -181,12 +181,12 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     /* Claims made while waiting (polls of a queue with nothing due) do not count. */
     long long claims0 = bench_total(sh->claims, a->processes), claimed0 = bench_total(sh->claimed, a->processes);
     double next_conn_sample = bench_now();
-    /* Until every job is completed: in-process workers report through shared memory; exec workers are
-     * counted in the database (cheaply: the hot table holds only live jobs). */
+    /* Until every job is completed: in-process workers report through shared memory; for exec workers
+     * the database says when the queue has no live job left (cheaply: monitor_queue_drained). */
     for (;;) {
         long long done;
         if (exec_mode)
-            done = a->jobs - (long long)bench_number(ctl, "SELECT pgjobq.monitor_queue_live('bench')");
+            done = bench_number(ctl, "SELECT pgjobq.monitor_queue_drained('bench')::int") == 1 ? a->jobs : 0;
         else
             done = bench_total(sh->completed, a->processes);
         /* Sampled every 200 ms: the sampling query must not load the database it measures. */
@@ -198,7 +198,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         }
         if (done >= a->jobs)
             break;
-        bench_pause_ms(exec_mode ? 50 : 5);
+        bench_pause_ms(exec_mode ? 20 : 5);
     }
     t1 = bench_now();
     bench_stop_workers(a, pids);

@@ -348,8 +348,9 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id BETWEEN monitor_run.first_id AND monitor_run.last_id
 $$;
 
--- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running).  What a
--- benchmark polls to see a queue drain; the claim's index on the queue keeps it cheap.
+-- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running), each
+-- state counted through its own partial index (the claim's, the lease's, the waiting jobs'), which
+-- skips the dead versions of finished jobs that a scan of the table would read.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_live(queue text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -357,8 +358,27 @@ AS $$
 DECLARE
     v_n bigint;
 BEGIN
-    EXECUTE 'SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1' INTO v_n USING monitor_queue_live.queue;
+    EXECUTE $q$SELECT (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'queued')
+                    + (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'running')
+                    + (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'waiting')$q$
+        INTO v_n USING monitor_queue_live.queue;
     RETURN v_n;
+END
+$$;
+
+-- monitor_queue_drained(queue): true once the queue has no live job.  What a benchmark polls to see a
+-- queue drain, so it must not load the server it measures: it stops at the first live job of each
+-- partial index (monitor_queue_live counts them all: 6 ms a call at the start of a 50,000-job drain,
+-- which polled every 50 ms took 7% of two cores from the drain it measured).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_drained(queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Static SQL: its plan is kept from call to call (one plan suits every queue here).
+    RETURN NOT (EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'queued')
+             OR EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'running')
+             OR EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'waiting'));
 END
 $$;
 
