@@ -111,7 +111,7 @@ class Runner:
     # -- input -----------------------------------------------------------------------------------
     def on_line(self, line: bytes) -> None:
         try:
-            msg = json.loads(line)
+            msg = json.loads(line.decode())  # (str: json skips guessing the bytes' encoding)
         except ValueError:
             print(f"pgjobq.coproc: ignoring a line that is not JSON: {line[:200]!r}", file=sys.stderr)
             return
@@ -140,9 +140,12 @@ class Runner:
         if entry is None or entry[1] is not ctx:
             return  # given up meanwhile (and maybe sent again since): this attempt's answer is not wanted
         del self.running[ctx.id]
-        msg: Dict[str, Any] = {"id": ctx.id, "status": status}
-        msg.update(fields)
-        self.out.append(json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        if not fields and status == "completed" and type(ctx.id) is int:
+            self.out.append(b'{"id":%d,"status":"completed"}\n' % ctx.id)  # the common answer, unencoded
+        else:
+            msg: Dict[str, Any] = {"id": ctx.id, "status": status}
+            msg.update(fields)
+            self.out.append(json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
         if not self.flush_pending:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
@@ -182,6 +185,14 @@ class Runner:
             fields["delay_ms"] = int(round(s * 1000))
         return fields
 
+    @staticmethod
+    def _binds(task: Task, args: Tuple[Any, ...]) -> bool:
+        try:
+            task._payload_sig.bind(*args)
+        except TypeError:
+            return False
+        return True
+
     async def run_job(self, msg: Dict[str, Any]) -> None:
         entry = self.running.get(msg["id"])  # registered by on_line before this first runs
         if entry is None:
@@ -198,10 +209,13 @@ class Runner:
             kwargs = payload
         else:
             args, kwargs = (payload,), {}
-        try:
-            task._payload_sig.bind(*args, **kwargs)
-        except TypeError as e:
-            self.answer(ctx, "failed", error=f"the payload does not fit {task.name}{task._payload_sig}: {e}")
+        if not (task._fits(kwargs) if not args else self._binds(task, args)):
+            try:
+                task._payload_sig.bind(*args, **kwargs)
+                why = "it does not fit"
+            except TypeError as e:
+                why = str(e)
+            self.answer(ctx, "failed", error=f"the payload does not fit {task.name}{task._payload_sig}: {why}")
             return
         if task.pass_context:
             args = (ctx,) + args

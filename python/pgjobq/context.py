@@ -10,6 +10,9 @@ from typing import Any, List, Optional
 __all__ = ["Context", "ParentResult", "Cancelled"]
 
 
+_EVENT_LOCK = threading.Lock()  # a Context's event is made once, and set if it was cancelled before
+
+
 class Cancelled(Exception):
     """Raised by ``ctx.raise_if_cancelled()`` in a sync task whose job was given up."""
 
@@ -35,8 +38,8 @@ class Context:
       ``ctx.raise_if_cancelled()``, or wait on ``ctx.cancel_event``) between steps.
     """
 
-    __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "cancel_event",
-                 "reason", "app")
+    __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "_event",
+                 "_cancelled", "reason", "app")
 
     def __init__(self, id: int, queue: str, kind: str, attempt: int, max_attempts: int, payload: Any,
                  parents: List[ParentResult], deadline: float, app: Any = None) -> None:
@@ -48,13 +51,24 @@ class Context:
         self.payload = payload
         self.parents = parents
         self.deadline = deadline
-        self.cancel_event = threading.Event()
+        self._event: Optional[threading.Event] = None  # made when first asked for: most jobs never are
+        self._cancelled = False
         self.reason: Optional[str] = None
         self.app = app
 
     @property
+    def cancel_event(self) -> threading.Event:
+        """A ``threading.Event`` set when the job is given up (for a sync task to wait on)."""
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._cancelled:
+                    self._event.set()
+            return self._event
+
+    @property
     def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
+        return self._cancelled
 
     @property
     def last_attempt(self) -> bool:
@@ -65,13 +79,17 @@ class Context:
         return max(0.0, self.deadline - time.monotonic())
 
     def raise_if_cancelled(self) -> None:
-        if self.cancel_event.is_set():
+        if self._cancelled:
             raise Cancelled(self.reason or "the job was given up")
 
     def _cancel(self, reason: str) -> None:
-        if not self.cancel_event.is_set():
+        with _EVENT_LOCK:
+            if self._cancelled:
+                return
             self.reason = reason
-            self.cancel_event.set()
+            self._cancelled = True
+            if self._event is not None:
+                self._event.set()
 
     def __repr__(self) -> str:
         return f"<pgjobq.Context job {self.id} {self.kind!r} attempt {self.attempt}/{self.max_attempts}>"
