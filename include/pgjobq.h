@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 12
+#define PGJOBQ_SCHEMA_VERSION 13
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -124,6 +124,7 @@ PGJOBQ_EXPORT int pgjobq_state_parse(const char *name, pgjobq_state *out) PGJOBQ
 #define PGJOBQ_DEFAULT_MAX_ATTEMPTS 25
 #define PGJOBQ_ERROR_MAX            8192  /* last_error is cut to this many bytes */
 #define PGJOBQ_BATCH_MAX            10000 /* most jobs one claim returns */
+#define PGJOBQ_PROGRESS_MAX         8192  /* a job's progress, JSON text, bytes */
 
 /* A job as read from the database.  Strings are NUL-terminated UTF-8; those marked "or NULL" are NULL
  * when the column is NULL.  The whole array a function returns is one allocation owned by the caller
@@ -777,6 +778,16 @@ PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
 
 /* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
+
+/* Reports the job's progress (JSON text of at most PGJOBQ_PROGRESS_MAX bytes, copied): the worker
+ * writes the latest value set to the job (pgjobq_job.progress, `pgjobq show`, the dashboard), fenced
+ * by the lease like a completion, on its write connection with no statement of the handler's: within
+ * about a second, and before the job's outcome when it is set before the handler ends the job.  Only
+ * the latest of several values set in between is written; a value the database finds over 8 KiB as
+ * jsonb text is logged and skipped.  Callable from any thread while the job is the handler's (until
+ * it returns, or until pgjobq_ctx_finish).  Returns PGJOBQ_EINVAL for invalid or too long JSON (the
+ * value set before stays), PGJOBQ_ENOMEM. */
+PGJOBQ_EXPORT int pgjobq_ctx_set_progress(pgjobq_ctx *ctx, const char *json) PGJOBQ_WUR;
 
 /* Nonzero once the handler should stop as soon as it can; pgjobq_ctx_stop_reason says why.  Handlers
  * that run long must poll it: the worker cannot interrupt a thread. */

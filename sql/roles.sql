@@ -68,6 +68,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.complete_many(bigint[], bigint[], jsonb[]),
     pgjobq.fail_many(bigint[], bigint[], text[], interval[], boolean[]),
     pgjobq.extend_many(bigint[], bigint[], interval),
+    pgjobq.progress_many(bigint[], bigint[], jsonb[]),
     pgjobq.release_many(bigint[], bigint[], text),
     pgjobq.cancel_many(bigint[], bigint[], text),
     pgjobq.next_due(text),

@@ -290,6 +290,7 @@ struct pgjobq_ctx {
     int64_t started_ns;          /* monotonic, for the handler's measured time */
     _Atomic int pending;         /* its handler returned PENDING: pgjobq_ctx_finish ends it */
     _Atomic int64_t timeout_at_ms; /* INT64_MAX until the handler starts: the timeout counts from there */
+    _Atomic(char *) progress;    /* the latest progress set (pgjobq_ctx_set_progress), taken by the engine */
     /* Engine only. */
     int64_t lease_valid_until_ms;
     size_t run_index;            /* position in the worker's running set */
@@ -344,6 +345,7 @@ typedef struct pgjobq__pool {
     void *wake_arg;
     pthread_mutex_t mu;
     pgjobq_ctx *done;        /* the mailbox: jobs ended, newest first */
+    _Atomic int progress_set; /* a job's progress was set since the engine last took them */
 } pgjobq__pool;
 
 /* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages. */
@@ -384,13 +386,14 @@ enum { PGJOBQ__C_CLAIM, PGJOBQ__C_WRITE, PGJOBQ__C_MAINT, PGJOBQ__NCONN };
 enum {
     PGJOBQ__S_CLAIM,
     /* The kinds of write the engine batches, in the order it writes them (PGJOBQ__W_*), then the
-     * heartbeat and the registry's beat. */
+     * heartbeat, the registry's beat and the handlers' progress. */
     PGJOBQ__S_COMPLETE,
     PGJOBQ__S_FAIL,
     PGJOBQ__S_RELEASE,
     PGJOBQ__S_CANCEL,
     PGJOBQ__S_EXTEND,
     PGJOBQ__S_BEAT,
+    PGJOBQ__S_PROGRESS,
     PGJOBQ__S_RESCUE,
     PGJOBQ__S_PRUNE,
     PGJOBQ__S_TICK,
@@ -467,6 +470,7 @@ struct pgjobq_worker {
     int64_t next_health_ms;
     int health_failed;        /* the last health check failed (said at warn once, then at debug) */
     int64_t next_beat_ms;
+    int64_t next_progress_ms; /* the earliest the handlers' progress is written again */
     int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
     int64_t next_full_rescue_ms;
     char host[128], pid_s[16], queues_s[1024]; /* what the beat says */

@@ -79,10 +79,28 @@ int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx)
     return left > 0 ? left : 0;
 }
 
+int pgjobq_ctx_set_progress(pgjobq_ctx *ctx, const char *json)
+{
+    size_t len;
+    char *copy;
+
+    if (ctx == NULL || json == NULL || (len = strlen(json)) > PGJOBQ_PROGRESS_MAX ||
+        pgjobq__json_check(json, len, NULL, 0) != 0)
+        return PGJOBQ_EINVAL;
+    if ((copy = strdup(json)) == NULL)
+        return PGJOBQ_ENOMEM;
+    free(atomic_exchange(&ctx->progress, copy)); /* a value the engine has not taken yet is replaced */
+    pgjobq__pool *pool = ctx->q->pool;
+    if (!atomic_exchange(&pool->progress_set, 1))
+        pool->wake(pool->wake_arg); /* once until the engine takes them */
+    return PGJOBQ_OK;
+}
+
 void pgjobq__ctx_free(pgjobq_ctx *ctx)
 {
     if (ctx == NULL)
         return;
+    free(atomic_load(&ctx->progress));
     free(ctx->result);
     free(ctx->error);
     free(ctx);
@@ -246,6 +264,7 @@ void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(v
     pool->wake = wake;
     pool->wake_arg = wake_arg;
     pool->done = NULL;
+    atomic_store(&pool->progress_set, 0);
     pthread_mutex_init(&pool->mu, NULL);
 }
 

@@ -68,14 +68,16 @@
 #define SUMMARY_EVERY_MS 60000
 /* Outcomes wait at most this long for more to join their batch (unless no handler still runs). */
 #define FLUSH_AFTER_MS 2
+/* Progress is written at most this often (and before outcomes that wait). */
+#define PROGRESS_EVERY_MS 250
 /* Jobs left waiting on a list are handed to another thread this often. */
 #define HELP_AFTER_MS 2
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_RESCUE, R_PRUNE, R_TICK,
-       R_HEALTH };
+enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
+       R_TICK, R_HEALTH };
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Small helpers                                                                                     */
@@ -433,6 +435,67 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
     pgjobq__buf_free(&tokens.buf);
 }
 
+/* Writes the progress the handlers set since the last time (the latest value of each job), in one
+ * statement.  Jobs the database already ended just drop theirs. */
+static void send_progress(pgjobq_worker *w, int64_t now)
+{
+    pgjobq__array a[3];
+    const char *values[3];
+    int lengths[3], formats[3] = {1, 1, 1};
+    size_t n = 0;
+    int failed = 0;
+
+    w->next_progress_ms = now + PROGRESS_EVERY_MS;
+    atomic_store(&w->pool.progress_set, 0); /* before taking them: a value set meanwhile sets it again */
+    pgjobq__array_begin(&a[0], OID_INT8);
+    pgjobq__array_begin(&a[1], OID_INT8);
+    pgjobq__array_begin(&a[2], OID_JSONB);
+    for (size_t i = 0; i < w->nrunning; i++) {
+        pgjobq_ctx *ctx = w->running[i];
+        char *p = atomic_load(&ctx->progress) ? atomic_exchange(&ctx->progress, NULL) : NULL;
+        if (p == NULL)
+            continue;
+        if (!ctx->ended) {
+            pgjobq__array_int8(&a[0], ctx->job.id);
+            pgjobq__array_int8(&a[1], ctx->job.lease_token);
+            pgjobq__array_jsonb(&a[2], p, strlen(p));
+            n++;
+        }
+        free(p);
+    }
+    for (int k = 0; k < 3 && n > 0; k++) {
+        if (pgjobq__array_end(&a[k]) != 0) {
+            failed = 1;
+            break;
+        }
+        values[k] = a[k].buf.data;
+        lengths[k] = (int)a[k].buf.len;
+    }
+    if (failed)
+        wlog(w, PGJOBQ_LOG_WARN, "out of memory writing the progress of %zu jobs: not written", n);
+    else if (n > 0 && send_stmt(w, PGJOBQ__S_PROGRESS, values, lengths, formats, 1, now) == 0)
+        w->req[PGJOBQ__C_WRITE].kind = R_PROGRESS;
+    for (int k = 0; k < 3; k++)
+        pgjobq__buf_free(&a[k].buf);
+}
+
+/* The answer to a progress write: a job whose lease was lost says so at its heartbeat; a value too
+ * large is the handler's mistake, said here. */
+static void progress_done(pgjobq_worker *w, PGresult *r)
+{
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        wlog(w, PGJOBQ_LOG_WARN, "writing progress failed: %s", PQresultErrorMessage(r));
+        return;
+    }
+    for (int row = 0; row < PQntuples(r); row++) {
+        size_t len = 0;
+        const char *outcome = pgjobq__get_text(r, row, 1, &len);
+        if (len == 9 && memcmp(outcome, "too_large", 9) == 0)
+            wlog(w, PGJOBQ_LOG_WARN, "job %lld: its progress is over 8 KiB as stored: not written",
+                 (long long)pgjobq__get_int8(r, row, 0));
+    }
+}
+
 /* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
 static void send_beat(pgjobq_worker *w, int64_t now)
 {
@@ -508,6 +571,13 @@ static void phase_write(pgjobq_worker *w, int64_t now)
     }
     if (now >= w->next_beat_ms && !w->stopping) {
         send_beat(w, now);
+        if (w->req[PGJOBQ__C_WRITE].kind != R_NONE)
+            return;
+    }
+    /* Progress before outcomes (a value set before the job ended is written first), and otherwise at
+     * most every PROGRESS_EVERY_MS. */
+    if (atomic_load(&w->pool.progress_set) && (now >= w->next_progress_ms || pending_count(w) > 0)) {
+        send_progress(w, now);
         if (w->req[PGJOBQ__C_WRITE].kind != R_NONE)
             return;
     }
@@ -1130,6 +1200,7 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
     case R_WRITE: write_done(w, rq, r); break;
     case R_HEARTBEAT: heartbeat_done(w, rq, r); break;
     case R_BEAT: beat_done(w, r, now); break;
+    case R_PROGRESS: progress_done(w, r); break;
     case R_RESCUE:
     case R_PRUNE: maintain_done(w, kind == R_RESCUE, r, now); break;
     case R_TICK: tick_done(w, r); break;
@@ -1174,6 +1245,8 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
             SOONER(w->next_beat_ms);
         if (w->first_pending_ms)
             SOONER(w->first_pending_ms + FLUSH_AFTER_MS);
+        if (atomic_load(&w->pool.progress_set))
+            SOONER(w->next_progress_ms);
     }
     if (w->stopping)
         SOONER(w->shutdown_at_ms);

@@ -9,7 +9,7 @@
  * prepares its own. */
 const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN] = {
     [PGJOBQ__C_CLAIM] = {PGJOBQ__S_CLAIM, 1},
-    [PGJOBQ__C_WRITE] = {PGJOBQ__S_COMPLETE, PGJOBQ__S_BEAT + 1 - PGJOBQ__S_COMPLETE},
+    [PGJOBQ__C_WRITE] = {PGJOBQ__S_COMPLETE, PGJOBQ__S_PROGRESS + 1 - PGJOBQ__S_COMPLETE},
     [PGJOBQ__C_MAINT] = {PGJOBQ__S_RESCUE, PGJOBQ__NSTMTS - PGJOBQ__S_RESCUE}};
 
 static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
@@ -18,6 +18,7 @@ static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_A
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
+static const Oid progress_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
 static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
@@ -40,6 +41,9 @@ const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
      * secret, which makes the row its own. */
     [PGJOBQ__S_BEAT] = {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types},
+    /* The latest progress each handler set (schema 13), fenced by the jobs' leases. */
+    [PGJOBQ__S_PROGRESS] = {"pgjobq_progress", "SELECT id, outcome FROM pgjobq.progress_many($1, $2, $3)", 3,
+                            progress_types},
     /* Maintenance: only one process of the fleet does each pass at a time (the others get -1).
      * $1: the leases to look at ended at or after this (microseconds since the epoch; NULL: all). */
     [PGJOBQ__S_RESCUE] = {"pgjobq_rescue",

@@ -1246,3 +1246,69 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* A handler that reports progress twice: the first value while it waits for the test to see it in the
+ * database, the second just before it completes the job. */
+static _Atomic int progress_seen;
+static _Atomic int progress_refused;
+
+static pgjobq_outcome progress_handler(pgjobq_ctx *ctx, void *arg)
+{
+    (void)arg;
+    char big[PGJOBQ_PROGRESS_MAX + 16];
+    memset(big, ' ', sizeof big - 1);
+    memcpy(big, "\"x\"", 3);
+    big[sizeof big - 1] = '\0'; /* valid JSON, one byte too many at least */
+    int bad = pgjobq_ctx_set_progress(ctx, "{\"done\": ") == PGJOBQ_EINVAL &&
+              pgjobq_ctx_set_progress(ctx, big) == PGJOBQ_EINVAL && pgjobq_ctx_set_progress(ctx, NULL) == PGJOBQ_EINVAL;
+    atomic_store(&progress_refused, bad);
+    if (pgjobq_ctx_set_progress(ctx, "{\"done\": 1, \"of\": 2}") != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    for (int i = 0; i < 2000 && !atomic_load(&progress_seen) && !pgjobq_ctx_should_stop(ctx); i++)
+        usleep(10000);
+    if (pgjobq_ctx_set_progress(ctx, "{\"done\": 2, \"of\": 2}") != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    return atomic_load(&progress_seen) ? PGJOBQ_OUTCOME_COMPLETE : PGJOBQ_OUTCOME_FAIL;
+}
+
+TEST_FULL(worker_api_writes_the_progress_handlers_report, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+    char sql[256];
+
+    eo.queue = "progress";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, &id));
+    o.lease_ms = 60000; /* the heartbeat (20 s) is not what writes it */
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "progress", NULL, 1, progress_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    /* Written while the job runs, by the worker alone. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'"
+             " AND progress = '{\"done\": 1, \"of\": 2}'",
+             (long long)id);
+    wait_sql(pg, sql, 1, 15000);
+    atomic_store(&progress_seen, 1);
+    /* The value set just before the job ended is written before its completion, and stays with it. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed'", (long long)id);
+    wait_sql(pg, sql, 1, 15000);
+    char *p = t_str(pg, "SELECT progress::text FROM pgjobq.history WHERE id = %lld", (long long)id);
+    CHECK_STR(p, "{\"of\": 2, \"done\": 2}");
+    free(p);
+    CHECK(atomic_load(&progress_refused)); /* bad JSON, too long, NULL: refused, the job went on */
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_INT(r.rc, PGJOBQ_OK);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}

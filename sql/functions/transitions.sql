@@ -364,6 +364,29 @@ BEGIN
 END
 $$;
 
+-- progress_many(ids, tokens, progress): a worker writes the latest progress its handlers reported, for
+-- many jobs in one statement, each fenced by its lease like a completion (and unlike set_progress, an
+-- element that is too large is skipped, not an error: the others are still written).  A row per
+-- element: 'written', 'too_large' (over 8 KiB as jsonb text) or 'lost' (the lease is not the
+-- caller's any more: ended, expired, or taken over).
+CREATE OR REPLACE FUNCTION pgjobq.progress_many(ids bigint[], tokens bigint[], progress jsonb[])
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH input AS MATERIALIZED (
+        SELECT u.id, u.token, u.p, octet_length(u.p::text) <= 8192 AS fits
+          FROM unnest(progress_many.ids, progress_many.tokens, progress_many.progress) AS u(id, token, p)
+         WHERE u.id IS NOT NULL),
+    upd AS (
+        UPDATE pgjobq.jobs j SET progress = input.p
+          FROM input
+         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > now() AND input.fits
+        RETURNING j.id)
+    SELECT input.id, CASE WHEN upd.id IS NOT NULL THEN 'written' WHEN NOT input.fits THEN 'too_large' ELSE 'lost' END
+      FROM input LEFT JOIN upd ON upd.id = input.id
+$$;
+
 -- set_progress(id, token, progress): a running job reports its progress (any JSON value of at most
 -- 8 KiB), fenced like a completion: returns false, and writes nothing, when the lease is no longer
 -- the caller's.

@@ -1,0 +1,15 @@
+-- pgjobq schema, migration 13: a worker writes the progress its handlers report.
+-- needs: 11
+--
+-- pgjobq_ctx_set_progress (C), a {"id": ..., "progress": ...} line from a coprocess and
+-- ctx.set_progress() in the Python package hand a running job's progress to its worker, which writes
+-- the latest value of each job in one statement, fenced by the lease like a completion:
+--
+--   progress_many(ids, tokens, progress)  (sql/functions/transitions.sql) a row per job: 'written',
+--                                         'too_large' (over 8 KiB as jsonb text: not written) or
+--                                         'lost' (the lease is no longer the caller's).
+--
+-- Nothing else changes: this migration only records the version, so that a worker that prepares
+-- progress_many finds it (the function files are applied in its transaction).  Libraries of version
+-- 11 and 12 keep working.
+SELECT 1;
