@@ -100,6 +100,7 @@ typedef struct reply {
     pgjobq_outcome outcome;
     char *result, *error;
     int64_t delay_ms;
+    char *progress; /* a progress line ({"id": ..., "progress": ...}, no status): not an answer */
 } reply;
 
 static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t why_size)
@@ -123,6 +124,13 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
         return -1;
     }
     r->have_id = 1;
+    if (json_member(line, "status", &n) == NULL && (v = json_member(line, "progress", &n)) != NULL) {
+        if ((r->progress = strndup(v, n)) == NULL) {
+            snprintf(why, why_size, "out of memory");
+            return -1;
+        }
+        return 0;
+    }
     char *status = (v = json_member(line, "status", &n)) ? json_unquote(v, n) : NULL;
     if (status == NULL) {
         snprintf(why, why_size, "no \"status\" string");
@@ -335,6 +343,30 @@ static int send_line(coproc *c, const char *line, size_t len)
     return rc;
 }
 
+/* Hands a progress line's value to its job, if the coprocess still holds it (a late line for a job
+ * given up is ignored). */
+static void set_progress(coproc *c, int64_t id, const char *json)
+{
+    coproc_pool *p = c->pool;
+    int rc = PGJOBQ_OK, found = 0;
+
+    pthread_mutex_lock(&p->mu);
+    for (pending *pe = c->held; pe; pe = pe->next) {
+        if (pe->id == id) {
+            rc = pgjobq_ctx_set_progress(pe->ctx, json);
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc != PGJOBQ_OK)
+        plog(p, PGJOBQ_LOG_WARN, "coprocess %d: the progress of job %lld is not JSON of at most %d bytes: ignored",
+             c->index, (long long)id, PGJOBQ_PROGRESS_MAX);
+    else if (!found)
+        plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d: progress of job %lld, which no longer waits (ignored)", c->index,
+             (long long)id);
+}
+
 /* Quotes the start of a bad line for the log. */
 static void quote(char *dst, size_t size, const char *line, size_t len)
 {
@@ -451,6 +483,12 @@ static int64_t one_life(coproc *c)
                     free(r.error);
                     bad = 1;
                     kill(-pid, SIGKILL);
+                    continue;
+                }
+                if (r.progress) {
+                    /* Now, before the answers of this read are delivered (one may end the job). */
+                    set_progress(c, r.id, r.progress);
+                    free(r.progress);
                     continue;
                 }
                 /* Kept, to be delivered with the rest of this read under one lock. */

@@ -46,6 +46,21 @@ static void wait_drained(PGconn *pg, const char *queue, const char *log, int tim
     }
 }
 
+/* The worker's log, whole (free it). */
+static char *read_log(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    CHECK(f != NULL);
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long size = ftell(f);
+    CHECK(size >= 0);
+    rewind(f);
+    char *text = calloc(1, (size_t)size + 1);
+    CHECK(text && fread(text, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    return text;
+}
+
 /* Runs the example handler of one language over 200 jobs, some of which ask to fail. */
 static void run_example(const char *handler, const char *queue)
 {
@@ -164,24 +179,75 @@ TEST_FULL(coproc_restarts_a_broken_handler_and_retries_its_jobs, 120, 0)
     /* No database credentials reached it. */
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mb' AND result->'env' = '{}'"), 6);
     /* The log says what happened, quoting the bad line; stderr went to the log. */
-    char *text = NULL;
-    FILE *f = fopen(log, "r");
-    CHECK(f != NULL);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    rewind(f);
-    text = calloc(1, (size_t)size + 1);
-    CHECK(text && fread(text, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
+    char *text = read_log(log);
     CHECK_MSG(strstr(text, "'this is not json'") != NULL, "the garbage line is not quoted in the log");
     CHECK(strstr(text, "unknown status \"maybe\"") != NULL);
     CHECK(strstr(text, "exited with status 3") != NULL);
     CHECK(strstr(text, "a line for the log") != NULL);
     free(text);
     /* The timed-out job was cancelled on the coprocess. */
-    f = fopen(cancels, "r");
+    FILE *f = fopen(cancels, "r");
     CHECK_MSG(f != NULL, "the coprocess was never told to cancel");
     fclose(f);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A handler that reports progress: a first value, then (once the test has seen it in the database) a
+ * value too large, a line for a job it does not hold, and the last value with the answer in the same
+ * write. */
+static const char progressing[] =
+    "import json, os, sys, time\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'cancel' in m:\n"
+    "        continue\n"
+    "    print(json.dumps({'id': m['id'], 'progress': {'step': 1}}), flush=True)\n"
+    "    t0 = time.monotonic()\n"
+    "    while not os.path.exists(os.environ['SEEN']) and time.monotonic() - t0 < 30:\n"
+    "        time.sleep(0.02)\n"
+    "    print(json.dumps({'id': m['id'], 'progress': 'x' * 9000}), flush=True)\n"
+    "    print(json.dumps({'id': 123456789, 'progress': {'step': 9}}), flush=True)\n"
+    "    sys.stdout.write(json.dumps({'id': m['id'], 'progress': {'step': 2}}) + '\\n'\n"
+    "                     + json.dumps({'id': m['id'], 'status': 'completed'}) + '\\n')\n"
+    "    sys.stdout.flush()\n";
+
+TEST_FULL(coproc_progress_lines_reach_the_job, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("progressing");
+    char env[600], seen[512], script[600], command[700];
+    snprintf(script, sizeof script, "%s/progressing.py", t_tmpdir());
+    FILE *sf = fopen(script, "w");
+    CHECK(sf != NULL && fputs(progressing, sf) >= 0 && fclose(sf) == 0);
+    snprintf(command, sizeof command, "/usr/bin/python3 %s", script);
+    snprintf(seen, sizeof seen, "%s/seen", t_tmpdir());
+    snprintf(env, sizeof env, "SEEN=%s", seen);
+
+    enqueue(c, "pg", "{}", 1);
+    worker = t_spawn(log, env, "work", "--queue", "pg:1", "--coproc", command, NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'pg' AND state = 'running'"
+                     " AND progress = '{\"step\": 1}'") < 1) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the first progress never reached the running job");
+        }
+        usleep(20000);
+    }
+    FILE *f = fopen(seen, "w");
+    CHECK(f != NULL && fclose(f) == 0);
+    wait_drained(pg, "pg", log, 30000);
+    stop_worker();
+    /* The last value came in the same write as the answer, and was written before it. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'pg' AND state = 'completed'"
+                        " AND progress = '{\"step\": 2}'"),
+              1);
+    char *text = read_log(log);
+    CHECK_MSG(strstr(text, "is not JSON of at most 8192 bytes: ignored") != NULL, "the oversized progress was not logged");
+    free(text);
     pgjobq_client_close(c);
     PQfinish(pg);
 }
