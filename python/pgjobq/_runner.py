@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
@@ -106,6 +107,7 @@ class Runner:
         self.out: List[bytes] = []
         self.flush_pending = False
         self.loop: asyncio.AbstractEventLoop
+        self.loop_thread = 0
         self.eof: "asyncio.Future[None]"
 
     # -- input -----------------------------------------------------------------------------------
@@ -150,6 +152,22 @@ class Runner:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
 
+    def progress(self, ctx: Context, data: bytes) -> None:
+        """ctx.set_progress's line to the worker, from the loop or from a sync task's thread."""
+        if threading.get_ident() == self.loop_thread:
+            self._progress_line(ctx, data)
+        else:
+            self.loop.call_soon_threadsafe(self._progress_line, ctx, data)
+
+    def _progress_line(self, ctx: Context, data: bytes) -> None:
+        entry = self.running.get(ctx.id)
+        if entry is None or entry[1] is not ctx:
+            return  # answered or given up: the worker would ignore it
+        self.out.append(b'{"id":%d,"progress":%s}\n' % (ctx.id, data))
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         self.flush_pending = False
         data = b"".join(self.out)
@@ -168,8 +186,10 @@ class Runner:
         deadline = time.monotonic() + (deadline_ms / 1000.0 if isinstance(deadline_ms, (int, float)) else 1e9)
         parents = [ParentResult(int(p.get("id")), str(p.get("state")), p.get("result"))
                    for p in msg.get("parents") or () if isinstance(p, dict)]
-        return Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
-                       int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
+        ctx = Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
+                      int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
+        ctx._report = self.progress
+        return ctx
 
     def _retry_fields(self, task: Optional[Task], attempt: int, error: str, delay: Any = None) -> Dict[str, Any]:
         fields: Dict[str, Any] = {"error": error}
@@ -263,6 +283,7 @@ class Runner:
     # -- the whole life --------------------------------------------------------------------------
     async def main(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
         self.eof = self.loop.create_future()
         try:
             await self.loop.connect_read_pipe(lambda: _Lines(self), sys.stdin.buffer)

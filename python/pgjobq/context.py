@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
+
+from ._util import dumps
+from .errors import InvalidJob
 
 __all__ = ["Context", "ParentResult", "Cancelled"]
 
 
+PROGRESS_MAX = 8192  # bytes of JSON text, as the worker takes it (PGJOBQ_PROGRESS_MAX)
 _EVENT_LOCK = threading.Lock()  # a Context's event is made once, and set if it was cancelled before
 
 
@@ -39,7 +43,7 @@ class Context:
     """
 
     __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "_event",
-                 "_cancelled", "reason", "app")
+                 "_cancelled", "reason", "app", "_report")
 
     def __init__(self, id: int, queue: str, kind: str, attempt: int, max_attempts: int, payload: Any,
                  parents: List[ParentResult], deadline: float, app: Any = None) -> None:
@@ -55,6 +59,7 @@ class Context:
         self._cancelled = False
         self.reason: Optional[str] = None
         self.app = app
+        self._report: Optional[Callable[["Context", bytes], None]] = None  # the coprocess side's line writer
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -77,6 +82,20 @@ class Context:
     def time_left(self) -> float:
         """Seconds until the job is given up (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
+
+    def set_progress(self, value: Any) -> None:
+        """Reports the job's progress: any JSON value of at most 8 KiB (e.g. ``{"done": 40, "of":
+        100}``).  The worker writes the latest value to the job, fenced by its lease, within about a
+        second and before the job's outcome; ``pgjobq show``, the dashboard and ``app.get(id)`` show
+        it, and it stays on the job in the history.  Callable from a sync task's thread or an async
+        task.  ``InvalidJob`` for what JSON cannot hold or what is too long; outside a worker (a task
+        called directly) it does nothing."""
+        text = dumps(value, f"job {self.id}: progress", limit=False)
+        data = text.encode()
+        if len(data) > PROGRESS_MAX:
+            raise InvalidJob(f"job {self.id}: progress is {len(data)} bytes of JSON; at most {PROGRESS_MAX}")
+        if self._report is not None and not self._cancelled:
+            self._report(self, data)
 
     def raise_if_cancelled(self) -> None:
         if self._cancelled:

@@ -136,3 +136,26 @@ async def block_loop(d, seconds):
     mark(d, "blocking")
     time.sleep(seconds)  # blocks the event loop: a bug, but the lease is the engine's business
     return {"blocked": seconds}
+
+
+@app.task(pass_context=True)
+async def progressing(ctx, d):
+    ctx.set_progress({"step": 1})
+    while not os.path.exists(os.path.join(d, "seen")):
+        await asyncio.sleep(0.02)
+    try:
+        ctx.set_progress({"big": "x" * 9000})
+    except pgjobq.InvalidJob as e:
+        mark(d, "refused", str(e))
+    ctx.set_progress({"step": 2})
+    return {"done": True}
+
+
+@app.task(pass_context=True)
+def progressing_sync(ctx, d):
+    ctx.set_progress({"sync": 1})  # from the thread pool
+    t0 = time.monotonic()
+    while not os.path.exists(os.path.join(d, "seen_sync")) and time.monotonic() - t0 < 20:
+        time.sleep(0.02)
+    ctx.set_progress({"sync": 2})
+    return None

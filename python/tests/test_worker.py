@@ -186,3 +186,26 @@ def test_a_thousand_jobs_over_eight_async_slots_each_run_once(start_worker, queu
     assert 1 < peak <= 8, peak  # concurrently, and never more than the worker's slots
     assert len(jobs) == 1000
     print(f"1000 no-op async jobs through the worker: {took:.2f} s from start, peak concurrency {peak}")
+
+
+def test_progress_reaches_the_job_while_it_runs_and_stays(worker, queue, tmp_path):
+    d = str(tmp_path)
+    a = on(queue, py_tasks.progressing).defer(URL, d=d)
+    s = on(queue, py_tasks.progressing_sync).defer(URL, d=d)
+    for job, first, seen in ((a, {"step": 1}, "seen"), (s, {"sync": 1}, "seen_sync")):
+        wait_until(lambda: py_tasks.app.get(job.id, conn=URL).progress == first, 20,
+                   f"job {job.id}'s first progress", worker.log)
+        assert py_tasks.app.get(job.id, conn=URL).state == "running"
+        open(os.path.join(d, seen), "w").close()
+    for job, last in ((a, {"step": 2}), (s, {"sync": 2})):
+        state, attempt, result, error, took = wait_finished(job.id, worker)
+        assert state == "completed", error
+        assert py_tasks.app.get(job.id, conn=URL).progress == last  # written before the completion
+    with open(os.path.join(d, "refused")) as f:
+        refused = f.read()
+    assert "progress is 90" in refused and "at most 8192" in refused, refused
+    # Outside a worker (the function called directly) it does nothing.
+    ctx = pgjobq.Context(1, queue, "progressing", 1, 1, {}, [], time.monotonic() + 5)
+    ctx.set_progress({"ignored": True})
+    with pytest.raises(pgjobq.InvalidJob):
+        ctx.set_progress(object())
