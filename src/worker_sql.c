@@ -26,10 +26,11 @@ static const Oid since_type[] = {OID_INT8};
 const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     /* claim_next's columns, in the order of PGJOBQ__K_*: a row per claimed job (meta NULL), then rows
      * that say where the claim got to (meta 'exhausted': a level read to its end; 'tick': the claim's
-     * tick, cap and the next due job). */
+     * tick, cap and the next due job).  lanes: at most two such claims of a queue at once (schema 13;
+     * each is a transaction of its own, so its lane is held only while it runs). */
     [PGJOBQ__S_CLAIM] = {"pgjobq_claim",
                          "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
-                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => true)",
                          9, claim_types},
     [PGJOBQ__S_COMPLETE] = {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3,
                             complete_types},

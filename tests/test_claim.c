@@ -105,6 +105,51 @@ TEST(claim_skips_a_locked_head_job_without_waiting)
     pgjobq_client_close(c);
 }
 
+/* The worker's claims take one of two lanes of their queue (advisory locks held to the claim's end);
+ * the SQL API's take none; a claim that finds both lanes held waits about a second, then claims
+ * without one. */
+TEST(claim_lanes_are_the_workers_and_a_held_lane_delays_a_claim_by_a_second_at_most)
+{
+    PGconn *a = t_pg(), *b = t_pg(), *claimer = t_pg();
+    const char *lane_locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885825651"
+                             " AND pid = pg_backend_pid()";
+
+    PQclear(t_exec(claimer, "SELECT pgjobq.enqueue('lanes', 'k', '{}') FROM generate_series(1, 4)"));
+    /* The SQL API's claim, inside a transaction: no lane, so it keeps nobody waiting. */
+    PQclear(t_exec(claimer, "BEGIN"));
+    CHECK_INT(t_int(claimer, "SELECT count(*) FROM pgjobq.claim('lanes', 1, '1 min', 'sql')"), 1);
+    CHECK_INT(t_int(claimer, "%s", lane_locks), 0);
+    PQclear(t_exec(claimer, "COMMIT"));
+    /* The worker's: a lane, held to the end of the claim's transaction. */
+    PQclear(t_exec(claimer, "BEGIN"));
+    CHECK_INT(t_int(claimer, "SELECT count(*) FROM pgjobq.claim_next('lanes', 1, '1 min', 'w', lanes => true)"
+                             " WHERE id IS NOT NULL"),
+              1);
+    CHECK_INT(t_int(claimer, "%s", lane_locks), 1);
+    PQclear(t_exec(claimer, "COMMIT"));
+    /* Both lanes held elsewhere (a claim stuck mid-way): the claim waits for one, then goes ahead. */
+    PQclear(t_exec(a, "BEGIN"));
+    PQclear(t_exec(a, "SELECT pg_advisory_xact_lock(1885825651, hashtext('lanes:0'))"));
+    PQclear(t_exec(b, "BEGIN"));
+    PQclear(t_exec(b, "SELECT pg_advisory_xact_lock(1885825651, hashtext('lanes:1'))"));
+    PQclear(t_exec(claimer, "SET lock_timeout = '30s'")); /* the claim's own bound must win */
+    int64_t t0 = t_now_ms();
+    CHECK_INT(t_int(claimer, "SELECT count(*) FROM pgjobq.claim_next('lanes', 5, '1 min', 'w', lanes => true)"
+                             " WHERE id IS NOT NULL"),
+              2);
+    int64_t waited = t_now_ms() - t0;
+    CHECK_MSG(waited >= 900 && waited < 20000, "the claim waited %lld ms for a lane", (long long)waited);
+    /* ... and left the session's lock_timeout as it was. */
+    char *lt = t_str(claimer, "SHOW lock_timeout");
+    CHECK_STR(lt, "30s");
+    free(lt);
+    PQclear(t_exec(a, "ROLLBACK"));
+    PQclear(t_exec(b, "ROLLBACK"));
+    PQfinish(a);
+    PQfinish(b);
+    PQfinish(claimer);
+}
+
 /* 10,000 jobs, 40 claimers: 2 processes of 20 threads, each thread with its own client. */
 enum { EXACT_JOBS = 10000, EXACT_PROCS = 2, EXACT_THREADS = 20 };
 

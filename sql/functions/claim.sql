@@ -82,7 +82,8 @@ CREATE OR REPLACE FUNCTION pgjobq.claim_next(
     from_keys   timestamptz[] DEFAULT NULL,
     from_ids    bigint[]      DEFAULT NULL,
     tick_times  timestamptz[] DEFAULT NULL,
-    tick_xids   bigint[]      DEFAULT NULL)
+    tick_xids   bigint[]      DEFAULT NULL,
+    lanes       boolean       DEFAULT false)
 RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
                lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
                lease_until timestamptz, unique_key text, last_error text, parents jsonb, key timestamptz,
@@ -114,6 +115,7 @@ DECLARE
     v_exhausted smallint[] := '{}';
     v_found   smallint[];
     v_low     boolean := false;
+    v_lock_timeout text;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -129,6 +131,27 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.claim: from_levels, from_keys and from_ids (and tick_times and tick_xids) must have '
                         'one element each per level (per tick)'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Claim lanes (lanes => true, what the worker asks for: its claim is a transaction of its own):
+    -- at most two such claims of a queue run at once, on transaction-scoped advisory locks.  A claim
+    -- that started after another committed sees that one's rows as running; claims that overlap do
+    -- not: a row one of them read as queued and the other claimed meanwhile is locked in its new
+    -- version before the recheck drops it, and that lock is held to the end of the claim, so the other
+    -- worker's heartbeat and completion wait for it, and claims wait on one another (log_lock_waits:
+    -- "while locking updated version of tuple").  40 processes x 8 threads drained at 0.41 of 2 x 64
+    -- so (bench/README.md, S5).  A claim waits at most a second for a lane (a lane held longer is a
+    -- claim stuck on something else), then goes ahead without one.
+    IF lanes
+       AND NOT pg_try_advisory_xact_lock(1885825651, hashtext(claim_next.queue || ':0'))
+       AND NOT pg_try_advisory_xact_lock(1885825651, hashtext(claim_next.queue || ':1')) THEN
+        v_lock_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '1s', true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock(1885825651, hashtext(claim_next.queue || ':' || (pg_backend_pid() % 2)));
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
     v_xid := pg_current_xact_id()::text::bigint;
     -- The cap: the latest tick older than every transaction running now (this one aside).

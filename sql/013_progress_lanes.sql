@@ -1,0 +1,25 @@
+-- pgjobq schema, migration 13: a worker writes the progress its handlers report, and its claims
+-- take lanes.
+-- needs: 11
+--
+-- pgjobq_ctx_set_progress (C), a {"id": ..., "progress": ...} line from a coprocess and
+-- ctx.set_progress() in the Python package hand a running job's progress to its worker, which writes
+-- the latest value of each job in one statement, fenced by the lease like a completion:
+--
+--   progress_many(ids, tokens, progress)  (sql/functions/transitions.sql) a row per job: 'written',
+--                                         'too_large' (over 8 KiB as jsonb text: not written) or
+--                                         'lost' (the lease is no longer the caller's).
+--
+--   claim_next(..., lanes boolean DEFAULT false)  (sql/functions/claim.sql) with lanes => true, which
+--                                         the worker passes, at most two claims of a queue run at
+--                                         once: overlapping claims lock rows the other just claimed
+--                                         and hold those locks to their end, so heartbeats,
+--                                         completions and other claims waited on them (40 processes
+--                                         x 8 threads drained at 0.41 of 2 x 64).  The old signature
+--                                         is dropped here and created again, with the new argument
+--                                         last, by the function file.
+--
+-- Libraries of version 11 and 12 keep working: they call claim_next with nine arguments (the tenth
+-- defaults to false: no lanes) and do not call progress_many.
+DROP FUNCTION IF EXISTS pgjobq.claim_next(text, integer, interval, text, smallint[], timestamptz[], bigint[], timestamptz[],
+                                bigint[]);
