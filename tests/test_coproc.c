@@ -46,6 +46,16 @@ static void wait_drained(PGconn *pg, const char *queue, const char *log, int tim
     }
 }
 
+/* Saves a Python handler under the test's directory; command: how to run it. */
+static void python_script(const char *name, const char *text, char *command, size_t size)
+{
+    char script[600];
+    snprintf(script, sizeof script, "%s/%s", t_tmpdir(), name);
+    FILE *sf = fopen(script, "w");
+    CHECK(sf != NULL && fputs(text, sf) >= 0 && fclose(sf) == 0);
+    snprintf(command, size, "/usr/bin/python3 %s", script);
+}
+
 /* The worker's log, whole (free it). */
 static char *read_log(const char *log)
 {
@@ -142,12 +152,8 @@ TEST_FULL(coproc_restarts_a_broken_handler_and_retries_its_jobs, 120, 0)
     pgjobq_client *c = t_client();
     PGconn *pg = t_pg();
     const char *log = t_log_path("misbehave");
-    char env[600], cancels[512];
-    char script[600], command[700];
-    snprintf(script, sizeof script, "%s/misbehave.py", t_tmpdir());
-    FILE *sf = fopen(script, "w");
-    CHECK(sf != NULL && fputs(misbehave, sf) >= 0 && fclose(sf) == 0);
-    snprintf(command, sizeof command, "/usr/bin/python3 %s", script);
+    char env[600], cancels[512], command[700];
+    python_script("misbehave.py", misbehave, command, sizeof command);
 
     snprintf(cancels, sizeof cancels, "%s/cancels", t_tmpdir());
     snprintf(env, sizeof env, "CANCEL_LOG=%s", cancels);
@@ -217,11 +223,8 @@ TEST_FULL(coproc_progress_lines_reach_the_job, 90, 0)
     pgjobq_client *c = t_client();
     PGconn *pg = t_pg();
     const char *log = t_log_path("progressing");
-    char env[600], seen[512], script[600], command[700];
-    snprintf(script, sizeof script, "%s/progressing.py", t_tmpdir());
-    FILE *sf = fopen(script, "w");
-    CHECK(sf != NULL && fputs(progressing, sf) >= 0 && fclose(sf) == 0);
-    snprintf(command, sizeof command, "/usr/bin/python3 %s", script);
+    char env[600], seen[512], command[700];
+    python_script("progressing.py", progressing, command, sizeof command);
     snprintf(seen, sizeof seen, "%s/seen", t_tmpdir());
     snprintf(env, sizeof env, "SEEN=%s", seen);
 
