@@ -11,8 +11,8 @@
 --                                         'lost' (the lease is no longer the caller's).
 --
 --   claim_next(..., lanes boolean DEFAULT false)  (sql/functions/claim.sql) with lanes => true, which
---                                         the worker passes, at most two claims of a queue run at
---                                         once: overlapping claims lock rows the other just claimed
+--                                         the worker passes under a backlog, at most two claims of
+--                                         a queue run at once: overlapping claims lock rows the other just claimed
 --                                         and hold those locks to their end, so heartbeats,
 --                                         completions and other claims waited on them (40 processes
 --                                         x 8 threads drained at 0.41 of 2 x 64).  The old signature

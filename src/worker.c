@@ -722,8 +722,8 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     pgjobq__queue *q = &w->queues[qi];
     pgjobq__array a[5];
     char want_s[16];
-    const char *values[9] = {q->name, want_s, w->lease_s, w->worker_id};
-    int lengths[9] = {0}, formats[9] = {0, 0, 0, 0, 1, 1, 1, 1, 1};
+    const char *values[10] = {q->name, want_s, w->lease_s, w->worker_id};
+    int lengths[10] = {0}, formats[10] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 0};
 
     snprintf(want_s, sizeof want_s, "%d", want);
     memset(a, 0, sizeof a);
@@ -740,6 +740,11 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
         pgjobq__array_int8(&a[2], q->cursor.id[l]);
     }
     pgjobq__ticks_each(&w->ticks, put_tick, &a[3]);
+    /* Claim lanes under a backlog only (the last claim got all it asked for): there, overlapping
+     * claims lock one another's new rows and hold them (sql/functions/claim.sql); a claim that
+     * follows a wakeup should not queue behind the others' (40 x 8 at 20,000 jobs/s with lanes on
+     * every claim: pickup p50 81 ms, p99 200 ms). */
+    values[9] = q->claim.last_full ? "t" : "f";
     for (int k = 0; k < 5; k++) {
         if (pgjobq__array_end(&a[k]) != 0) {
             wlog(w, PGJOBQ_LOG_ERROR, "out of memory sending a claim");

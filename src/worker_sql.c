@@ -13,7 +13,7 @@ const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN] = {
     [PGJOBQ__C_MAINT] = {PGJOBQ__S_RESCUE, PGJOBQ__NSTMTS - PGJOBQ__S_RESCUE}};
 
 static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
-                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY};
+                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_BOOL};
 static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
@@ -26,12 +26,13 @@ static const Oid since_type[] = {OID_INT8};
 const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     /* claim_next's columns, in the order of PGJOBQ__K_*: a row per claimed job (meta NULL), then rows
      * that say where the claim got to (meta 'exhausted': a level read to its end; 'tick': the claim's
-     * tick, cap and the next due job).  lanes: at most two such claims of a queue at once (schema 13;
-     * each is a transaction of its own, so its lane is held only while it runs). */
+     * tick, cap and the next due job).  $10, lanes: under a backlog, at most two such claims of a
+     * queue at once (schema 13; each is a transaction of its own, so its lane is held only while it
+     * runs). */
     [PGJOBQ__S_CLAIM] = {"pgjobq_claim",
                          "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
-                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => true)",
-                         9, claim_types},
+                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => $10)",
+                         10, claim_types},
     [PGJOBQ__S_COMPLETE] = {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3,
                             complete_types},
     [PGJOBQ__S_FAIL] = {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},

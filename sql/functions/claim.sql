@@ -132,15 +132,18 @@ BEGIN
                         'one element each per level (per tick)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Claim lanes (lanes => true, what the worker asks for: its claim is a transaction of its own):
-    -- at most two such claims of a queue run at once, on transaction-scoped advisory locks.  A claim
+    -- Claim lanes (lanes => true, what the worker asks for under a backlog: its claim is a transaction
+    -- of its own): at most two such claims of a queue run at once, on transaction-scoped advisory
+    -- locks.  A claim
     -- that started after another committed sees that one's rows as running; claims that overlap do
     -- not: a row one of them read as queued and the other claimed meanwhile is locked in its new
     -- version before the recheck drops it, and that lock is held to the end of the claim, so the other
     -- worker's heartbeat and completion wait for it, and claims wait on one another (log_lock_waits:
-    -- "while locking updated version of tuple").  40 processes x 8 threads drained at 0.41 of 2 x 64
-    -- so (bench/README.md, S5).  A claim waits at most a second for a lane (a lane held longer is a
-    -- claim stuck on something else), then goes ahead without one.
+    -- "while locking updated version of tuple").  40 processes x 8 threads drained at 0.39 of 2 x 64
+    -- so, 0.67 with lanes (bench/README.md, S5).  Not when a claim follows a wakeup: forty claims
+    -- woken together would queue for two lanes (pickup p50 81 ms instead of a few).  A claim waits at
+    -- most a second for a lane (a lane held longer is a claim stuck on something else), then goes
+    -- ahead without one.
     IF lanes
        AND NOT pg_try_advisory_xact_lock(1885825651, hashtext(claim_next.queue || ':0'))
        AND NOT pg_try_advisory_xact_lock(1885825651, hashtext(claim_next.queue || ':1')) THEN
