@@ -5,8 +5,9 @@
  * environment without its PG* variables and DATABASE_URL, stdin/stdout/stderr on pipes), reads its stdout replies
  * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
  * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
- * The worker's handler threads queue job lines (whichever finds no write in progress writes them all;
- * the supervisor writes what a full pipe did not take) and return at once (PGJOBQ_OUTCOME_PENDING):
+ * The worker's handler threads queue job lines and wake the supervisor once through its kick pipe
+ * (it writes all the queued lines in one go, and what a full pipe did not take when it has room),
+ * then return at once (PGJOBQ_OUTCOME_PENDING):
  * the supervisor ends each job with pgjobq_ctx_finish when its reply comes, so no thread waits per
  * job.  At most `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel,
  * lost lease, shutdown) is given up by the supervisor, which tells the coprocess with a
@@ -279,8 +280,7 @@ static pid_t start(coproc *c, int *in_fd, int *out_fd, int *err_fd)
 
 /* Writes the queued lines while the pipe takes them: called and returns under p->mu, which it drops
  * while writing.  What the pipe does not take now stays queued, for the supervisor to write when the
- * pipe has room.  (Threads that queue a line while another writes just leave it: one write call
- * carries many lines under load.) */
+ * pipe has room.  (Lines queued while it writes go out in its next turn of the loop.) */
 static void flush_locked(coproc *c)
 {
     coproc_pool *p = c->pool;

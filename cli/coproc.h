@@ -16,8 +16,9 @@ typedef struct coproc_pool coproc_pool;
 coproc_pool *coproc_start(char **argv, char **env, int k, int share,
                           void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg);
 
-/* The worker's handler (arg: the pool): sends the job to a coprocess and waits for its answer, the
- * job's timeout, a cancel, or a shutdown. */
+/* The worker's handler (arg: the pool): queues the job for a coprocess and returns
+ * PGJOBQ_OUTCOME_PENDING; the pool ends the job (pgjobq_ctx_finish) with the coprocess's answer, or
+ * when it gives the job up (timeout, cancel, lost lease, shutdown, a coprocess that died). */
 pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg);
 
 /* Closes the coprocesses' input, waits up to grace_ms for them to exit, then kills them; frees the

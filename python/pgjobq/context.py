@@ -64,6 +64,9 @@ class Context:
     @property
     def cancel_event(self) -> threading.Event:
         """A ``threading.Event`` set when the job is given up (for a sync task to wait on)."""
+        event = self._event
+        if event is not None:  # made already: no lock to take on each look
+            return event
         with _EVENT_LOCK:
             if self._event is None:
                 self._event = threading.Event()
