@@ -1,0 +1,18 @@
+-- pgjobq schema, migration 14: a claim steps over the rows other claims hold or have just taken,
+-- without trying to lock them.
+-- needs: 11
+--
+-- claim_next (sql/functions/claim.sql) reads a level from its cursor in key order and, until now,
+-- tried to lock every queued row it met (FOR UPDATE SKIP LOCKED).  A row that another claim had
+-- taken after this claim's snapshot was taken was still queued in that snapshot: READ COMMITTED
+-- then locked its new, running version before the recheck dropped it, and held that lock to the end
+-- of the claim, so the owner's heartbeat and completion (and other claims) waited for it.  Now a row
+-- whose version in the snapshot carries an xmax (a claim holds it, or took it since) is stepped over
+-- without a lock attempt.  The claim that does the low-water marks' work (once a second per queue)
+-- does not step over them: a queued row can keep the xmax of a transaction that rolled back or
+-- locked it without changing it, and that claim takes it.
+--
+-- Only the function changes; this migration carries the version, so that a library of version 13
+-- does not put its claim_next back.  Libraries of version 11 to 13 keep working: no signature
+-- changed.
+SELECT 1;
