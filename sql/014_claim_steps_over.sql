@@ -7,10 +7,10 @@
 -- taken after this claim's snapshot was taken was still queued in that snapshot: READ COMMITTED
 -- then locked its new, running version before the recheck dropped it, and held that lock to the end
 -- of the claim, so the owner's heartbeat and completion (and other claims) waited for it.  Now a row
--- whose version in the snapshot carries an xmax (a claim holds it, or took it since) is stepped over
--- without a lock attempt.  The claim that does the low-water marks' work (once a second per queue)
--- does not step over them: a queued row can keep the xmax of a transaction that rolled back or
--- locked it without changing it, and that claim takes it.
+-- whose xmax is a transaction that was running when the claim began (it holds the row, or has
+-- claimed it since) is stepped over without a lock attempt.  Any other xmax holds nothing (the
+-- writer's own, or a transaction that ended before the claim began) and the row is claimed as
+-- before.
 --
 -- Only the function changes; this migration carries the version, so that a library of version 13
 -- does not put its claim_next back.  Libraries of version 11 to 13 keep working: no signature

@@ -116,6 +116,7 @@ DECLARE
     v_found   smallint[];
     v_low     boolean := false;
     v_lock_timeout text;
+    v_snap    pg_snapshot;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -391,26 +392,28 @@ BEGIN
                 END IF;
                 INSERT INTO pgjobq.lows (queue, priority, key, id) VALUES (claim_next.queue, v_lv.p, v_first.key, v_first.id);
             END IF;
-            -- A row whose version in this snapshot has an xmax of another transaction than the one
-            -- that wrote it is stepped over without an attempt to lock it: another claim holds it
-            -- (SKIP LOCKED would skip it), or claimed it after this snapshot was taken (locking it
-            -- would lock its new, running version and hold that lock to the end of this claim, so the
-            -- owner's heartbeat and completion would wait for it: the race the lanes above narrow).
-            -- (xmax = xmin: the writer locked the row before it updated it, as a retry, a rescue or
-            -- a workflow's release does; it has committed, since the row is visible, so the lock holds
-            -- nothing.)  A queued row can also keep the xmax of another transaction that rolled back
-            -- or locked it without changing it (a claim whose connection broke, a fenced write that
-            -- found the lease gone); the claim that does the low-water marks' work (v_low, once a
-            -- second per queue) takes those, as it takes what a rolled-back claim gave back behind the
-            -- cursors.  (bench/README.md, "Claims step over rows others hold": the drains of 40 x 8 and
-            -- 2 x 64 both faster.)
+            -- A row is stepped over without an attempt to lock it when its xmax is a transaction that
+            -- was running when this claim's snapshot was taken, or began since: that one holds it
+            -- (SKIP LOCKED would skip it), or claimed it since and committed, and then the attempt
+            -- would lock the row's new, running version and hold that lock to the end of this claim,
+            -- so the owner's heartbeat and completion would wait for it (the race the lanes above
+            -- narrow).  Any other xmax holds nothing: the writer's own (xmax = xmin: a retry, a rescue
+            -- or a workflow's release locks the row before it updates it), or a transaction that
+            -- ended before the snapshot (it locked the row without changing it, or rolled back: an
+            -- update it committed would have hidden this version).  v_snap is taken just before the
+            -- statement's own snapshot, so a transaction that ended in between is stepped over too,
+            -- and the next claim takes its row.  The 32-bit xmax gets its epoch from this
+            -- transaction's id (the nearest one, either side).
+            v_snap := pg_current_snapshot();
             RETURN QUERY
             WITH picked AS MATERIALIZED (
                 SELECT j.id FROM pgjobq.jobs j
                  WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
                    AND greatest(j.run_at, j.ready_at) <= now()
                    AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
-                   AND (v_low OR j.xmax = '0'::xid OR j.xmax = j.xmin)
+                   AND (j.xmax = '0'::xid OR j.xmax = j.xmin
+                        OR pg_visible_in_snapshot((v_xid + (((j.xmax::text::bigint - v_xid) % 4294967296) + 6442450944)
+                                                           % 4294967296 - 2147483648)::text::xid8, v_snap))
                  ORDER BY greatest(j.run_at, j.ready_at), j.id
                  LIMIT v_left
                    FOR UPDATE SKIP LOCKED)
