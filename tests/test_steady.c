@@ -680,6 +680,15 @@ static void watch_log(void *arg, pgjobq_log_level level, const char *msg)
     pthread_mutex_unlock(&l->mu);
 }
 
+static int log_says_paused(void *arg)
+{
+    log_seen *l = arg;
+    pthread_mutex_lock(&l->mu);
+    int paused = l->paused;
+    pthread_mutex_unlock(&l->mu);
+    return paused > 0;
+}
+
 static _Atomic int worker_rc = -1;
 
 static void *worker_run(void *arg)
@@ -724,6 +733,9 @@ TEST_FULL(the_maintaining_worker_pauses_autovacuum_and_says_so, 60, 0)
     CHECK(pthread_create(&th, NULL, worker_run, w) == 0);
     /* Its first look at health() is 5 s after it starts. */
     CHECK_MSG(t_wait_until(autovacuum_off, pg, 30000), "the worker did not pause autovacuum");
+    /* The setting is visible once the worker's statement commits; its log line follows when the
+     * worker reads the answer (a stop in between would lose it: seen under the sanitizers). */
+    CHECK_MSG(t_wait_until(log_says_paused, &seen, 10000), "the worker did not say it paused autovacuum");
     pgjobq_worker_stop(w);
     pthread_join(th, NULL);
     CHECK_INT(atomic_load(&worker_rc), PGJOBQ_OK);
