@@ -348,8 +348,9 @@ typedef struct pgjobq__pool {
     _Atomic int progress_set; /* a job's progress was set since the engine last took them */
 } pgjobq__pool;
 
-/* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages. */
-void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg);
+/* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages: 0, or
+ * pthread_mutex_init's error number (then there is nothing to destroy). */
+int pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg);
 /* Releases what pgjobq__pool_init set up; after pgjobq__pool_stop and the last collect. */
 void pgjobq__pool_destroy(pgjobq__pool *pool);
 /* Starts each queue's threads, handing ended jobs to pool; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */

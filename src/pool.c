@@ -258,14 +258,14 @@ static void *queue_thread(void *arg)
     }
 }
 
-void pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg)
+int pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg)
 {
     pool->worker_id = worker_id;
     pool->wake = wake;
     pool->wake_arg = wake_arg;
     pool->done = NULL;
     atomic_store(&pool->progress_set, 0);
-    pthread_mutex_init(&pool->mu, NULL);
+    return pthread_mutex_init(&pool->mu, NULL);
 }
 
 void pgjobq__pool_destroy(pgjobq__pool *pool)

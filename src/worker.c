@@ -1454,9 +1454,35 @@ static void finish(pgjobq_worker *w)
         running_drop(w, w->running[w->nrunning - 1]);
 }
 
+/* The pool's mailbox lock and each queue's lock and condition: 0, or the error number of the one
+ * that failed (then none is left set up). */
+static int init_sync(pgjobq_worker *w)
+{
+    int e, i;
+
+    if ((e = pgjobq__pool_init(&w->pool, w->worker_id, pool_wake, w)) != 0)
+        return e;
+    for (i = 0; i < w->nqueues; i++) {
+        if ((e = pthread_mutex_init(&w->queues[i].mu, NULL)) != 0)
+            break;
+        if ((e = pthread_cond_init(&w->queues[i].cv, NULL)) != 0) {
+            pthread_mutex_destroy(&w->queues[i].mu);
+            break;
+        }
+    }
+    if (e == 0)
+        return 0;
+    while (--i >= 0) {
+        pthread_mutex_destroy(&w->queues[i].mu);
+        pthread_cond_destroy(&w->queues[i].cv);
+    }
+    pgjobq__pool_destroy(&w->pool);
+    return e;
+}
+
 int pgjobq_worker_run(pgjobq_worker *w)
 {
-    int rc = PGJOBQ_OK;
+    int rc = PGJOBQ_OK, e;
     char err[256];
 
     if (w == NULL)
@@ -1476,11 +1502,10 @@ int pgjobq_worker_run(pgjobq_worker *w)
         if (fcntl(w->wake_pipe[k], F_SETFL, O_NONBLOCK) != 0 || fcntl(w->wake_pipe[k], F_SETFD, FD_CLOEXEC) != 0)
             return pgjobq__worker_err(w, PGJOBQ_ENOMEM, "fcntl: %s", strerror(errno));
     }
-    pgjobq__pool_init(&w->pool, w->worker_id, pool_wake, w);
+    if ((e = init_sync(w)) != 0)
+        return pgjobq__worker_err(w, PGJOBQ_ENOMEM, "cannot set up the worker's locks: %s", strerror(e));
     for (int i = 0; i < w->nqueues; i++) {
         pgjobq__queue *q = &w->queues[i];
-        pthread_mutex_init(&q->mu, NULL);
-        pthread_cond_init(&q->cv, NULL);
         q->claim.concurrency = q->concurrency;
         q->claim.batch_max = w->o.batch_max;
         q->timeout_ms = w->o.timeout_ms;
