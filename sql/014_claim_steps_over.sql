@@ -12,7 +12,12 @@
 -- writer's own, or a transaction that ended before the claim began) and the row is claimed as
 -- before.
 --
--- Only the function changes; this migration carries the version, so that a library of version 13
+-- The fenced writes (complete_many, fail_many, extend_many, release_many, cancel_many,
+-- history_move_cancelled), rescue_expired and next_due run with jit = off, as claim_next did: they
+-- turn plan types off, a node of a type turned off costs 1e10 to the planner, and their statements
+-- were JIT-compiled whatever the data (fail_many's: about 1 s per call).
+--
+-- Only functions change; this migration carries the version, so that a library of version 13
 -- does not put its claim_next back.  Libraries of version 11 to 13 keep working: no signature
 -- changed.
 SELECT 1;

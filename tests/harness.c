@@ -65,6 +65,8 @@ void t_defer(void (*fn)(void))
         deferred[ndeferred++] = fn;
 }
 
+static void show_logs(void);
+
 void t_fail(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
@@ -75,6 +77,7 @@ void t_fail(const char *file, int line, const char *fmt, ...)
     va_end(ap);
     fputc('\n', stderr);
     fflush(stderr);
+    show_logs();
     run_deferred();
     _exit(1);
 }
@@ -422,19 +425,42 @@ const char *t_use_embedded_home(void)
     return embedded_home;
 }
 
+/* The logs this test named, so that a failure can show their ends. */
+static char log_paths[64][512];
+static int nlog_paths;
+
 const char *t_log_path(const char *name)
 {
-    static char path[8][512];
-    static int next;
-    char *p = path[next++ % 8];
-    snprintf(p, 512, "%s/%s.log", t_tmpdir(), name);
-    return p;
+    char p[512];
+    int i;
+
+    snprintf(p, sizeof p, "%s/%s.log", t_tmpdir(), name);
+    for (i = 0; i < nlog_paths; i++)
+        if (strcmp(log_paths[i], p) == 0)
+            return log_paths[i];
+    if (nlog_paths == 64)
+        t_fail(__FILE__, __LINE__, "t_log_path: more than 64 logs in one test");
+    snprintf(log_paths[nlog_paths], sizeof log_paths[0], "%s", p);
+    return log_paths[nlog_paths++];
+}
+
+/* On a failure: the last lines of each log the test named that exists (a spawned worker's log says
+ * what it did; a CI run shows nothing else of it). */
+static void show_logs(void)
+{
+    for (int i = 0; i < nlog_paths; i++) {
+        if (access(log_paths[i], F_OK) != 0)
+            continue;
+        fprintf(stderr, "  --- last lines of %s\n", log_paths[i]);
+        fflush(stderr);
+        t_show_log(log_paths[i]);
+    }
 }
 
 void t_show_log(const char *path)
 {
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "tail -n 30 '%s' >&2", path);
+    snprintf(cmd, sizeof cmd, "tail -n 60 '%s' >&2", path);
     if (system(cmd) != 0)
         fprintf(stderr, "(no log at %s)\n", path);
 }

@@ -301,3 +301,78 @@ TEST(stats_and_list_report_states)
     pgjobq_jobs_free(jobs);
     pgjobq_client_close(c);
 }
+
+static char jit_plans[1 << 18];
+
+static void collect_jit_notice(void *arg, const char *msg)
+{
+    (void)arg;
+    strncat(jit_plans, msg, sizeof jit_plans - strlen(jit_plans) - 1);
+}
+
+/* Runs sql with auto_explain reporting every nested plan; fails if one of them was JIT-compiled (or
+ * if no nested plan was reported at all: then the check would prove nothing). */
+static void no_jit(PGconn *pg, const char *what, const char *sql)
+{
+    jit_plans[0] = '\0';
+    PQclear(t_exec(pg, "%s", sql));
+    CHECK_MSG(strstr(jit_plans, "Query Text") != NULL, "%s: auto_explain reported no plan", what);
+    CHECK_MSG(strstr(jit_plans, "JIT:") == NULL, "%s was JIT-compiled:\n%s", what, jit_plans);
+}
+
+/* A plan type turned off costs 1e10 to the planner, so a function that turns one off (the fenced
+ * writes turn off sequential scans and nested loops) crosses every JIT threshold whatever its data,
+ * unless it turns JIT off too.  fail_many was compiled on every call: 1 s of server CPU on an idle
+ * server, 3 s under load, and the worker's heartbeats, queued behind it, lost the leases of every
+ * job it held (seen as work_exec_failures_timeouts_and_exit_75 failing in CI). */
+TEST(fenced_writes_and_rescue_are_never_jit_compiled)
+{
+    PGconn *pg = t_pg();
+
+    PQsetNoticeProcessor(pg, collect_jit_notice, NULL);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('default', 'default', '{}', max_attempts => 2)"
+                       " FROM generate_series(1, 7)"));
+    PQclear(t_exec(pg, "CREATE TEMP TABLE held AS SELECT id, lease_token, row_number() OVER (ORDER BY id) AS n"
+                       " FROM pgjobq.claim('default', 7, '60 seconds', 'w')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM held"), 7);
+    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
+    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
+    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
+    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    /* The detector sees a compilation on this server (JIT available, thresholds lowered). */
+    PQclear(t_exec(pg, "SET jit_above_cost = 0"));
+    jit_plans[0] = '\0';
+    PQclear(t_exec(pg, "SELECT sum(g) FROM generate_series(1, 10) g"));
+    CHECK_MSG(strstr(jit_plans, "JIT:") != NULL,
+              "this server compiled nothing with jit_above_cost = 0 (no llvmjit?): the test cannot see JIT");
+    PQclear(t_exec(pg, "RESET jit_above_cost"));
+
+    no_jit(pg, "extend_many", "SELECT * FROM pgjobq.extend_many(ARRAY(SELECT id FROM held ORDER BY n),"
+                              " ARRAY(SELECT lease_token FROM held ORDER BY n), '60 seconds')");
+    no_jit(pg, "fail_many (a retry)", "SELECT * FROM pgjobq.fail_many(ARRAY(SELECT id FROM held WHERE n = 1),"
+                                      " ARRAY(SELECT lease_token FROM held WHERE n = 1), ARRAY['boom'])");
+    no_jit(pg, "fail_many (for good)",
+           "SELECT * FROM pgjobq.fail_many(ARRAY(SELECT id FROM held WHERE n = 2),"
+           " ARRAY(SELECT lease_token FROM held WHERE n = 2), ARRAY['boom'], NULL, ARRAY[true])");
+    no_jit(pg, "complete_many", "SELECT * FROM pgjobq.complete_many(ARRAY(SELECT id FROM held WHERE n = 3),"
+                                " ARRAY(SELECT lease_token FROM held WHERE n = 3), ARRAY['{\"ok\": 1}'::jsonb])");
+    no_jit(pg, "release_many", "SELECT * FROM pgjobq.release_many(ARRAY(SELECT id FROM held WHERE n = 4),"
+                               " ARRAY(SELECT lease_token FROM held WHERE n = 4), 'handed back')");
+    no_jit(pg, "cancel_many", "SELECT * FROM pgjobq.cancel_many(ARRAY(SELECT id FROM held WHERE n = 5),"
+                              " ARRAY(SELECT lease_token FROM held WHERE n = 5), 'stop')");
+    no_jit(pg, "cancel (history_move_cancelled)", "SELECT pgjobq.cancel((SELECT id FROM held WHERE n = 4))");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second'"
+                       " WHERE id IN (SELECT id FROM held WHERE n >= 6)"));
+    no_jit(pg, "rescue_expired", "SELECT pgjobq.rescue_expired()");
+    no_jit(pg, "next_due", "SELECT pgjobq.next_due('default')");
+    PQclear(t_exec(pg, "SET client_min_messages = 'warning'"));
+    /* And each did its work. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs a JOIN held h USING (id) WHERE"
+                        " (h.n = 1 AND a.state = 'queued' AND a.last_error = 'boom')"
+                        " OR (h.n = 2 AND a.state = 'failed') OR (h.n = 3 AND a.state = 'completed')"
+                        " OR (h.n IN (4, 5) AND a.state = 'cancelled')"
+                        " OR (h.n >= 6 AND a.state = 'queued' AND a.lease_until IS NULL)"),
+              7);
+    PQfinish(pg);
+}

@@ -534,6 +534,7 @@ CREATE OR REPLACE FUNCTION pgjobq.next_due(queue text) RETURNS double precision
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     s      pgjobq.queues%ROWTYPE;

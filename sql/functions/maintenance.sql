@@ -20,6 +20,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_final   bigint[];

@@ -29,7 +29,11 @@
 -- comparisons and 50-110 ms for a batch of 500 (bench/README.md, S3); hashed, 500.  Every join in
 -- these functions is of the input and rows named by their ids, which a hash join serves;
 -- children_release, which they call and which reaches deps through an index per parent, sets
--- enable_nestloop back on.
+-- enable_nestloop back on.  And with jit = off: a node of a type turned off costs 1e10 to the
+-- planner, so any statement that must keep one (fail_many's final CROSS JOIN is a nested loop
+-- whatever the setting) crosses jit_above_cost and jit_optimize_above_cost whatever the data, and
+-- was compiled on every call: about 1 s of server CPU per failed batch on an idle server, 3 s
+-- under load, with the heartbeats queued behind it on the worker's write connection (leases lost).
 
 -- backoff(attempt): how long to wait before retrying after failed attempt number `attempt` (1-based).
 -- 2^attempt seconds, capped at one hour, with +-10% jitter so that jobs that failed together do not
@@ -59,6 +63,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_n    integer;
@@ -93,6 +98,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_ids      bigint[];
@@ -154,6 +160,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_final bigint[];
@@ -235,6 +242,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_held   bigint[];
@@ -282,6 +290,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_release bigint[];
@@ -327,6 +336,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_nestloop = off
+SET jit = off
 AS $$
 DECLARE
     v_ids      bigint[];
