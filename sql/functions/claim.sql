@@ -58,7 +58,11 @@
 --   tick_times, tick_xids              the ticks of the caller's earlier claims (the tick row below).
 -- A level without a cursor starts at its mark.
 --
--- Returns a row per claimed job (meta NULL; key = its claim key), then a row per level read to the
+-- Each level's rows are locked as they are found (SKIP LOCKED), and every row locked starts in one
+-- UPDATE at the end, written once for the levels and the keyed path.
+--
+-- Returns a row per claimed job (meta NULL; key = its claim key; in claim order: priority, key, id),
+-- then a row per level read to the
 -- end of its due jobs (meta 'exhausted', priority = the level), then a last row (meta 'tick'): this
 -- claim's tick (key: its moment on the database clock, read before its transaction got an id;
 -- tick_xid: that id), its cap (the moment of the latest of the caller's ticks older than every
@@ -104,7 +108,8 @@ DECLARE
     s         pgjobq.queues%ROWTYPE;
     v_left    integer := max_jobs;
     v_window  timestamptz[];
-    v_n       integer;
+    v_ids     bigint[];
+    v_got     bigint[];
     v_lv      record;
     v_key     timestamptz;
     v_id      bigint;
@@ -251,7 +256,6 @@ BEGIN
         -- Per key: each key's due jobs, at most its free slots, then round-robin over the keys (every
         -- key's first job before any key's second); jobs without a key compete as their own.  Not in
         -- key order, so this claim moves no cursor (it reports no cap).
-        RETURN QUERY
         WITH RECURSIVE keys(k) AS (
             (SELECT j.concurrency_key::text FROM pgjobq.jobs j
               WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NOT NULL
@@ -292,18 +296,8 @@ BEGIN
                                       LIMIT v_left))
                AND j.state = 'queued'
                FOR UPDATE SKIP LOCKED)
-        UPDATE pgjobq.jobs j
-           SET state = 'running', attempt = j.attempt + 1,
-               lease_token = ((v_rand # j.id) & 4611686018427387903) + 1,
-               lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
-         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
-        RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
-                  j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
-                  CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END,
-                  greatest(j.run_at, j.ready_at), NULL::text, NULL::timestamptz, NULL::bigint,
-                  NULL::double precision, NULL::boolean;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        v_left := v_left - v_n;
+        SELECT array_agg(picked.id) INTO v_ids FROM picked;
+        v_left := v_left - coalesce(cardinality(v_ids), 0);
         v_cap := NULL;
     ELSE
         -- A claim without a cursor does the low-water marks' work (finds unrecorded priorities, moves
@@ -405,30 +399,20 @@ BEGIN
             -- and the next claim takes its row.  The 32-bit xmax gets its epoch from this
             -- transaction's id (the nearest one, either side).
             v_snap := pg_current_snapshot();
-            RETURN QUERY
-            WITH picked AS MATERIALIZED (
-                SELECT j.id FROM pgjobq.jobs j
-                 WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
-                   AND greatest(j.run_at, j.ready_at) <= now()
-                   AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
-                   AND (j.xmax = '0'::xid OR j.xmax = j.xmin
-                        OR pg_visible_in_snapshot((v_xid + (((j.xmax::text::bigint - v_xid) % 4294967296) + 6442450944)
-                                                           % 4294967296 - 2147483648)::text::xid8, v_snap))
-                 ORDER BY greatest(j.run_at, j.ready_at), j.id
-                 LIMIT v_left
-                   FOR UPDATE SKIP LOCKED)
-            UPDATE pgjobq.jobs j
-               SET state = 'running', attempt = j.attempt + 1,
-                   lease_token = ((v_rand # j.id) & 4611686018427387903) + 1,
-                   lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
-             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
-            RETURNING j.id, j.kind::text, j.payload::jsonb, j.priority, j.attempt, j.max_attempts, j.lease_token,
-                      j.run_at, j.created_at, j.started_at, j.lease_until, j.unique_key::text, j.last_error,
-                      CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END,
-                      greatest(j.run_at, j.ready_at), NULL::text, NULL::timestamptz, NULL::bigint,
-                      NULL::double precision, NULL::boolean;
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            v_left := v_left - v_n;
+            SELECT array_agg(p.id) INTO v_got
+              FROM (SELECT j.id FROM pgjobq.jobs j
+                     WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
+                       AND greatest(j.run_at, j.ready_at) <= now()
+                       AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
+                       AND (j.xmax = '0'::xid OR j.xmax = j.xmin
+                            OR pg_visible_in_snapshot((v_xid + (((j.xmax::text::bigint - v_xid) % 4294967296)
+                                                                 + 6442450944) % 4294967296 - 2147483648)::text::xid8,
+                                                      v_snap))
+                     ORDER BY greatest(j.run_at, j.ready_at), j.id
+                     LIMIT v_left
+                       FOR UPDATE SKIP LOCKED) p;
+            v_ids := v_ids || v_got;
+            v_left := v_left - coalesce(cardinality(v_got), 0);
             IF v_left > 0 THEN
                 v_exhausted := v_exhausted || v_lv.p;
             END IF;
@@ -436,6 +420,27 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- The rows locked above (the keyed path's, or each level's) start, in one statement, and are
+    -- returned in claim order (priority, then key, then id).
+    IF v_ids IS NOT NULL THEN
+        RETURN QUERY
+        WITH started AS (
+            UPDATE pgjobq.jobs j
+               SET state = 'running', attempt = j.attempt + 1,
+                   lease_token = ((v_rand # j.id) & 4611686018427387903) + 1,
+                   lease_until = now() + claim_next.lease, started_at = now(), worker_id = claim_next.worker_id
+             WHERE j.id = ANY (v_ids)
+            RETURNING j.id, j.kind::text AS kind, j.payload::jsonb AS payload, j.priority, j.attempt,
+                      j.max_attempts, j.lease_token, j.run_at, j.created_at, j.started_at, j.lease_until,
+                      j.unique_key::text AS unique_key, j.last_error,
+                      CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END AS parents,
+                      greatest(j.run_at, j.ready_at) AS key)
+        SELECT st.id, st.kind, st.payload, st.priority, st.attempt, st.max_attempts, st.lease_token, st.run_at,
+               st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents, st.key,
+               NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision, NULL::boolean
+          FROM started st
+         ORDER BY st.priority, st.key, st.id;
+    END IF;
     IF s.rate_limit IS NOT NULL AND v_room > v_left THEN
         UPDATE pgjobq.queues qs SET recent_starts = v_window || array_fill(now(), ARRAY[v_room - v_left])
          WHERE qs.name = claim_next.queue;
