@@ -161,6 +161,11 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     }
     snprintf(run_at, sizeof run_at, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
+    /* Exec workers: the first id the benchmark's jobs can have, where the poll for the first live
+     * one starts. */
+    double first_live = bench_number(ctl, "SELECT pgjobq.monitor_last_id() + 1");
+    if (first_live < 0)
+        goto soft_fail;
     if ((rc = bench_preload(c, "bench", a->jobs, run_at)) != PGJOBQ_OK) {
         munmap(sh, sizeof *sh);
         return cli_fail(c, rc);
@@ -182,12 +187,19 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     long long claims0 = bench_total(sh->claims, a->processes), claimed0 = bench_total(sh->claimed, a->processes);
     double next_conn_sample = bench_now();
     /* Until every job is completed: in-process workers report through shared memory; for exec workers
-     * the database says when the queue has no live job left (cheaply: monitor_queue_drained). */
+     * the database says when the queue has no live job left, cheaply: each poll starts from the first
+     * live job the previous one found (monitor_queue_first_live). */
     for (;;) {
-        long long done;
-        if (exec_mode)
-            done = bench_number(ctl, "SELECT pgjobq.monitor_queue_drained('bench')::int") == 1 ? a->jobs : 0;
-        else
+        long long done = 0;
+        if (exec_mode) {
+            char from[32];
+            snprintf(from, sizeof from, "%.0f", first_live);
+            double v = bench_number1(ctl, "SELECT pgjobq.monitor_queue_first_live('bench', $1::bigint)", from);
+            if (v == 0)
+                done = a->jobs;
+            else if (v > 0)
+                first_live = v;
+        } else
             done = bench_total(sh->completed, a->processes);
         /* Sampled every 200 ms: the sampling query must not load the database it measures. */
         if (bench_now() >= next_conn_sample) {

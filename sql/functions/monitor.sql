@@ -382,6 +382,26 @@ BEGIN
 END
 $$;
 
+-- monitor_queue_first_live(queue, from_id): the smallest id at or above from_id of a live job of the
+-- queue, 0 when there is none.  For a benchmark that enqueued all its jobs before it polls: it passes
+-- each answer back as the next from_id (a job below the first live one has finished and does not come
+-- back), so each poll walks only the index entries of the jobs that finished since the previous one.
+-- monitor_queue_drained walks every finished job's dead entries from the head at each call: 8 ms a
+-- poll late in a 100,000-job drain, polled every 20 ms 14% of the two cores the drain had.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_first_live(queue text, from_id bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+BEGIN
+    RETURN coalesce((SELECT j.id FROM pgjobq.jobs j
+                      WHERE j.id >= monitor_queue_first_live.from_id AND j.queue = monitor_queue_first_live.queue
+                      ORDER BY j.id LIMIT 1), 0);
+END
+$$;
+
 -- monitor_last_id(): the greatest id of any job, live or finished, 0 without any: the jobs enqueued
 -- after this call have greater ones.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_last_id() RETURNS bigint
