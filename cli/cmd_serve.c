@@ -236,7 +236,11 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         return status;
     }
     pgjobq_client_close(probe);
-    serve_pool_init(&s);
+    if (serve_pool_init(&s) != 0) {
+        cli_err("serve: cannot make the page connections' lock");
+        free(token);
+        return EX_OSERR;
+    }
 
     /* Signals are taken by sigwait below; every thread started from here on has them blocked. */
     sigset_t sigs;

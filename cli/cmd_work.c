@@ -300,7 +300,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         for (int i = 0; i < a.nqueues; i++)
             slots += a.queues[i].concurrency;
         if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log)) == NULL) {
-            cli_err("out of memory");
+            cli_err("cannot start the coprocesses' supervisor: out of memory");
             status = EX_OSERR;
             goto out;
         }

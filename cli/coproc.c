@@ -624,8 +624,17 @@ coproc_pool *coproc_start(char **argv, char **env, int k, int share,
     p->share = share < 1 ? 1 : share;
     p->log = log;
     p->log_arg = log_arg;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+        free(p->cp);
+        free(p);
+        return NULL;
+    }
+    if (pthread_cond_init(&p->cv, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        free(p->cp);
+        free(p);
+        return NULL;
+    }
     for (int i = 0; i < k; i++) {
         coproc *c = &p->cp[i];
         c->pool = p;

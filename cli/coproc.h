@@ -12,7 +12,8 @@ typedef struct coproc_pool coproc_pool;
 
 /* Starts k copies of argv (environment env, which must outlive the pool), each taking at most
  * `share` jobs at once.  log receives the coprocesses' stderr lines and the pool's own messages.
- * NULL when out of memory (a copy that cannot start is retried with backoff, and logged). */
+ * NULL when out of memory or its lock cannot be made (a copy that cannot start is retried with
+ * backoff, and logged). */
 coproc_pool *coproc_start(char **argv, char **env, int k, int share,
                           void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg);
 

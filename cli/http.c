@@ -1022,6 +1022,29 @@ static int hosts_copy(const char *const *in, char ***out)
     return 0;
 }
 
+/* The server's locks and conditions, or none of them (server_free destroys all four): 0 or -1. */
+static int make_locks(http_server *s)
+{
+    if (pthread_mutex_init(&s->conn_mu, NULL) != 0)
+        return -1;
+    if (pthread_cond_init(&s->conn_cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->conn_mu);
+        return -1;
+    }
+    if (pthread_mutex_init(&s->q_mu, NULL) != 0) {
+        pthread_cond_destroy(&s->conn_cv);
+        pthread_mutex_destroy(&s->conn_mu);
+        return -1;
+    }
+    if (pthread_cond_init(&s->q_cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->q_mu);
+        pthread_cond_destroy(&s->conn_cv);
+        pthread_mutex_destroy(&s->conn_mu);
+        return -1;
+    }
+    return 0;
+}
+
 static void server_free(http_server *s)
 {
     free(s->token);
@@ -1095,10 +1118,11 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
         snprintf(why, why_size, "out of memory");
         return NULL;
     }
-    pthread_mutex_init(&s->conn_mu, NULL);
-    pthread_cond_init(&s->conn_cv, NULL);
-    pthread_mutex_init(&s->q_mu, NULL);
-    pthread_cond_init(&s->q_cv, NULL);
+    if (make_locks(s) != 0) {
+        snprintf(why, why_size, "cannot make the server's locks");
+        free(s);
+        return NULL;
+    }
     s->handler = handler;
     s->arg = arg;
     s->any_ip = o->any_ip;

@@ -33,8 +33,9 @@ static inline const char *serve_param(const http_req *req, const char *key)
 
 /* Page connections (serve_pool.c). */
 
-/* Makes the pool's lock and condition; the connections are opened as pages need them. */
-void serve_pool_init(serve *s);
+/* Makes the pool's lock and condition (0, or -1 when they cannot be made: nothing to close then);
+ * the connections are opened as pages need them. */
+int serve_pool_init(serve *s);
 /* Closes every connection and frees the lock and condition. */
 void serve_pool_close(serve *s);
 /* A connection for one request, in *slot; NULL after logging why (the page then says the database is

@@ -499,8 +499,15 @@ serve_metrics *serve_metrics_start(const char *conninfo, int64_t interval_ms)
         return NULL;
     m->conninfo = conninfo;
     m->interval_ms = interval_ms;
-    pthread_mutex_init(&m->mu, NULL);
-    pthread_cond_init(&m->cv, NULL);
+    if (pthread_mutex_init(&m->mu, NULL) != 0) {
+        free(m);
+        return NULL;
+    }
+    if (pthread_cond_init(&m->cv, NULL) != 0) {
+        pthread_mutex_destroy(&m->mu);
+        free(m);
+        return NULL;
+    }
     if (pthread_create(&m->thread, NULL, collector, m) != 0) {
         serve_metrics_stop(m);
         return NULL;

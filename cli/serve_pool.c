@@ -9,10 +9,15 @@
 #include "serve_dashboard.h"
 #include "serve_log.h"
 
-void serve_pool_init(serve *s)
+int serve_pool_init(serve *s)
 {
-    pthread_mutex_init(&s->pool_mu, NULL);
-    pthread_cond_init(&s->pool_cv, NULL);
+    if (pthread_mutex_init(&s->pool_mu, NULL) != 0)
+        return -1;
+    if (pthread_cond_init(&s->pool_cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->pool_mu);
+        return -1;
+    }
+    return 0;
 }
 
 void serve_pool_close(serve *s)
