@@ -10,13 +10,7 @@
  * page at a time), but it cannot skip rows whose unique key is held (ON CONFLICT), compute
  * now() + delay, or take the column default for some rows and a value for others; batches that need
  * any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
- * (pgjobq.reserve_ids), and the batch is one transaction.
- *
- * The workers are woken (NOTIFY) in that transaction when it is the caller's, and after its commit, in
- * a transaction of their own, when it is the library's: a commit that carries a NOTIFY holds the
- * server's notification lock through its WAL flush, so producers that notify in their transactions
- * commit one at a time (16 producers enqueueing a job a transaction lose about a quarter of their
- * throughput; bench/README.md).  The notification is a hint: a worker's poll finds the job without it.
+ * (pgjobq.reserve_ids), and the batch is one transaction with its notifications.
  */
 #include <stdio.h>
 #include <stddef.h>
@@ -442,60 +436,16 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     }
 }
 
-/* The distinct queues of the jobs that may be due now (a delay is not; a run_at may be: the database
- * knows), as a text[] parameter in queues: 0, or -1 when out of memory. */
-static int due_queues(const pgjobq_job_spec *jobs, size_t n, pgjobq__array *queues)
-{
-    const char **distinct = malloc(n * sizeof *distinct);
-    size_t ndistinct = 0;
-
-    pgjobq__array_begin(queues, OID_TEXT);
-    if (distinct == NULL)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        const char *queue = jobs[i].opts.queue ? jobs[i].opts.queue : "default";
-        int seen = jobs[i].opts.delay_ms > 0;
-        for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
-            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
-        if (!seen) {
-            distinct[ndistinct++] = queue;
-            pgjobq__array_text(queues, queue, strlen(queue));
-        }
-    }
-    free(distinct);
-    return pgjobq__array_end(queues) != 0 || queues->buf.len > INT32_MAX ? -1 : 0;
-}
-
-/* Wakes the workers of these queues after the library's own transaction committed their jobs (see the
- * top of this file).  A failure is not the enqueue's: the jobs are in, and the workers' polls find
- * them. */
-static void notify_after_commit(pgjobq_client *c, const pgjobq__array *queues)
-{
-    static const Oid types[] = {OID_TEXT_ARRAY};
-    const char *values[1] = {queues->buf.data};
-    int lengths[1] = {(int)queues->buf.len}, formats[1] = {1};
-    pgjobq__stmt st = {"enqueue: notify", "SELECT pgjobq.notify($1)", 1, types, values, lengths, formats, 0};
-    PGresult *r = NULL;
-
-    if (pgjobq__exec(c, &st, &r) == PGJOBQ_OK)
-        PQclear(r);
-    pgjobq__clearerr(c);
-}
-
 static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids, unsigned char *dups,
                         int *any_dup)
 {
     static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $10)";
-    Oid types[A_COUNT + 1];
+                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9)";
     pgjobq__array arrays[A_COUNT];
-    const char *values[A_COUNT + 1];
-    int lengths[A_COUNT + 1], formats[A_COUNT + 1];
+    const char *values[A_COUNT];
+    int lengths[A_COUNT], formats[A_COUNT];
     PGresult *r = NULL;
     int rc = PGJOBQ_OK;
-    /* The library's own transaction (the statement's, on its idle connection) notifies after its
-     * commit; a caller's transaction notifies with its own commit. */
-    int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
 
     memset(arrays, 0, sizeof arrays);
     for (int f = 0; f < A_COUNT; f++) {
@@ -519,12 +469,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
         lengths[f] = (int)arrays[f].buf.len;
     }
 
-    memcpy(types, enqueue_types, sizeof enqueue_types);
-    types[A_COUNT] = OID_BOOL;
-    values[A_COUNT] = own_tx ? "f" : "t";
-    lengths[A_COUNT] = 0;
-    formats[A_COUNT] = 0;
-    pgjobq__stmt st = {"enqueue", sql, A_COUNT + 1, types, values, lengths, formats, 1};
+    pgjobq__stmt st = {"enqueue", sql, A_COUNT, enqueue_types, values, lengths, formats, 1};
     rc = pgjobq__exec(c, &st, &r);
     if (rc != PGJOBQ_OK)
         goto out;
@@ -544,13 +489,6 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
         if (dups)
             dups[ord - 1] = (unsigned char)dup;
         *any_dup |= dup;
-    }
-    if (own_tx) {
-        pgjobq__array queues;
-        memset(&queues, 0, sizeof queues);
-        if (due_queues(jobs, n, &queues) == 0)
-            notify_after_commit(c, &queues);
-        pgjobq__buf_free(&queues.buf);
     }
 out:
     PQclear(r);
@@ -688,8 +626,9 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     int64_t *ids = ids_out;
     pgjobq__buf data = {0};
     pgjobq__array queues, level_queues, level_priorities;
+    const char **distinct = malloc(n * sizeof *distinct); /* the queues seen so far */
     const pgjobq_job_spec **levels = malloc(n * sizeof *levels); /* a job of each (queue, priority) */
-    size_t nlevels = 0;
+    size_t ndistinct = 0, nlevels = 0;
     PGresult *r = NULL;
 
     static const char *const copy_sql[2][2] = {
@@ -701,8 +640,11 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     memset(&queues, 0, sizeof queues);
     memset(&level_queues, 0, sizeof level_queues);
     memset(&level_priorities, 0, sizeof level_priorities);
-    if (levels == NULL)
+    if (distinct == NULL || levels == NULL) {
+        free(distinct);
+        free(levels);
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    }
     if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: BEGIN", "BEGIN", NULL)) != PGJOBQ_OK)
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
@@ -722,6 +664,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
 
     /* The rows, sent 64 KiB at a time while the next are built (the server parses as the client
      * writes), the distinct queues to notify and the distinct (queue, priority) levels to record. */
+    pgjobq__array_begin(&queues, OID_TEXT);
     pgjobq__array_begin(&level_queues, OID_TEXT);
     pgjobq__array_begin(&level_priorities, OID_INT2);
     for (size_t i = 0; i < n; i++) {
@@ -729,6 +672,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         const char *queue = j->opts.queue ? j->opts.queue : "default", *kind = j->opts.kind ? j->opts.kind : "default";
         const char *payload = j->payload ? j->payload : "{}";
         int seen = 0;
+        for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
+            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
+        if (!seen) {
+            distinct[ndistinct++] = queue;
+            pgjobq__array_text(&queues, queue, strlen(queue));
+        }
+        seen = 0;
         for (size_t k = nlevels; k > 0 && !seen; k--) {
             const char *q = levels[k - 1]->opts.queue ? levels[k - 1]->opts.queue : "default";
             seen = levels[k - 1]->opts.priority == j->opts.priority && (q == queue || strcmp(q, queue) == 0);
@@ -761,7 +711,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         if (data.len >= 65536 && copy_flush(c, &data) != 0)
             break;
     }
-    if (data.oom || due_queues(jobs, n, &queues) != 0 || pgjobq__array_end(&level_queues) != 0 ||
+    if (data.oom || pgjobq__array_end(&queues) != 0 || pgjobq__array_end(&level_queues) != 0 ||
         pgjobq__array_end(&level_priorities) != 0) {
         /* Abandon the COPY: nothing of it is written. */
         PQputCopyEnd(c->conn, "out of memory");
@@ -784,9 +734,9 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     while ((r = PQgetResult(c->conn)) != NULL) /* the end of the COPY command */
         PQclear(r);
 
-    /* The levels the claims visit, and one notification per queue: with a caller's transaction, sent
-     * when it commits; with the library's own, after its commit (see the top of this file). */
-    const char *values[3] = {own_tx ? NULL : queues.buf.data, level_queues.buf.data, level_priorities.buf.data};
+    /* One notification per queue, delivered when the transaction commits, and the levels the claims
+     * visit. */
+    const char *values[3] = {queues.buf.data, level_queues.buf.data, level_priorities.buf.data};
     int lengths[3] = {(int)queues.buf.len, (int)level_queues.buf.len, (int)level_priorities.buf.len},
         formats[3] = {1, 1, 1};
     pgjobq__stmt st = {"enqueue: notify", "SELECT pgjobq.notify($1), pgjobq.levels_add($2, $3)", 3, after_types,
@@ -797,8 +747,6 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     r = NULL;
     if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: COMMIT", "COMMIT", NULL)) != PGJOBQ_OK)
         goto out;
-    if (own_tx)
-        notify_after_commit(c, &queues);
 out:
     PQclear(r);
     if (rc != PGJOBQ_OK && own_tx)
@@ -807,6 +755,7 @@ out:
     pgjobq__buf_free(&queues.buf);
     pgjobq__buf_free(&level_queues.buf);
     pgjobq__buf_free(&level_priorities.buf);
+    free(distinct);
     free(levels);
     return rc;
 }
