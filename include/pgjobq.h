@@ -336,7 +336,9 @@ static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
  * On PGJOBQ_OK *id_out (may be NULL) receives the new job's id.  When a queued or running job
  * already holds opts->unique_key, returns PGJOBQ_EDUPLICATE, inserts nothing, and *id_out receives
  * the existing job's id.  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
- * writes nothing.  Workers listening on the queue are notified when the transaction commits.
+ * writes nothing.  Workers listening on the queue are notified when the transaction commits (on the
+ * client's own idle connection, by a notification sent right after the commit, in the same round
+ * trip: a commit that carries one makes concurrent producers commit one at a time).
  */
 PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_opts *opts,
                                  int64_t *id_out) PGJOBQ_WUR;

@@ -17,7 +17,13 @@
 -- turn plan types off, a node of a type turned off costs 1e10 to the planner, and their statements
 -- were JIT-compiled whatever the data (fail_many's: about 1 s per call).
 --
--- Only functions change; this migration carries the version, so that a library of version 13
--- does not put its claim_next back.  Libraries of version 11 to 13 keep working: no signature
--- changed.
+-- enqueue_many takes notify (default true): false leaves the notification to the caller, after its
+-- commit.  The nine-argument form goes (a call with nine arguments, or fewer, now reaches the new
+-- one: libraries of versions 11 to 13 call it so).
+DROP FUNCTION IF EXISTS pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[],
+                                            integer[], text[], text[]);
+--
+-- Otherwise only functions change; this migration carries the version, so that a library of version 13
+-- does not put its claim_next back.  Libraries of version 11 to 13 keep working: enqueue_many's new
+-- argument has a default, and no other signature changed.
 SELECT 1;

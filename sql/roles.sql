@@ -51,7 +51,8 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text),
     pgjobq.enqueue_graph(jsonb),
     pgjobq.enqueue_batch(jsonb, jsonb),
-    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[]),
+    pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
+                        boolean),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[]),
     pgjobq.levels_add(text[], smallint[])

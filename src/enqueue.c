@@ -10,7 +10,15 @@
  * page at a time), but it cannot skip rows whose unique key is held (ON CONFLICT), compute
  * now() + delay, or take the column default for some rows and a value for others; batches that need
  * any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
- * (pgjobq.reserve_ids), and the batch is one transaction with its notifications.
+ * (pgjobq.reserve_ids), and the batch is one transaction.
+ *
+ * The workers are woken (NOTIFY) with the commit of the transaction the jobs are in, except for the
+ * one statement the library runs as its own transaction (pgjobq.enqueue_many on its idle connection):
+ * that one carries none, and the notification follows it, pipelined in the same round trip, as a
+ * transaction of its own.  A commit that carries a NOTIFY holds the server's notification lock through
+ * its WAL flush, so producers that notify in their transactions commit one at a time
+ * (bench/README.md, "NOTIFY and concurrent producers").  The notification is a hint: a worker's poll
+ * finds the job without it.
  */
 #include <stdio.h>
 #include <stddef.h>
@@ -436,16 +444,62 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     }
 }
 
+/* The distinct queues of the jobs that may be due now (a delay is not; a run_at may be: the database
+ * knows), as a text[] parameter in queues: how many, or -1 when out of memory. */
+static int due_queues(const pgjobq_job_spec *jobs, size_t n, pgjobq__array *queues)
+{
+    const char **distinct = malloc(n * sizeof *distinct);
+    size_t ndistinct = 0;
+
+    pgjobq__array_begin(queues, OID_TEXT);
+    if (distinct == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *queue = jobs[i].opts.queue ? jobs[i].opts.queue : "default";
+        int seen = jobs[i].opts.delay_ms > 0;
+        for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
+            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
+        if (!seen) {
+            distinct[ndistinct++] = queue;
+            pgjobq__array_text(queues, queue, strlen(queue));
+        }
+    }
+    free(distinct);
+    return pgjobq__array_end(queues) != 0 || queues->buf.len > INT32_MAX ? -1 : (int)ndistinct;
+}
+
 static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids, unsigned char *dups,
                         int *any_dup)
 {
     static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9)";
+                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $10)";
+    Oid types[A_COUNT + 1];
     pgjobq__array arrays[A_COUNT];
-    const char *values[A_COUNT];
-    int lengths[A_COUNT], formats[A_COUNT];
+    const char *values[A_COUNT + 1];
+    int lengths[A_COUNT + 1], formats[A_COUNT + 1];
     PGresult *r = NULL;
     int rc = PGJOBQ_OK;
+    /* The library's own transaction (the statement's, on its idle connection) carries no
+     * notification: it follows, pipelined; a caller's transaction notifies with its own commit. */
+    int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
+    static const Oid notify_types[] = {OID_TEXT_ARRAY};
+    pgjobq__array due;
+    const char *notify_values[1];
+    int notify_lengths[1], notify_formats[1] = {1};
+    pgjobq__stmt notify = {"enqueue: notify", "SELECT pgjobq.notify($1)", 1, notify_types, notify_values,
+                           notify_lengths, notify_formats, 0};
+
+    int ndue = 0;
+
+    memset(&due, 0, sizeof due);
+    if (own_tx) {
+        if ((ndue = due_queues(jobs, n, &due)) < 0) {
+            pgjobq__buf_free(&due.buf);
+            return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory building the batch");
+        }
+        notify_values[0] = due.buf.data;
+        notify_lengths[0] = (int)due.buf.len;
+    }
 
     memset(arrays, 0, sizeof arrays);
     for (int f = 0; f < A_COUNT; f++) {
@@ -469,8 +523,13 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
         lengths[f] = (int)arrays[f].buf.len;
     }
 
-    pgjobq__stmt st = {"enqueue", sql, A_COUNT, enqueue_types, values, lengths, formats, 1};
-    rc = pgjobq__exec(c, &st, &r);
+    memcpy(types, enqueue_types, sizeof enqueue_types);
+    types[A_COUNT] = OID_BOOL;
+    values[A_COUNT] = own_tx ? "f" : "t";
+    lengths[A_COUNT] = 0;
+    formats[A_COUNT] = 0;
+    pgjobq__stmt st = {"enqueue", sql, A_COUNT + 1, types, values, lengths, formats, 1};
+    rc = pgjobq__exec_then(c, &st, ndue > 0 ? &notify : NULL, &r);
     if (rc != PGJOBQ_OK)
         goto out;
     if ((size_t)PQntuples(r) != n) {
@@ -492,6 +551,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
     }
 out:
     PQclear(r);
+    pgjobq__buf_free(&due.buf);
     for (int f = 0; f < A_COUNT; f++)
         pgjobq__buf_free(&arrays[f].buf);
     return rc;
@@ -626,9 +686,8 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     int64_t *ids = ids_out;
     pgjobq__buf data = {0};
     pgjobq__array queues, level_queues, level_priorities;
-    const char **distinct = malloc(n * sizeof *distinct); /* the queues seen so far */
     const pgjobq_job_spec **levels = malloc(n * sizeof *levels); /* a job of each (queue, priority) */
-    size_t ndistinct = 0, nlevels = 0;
+    size_t nlevels = 0;
     PGresult *r = NULL;
 
     static const char *const copy_sql[2][2] = {
@@ -640,11 +699,8 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     memset(&queues, 0, sizeof queues);
     memset(&level_queues, 0, sizeof level_queues);
     memset(&level_priorities, 0, sizeof level_priorities);
-    if (distinct == NULL || levels == NULL) {
-        free(distinct);
-        free(levels);
+    if (levels == NULL)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
-    }
     if (own_tx && (rc = pgjobq__exec_sql(c, "enqueue: BEGIN", "BEGIN", NULL)) != PGJOBQ_OK)
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
@@ -664,7 +720,6 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
 
     /* The rows, sent 64 KiB at a time while the next are built (the server parses as the client
      * writes), the distinct queues to notify and the distinct (queue, priority) levels to record. */
-    pgjobq__array_begin(&queues, OID_TEXT);
     pgjobq__array_begin(&level_queues, OID_TEXT);
     pgjobq__array_begin(&level_priorities, OID_INT2);
     for (size_t i = 0; i < n; i++) {
@@ -672,13 +727,6 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         const char *queue = j->opts.queue ? j->opts.queue : "default", *kind = j->opts.kind ? j->opts.kind : "default";
         const char *payload = j->payload ? j->payload : "{}";
         int seen = 0;
-        for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
-            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
-        if (!seen) {
-            distinct[ndistinct++] = queue;
-            pgjobq__array_text(&queues, queue, strlen(queue));
-        }
-        seen = 0;
         for (size_t k = nlevels; k > 0 && !seen; k--) {
             const char *q = levels[k - 1]->opts.queue ? levels[k - 1]->opts.queue : "default";
             seen = levels[k - 1]->opts.priority == j->opts.priority && (q == queue || strcmp(q, queue) == 0);
@@ -711,7 +759,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         if (data.len >= 65536 && copy_flush(c, &data) != 0)
             break;
     }
-    if (data.oom || pgjobq__array_end(&queues) != 0 || pgjobq__array_end(&level_queues) != 0 ||
+    if (data.oom || due_queues(jobs, n, &queues) < 0 || pgjobq__array_end(&level_queues) != 0 ||
         pgjobq__array_end(&level_priorities) != 0) {
         /* Abandon the COPY: nothing of it is written. */
         PQputCopyEnd(c->conn, "out of memory");
@@ -734,8 +782,8 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     while ((r = PQgetResult(c->conn)) != NULL) /* the end of the COPY command */
         PQclear(r);
 
-    /* One notification per queue, delivered when the transaction commits, and the levels the claims
-     * visit. */
+    /* One notification per queue, delivered when the transaction commits (a batch of this size
+     * commits seldom), and the levels the claims visit. */
     const char *values[3] = {queues.buf.data, level_queues.buf.data, level_priorities.buf.data};
     int lengths[3] = {(int)queues.buf.len, (int)level_queues.buf.len, (int)level_priorities.buf.len},
         formats[3] = {1, 1, 1};
@@ -755,7 +803,6 @@ out:
     pgjobq__buf_free(&queues.buf);
     pgjobq__buf_free(&level_queues.buf);
     pgjobq__buf_free(&level_priorities.buf);
-    free(distinct);
     free(levels);
     return rc;
 }

@@ -113,6 +113,46 @@ static int succeeded(const PGresult *r)
     return s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK || s == PGRES_EMPTY_QUERY;
 }
 
+/* Runs st on the idle connection and then t, each as its own transaction, in one round trip (libpq's
+ * pipeline mode; without it, in turn).  Returns st's result as send_stmt does; t's is dropped.  (If st
+ * fails, t runs all the same: a spurious notification wakes a worker for nothing.) */
+static PGresult *send_then(pgjobq_client *c, const pgjobq__stmt *st, const pgjobq__stmt *t)
+{
+    PGresult *r = NULL, *x;
+    int syncs = 0;
+
+    if (PQenterPipelineMode(c->conn) != 1) {
+        r = send_stmt(c, st, 0);
+        if (succeeded(r))
+            PQclear(send_stmt(c, t, 0));
+        return r;
+    }
+    if (PQsendQueryParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
+                          st->binary_result) != 1 ||
+        PQpipelineSync(c->conn) != 1)
+        syncs = 2; /* nothing (more) to read: the connection failed */
+    else if (PQsendQueryParams(c->conn, t->sql, t->nparams, t->types, t->values, t->lengths, t->formats,
+                               t->binary_result) != 1 ||
+             PQpipelineSync(c->conn) != 1)
+        syncs = 1; /* st's part was sent: read it */
+    /* The results come in order: st's, its sync, then t's and its sync.  NULL ends each statement's
+     * (six calls in all; the bound only guards against a libpq that answers otherwise). */
+    for (int calls = 0; syncs < 2 && calls < 64 && PQstatus(c->conn) == CONNECTION_OK; calls++) {
+        if ((x = PQgetResult(c->conn)) == NULL)
+            continue;
+        if (PQresultStatus(x) == PGRES_PIPELINE_SYNC)
+            syncs++;
+        else if (r == NULL && syncs == 0)
+            r = x, x = NULL;
+        PQclear(x);
+    }
+    if (PQexitPipelineMode(c->conn) != 1 && PQstatus(c->conn) == CONNECTION_OK) {
+        /* Results still pending on a live connection (cannot happen after both syncs): start afresh. */
+        PQreset(c->conn);
+    }
+    return r;
+}
+
 /* Sets the error of a statement that failed (r may be NULL) on c and returns its code. */
 static int stmt_error(pgjobq_client *c, const char *what, const PGresult *r)
 {
@@ -149,7 +189,7 @@ static int run(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult **
 }
 
 /* The statement helper of the library: pgjobq__exec and pgjobq__exec_sql. */
-static int exec(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult **out)
+static int exec(pgjobq_client *c, const pgjobq__stmt *st, const pgjobq__stmt *then, int simple, PGresult **out)
 {
     int in_tx;
 
@@ -175,7 +215,7 @@ static int exec(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult *
 
     int reset_read_only = 0;
     for (unsigned attempt = 0;; attempt++) {
-        PGresult *r = send_stmt(c, st, simple);
+        PGresult *r = then && !in_tx ? send_then(c, st, then) : send_stmt(c, st, simple);
         const char *state;
 
         if (succeeded(r)) {
@@ -218,14 +258,19 @@ static int exec(pgjobq_client *c, const pgjobq__stmt *st, int simple, PGresult *
 
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out)
 {
-    return exec(c, st, 0, out);
+    return exec(c, st, NULL, 0, out);
+}
+
+int pgjobq__exec_then(pgjobq_client *c, const pgjobq__stmt *st, const pgjobq__stmt *then, PGresult **out)
+{
+    return exec(c, st, then, 0, out);
 }
 
 int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresult **out)
 {
     const pgjobq__stmt st = {.what = what, .sql = sql};
     PGresult *r = NULL;
-    int rc = exec(c, &st, 1, &r);
+    int rc = exec(c, &st, NULL, 1, &r);
 
     if (out)
         *out = r;

@@ -81,6 +81,11 @@ int pgjobq__client_open_timeout(pgjobq_client **out, const char *conninfo, int64
  * clears it), or the error, set on c.  An owned connection that broke is made again first; outside a
  * transaction, a serialization failure or deadlock is run again (PGJOBQ__CONFLICT_RETRIES). */
 int pgjobq__exec(pgjobq_client *c, const pgjobq__stmt *st, PGresult **out) __attribute__((warn_unused_result));
+/* pgjobq__exec, and when st runs as its own transaction (the connection is idle), then after it as a
+ * transaction of its own, in the same round trip (pipelined): then's result is dropped, so it must be
+ * a statement whose failure does not matter (a notification).  In a transaction, st alone. */
+int pgjobq__exec_then(pgjobq_client *c, const pgjobq__stmt *st, const pgjobq__stmt *then, PGresult **out)
+    __attribute__((warn_unused_result));
 /* The same for a text without parameters that may hold several statements (the simple protocol: BEGIN,
  * a migration); out may be NULL when the result is not wanted. */
 int pgjobq__exec_sql(pgjobq_client *c, const char *what, const char *sql, PGresult **out)

@@ -316,6 +316,58 @@ TEST(enqueue_batch_sends_one_notification_per_queue)
     pgjobq_client_close(c);
 }
 
+/* A commit that carries a NOTIFY holds the server's notification lock through its WAL flush, so the
+ * library's own transactions carry none: it wakes the workers after the commit, in a transaction of
+ * its own (src/enqueue.c).  enqueue_many(notify => false) is how: the caller then notifies itself. */
+TEST(enqueue_on_its_own_connection_notifies_after_its_commit)
+{
+    pgjobq_client *c = t_client();
+    PGconn *listener = t_pg(), *app = t_pg();
+    pgjobq_job_spec specs[3];
+    char queues[8][32];
+    int64_t id, ids[3];
+
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    /* The SQL API: notify => false sends nothing, in a transaction or not; the default notifies. */
+    PQclear(t_exec(app, "BEGIN"));
+    PQclear(t_exec(app, "SELECT * FROM pgjobq.enqueue_many(ARRAY['quiet'], NULL, ARRAY['{}'::jsonb], notify => false)"));
+    PQclear(t_exec(app, "COMMIT"));
+    PQclear(t_exec(app, "SELECT * FROM pgjobq.enqueue_many(ARRAY['quiet'], NULL, ARRAY['{}'::jsonb], notify => false)"));
+    CHECK_INT(t_int(app, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'quiet'"), 2);
+    CHECK_INT(notifications(listener, 300, queues, 8), 0);
+    PQclear(t_exec(app, "SELECT * FROM pgjobq.enqueue_many(ARRAY['loud'], NULL, ARRAY['{}'::jsonb])"));
+    CHECK_INT(notifications(listener, 2000, queues, 8), 1);
+    CHECK_STR(queues[0], "loud");
+
+    /* The library on its own idle connection: one notification per enqueue, each once the job is
+     * there to claim; a job that is not due wakes nobody. */
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = "own";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_INT(notifications(listener, 2000, queues, 8), 1);
+    CHECK_STR(queues[0], "own");
+    CHECK_INT(t_int(app, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+    memset(specs, 0, sizeof specs);
+    specs[0].opts.queue = "own";
+    specs[1].opts.queue = "own2";
+    specs[2].opts.queue = "later";
+    specs[2].opts.delay_ms = 3600000;
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    int n = notifications(listener, 1000, queues, 8);
+    CHECK_INT(n, 2);
+    CHECK((strcmp(queues[0], "own") == 0 && strcmp(queues[1], "own2") == 0) ||
+          (strcmp(queues[0], "own2") == 0 && strcmp(queues[1], "own") == 0));
+    /* Inside the client's own pgjobq_begin transaction: at its commit, not before. */
+    CHECK_OK(c, pgjobq_begin(c));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_INT(notifications(listener, 300, queues, 8), 0);
+    CHECK_OK(c, pgjobq_commit(c));
+    CHECK_INT(notifications(listener, 2000, queues, 8), 1);
+    PQfinish(listener);
+    PQfinish(app);
+    pgjobq_client_close(c);
+}
+
 TEST(enqueue_bad_input_is_refused_and_writes_nothing)
 {
     static char big[PGJOBQ_PAYLOAD_MAX + 64];

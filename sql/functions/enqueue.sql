@@ -81,8 +81,13 @@ $$;
 -- is already held by a queued or running job of its queue is not inserted: its row comes back with the
 -- existing job's id and duplicate = true.  concurrency_keys (NULL: none) are what a queue's
 -- key_concurrency limits.  Returns one row per input element, in input order (ord is 1-based).
--- Sends one NOTIFY per distinct queue that received a job that is due now.  An element that breaks a
--- rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a domain's constraint.
+-- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
+-- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
+-- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
+-- producers that notify commit one at a time (16 clients enqueueing a job per transaction: a quarter
+-- of their throughput; bench/README.md).  The C library does so for the transactions it runs itself.
+-- An element that breaks a rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a
+-- domain's constraint.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
     queues       text[],
     kinds        text[],
@@ -92,7 +97,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
     delays       interval[]    DEFAULT NULL,
     max_attempts integer[]     DEFAULT NULL,
     unique_keys  text[]        DEFAULT NULL,
-    concurrency_keys text[]    DEFAULT NULL)
+    concurrency_keys text[]    DEFAULT NULL,
+    notify       boolean       DEFAULT true)
 RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -195,7 +201,9 @@ BEGIN
         RAISE;
     END;
 
-    PERFORM pgjobq.notify(v_due);
+    IF enqueue_many.notify THEN
+        PERFORM pgjobq.notify(v_due);
+    END IF;
     PERFORM pgjobq.levels_add(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
 
     RETURN QUERY SELECT t.o::integer, t.job_id, false
@@ -228,7 +236,9 @@ BEGIN
                 IF FOUND THEN
                     ord := v_dup_ords[i]; id := v_found; duplicate := false;
                     RETURN NEXT;
-                    PERFORM pgjobq.notify(ARRAY[coalesce(queues[v_dup_ords[i]], 'default')]);
+                    IF enqueue_many.notify THEN
+                        PERFORM pgjobq.notify(ARRAY[coalesce(queues[v_dup_ords[i]], 'default')]);
+                    END IF;
                     EXIT;
                 END IF;
             END LOOP;
