@@ -118,38 +118,51 @@ static int succeeded(const PGresult *r)
  * fails, t runs all the same: a spurious notification wakes a worker for nothing.) */
 static PGresult *send_then(pgjobq_client *c, const pgjobq__stmt *st, const pgjobq__stmt *t)
 {
-    PGresult *r = NULL, *x;
-    int syncs = 0;
+    PGresult *r = NULL;
 
-    if (PQenterPipelineMode(c->conn) != 1) {
-        r = send_stmt(c, st, 0);
-        if (succeeded(r))
-            PQclear(send_stmt(c, t, 0));
+#ifdef LIBPQ_HAS_PIPELINING
+    if (PQenterPipelineMode(c->conn) == 1) {
+        PGresult *x;
+        int syncs = 0, want = 0;
+        if (PQsendQueryParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
+                              st->binary_result) == 1 &&
+            PQpipelineSync(c->conn) == 1) {
+            want = 1;
+            if (PQsendQueryParams(c->conn, t->sql, t->nparams, t->types, t->values, t->lengths, t->formats,
+                                  t->binary_result) == 1 &&
+                PQpipelineSync(c->conn) == 1)
+                want = 2;
+        }
+        /* In order: st's result, then its sync (the server's ReadyForQuery: st's transaction has
+         * committed, or failed, by then), t's and its sync; NULL ends each statement's results (six
+         * calls in all; the bound only guards against a libpq that answers otherwise).  An error
+         * before st's sync (its commit's) replaces st's result. */
+        for (int calls = 0; syncs < want && calls < 64 && PQstatus(c->conn) == CONNECTION_OK; calls++) {
+            if ((x = PQgetResult(c->conn)) == NULL)
+                continue;
+            if (PQresultStatus(x) == PGRES_PIPELINE_SYNC)
+                syncs++;
+            else if (syncs == 0 && (r == NULL || !succeeded(x))) {
+                PQclear(r);
+                r = x;
+                x = NULL;
+            }
+            PQclear(x);
+        }
+        /* Without st's sync its commit is not known to have happened (the connection failed): not a
+         * success. */
+        if (syncs == 0 && succeeded(r)) {
+            PQclear(r);
+            r = NULL;
+        }
+        if (PQexitPipelineMode(c->conn) != 1 && PQstatus(c->conn) == CONNECTION_OK)
+            PQreset(c->conn); /* results still pending on a live connection (cannot happen): start afresh */
         return r;
     }
-    if (PQsendQueryParams(c->conn, st->sql, st->nparams, st->types, st->values, st->lengths, st->formats,
-                          st->binary_result) != 1 ||
-        PQpipelineSync(c->conn) != 1)
-        syncs = 2; /* nothing (more) to read: the connection failed */
-    else if (PQsendQueryParams(c->conn, t->sql, t->nparams, t->types, t->values, t->lengths, t->formats,
-                               t->binary_result) != 1 ||
-             PQpipelineSync(c->conn) != 1)
-        syncs = 1; /* st's part was sent: read it */
-    /* The results come in order: st's, its sync, then t's and its sync.  NULL ends each statement's
-     * (six calls in all; the bound only guards against a libpq that answers otherwise). */
-    for (int calls = 0; syncs < 2 && calls < 64 && PQstatus(c->conn) == CONNECTION_OK; calls++) {
-        if ((x = PQgetResult(c->conn)) == NULL)
-            continue;
-        if (PQresultStatus(x) == PGRES_PIPELINE_SYNC)
-            syncs++;
-        else if (r == NULL && syncs == 0)
-            r = x, x = NULL;
-        PQclear(x);
-    }
-    if (PQexitPipelineMode(c->conn) != 1 && PQstatus(c->conn) == CONNECTION_OK) {
-        /* Results still pending on a live connection (cannot happen after both syncs): start afresh. */
-        PQreset(c->conn);
-    }
+#endif
+    r = send_stmt(c, st, 0);
+    if (succeeded(r))
+        PQclear(send_stmt(c, t, 0));
     return r;
 }
 

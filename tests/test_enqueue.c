@@ -368,6 +368,33 @@ TEST(enqueue_on_its_own_connection_notifies_after_its_commit)
     pgjobq_client_close(c);
 }
 
+/* The library's own enqueue is pipelined with its notification (src/exec.c): the statement's rows
+ * arrive before its transaction commits, so an enqueue is a success only once the commit is known to
+ * have happened.  A deferred constraint that refuses at commit makes the commit fail after the rows
+ * came back. */
+TEST(enqueue_reports_a_failure_of_its_own_commit)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    int64_t id = 0;
+
+    PQclear(t_exec(pg, "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN"
+                       " IF NEW.payload ? 'refuse' THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NULL;"
+                       " END$$"));
+    PQclear(t_exec(pg, "CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON pgjobq.jobs DEFERRABLE INITIALLY DEFERRED"
+                       " FOR EACH ROW EXECUTE FUNCTION public.refuse()"));
+    int rc = pgjobq_enqueue(c, "{\"refuse\": 1}", NULL, &id);
+    CHECK_MSG(rc != PGJOBQ_OK, "an enqueue whose commit failed returned PGJOBQ_OK (id %lld)", (long long)id);
+    CHECK_MSG(strstr(pgjobq_errmsg(c), "refused at commit") != NULL, "%s", pgjobq_errmsg(c));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), 0);
+    /* The same client goes on. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld", (long long)id), 1);
+    PQclear(t_exec(pg, "DROP TRIGGER refuse ON pgjobq.jobs"));
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
 TEST(enqueue_bad_input_is_refused_and_writes_nothing)
 {
     static char big[PGJOBQ_PAYLOAD_MAX + 64];
