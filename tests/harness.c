@@ -503,3 +503,17 @@ long long t_audit_stale_writes(PGconn *conn)
     return t_int(conn, "SELECT count(*) FROM public.job_audit WHERE old_state = 'running'"
                        " AND old_lease_until <= at AND query NOT LIKE '%%rescue_expired%%'");
 }
+
+void t_auto_explain(PGconn *pg, PQnoticeProcessor collect, int analyze)
+{
+    PQsetNoticeProcessor(pg, collect, NULL);
+    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
+    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
+    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
+    if (analyze) {
+        PQclear(t_exec(pg, "SET auto_explain.log_analyze = on"));
+        PQclear(t_exec(pg, "SET auto_explain.log_buffers = on"));
+    }
+    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
+    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+}

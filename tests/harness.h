@@ -126,6 +126,10 @@ const char *t_tmpdir(void);
 const char *t_log_path(const char *name);
 /* Prints the last 30 lines of a log on stderr, to explain a failure. */
 void t_show_log(const char *path);
+
+/* Has auto_explain report on pg, as notices to collect, the plan of every statement, the statements
+ * inside pgjobq's functions included; analyze: with run times and buffers. */
+void t_auto_explain(PGconn *pg, PQnoticeProcessor collect, int analyze);
 /* Writes an executable shell script at dir/name with the given body; returns its path (static). */
 const char *t_script(const char *name, const char *body);
 

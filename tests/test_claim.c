@@ -280,12 +280,7 @@ TEST_FULL(claim_uses_the_partial_index_under_a_million_finished_jobs, 240, 0)
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
     CHECK_OK(c, pgjobq_client_wrap(&c, pg));
     /* auto_explain reports the plan of the statement inside pgjobq.claim() itself. */
-    PQsetNoticeProcessor(pg, collect_notice, NULL);
-    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
-    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
-    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
-    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    t_auto_explain(pg, collect_notice, 0);
     CHECK_OK(c, pgjobq_claim(c, "default", 10, 30000, NULL, &jobs, &n));
     CHECK_INT(n, 10);
     pgjobq_jobs_free(jobs);
@@ -347,13 +342,8 @@ TEST_FULL(fenced_writes_look_jobs_up_by_id_when_statistics_say_none_run, 120, 0)
                        " FROM generate_series(1, 3000) g"));
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('default', 2000, '5 min', 'w')"), 2000);
-    PQsetNoticeProcessor(pg, collect_notice, NULL);
     plans[0] = '\0';
-    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
-    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
-    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
-    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    t_auto_explain(pg, collect_notice, 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many("
                         " (SELECT array_agg(id ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'),"
                         " (SELECT array_agg(lease_token ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'))"

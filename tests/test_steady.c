@@ -338,14 +338,7 @@ TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
         }
     }
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s', payload => '{\"last\": true}')"));
-    PQsetNoticeProcessor(pg, collect, NULL);
-    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
-    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
-    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_analyze = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_buffers = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
-    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    t_auto_explain(pg, collect, 1);
     /* The claim from the cursor reads a few pages: at most the last batch it claimed (its cursor stays
      * at the cap, behind rows that became claimable after its previous claim began)... */
     CHECK_INT(claim(pg, &c, "s", 10, 0, ids, NULL), 1);

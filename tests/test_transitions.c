@@ -329,17 +329,12 @@ TEST(fenced_writes_and_rescue_are_never_jit_compiled)
 {
     PGconn *pg = t_pg();
 
-    PQsetNoticeProcessor(pg, collect_jit_notice, NULL);
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('default', 'default', '{}', max_attempts => 2)"
                        " FROM generate_series(1, 7)"));
     PQclear(t_exec(pg, "CREATE TEMP TABLE held AS SELECT id, lease_token, row_number() OVER (ORDER BY id) AS n"
                        " FROM pgjobq.claim('default', 7, '60 seconds', 'w')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM held"), 7);
-    PQclear(t_exec(pg, "LOAD 'auto_explain'"));
-    PQclear(t_exec(pg, "SET auto_explain.log_min_duration = 0"));
-    PQclear(t_exec(pg, "SET auto_explain.log_nested_statements = on"));
-    PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
-    PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
+    t_auto_explain(pg, collect_jit_notice, 0);
     /* The detector sees a compilation on this server (JIT available, thresholds lowered). */
     PQclear(t_exec(pg, "SET jit_above_cost = 0"));
     jit_plans[0] = '\0';
