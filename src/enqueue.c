@@ -400,12 +400,13 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
 }
 
 /* The nine parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
- * sent as a NULL parameter instead. */
+ * sent as a NULL parameter instead.  Its tenth parameter, notify, follows them (A_NOTIFY). */
 enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_COUNT };
+enum { A_NOTIFY = A_COUNT };
 
-static const Oid enqueue_types[A_COUNT] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
-                                           OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
-                                           OID_TEXT_ARRAY};
+static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
+                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
+                                               OID_TEXT_ARRAY, OID_BOOL};
 static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT,     OID_JSONB, OID_INT2,
                                           OID_TEXT, OID_INTERVAL, OID_INT4,  OID_TEXT, OID_TEXT};
 
@@ -473,7 +474,6 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
 {
     static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
                               "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $10)";
-    Oid types[A_COUNT + 1];
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT + 1];
     int lengths[A_COUNT + 1], formats[A_COUNT + 1];
@@ -482,14 +482,13 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
     /* The library's own transaction (the statement's, on its idle connection) carries no
      * notification: it follows, pipelined; a caller's transaction notifies with its own commit. */
     int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
+    int ndue = 0;
     static const Oid notify_types[] = {OID_TEXT_ARRAY};
     pgjobq__array due;
     const char *notify_values[1];
     int notify_lengths[1], notify_formats[1] = {1};
     pgjobq__stmt notify = {"enqueue: notify", "SELECT pgjobq.notify($1)", 1, notify_types, notify_values,
                            notify_lengths, notify_formats, 0};
-
-    int ndue = 0;
 
     memset(&due, 0, sizeof due);
     if (own_tx) {
@@ -523,12 +522,10 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
         lengths[f] = (int)arrays[f].buf.len;
     }
 
-    memcpy(types, enqueue_types, sizeof enqueue_types);
-    types[A_COUNT] = OID_BOOL;
-    values[A_COUNT] = own_tx ? "f" : "t";
-    lengths[A_COUNT] = 0;
-    formats[A_COUNT] = 0;
-    pgjobq__stmt st = {"enqueue", sql, A_COUNT + 1, types, values, lengths, formats, 1};
+    values[A_NOTIFY] = own_tx ? "f" : "t";
+    lengths[A_NOTIFY] = 0;
+    formats[A_NOTIFY] = 0;
+    pgjobq__stmt st = {"enqueue", sql, A_COUNT + 1, enqueue_types, values, lengths, formats, 1};
     rc = pgjobq__exec_then(c, &st, ndue > 0 ? &notify : NULL, &r);
     if (rc != PGJOBQ_OK)
         goto out;

@@ -85,7 +85,8 @@ $$;
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
 -- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
 -- producers that notify commit one at a time (16 clients enqueueing a job per transaction: a quarter
--- of their throughput; bench/README.md).  The C library does so for the transactions it runs itself.
+-- of their throughput; bench/README.md, "NOTIFY and concurrent producers").  The C library does so,
+-- pipelined in the same round trip, for the statements it runs as their own transactions.
 -- An element that breaks a rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a
 -- domain's constraint.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
