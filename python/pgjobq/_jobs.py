@@ -95,7 +95,7 @@ def _own_polling_connection(conn: Any) -> Any:
     try:
         import psycopg
 
-        return psycopg.connect(url, autocommit=True)
+        return psycopg.connect(url, autocommit=True, prepare_threshold=None)
     except ImportError:
         import psycopg2
 

@@ -7,8 +7,9 @@ A *target* is one of:
   transaction, which is never committed or rolled back here;
 - a SQLAlchemy ``Engine``: a transaction of its own (``engine.begin()``), committed;
 - a database URL (``postgresql://...`` or ``host=... dbname=...``), or None for the App's URL, else
-  ``$PGJOBQ_DATABASE_URL``, else ``$DATABASE_URL``: a connection of its own (psycopg 3, else
-  psycopg2), committed and closed.
+  ``$PGJOBQ_DATABASE_URL``, else ``$DATABASE_URL``: a connection of the package's own (psycopg 3,
+  else psycopg2), a transaction committed on it, and the connection kept for the next call (at most
+  ``_IDLE_MAX`` idle per URL and process; see ``_take``).
 
 Statements are written with ``:name`` placeholders (SQLAlchemy's ``text()``), rewritten to
 ``%(name)s`` for the DB-API drivers.  Every value is a bound parameter; every parameter is a str, an
@@ -17,12 +18,15 @@ int, a float or None, cast in the SQL itself, so that every driver sends the sam
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import re
+import select
 import sys
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .errors import PgjobqError, translate
 
@@ -137,7 +141,8 @@ def _connect(url: str) -> Tuple[Any, str]:
     try:
         import psycopg
 
-        return psycopg.connect(url), "psycopg"
+        # No server-side prepared statements: the URL may be a PgBouncer in transaction mode.
+        return psycopg.connect(url, prepare_threshold=None), "psycopg"
     except ImportError:
         pass
     try:
@@ -145,6 +150,124 @@ def _connect(url: str) -> Tuple[Any, str]:
     except ImportError:
         raise PgjobqError("pgjobq needs psycopg (3) or psycopg2 to open a connection from a URL") from None
     return psycopg2.connect(url), "psycopg2"
+
+
+# The connections a URL target opens, kept idle between calls: a connection costs a fork on the
+# server and several round trips, many times an enqueue's own work.  Per process: a forked child
+# must not use (or close: closing sends the server a Terminate on the parent's session) what it
+# inherited, so it leaves those alone and starts afresh.
+_IDLE_MAX = 4
+_idle: Dict[str, List[Tuple[Any, str]]] = {}  # url -> [(conn, driver)]
+_idle_lock = threading.Lock()
+_idle_pid = os.getpid()
+_inherited: List[Tuple[Any, str]] = []  # a forked child's copies of its parent's connections, never touched
+
+
+def _healthy(conn: Any) -> bool:
+    """An idle connection of ours has nothing to read: anything there is the server's goodbye (a
+    FATAL error, an end of file: a restart, pg_terminate_backend, idle_session_timeout)."""
+    if conn.closed:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
+def _take(url: str) -> Tuple[Any, str, bool]:
+    """A connection to url: an idle one of this process's if one is healthy, else a new one.
+    Returns it, its driver and whether it had been used before."""
+    global _idle_pid
+    while True:
+        with _idle_lock:
+            if _idle_pid != os.getpid():
+                for conns in _idle.values():
+                    _inherited.extend(conns)
+                _idle.clear()
+                _idle_pid = os.getpid()
+            conns = _idle.get(url)
+            if not conns:
+                break
+            conn, driver = conns.pop()
+        if _healthy(conn):
+            return conn, driver, True
+        _close(conn)
+    conn, driver = _connect(url)
+    return conn, driver, False
+
+
+def _give(url: str, conn: Any, driver: str) -> None:
+    """Back to the idle ones after a commit, if it is idle and healthy and there is room; else closed."""
+    if driver == "psycopg":
+        from psycopg import pq
+
+        idle = not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE
+    else:
+        import psycopg2.extensions
+
+        idle = not conn.closed and conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    if idle:
+        with _idle_lock:
+            conns = _idle.setdefault(url, [])
+            if _idle_pid == os.getpid() and len(conns) < _IDLE_MAX:
+                conns.append((conn, driver))
+                return
+    _close(conn)
+
+
+def _release(url: str, conn: Any, driver: str, committed: bool) -> None:
+    """After a transaction of the package's own: kept when it committed, or when it failed (bad input,
+    a duplicate) and rolls back cleanly; closed when the connection itself failed."""
+    if not committed:
+        try:
+            conn.rollback()
+        except Exception:
+            _close(conn)
+            return
+    _give(url, conn, driver)
+
+
+@atexit.register
+def _close_idle() -> None:
+    with _idle_lock:
+        if _idle_pid != os.getpid():
+            return
+        conns = [c for cs in _idle.values() for c, _ in cs]
+        _idle.clear()
+    for c in conns:
+        _close(c)
+
+
+def _run_own(url: str, sql: str, params: Mapping[str, Any], check: Check) -> Rows:
+    """run() on a connection of the package's own, in a transaction committed here.  A kept
+    connection that turns out to be gone when the statement is sent (the server restarted since)
+    is replaced once: its transaction never reached a commit, so nothing of it was written."""
+    for again in (True, False):
+        conn, driver, reused = _take(url)
+        done = False
+        try:
+            try:
+                rows = (_on_psycopg if driver == "psycopg" else _on_psycopg2)(conn, sql, params)
+            except Exception:
+                if again and reused and conn.closed:
+                    continue
+                raise
+            if check:
+                check(rows)
+            conn.commit()
+            done = True
+            return rows
+        finally:
+            _release(url, conn, driver, done)
+    raise AssertionError("unreachable")
 
 
 def run(target: Any, sql: str, params: Mapping[str, Any], *, check: Check = None, enqueue: bool = False,
@@ -166,15 +289,7 @@ def run(target: Any, sql: str, params: Mapping[str, Any], *, check: Check = None
                     check(rows)
             return rows
         elif kind == "url":
-            conn, driver = _connect(default_url(target or default))
-            try:
-                rows = (_on_psycopg if driver == "psycopg" else _on_psycopg2)(conn, sql, params)
-                if check:
-                    check(rows)
-                conn.commit()
-                return rows
-            finally:
-                conn.close()
+            return _run_own(default_url(target or default), sql, params, check)
         else:  # psycopg_async
             raise TypeError("pgjobq: this is a psycopg AsyncConnection: use the *_async functions (await ...)")
     except PgjobqError:
@@ -199,12 +314,15 @@ def transaction(target: Any, default: Optional[str] = None) -> Iterator[Any]:
         with target.begin() as c:
             yield c
     elif kind == "url":
-        conn, _ = _connect(default_url(target or default))
+        url = default_url(target or default)
+        conn, driver, _ = _take(url)
+        done = False
         try:
             yield conn
             conn.commit()
+            done = True
         finally:
-            conn.close()
+            _release(url, conn, driver, done)
     else:
         yield target
 
@@ -231,7 +349,7 @@ async def arun(target: Any, sql: str, params: Mapping[str, Any], *, check: Check
         else:
             import psycopg
 
-            conn = await psycopg.AsyncConnection.connect(default_url(target or default))
+            conn = await psycopg.AsyncConnection.connect(default_url(target or default), prepare_threshold=None)
             try:
                 rows = await on(conn)
                 if check:

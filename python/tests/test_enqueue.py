@@ -3,6 +3,8 @@
 import asyncio
 import datetime as dt
 import math
+import os
+import time
 
 import psycopg
 import psycopg2
@@ -293,3 +295,75 @@ def test_what_is_not_a_connection_is_refused():
     with psycopg.connect(URL) as conn:
         with pytest.raises(TypeError, match="_async"):
             asyncio.run(pgjobq.enqueue_async(conn, "k"))
+
+
+def _named(url, name):
+    """url with application_name set, so that the test can find the package's own session."""
+    if "://" in url:
+        return url + ("&" if "?" in url else "?") + "application_name=" + name
+    return url + " application_name=" + name
+
+
+def _sessions(name):
+    import psycopg
+
+    with psycopg.connect(URL, autocommit=True) as c:
+        return [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s ORDER BY pid",
+                                        (name,))]
+
+
+def test_a_url_keeps_its_connection_between_calls(queue):
+    own = _named(URL, queue)
+    pgjobq.enqueue(own, "first", queue=queue)
+    first = _sessions(queue)
+    assert len(first) == 1  # kept, idle, after a commit
+    with pytest.raises(pgjobq.InvalidJob):
+        pgjobq.enqueue(own, "no way", queue=queue)
+    assert _sessions(queue) == first  # rolled back, and kept
+    for i in range(20):
+        pgjobq.enqueue(own, "more", {"i": i}, queue=queue)
+    assert _sessions(queue) == first  # the same backend ran all 21
+    assert jobs_in(queue) == 21
+
+
+def test_a_kept_connection_that_the_server_ended_is_replaced(queue, monkeypatch):
+    own = _named(URL, queue)
+    pgjobq.enqueue(own, "before", queue=queue)
+    (pid,) = _sessions(queue)
+    assert scalar("SELECT pg_terminate_backend(%s)", pid) is True
+    deadline = time.monotonic() + 10
+    while _sessions(queue) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # Seen as ended before use (the server's goodbye is waiting on the socket):
+    pgjobq.enqueue(own, "after", queue=queue)
+    (pid2,) = _sessions(queue)
+    assert pid2 != pid
+    # Ended unseen (as if between the look and the statement): the statement fails on the dead
+    # connection and runs once on a new one.
+    monkeypatch.setattr(pgjobq._sql, "_healthy", lambda conn: True)
+    assert scalar("SELECT pg_terminate_backend(%s)", pid2) is True
+    while _sessions(queue) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pgjobq.enqueue(own, "unseen", queue=queue)
+    assert scalar("SELECT count(*) FROM pgjobq.all_jobs WHERE queue = %s AND kind = 'unseen'", queue) == 1
+    assert jobs_in(queue) == 3
+
+
+def test_a_forked_child_leaves_its_parents_connection_alone(queue):
+    own = _named(URL, queue)
+    pgjobq.enqueue(own, "parent", queue=queue)
+    (pid,) = _sessions(queue)
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            pgjobq.enqueue(own, "child", queue=queue)
+            pgjobq._sql._close_idle()  # what exiting runs (atexit)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pgjobq.enqueue(own, "parent_again", queue=queue)
+    assert pid in _sessions(queue)  # the parent's session was not ended by its child
+    assert jobs_in(queue) == 3
