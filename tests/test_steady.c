@@ -14,10 +14,11 @@
 #include "engine.h"
 #include "harness.h"
 
-/* A claimer: its cursor and ticks, as the engine keeps them. */
+/* A claimer: its cursor and ticks, as the engine keeps them, and its lease (NULL: a minute). */
 typedef struct claimer {
     pgjobq__cursor cur;
     pgjobq__ticks ticks;
+    const char *lease;
 } claimer;
 
 typedef struct tick_text {
@@ -61,20 +62,20 @@ static int claim(PGconn *pg, claimer *c, const char *q, int want, int low, int64
         snprintf(sql, sizeof sql,
                  "SELECT id, priority, (extract(epoch FROM key) * 1000000)::bigint, meta,"
                  " (extract(epoch FROM cap) * 1000000)::bigint, tick_xid, lease_token"
-                 " FROM pgjobq.claim_next('%s', %d, '1 min', 'test', NULL, NULL, NULL,"
+                 " FROM pgjobq.claim_next('%s', %d, '%s', 'test', NULL, NULL, NULL,"
                  " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
                  " '{%s}'::bigint[])",
-                 q, want, tt.times, tt.xids);
+                 q, want, c->lease ? c->lease : "1 min", tt.times, tt.xids);
     else
         snprintf(sql, sizeof sql,
                  "SELECT id, priority, (extract(epoch FROM key) * 1000000)::bigint, meta,"
                  " (extract(epoch FROM cap) * 1000000)::bigint, tick_xid, lease_token"
-                 " FROM pgjobq.claim_next('%s', %d, '1 min', 'test', '{%s}'::smallint[],"
+                 " FROM pgjobq.claim_next('%s', %d, '%s', 'test', '{%s}'::smallint[],"
                  " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
                  " '{%s}'::bigint[],"
                  " ARRAY(SELECT 'epoch'::timestamptz + u * interval '1 microsecond' FROM unnest('{%s}'::bigint[]) u),"
                  " '{%s}'::bigint[])",
-                 q, want, levels, keys, cids, tt.times, tt.xids);
+                 q, want, c->lease ? c->lease : "1 min", levels, keys, cids, tt.times, tt.xids);
     PGresult *r = t_exec(pg, "%s", sql);
     for (int row = 0; row < PQntuples(r); row++) {
         const char *meta = PQgetisnull(r, row, 3) ? NULL : PQgetvalue(r, row, 3);
@@ -360,6 +361,92 @@ TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
     CHECK_MSG(from_cursor >= 0 && from_cursor <= 60, "the claim from the cursor read %ld buffers", from_cursor);
     CHECK_MSG(from_head >= 10 * from_cursor, "the head (%ld buffers) is not much bigger than the cursor's scan (%ld):"
               " the test proves nothing", from_head, from_cursor);
+    PQclear(t_exec(pin, "COMMIT"));
+    free(ids);
+    free(tokens);
+    PQfinish(pin);
+    PQfinish(pg);
+}
+
+/* The blocks of pgjobq.jobs and its indexes that this transaction has read so far. */
+static long long jobs_blocks(PGconn *pg)
+{
+    return t_int(pg, "SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid)) FROM pg_class c"
+                     " WHERE c.oid = 'pgjobq.jobs'::regclass"
+                     " OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = 'pgjobq.jobs'::regclass)");
+}
+
+/* The counts of the dashboard and /metrics (monitor_queue_counts, monitor_workers) are right, and do
+ * not read the dead rows of the jobs claimed and finished while a snapshot is held (docs/sql.md). */
+TEST_FULL(monitor_counts_step_over_dead_rows_while_a_snapshot_is_held, 120, 0)
+{
+    PGconn *pg = t_pg(), *pin = t_pg();
+    claimer c;
+    int64_t *ids = calloc(1000, sizeof *ids), *tokens = calloc(1000, sizeof *tokens);
+
+    CHECK(ids != NULL && tokens != NULL);
+    memset(&c, 0, sizeof c);
+    c.lease = "1 second";
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    /* 20,000 jobs through, on leases of a second, while the snapshot is held. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('m')"));
+    CHECK_INT(claim(pg, &c, "m", 10, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    for (int round = 0; round < 20; round++) {
+        PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('m'::text, ARRAY[1000]), NULL, NULL)"));
+        int got = 0;
+        while (got < 1000) {
+            int n = claim(pg, &c, "m", 1000, 0, ids, tokens);
+            CHECK(n > 0);
+            complete(pg, ids, tokens, n);
+            got += n;
+        }
+    }
+    /* Live now: 5 queued (2 of them then claimed, on a lease of a minute), 1 scheduled, and at another
+     * priority 1 queued; one job waiting for a parent.  The leases of the 20,000 end meanwhile. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('m'::text, ARRAY[5]), NULL, NULL)"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('m', run_at => now() + interval '1 hour')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('m', priority => 5::smallint)"));
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_graph('[{\"ref\": \"a\", \"queue\": \"m2\","
+                       " \"run_at\": \"2100-01-01T00:00:00Z\"}, {\"ref\": \"b\", \"queue\": \"m2\","
+                       " \"after\": [\"a\"]}]')"));
+    usleep(11500 * 1000);
+    c.lease = "1 min";
+    CHECK_INT(claim(pg, &c, "m", 2, 1, ids, NULL), 2); /* from the marks, which it moves on */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('test', 'h', 1, '0', 'm:8')"));
+
+    PQclear(t_exec(pg, "BEGIN"));
+    long long before = jobs_blocks(pg);
+    PGresult *r = t_exec(pg, "SELECT queue, due, scheduled, running, waiting, lag_s IS NOT NULL"
+                             " FROM pgjobq.monitor_queue_counts() ORDER BY queue");
+    long long counts = jobs_blocks(pg) - before;
+    CHECK_INT(PQntuples(r), 2);
+    CHECK_STR(PQgetvalue(r, 0, 0), "m");
+    CHECK_STR(PQgetvalue(r, 0, 1), "4"); /* 3 + the one at priority 5 */
+    CHECK_STR(PQgetvalue(r, 0, 2), "1");
+    CHECK_STR(PQgetvalue(r, 0, 3), "2");
+    CHECK_STR(PQgetvalue(r, 0, 4), "0");
+    CHECK_STR(PQgetvalue(r, 0, 5), "t");
+    CHECK_STR(PQgetvalue(r, 1, 0), "m2");
+    CHECK_STR(PQgetvalue(r, 1, 1), "0");
+    CHECK_STR(PQgetvalue(r, 1, 2), "1");
+    CHECK_STR(PQgetvalue(r, 1, 4), "1");
+    PQclear(r);
+    before = jobs_blocks(pg);
+    CHECK_INT(t_int(pg, "SELECT jobs FROM pgjobq.monitor_workers() WHERE id = 'test'"), 2);
+    long long workers = jobs_blocks(pg) - before;
+    /* What a count of the table reads: the dead rows of the 20,000. */
+    before = jobs_blocks(pg);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 9);
+    long long table = jobs_blocks(pg) - before;
+    PQclear(t_exec(pg, "COMMIT"));
+    printf("blocks read: monitor_queue_counts %lld, monitor_workers %lld, a count of the table %lld\n", counts,
+           workers, table);
+    CHECK_MSG(counts <= 60 && workers <= 30, "monitor_queue_counts read %lld blocks, monitor_workers %lld", counts,
+              workers);
+    CHECK_MSG(table >= 5 * (counts + 1), "a count of the table (%lld blocks) is not much bigger: the test proves"
+              " nothing", table);
     PQclear(t_exec(pin, "COMMIT"));
     free(ids);
     free(tokens);
