@@ -28,6 +28,12 @@ static const double bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 
 #define SETTLE "interval '2 seconds'"
 #define FINISHED_EVERY 12 /* collections between counts of the history per state (a scan): a minute at 5 s */
+/* The count of the history is a scan of every row it holds (a second per million or so): it runs under
+ * a timeout of its own, longer than the collection's 2 s, and once it is slow, at most 1/HELD_SHARE of
+ * the time, so that a big history neither loses its gauges nor keeps a core busy. */
+#define HELD_TIMEOUT "60s"
+#define HELD_TIMEOUT_MS 60000
+#define HELD_SHARE 20
 
 enum { F_COMPLETED, F_FAILED, F_CANCELLED, NFIN };
 static const char *const fin_names[NFIN] = {"completed", "failed", "cancelled"};
@@ -69,7 +75,8 @@ struct serve_metrics {
     /* Collector-only state. */
     pgjobq_client *c;
     char watermark[64];
-    int since_held; /* collections since the last count of the history */
+    int64_t held_due_ms; /* when the next count of the history is due (cli_mono_ms; 0: at once) */
+    int held_failed;     /* the last count of the history failed (said once) */
     qm *q;
     size_t nq, capq;
     wm *w;
@@ -179,7 +186,8 @@ static int collect(serve_metrics *m)
 {
     PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
     delta d = {NULL, NULL};
-    int ok = 0, want_held = m->since_held == 0;
+    int ok = 0, want_held = cli_mono_ms() >= m->held_due_ms;
+    int64_t held_ms = 0;
 
     if (m->c == NULL || PQstatus(pgjobq_client_conn(m->c)) != CONNECTION_OK) {
         pgjobq_client_close(m->c);
@@ -219,14 +227,34 @@ static int collect(serve_metrics *m)
                  " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"
                  " FROM pgjobq.health()",
                  0, NULL);
-    if (want_held)
-        held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL);
     if (!live || !paused || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
         goto out;
+    if (want_held) {
+        /* Last: its failure (a timeout) leaves the rest of the collection as read. */
+        int64_t t0 = cli_mono_ms();
+        PGresult *set = run(m, "SET LOCAL statement_timeout = '" HELD_TIMEOUT "'", 0, NULL);
+        int set_ok = set != NULL;
+        PQclear(set);
+        if (set_ok && (held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL)) == NULL) {
+            if (!m->held_failed)
+                serve_log("metrics: counting the history failed (above); its gauges keep their last values, and the"
+                          " count is tried again in %d minutes", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
+            m->held_failed = 1;
+        } else if (held != NULL) {
+            m->held_failed = 0;
+        }
+        held_ms = held ? cli_mono_ms() - t0 : HELD_TIMEOUT_MS;
+    }
+    /* (After a failed count of the history the transaction is aborted, and COMMIT rolls it back: all
+     * that was read before it stands, the transaction wrote nothing.) */
     if ((r = run(m, "COMMIT", 0, NULL)) == NULL)
         goto out;
     PQclear(r);
     ok = 1;
+    if (want_held) {
+        int64_t every = FINISHED_EVERY * m->interval_ms, share = HELD_SHARE * held_ms;
+        m->held_due_ms = cli_mono_ms() + (share > every ? share : every);
+    }
 
     /* Everything read: apply it. */
     for (size_t i = 0; i < m->nq; i++) {
@@ -384,7 +412,7 @@ static char *render(const serve_metrics *m)
 
     family(&b, "pgjobq_jobs", "gauge",
            "Jobs by queue and state: waiting, queued and running now; completed, failed and cancelled jobs held "
-           "in the history (counted every 12 collections).");
+           "in the history (counted every 12 collections, or less often when that is slow).");
     for (size_t i = 0; i < m->nq; i++) {
         const qm *q = &m->q[i];
         const char *st[3] = {"queued", "running", "waiting"};
@@ -470,8 +498,6 @@ static void *collector(void *arg)
             m->errors++;
         else
             m->collections++;
-        if (rc == 0)
-            m->since_held = (m->since_held + 1) % FINISHED_EVERY;
         m->collect_s = (double)(cli_mono_ms() - t0) / 1000.0;
         char *text = render(m);
         pthread_mutex_lock(&m->mu);
