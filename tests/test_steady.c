@@ -312,6 +312,29 @@ static long scan_buffers(void)
     return b ? atol(b + strlen("Buffers: shared hit=")) : -1;
 }
 
+/* pin takes a snapshot and holds it (vacuum can remove nothing that dies from now on); then rounds x
+ * 1,000 jobs of queue q go through, enqueued 1,000 at a time, claimed from c's cursor (the first from
+ * the marks) and completed.  ids and tokens: room for 1,000. */
+static void through_under_a_snapshot(PGconn *pg, PGconn *pin, claimer *c, const char *q, int rounds, int64_t *ids,
+                                     int64_t *tokens)
+{
+    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('%s')", q));
+    CHECK_INT(claim(pg, c, q, 10, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    for (int round = 0; round < rounds; round++) {
+        PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('%s'::text, ARRAY[1000]), NULL, NULL)", q));
+        int got = 0;
+        while (got < 1000) {
+            int n = claim(pg, c, q, 1000, 0, ids, tokens);
+            CHECK(n > 0);
+            complete(pg, ids, tokens, n);
+            got += n;
+        }
+    }
+}
+
 TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
 {
     PGconn *pg = t_pg(), *pin = t_pg();
@@ -320,24 +343,8 @@ TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
 
     CHECK(ids != NULL && tokens != NULL);
     memset(&c, 0, sizeof c);
-    /* A session holds a snapshot for the whole test: vacuum can remove nothing that dies from now on. */
-    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
-    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
-    /* 40,000 jobs through, in batches of 1,000, claimed from the cursor and completed: every one leaves
-     * dead entries in the claim index, at the head of the level. */
-    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s')"));
-    CHECK_INT(claim(pg, &c, "s", 10, 1, ids, tokens), 1);
-    complete(pg, ids, tokens, 1);
-    for (int round = 0; round < 40; round++) {
-        PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('s'::text, ARRAY[1000]), NULL, NULL)"));
-        int got = 0;
-        while (got < 1000) {
-            int n = claim(pg, &c, "s", 1000, 0, ids, tokens);
-            CHECK(n > 0);
-            complete(pg, ids, tokens, n);
-            got += n;
-        }
-    }
+    /* 40,000 jobs through: every one leaves dead entries in the claim index, at the head of the level. */
+    through_under_a_snapshot(pg, pin, &c, "s", 40, ids, tokens);
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s', payload => '{\"last\": true}')"));
     t_auto_explain(pg, collect, 1);
     /* The claim from the cursor reads a few pages: at most the last batch it claimed (its cursor stays
@@ -387,22 +394,8 @@ TEST_FULL(monitor_counts_step_over_dead_rows_while_a_snapshot_is_held, 120, 0)
     CHECK(ids != NULL && tokens != NULL);
     memset(&c, 0, sizeof c);
     c.lease = "1 second";
-    PQclear(t_exec(pin, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
-    PQclear(t_exec(pin, "SELECT count(*) FROM pgjobq.queues"));
-    /* 20,000 jobs through, on leases of a second, while the snapshot is held. */
-    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('m')"));
-    CHECK_INT(claim(pg, &c, "m", 10, 1, ids, tokens), 1);
-    complete(pg, ids, tokens, 1);
-    for (int round = 0; round < 20; round++) {
-        PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('m'::text, ARRAY[1000]), NULL, NULL)"));
-        int got = 0;
-        while (got < 1000) {
-            int n = claim(pg, &c, "m", 1000, 0, ids, tokens);
-            CHECK(n > 0);
-            complete(pg, ids, tokens, n);
-            got += n;
-        }
-    }
+    /* 20,000 jobs through, on leases of a second. */
+    through_under_a_snapshot(pg, pin, &c, "m", 20, ids, tokens);
     /* Live now: 5 queued (2 of them then claimed, on a lease of a minute), 1 scheduled, and at another
      * priority 1 queued; one job waiting for a parent.  The leases of the 20,000 end meanwhile. */
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('m'::text, ARRAY[5]), NULL, NULL)"));
