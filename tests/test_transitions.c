@@ -371,3 +371,70 @@ TEST(fenced_writes_and_rescue_are_never_jit_compiled)
               7);
     PQfinish(pg);
 }
+
+/* The first column of the first row of the SQL is expected (a string). */
+#define CHECK_SQL_STR(pg, expected, ...)                                                                             \
+    do {                                                                                                             \
+        char *got_ = t_str(pg, __VA_ARGS__);                                                                         \
+        CHECK_STR(got_, expected);                                                                                   \
+        free(got_);                                                                                                  \
+    } while (0)
+
+/* Every move to the history is tallied where it happens (schema 15), once, as what the job became;
+ * the dashboard's last hour (monitor_overview, monitor_finished_per_minute) reads those tallies, not
+ * the history; /metrics' tallies (monitor_tallies) stay retries and lost leases. */
+TEST(every_move_to_the_history_is_tallied_and_the_last_hour_reads_the_tallies)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('tl'::text, ARRAY[5]), NULL, NULL)"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('tl', max_attempts => 1)"));
+    PQclear(t_exec(pg, "CREATE TEMP TABLE h AS SELECT id, lease_token AS t, row_number() OVER (ORDER BY id) AS n"
+                       " FROM pgjobq.claim('tl', 6, '1 min', 'w')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM h"), 6);
+    /* 1 and 2 complete; 3 fails for good; 4 fails with attempts left (a retry: not finished); 5 is
+     * cancelled by its holder; 6 (one attempt) loses its lease and the rescue ends it failed. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many(ARRAY(SELECT id FROM h WHERE n <= 2 ORDER BY n),"
+                        " ARRAY(SELECT t FROM h WHERE n <= 2 ORDER BY n)) WHERE outcome = 'completed'"),
+              2);
+    CHECK_SQL_STR(pg, "failed,queued",
+                  "SELECT string_agg(outcome, ',' ORDER BY id) FROM pgjobq.fail_many("
+                  " ARRAY(SELECT id FROM h WHERE n IN (3, 4) ORDER BY n),"
+                  " ARRAY(SELECT t FROM h WHERE n IN (3, 4) ORDER BY n), '{no,again}', NULL, '{true,false}')");
+    CHECK_SQL_STR(pg, "cancelled",
+                  "SELECT outcome FROM pgjobq.cancel_many(ARRAY(SELECT id FROM h WHERE n = 5),"
+                  " ARRAY(SELECT t FROM h WHERE n = 5))");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second'"
+                       " WHERE id = (SELECT id FROM h WHERE n = 6)"));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.rescue_expired(100)"), 1);
+    /* A queued job cancelled (history_move_cancelled), and a workflow whose parent fails for good: its
+     * child is cancelled (children_release). */
+    CHECK_SQL_STR(pg, "cancelled", "SELECT pgjobq.cancel((SELECT id FROM h WHERE n = 4))");
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_graph('[{\"ref\": \"a\", \"queue\": \"tl\"},"
+                       " {\"ref\": \"b\", \"queue\": \"tl\", \"after\": [\"a\"]}]')"));
+    CHECK_SQL_STR(pg, "failed",
+                  "SELECT string_agg(f.outcome, ',') FROM pgjobq.claim('tl', 1, '1 min', 'w') c CROSS JOIN LATERAL"
+                  " pgjobq.fail_many(ARRAY[c.id], ARRAY[c.lease_token], '{no}', NULL, '{true}') f");
+
+    /* The tallies are what the history holds: completed 2, failed 3 (3, 6, a), cancelled 3 (5, 4, b). */
+    const char *by_state = "SELECT string_agg(s || '=' || n, ',' ORDER BY s) FROM (%s) x";
+    char *history = t_str(pg, by_state,
+                          "SELECT state::text AS s, count(*) AS n FROM pgjobq.history WHERE queue = 'tl' GROUP BY 1");
+    char *tallied = t_str(pg, by_state, "SELECT what AS s, sum(n) AS n FROM pgjobq.tallies WHERE queue = 'tl'"
+                                        " AND what IN ('completed', 'failed', 'cancelled') GROUP BY 1");
+    CHECK_STR(history, "cancelled=3,completed=2,failed=3");
+    CHECK_STR(tallied, history);
+    free(history);
+    free(tallied);
+    CHECK_SQL_STR(pg, "lost=1,retried=1",
+                  "SELECT string_agg(what || '=' || n, ',' ORDER BY what)"
+                  " FROM pgjobq.monitor_tallies(now() - interval '1 hour', now()) WHERE queue = 'tl'");
+
+    /* The last hour counts the moves, from the tallies: the history's rows may go (a retry by hand,
+     * retention), what finished then still finished then. */
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.history WHERE queue = 'tl'"));
+    CHECK_SQL_STR(pg, "2,3",
+                  "SELECT completed_1h || ',' || failed_1h FROM pgjobq.monitor_overview() WHERE queue = 'tl'");
+    CHECK_SQL_STR(pg, "2,3", "SELECT sum(completed) || ',' || sum(failed) FROM pgjobq.monitor_finished_per_minute()");
+    PQfinish(pg);
+}

@@ -308,9 +308,12 @@ CREATE OR REPLACE FUNCTION pgjobq.load_history(queue text, n bigint) RETURNS voi
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
-                                created_at, started_at, finished_at, lease_token)
-    SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), load_history.queue, 'default', '{}', 0,
-           'completed', 1, 25, now(), now(), now(), now(), 1
-      FROM generate_series(1, load_history.n)
+    WITH loaded AS (
+        INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                    created_at, started_at, finished_at, lease_token)
+        SELECT nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')), load_history.queue, 'default', '{}', 0,
+               'completed', 1, 25, now(), now(), now(), now(), 1
+          FROM generate_series(1, load_history.n)
+        RETURNING 1)
+    INSERT INTO pgjobq.tallies (queue, what, n) SELECT load_history.queue, 'completed', count(*) FROM loaded
 $$;

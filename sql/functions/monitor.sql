@@ -216,7 +216,10 @@ $$;
 
 -- monitor_overview(): the dashboard's table of queues: every queue with live jobs, jobs finished in
 -- the last hour or settings, whether it is paused, its live counts (monitor_queue_counts) and the
--- jobs completed and failed in the last hour.  Ordered by queue.
+-- jobs completed and failed in the last hour.  Ordered by queue.  The last hour's counts are the
+-- tallies the moves to the history wrote (schema 15), not a count of the history: a few rows per
+-- statement that finished jobs, where the history holds a row per job (4 s and more a call at 15,000
+-- jobs/s).  They count moves: a job finished and then retried by hand was still finished then.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_overview()
 RETURNS TABLE (queue text, paused boolean, due bigint, scheduled bigint, running bigint, lag_s numeric,
                completed_1h bigint, failed_1h bigint)
@@ -224,28 +227,31 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH live AS (SELECT * FROM pgjobq.monitor_queue_counts()),
-    hour AS (SELECT h.queue, count(*) FILTER (WHERE h.state = 'completed') AS done,
-                    count(*) FILTER (WHERE h.state = 'failed') AS failed
-               FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1),
+    hour AS (SELECT t.queue, sum(t.n) FILTER (WHERE t.what = 'completed') AS done,
+                    sum(t.n) FILTER (WHERE t.what = 'failed') AS failed
+               FROM pgjobq.tallies t
+              WHERE t.at > now() - interval '1 hour' AND t.what IN ('completed', 'failed') GROUP BY 1),
     settings AS (SELECT * FROM pgjobq.monitor_queue_names()),
     names AS (SELECT l.queue FROM live l UNION SELECT h.queue FROM hour h UNION SELECT s.queue FROM settings s)
     SELECT n.queue, coalesce((SELECT s.paused FROM settings s WHERE s.queue = n.queue), false),
            coalesce(l.due, 0), coalesce(l.scheduled, 0), coalesce(l.running, 0), l.lag_s,
-           coalesce(h.done, 0), coalesce(h.failed, 0)
+           coalesce(h.done, 0)::bigint, coalesce(h.failed, 0)::bigint
       FROM names n LEFT JOIN live l ON l.queue = n.queue LEFT JOIN hour h ON h.queue = n.queue
      ORDER BY 1
 $$;
 
 -- monitor_finished_per_minute(): the jobs finished in the last hour, completed and failed, per minute
--- ago (0: the last minute); minutes without any are left out.
+-- ago (0: the last minute); minutes without any are left out.  From the tallies, as monitor_overview.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_finished_per_minute()
 RETURNS TABLE (minutes_ago integer, completed bigint, failed bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT floor(extract(epoch FROM now() - h.finished_at) / 60)::int,
-           count(*) FILTER (WHERE h.state = 'completed'), count(*) FILTER (WHERE h.state = 'failed')
-      FROM pgjobq.history h WHERE h.finished_at > now() - interval '1 hour' GROUP BY 1
+    SELECT floor(extract(epoch FROM now() - t.at) / 60)::int,
+           coalesce(sum(t.n) FILTER (WHERE t.what = 'completed'), 0)::bigint,
+           coalesce(sum(t.n) FILTER (WHERE t.what = 'failed'), 0)::bigint
+      FROM pgjobq.tallies t
+     WHERE t.at > now() - interval '1 hour' AND t.what IN ('completed', 'failed') GROUP BY 1
 $$;
 
 -- monitor_failures(max_jobs): the jobs that failed in the last hour, the last first, at most max_jobs.
@@ -365,7 +371,7 @@ AS $$
 BEGIN
     RETURN QUERY EXECUTE
         $q$SELECT t.queue, t.what, sum(t.n) FROM pgjobq.tallies t
-            WHERE t.at > $1 AND t.at <= $2 GROUP BY 1, 2$q$
+            WHERE t.at > $1 AND t.at <= $2 AND t.what IN ('retried', 'lost') GROUP BY 1, 2$q$
         USING monitor_tallies.since, monitor_tallies.upto;
 END
 $$;

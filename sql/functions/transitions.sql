@@ -78,7 +78,9 @@ BEGIN
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING 1)
+        RETURNING pgjobq.history.queue),
+    tallied AS (
+        INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, 'cancelled', count(*) FROM moved m GROUP BY 1)
     SELECT (SELECT count(*) FROM moved)::integer, array_agg(g.id) FILTER (WHERE g.has_children)
       INTO v_n, v_kids FROM gone g;
     IF v_kids IS NOT NULL THEN
@@ -130,7 +132,10 @@ BEGIN
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING pgjobq.history.id, pgjobq.history.state)
+        RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
+    tallied AS (
+        INSERT INTO pgjobq.tallies (queue, what, n)
+        SELECT m.queue, m.state::text, count(*) FROM moved m GROUP BY 1, 2)
     SELECT array_agg(input.id), array_agg(coalesce(moved.state::text, 'lost')),
            array_agg(input.id) FILTER (WHERE gone.has_children),
            array_agg(moved.state = 'completed') FILTER (WHERE gone.has_children)
@@ -207,7 +212,7 @@ BEGIN
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
           FROM gone g JOIN input ON input.id = g.id
-        RETURNING pgjobq.history.id, pgjobq.history.state),
+        RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     retried AS (
         UPDATE pgjobq.jobs j
            SET state = 'queued', run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
@@ -217,7 +222,9 @@ BEGIN
         RETURNING j.id, j.run_at, j.queue::text AS queue),
     tallied AS (
         INSERT INTO pgjobq.tallies (queue, what, n)
-        SELECT retried.queue, 'retried', count(*) FROM retried GROUP BY retried.queue),
+        SELECT retried.queue, 'retried', count(*) FROM retried GROUP BY retried.queue
+        UNION ALL
+        SELECT moved.queue, moved.state::text, count(*) FROM moved GROUP BY 1, 2),
     notified AS (
         SELECT pgjobq.notify(array_agg(retried.queue)) AS x FROM retried WHERE retried.run_at <= now())
     SELECT input.id, coalesce(moved.state::text, CASE WHEN retried.id IS NOT NULL THEN 'queued' END, 'lost'),
@@ -362,7 +369,9 @@ BEGIN
                coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
                g.progress, g.concurrency_key
           FROM gone g
-        RETURNING pgjobq.history.id)
+        RETURNING pgjobq.history.id, pgjobq.history.queue),
+    tallied AS (
+        INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, 'cancelled', count(*) FROM moved m GROUP BY 1)
     SELECT array_agg(input.id), array_agg(CASE WHEN moved.id IS NULL THEN 'lost' ELSE 'cancelled' END),
            array_agg(input.id) FILTER (WHERE gone.has_children)
       INTO v_ids, v_outcomes, v_kids

@@ -61,7 +61,9 @@ BEGIN
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
                    g.progress, g.concurrency_key
               FROM gone g
-            RETURNING 1)
+            RETURNING pgjobq.history.queue),
+        tallied AS (
+            INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, 'cancelled', count(*) FROM moved m GROUP BY 1)
         SELECT array_agg(g.id) FILTER (WHERE g.has_children) INTO v_next
           FROM gone g CROSS JOIN (SELECT count(*) FROM moved) m;
 
