@@ -148,6 +148,27 @@ $$;
 -- known, as the command's own parameterised statement was (a SQL function's body is planned once for
 -- any values, and `$1 IS NULL OR ...` filters or a window over hourly partitions want the values).
 
+-- leased_now(): the queue and worker of each running job whose lease has not ended, or ended less than
+-- 10 seconds ago (a worker's rescue puts an ended lease back in the queue within a second or two): the
+-- running jobs that monitor_queue_counts and monitor_workers count.  Queue by queue (pgjobq.levels) on
+-- jobs_lease_idx, from 10 seconds ago on, so that the dead entries read while a snapshot is held are
+-- those of the jobs claimed within the last lease, not of every job claimed since the snapshot began.
+-- A job whose lease ended longer ago, with no worker to rescue it, is left out (`pgjobq list --state
+-- running` shows it).
+CREATE OR REPLACE FUNCTION pgjobq.leased_now() RETURNS TABLE (queue text, worker_id text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT q.queue, j.worker_id::text
+      FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
+     CROSS JOIN LATERAL (SELECT j.worker_id FROM pgjobq.jobs j
+                          WHERE j.state = 'running' AND j.queue = q.queue
+                            AND j.lease_until > now() - interval '10 seconds') j
+$$;
+
 -- monitor_queue_counts(): the live jobs per queue: due (queued, run_at reached), scheduled (queued, not
 -- due yet), running, waiting (for parents), and the lag, seconds since the oldest due job became due
 -- (NULL when none is due).  Queues without live jobs are left out.
@@ -161,11 +182,7 @@ $$;
 --              behind it (claim.sql), so the dead entries of the jobs claimed before it are not read.
 --              Levels come from pgjobq.levels (every enqueue records its own; a row inserted by hand is
 --              recorded by the next claim of its queue).
---   running    the leases that have not ended, or ended less than 10 seconds ago (a worker's rescue
---              puts an ended lease back in the queue within a second or two), on jobs_lease_idx: the
---              dead entries read are those of the jobs claimed within the last lease.  A job whose
---              lease ended longer ago, with no worker to rescue it, is not counted (`pgjobq list
---              --state running` shows it).
+--   running    the rows of leased_now() (below).
 --   waiting    every waiting row (workflows only).
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_counts()
 RETURNS TABLE (queue text, due bigint, scheduled bigint, running bigint, waiting bigint, lag_s numeric)
@@ -189,12 +206,7 @@ AS $$
               WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
                 AND (greatest(j.run_at, j.ready_at), j.id) > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))) c
          GROUP BY l.queue),
-    running AS (
-        SELECT q.queue, c.n
-          FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
-         CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgjobq.jobs j
-                              WHERE j.state = 'running' AND j.queue = q.queue
-                                AND j.lease_until > now() - interval '10 seconds') c),
+    running AS (SELECT r.queue, count(*) AS n FROM pgjobq.leased_now() r GROUP BY 1),
     waiting AS (SELECT j.queue::text AS queue, count(*) AS n FROM pgjobq.jobs j WHERE j.state = 'waiting' GROUP BY 1)
     SELECT n.queue, coalesce(q.due, 0)::bigint, coalesce(q.scheduled, 0)::bigint, coalesce(r.n, 0),
            coalesce(w.n, 0), extract(epoch FROM now() - q.first_due)
@@ -311,26 +323,17 @@ AS $$
 $$;
 
 -- monitor_workers(): the workers seen in the last hour, by id: alive when seen in the last 15 seconds
--- (three beats), and the jobs each runs now (the running jobs that monitor_queue_counts counts: it says
--- why only those).  Not their secret.
+-- (three beats), and the jobs each runs now (leased_now()).  Not their secret.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_workers()
 RETURNS TABLE (id text, host text, pid integer, queues text, version text, started_at timestamptz,
                last_seen timestamptz, alive boolean, jobs bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET jit = off
 AS $$
     SELECT w.id, w.host, w.pid, w.queues, w.version, w.started_at, w.last_seen,
            w.last_seen > now() - interval '15 seconds', coalesce(r.n, 0)
       FROM pgjobq.workers w
-      LEFT JOIN (SELECT j.worker_id AS id, count(*) AS n
-                   FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
-                  CROSS JOIN LATERAL (SELECT j.worker_id::text FROM pgjobq.jobs j
-                                       WHERE j.state = 'running' AND j.queue = q.queue
-                                         AND j.lease_until > now() - interval '10 seconds') j
-                  GROUP BY 1) r ON r.id = w.id
+      LEFT JOIN (SELECT r.worker_id AS id, count(*) AS n FROM pgjobq.leased_now() r GROUP BY 1) r ON r.id = w.id
      WHERE w.last_seen > now() - interval '1 hour'
      ORDER BY 1
 $$;
