@@ -1807,3 +1807,47 @@ TEST_FULL(serve_job_page_writes_empty_json_on_one_line, 90, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* /metrics' count of the history (a scan of it) fails: the rest of the collection stands, its gauges
+ * keep their last values, it is said once, and it is not tried again at every twelfth collection (it
+ * waits 20 times its timeout: cli/serve_metrics.c). */
+TEST_FULL(serve_metrics_survive_a_failing_count_of_the_history, 60, 0)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('hq'::text, ARRAY[3]), NULL, NULL)"));
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.claim('hq', 2, '1 min', 'w') c"
+                       " CROSS JOIN LATERAL pgjobq.complete_many(ARRAY[c.id], ARRAY[c.lease_token])"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    wait_metric(s->port, "pgjobq_jobs{queue=\"hq\",state=\"completed\"}", 2);
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.monitor_history_counts()"
+                       " RETURNS TABLE (queue text, state text, jobs bigint) LANGUAGE plpgsql STABLE AS"
+                       " $$BEGIN RAISE EXCEPTION 'history unreadable'; END$$"));
+    int64_t t0 = t_now_ms();
+    char *log = NULL;
+    for (;;) {
+        free(log);
+        log = slurp(s->log);
+        if (strstr(log, "counting the history failed"))
+            break;
+        CHECK_MSG(t_now_ms() - t0 < 15000, "the failing count of the history was not said within 15 s");
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* Another 5 s: at 200 ms a collection, the count's usual cadence (every 12) would have come twice. */
+    struct timespec wait = {5, 0};
+    nanosleep(&wait, NULL);
+    wait_metric(s->port, "pgjobq_jobs{queue=\"hq\",state=\"queued\"}", 1);
+    char *body = NULL;
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    CHECK(metric(body, "pgjobq_up") == 1);
+    CHECK(metric(body, "pgjobq_jobs{queue=\"hq\",state=\"completed\"}") == 2);
+    free(body);
+    free(log);
+    log = slurp(s->log);
+    int tries = count_of(log, "history unreadable");
+    CHECK_MSG(tries == 1, "the count was tried %d times", tries);
+    CHECK_INT(count_of(log, "counting the history failed"), 1);
+    free(log);
+    PQfinish(pg);
+}

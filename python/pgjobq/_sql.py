@@ -205,7 +205,7 @@ def _take(url: str) -> Tuple[Any, str, bool]:
 
 
 def _give(url: str, conn: Any, driver: str) -> None:
-    """Back to the idle ones after a commit, if it is idle and healthy and there is room; else closed."""
+    """Back to the idle ones if it is out of any transaction and there is room; else closed."""
     if driver == "psycopg":
         from psycopg import pq
 
