@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import importlib
 import inspect
 import json
@@ -31,6 +32,7 @@ from .app import App, Task
 from .context import Context, ParentResult
 from .errors import Fail, InvalidJob, Retry
 
+_decode = json.JSONDecoder().raw_decode
 ERROR_MAX = 4000  # characters of an error kept (the table keeps 16 KiB)
 TRACE_LINES = 8   # lines of a traceback's end kept below the exception
 
@@ -75,6 +77,17 @@ def _call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     return fn(*args, **kwargs)
 
 
+def _to_the_end(coro: Any) -> Any:
+    """The value of a coroutine that cannot suspend (an ``async def`` without await, async with or
+    async for), run in a copy of the current context as an asyncio Task would run it."""
+    try:
+        contextvars.copy_context().run(coro.send, None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a task without await suspended")
+
+
 class _Lines(asyncio.Protocol):
     def __init__(self, runner: "Runner") -> None:
         self.runner = runner
@@ -85,9 +98,15 @@ class _Lines(asyncio.Protocol):
         if b"\n" not in data:
             return
         *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            if line:
-                self.runner.on_line(line)
+        runner = self.runner
+        runner.reading = True  # the answers of this read go out in one write, at its end
+        try:
+            for line in lines:
+                if line:
+                    runner.on_line(line)
+        finally:
+            runner.reading = False
+            runner.flush()
 
     def eof_received(self) -> Optional[bool]:
         return False
@@ -106,6 +125,7 @@ class Runner:
         self.running: Dict[int, Tuple["asyncio.Task[None]", Context]] = {}
         self.out: List[bytes] = []
         self.flush_pending = False
+        self.reading = False
         self.loop: asyncio.AbstractEventLoop
         self.loop_thread = 0
         self.eof: "asyncio.Future[None]"
@@ -113,16 +133,19 @@ class Runner:
     # -- input -----------------------------------------------------------------------------------
     def on_line(self, line: bytes) -> None:
         try:
-            msg = json.loads(line.decode())  # (str: json skips guessing the bytes' encoding)
+            # (str: json skips guessing the bytes' encoding; raw_decode: the worker's lines start with
+            # their object, so there is no whitespace for loads to look for)
+            text = line.decode()
+            msg = _decode(text if text[:1] == "{" else text.strip())[0]
         except ValueError:
-            print(f"pgjobq.coproc: ignoring a line that is not JSON: {line[:200]!r}", file=sys.stderr)
+            msg = None
+        if not isinstance(msg, dict):
+            print(f"pgjobq.coproc: ignoring a line that is not a JSON object: {line[:200]!r}", file=sys.stderr)
             return
         if "cancel" in msg:
             self.cancel(msg["cancel"])
             return
-        task = self.loop.create_task(self.run_job(msg))
-        # Registered before the task first runs, so a cancel that arrives in the same read finds it.
-        self.running[msg["id"]] = (task, self._context(msg))
+        self.start(self._context(msg))
 
     def on_eof(self) -> None:
         if not self.eof.done():
@@ -137,18 +160,22 @@ class Runner:
         task.cancel()
 
     # -- output ----------------------------------------------------------------------------------
-    def answer(self, ctx: Context, status: str, **fields: Any) -> None:
+    def answer(self, ctx: Context, status: str, fields: Dict[str, Any]) -> None:
+        """A running job's answer (from its asyncio Task)."""
         entry = self.running.get(ctx.id)
         if entry is None or entry[1] is not ctx:
             return  # given up meanwhile (and maybe sent again since): this attempt's answer is not wanted
         del self.running[ctx.id]
-        if not fields and status == "completed" and type(ctx.id) is int:
-            self.out.append(b'{"id":%d,"status":"completed"}\n' % ctx.id)  # the common answer, unencoded
+        self.emit(ctx.id, status, fields)
+
+    def emit(self, job_id: Any, status: str, fields: Dict[str, Any]) -> None:
+        if not fields and status == "completed" and type(job_id) is int:
+            self.out.append(b'{"id":%d,"status":"completed"}\n' % job_id)  # the common answer, unencoded
         else:
-            msg: Dict[str, Any] = {"id": ctx.id, "status": status}
+            msg: Dict[str, Any] = {"id": job_id, "status": status}
             msg.update(fields)
             self.out.append(json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
-        if not self.flush_pending:
+        if not self.flush_pending and not self.reading:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
 
@@ -164,12 +191,14 @@ class Runner:
         if entry is None or entry[1] is not ctx:
             return  # answered or given up: the worker would ignore it
         self.out.append(b'{"id":%d,"progress":%s}\n' % (ctx.id, data))
-        if not self.flush_pending:
+        if not self.flush_pending and not self.reading:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_pending = False
+        if not self.out:
+            return
         data = b"".join(self.out)
         self.out.clear()
         view = memoryview(data)
@@ -184,8 +213,9 @@ class Runner:
     def _context(self, msg: Dict[str, Any]) -> Context:
         deadline_ms = msg.get("deadline_ms")
         deadline = time.monotonic() + (deadline_ms / 1000.0 if isinstance(deadline_ms, (int, float)) else 1e9)
+        given = msg.get("parents")
         parents = [ParentResult(int(p.get("id")), str(p.get("state")), p.get("result"))
-                   for p in msg.get("parents") or () if isinstance(p, dict)]
+                   for p in given if isinstance(p, dict)] if given else []
         ctx = Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
                       int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
         ctx._report = self.progress
@@ -213,15 +243,14 @@ class Runner:
             return False
         return True
 
-    async def run_job(self, msg: Dict[str, Any]) -> None:
-        entry = self.running.get(msg["id"])  # registered by on_line before this first runs
-        if entry is None:
-            return
-        ctx = entry[1]
+    def start(self, ctx: Context) -> None:
+        """Runs a job's task: an ``async def`` that never awaits to its end at once (it cannot
+        suspend: no asyncio Task is needed), any other on an asyncio Task of its own, registered in
+        ``running`` until it answers."""
         task = self.app.tasks.get(ctx.kind)
         if task is None:
             known = ", ".join(sorted(self.app.tasks)) or "none"
-            self.answer(ctx, "failed", error=f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})")
+            self.emit(ctx.id, "failed", {"error": f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})"})
             return
         payload = ctx.payload
         if isinstance(payload, dict):
@@ -235,13 +264,28 @@ class Runner:
                 why = "it does not fit"
             except TypeError as e:
                 why = str(e)
-            self.answer(ctx, "failed", error=f"the payload does not fit {task.name}{task._payload_sig}: {why}")
+            self.emit(ctx.id, "failed", {"error": f"the payload does not fit {task.name}{task._payload_sig}: {why}"})
             return
         if task.pass_context:
             args = (ctx,) + args
         timeout = task.timeout
         if timeout is not None and timeout >= ctx.time_left():
             timeout = None  # the worker's deadline comes first: it will send a cancel
+        if task._at_once and timeout is None:
+            try:
+                value = _to_the_end(task.fn(*args, **kwargs))
+            except BaseException as e:  # noqa: B036 - whatever a task raises is its attempt's failure
+                answer = self._raised(ctx, task, e, None)
+            else:
+                answer = self._returned(ctx, task, value)
+            if answer is not None:
+                self.emit(ctx.id, *answer)
+            return
+        # Registered before the task first runs, so that a cancel in the same read finds it.
+        self.running[ctx.id] = (self.loop.create_task(self.run_job(ctx, task, args, kwargs, timeout)), ctx)
+
+    async def run_job(self, ctx: Context, task: Task, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                      timeout: Optional[float]) -> None:
         try:
             if task.is_async:
                 coro = task.fn(*args, **kwargs)
@@ -251,34 +295,37 @@ class Runner:
                 value = await (asyncio.wait_for(fut, timeout) if timeout is not None else fut)
                 if inspect.isawaitable(value):
                     value = await value
-        except asyncio.CancelledError:
-            if ctx.cancelled:
-                return  # the worker gave it up: no answer expected
-            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, "the task was cancelled (asyncio.CancelledError)"))
-            return
-        except asyncio.TimeoutError:
-            ctx._cancel(f"timed out after {task.timeout:g} s")
-            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, f"timed out after {task.timeout:g} s (the task's timeout)"))
-            return
-        except Retry as r:
-            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, r.message, r.delay))
-            return
-        except Fail as f:
-            self.answer(ctx, "failed", error=f.message)
-            return
         except BaseException as e:  # noqa: B036 - whatever a task raises is its attempt's failure
-            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, describe(e)))
-            return
-        try:
-            if value is not None:
-                check_json(value, f"the result of {task.name}")
-        except InvalidJob as e:
-            self.answer(ctx, "retry", **self._retry_fields(task, ctx.attempt, str(e)))
-            return
-        if value is None:
-            self.answer(ctx, "completed")
+            answer = self._raised(ctx, task, e, timeout)
         else:
-            self.answer(ctx, "completed", result=value)
+            answer = self._returned(ctx, task, value)
+        if answer is not None:
+            self.answer(ctx, *answer)
+
+    def _raised(self, ctx: Context, task: Task, e: BaseException,
+                timeout: Optional[float]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        """The answer for a task that raised ``e``; None when none is wanted (the worker gave it up)."""
+        if isinstance(e, asyncio.CancelledError):
+            if ctx.cancelled:
+                return None
+            return "retry", self._retry_fields(task, ctx.attempt, "the task was cancelled (asyncio.CancelledError)")
+        if timeout is not None and isinstance(e, asyncio.TimeoutError):
+            ctx._cancel(f"timed out after {timeout:g} s")
+            return "retry", self._retry_fields(task, ctx.attempt, f"timed out after {timeout:g} s (the task's timeout)")
+        if isinstance(e, Retry):
+            return "retry", self._retry_fields(task, ctx.attempt, e.message, e.delay)
+        if isinstance(e, Fail):
+            return "failed", {"error": e.message}
+        return "retry", self._retry_fields(task, ctx.attempt, describe(e))
+
+    def _returned(self, ctx: Context, task: Task, value: Any) -> Tuple[str, Dict[str, Any]]:
+        if value is None:
+            return "completed", {}
+        try:
+            check_json(value, f"the result of {task.name}")
+        except InvalidJob as e:
+            return "retry", self._retry_fields(task, ctx.attempt, str(e))
+        return "completed", {"result": value}
 
     # -- the whole life --------------------------------------------------------------------------
     async def main(self) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import dis
 import inspect
 import random
+import types
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, overload
 
 from . import _enqueue as _enq, _jobs, _sql
@@ -37,6 +39,22 @@ def exponential_backoff(first: Duration = 1.0, factor: float = 2.0, max: Duratio
 
 
 
+# What lets a coroutine suspend: await, async with and async for compile to these.
+_SUSPENDS = frozenset({"GET_AWAITABLE", "SEND", "YIELD_VALUE", "YIELD_FROM", "BEFORE_ASYNC_WITH", "GET_AITER",
+                       "GET_ANEXT", "END_ASYNC_FOR"})
+
+
+def _never_suspends(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is an ``async def`` whose body has no await, async with or async for: its
+    coroutine runs to its end in one step, so the coprocess side runs it without an asyncio Task."""
+    if not isinstance(fn, types.FunctionType) or not inspect.iscoroutinefunction(fn):
+        return False
+    try:
+        return not any(i.opname in _SUSPENDS for i in dis.get_instructions(fn.__code__))
+    except Exception:  # noqa: BLE001 - an unusual code object: the general path
+        return False
+
+
 def _check_name(value: str, what: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise InvalidArgument(f"{what} {value!r} is not a name: a letter, then up to 63 letters, digits, _ . : -")
@@ -62,6 +80,7 @@ class Task:
         self.retry_backoff = retry_backoff
         self.pass_context = pass_context
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._at_once = _never_suspends(fn)
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
         if pass_context:

@@ -2,6 +2,7 @@
 through files in a directory the test gives them (``d``)."""
 
 import asyncio
+import contextvars
 import os
 import time
 
@@ -58,6 +59,23 @@ def _deep(n):
 @app.task(max_attempts=2, retry_backoff=pgjobq.exponential_backoff(first=0.1, jitter=0))
 def broken():
     return _deep(2)
+
+
+_last = contextvars.ContextVar("last", default=None)
+
+
+@app.task(max_attempts=2, retry_backoff=0.1)
+async def at_once(n, fail=""):
+    """No await: the coprocess side runs it to its end at once, without an asyncio Task."""
+    before = _last.get()
+    _last.set(n)  # seen by the next job if it ran in the reader's own context rather than a copy
+    if fail == "raise":
+        return _deep(1)
+    if fail == "fail":
+        raise pgjobq.Fail("failed at once, for good")
+    if fail == "nonjson":
+        return {"when": object()}
+    return {"n": n, "before": before}
 
 
 @app.task(timeout=0.5, max_attempts=1)

@@ -99,6 +99,23 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
         assert "add(2, 3) prints" in f.read()
 
 
+def test_an_async_task_without_await_runs_at_once_with_the_same_outcomes(worker, queue):
+    assert py_tasks.at_once._at_once and not py_tasks.about._at_once and not py_tasks.add._at_once
+    done = [on(queue, py_tasks.at_once).defer(URL, n=i) for i in range(3)]
+    raised = on(queue, py_tasks.at_once).defer(URL, n=9, fail="raise")
+    failed = on(queue, py_tasks.at_once).defer(URL, n=9, fail="fail")
+    nonjson = on(queue, py_tasks.at_once).defer(URL, n=9, fail="nonjson")
+    for i, job in enumerate(done):  # each in a context of its own: nothing seen of the job before
+        assert wait_finished(job.id, worker)[:3] == ("completed", 1, {"n": i, "before": None})
+    state, attempt, result, error, took = wait_finished(raised.id, worker)
+    assert (state, attempt) == ("failed", 2) and error.startswith("KeyError: 'missing'\n"), error
+    assert "in _deep" in error and "in at_once" in error and "_runner.py" not in error, error
+    assert wait_finished(failed.id, worker)[:4] == ("failed", 1, None, "failed at once, for good")
+    state, attempt, result, error, took = wait_finished(nonjson.id, worker)
+    assert (state, attempt) == ("failed", 2) and "the result of at_once" in error, error
+    assert worker.alive()
+
+
 def test_parents_results_reach_the_context(worker, queue):
     ids = pgjobq.enqueue_graph(URL, [
         py_tasks.add.configure(queue=queue, ref="a").spec(a=1, b=1),
