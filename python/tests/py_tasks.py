@@ -75,6 +75,8 @@ async def at_once(n, fail=""):
         raise pgjobq.Fail("failed at once, for good")
     if fail == "nonjson":
         return {"when": object()}
+    if fail == "timeout":  # its own TimeoutError, not a timeout of the task's: an exception like any
+        raise TimeoutError("slow upstream")
     return {"n": n, "before": before}
 
 

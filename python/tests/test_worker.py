@@ -105,6 +105,7 @@ def test_an_async_task_without_await_runs_at_once_with_the_same_outcomes(worker,
     raised = on(queue, py_tasks.at_once).defer(URL, n=9, fail="raise")
     failed = on(queue, py_tasks.at_once).defer(URL, n=9, fail="fail")
     nonjson = on(queue, py_tasks.at_once).defer(URL, n=9, fail="nonjson")
+    timeout = on(queue, py_tasks.at_once).defer(URL, n=9, fail="timeout")
     for i, job in enumerate(done):  # each in a context of its own: nothing seen of the job before
         assert wait_finished(job.id, worker)[:3] == ("completed", 1, {"n": i, "before": None})
     state, attempt, result, error, took = wait_finished(raised.id, worker)
@@ -113,6 +114,8 @@ def test_an_async_task_without_await_runs_at_once_with_the_same_outcomes(worker,
     assert wait_finished(failed.id, worker)[:4] == ("failed", 1, None, "failed at once, for good")
     state, attempt, result, error, took = wait_finished(nonjson.id, worker)
     assert (state, attempt) == ("failed", 2) and "the result of at_once" in error, error
+    state, attempt, result, error, took = wait_finished(timeout.id, worker)
+    assert (state, attempt) == ("failed", 2) and error.startswith("TimeoutError: slow upstream"), error
     assert worker.alive()
 
 
