@@ -8,8 +8,8 @@
  * The worker's handler threads queue job lines and wake the supervisor once through its kick pipe
  * (it writes all the queued lines in one go, and what a full pipe did not take when it has room),
  * then return at once (PGJOBQ_OUTCOME_PENDING):
- * the supervisor ends each job with pgjobq_ctx_finish when its reply comes, so no thread waits per
- * job.  At most `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel,
+ * the supervisor ends the jobs with pgjobq_ctx_finish_many when their replies come (those of one read
+ * together), so no thread waits per job.  At most `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel,
  * lost lease, shutdown) is given up by the supervisor, which tells the coprocess with a
  * {"cancel": ID} line.
  */
@@ -168,11 +168,10 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
 /* ------------------------------------------------------------------------------------------------ */
 /* Supervision                                                                                       */
 
-/* Ends a job with the coprocess's answer (or ours) and frees its entry: without p->mu. */
-static void finish(pending *pe, pgjobq_outcome out, const char *result, const char *error, int64_t delay_ms)
+/* Gives a job the coprocess's answer (or ours): its result or error set, the outcome to end it with. */
+static pgjobq_outcome answer(pgjobq_ctx *ctx, pgjobq_outcome out, const char *result, const char *error,
+                             int64_t delay_ms)
 {
-    pgjobq_ctx *ctx = pe->ctx;
-
     if (out == PGJOBQ_OUTCOME_COMPLETE && result && pgjobq_ctx_set_result(ctx, result) != PGJOBQ_OK) {
         pgjobq_ctx_set_error(ctx, "the coprocess's result is not storable JSON");
         out = PGJOBQ_OUTCOME_RETRY;
@@ -181,7 +180,13 @@ static void finish(pending *pe, pgjobq_outcome out, const char *result, const ch
         if (out == PGJOBQ_OUTCOME_RETRY && delay_ms >= 0)
             pgjobq_ctx_set_retry_delay(ctx, delay_ms);
     }
-    pgjobq_ctx_finish(ctx, out);
+    return out;
+}
+
+/* Ends a job with the coprocess's answer (or ours) and frees its entry: without p->mu. */
+static void finish(pending *pe, pgjobq_outcome out, const char *result, const char *error, int64_t delay_ms)
+{
+    pgjobq_ctx_finish(pe->ctx, answer(pe->ctx, out, result, error, delay_ms));
     free(pe);
 }
 
@@ -391,6 +396,8 @@ static int64_t one_life(coproc *c)
     int status = 0, bad = 0;
     reply *batch = NULL;
     pending **taken = NULL;
+    pgjobq_ctx **ended = NULL;
+    pgjobq_outcome *outcomes = NULL;
     size_t nbatch = 0, capbatch = 0;
     int64_t next_scan = 0;
 
@@ -498,31 +505,44 @@ static int64_t one_life(coproc *c)
                     if (nb != NULL)
                         batch = nb;
                     pending **nt = nb ? realloc(taken, cap * sizeof *nt) : NULL;
-                    if (nt == NULL) {
+                    if (nt != NULL)
+                        taken = nt;
+                    pgjobq_ctx **ne = nt ? realloc(ended, cap * sizeof *ne) : NULL;
+                    if (ne != NULL)
+                        ended = ne;
+                    pgjobq_outcome *no = ne ? realloc(outcomes, cap * sizeof *no) : NULL;
+                    if (no == NULL) {
                         free(r.result);
                         free(r.error);
                         continue; /* its job times out, as if the reply were lost */
                     }
-                    taken = nt;
+                    outcomes = no;
                     capbatch = cap;
                 }
                 batch[nbatch++] = r;
             }
             if (nbatch) {
-                /* The jobs under one lock; then each ended without it. */
+                /* The jobs under one lock; then all ended at once without it (one wakeup of the
+                 * worker for the read, not one per job). */
+                size_t nended = 0;
                 pthread_mutex_lock(&p->mu);
                 for (size_t k = 0; k < nbatch; k++)
                     taken[k] = take_reply(c, batch[k].id);
                 pthread_mutex_unlock(&p->mu);
                 for (size_t k = 0; k < nbatch; k++) {
-                    if (taken[k])
-                        finish(taken[k], batch[k].outcome, batch[k].result, batch[k].error, batch[k].delay_ms);
-                    else
+                    if (taken[k]) {
+                        ended[nended] = taken[k]->ctx;
+                        outcomes[nended++] = answer(taken[k]->ctx, batch[k].outcome, batch[k].result, batch[k].error,
+                                                    batch[k].delay_ms);
+                        free(taken[k]);
+                    } else {
                         plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)",
                              c->index, (long long)batch[k].id);
+                    }
                     free(batch[k].result);
                     free(batch[k].error);
                 }
+                pgjobq_ctx_finish_many(ended, outcomes, nended);
                 nbatch = 0;
             }
             if (start > 0) {
@@ -553,6 +573,8 @@ static int64_t one_life(coproc *c)
     sb_free(&err);
     free(batch);
     free(taken);
+    free(ended);
+    free(outcomes);
     /* Its input is closed once no thread is writing to it; lines still queued go nowhere. */
     pthread_mutex_lock(&p->mu);
     in_fd = c->in_fd;
@@ -715,12 +737,19 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
 
     /* The line first: once the job is linked, its reply may end it (and free ctx) at any moment. */
     sb_init(&line);
-    sb_printf(&line, "{\"id\":%lld,\"queue\":", (long long)job->id);
+    sb_puts(&line, "{\"id\":");
+    sb_int(&line, job->id);
+    sb_puts(&line, ",\"queue\":");
     sb_json(&line, job->queue);
     sb_puts(&line, ",\"kind\":");
     sb_json(&line, job->kind);
-    sb_printf(&line, ",\"attempt\":%d,\"max_attempts\":%d,\"deadline_ms\":%lld,\"payload\":", job->attempt,
-              job->max_attempts, (long long)pgjobq_ctx_time_left_ms(ctx));
+    sb_puts(&line, ",\"attempt\":");
+    sb_int(&line, job->attempt);
+    sb_puts(&line, ",\"max_attempts\":");
+    sb_int(&line, job->max_attempts);
+    sb_puts(&line, ",\"deadline_ms\":");
+    sb_int(&line, pgjobq_ctx_time_left_ms(ctx));
+    sb_puts(&line, ",\"payload\":");
     sb_puts(&line, job->payload);
     if (job->parents) { /* a job that waited for others: their states and results */
         sb_puts(&line, ",\"parents\":");

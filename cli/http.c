@@ -70,6 +70,20 @@ void sb_puts(sbuf *b, const char *s)
         sb_putn(b, s, strlen(s));
 }
 
+void sb_int(sbuf *b, int64_t v)
+{
+    char digits[24];
+    size_t i = sizeof digits;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        digits[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u > 0);
+    if (v < 0)
+        digits[--i] = '-';
+    sb_putn(b, digits + i, sizeof digits - i);
+}
+
 void sb_printf(sbuf *b, const char *fmt, ...)
 {
     char small[512];

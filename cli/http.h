@@ -27,6 +27,8 @@ void sb_free(sbuf *b);
 void sb_putn(sbuf *b, const char *s, size_t n);
 void sb_puts(sbuf *b, const char *s);
 void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* v in decimal, as sb_printf's "%lld" would write it, without the cost of a format (a line per job). */
+void sb_int(sbuf *b, int64_t v);
 /* s as HTML text or attribute value: & < > " ' escaped.  NULL appends nothing. */
 void sb_html(sbuf *b, const char *s);
 /* s as a JSON string, quotes included (NULL: null): " and \ escaped, \n \r \t, and every other

@@ -809,6 +809,12 @@ PGJOBQ_EXPORT int64_t pgjobq_ctx_time_left_ms(const pgjobq_ctx *ctx);
  * and so is PENDING as the outcome). */
 PGJOBQ_EXPORT void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome);
 
+/* Ends n pending jobs at once, as pgjobq_ctx_finish(ctx[i], outcome[i]) for each (the same rules for
+ * each one; a NULL entry is skipped), with one wakeup of the worker and one lock per queue rather
+ * than one per job: for a thread that ends jobs in bursts (replies read together from another
+ * process). */
+PGJOBQ_EXPORT void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n);
+
 /* A handler: runs one job and says how it went.  Called on one of the worker's threads; many run at
  * once, so a handler must be thread-safe.  arg is what was given to pgjobq_worker_handle. */
 typedef pgjobq_outcome (*pgjobq_handler_fn)(pgjobq_ctx *ctx, void *arg);

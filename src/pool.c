@@ -115,19 +115,24 @@ void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why)
 /* ------------------------------------------------------------------------------------------------ */
 /* Threads                                                                                           */
 
-/* Hands an ended job back: into the mailbox, waking the engine when it was empty (one lock and at most
- * one wakeup per job; the engine drains the whole list when it wakes). */
-static void post(pgjobq__pool *pool, pgjobq_ctx *ctx)
+/* Hands ended jobs back (first..last, linked by next): into the mailbox, waking the engine when it was
+ * empty (one lock and at most one wakeup per call; the engine drains the whole list when it wakes). */
+static void post_list(pgjobq__pool *pool, pgjobq_ctx *first, pgjobq_ctx *last)
 {
     int was_empty;
 
     pthread_mutex_lock(&pool->mu);
     was_empty = pool->done == NULL;
-    ctx->next = pool->done;
-    pool->done = ctx;
+    last->next = pool->done;
+    pool->done = first;
     pthread_mutex_unlock(&pool->mu);
     if (was_empty)
         pool->wake(pool->wake_arg);
+}
+
+static void post(pgjobq__pool *pool, pgjobq_ctx *ctx)
+{
+    post_list(pool, ctx, ctx);
 }
 
 static const pgjobq__handler *find_handler(const pgjobq__queue *q, const char *kind)
@@ -203,23 +208,59 @@ static void wake_one(pgjobq__queue *q)
     }
 }
 
-void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
+/* Gives back `freed` slots of q, waking a thread for the jobs waiting. */
+static void give_slots(pgjobq__queue *q, int freed)
 {
-    struct timespec t1;
-    int was = 1;
-
-    if (ctx == NULL || outcome == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&ctx->pending, &was, 0))
-        return;
-    pgjobq__queue *q = ctx->q;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    average(&q->handler_ns, atomic_load(&q->handled), (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec - ctx->started_ns);
-    atomic_fetch_add(&q->handled, 1);
-    ctx->outcome = outcome;
     pthread_mutex_lock(&q->mu);
-    q->active--;
+    q->active -= freed;
     wake_one(q);
     pthread_mutex_unlock(&q->mu);
-    post(q->pool, ctx);
+}
+
+void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n)
+{
+    struct timespec t1;
+    pgjobq__queue *q = NULL;        /* the queue whose slots are being counted */
+    int freed = 0;
+    pgjobq_ctx *first = NULL, *last = NULL; /* the ended jobs, for one pool */
+
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t now_ns = (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec;
+    for (size_t i = 0; i < n; i++) {
+        pgjobq_ctx *c = ctx[i];
+        int was = 1;
+        if (c == NULL || outcome[i] == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&c->pending, &was, 0))
+            continue;
+        if (c->q != q) { /* the slots of one queue under one lock, the jobs of one pool in one post */
+            if (freed)
+                give_slots(q, freed);
+            if (first && c->q->pool != q->pool) {
+                post_list(q->pool, first, last);
+                first = NULL;
+            }
+            q = c->q;
+            freed = 0;
+        }
+        average(&q->handler_ns, atomic_load(&q->handled), now_ns - c->started_ns);
+        atomic_fetch_add(&q->handled, 1);
+        c->outcome = outcome[i];
+        freed++;
+        c->next = NULL;
+        if (first == NULL)
+            first = c;
+        else
+            last->next = c;
+        last = c;
+    }
+    if (freed)
+        give_slots(q, freed);
+    if (first)
+        post_list(q->pool, first, last);
+}
+
+void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
+{
+    pgjobq_ctx_finish_many(&ctx, &outcome, 1);
 }
 
 static void *queue_thread(void *arg)

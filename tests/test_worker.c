@@ -1118,10 +1118,10 @@ TEST_FULL(work_names_bad_handlers_and_logs_failed_attempts, 120, 0)
     pgjobq_client_close(c);
 }
 
-/* Handlers that return PENDING: a separate thread ends each job with pgjobq_ctx_finish (complete,
- * retry, fail), and a job that times out while pending is ended by its holder when it sees
- * pgjobq_ctx_should_stop.  The handler threads are free meanwhile: 2 slots, 200 jobs in flight at the
- * finisher at most as many as the slots. */
+/* Handlers that return PENDING: a separate thread ends the jobs of two queues, those it holds together
+ * with pgjobq_ctx_finish_many (complete, retry), and a job that times out while pending with
+ * pgjobq_ctx_finish when it sees pgjobq_ctx_should_stop.  The handler threads are free meanwhile: 8 + 4
+ * slots, 250 jobs, at the finisher at most as many as the slots. */
 typedef struct finisher {
     pthread_mutex_t mu;
     pgjobq_ctx *held[64];
@@ -1164,26 +1164,38 @@ static void *finisher_thread(void *arg)
             }
         }
         pthread_mutex_unlock(&f->mu);
+        /* The others end together, with pgjobq_ctx_finish_many (a NULL entry is skipped). */
+        pgjobq_ctx *many[65];
+        pgjobq_outcome outcome[65], pending[65];
+        int m = 0;
+        many[m] = NULL;
+        outcome[m] = pending[m] = PGJOBQ_OUTCOME_COMPLETE;
+        m++;
         for (int i = 0; i < n; i++) {
             const pgjobq_job *j = pgjobq_ctx_job(ready[i]);
             if (strcmp(j->kind, "hang") == 0) {
                 pgjobq_ctx_set_error(ready[i], pgjobq_ctx_stop_reason(ready[i]) == PGJOBQ_STOP_TIMEOUT ? "gave up: timeout"
                                                                                                    : "gave up");
                 pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_FAIL);
-            } else if (strcmp(j->kind, "flaky") == 0 && j->attempt == 1) {
+                continue;
+            }
+            many[m] = ready[i];
+            pending[m] = PGJOBQ_OUTCOME_PENDING;
+            if (strcmp(j->kind, "flaky") == 0 && j->attempt == 1) {
                 pgjobq_ctx_set_error(ready[i], "first attempt fails");
                 pgjobq_ctx_set_retry_delay(ready[i], 0);
-                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_RETRY);
+                outcome[m++] = PGJOBQ_OUTCOME_RETRY;
             } else {
                 char result[64];
                 snprintf(result, sizeof result, "{\"id\": %lld}", (long long)j->id);
                 CHECK_OK(NULL, pgjobq_ctx_set_result(ready[i], result));
-                /* PENDING as the outcome ends nothing; the real finish follows.  (A second finish would
-                 * touch a ctx the worker may have freed: the contract is exactly once.) */
-                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_PENDING);
-                pgjobq_ctx_finish(ready[i], PGJOBQ_OUTCOME_COMPLETE);
+                outcome[m++] = PGJOBQ_OUTCOME_COMPLETE;
             }
         }
+        /* PENDING as the outcome ends nothing; the real finish follows.  (A second finish would touch a
+         * ctx the worker may have freed: the contract is exactly once.) */
+        pgjobq_ctx_finish_many(many, pending, (size_t)m);
+        pgjobq_ctx_finish_many(many, outcome, (size_t)m);
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -1210,6 +1222,11 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
     eo.kind = "flaky";
     for (int i = 0; i < 50; i++)
         CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
+    eo.queue = "async2";
+    eo.kind = "ok";
+    for (int i = 0; i < 50; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
+    eo.queue = "async";
     eo.kind = "hang";
     eo.max_attempts = 1;
     CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, NULL));
@@ -1218,10 +1235,12 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
     o.poll_ms = 100;
     CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
     CHECK(pgjobq_worker_handle(w, "async", NULL, 8, pending_handler, &f) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "async2", NULL, 4, pending_handler, &f) == PGJOBQ_OK);
     CHECK(pthread_create(&fin, NULL, finisher_thread, &f) == 0);
     r.w = w;
     CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'completed'", 200, 60000);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue IN ('async', 'async2') AND state = 'completed'", 250,
+             60000);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'failed'"
                  " AND last_error = 'gave up: timeout'",
              1, 30000);
@@ -1233,11 +1252,11 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND kind = 'flaky'"
                         " AND state = 'completed' AND attempt = 2"),
               50);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'async' AND state = 'completed'"
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue IN ('async', 'async2') AND state = 'completed'"
                         " AND result ->> 'id' = id::text"),
-              200);
+              250);
     /* At most the slots were ever pending at once (a pending job keeps its slot). */
-    CHECK_MSG(atomic_load(&f.max_held) <= 8, "%d jobs were pending at once with 8 slots", atomic_load(&f.max_held));
+    CHECK_MSG(atomic_load(&f.max_held) <= 12, "%d jobs were pending at once with 8 + 4 slots", atomic_load(&f.max_held));
     pgjobq_worker_stats st;
     pgjobq_worker_get_stats(w, &st);
     CHECK_INT(st.running, 0);
