@@ -9,9 +9,9 @@
  * (it writes all the queued lines in one go, and what a full pipe did not take when it has room),
  * then return at once (PGJOBQ_OUTCOME_PENDING):
  * the supervisor ends the jobs with pgjobq_ctx_finish_many when their replies come (those of one read
- * together), so no thread waits per job.  At most `share` jobs are in flight on one coprocess.  A job that must stop (timeout, cancel,
- * lost lease, shutdown) is given up by the supervisor, which tells the coprocess with a
- * {"cancel": ID} line.
+ * together), so no thread waits per job.  At most `share` jobs are in flight on one coprocess.  A job
+ * that must stop (timeout, cancel, lost lease, shutdown) is given up by the supervisor, which tells the
+ * coprocess with a {"cancel": ID} line.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -396,14 +396,24 @@ static int64_t one_life(coproc *c)
     int status = 0, bad = 0;
     reply *batch = NULL;
     pending **taken = NULL;
-    pgjobq_ctx **ended = NULL;
-    pgjobq_outcome *outcomes = NULL;
     size_t nbatch = 0, capbatch = 0;
     int64_t next_scan = 0;
+    /* The jobs one read ends, for pgjobq_ctx_finish_many: each was in flight, so at most `share`. */
+    pgjobq_ctx **ended = malloc((size_t)p->share * sizeof *ended);
+    pgjobq_outcome *outcomes = malloc((size_t)p->share * sizeof *outcomes);
 
-    pid_t pid = start(c, &in_fd, &out_fd, &err_fd);
-    if (pid < 0)
+    if (ended == NULL || outcomes == NULL) {
+        plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: out of memory before starting it", c->index);
+        free(ended);
+        free(outcomes);
         return 0;
+    }
+    pid_t pid = start(c, &in_fd, &out_fd, &err_fd);
+    if (pid < 0) {
+        free(ended);
+        free(outcomes);
+        return 0;
+    }
     pthread_mutex_lock(&p->mu);
     c->pid = pid;
     c->in_fd = in_fd;
@@ -505,18 +515,12 @@ static int64_t one_life(coproc *c)
                     if (nb != NULL)
                         batch = nb;
                     pending **nt = nb ? realloc(taken, cap * sizeof *nt) : NULL;
-                    if (nt != NULL)
-                        taken = nt;
-                    pgjobq_ctx **ne = nt ? realloc(ended, cap * sizeof *ne) : NULL;
-                    if (ne != NULL)
-                        ended = ne;
-                    pgjobq_outcome *no = ne ? realloc(outcomes, cap * sizeof *no) : NULL;
-                    if (no == NULL) {
+                    if (nt == NULL) {
                         free(r.result);
                         free(r.error);
                         continue; /* its job times out, as if the reply were lost */
                     }
-                    outcomes = no;
+                    taken = nt;
                     capbatch = cap;
                 }
                 batch[nbatch++] = r;

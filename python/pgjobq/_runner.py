@@ -175,9 +175,7 @@ class Runner:
             msg: Dict[str, Any] = {"id": job_id, "status": status}
             msg.update(fields)
             self.out.append(json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
-        if not self.flush_pending and not self.reading:
-            self.flush_pending = True
-            self.loop.call_soon(self.flush)
+        self._flush_soon()
 
     def progress(self, ctx: Context, data: bytes) -> None:
         """ctx.set_progress's line to the worker, from the loop or from a sync task's thread."""
@@ -191,6 +189,10 @@ class Runner:
         if entry is None or entry[1] is not ctx:
             return  # answered or given up: the worker would ignore it
         self.out.append(b'{"id":%d,"progress":%s}\n' % (ctx.id, data))
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """What was queued goes out at the loop's next turn (or at the end of the read being handled)."""
         if not self.flush_pending and not self.reading:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
