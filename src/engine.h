@@ -465,6 +465,9 @@ struct pgjobq_worker {
     int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
     pgjobq_ctx **running;     /* every claimed job not yet written or given up */
     size_t nrunning, caprunning;
+    int64_t deadlines_at_ms;  /* no running job passes its timeout or its lease's margin before this (a
+                                 lower bound, lowered as jobs are claimed): phase_deadlines looks at
+                                 the jobs only from then, and the loop sleeps no longer */
     int stopping, handed_back, fatal, exit_rc;
     int64_t shutdown_at_ms;
     int64_t next_heartbeat_ms, next_rescue_ms, next_prune_ms, next_tick_ms, listen_check_ms, last_summary_ms;

@@ -847,6 +847,12 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         }
         ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
         atomic_store(&ctx->timeout_at_ms, INT64_MAX); /* set when its handler starts */
+        /* Its handler starts from now on, so its timeout comes no sooner than a timeout from now. */
+        int64_t due = ctx->lease_valid_until_ms - pgjobq__lease_margin(w->o.lease_ms);
+        if (now + q->timeout_ms < due)
+            due = now + q->timeout_ms;
+        if (due < w->deadlines_at_ms)
+            w->deadlines_at_ms = due;
         int64_t plen = (int64_t)strlen(ctx->job.payload ? ctx->job.payload : "");
         q->payload_bytes = q->payload_bytes == 0 ? plen + 1 : q->payload_bytes + (plen - q->payload_bytes) / 16;
         if (w->stopping) {
@@ -1078,22 +1084,39 @@ static void health_done(pgjobq_worker *w, PGresult *r)
 /* Jobs past their timeout are told to stop; jobs whose lease can no longer be known valid are lost. */
 static void phase_deadlines(pgjobq_worker *w, int64_t now)
 {
-    int64_t margin = pgjobq__lease_margin(w->o.lease_ms);
+    int64_t margin = pgjobq__lease_margin(w->o.lease_ms), next = INT64_MAX;
 
+    /* Nothing is due before the lower bound: the whole running set is walked only when something may
+     * be (a lease's margin comes about every heartbeat; renewals only move leases later). */
+    if (now < w->deadlines_at_ms)
+        return;
     for (size_t i = 0; i < w->nrunning; i++) {
         pgjobq_ctx *ctx = w->running[i];
         if (ctx->ended)
             continue;
-        if (now >= atomic_load(&ctx->timeout_at_ms))
+        int64_t timeout_at = atomic_load(&ctx->timeout_at_ms), lease_at = ctx->lease_valid_until_ms - margin;
+        if (now >= timeout_at)
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_TIMEOUT);
-        if (now >= ctx->lease_valid_until_ms - margin) {
+        if (now >= lease_at) {
             ctx->ended = 1;
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_LEASE_LOST);
             atomic_fetch_add(&w->st_lost, 1);
             wlog(w, PGJOBQ_LOG_WARN, "job %lld: its lease could not be renewed in time; treating it as lost",
                  (long long)ctx->job.id);
+            continue;
         }
+        /* A job whose handler has not started (a handler thread may start it right after this load)
+         * times out no sooner than a whole timeout from now; one told to stop waits only for its lease. */
+        if (timeout_at == INT64_MAX)
+            timeout_at = now + ctx->q->timeout_ms;
+        else if (atomic_load(&ctx->stop) != PGJOBQ_STOP_NONE)
+            timeout_at = INT64_MAX;
+        if (timeout_at < next)
+            next = timeout_at;
+        if (lease_at < next)
+            next = lease_at;
     }
+    w->deadlines_at_ms = next;
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1255,12 +1278,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     }
     if (w->stopping)
         SOONER(w->shutdown_at_ms);
-    for (size_t i = 0; i < w->nrunning; i++) {
-        if (w->running[i]->ended)
-            continue;
-        SOONER(atomic_load(&w->running[i]->timeout_at_ms));
-        SOONER(w->running[i]->lease_valid_until_ms - pgjobq__lease_margin(w->o.lease_ms));
-    }
+    SOONER(w->deadlines_at_ms);
     for (int c = 0; c < PGJOBQ__NCONN; c++)
         if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)
             SOONER(pgjobq__aconn_next_ms(&w->conn[c]));
