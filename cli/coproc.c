@@ -5,11 +5,12 @@
  * environment without its PG* variables and DATABASE_URL, stdin/stdout/stderr on pipes), reads its stdout replies
  * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
  * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
- * The worker's handler threads queue job lines and wake the supervisor once through its kick pipe
- * (it writes all the queued lines in one go, and what a full pipe did not take when it has room),
- * then return at once (PGJOBQ_OUTCOME_PENDING):
- * the supervisor ends the jobs with pgjobq_ctx_finish_many when their replies come (those of one read
- * together), so no thread waits per job.  At most `share` jobs are in flight on one coprocess.  A job
+ * The handler queues a job line and returns at once (PGJOBQ_OUTCOME_PENDING); the supervisor ends
+ * the jobs when their replies come (those of one read together), so no thread waits per job, and in
+ * the same call (pgjobq_ctx_finish_many_and_run) starts on its own thread the jobs that were waiting
+ * for the slots it freed, then writes their lines in one go.  A handler thread (when a claim finds
+ * slots free) wakes the supervisor once through its kick pipe instead.  At most `share` jobs are in
+ * flight on one coprocess (a few more for a moment while another is restarted).  A job
  * that must stop (timeout, cancel, lost lease, shutdown) is given up by the supervisor, which tells the
  * coprocess with a {"cancel": ID} line.
  */
@@ -57,6 +58,10 @@ typedef struct coproc {
     pending *held;
     int inflight;
 } coproc;
+
+/* The coprocess whose supervisor runs on this thread (NULL on the worker's threads): the handler,
+ * when the supervisor starts jobs itself, must neither wait for room nor kick its own supervisor. */
+static _Thread_local coproc *on_supervisor;
 
 struct coproc_pool {
     char **argv, **env;
@@ -546,7 +551,17 @@ static int64_t one_life(coproc *c)
                     free(batch[k].result);
                     free(batch[k].error);
                 }
-                pgjobq_ctx_finish_many(ended, outcomes, nended);
+                if (bad || c->retiring) {
+                    pgjobq_ctx_finish_many(ended, outcomes, nended);
+                } else {
+                    /* The jobs waiting for the slots these free start here, with no handler thread
+                     * woken; the lines they queued for this coprocess go out in one write. */
+                    (void)pgjobq_ctx_finish_many_and_run(ended, outcomes, nended, nended);
+                    pthread_mutex_lock(&p->mu);
+                    if (c->outq.len > 0 && !c->flushing)
+                        flush_locked(c);
+                    pthread_mutex_unlock(&p->mu);
+                }
                 nbatch = 0;
             }
             if (start > 0) {
@@ -614,6 +629,8 @@ static void *supervise(void *arg)
     coproc *c = arg;
     coproc_pool *p = c->pool;
     int64_t backoff = BACKOFF_MIN_MS;
+
+    on_supervisor = c;
 
     for (;;) {
         pthread_mutex_lock(&p->mu);
@@ -781,6 +798,15 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
         }
         if (c || p->stopping || pgjobq_ctx_should_stop(ctx))
             break;
+        if (on_supervisor) {
+            /* Started by a supervisor, which must not wait (it reads the replies that make room): its
+             * own coprocess takes the job, over its share if it must.  Only a coprocess dying as
+             * another's supervisor starts jobs leaves no room while a slot is free. */
+            coproc *own = on_supervisor;
+            if (own->pool == p && own->pid > 0 && own->in_fd >= 0 && !own->retiring)
+                c = own;
+            break;
+        }
         struct timespec until;
         deadline_in(&until, 100);
         pthread_cond_timedwait(&p->cv, &p->mu, &until);
@@ -804,7 +830,7 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     c->inflight++;
     /* The supervisor writes the lines: woken once for all the lines queued until it runs, so that a
      * burst of jobs reaches the coprocess in one write (and wakes it once) rather than a line each. */
-    int kick = !c->kicked && !c->flushing;
+    int kick = !c->kicked && !c->flushing && c != on_supervisor; /* a supervisor flushes what it started */
     c->kicked |= kick;
     int kick_fd = c->kick[1];
     pthread_mutex_unlock(&p->mu);

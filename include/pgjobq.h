@@ -815,6 +815,16 @@ PGJOBQ_EXPORT void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome);
  * process). */
 PGJOBQ_EXPORT void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n);
 
+/* As pgjobq_ctx_finish_many, then runs on the calling thread, one after another, up to max_run of the
+ * jobs that were waiting for the slots it freed (their handlers are called here, exactly as on a
+ * handler thread), instead of waking a handler thread for them; a thread is woken for what it
+ * leaves.  Returns how many jobs it started.  For handlers that hand their job on and return
+ * PGJOBQ_OUTCOME_PENDING at once (to another process, an event loop): the thread that ends a burst
+ * starts the next, with no thread switch.  The caller must hold nothing those handlers wait for (a
+ * lock they take, the thread that would answer them), and should not pass a handler that runs long. */
+PGJOBQ_EXPORT size_t pgjobq_ctx_finish_many_and_run(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome,
+                                                    size_t n, size_t max_run);
+
 /* A handler: runs one job and says how it went.  Called on one of the worker's threads; many run at
  * once, so a handler must be thread-safe.  arg is what was given to pgjobq_worker_handle. */
 typedef pgjobq_outcome (*pgjobq_handler_fn)(pgjobq_ctx *ctx, void *arg);

@@ -217,12 +217,47 @@ static void give_slots(pgjobq__queue *q, int freed)
     pthread_mutex_unlock(&q->mu);
 }
 
-void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n)
+/* Gives back `freed` slots of q and runs, on the calling thread, up to *budget of the jobs waiting for
+ * them, one after another as a handler thread would (each slot taken before its handler runs); then
+ * wakes a thread for what is left. */
+static void run_here(pgjobq__queue *q, int freed, size_t *budget)
+{
+    pthread_mutex_lock(&q->mu);
+    q->active -= freed;
+    while (*budget > 0 && q->head && q->active < q->concurrency) {
+        pgjobq_ctx *ctx = q->head;
+        q->head = ctx->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        ctx->next = NULL;
+        q->active++;
+        (*budget)--;
+        pthread_mutex_unlock(&q->mu);
+        int holding = run_one(q, ctx);
+        pthread_mutex_lock(&q->mu);
+        q->active -= holding;
+    }
+    wake_one(q);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Hands the ended jobs of one queue (first..last) to the engine, then their slots to the jobs waiting:
+ * on this thread while *budget lasts (budget not NULL), else by waking a handler thread. */
+static void release(pgjobq__queue *q, int freed, pgjobq_ctx *first, pgjobq_ctx *last, size_t *budget)
+{
+    post_list(q->pool, first, last);
+    if (budget)
+        run_here(q, freed, budget);
+    else
+        give_slots(q, freed);
+}
+
+static void finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n, size_t *budget)
 {
     struct timespec t1;
-    pgjobq__queue *q = NULL;        /* the queue whose slots are being counted */
+    pgjobq__queue *q = NULL;        /* the queue of the jobs being gathered */
     int freed = 0;
-    pgjobq_ctx *first = NULL, *last = NULL; /* the ended jobs, for one pool */
+    pgjobq_ctx *first = NULL, *last = NULL; /* its ended jobs */
 
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int64_t now_ns = (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec;
@@ -231,15 +266,12 @@ void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcom
         int was = 1;
         if (c == NULL || outcome[i] == PGJOBQ_OUTCOME_PENDING || !atomic_compare_exchange_strong(&c->pending, &was, 0))
             continue;
-        if (c->q != q) { /* the slots of one queue under one lock, the jobs of one pool in one post */
-            if (freed)
-                give_slots(q, freed);
-            if (first && c->q->pool != q->pool) {
-                post_list(q->pool, first, last);
-                first = NULL;
-            }
+        if (c->q != q) { /* the jobs of one queue in one post, and its slots under one lock */
+            if (q)
+                release(q, freed, first, last, budget);
             q = c->q;
             freed = 0;
+            first = NULL;
         }
         average(&q->handler_ns, atomic_load(&q->handled), now_ns - c->started_ns);
         atomic_fetch_add(&q->handled, 1);
@@ -252,15 +284,26 @@ void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcom
             last->next = c;
         last = c;
     }
-    if (freed)
-        give_slots(q, freed);
-    if (first)
-        post_list(q->pool, first, last);
+    if (q)
+        release(q, freed, first, last, budget);
+}
+
+void pgjobq_ctx_finish_many(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n)
+{
+    finish_many(ctx, outcome, n, NULL);
+}
+
+size_t pgjobq_ctx_finish_many_and_run(pgjobq_ctx *const *ctx, const pgjobq_outcome *outcome, size_t n,
+                                      size_t max_run)
+{
+    size_t budget = max_run;
+    finish_many(ctx, outcome, n, &budget);
+    return max_run - budget;
 }
 
 void pgjobq_ctx_finish(pgjobq_ctx *ctx, pgjobq_outcome outcome)
 {
-    pgjobq_ctx_finish_many(&ctx, &outcome, 1);
+    finish_many(&ctx, &outcome, 1, NULL);
 }
 
 static void *queue_thread(void *arg)

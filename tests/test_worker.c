@@ -1121,18 +1121,25 @@ TEST_FULL(work_names_bad_handlers_and_logs_failed_attempts, 120, 0)
 /* Handlers that return PENDING: a separate thread ends the jobs of two queues, those it holds together
  * with pgjobq_ctx_finish_many (complete, retry), and a job that times out while pending with
  * pgjobq_ctx_finish when it sees pgjobq_ctx_should_stop.  The handler threads are free meanwhile: 8 + 4
- * slots, 250 jobs, at the finisher at most as many as the slots. */
+ * slots, 250 jobs, at the finisher at most as many as the slots.  Every other turn the finisher uses
+ * pgjobq_ctx_finish_many_and_run, which starts the jobs waiting for the freed slots on its own thread:
+ * the handler counts the jobs it sees started there. */
 typedef struct finisher {
     pthread_mutex_t mu;
     pgjobq_ctx *held[64];
     int n;
     _Atomic int quit;
     _Atomic int max_held;
+    pthread_t thread;
+    _Atomic int started_here; /* handler calls on the finisher's thread */
+    _Atomic int said_started; /* what pgjobq_ctx_finish_many_and_run returned, summed */
 } finisher;
 
 static pgjobq_outcome pending_handler(pgjobq_ctx *ctx, void *arg)
 {
     finisher *f = arg;
+    if (pthread_equal(pthread_self(), f->thread))
+        atomic_fetch_add(&f->started_here, 1);
     pthread_mutex_lock(&f->mu);
     if (f->n == 64) {
         pthread_mutex_unlock(&f->mu);
@@ -1149,7 +1156,7 @@ static pgjobq_outcome pending_handler(pgjobq_ctx *ctx, void *arg)
 static void *finisher_thread(void *arg)
 {
     finisher *f = arg;
-    while (!atomic_load(&f->quit)) {
+    for (int turn = 0; !atomic_load(&f->quit); turn++) {
         pgjobq_ctx *ready[64];
         int n = 0;
         pthread_mutex_lock(&f->mu);
@@ -1195,7 +1202,10 @@ static void *finisher_thread(void *arg)
         /* PENDING as the outcome ends nothing; the real finish follows.  (A second finish would touch a
          * ctx the worker may have freed: the contract is exactly once.) */
         pgjobq_ctx_finish_many(many, pending, (size_t)m);
-        pgjobq_ctx_finish_many(many, outcome, (size_t)m);
+        if (turn % 2)
+            atomic_fetch_add(&f->said_started, (int)pgjobq_ctx_finish_many_and_run(many, outcome, (size_t)m, (size_t)m));
+        else
+            pgjobq_ctx_finish_many(many, outcome, (size_t)m);
         struct timespec ts = {0, 2 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -1236,7 +1246,10 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
     CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
     CHECK(pgjobq_worker_handle(w, "async", NULL, 8, pending_handler, &f) == PGJOBQ_OK);
     CHECK(pgjobq_worker_handle(w, "async2", NULL, 4, pending_handler, &f) == PGJOBQ_OK);
+    pthread_mutex_lock(&f.mu); /* f.thread is set before the finisher starts a handler */
     CHECK(pthread_create(&fin, NULL, finisher_thread, &f) == 0);
+    f.thread = fin;
+    pthread_mutex_unlock(&f.mu);
     r.w = w;
     CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue IN ('async', 'async2') AND state = 'completed'", 250,
@@ -1257,6 +1270,9 @@ TEST_FULL(worker_api_pending_handlers_are_finished_from_another_thread, 90, 0)
               250);
     /* At most the slots were ever pending at once (a pending job keeps its slot). */
     CHECK_MSG(atomic_load(&f.max_held) <= 12, "%d jobs were pending at once with 8 + 4 slots", atomic_load(&f.max_held));
+    /* The finisher started jobs itself (more are claimed than the slots: they wait), as many as it said. */
+    CHECK_MSG(atomic_load(&f.started_here) > 0, "no job was started by pgjobq_ctx_finish_many_and_run");
+    CHECK_INT(atomic_load(&f.said_started), atomic_load(&f.started_here));
     pgjobq_worker_stats st;
     pgjobq_worker_get_stats(w, &st);
     CHECK_INT(st.running, 0);
