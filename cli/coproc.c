@@ -109,6 +109,54 @@ typedef struct reply {
     char *progress; /* a progress line ({"id": ..., "progress": ...}, no status): not an answer */
 } reply;
 
+/* The common answer, exactly {"id": N, "status": "completed"} with any blanks between the tokens (as
+ * json.dumps or JSON.stringify write it): sets *id and returns 1 without the general JSON path, which
+ * reads any other line (the same answer with its members swapped, for one). */
+static int plain_completion(const char *s, size_t len, int64_t *id)
+{
+    const char *e = s + len;
+    int64_t v = 0;
+    int digits = 0;
+
+#define BLANKS()                                                                   \
+    while (s < e && (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n'))         \
+    s++
+#define LITERAL(x)                                                                 \
+    do {                                                                           \
+        if ((size_t)(e - s) < sizeof(x) - 1 || memcmp(s, x, sizeof(x) - 1) != 0)   \
+            return 0;                                                              \
+        s += sizeof(x) - 1;                                                        \
+    } while (0)
+    BLANKS();
+    LITERAL("{");
+    BLANKS();
+    LITERAL("\"id\"");
+    BLANKS();
+    LITERAL(":");
+    BLANKS();
+    for (; s < e && *s >= '0' && *s <= '9'; s++, digits++)
+        v = v * 10 + (*s - '0');
+    if (digits == 0 || digits > 18 || (digits > 1 && s[-digits] == '0'))
+        return 0; /* none, more than an int64 surely holds, or a leading zero (not JSON) */
+    BLANKS();
+    LITERAL(",");
+    BLANKS();
+    LITERAL("\"status\"");
+    BLANKS();
+    LITERAL(":");
+    BLANKS();
+    LITERAL("\"completed\"");
+    BLANKS();
+    LITERAL("}");
+    BLANKS();
+#undef BLANKS
+#undef LITERAL
+    if (s != e)
+        return 0;
+    *id = v;
+    return 1;
+}
+
 static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t why_size)
 {
     size_t n;
@@ -117,6 +165,11 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
 
     memset(r, 0, sizeof *r);
     r->delay_ms = -1;
+    if (plain_completion(line, len, &r->id)) {
+        r->have_id = 1;
+        r->outcome = PGJOBQ_OUTCOME_COMPLETE;
+        return 0;
+    }
     if (pgjobq_json_check(line, len, why, why_size) != PGJOBQ_OK)
         return -1;
     if (line[strspn(line, " \t")] != '{') {
