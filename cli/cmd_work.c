@@ -280,6 +280,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         goto out;
     a.opts.log_fn = work_log;
     a.opts.log_arg = &a.log;
+    a.opts.log_level = a.log.level;
     rc = pgjobq_worker_new(&w, url, &a.opts);
     if (rc != PGJOBQ_OK) {
         cli_err("%s", pgjobq_worker_errmsg(w));

@@ -857,7 +857,11 @@ typedef struct pgjobq_worker_opts {
                                     unless changed); < 0: never */
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int32_t log_level;           /* the least pgjobq_log_level given to log_fn; 0 (PGJOBQ_LOG_DEBUG):
+                                    every record.  A record below it is not even formatted (the
+                                    debug records come two a job) */
+    uint32_t pgjobq_reserved32;  /* zero */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;
 
 #ifdef __cplusplus

@@ -268,6 +268,8 @@ _Static_assert(sizeof(pgjobq_enqueue_opts) == offsetof(pgjobq_enqueue_opts, afte
 _Static_assert(sizeof(pgjobq_job) == offsetof(pgjobq_job, tags) + 4 * sizeof(uint64_t), "pgjobq_job changed size");
 _Static_assert(sizeof(pgjobq_list_opts) == offsetof(pgjobq_list_opts, tag) + 4 * sizeof(uint64_t),
                "pgjobq_list_opts changed size");
+_Static_assert(sizeof(pgjobq_worker_opts) == offsetof(pgjobq_worker_opts, log_arg) + 5 * sizeof(uint64_t),
+               "pgjobq_worker_opts changed size");
 
 static int spec_needs_graph(const pgjobq_job_spec *j)
 {

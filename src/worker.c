@@ -88,7 +88,7 @@ static void wlog(pgjobq_worker *w, pgjobq_log_level level, const char *fmt, ...)
     char line[1024];
     va_list ap;
 
-    if (w->o.log_fn == NULL)
+    if (w->o.log_fn == NULL || (int)level < w->o.log_level)
         return;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);

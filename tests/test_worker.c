@@ -1347,3 +1347,59 @@ TEST_FULL(worker_api_writes_the_progress_handlers_report, 60, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* pgjobq_worker_opts.log_level: the records below it never reach log_fn (the job's debug records are
+ * not even formatted); 0 gives every record. */
+static _Atomic int log_counts[4];
+
+static void count_log(void *arg, pgjobq_log_level level, const char *msg)
+{
+    (void)arg;
+    (void)msg;
+    if ((int)level >= 0 && (int)level < 4)
+        atomic_fetch_add(&log_counts[level], 1);
+}
+
+TEST_FULL(worker_api_log_level_keeps_records_below_it_from_the_callback, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+
+    eo.queue = "loglevel";
+    eo.kind = "ok";
+    for (int level = PGJOBQ_LOG_INFO; level >= PGJOBQ_LOG_DEBUG; level--) {
+        pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+        pgjobq_worker *w = NULL;
+        run_arg r;
+        pthread_t th;
+
+        for (int i = 0; i < 4; i++)
+            atomic_store(&log_counts[i], 0);
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 1}", &eo, NULL));
+        o.poll_ms = 100;
+        o.log_fn = count_log;
+        o.log_level = level;
+        CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+        CHECK(pgjobq_worker_handle(w, "loglevel", NULL, 2, outcome_handler, NULL) == PGJOBQ_OK);
+        r.w = w;
+        CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+        wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'loglevel' AND state = 'completed'",
+                 level == PGJOBQ_LOG_INFO ? 3 : 6, 30000);
+        pgjobq_worker_stop(w);
+        pthread_join(th, NULL);
+        CHECK_INT(r.rc, PGJOBQ_OK);
+        pgjobq_worker_free(w);
+        /* "worker ... started" and "stopped" are info; each job "starting" and "finished" are debug. */
+        CHECK_MSG(atomic_load(&log_counts[PGJOBQ_LOG_INFO]) >= 2, "%d info records at level %d",
+                  atomic_load(&log_counts[PGJOBQ_LOG_INFO]), level);
+        if (level == PGJOBQ_LOG_INFO)
+            CHECK_INT(atomic_load(&log_counts[PGJOBQ_LOG_DEBUG]), 0);
+        else
+            CHECK_MSG(atomic_load(&log_counts[PGJOBQ_LOG_DEBUG]) >= 6, "%d debug records for 3 jobs",
+                      atomic_load(&log_counts[PGJOBQ_LOG_DEBUG]));
+    }
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
