@@ -718,6 +718,58 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     PQfinish(pg);
 }
 
+/* monitor_jobs (the jobs page's list) filtered by state reads only where that state lives: a live
+ * state never touches the history's partitions (it walked them all, newest first, when the state was
+ * compared as text), a finished one finds its jobs there; a name that is no state lists nothing. */
+TEST_FULL(serve_jobs_of_a_live_state_are_listed_without_reading_the_history, 60, 0)
+{
+    PGconn *pg = t_pg();
+    const char *list = "SELECT string_agg(id::text, ',' ORDER BY id DESC) FROM"
+                       " pgjobq.monitor_jobs('%s', 'mjq', NULL, NULL, NULL, NULL, 50)";
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('mjq'::text, ARRAY[6]), NULL,"
+                       " array_fill('{}'::jsonb, ARRAY[6]))"));
+    long long first = t_int(pg, "SELECT min(id) FROM pgjobq.jobs WHERE queue = 'mjq'");
+    /* The first four end cancelled, in the history; two stay queued. */
+    PQclear(t_exec(pg, "SELECT pgjobq.cancel(id) FROM pgjobq.jobs WHERE queue = 'mjq' AND id < %lld", first + 4));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'mjq' AND state = 'cancelled'"), 4);
+
+    char want[128], sql[512];
+    snprintf(want, sizeof want, "%lld,%lld", first + 5, first + 4);
+    snprintf(sql, sizeof sql, list, "queued");
+    PGresult *r = t_exec(pg, "%s", sql);
+    CHECK_STR(PQgetvalue(r, 0, 0), want);
+    PQclear(r);
+    snprintf(want, sizeof want, "%lld,%lld,%lld,%lld", first + 3, first + 2, first + 1, first);
+    snprintf(sql, sizeof sql, list, "cancelled");
+    r = t_exec(pg, "%s", sql);
+    CHECK_STR(PQgetvalue(r, 0, 0), want);
+    PQclear(r);
+    snprintf(sql, sizeof sql, list, "no such state");
+    r = t_exec(pg, "%s", sql);
+    CHECK(PQgetisnull(r, 0, 0));
+    PQclear(r);
+
+    /* What the listing of queued and running jobs scanned, counted in a transaction of a new session
+     * (PostgreSQL 15's pg_stat_xact_* also show a session's counts not yet flushed). */
+    PGconn *fresh = t_pg();
+    PQclear(t_exec(fresh, "BEGIN"));
+    snprintf(sql, sizeof sql, list, "queued");
+    PQclear(t_exec(fresh, "%s", sql));
+    snprintf(sql, sizeof sql, list, "running");
+    PQclear(t_exec(fresh, "%s", sql));
+    long long history_scans = t_int(fresh, "SELECT coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)), 0)"
+                                           " FROM pg_stat_xact_user_tables WHERE schemaname = 'pgjobq'"
+                                           " AND relname LIKE 'history%%'");
+    long long jobs_scans = t_int(fresh, "SELECT coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)), 0)"
+                                        " FROM pg_stat_xact_user_tables WHERE schemaname = 'pgjobq' AND relname = 'jobs'");
+    PQclear(t_exec(fresh, "COMMIT"));
+    CHECK_MSG(jobs_scans > 0, "the listing did not read pgjobq.jobs");
+    CHECK_MSG(history_scans == 0, "listing queued and running jobs scanned the history %lld times", history_scans);
+    PQfinish(fresh);
+    PQfinish(pg);
+}
+
 TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
 {
     PGconn *pg = t_pg();

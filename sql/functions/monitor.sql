@@ -281,7 +281,9 @@ $$;
 -- finished, the newest first, at most max_jobs; each filter NULL matches every job.  error_contains is
 -- a substring of the last error, without wildcards (its % and _ are matched as such, escaped with !);
 -- before_id keeps the jobs with a smaller id (the next page).  PL/pgSQL with EXECUTE: see the top of
--- this section.
+-- this section.  The state is compared as pgjobq.job_state, not as text: the history's partitions
+-- by state that cannot hold it are then left out (a text comparison walked the whole history, newest
+-- first, to list the few queued jobs); a name that is no state matches nothing.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_jobs(of_state text, of_queue text, of_kind text, error_contains text,
                                                before_id bigint, of_worker text, max_jobs integer)
 RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, max_attempts integer,
@@ -291,18 +293,21 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF of_state IS NOT NULL AND NOT of_state = ANY (enum_range(NULL::pgjobq.job_state)::text[]) THEN
+        RETURN;
+    END IF;
     RETURN QUERY EXECUTE
         $q$SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, a.run_at, a.created_at,
                   a.finished_at, a.worker_id, a.last_error
              FROM pgjobq.all_jobs a
-            WHERE ($1::text IS NULL OR a.state::text = $1) AND ($2::text IS NULL OR a.queue = $2)
+            WHERE ($1 IS NULL OR a.state = $1) AND ($2::text IS NULL OR a.queue = $2)
               AND ($3::text IS NULL OR a.kind = $3)
               AND ($4::text IS NULL OR a.last_error ILIKE '%' || replace(replace(replace($4, '!', '!!'), '%', '!%'),
                                                                         '_', '!_') || '%' ESCAPE '!')
               AND ($5::bigint IS NULL OR a.id < $5::bigint) AND ($6::text IS NULL OR a.worker_id = $6)
             ORDER BY a.id DESC LIMIT $7::int$q$
-        USING monitor_jobs.of_state, monitor_jobs.of_queue, monitor_jobs.of_kind, monitor_jobs.error_contains,
-              monitor_jobs.before_id, monitor_jobs.of_worker, monitor_jobs.max_jobs;
+        USING monitor_jobs.of_state::pgjobq.job_state, monitor_jobs.of_queue, monitor_jobs.of_kind,
+              monitor_jobs.error_contains, monitor_jobs.before_id, monitor_jobs.of_worker, monitor_jobs.max_jobs;
 END
 $$;
 
