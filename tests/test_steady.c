@@ -429,15 +429,31 @@ TEST_FULL(monitor_counts_step_over_dead_rows_while_a_snapshot_is_held, 120, 0)
     before = jobs_blocks(pg);
     CHECK_INT(t_int(pg, "SELECT jobs FROM pgjobq.monitor_workers() WHERE id = 'test'"), 2);
     long long workers = jobs_blocks(pg) - before;
+    /* The jobs page's list of queued jobs reads from the same marks: the 5 queued jobs of m, newest
+     * first (2 at priority 0, the scheduled one, the one at priority 5; the 20,000 are not walked). */
+    before = jobs_blocks(pg);
+    char *queued = t_str(pg, "SELECT string_agg(id::text, ',' ORDER BY id DESC) FROM pgjobq.monitor_jobs('queued', 'm',"
+                             " NULL, NULL, NULL, NULL, 50)");
+    long long listed = jobs_blocks(pg) - before;
+    char *want = t_str(pg, "SELECT string_agg(id::text, ',' ORDER BY id DESC) FROM pgjobq.jobs"
+                           " WHERE queue = 'm' AND state = 'queued'");
+    CHECK_STR(queued, want);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_jobs('queued', 'm', NULL, NULL, NULL, NULL, 50)"), 5);
+    long long newest = t_int(pg, "SELECT max(id) FROM pgjobq.jobs WHERE queue = 'm' AND state = 'queued'");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_jobs('queued', NULL, NULL, NULL, %lld, NULL, 50)", newest),
+              4); /* the next page: after the newest */
+    free(queued);
+    free(want);
     /* What a count of the table reads: the dead rows of the 20,000. */
     before = jobs_blocks(pg);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 9);
     long long table = jobs_blocks(pg) - before;
     PQclear(t_exec(pg, "COMMIT"));
-    printf("blocks read: monitor_queue_counts %lld, monitor_workers %lld, a count of the table %lld\n", counts,
-           workers, table);
-    CHECK_MSG(counts <= 60 && workers <= 30, "monitor_queue_counts read %lld blocks, monitor_workers %lld", counts,
-              workers);
+    printf("blocks read: monitor_queue_counts %lld, monitor_workers %lld, monitor_jobs('queued') %lld,"
+           " a count of the table %lld\n", counts, workers, listed, table);
+    CHECK_MSG(counts <= 60 && workers <= 30 && listed <= 60,
+              "monitor_queue_counts read %lld blocks, monitor_workers %lld, monitor_jobs('queued') %lld", counts,
+              workers, listed);
     CHECK_MSG(table >= 5 * (counts + 1), "a count of the table (%lld blocks) is not much bigger: the test proves"
               " nothing", table);
     PQclear(t_exec(pin, "COMMIT"));

@@ -283,7 +283,9 @@ $$;
 -- before_id keeps the jobs with a smaller id (the next page).  PL/pgSQL with EXECUTE: see the top of
 -- this section.  The state is compared as pgjobq.job_state, not as text: the history's partitions
 -- by state that cannot hold it are then left out (a text comparison walked the whole history, newest
--- first, to list the few queued jobs); a name that is no state matches nothing.
+-- first, to list the few queued jobs); a name that is no state matches nothing.  Queued jobs are read
+-- as monitor_queue_counts reads them, from each level's low-water mark: not the index entries of the
+-- jobs claimed since a snapshot was taken, which vacuum cannot remove while it is held.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_jobs(of_state text, of_queue text, of_kind text, error_contains text,
                                                before_id bigint, of_worker text, max_jobs integer)
 RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, max_attempts integer,
@@ -291,9 +293,33 @@ RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, ma
                last_error text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 BEGIN
     IF of_state IS NOT NULL AND NOT of_state = ANY (enum_range(NULL::pgjobq.job_state)::text[]) THEN
+        RETURN;
+    END IF;
+    IF of_state = 'queued' THEN
+        RETURN QUERY EXECUTE
+            $q$SELECT j.id, j.queue::text, j.kind::text, j.state::text, j.attempt, j.max_attempts, j.run_at,
+                      j.created_at, j.finished_at, j.worker_id::text, j.last_error
+                 FROM pgjobq.levels l
+                 LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                                     WHERE x.queue = l.queue AND x.priority = l.priority
+                                     ORDER BY x.at DESC LIMIT 1) lo ON true
+                 JOIN LATERAL (SELECT * FROM pgjobq.jobs j
+                                WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND (greatest(j.run_at, j.ready_at), j.id)
+                                      > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
+                               OFFSET 0) j ON true  -- not flattened: the mark must bound the index scan
+                WHERE ($1::text IS NULL OR l.queue = $1) AND ($2::text IS NULL OR j.kind = $2)
+                  AND ($3::text IS NULL OR j.last_error ILIKE '%' || replace(replace(replace($3, '!', '!!'), '%', '!%'),
+                                                                            '_', '!_') || '%' ESCAPE '!')
+                  AND ($4::bigint IS NULL OR j.id < $4::bigint) AND ($5::text IS NULL OR j.worker_id = $5)
+                ORDER BY j.id DESC LIMIT $6::int$q$
+            USING monitor_jobs.of_queue, monitor_jobs.of_kind, monitor_jobs.error_contains, monitor_jobs.before_id,
+                  monitor_jobs.of_worker, monitor_jobs.max_jobs;
         RETURN;
     END IF;
     RETURN QUERY EXECUTE
