@@ -673,7 +673,11 @@ static void heartbeat_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
         if (ctx == NULL || ctx->ended)
             continue;
         if (o == PGJOBQ__O_EXTENDED) {
-            ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
+            /* Never earlier than what its claim showed: a beat sent before the claim's result came can
+             * still extend the job (it ran after the claim committed).  So leases only move later,
+             * which phase_deadlines' lower bound relies on. */
+            if (rq->sent_ms + w->o.lease_ms > ctx->lease_valid_until_ms)
+                ctx->lease_valid_until_ms = rq->sent_ms + w->o.lease_ms;
         } else if (o == PGJOBQ__O_CANCELLED) {
             ctx->ended = 1;
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_CANCELLED);
