@@ -598,6 +598,9 @@ static verdict crash_and_promote(node *primary, node *standby, int sync, int sta
             pause_ms(20);
         }
         PQfinish(sc);
+        /* A call acknowledged just after the detach may have committed before it (and reached the
+         * standby): the window counts from a moment later, so it counts only what the standby lacks. */
+        pause_ms(200);
         enq_stall = atomic_load(&load.nenq);
         done_stall = atomic_load(&load.ndone);
         pause_ms(stall_ms);
