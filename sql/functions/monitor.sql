@@ -296,36 +296,30 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
+DECLARE
+    -- Where the jobs come from: all of them, or for queued ones the rows past each level's low-water
+    -- mark (the lateral scan is not flattened: the mark must bound the index scan).
+    v_from text := CASE WHEN of_state = 'queued' THEN
+        $f$(SELECT j.id, l.queue, j.kind::text AS kind, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+                   j.finished_at, j.worker_id::text AS worker_id, j.last_error
+              FROM pgjobq.levels l
+              LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                                  WHERE x.queue = l.queue AND x.priority = l.priority
+                                  ORDER BY x.at DESC LIMIT 1) lo ON true
+              JOIN LATERAL (SELECT * FROM pgjobq.jobs j
+                             WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
+                               AND (greatest(j.run_at, j.ready_at), j.id)
+                                   > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
+                            OFFSET 0) j ON true) a$f$
+        ELSE 'pgjobq.all_jobs a' END;
 BEGIN
     IF of_state IS NOT NULL AND NOT of_state = ANY (enum_range(NULL::pgjobq.job_state)::text[]) THEN
-        RETURN;
-    END IF;
-    IF of_state = 'queued' THEN
-        RETURN QUERY EXECUTE
-            $q$SELECT j.id, j.queue::text, j.kind::text, j.state::text, j.attempt, j.max_attempts, j.run_at,
-                      j.created_at, j.finished_at, j.worker_id::text, j.last_error
-                 FROM pgjobq.levels l
-                 LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
-                                     WHERE x.queue = l.queue AND x.priority = l.priority
-                                     ORDER BY x.at DESC LIMIT 1) lo ON true
-                 JOIN LATERAL (SELECT * FROM pgjobq.jobs j
-                                WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
-                                  AND (greatest(j.run_at, j.ready_at), j.id)
-                                      > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
-                               OFFSET 0) j ON true  -- not flattened: the mark must bound the index scan
-                WHERE ($1::text IS NULL OR l.queue = $1) AND ($2::text IS NULL OR j.kind = $2)
-                  AND ($3::text IS NULL OR j.last_error ILIKE '%' || replace(replace(replace($3, '!', '!!'), '%', '!%'),
-                                                                            '_', '!_') || '%' ESCAPE '!')
-                  AND ($4::bigint IS NULL OR j.id < $4::bigint) AND ($5::text IS NULL OR j.worker_id = $5)
-                ORDER BY j.id DESC LIMIT $6::int$q$
-            USING monitor_jobs.of_queue, monitor_jobs.of_kind, monitor_jobs.error_contains, monitor_jobs.before_id,
-                  monitor_jobs.of_worker, monitor_jobs.max_jobs;
         RETURN;
     END IF;
     RETURN QUERY EXECUTE
         $q$SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, a.run_at, a.created_at,
                   a.finished_at, a.worker_id, a.last_error
-             FROM pgjobq.all_jobs a
+             FROM $q$ || v_from || $q$
             WHERE ($1 IS NULL OR a.state = $1) AND ($2::text IS NULL OR a.queue = $2)
               AND ($3::text IS NULL OR a.kind = $3)
               AND ($4::text IS NULL OR a.last_error ILIKE '%' || replace(replace(replace($4, '!', '!!'), '%', '!%'),
