@@ -208,6 +208,18 @@ static void wake_one(pgjobq__queue *q)
     }
 }
 
+/* Under q->mu: takes the first job waiting, and a slot for it. */
+static pgjobq_ctx *take_job(pgjobq__queue *q)
+{
+    pgjobq_ctx *ctx = q->head;
+    q->head = ctx->next;
+    if (q->head == NULL)
+        q->tail = NULL;
+    ctx->next = NULL;
+    q->active++;
+    return ctx;
+}
+
 /* Gives back `freed` slots of q, waking a thread for the jobs waiting. */
 static void give_slots(pgjobq__queue *q, int freed)
 {
@@ -225,12 +237,7 @@ static void run_here(pgjobq__queue *q, int freed, size_t *budget)
     pthread_mutex_lock(&q->mu);
     q->active -= freed;
     while (*budget > 0 && q->head && q->active < q->concurrency) {
-        pgjobq_ctx *ctx = q->head;
-        q->head = ctx->next;
-        if (q->head == NULL)
-            q->tail = NULL;
-        ctx->next = NULL;
-        q->active++;
+        pgjobq_ctx *ctx = take_job(q);
         (*budget)--;
         pthread_mutex_unlock(&q->mu);
         int holding = run_one(q, ctx);
@@ -329,14 +336,9 @@ static void *queue_thread(void *arg)
             pthread_mutex_unlock(&q->mu);
             return NULL;
         }
-        q->active++;
-        ctx = q->head;
-        q->head = ctx->next;
-        if (q->head == NULL)
-            q->tail = NULL;
-        else if (atomic_load(&q->busy_ns) > FAST_HANDLER_NS)
+        ctx = take_job(q);
+        if (q->head && atomic_load(&q->busy_ns) > FAST_HANDLER_NS)
             wake_one(q); /* more work for slow handlers: wake a thread to share it */
-        ctx->next = NULL;
         pthread_mutex_unlock(&q->mu);
         holding = run_one(q, ctx);
     }
