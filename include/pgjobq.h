@@ -858,8 +858,9 @@ typedef struct pgjobq_worker_opts {
     pgjobq_log_fn log_fn;        /* log callback (called from the worker's threads); NULL: none */
     void *log_arg;
     int32_t log_level;           /* the least pgjobq_log_level given to log_fn; 0 (PGJOBQ_LOG_DEBUG):
-                                    every record.  A record below it is not even formatted (the
-                                    debug records come two a job) */
+                                    every record; PGJOBQ_LOG_DEBUG to PGJOBQ_LOG_ERROR, else
+                                    pgjobq_worker_new refuses it.  A record below it is not even
+                                    formatted (the debug records come two a job) */
     uint32_t pgjobq_reserved32;  /* zero */
     uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;

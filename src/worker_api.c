@@ -81,6 +81,9 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
                     (long long)w->o.timeout_ms, (long long)w->o.lease_ms);
     if (w->o.poll_ms < 10)
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the poll interval must be at least 10 ms");
+    if (w->o.log_level < PGJOBQ_LOG_DEBUG || w->o.log_level > PGJOBQ_LOG_ERROR)
+        return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the log level (%d) must be a pgjobq_log_level, %d to %d",
+                                  (int)w->o.log_level, PGJOBQ_LOG_DEBUG, PGJOBQ_LOG_ERROR);
     if (w->o.batch_max < 1 || w->o.batch_max > PGJOBQ_BATCH_MAX)
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the claim batch size must be between 1 and %d", PGJOBQ_BATCH_MAX);
     if (w->o.worker_id) {

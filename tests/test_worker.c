@@ -1366,6 +1366,16 @@ TEST_FULL(worker_api_log_level_keeps_records_below_it_from_the_callback, 60, 0)
     PGconn *pg = t_pg();
     pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
 
+    /* A level that is none: refused, not a worker that logs nothing. */
+    {
+        pgjobq_worker_opts bad = PGJOBQ_WORKER_OPTS_INIT;
+        pgjobq_worker *w = NULL;
+        bad.log_fn = count_log;
+        bad.log_level = PGJOBQ_LOG_ERROR + 1;
+        CHECK_INT(pgjobq_worker_new(&w, t_conninfo(), &bad), PGJOBQ_EINVAL);
+        CHECK_MSG(strstr(pgjobq_worker_errmsg(w), "log level") != NULL, "%s", pgjobq_worker_errmsg(w));
+        pgjobq_worker_free(w);
+    }
     eo.queue = "loglevel";
     eo.kind = "ok";
     for (int level = PGJOBQ_LOG_INFO; level >= PGJOBQ_LOG_DEBUG; level--) {
