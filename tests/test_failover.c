@@ -910,6 +910,21 @@ static int autoctl(const char *out, const char *a1, const char *a2, const char *
     return run_owner(out, autoctl_path(), a1, a2, a3, a4, a5, a6, NULL);
 }
 
+/* Whether the file at path holds needle (a missing file holds nothing). */
+static int file_contains(const char *path, const char *needle)
+{
+    char line[4096];
+    int found = 0;
+    FILE *f = fopen(path, "r");
+
+    if (f == NULL)
+        return 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
 static long long monitor_count(PGconn *mon, const char *states)
 {
     return t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE reportedstate::text = ANY ('{%s}')"
@@ -1016,8 +1031,17 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     int enq_before = atomic_load(&load.nenq), done_before = atomic_load(&load.ndone);
     int64_t asked = t_now_ms(), asked_wall = wall_ms();
     atomic_store(&load.mark_ms, asked_wall);
-    snprintf(out, sizeof out, "%s/failover.out", t_tmpdir());
-    CHECK_INT(autoctl(out, "perform", "failover", "--formation", "default", "--pgdata", mon.data), 0);
+    /* The monitor's own transactions can deadlock (40P01 in pgautofailover.perform_failover, seen once
+     * in make chaos): that is retried, as by any client of PostgreSQL; any other failure fails. */
+    int rc = -1;
+    for (int attempt = 1; attempt <= 3; attempt++) {
+        snprintf(out, sizeof out, "%s/failover%d.out", t_tmpdir(), attempt);
+        rc = autoctl(out, "perform", "failover", "--formation", "default", "--pgdata", mon.data);
+        if (rc == 0 || !file_contains(out, "deadlock detected"))
+            break;
+        pause_ms(500);
+    }
+    CHECK_INT(rc, 0);
     int64_t done = t_now_ms();
     CHECK_INT(t_int(m, "SELECT count(*) FROM pgautofailover.node WHERE nodename = 'n2' AND reportedstate = 'primary'"),
               1);
