@@ -48,6 +48,13 @@ typedef struct steady_mem {
     int window_s;
     int nwindows;
     _Atomic uint32_t hist[MAX_WINDOWS][NBUCKETS]; /* pickup latency, by the window the handler started in */
+    /* Where the pickup went, by the same windows: created_at to the claim's start (started_at, the
+     * database clock: the enqueuing commit, the wakeup, a claim already under way), the claim's start
+     * to the handler's (the claim, its commit, the delivery to a thread); and each producer batch's
+     * enqueue call, by the window it ended in. */
+    _Atomic uint32_t to_claim[MAX_WINDOWS][NBUCKETS];
+    _Atomic uint32_t to_handler[MAX_WINDOWS][NBUCKETS];
+    _Atomic uint32_t enqueue[MAX_WINDOWS][NBUCKETS];
     _Atomic long long offered[MAX_WINDOWS];       /* jobs enqueued (committed), by window */
 } steady_mem;
 
@@ -88,27 +95,40 @@ static pgjobq_outcome steady_handler(pgjobq_ctx *ctx, void *arg)
     double now = realtime_s();
     int w = (int)((now - m->t0) / m->window_s);
 
-    if (w >= 0 && w < m->nwindows && j->created_at != PGJOBQ_TIME_NONE)
-        atomic_fetch_add_explicit(&m->hist[w][bucket_of((int64_t)(now * 1e6) - j->created_at)], 1,
-                                  memory_order_relaxed);
+    if (w >= 0 && w < m->nwindows && j->created_at != PGJOBQ_TIME_NONE) {
+        int64_t now_us = (int64_t)(now * 1e6);
+        atomic_fetch_add_explicit(&m->hist[w][bucket_of(now_us - j->created_at)], 1, memory_order_relaxed);
+        if (j->started_at != PGJOBQ_TIME_NONE) {
+            atomic_fetch_add_explicit(&m->to_claim[w][bucket_of(j->started_at - j->created_at)], 1,
+                                      memory_order_relaxed);
+            atomic_fetch_add_explicit(&m->to_handler[w][bucket_of(now_us - j->started_at)], 1,
+                                      memory_order_relaxed);
+        }
+    }
     return PGJOBQ_OUTCOME_COMPLETE;
 }
 
-/* The latency at quantile q (0..1) of a window, ms; -1 when it saw no job. */
-static double quantile_ms(steady_mem *m, int w, double q)
+/* The latency at quantile q (0..1) of one window's histogram, ms; -1 when it saw nothing. */
+static double hist_quantile_ms(_Atomic uint32_t *hist, double q)
 {
     long long n = 0, seen = 0;
     for (int b = 0; b < NBUCKETS; b++)
-        n += atomic_load(&m->hist[w][b]);
+        n += atomic_load(&hist[b]);
     if (n == 0)
         return -1;
     long long want = (long long)ceil(q * (double)n);
     for (int b = 0; b < NBUCKETS; b++) {
-        seen += atomic_load(&m->hist[w][b]);
+        seen += atomic_load(&hist[b]);
         if (seen >= want)
             return bucket_ms(b);
     }
     return bucket_ms(NBUCKETS - 1);
+}
+
+/* The pickup latency at quantile q (0..1) of a window, ms; -1 when it saw no job. */
+static double quantile_ms(steady_mem *m, int w, double q)
+{
+    return hist_quantile_ms(m->hist[w], q);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -153,16 +173,20 @@ static void *producer_main(void *arg)
             break;
         if (due > now)
             bench_pause_ms((long)((due - now) * 1000));
+        double sent = realtime_s();
         rc = pgjobq_enqueue_batch(c, specs, BATCH, NULL, NULL);
         if (rc != PGJOBQ_OK) {
             snprintf(p->err, sizeof p->err, "%s", pgjobq_errmsg(c));
             atomic_store(&p->failed, 1);
             break;
         }
-        int w = (int)((realtime_s() - p->m->t0) / p->m->window_s);
+        double done = realtime_s();
+        int w = (int)((done - p->m->t0) / p->m->window_s);
         /* (A batch that commits just after the end counts in the last window.) */
         w = w < 0 ? 0 : w >= p->m->nwindows ? p->m->nwindows - 1 : w;
         atomic_fetch_add(&p->m->offered[w], BATCH);
+        atomic_fetch_add_explicit(&p->m->enqueue[w][bucket_of((int64_t)((done - sent) * 1e6))], 1,
+                                  memory_order_relaxed);
     }
     pgjobq_client_close(c);
     return NULL;
@@ -329,10 +353,13 @@ int bench_steady(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
         double calls = s->claim_calls - p->claim_calls;
         fprintf(stderr,
                 "steady: %4d s  offered %7.0f/s  completed %7.0f/s  pickup p50 %8.2f ms p99 %8.2f ms"
+                "  (p99 to claim %.2f, to handler %.2f, enqueue call %.2f ms)"
                 "  table %7.1f MiB  dead %9lld  claim %s%.3f ms  pin %.0f s\n",
                 w * m->window_s, (double)atomic_load(&m->offered[w - 1]) / m->window_s,
                 (double)(s->completed - p->completed) / m->window_s, quantile_ms(m, w - 1, 0.5),
-                quantile_ms(m, w - 1, 0.99), (double)s->bytes / 1048576.0, s->dead,
+                quantile_ms(m, w - 1, 0.99), hist_quantile_ms(m->to_claim[w - 1], 0.99),
+                hist_quantile_ms(m->to_handler[w - 1], 0.99), hist_quantile_ms(m->enqueue[w - 1], 0.99),
+                (double)s->bytes / 1048576.0, s->dead,
                 statements && calls > 0 ? "" : "n/a ", statements && calls > 0 ? (s->claim_ms_total - p->claim_ms_total) / calls : 0.0,
                 s->pin_age_s);
     }
@@ -396,10 +423,13 @@ int bench_steady(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
     for (int w = 0; w < n; w++) {
         double calls = smp[w + 1].claim_calls - smp[w].claim_calls;
         printf("%s{\"offered_per_s\":%.1f,\"completed_per_s\":%.1f,\"p50_ms\":%.2f,\"p99_ms\":%.2f,"
-               "\"max_ms\":%.2f,\"table_bytes\":%lld,\"dead\":%lld,\"claim_ms\":%.3f}",
+               "\"max_ms\":%.2f,\"to_claim_p99_ms\":%.2f,\"to_handler_p99_ms\":%.2f,\"enqueue_p99_ms\":%.2f,"
+               "\"table_bytes\":%lld,\"dead\":%lld,\"claim_ms\":%.3f}",
                w ? "," : "", (double)atomic_load(&m->offered[w]) / m->window_s,
                (double)(smp[w + 1].completed - smp[w].completed) / m->window_s, quantile_ms(m, w, 0.5),
-               quantile_ms(m, w, 0.99), quantile_ms(m, w, 1.0), smp[w + 1].bytes, smp[w + 1].dead,
+               quantile_ms(m, w, 0.99), quantile_ms(m, w, 1.0), hist_quantile_ms(m->to_claim[w], 0.99),
+               hist_quantile_ms(m->to_handler[w], 0.99), hist_quantile_ms(m->enqueue[w], 0.99), smp[w + 1].bytes,
+               smp[w + 1].dead,
                statements && calls > 0 ? (smp[w + 1].claim_ms_total - smp[w].claim_ms_total) / calls : -1.0);
     }
     printf("],\"met\":%s}\n", met ? "true" : "false");
