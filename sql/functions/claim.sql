@@ -97,6 +97,9 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
+-- Each statement is planned once per session and its plan kept: planned again at every call (as
+-- PL/pgSQL chose), the walk of the levels alone cost 0.7 ms of planning a claim (bench/README.md).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     -- The tick's moment first: before this transaction has an id.
