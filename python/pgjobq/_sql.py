@@ -9,7 +9,8 @@ A *target* is one of:
 - a database URL (``postgresql://...`` or ``host=... dbname=...``), or None for the App's URL, else
   ``$PGJOBQ_DATABASE_URL``, else ``$DATABASE_URL``: a connection of the package's own (psycopg 3,
   else psycopg2), a transaction committed on it, and the connection kept for the next call (at most
-  ``_IDLE_MAX`` idle per URL and process; see ``_take``).
+  ``_IDLE_MAX`` idle per URL and process, and per event loop for the ``*_async`` functions; see
+  ``_take`` and ``_atake``).
 
 Statements are written with ``:name`` placeholders (SQLAlchemy's ``text()``), rewritten to
 ``%(name)s`` for the DB-API drivers.  Every value is a bound parameter; every parameter is a str, an
@@ -18,6 +19,7 @@ int, a float or None, cast in the SQL itself, so that every driver sends the sam
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -160,7 +162,12 @@ _IDLE_MAX = 4
 _idle: Dict[str, List[Tuple[Any, str]]] = {}  # url -> [(conn, driver)]
 _idle_lock = threading.Lock()
 _idle_pid = os.getpid()
-_inherited: List[Tuple[Any, str]] = []  # a forked child's copies of its parent's connections, never touched
+_inherited: List[Any] = []  # a forked child's copies of its parent's connections, never touched
+# The AsyncConnections of the *_async functions, kept the same way but per event loop: one belongs to
+# the loop it was opened on.  Those of a loop that has closed (asyncio.run() returned) cannot be
+# closed with await any more; they are ended at once (_finish) the next time anything is taken or
+# given back here, and at exit.
+_aidle: Dict[Any, Dict[str, List[Any]]] = {}  # loop -> url -> [AsyncConnection]
 
 
 def _healthy(conn: Any) -> bool:
@@ -182,17 +189,27 @@ def _close(conn: Any) -> None:
         pass
 
 
+def _forget_inherited() -> None:
+    """In a forked child, the first time it takes a connection: its parent's are set aside, never
+    used or closed.  Call with _idle_lock held."""
+    global _idle_pid
+    if _idle_pid != os.getpid():
+        for conns in _idle.values():
+            _inherited.extend(conns)
+        _idle.clear()
+        for per_url in _aidle.values():
+            for aconns in per_url.values():
+                _inherited.extend(aconns)
+        _aidle.clear()
+        _idle_pid = os.getpid()
+
+
 def _take(url: str) -> Tuple[Any, str, bool]:
     """A connection to url: an idle one of this process's if one is healthy, else a new one.
     Returns it, its driver and whether it had been used before."""
-    global _idle_pid
     while True:
         with _idle_lock:
-            if _idle_pid != os.getpid():
-                for conns in _idle.values():
-                    _inherited.extend(conns)
-                _idle.clear()
-                _idle_pid = os.getpid()
+            _forget_inherited()
             conns = _idle.get(url)
             if not conns:
                 break
@@ -235,6 +252,76 @@ def _release(url: str, conn: Any, driver: str, committed: bool) -> None:
     _give(url, conn, driver)
 
 
+def _finish(aconn: Any) -> None:
+    """Ends an AsyncConnection without its event loop (which may be closed): libpq's PQfinish,
+    which sends the server its Terminate and closes the socket, as close() would."""
+    try:
+        aconn.pgconn.finish()
+    except Exception:
+        pass
+
+
+def _swept_closed_loops() -> List[Any]:
+    """Takes out the idle AsyncConnections of event loops that have closed, to _finish.  Call with
+    _idle_lock held."""
+    gone: List[Any] = []
+    for loop in [lp for lp in _aidle if lp.is_closed()]:
+        gone.extend(c for cs in _aidle.pop(loop).values() for c in cs)
+    return gone
+
+
+async def _atake(url: str) -> Tuple[Any, bool]:
+    """_take for the *_async functions: an idle AsyncConnection of this event loop's if one is
+    healthy, else a new one; and whether it had been used before."""
+    loop = asyncio.get_running_loop()
+    while True:
+        with _idle_lock:
+            _forget_inherited()
+            gone = _swept_closed_loops()
+            conns = _aidle.get(loop, {}).get(url)
+            conn = conns.pop() if conns else None
+        for c in gone:
+            _finish(c)
+        if conn is None:
+            break
+        if _healthy(conn):
+            return conn, True
+        _finish(conn)
+    import psycopg
+
+    # No server-side prepared statements: the URL may be a PgBouncer in transaction mode.
+    return await psycopg.AsyncConnection.connect(url, prepare_threshold=None), False
+
+
+async def _arelease(url: str, conn: Any, committed: bool) -> None:
+    """_release for the *_async functions: kept when its transaction committed or rolls back
+    cleanly and there is room, else closed."""
+    from psycopg import pq
+
+    if not committed:
+        try:
+            await conn.rollback()
+        except Exception:
+            _finish(conn)
+            return
+    if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        loop = asyncio.get_running_loop()
+        with _idle_lock:
+            gone = _swept_closed_loops()
+            conns = _aidle.setdefault(loop, {}).setdefault(url, []) if _idle_pid == os.getpid() else None
+            kept = conns is not None and len(conns) < _IDLE_MAX
+            if kept:
+                conns.append(conn)
+        for c in gone:
+            _finish(c)
+        if kept:
+            return
+    try:
+        await conn.close()
+    except Exception:
+        _finish(conn)
+
+
 @atexit.register
 def _close_idle() -> None:
     with _idle_lock:
@@ -242,8 +329,12 @@ def _close_idle() -> None:
             return
         conns = [c for cs in _idle.values() for c, _ in cs]
         _idle.clear()
+        aconns = [c for per_url in _aidle.values() for cs in per_url.values() for c in cs]
+        _aidle.clear()
     for c in conns:
         _close(c)
+    for c in aconns:
+        _finish(c)
 
 
 def _run_own(url: str, sql: str, params: Mapping[str, Any], check: Check) -> Rows:
@@ -327,9 +418,32 @@ def transaction(target: Any, default: Optional[str] = None) -> Iterator[Any]:
         yield target
 
 
+async def _arun_own(url: str, on: Callable[[Any], Any], check: Check) -> Rows:
+    """_run_own for the *_async functions: on(conn) on a kept AsyncConnection of this event loop's
+    (or a new one), in a transaction committed here; a kept one found gone is replaced once."""
+    for again in (True, False):
+        conn, reused = await _atake(url)
+        done = False
+        try:
+            try:
+                rows = await on(conn)
+            except Exception:
+                if again and reused and conn.closed:
+                    continue
+                raise
+            if check:
+                check(rows)
+            await conn.commit()
+            done = True
+            return rows
+        finally:
+            await _arelease(url, conn, done)
+    raise AssertionError("unreachable")
+
+
 async def arun(target: Any, sql: str, params: Mapping[str, Any], *, check: Check = None, enqueue: bool = False,
                default: Optional[str] = None) -> Rows:
-    """run() for a psycopg AsyncConnection, or a URL (an AsyncConnection of its own)."""
+    """run() for a psycopg AsyncConnection, or a URL (an AsyncConnection of its own, kept: _atake)."""
     kind = classify(target)
     if kind not in ("psycopg_async", "url"):
         raise TypeError(
@@ -347,17 +461,7 @@ async def arun(target: Any, sql: str, params: Mapping[str, Any], *, check: Check
         if kind == "psycopg_async":
             rows = await on(target)
         else:
-            import psycopg
-
-            conn = await psycopg.AsyncConnection.connect(default_url(target or default), prepare_threshold=None)
-            try:
-                rows = await on(conn)
-                if check:
-                    check(rows)
-                await conn.commit()
-                return rows
-            finally:
-                await conn.close()
+            return await _arun_own(default_url(target or default), on, check)
     except PgjobqError:
         raise
     except Exception as e:

@@ -367,3 +367,58 @@ def test_a_forked_child_leaves_its_parents_connection_alone(queue):
     pgjobq.enqueue(own, "parent_again", queue=queue)
     assert pid in _sessions(queue)  # the parent's session was not ended by its child
     assert jobs_in(queue) == 3
+
+
+def test_the_async_functions_keep_their_connection_per_event_loop(queue):
+    own = _named(URL, queue)
+
+    async def go(n):
+        for i in range(n):
+            await pgjobq.enqueue_async(own, "more", {"i": i}, queue=queue)
+        deadline = time.monotonic() + 10
+        while len(_sessions(queue)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # a session being ended (a closed loop's) leaves the list shortly
+        kept = _sessions(queue)
+        with pytest.raises(pgjobq.InvalidJob):
+            await pgjobq.enqueue_async(own, "no way", queue=queue)
+        assert _sessions(queue) == kept  # rolled back, and kept
+        await pgjobq.enqueue_async(own, "after", queue=queue)
+        return kept
+
+    first = asyncio.run(go(20))
+    assert len(first) == 1  # one backend ran all 22 statements of that loop
+    # A new event loop cannot use the last one's connection: it opens its own, and the closed loop's
+    # connection is ended (a kept connection never outlives its loop by more than this).
+    second = asyncio.run(go(1))
+    assert len(second) == 1 and second != first
+    assert jobs_in(queue) == 20 + 1 + 2
+
+
+def test_a_kept_async_connection_that_the_server_ended_is_replaced(queue, monkeypatch):
+    own = _named(URL, queue)
+
+    async def go():
+        await pgjobq.enqueue_async(own, "before", queue=queue)
+        (pid,) = _sessions(queue)
+        assert scalar("SELECT pg_terminate_backend(%s)", pid) is True
+        deadline = time.monotonic() + 10
+        while _sessions(queue) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await pgjobq.enqueue_async(own, "after", queue=queue)  # seen as ended before use
+        (pid2,) = _sessions(queue)
+        assert pid2 != pid
+        # Ended unseen: the statement fails on the dead connection and runs once on a new one.
+        monkeypatch.setattr(pgjobq._sql, "_healthy", lambda conn: True)
+        assert scalar("SELECT pg_terminate_backend(%s)", pid2) is True
+        while _sessions(queue) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await pgjobq.enqueue_async(own, "unseen", queue=queue)
+
+    asyncio.run(go())
+    assert scalar("SELECT count(*) FROM pgjobq.all_jobs WHERE queue = %s AND kind = 'unseen'", queue) == 1
+    assert jobs_in(queue) == 3
+    pgjobq._sql._close_idle()  # what exiting runs: the connection of the closed loop ends
+    deadline = time.monotonic() + 10
+    while _sessions(queue) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _sessions(queue) == []
