@@ -13,7 +13,8 @@
  * The run is cut into windows (--window, 60 s by default) and each window reports: jobs offered and
  * completed, the pickup latency (created_at, the enqueuing transaction's start on the database clock,
  * to the handler's start on this machine's clock: the two must be the same clock, so run it on the
- * database's host), the size and dead tuples of the live table, and (with pg_stat_statements) the
+ * database's host) and where its p99 went (to the claim's start, to the handler's, the producer's
+ * enqueue call), the size and dead tuples of the live table, and (with pg_stat_statements) the
  * server time of a claim.  The targets of issue 21 are checked at the end:
  *
  *   S1 (no pin)   completed >= 0.98 of offered, last window >= 0.95 of the first, pickup p99 <= 10 ms

@@ -538,7 +538,8 @@ static verdict check_new_primary(PGconn *conn, int64_t promoted_wall_ms)
     return v;
 }
 
-/* Whether a `pgjobq work` log says it reconnected to the new primary's port. */
+/* Whether the file at path (a `pgjobq work` log, a command's output) has a line holding text; a
+ * missing file has none. */
 static int log_mentions(const char *path, const char *text)
 {
     FILE *f = fopen(path, "r");
@@ -910,21 +911,6 @@ static int autoctl(const char *out, const char *a1, const char *a2, const char *
     return run_owner(out, autoctl_path(), a1, a2, a3, a4, a5, a6, NULL);
 }
 
-/* Whether the file at path holds needle (a missing file holds nothing). */
-static int file_contains(const char *path, const char *needle)
-{
-    char line[4096];
-    int found = 0;
-    FILE *f = fopen(path, "r");
-
-    if (f == NULL)
-        return 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = strstr(line, needle) != NULL;
-    fclose(f);
-    return found;
-}
-
 static long long monitor_count(PGconn *mon, const char *states)
 {
     return t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE reportedstate::text = ANY ('{%s}')"
@@ -1037,7 +1023,7 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     for (int attempt = 1; attempt <= 3; attempt++) {
         snprintf(out, sizeof out, "%s/failover%d.out", t_tmpdir(), attempt);
         rc = autoctl(out, "perform", "failover", "--formation", "default", "--pgdata", mon.data);
-        if (rc == 0 || !file_contains(out, "deadlock detected"))
+        if (rc == 0 || !log_mentions(out, "deadlock detected"))
             break;
         pause_ms(500);
     }
