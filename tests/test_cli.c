@@ -946,3 +946,34 @@ TEST(cli_bench_refuses_bad_scenarios_before_any_database_and_takes_rate_0)
     free(out);
     free(err);
 }
+
+/* The number after "key": in a line of JSON; -1 when the key is missing. */
+static double json_field(const char *json, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* bench mixed runs end to end against a real server: its producer offers at most what the schedule
+ * asks, its workers complete jobs after the warm-up, and it reports the offer of the window it judges
+ * (the last 3 s of 4: the warm-up is a quarter of a short run), which cannot hold more than was
+ * enqueued. */
+TEST(cli_bench_mixed_runs_and_reports_the_window_it_judges)
+{
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "mixed", "--seconds", "4", "--rate", "400", "--processes", "1",
+                    "--concurrency", "4", "--json", NULL),
+              0);
+    double enqueued = json_field(out, "enqueued"), offered = json_field(out, "offered_per_s"),
+           window = json_field(out, "offered_steady_per_s"), done = json_field(out, "jobs_per_s"),
+           depth = json_field(out, "depth_end");
+    CHECK_MSG(enqueued >= 200 && enqueued <= 400 * 4 + 4, "stdout: %s\nstderr: %s", out, err);
+    CHECK_MSG(offered > 0 && window > 0 && done > 0 && depth >= 0, "stdout: %s\nstderr: %s", out, err);
+    CHECK_MSG(window * 2.9 <= enqueued, "stdout: %s", out);
+    CHECK_MSG(strstr(out, "\"kept_up\":") != NULL, "stdout: %s", out);
+    free(out);
+    free(err);
+}
