@@ -309,7 +309,7 @@ row "B4 pickup p50 / p95 / p99 / max (ms)" "$(m b4_latency p50_ms)" "$(m b4_late
 row "B5 best drain with $((noise * 2)) other rows" "$(m b5_noise jobs_per_s)" "$(ratio "$(m b5_noise jobs_per_s)" "$(m b5_empty jobs_per_s)") of empty"
 row "B6 connections 1x1 / 1x128, peak RSS KiB" "$(m b2_1x1 connections_max) / $(m b2_1x128 connections_max)" "$(m b2_1x1 rss_kb_max) / $(m b2_1x128 rss_kb_max) (<= 3, <= 16 MiB: $(verdict $vr))"
 for pct in 25 50 75 90 100 125; do
-    row "B7 $best_p x $best_c at $pct% of the best drain" "$(m b7_$pct jobs_per_s)" "offered $(m b7_$pct offered_per_s)/s, p99 $(m b7_$pct p99_ms) ms, backlog at the end $(m b7_$pct depth_end)"
+    row "B7 $best_p x $best_c at $pct% of the best drain" "$(m b7_$pct jobs_per_s)" "offered $(m b7_$pct offered_per_s)/s ($(m b7_$pct offered_steady_per_s)/s after the warm-up), p99 $(m b7_$pct p99_ms) ms, backlog at the end $(m b7_$pct depth_end)"
 done
 if [ "$b7_kept_all" = 1 ]; then
     row "B7 saturation: not reached; kept up with" "$b7_sat" "$(ratio "$b7_sat" "$best_rate") of the best drain (all the producer offered)"
