@@ -68,7 +68,7 @@ const cli_opt bench_opts[] = {
     {"pin", OPT_PIN, "snapshot|dump",
      "steady: hold a snapshot open in another session for the whole run (dump: and ACCESS SHARE on every pgjobq table, as pg_dump does)"},
     {"window", OPT_WINDOW, "S", "steady: seconds per measurement window (default 60; a third of the run when shorter than 3 minutes)"},
-    {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate (default 2)"},
+    {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate; soak: refilling (default 2)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
@@ -527,6 +527,75 @@ static double soak_rate(const soak_sample *from, const soak_sample *to)
     return to->t > from->t ? (double)(to->completed - from->completed) / (to->t - from->t) : 0.0;
 }
 
+/* The soak's producers: threads, each on a connection of its own, that put back what the workers
+ * drained (--rate 0) or enqueue what is due by now (--rate R), in batches of at most REFILL_MAX taken
+ * from a shared count.  They run beside the sampling loop, so that a refill that takes long (one
+ * producer gets a small share of two cores beside 40 worker processes) neither delays the samples
+ * nor leaves the backlog to run dry unseen. */
+enum { REFILL_MAX = 10000, SOAK_MAX_PRODUCERS = 16 };
+
+typedef struct soak_refill {
+    const char *url;
+    bench_shared *sh;
+    const bench_args *a;
+    double t0;
+    _Atomic long long *refilled; /* jobs taken to enqueue, by all producers */
+    _Atomic int *stop;
+    _Atomic int failed;
+    pthread_t th;
+    char err[300];
+} soak_refill;
+
+static void *soak_refill_main(void *arg)
+{
+    soak_refill *r = arg;
+    pgjobq_client *c = NULL;
+    pgjobq_job_spec *specs = calloc(REFILL_MAX, sizeof *specs);
+    int rc = specs ? pgjobq_client_open(&c, r->url) : PGJOBQ_ENOMEM;
+
+    if (rc != PGJOBQ_OK) {
+        snprintf(r->err, sizeof r->err, "%s", c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
+        atomic_store(&r->failed, 1);
+        pgjobq_client_close(c);
+        free(specs);
+        return NULL;
+    }
+    for (int i = 0; i < REFILL_MAX; i++) {
+        specs[i].payload = "{\"noop\": true}";
+        specs[i].opts.queue = "bench";
+    }
+    while (!atomic_load(r->stop)) {
+        long long want = r->a->rate > 0 ? (long long)((bench_now() - r->t0) * r->a->rate)
+                                        : bench_total(r->sh->completed, r->a->processes);
+        long long have = atomic_load(r->refilled), k = want - have;
+        if (k <= 0) {
+            bench_pause_ms(100);
+            continue;
+        }
+        k = k < REFILL_MAX ? k : REFILL_MAX;
+        if (!atomic_compare_exchange_strong(r->refilled, &have, have + k))
+            continue; /* another producer took this share first */
+        if ((rc = pgjobq_enqueue_batch(c, specs, (size_t)k, NULL, NULL)) != PGJOBQ_OK) {
+            snprintf(r->err, sizeof r->err, "%s", pgjobq_errmsg(c));
+            atomic_store(&r->failed, 1);
+            break;
+        }
+    }
+    pgjobq_client_close(c);
+    free(specs);
+    return NULL;
+}
+
+/* The sample furthest from `from` but no more than 60 s after it (step +1), or before it (step -1):
+ * the ends of the first and the last minute. */
+static int soak_minute(const soak_sample *smp, int n, int from, int step)
+{
+    int i = from;
+    while (i + step >= 0 && i + step < n && (smp[i + step].t - smp[from].t) * step <= 60.0 + 0.5)
+        i += step;
+    return i;
+}
+
 /* P worker processes (C threads each) over --noise finished jobs and N queued ones, for S seconds.
  * With --rate 0 the N jobs are due and refilled as fast as they drain (saturation); with --rate R they
  * are scheduled a day ahead (a table that holds millions of queued jobs) while a producer offers R
@@ -535,22 +604,24 @@ static double soak_rate(const soak_sample *from, const soak_sample *to)
  * connection leaks; reports the pickup lag of the last minute. */
 static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
 {
-    enum { REFILL_MAX = 10000 };
     bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     soak_sample *smp = calloc(SOAK_MAX_SAMPLES, sizeof *smp);
-    pgjobq_job_spec *specs = calloc(REFILL_MAX, sizeof *specs);
+    soak_refill prod[SOAK_MAX_PRODUCERS];
     pid_t pids[BENCH_MAX_PROCESSES] = {0};
-    int n = 0, status = EX_OK;
-    long long refilled = 0;
+    int n = 0, status = EX_OK, nprod = a->producers ? a->producers : 2, started = 0;
+    _Atomic long long refilled = 0;
+    _Atomic int stop = 0;
     char sql[800];
 
-    if (sh == MAP_FAILED || smp == NULL || specs == NULL) {
+    memset(prod, 0, sizeof prod);
+    if (sh == MAP_FAILED || smp == NULL) {
         status = EX_OSERR;
         goto out;
     }
-    if (a->processes > BENCH_MAX_PROCESSES || a->seconds < 120 || a->seconds / SOAK_SAMPLE_S >= SOAK_MAX_SAMPLES) {
-        status = cli_usage_error(a->cmd, "soak: --processes at most %d, --seconds from 120 to %d", BENCH_MAX_PROCESSES,
-                                 SOAK_SAMPLE_S * (SOAK_MAX_SAMPLES - 1));
+    if (a->processes > BENCH_MAX_PROCESSES || a->seconds < 120 || a->seconds / SOAK_SAMPLE_S >= SOAK_MAX_SAMPLES ||
+        nprod < 1 || nprod > SOAK_MAX_PRODUCERS) {
+        status = cli_usage_error(a->cmd, "soak: --processes at most %d, --seconds from 120 to %d, --producers 1 to %d",
+                                 BENCH_MAX_PROCESSES, SOAK_SAMPLE_S * (SOAK_MAX_SAMPLES - 1), SOAK_MAX_PRODUCERS);
         goto out;
     }
     memset(sh, 0, sizeof *sh);
@@ -576,16 +647,25 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
     }
     if (bench_sql(ctl, BENCH_VACUUM_SQL) != 0 || bench_sql(ctl, "CHECKPOINT") != 0)
         goto soft_fail;
-    for (int i = 0; i < REFILL_MAX; i++) {
-        specs[i].payload = "{\"noop\": true}";
-        specs[i].opts.queue = "bench";
-    }
     if (bench_start_ready_workers(url, a, sh, pids, ctl) != 0)
         goto soft_fail;
     double t0 = bench_now(), next = t0;
     long long since = (long long)bench_number(ctl, "SELECT pgjobq.monitor_last_id()");
+    /* (With --rate 0 the producers put back what the workers complete from now on.) */
+    for (; started < nprod; started++) {
+        prod[started] = (soak_refill){.url = url, .sh = sh, .a = a, .t0 = t0, .refilled = &refilled, .stop = &stop};
+        if (pthread_create(&prod[started].th, NULL, soak_refill_main, &prod[started]) != 0) {
+            cli_err("bench: soak: cannot start a producer thread");
+            goto soft_fail;
+        }
+    }
     for (;;) {
         double now = bench_now();
+        for (int i = 0; i < started; i++)
+            if (atomic_load(&prod[i].failed)) {
+                cli_err("bench: soak: a producer failed: %s", prod[i].err);
+                goto soft_fail;
+            }
         if (now >= next) {
             if (soak_measure(ctl, a, sh, pids, now - t0, &smp[n]) != 0)
                 goto soft_fail;
@@ -600,26 +680,17 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
                 break;
             next += SOAK_SAMPLE_S;
         }
-        /* Saturation: put back what was drained.  A rate: what is due by now. */
-        long long drained = a->rate > 0 ? (long long)((bench_now() - t0) * a->rate) - refilled
-                                        : bench_total(sh->completed, a->processes) - refilled;
-        while (drained > 0) {
-            size_t k = (size_t)(drained < REFILL_MAX ? drained : REFILL_MAX);
-            if ((rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL)) != PGJOBQ_OK) {
-                status = cli_fail(c, rc);
-                goto out;
-            }
-            refilled += (long long)k;
-            drained -= (long long)k;
-        }
         bench_pause_ms(100);
     }
+    atomic_store(&stop, 1);
+    for (; started > 0; started--)
+        pthread_join(prod[started - 1].th, NULL);
     bench_stop_workers(a, pids);
 
-    /* Minutes: the first full one after the workers were ready, and the last. */
-    int per_min = 60 / SOAK_SAMPLE_S, last = n - 1;
-    double first_rate = soak_rate(&smp[0], &smp[per_min]);
-    double last_rate = soak_rate(&smp[last - per_min], &smp[last]);
+    /* Minutes, by the samples' times: the first one after the workers were ready, and the last. */
+    int last = n - 1;
+    double first_rate = soak_rate(&smp[0], &smp[soak_minute(smp, n, 0, 1)]);
+    double last_rate = soak_rate(&smp[soak_minute(smp, n, last, -1)], &smp[last]);
     /* RSS, the hot table and its dead tuples: the second half may not exceed the first half's peak by
      * more than a margin (a leak or a vacuum that falls behind grows without bound). */
     long rss_first = 0, rss_second = 0;
@@ -670,12 +741,14 @@ static int bench_soak(const char *url, bench_args *a, PGconn *ctl, pgjobq_client
 soft_fail:
     status = EX_SOFTWARE;
 out:
+    atomic_store(&stop, 1);
+    for (; started > 0; started--)
+        pthread_join(prod[started - 1].th, NULL);
     if (sh != MAP_FAILED) {
         bench_stop_workers(a, pids);
         munmap(sh, sizeof *sh);
     }
     free(smp);
-    free(specs);
     return status;
 }
 
