@@ -440,8 +440,9 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
     int kept_up = steady >= 0.95 * offered_steady && depth_end <= (long long)(offered * 2) + per_tick;
     if (a->json)
         printf("{\"scenario\":\"mixed\",\"seconds\":%d,\"rate\":%d,\"offered_per_s\":%.1f,"
-               "\"offered_steady_per_s\":%.1f,\"processes\":%d,\"concurrency\":%d,\"enqueued\":%lld,\"jobs_per_s\":%.1f,\"depth_avg\":%.1f,\"depth_max\":%lld,"
-               "\"depth_end\":%lld,\"p50_ms\":%.2f,\"p99_ms\":%.2f,\"kept_up\":%s}\n",
+               "\"offered_steady_per_s\":%.1f,\"processes\":%d,\"concurrency\":%d,\"enqueued\":%lld,"
+               "\"jobs_per_s\":%.1f,\"depth_avg\":%.1f,\"depth_max\":%lld,\"depth_end\":%lld,\"p50_ms\":%.2f,"
+               "\"p99_ms\":%.2f,\"kept_up\":%s}\n",
                a->seconds, a->rate, offered, offered_steady, a->processes, a->concurrency, enqueued, steady,
                depth_n ? (double)depth_sum / (double)depth_n : 0.0, depth_max, depth_end, lat[0], lat[2],
                kept_up ? "true" : "false");
