@@ -103,6 +103,9 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
 RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Each statement planned once per session (as claim_next's): with the levels' probe below, PL/pgSQL
+-- chose a custom plan for the insert and planned it at every call (0.13 ms).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n          integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
@@ -114,6 +117,7 @@ DECLARE
     v_dup_ords integer[];
     v_dup_keys text[];
     v_found    bigint;
+    v_levels_known boolean;
     v_seq      regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
     v_bad      record;
     i          integer;
@@ -191,8 +195,10 @@ BEGIN
         SELECT array_agg(CASE WHEN ins.id IS NULL THEN 0 ELSE input.id END ORDER BY input.ord),
                array_agg(DISTINCT ins.queue) FILTER (WHERE ins.run_at <= now()),
                array_agg(input.ord ORDER BY input.ord) FILTER (WHERE ins.id IS NULL),
-               array_agg(input.unique_key ORDER BY input.ord) FILTER (WHERE ins.id IS NULL)
-          INTO v_ids, v_due, v_dup_ords, v_dup_keys
+               array_agg(input.unique_key ORDER BY input.ord) FILTER (WHERE ins.id IS NULL),
+               (SELECT bool_and(EXISTS (SELECT 1 FROM pgjobq.levels l WHERE l.queue = d.queue AND l.priority = d.priority))
+                  FROM (SELECT DISTINCT i.queue, i.priority FROM input i) d)
+          INTO v_ids, v_due, v_dup_ords, v_dup_keys, v_levels_known
           FROM input LEFT JOIN ins ON ins.id = input.id;
     EXCEPTION WHEN check_violation THEN
         -- Name the argument and the rule rather than the domain.  (The block costs a subtransaction per
@@ -205,7 +211,12 @@ BEGIN
     IF enqueue_many.notify THEN
         PERFORM pgjobq.notify(v_due);
     END IF;
-    PERFORM pgjobq.levels_add(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
+    -- Record the batch's levels (queue, priority) unless every one is recorded already, as each is
+    -- after a queue's first jobs at a priority: the insert's statement looked (levels are never
+    -- removed, so one seen there is there for good, and levels_add would do nothing).
+    IF v_levels_known IS NOT TRUE THEN
+        PERFORM pgjobq.levels_add(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
+    END IF;
 
     RETURN QUERY SELECT t.o::integer, t.job_id, false
                    FROM unnest(v_ids) WITH ORDINALITY AS t(job_id, o) WHERE t.job_id <> 0;
@@ -315,11 +326,15 @@ $$;
 -- waited for): an enqueue never waits on another one's transaction.  If that one rolls back, the
 -- claims find the level by themselves within a second.
 -- (PL/pgSQL rather than SQL: its statement's plan is kept for the session, where an SQL function's
--- body would be planned at every call, half a millisecond of every enqueue.)
+-- body would be planned at every call, half a millisecond of every enqueue.  Kept only with
+-- plan_cache_mode = force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT
+-- cheaper and planned it again at every call, 0.09 ms of every enqueue: pg_stat_statements with
+-- track_planning, bench/README.md "Idle pickup".)
 -- A level recorded gets its frontier, a sequence (pgjobq.levels, migration 10).
 CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_n integer;
