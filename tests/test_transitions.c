@@ -455,9 +455,9 @@ static void count_plans(void *arg, const char *msg)
  * query planned once itself, plans nothing more.  An ANALYZE of the tables (autovacuum's) invalidates
  * the plans that read them once: 13 plans more, measured by running one between two rounds; so the
  * room is a round's worth less one, and a statement planned at every call exceeds it.  The retry
- * names its delay: without one, fail_many calls pgjobq.backoff, an
- * SQL function the user may replace, whose body PostgreSQL plans at each call (it has a SET clause,
- * so it is not inlined): one more plan a retry, of an expression without a table. */
+ * names its delay: without one, fail_many calls pgjobq.backoff, an SQL function the user may
+ * replace, whose body PostgreSQL plans at each call (it has a SET clause, so it is not inlined): one
+ * more plan a retry, of an expression without a table. */
 TEST(enqueue_claim_and_fenced_writes_plan_their_statements_once_per_session)
 {
     enum { WARM = 8, ROUNDS = 20, PLANNED_PER_ROUND = 8, ROOM = ROUNDS - 1 };

@@ -36,8 +36,10 @@
 -- under load, with the heartbeats queued behind it on the worker's write connection (leases lost).
 -- And with plan_cache_mode = force_generic_plan (fail_many, extend_many, release_many, cancel_many),
 -- so that the plans these settings shape are made once per session: left to choose, PL/pgSQL found
--- their custom plans cheaper and planned their statements again at every call, 0.05-0.17 ms each
--- (pg_stat_statements with track_planning; complete_many's were kept).
+-- the custom plans of five statements of fail_many, extend_many and release_many cheaper and planned
+-- them again at every call, 0.05-0.17 ms each (pg_stat_statements with track_planning).
+-- complete_many's and cancel_many's plans were kept; cancel_many, of release_many's shape, gets the
+-- setting so that its plans do not depend on that choice either.
 
 -- backoff(attempt): how long to wait before retrying after failed attempt number `attempt` (1-based).
 -- 2^attempt seconds, capped at one hour, with +-10% jitter so that jobs that failed together do not
