@@ -273,3 +273,83 @@ TEST(coproc_options_are_checked)
     free(out);
     free(err);
 }
+
+/* Issue 36's reproduction: a coprocess that answers one job of 400 with a result PostgreSQL refuses
+ * (a number beyond numeric's range) and another with a retry delay past the table's range, and an
+ * --exec handler that prints such a result for one job of 60.  Only those jobs pay: each of their
+ * attempts fails, saying why, and every other job completes on its first attempt. */
+static const char refusing[] =
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'cancel' in m:\n"
+    "        continue\n"
+    "    n = m['payload']['n']\n"
+    "    if n == 100:\n"
+    "        sys.stdout.write('{\"id\": %d, \"status\": \"completed\", \"result\": {\"n\": 1e1000000}}\\n' % m['id'])\n"
+    "    elif n == 200:\n"
+    "        sys.stdout.write(json.dumps({'id': m['id'], 'status': 'retry', 'error': 'much later',\n"
+    "                                     'delay_ms': 9223372036854775807}) + '\\n')\n"
+    "    else:\n"
+    "        sys.stdout.write(json.dumps({'id': m['id'], 'status': 'completed', 'result': {'n': n}}) + '\\n')\n"
+    "    sys.stdout.flush()\n";
+
+TEST_FULL(coproc_and_exec_a_result_the_database_refuses_fails_that_job_alone, 120, 0)
+{
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("refusing"), *elog = t_log_path("refusing-exec");
+    char command[700];
+    python_script("refusing.py", refusing, command, sizeof command);
+    const char *exec = t_script("refusing.sh", "payload=$(cat)\n"
+                                               "case \"$payload\" in\n"
+                                               "  *'\"n\": 7}'*) echo '{\"n\": 1e1000000}';;\n"
+                                               "  *) echo \"$payload\";;\n"
+                                               "esac");
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('rfc'::text, ARRAY[400]), NULL,"
+                       " (SELECT array_agg(jsonb_build_object('n', i)) FROM generate_series(1, 400) i),"
+                       " max_attempts => array_fill(3, ARRAY[400]))"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('rfe'::text, ARRAY[60]), NULL,"
+                       " (SELECT array_agg(jsonb_build_object('n', i)) FROM generate_series(1, 60) i),"
+                       " max_attempts => array_fill(2, ARRAY[60]))"));
+    worker = t_spawn(log, NULL, "work", "--queue", "rfc:32", "--coproc", command, "--coprocs", "2", NULL);
+    t_defer(stop_worker);
+    pid_t ew = t_spawn(elog, NULL, "work", "--queue", "rfe:16", "--exec", exec, NULL);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue IN ('rfc', 'rfe')") < 460) {
+        if (t_now_ms() - t0 > 90000) {
+            t_show_log(log);
+            t_show_log(elog);
+            t_fail(__FILE__, __LINE__, "the jobs did not all finish");
+        }
+        usleep(100000);
+    }
+    stop_worker();
+    kill(ew, SIGTERM);
+    CHECK_INT(t_wait_exit(ew, 20000), 0);
+
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rfc' AND state = 'completed'"
+                        " AND attempt = 1 AND result = payload"),
+              398);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rfe' AND state = 'completed'"
+                        " AND attempt = 1 AND result = payload"),
+              59);
+    /* The refused result: three failed attempts, each saying why. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rfc' AND payload->>'n' = '100'"
+                        " AND state = 'failed' AND attempt = 3"
+                        " AND last_error = 'result not storable: value overflows numeric format'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rfe' AND payload->>'n' = '7'"
+                        " AND state = 'failed' AND attempt = 2"
+                        " AND last_error = 'result not storable: value overflows numeric format'"),
+              1);
+    /* The refused delay: retried after the backoff instead, its last attempt failed with its error. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rfc' AND payload->>'n' = '200'"
+                        " AND state = 'failed' AND attempt = 3 AND last_error = 'much later'"),
+              1);
+    char *text = read_log(log);
+    CHECK_MSG(strstr(text, "attempt 3 of 3 failed for good: result not storable: value overflows numeric format"),
+              "the log does not say why the job failed");
+    free(text);
+    PQfinish(pg);
+}

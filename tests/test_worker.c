@@ -1413,3 +1413,110 @@ TEST_FULL(worker_api_log_level_keeps_records_below_it_from_the_callback, 60, 0)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* A batch of outcomes the database refuses one row of: the handlers of the jobs n < 8 wait for one
+ * another, so that their outcomes (and their progress) reach the engine together and are written in
+ * the same statements; four of them give what PostgreSQL refuses and the C checks let through: a
+ * number beyond numeric's range, a result a CHECK of the user's refuses, a retry delay past the
+ * table's range, a progress value beyond numeric's range. */
+#define LONG_TEXT "a result longer than the 100 bytes the CHECK constraint of the test allows in history"
+static _Atomic int refusal_gate;
+static char refused_error[512]; /* what n = 3's second attempt was told of its first */
+
+static pgjobq_outcome refusing_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    int n = atoi(strchr(j->payload, ':') + 1);
+    char value[64];
+    (void)arg;
+    snprintf(value, sizeof value, "{\"n\": %d}", n);
+    if (pgjobq_ctx_set_progress(ctx, n == 4 ? "{\"p\": 1e1000000}" : value) != PGJOBQ_OK ||
+        pgjobq_ctx_set_result(ctx, value) != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n < 8 && j->attempt == 1) {
+        atomic_fetch_add(&refusal_gate, 1);
+        for (int i = 0; i < 2000 && atomic_load(&refusal_gate) < 8 && !pgjobq_ctx_should_stop(ctx); i++)
+            usleep(10000);
+    }
+    if (n == 1 && pgjobq_ctx_set_result(ctx, "{\"n\": 1e1000000}") != PGJOBQ_OK) /* beyond numeric */
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n == 2 && pgjobq_ctx_set_result(ctx, "{\"s\": \"" LONG_TEXT LONG_TEXT "\"}") != PGJOBQ_OK) /* the CHECK below */
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n == 3) {
+        if (j->attempt == 2 && j->last_error)
+            snprintf(refused_error, sizeof refused_error, "%s", j->last_error);
+        pgjobq_ctx_set_error(ctx, "see you in a long while");
+        pgjobq_ctx_set_retry_delay(ctx, INT64_MAX); /* a run_at past the table's range */
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    if (n == 5 && j->attempt == 1) {
+        pgjobq_ctx_set_error(ctx, "an innocent retry");
+        pgjobq_ctx_set_retry_delay(ctx, 0);
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+TEST_FULL(worker_api_an_outcome_the_database_refuses_costs_its_batch_mates_nothing, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    /* 400 jobs, n = 0..399; the refused results (1, 2) have one attempt, the refused retry (3) two,
+     * the others three. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('rf'::text, ARRAY[400]), NULL,"
+                       " (SELECT array_agg(jsonb_build_object('n', i) ORDER BY i) FROM generate_series(0, 399) i),"
+                       " max_attempts => (SELECT array_agg(CASE i WHEN 1 THEN 1 WHEN 2 THEN 1 WHEN 3 THEN 2 ELSE 3 END ORDER BY i)"
+                       "                    FROM generate_series(0, 399) i))"));
+    /* Something else PostgreSQL refuses: a constraint of the user's, on history. */
+    PQclear(t_exec(pg, "ALTER TABLE pgjobq.history ADD CONSTRAINT results_under_100_bytes"
+                       " CHECK (octet_length(result::text) < 100)"));
+    o.lease_ms = 20000;
+    o.worker_id = "refusals";
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "rf", NULL, 16, refusing_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf'", 400, 60000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.lost, 0);
+    CHECK_INT(st.failed, 3);
+    pgjobq_worker_free(w);
+
+    /* Every other job completed on its first attempt (n = 5 on its second, as it asked), with its
+     * result; every job kept its progress, the refused failures too, but n = 4's refused one. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND state = 'completed'"
+                        " AND result = jsonb_build_object('n', (payload->>'n')::int)"
+                        " AND attempt = CASE WHEN payload->>'n' = '5' THEN 2 ELSE 1 END"),
+              397);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND progress = payload"), 399);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '4'"
+                        " AND state = 'completed' AND progress IS NULL"),
+              1);
+    /* Each refused job alone failed its attempt, saying why. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '1'"
+                        " AND state = 'failed' AND attempt = 1 AND result IS NULL"
+                        " AND last_error = 'result not storable: value overflows numeric format'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '2'"
+                        " AND state = 'failed' AND last_error LIKE 'result not storable: new row for relation%%"
+                        "violates check constraint \"results_under_100_bytes\"%%'"),
+              1);
+    /* The refused retry delay: a failed attempt retried after the backoff, which said why. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '3'"
+                        " AND state = 'failed' AND attempt = 2 AND last_error = 'see you in a long while'"),
+              1);
+    CHECK_MSG(strncmp(refused_error, "outcome not storable: timestamp out of range", 44) == 0 &&
+                  strstr(refused_error, "; the handler's error: see you in a long while") != NULL,
+              "the second attempt was told: %s", refused_error);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
