@@ -150,7 +150,8 @@ def _connect(url: str) -> Tuple[Any, str]:
     try:
         import psycopg2
     except ImportError:
-        raise PgjobqError("pgjobq needs psycopg (3) or psycopg2 to open a connection from a URL") from None
+        raise PgjobqError("pgjobq needs psycopg (3) or psycopg2 to open a connection from a URL: "
+                          "pip install 'pgjobq[psycopg]' (Debian: apt-get install python3-psycopg)") from None
     return psycopg2.connect(url), "psycopg2"
 
 
