@@ -861,7 +861,9 @@ typedef struct pgjobq_worker_opts {
                                     every record; PGJOBQ_LOG_DEBUG to PGJOBQ_LOG_ERROR, else
                                     pgjobq_worker_new refuses it.  A record below it is not even
                                     formatted (the debug records come two a job) */
-    uint32_t pgjobq_reserved32;  /* zero */
+    int32_t burst;               /* nonzero: stop by itself once nothing it serves is due (a claim sent
+                                    while it held no job found none), as after pgjobq_worker_stop;
+                                    for tests and runs from cron.  0: run until stopped */
     uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;
 
@@ -896,7 +898,8 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
                                        pgjobq_handler_fn fn, void *arg) PGJOBQ_WUR;
 
 /*
- * Runs the worker on the calling thread until pgjobq_worker_stop: connects (retrying with backoff
+ * Runs the worker on the calling thread until pgjobq_worker_stop (or, with opts.burst, until nothing
+ * it serves is due: then it returns PGJOBQ_OK): connects (retrying with backoff
  * and jitter, forever), claims, dispatches, completes, heartbeats, rescues and prunes.  On stop it
  * claims nothing more, waits up to the shutdown timeout for running jobs, then asks the remaining
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.

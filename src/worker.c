@@ -297,6 +297,20 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
     }
 }
 
+/* With opts.burst: once nothing the worker serves is due, it stops as on a stop request.  Nothing is
+ * due when each queue's last claim, sent while the worker held no job (so every outcome it had was
+ * written first: a retry due now, a child released by its parent, were visible), found none. */
+static void phase_burst(pgjobq_worker *w)
+{
+    if (!w->o.burst || w->stopping || w->nrunning > 0 || pending_count(w) > 0)
+        return;
+    for (int i = 0; i < w->nqueues; i++)
+        if (!w->queues[i].drained)
+            return;
+    wlog(w, PGJOBQ_LOG_INFO, "burst: nothing due is left in the queues served; stopping");
+    atomic_fetch_add(&w->stop_requests, 1);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: collect                                                                                    */
 
@@ -769,6 +783,7 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     rq->want = want;
     rq->from_cursor = from_cursor;
     rq->woken = q->claim.woken;
+    rq->idle = w->nrunning == 0;
     rq->sent_ms = now;
     if (!from_cursor)
         q->claim.low_ms = now;
@@ -886,6 +901,7 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.cursor_valid = 0;
     }
     free(claimed);
+    q->drained = n == 0 && rq->idle;
     q->claim.woken = 0;
     q->claim.limited = meta.limited;
     /* A claim on a notification that found nothing: another worker took the jobs; hold the next such
@@ -1565,6 +1581,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
 
     for (;;) {
         now = pgjobq__mono_ms();
+        phase_burst(w);
         phase_stop(w, now);
         phase_collect(w, now);
         for (int c = 0; c < PGJOBQ__NCONN; c++)
