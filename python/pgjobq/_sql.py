@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from . import _txn
 from .errors import PgjobqError, translate
 
 Rows = List[Tuple[Any, ...]]
@@ -391,6 +392,8 @@ def run(target: Any, sql: str, params: Mapping[str, Any], *, check: Check = None
         if t is None:
             raise
         raise t from e
+    if enqueue:
+        _txn.watch(target, kind)  # on a caller's connection: autocommit, a session never committed
     if check:
         check(rows)
     return rows
@@ -470,6 +473,8 @@ async def arun(target: Any, sql: str, params: Mapping[str, Any], *, check: Check
         if t is None:
             raise
         raise t from e
+    if enqueue:
+        _txn.watch(target, kind)
     if check:
         check(rows)
     return rows
