@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 15
+#define PGJOBQ_SCHEMA_VERSION 16
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -165,7 +165,10 @@ typedef struct pgjobq_job {
         const char *parents;
         uint64_t pgjobq_slot2_;
     };
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t cancel_requested_at; /* when that cancel was requested (schema 16; PGJOBQ_TIME_NONE: none, or
+                                    one requested before the upgrade).  When its holder then told the
+                                    handler is pgjobq.all_jobs.cancel_told_at.  (In place of the last
+                                    reserved field.) */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */

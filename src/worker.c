@@ -920,17 +920,29 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
 }
 
-/* A notification names a queue with new jobs: claim from it at once. */
+/* A notification names a queue with new jobs: claim from it at once.  Or it says that a job this
+ * worker holds was asked to stop (pgjobq.cancel_notify: "!cancel:" and this worker's id): renew the
+ * leases now, as the heartbeat would, whose answer ends such a job cancelled and stops its handler
+ * (heartbeat_done), rather than up to a heartbeat later.  A burst of them costs one early heartbeat
+ * at a time: it is sent when the write connection is free. */
 static void read_notifications(pgjobq_worker *w)
 {
+    static const char cancel_prefix[] = "!cancel:";
     PGnotify *n;
 
     if (w->conn[PGJOBQ__C_CLAIM].pg == NULL)
         return;
     while ((n = PQnotifies(w->conn[PGJOBQ__C_CLAIM].pg)) != NULL) {
-        for (int i = 0; i < w->nqueues; i++)
-            if (strcmp(w->queues[i].name, n->extra) == 0)
-                w->queues[i].claim.woken = 1;
+        if (strncmp(n->extra, cancel_prefix, sizeof cancel_prefix - 1) == 0) {
+            if (strcmp(n->extra + sizeof cancel_prefix - 1, w->worker_id) == 0 && w->nrunning > 0) {
+                wlog(w, PGJOBQ_LOG_DEBUG, "a cancel was requested for a job of this worker: renewing the leases now");
+                w->next_heartbeat_ms = 0;
+            }
+        } else {
+            for (int i = 0; i < w->nqueues; i++)
+                if (strcmp(w->queues[i].name, n->extra) == 0)
+                    w->queues[i].claim.woken = 1;
+        }
         PQfreemem(n);
     }
 }
