@@ -251,7 +251,9 @@ def test_a_session_closed_without_commit_warns(queue):
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    engine = create_engine(URL.replace("postgresql://", "postgresql+psycopg2://", 1), future=True)
+    import psycopg2
+
+    engine = create_engine("postgresql+psycopg2://", creator=lambda: psycopg2.connect(URL), future=True)
     add = on(queue, py_tasks.add)
     pgjobq._txn._warned.clear()
     with warnings.catch_warnings(record=True) as fine:
