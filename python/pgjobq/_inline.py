@@ -93,7 +93,7 @@ def _call(task: Task, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     return _run_coroutine(value) if inspect.isawaitable(value) else value
 
 
-def _run_one(app: App, task: Task, ctx: Context) -> Tuple[str, Dict[str, Any]]:
+def _run_one(task: Task, ctx: Context) -> Tuple[str, Dict[str, Any]]:
     """(status, fields) as a coprocess would answer for this job."""
     decide = _Outcomes()
     args, kwargs = task._call_args(ctx.payload)
@@ -139,7 +139,7 @@ def run_inline(app: App, target: Any, queues: Optional[Iterable[str]], max_jobs:
     names = list(queues) if queues is not None else sorted({t.queue or app.queue for t in app.tasks.values()}
                                                            or {app.queue})
     worker = f"inline:{socket.gethostname()}:{os.getpid()}"[:255]
-    counts: Dict[str, int] = collections.Counter()
+    counts: "collections.Counter[str]" = collections.Counter()
     handed_back: Dict[str, set] = {q: set() for q in names}
     ran = 0
     busy = True
@@ -163,10 +163,10 @@ def run_inline(app: App, target: Any, queues: Optional[Iterable[str]], max_jobs:
                     new = True
                     ctx = Context(int(job_id), queue, kind, int(attempt), int(max_attempts), payload, _parents(parents),
                                   time.monotonic() + LEASE_S, app)
-                    status, fields = _run_one(app, task, ctx)
+                    status, fields = _run_one(task, ctx)
                     counts[_COUNT.get(_write(target, job_id, token, status, fields), "lost")] += 1
                     ran += 1
                 if not new:
                     break
                 busy = True
-    return counts
+    return dict(counts)
