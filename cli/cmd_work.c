@@ -43,6 +43,7 @@
 #define OPT_METRICS_LISTEN 2016
 #define OPT_COPROC 2017
 #define OPT_COPROCS 2018
+#define OPT_BURST 2019
 
 const cli_opt work_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
@@ -66,6 +67,7 @@ const cli_opt work_opts[] = {
     {"retain-failed", OPT_RETAIN_FAILED, "DURATION",
      "prune failed jobs after this (default: the database's retention, 7d unless changed)"},
     {"no-maintenance", OPT_NO_MAINTENANCE, NULL, "do not rescue expired leases or prune in this process"},
+    {"burst", OPT_BURST, NULL, "run what is due, then exit 0 once nothing due is left (tests, cron)"},
     {"metrics-listen", OPT_METRICS_LISTEN, "ADDR",
      "serve this worker's counters at http://ADDR/metrics (e.g. 127.0.0.1:9465; off loopback, "
      "$PGJOBQ_SERVE_TOKEN is required)"},
@@ -177,6 +179,7 @@ static int work_opt(int key, const char *arg, void *ctx)
     case OPT_RETAIN_FAILED: return duration_opt(a, "retain-failed", arg, &a->opts.retain_failed_ms);
     case OPT_POLL_ONLY: a->opts.poll_only = 1; return 0;
     case OPT_NO_MAINTENANCE: a->opts.no_maintenance = 1; return 0;
+    case OPT_BURST: a->opts.burst = 1; return 0;
     case OPT_METRICS_LISTEN: a->metrics_listen = arg; return 0;
     case OPT_WORKER_ID: a->opts.worker_id = arg; return 0;
     case OPT_BATCH:

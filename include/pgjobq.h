@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 15
+#define PGJOBQ_SCHEMA_VERSION 16
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -165,7 +165,10 @@ typedef struct pgjobq_job {
         const char *parents;
         uint64_t pgjobq_slot2_;
     };
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t cancel_requested_at; /* when that cancel was requested (schema 16; PGJOBQ_TIME_NONE: none, or
+                                    one requested before the upgrade).  When its holder then told the
+                                    handler is pgjobq.all_jobs.cancel_told_at.  (In place of the last
+                                    reserved field.) */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
@@ -861,7 +864,9 @@ typedef struct pgjobq_worker_opts {
                                     every record; PGJOBQ_LOG_DEBUG to PGJOBQ_LOG_ERROR, else
                                     pgjobq_worker_new refuses it.  A record below it is not even
                                     formatted (the debug records come two a job) */
-    uint32_t pgjobq_reserved32;  /* zero */
+    int32_t burst;               /* nonzero: stop by itself once nothing it serves is due (a claim sent
+                                    while it held no job found none), as after pgjobq_worker_stop;
+                                    for tests and runs from cron.  0: run until stopped */
     uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;
 
@@ -896,7 +901,8 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
                                        pgjobq_handler_fn fn, void *arg) PGJOBQ_WUR;
 
 /*
- * Runs the worker on the calling thread until pgjobq_worker_stop: connects (retrying with backoff
+ * Runs the worker on the calling thread until pgjobq_worker_stop (or, with opts.burst, until nothing
+ * it serves is due: then it returns PGJOBQ_OK): connects (retrying with backoff
  * and jitter, forever), claims, dispatches, completes, heartbeats, rescues and prunes.  On stop it
  * claims nothing more, waits up to the shutdown timeout for running jobs, then asks the remaining
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.

@@ -362,6 +362,7 @@ typedef struct pgjobq__queue {
     /* Engine only: the claim policy's view, and where the next claim starts. */
     pgjobq__claim_view claim;
     pgjobq__cursor cursor;
+    int drained; /* engine only: its last claim, sent while the worker held no job, found none (burst) */
 } pgjobq__queue;
 
 /* The pool's side of a worker: where its threads hand ended jobs back.  The mailbox is a list, taken
@@ -460,6 +461,7 @@ typedef struct pgjobq__request {
     int want;       /* claim */
     int from_cursor; /* claim */
     int woken;       /* claim: made because the queue was woken */
+    int idle;        /* claim: sent while the worker held no job (for burst) */
     int wkind;      /* write: PGJOBQ__W_* */
     pgjobq__batch items;    /* write: the jobs it writes, owned until its result */
     int64_t sent_ms;

@@ -16,7 +16,8 @@
     "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "               \
     "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8, run_at, created_at, started_at, " \
     "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                             \
-    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, NULL::pg_catalog.jsonb"
+    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, "                   \
+    "NULL::pg_catalog.jsonb, cancel_requested_at"
 
 enum {
     C_ID,
@@ -41,6 +42,7 @@ enum {
     C_TAGS,
     C_PROGRESS,
     C_PARENTS,
+    C_CANCEL_REQUESTED_AT,
     C_NCOLS
 };
 
@@ -151,7 +153,6 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         j->tags = field[7];
         j->progress = field[8];
         j->parents = field[9];
-        memset(j->pgjobq_reserved, 0, sizeof j->pgjobq_reserved);
         j->priority = pgjobq__get_int2(r, row, C_PRIORITY);
         {
             size_t sl;
@@ -171,6 +172,7 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         j->finished_at = pgjobq__get_time(r, row, C_FINISHED_AT);
         j->lease_until = pgjobq__get_time(r, row, C_LEASE_UNTIL);
         j->cancel_requested = pgjobq__get_bool(r, row, C_CANCEL_REQUESTED);
+        j->cancel_requested_at = pgjobq__get_time(r, row, C_CANCEL_REQUESTED_AT);
     }
     *out = jobs;
     *n_out = n;
@@ -217,6 +219,7 @@ char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *stri
     j->started_at = pgjobq__get_time(r, row, PGJOBQ__K_STARTED_AT);
     j->finished_at = PGJOBQ_TIME_NONE;
     j->lease_until = pgjobq__get_time(r, row, PGJOBQ__K_LEASE_UNTIL);
+    j->cancel_requested_at = PGJOBQ_TIME_NONE;
     return strings;
 }
 

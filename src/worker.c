@@ -346,6 +346,20 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
     }
 }
 
+/* With opts.burst: once nothing the worker serves is due, it stops as on a stop request.  Nothing is
+ * due when each queue's last claim, sent while the worker held no job (so every outcome it had was
+ * written first: a retry due now, a child released by its parent, were visible), found none. */
+static void phase_burst(pgjobq_worker *w)
+{
+    if (!w->o.burst || w->stopping || w->nrunning > 0 || pending_count(w) > 0)
+        return;
+    for (int i = 0; i < w->nqueues; i++)
+        if (!w->queues[i].drained)
+            return;
+    wlog(w, PGJOBQ_LOG_INFO, "burst: nothing due is left in the queues served; stopping");
+    atomic_fetch_add(&w->stop_requests, 1);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: collect                                                                                    */
 
@@ -957,6 +971,7 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     rq->want = want;
     rq->from_cursor = from_cursor;
     rq->woken = q->claim.woken;
+    rq->idle = w->nrunning == 0;
     rq->sent_ms = now;
     if (!from_cursor)
         q->claim.low_ms = now;
@@ -1074,6 +1089,7 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.cursor_valid = 0;
     }
     free(claimed);
+    q->drained = n == 0 && rq->idle;
     q->claim.woken = 0;
     q->claim.limited = meta.limited;
     /* A claim on a notification that found nothing: another worker took the jobs; hold the next such
@@ -1092,17 +1108,29 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
 }
 
-/* A notification names a queue with new jobs: claim from it at once. */
+/* A notification names a queue with new jobs: claim from it at once.  Or it says that a job this
+ * worker holds was asked to stop (pgjobq.cancel_notify: "!cancel:" and this worker's id): renew the
+ * leases now, as the heartbeat would, whose answer ends such a job cancelled and stops its handler
+ * (heartbeat_done), rather than up to a heartbeat later.  A burst of them costs one early heartbeat
+ * at a time: it is sent when the write connection is free. */
 static void read_notifications(pgjobq_worker *w)
 {
+    static const char cancel_prefix[] = "!cancel:";
     PGnotify *n;
 
     if (w->conn[PGJOBQ__C_CLAIM].pg == NULL)
         return;
     while ((n = PQnotifies(w->conn[PGJOBQ__C_CLAIM].pg)) != NULL) {
-        for (int i = 0; i < w->nqueues; i++)
-            if (strcmp(w->queues[i].name, n->extra) == 0)
-                w->queues[i].claim.woken = 1;
+        if (strncmp(n->extra, cancel_prefix, sizeof cancel_prefix - 1) == 0) {
+            if (strcmp(n->extra + sizeof cancel_prefix - 1, w->worker_id) == 0 && w->nrunning > 0) {
+                wlog(w, PGJOBQ_LOG_DEBUG, "a cancel was requested for a job of this worker: renewing the leases now");
+                w->next_heartbeat_ms = 0;
+            }
+        } else {
+            for (int i = 0; i < w->nqueues; i++)
+                if (strcmp(w->queues[i].name, n->extra) == 0)
+                    w->queues[i].claim.woken = 1;
+        }
         PQfreemem(n);
     }
 }
@@ -1755,6 +1783,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
 
     for (;;) {
         now = pgjobq__mono_ms();
+        phase_burst(w);
         phase_stop(w, now);
         phase_collect(w, now);
         for (int c = 0; c < PGJOBQ__NCONN; c++)

@@ -977,3 +977,26 @@ TEST(cli_bench_mixed_runs_and_reports_the_window_it_judges)
     free(out);
     free(err);
 }
+
+/* pgjobq work --burst: runs what is due, a child its parent released included, then exits 0 by
+ * itself; a job due later stays queued. */
+TEST_FULL(cli_work_burst_drains_what_is_due_then_exits_0, 120, 0)
+{
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("burst");
+
+    long long parent = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'burst', payload => '{}')");
+    PQclear(
+        t_exec(pg, "SELECT pgjobq.enqueue(queue => 'burst', payload => '{}', after => ARRAY[%lld::bigint])", parent));
+    for (int i = 0; i < 5; i++)
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'burst', payload => '{}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'burst', payload => '{}', delay => interval '1 hour')"));
+    pid_t w = t_spawn(log, NULL, "work", "--queue", "burst:2", "--exec", "/bin/true", "--burst", NULL);
+    int rc = t_wait_exit(w, 60000);
+    if (rc != 0)
+        t_show_log(log);
+    CHECK_INT(rc, 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'burst' AND state = 'completed'"), 7);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'burst' AND state = 'queued'"), 1);
+    PQfinish(pg);
+}

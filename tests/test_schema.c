@@ -766,6 +766,21 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_OK(c, pgjobq_job_retry(c, job_id(pg, 5)));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '5' AND state = 'queued'"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'n' IN ('2', '3', '11')"), 3);
+    /* Schema 16: a running job's cancel notes when it was requested, and the holder's heartbeat when
+     * it told the handler; the history keeps both. */
+    o.queue = "q16";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 12}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q16", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &st));
+    CHECK_INT(st, PGJOBQ_RUNNING);
+    CHECK_RC(c, pgjobq_job_extend(c, id, jobs[0].lease_token, 30000), PGJOBQ_ECANCELLED);
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'"
+                    " AND cancel_told_at >= cancel_requested_at",
+                    (long long)id),
+              1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

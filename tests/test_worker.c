@@ -243,6 +243,67 @@ TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
     pgjobq_client_close(c);
 }
 
+/* A cancel reaches the handler of a running job at once, not at the holder's next heartbeat: the
+ * holder is notified, renews its leases now, and that heartbeat ends the job and stops the handler.
+ * With a 20 s heartbeat, the handler has stopped well before the next one would have come (a
+ * deadline of 10 s; it takes milliseconds), and the job says when the cancel was requested and when
+ * the handler was told. */
+TEST_FULL(worker_api_a_cancel_reaches_the_handler_before_the_next_heartbeat, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_worker_stats st;
+    pgjobq_job *j = NULL;
+    pgjobq_state state;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+    char sql[128];
+
+    eo.kind = "long";
+    eo.queue = "told";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, &id));
+    o.lease_ms = 60000;
+    o.heartbeat_ms = 20000;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "told", NULL, 1, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", (long long)id);
+    wait_sql(pg, sql, 1, 10000);
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &state));
+    CHECK_INT(state, PGJOBQ_RUNNING);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'",
+             (long long)id);
+    wait_sql(pg, sql, 1, 10000);
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.cancelled, 1);
+    /* The handler was told: the worker stops at once, with nothing to hand back. */
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_free(w);
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_INT(j->cancel_requested, 1);
+    long long asked = t_int(pg,
+                            "SELECT (pg_catalog.date_part('epoch', cancel_requested_at) * 1000000)::int8"
+                            " FROM pgjobq.history WHERE id = %lld",
+                            (long long)id);
+    CHECK_MSG(j->cancel_requested_at != PGJOBQ_TIME_NONE && llabs(j->cancel_requested_at - asked) <= 1,
+              "cancel_requested_at %lld, the table's %lld", (long long)j->cancel_requested_at, asked);
+    pgjobq_jobs_free(j);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND cancel_told_at >= cancel_requested_at"
+                    " AND cancel_told_at < cancel_requested_at + interval '10 seconds'",
+                    (long long)id),
+              1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
 TEST(worker_api_refuses_a_timeout_not_shorter_than_the_lease)
 {
     pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;

@@ -238,9 +238,9 @@ class Runner:
         return fields
 
     @staticmethod
-    def _binds(task: Task, args: Tuple[Any, ...]) -> bool:
+    def _binds(task: Task, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
         try:
-            task._payload_sig.bind(*args)
+            task._payload_sig.bind(*args, **kwargs)
         except TypeError:
             return False
         return True
@@ -254,13 +254,8 @@ class Runner:
             known = ", ".join(sorted(self.app.tasks)) or "none"
             self.emit(ctx.id, "failed", {"error": f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})"})
             return
-        payload = ctx.payload
-        if isinstance(payload, dict):
-            args: Tuple[Any, ...] = ()
-            kwargs = payload
-        else:
-            args, kwargs = (payload,), {}
-        if not (task._fits(kwargs) if not args else self._binds(task, args)):
+        args, kwargs = task._call_args(ctx.payload)
+        if not (task._fits(kwargs) if not args else self._binds(task, args, kwargs)):
             try:
                 task._payload_sig.bind(*args, **kwargs)
                 why = "it does not fit"
@@ -318,6 +313,9 @@ class Runner:
             return "retry", self._retry_fields(task, ctx.attempt, e.message, e.delay)
         if isinstance(e, Fail):
             return "failed", {"error": e.message}
+        why = task._gives_up(e)  # retry_on, fail_on
+        if why is not None:
+            return "failed", {"error": f"{describe(e)}\n({why})"}
         return "retry", self._retry_fields(task, ctx.attempt, describe(e))
 
     def _returned(self, ctx: Context, task: Task, value: Any) -> Tuple[str, Dict[str, Any]]:

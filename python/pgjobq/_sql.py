@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from . import _txn
 from .errors import PgjobqError, translate
 
 Rows = List[Tuple[Any, ...]]
@@ -150,7 +151,8 @@ def _connect(url: str) -> Tuple[Any, str]:
     try:
         import psycopg2
     except ImportError:
-        raise PgjobqError("pgjobq needs psycopg (3) or psycopg2 to open a connection from a URL") from None
+        raise PgjobqError("pgjobq needs psycopg (3) or psycopg2 to open a connection from a URL: "
+                          "pip install 'pgjobq[psycopg]' (Debian: apt-get install python3-psycopg)") from None
     return psycopg2.connect(url), "psycopg2"
 
 
@@ -390,6 +392,8 @@ def run(target: Any, sql: str, params: Mapping[str, Any], *, check: Check = None
         if t is None:
             raise
         raise t from e
+    if enqueue:
+        _txn.watch(target, kind)  # on a caller's connection: autocommit, a session never committed
     if check:
         check(rows)
     return rows
@@ -469,6 +473,8 @@ async def arun(target: Any, sql: str, params: Mapping[str, Any], *, check: Check
         if t is None:
             raise
         raise t from e
+    if enqueue:
+        _txn.watch(target, kind)
     if check:
         check(rows)
     return rows

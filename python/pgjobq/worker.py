@@ -95,6 +95,8 @@ def build_command(args: argparse.Namespace, app: App, pgjobq: str, extra: List[s
         timeout = math.ceil(longest + 2)
         lease = max(60, math.ceil(timeout * 1.25))
         cmd += ["--lease", f"{lease}s", "--timeout", f"{timeout}s"]
+    if getattr(args, "burst", False):
+        cmd.append("--burst")
     return cmd + extra
 
 
@@ -122,7 +124,14 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--no-sync-schedules", action="store_true",
                     help="do not write the App's @app.periodic schedules at start")
     ap.add_argument("--print-command", action="store_true", help="print the pgjobq work command and exit")
+    ap.add_argument("--burst", action="store_true",
+                    help="run what is due, then exit 0 once nothing due is left (tests; pgjobq work --burst)")
+    ap.add_argument("--reload", action="store_true",
+                    help="development: start the worker again when a module file of the App changes (running "
+                         "jobs finish first; no attempt is lost)")
     args = ap.parse_args(argv)
+    if args.burst and args.reload:
+        ap.error("--burst and --reload do not go together")
 
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -153,5 +162,9 @@ def main(argv: List[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     sys.stdout.flush()
     sys.stderr.flush()
+    if args.reload:
+        from ._reload import run as run_reloading
+
+        return run_reloading(cmd, env, args.app)
     os.execve(cmd[0], cmd, env)
     return 127  # not reached

@@ -179,3 +179,27 @@ def progressing_sync(ctx, d):
         time.sleep(0.02)
     ctx.set_progress({"sync": 2})
     return None
+
+
+@app.task(retry_on=ConnectionError, fail_on=KeyError, retry_backoff=0.1, max_attempts=3)
+def picky(what):
+    """retry_on and fail_on: ConnectionError retried, KeyError and anything else failed for good."""
+    if what == "key":
+        raise KeyError("no such key")
+    if what == "conn":
+        raise ConnectionError("the upstream hung up")
+    raise ValueError(f"bad input {what!r}")
+
+
+@app.task
+def total(first, /, *more, **named):
+    """Positional-only and *args parameters: deferred positionally, run positionally."""
+    return {"total": first + sum(more) + sum(named.values()), "more": list(more)}
+
+
+@app.task(pass_context=True, max_attempts=1)
+def until_told(ctx, d):
+    """Waits until the worker tells it to stop (a cancel), and writes when it was told."""
+    mark(d, "started")
+    told = ctx.cancel_event.wait(120)
+    mark(d, "told" if told else "never_told", f"{time.time()}")

@@ -59,7 +59,7 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
 
     assert app.result(added.id, timeout=20, conn=URL) == {"sum": 5}
     r = app.result(about.id, timeout=20, conn=URL)
-    assert r == {"id": about.id, "attempt": 1, "max_attempts": 25, "kind": "about", "parents": [], "time_left": True}
+    assert r == {"id": about.id, "attempt": 1, "max_attempts": 10, "kind": "about", "parents": [], "time_left": True}
 
     # Raised exceptions are retried with the task's backoff: 0.3 s each time (the database's would
     # be 2 s, then 4: at least 5.4 s from the first attempt to the third).

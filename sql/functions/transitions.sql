@@ -79,10 +79,12 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at, cancel_told_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
-               coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at, g.cancel_told_at
           FROM gone g
         RETURNING pgjobq.history.queue),
     tallied AS (
@@ -127,16 +129,18 @@ BEGIN
            AND j.lease_until > input.at
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
-                  j.tags, j.progress, j.concurrency_key, j.has_children, input.result),
+                  j.tags, j.progress, j.concurrency_key, j.has_children, input.result, j.cancel_requested_at),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state
                     ELSE 'completed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
-               g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     tallied AS (
@@ -209,15 +213,17 @@ BEGIN
         DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final)
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.unique_key, j.tags,
-                  j.progress, j.concurrency_key),
+                  j.progress, j.concurrency_key, j.cancel_requested_at),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
-               NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at
           FROM gone g JOIN input ON input.id = g.id
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     retried AS (
@@ -286,6 +292,11 @@ BEGIN
            array_agg(held.id) FILTER (WHERE held.cancel_requested)
       INTO v_held, v_until, v_cancel FROM held;
     IF v_cancel IS NOT NULL THEN
+        -- The holder learns it from this answer, and asks the handler to stop: note when (only here,
+        -- when a cancel was requested, so that the renewal above stays what it was).  The clock's
+        -- time, not the transaction's: a heartbeat that began before the cancel and waited for its
+        -- row lock tells the handler after the cancel's commit.
+        UPDATE pgjobq.jobs j SET cancel_told_at = clock_timestamp() WHERE j.id = ANY (v_cancel);
         PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
     END IF;
     RETURN QUERY
@@ -373,11 +384,12 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
-               g.progress, g.concurrency_key
+               g.progress, g.concurrency_key, g.cancel_requested_at
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.queue),
     tallied AS (
