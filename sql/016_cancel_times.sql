@@ -1,4 +1,4 @@
--- pgjobq schema, migration 18: when a running job's cancel was requested, and when its holder was told.
+-- pgjobq schema, migration 16: when a running job's cancel was requested, and when its holder was told.
 -- needs: 15
 --
 -- pgjobq.cancel and pgjobq.cancel_where mark a running job (cancel_requested) and now note when
