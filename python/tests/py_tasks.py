@@ -203,3 +203,20 @@ def until_told(ctx, d):
     mark(d, "started")
     told = ctx.cancel_event.wait(120)
     mark(d, "told" if told else "never_told", f"{time.time()}")
+
+
+@app.task(pass_context=True, max_attempts=2)
+def gathered(ctx, n, d, k):
+    """Its first attempts wait until k jobs of its kind have started, then ask for a retry, so that
+    their outcomes are written together; the one with n == 0 asks for it 4,000,000 days away, which
+    PostgreSQL cannot store, the others at once.  A second attempt completes (n > 0)."""
+    if ctx.attempt == 1:
+        mark(d, f"gathered.{n}")
+        t0 = time.monotonic()
+        while sum(1 for f in os.listdir(d) if f.startswith("gathered.")) < k and time.monotonic() - t0 < 20:
+            time.sleep(0.02)
+    if n == 0:
+        raise pgjobq.Retry("much later", delay="4000000d")
+    if ctx.attempt == 1:
+        raise pgjobq.Retry("soon", delay=0)
+    return {"n": n}
