@@ -38,6 +38,12 @@
  * transaction) before PGJOBQ_ECONFLICT is returned. */
 #define PGJOBQ__CONFLICT_RETRIES 10
 
+/* What a job gets for a field it is enqueued without: the database's pgjobq.job_defaults(). */
+typedef struct pgjobq__job_defaults {
+    char queue[PGJOBQ_NAME_MAX + 1], kind[PGJOBQ_NAME_MAX + 1], payload[256];
+    int priority, max_attempts;
+} pgjobq__job_defaults;
+
 struct pgjobq_client {
     PGconn *conn;
     int owned;        /* the client opened conn and closes it */
@@ -48,6 +54,8 @@ struct pgjobq_client {
     char errmsg[1024];
     unsigned conflict_retries; /* statements re-run after 40001/40P01, for tests and stats */
     int copy_state;            /* may this role COPY into pgjobq.jobs: 0 not asked yet, 1 yes, -1 no */
+    pgjobq__job_defaults copy_defaults; /* what COPY writes for a field a job leaves out, read with
+                                           copy_state (enqueue.c) */
 };
 
 /* One statement to run, with its parameters (all parameter arrays have nparams entries). */

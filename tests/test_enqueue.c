@@ -434,7 +434,7 @@ TEST(enqueue_bad_input_is_refused_and_writes_nothing)
         {"{}", NULL, NULL, 0, 0, -1, NULL, NULL, "negative"},
         {"{}", NULL, NULL, 0, 0, 5, "2030-01-01", NULL, "not both"},
         {"{}", NULL, NULL, 0, 0, 0, "garbage", NULL, "garbage"},
-        {"{}", NULL, NULL, 0, 0, 0, NULL, "", "unique key"},
+        {"{}", NULL, NULL, 0, 0, 0, NULL, "", "a key has 1 to 255"},
     };
 
     memset(big, ' ', sizeof big - 1);
