@@ -484,6 +484,39 @@ static void options_in(const char *text, const char *end, char opts[][32], int *
     free(plain);
 }
 
+/* `pgjobq work --print-defaults` prints the library's defaults (pgjobq_worker_opts_defaults, the one
+ * source the Python package reads them from), with the options given on the line, and connects to
+ * nothing. */
+TEST(cli_work_print_defaults_are_the_librarys)
+{
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    char want[512], *out = NULL, *err = NULL;
+
+    pgjobq_worker_opts_defaults(&o);
+    CHECK(o.lease_ms > 0 && o.timeout_ms > 0 && o.timeout_ms < o.lease_ms && o.heartbeat_ms < o.lease_ms);
+    snprintf(want, sizeof want,
+             "{\"lease_ms\":%lld,\"heartbeat_ms\":%lld,\"timeout_ms\":%lld,\"poll_ms\":%lld,"
+             "\"shutdown_timeout_ms\":%lld,\"batch_max\":%d,\"concurrency\":%d}\n",
+             (long long)o.lease_ms, (long long)o.heartbeat_ms, (long long)o.timeout_ms, (long long)o.poll_ms,
+             (long long)o.shutdown_timeout_ms, o.batch_max, PGJOBQ_DEFAULT_CONCURRENCY);
+    t_use_test_db = 0; /* no database is needed */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--print-defaults", NULL), 0);
+    CHECK_STR(out, want);
+    free(out);
+    free(err);
+    /* With a lease of two minutes, the heartbeat and the timeout follow it. */
+    memset(&o, 0, sizeof o);
+    o.lease_ms = 120000;
+    pgjobq_worker_opts_defaults(&o);
+    CHECK_INT(o.timeout_ms, 96000);
+    CHECK_INT(o.heartbeat_ms, 40000);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--lease", "2m", "--print-defaults", NULL), 0);
+    CHECK_MSG(strstr(out, "\"lease_ms\":120000,\"heartbeat_ms\":40000,\"timeout_ms\":96000,") != NULL, "%s", out);
+    free(out);
+    free(err);
+    t_use_test_db = 1;
+}
+
 TEST(cli_help_and_man_page_list_the_same_options)
 {
     static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry", "queue", "cron", "work", "serve", "demo", "db"};
