@@ -9,15 +9,8 @@
 
 #include "internal.h"
 
-/* The columns every job-reading query selects, in the order jobs_from_result() reads them.  Not the
- * lease token: it is the holder's secret, which only a claim returns to its claimer (the admin and
- * monitor roles may not read the column: sql/roles.sql); a job read here has lease_token 0. */
-#define JOB_COLUMNS                                                                                          \
-    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "               \
-    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8, run_at, created_at, started_at, " \
-    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                             \
-    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, NULL::pg_catalog.jsonb"
-
+/* The columns every job-reading query selects (PGJOBQ__JOB_COLUMNS, internal.h), in the order
+ * jobs_from_result() reads them. */
 enum {
     C_ID,
     C_QUEUE,
@@ -102,7 +95,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
 static const int text_cols[] = {C_QUEUE,      C_KIND,       C_PAYLOAD, C_WORKER_ID, C_RESULT,
                                 C_LAST_ERROR, C_UNIQUE_KEY, C_TAGS,    C_PROGRESS, C_PARENTS};
 
-/* Copies a result of JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
+/* Copies a result of PGJOBQ__JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n_out)
 {
     size_t n = (size_t)PQntuples(r), bytes, len;
@@ -689,7 +682,7 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     if (job_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
+    pgjobq__stmt st = {"get job", "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
                        1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
@@ -718,7 +711,7 @@ int pgjobq_job_parents(pgjobq_client *c, int64_t id, pgjobq_job **parents_out, s
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "parents: parents_out and n_out are required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
     pgjobq__stmt st = {"parents",
-                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
+                       "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs"
                        " WHERE id = ANY (ARRAY(SELECT p.id FROM pgjobq.parents($1) AS p)) ORDER BY id",
                        1,
                        types,
@@ -802,7 +795,7 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
     /* An unnamed statement is planned with its actual values, so the NULL tests fold away and a filter
      * on queue and state can use the claim index. */
     pgjobq__stmt st = {"list jobs",
-                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
+                       "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs"
                        " WHERE ($1::pg_catalog.text IS NULL OR queue = $1)"
                        "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
                        "   AND ($3 = 0 OR id < $3)"
