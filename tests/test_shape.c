@@ -1,9 +1,9 @@
 /*
  * test_shape.c - the job row's shape, spelled out wherever a statement must spell it, is the table's.
  *
- * The functions that move a finished job to the history name its columns (sql/functions: a statement
- * tuned for its plan, where `SELECT *` of the live row would not do: the live row has columns the
- * history has not); the C library reads jobs and claims by column position (src/internal.h); the
+ * The functions that move a finished job to the history, and a retried one back, name its columns
+ * (sql/functions: statements tuned for their plans, where `SELECT *` of the other table's row would
+ * not do: the live row has columns the history has not); the C library reads jobs and claims by column position (src/internal.h); the
  * claims return a RETURNS TABLE each; the Python package reads pgjobq.all_jobs into JobInfo.  Each
  * list is compared here with the catalog (pg_attribute, pg_proc), so that a column added to the
  * tables and forgotten in one list fails `make check` (migration 9 found one the version 3 functions
@@ -100,44 +100,62 @@ static char *result_names(PGconn *pg, const char *sql)
     return out;
 }
 
-/* Every `INSERT INTO pgjobq.history (...)` of the function files that moves a job names every column
- * of the history but lease_until (a finished job holds no lease); returns how many there are.
- * (load_history, which makes rows for the benchmarks, writes only the columns that cannot be NULL.) */
-static int check_history_inserts(PGconn *pg, const char *history)
+/* The function (its name and '(') that the text at p is in. */
+static const char *function_at(const char *text, const char *p)
+{
+    const char *fn = NULL;
+    for (const char *q = text; (q = strstr(q, "FUNCTION pgjobq.")) != NULL && q < p; q++)
+        fn = q + strlen("FUNCTION pgjobq.");
+    CHECK(fn != NULL);
+    return fn;
+}
+
+/* The job's moves between the tables, in the function files: every `INSERT INTO pgjobq.history (...)`
+ * (a finished job) names every column of the history but lease_until (a finished job holds no lease),
+ * and every `INSERT INTO pgjobq.jobs (...)` of retry and retry_where (a finished job run again) every
+ * column of the history but those a live job has not (finished_at, lease_until) or starts afresh
+ * (cancel_requested).  load_history, which makes rows for the benchmarks, writes the history's
+ * columns that cannot be NULL; the enqueue functions write the fields a new job is given.  Returns how
+ * many moves there are. */
+static int check_moves(PGconn *pg, const char *history)
 {
     static const char *const files[] = {"admin", "claim", "enqueue", "maintenance", "monitor", "queues",
                                         "schedules", "transitions", "workflows"};
-    static const char head[] = "INSERT INTO pgjobq.history (";
-    char path[4096], what[160];
+    static const char *const heads[] = {"INSERT INTO pgjobq.history (", "INSERT INTO pgjobq.jobs ("};
+    char path[4096], what[200];
     int n = 0;
 
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/sql/functions/%s.sql", srcdir(), files[i]);
         char *text = file_read(path);
-        for (char *p = text; (p = strstr(p, head)) != NULL;) {
-            char *start = p + strlen(head), *end = strchr(start, ')');
-            CHECK(end != NULL);
-            char *list = strndup(start, (size_t)(end - start));
-            CHECK(list != NULL);
-            squeeze(list);
-            int line = 1;
-            for (char *q = text; q < p; q++)
-                line += *q == '\n';
-            snprintf(what, sizeof what, "sql/functions/%s.sql:%d, INSERT INTO pgjobq.history", files[i], line);
-            /* The function it is in. */
-            const char *fn = NULL;
-            for (char *q = text; (q = strstr(q, "FUNCTION pgjobq.")) != NULL && q < p; q++)
-                fn = q + strlen("FUNCTION pgjobq.");
-            CHECK(fn != NULL);
-            if (strncmp(fn, "load_history(", 13) == 0)
-                same_names(pg, what, list, "id,queue,kind,payload,priority,state,attempt,max_attempts,run_at,"
-                           "created_at,started_at,finished_at,lease_token", "", "");
-            else {
-                same_names(pg, what, list, history, "lease_until", "");
-                n++;
+        for (int h = 0; h < 2; h++) {
+            for (char *p = text; (p = strstr(p, heads[h])) != NULL;) {
+                char *start = p + strlen(heads[h]), *end = strchr(start, ')');
+                CHECK(end != NULL);
+                char *list = strndup(start, (size_t)(end - start));
+                CHECK(list != NULL);
+                squeeze(list);
+                int line = 1;
+                for (char *q = text; q < p; q++)
+                    line += *q == '\n';
+                const char *fn = function_at(text, p);
+                snprintf(what, sizeof what, "sql/functions/%s.sql:%d, %.*s (in %.*s)", files[i], line,
+                         (int)strlen(heads[h]) - 2, heads[h], (int)strcspn(fn, "("), fn);
+                if (h == 0 && strncmp(fn, "load_history(", 13) == 0)
+                    same_names(pg, what, list,
+                               "id,queue,kind,payload,priority,state,attempt,max_attempts,run_at,created_at,"
+                               "started_at,finished_at,lease_token",
+                               "", "");
+                else if (h == 0) {
+                    same_names(pg, what, list, history, "lease_until", "");
+                    n++;
+                } else if (strncmp(fn, "retry(", 6) == 0 || strncmp(fn, "retry_where(", 12) == 0) {
+                    same_names(pg, what, list, history, "finished_at,lease_until,cancel_requested", "");
+                    n++;
+                }
+                free(list);
+                p = end;
             }
-            free(list);
-            p = end;
         }
         free(text);
     }
@@ -191,8 +209,9 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
     /* pgjobq.all_jobs is both tables, with the history's columns. */
     same_names(pg, "pgjobq.all_jobs", all_jobs, history, "", "");
 
-    /* The function files' moves to the history: six lists, in three files, when this was written. */
-    CHECK_INT(check_history_inserts(pg, history), 6);
+    /* The function files' moves between the tables: six to the history and two back, in four files,
+     * when this was written. */
+    CHECK_INT(check_moves(pg, history), 8);
 
     /* The C library's reads of jobs: every column of pgjobq.all_jobs but concurrency_key (pgjobq_job
      * has no field for it), and the parents a claim adds. */
