@@ -279,7 +279,8 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
             pgjobq__json_key(b, "after");
             pgjobq__buf_put(b, "[", 1);
             for (size_t k = 0; o->after[k]; k++)
-                pgjobq__buf_put(b, num, (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "", (long long)o->after[k]));
+                pgjobq__buf_put(b, num,
+                                (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "", (long long)o->after[k]));
             pgjobq__buf_put(b, "]", 1);
             pgjobq__json_key(b, "on_parent_failure");
             pgjobq__json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
@@ -749,7 +750,8 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     pgjobq__array_begin(&level_priorities, OID_INT2);
     for (size_t i = 0; i < n; i++) {
         const pgjobq_job_spec *j = &jobs[i];
-        const char *queue = j->opts.queue ? j->opts.queue : dflt->queue, *kind = j->opts.kind ? j->opts.kind : dflt->kind;
+        const char *queue = j->opts.queue ? j->opts.queue : dflt->queue,
+                   *kind = j->opts.kind ? j->opts.kind : dflt->kind;
         const char *payload = j->payload ? j->payload : dflt->payload;
         int priority = j->opts.priority ? j->opts.priority : dflt->priority, seen = 0;
         for (size_t k = nlevels; k > 0 && !seen; k--) {

@@ -54,8 +54,8 @@ struct pgjobq_client {
     char errmsg[1024];
     unsigned conflict_retries; /* statements re-run after 40001/40P01, for tests and stats */
     int copy_state;            /* may this role COPY into pgjobq.jobs: 0 not asked yet, 1 yes, -1 no */
-    pgjobq__job_defaults copy_defaults; /* what COPY writes for a field a job leaves out, read with
-                                           copy_state (enqueue.c) */
+    /* What COPY writes for a field a job leaves out, read with copy_state (enqueue.c). */
+    pgjobq__job_defaults copy_defaults;
 };
 
 /* One statement to run, with its parameters (all parameter arrays have nparams entries). */
@@ -175,11 +175,11 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
  * read here has lease_token 0.  Nor concurrency_key, which pgjobq_job has no field for.  The test
  * schema_the_job_rows_columns_are_the_same_everywhere (tests/test_shape.c) holds the list to the
  * view's columns. */
-#define PGJOBQ__JOB_COLUMNS                                                                                  \
-    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "               \
-    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8 AS lease_token, run_at, "          \
-    "created_at, started_at, finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "     \
-    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags) AS tags, progress, "          \
+#define PGJOBQ__JOB_COLUMNS                                                                              \
+    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "           \
+    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8 AS lease_token, run_at, "      \
+    "created_at, started_at, finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, " \
+    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags) AS tags, progress, "       \
     "NULL::pg_catalog.jsonb AS parents"
 
 /* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of

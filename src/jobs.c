@@ -1,7 +1,9 @@
 /*
- * jobs.c - claiming and the transitions of held jobs (complete, fail, extend), administration
- * (cancel, retry), reading jobs, statistics and maintenance.  Every transition is one call of the SQL
- * function that owns it (sql/001_init.sql); this file only marshals arguments and outcomes.
+ * jobs.c - claiming and the transitions of held jobs (complete, fail, extend, progress),
+ * administration (cancel, retry, one job or by filter), reading jobs, statistics, health and
+ * maintenance (rescue, prune).  Every transition is one call of the SQL function that owns it (under
+ * sql/functions: claim.sql, transitions.sql, admin.sql, maintenance.sql, monitor.sql); this file only
+ * marshals arguments and outcomes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,7 +215,7 @@ char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *stri
     return strings;
 }
 
-/* The jobs of a claim_batch result, in one allocation with their strings and the queue's and worker's
+/* The jobs of a claim's result, in one allocation with their strings and the queue's and worker's
  * names they share. */
 static int claimed_jobs(pgjobq_client *c, const PGresult *r, const char *queue, const char *worker_id,
                         pgjobq_job **out, size_t *n_out)
@@ -300,10 +302,11 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     values[1] = max_s;
     values[2] = lease_s;
     values[3] = worker_id;
-    /* claim_batch returns what a worker needs; the rest of a claimed job's fields are known. */
+    /* claim_next from every level's low-water mark (no cursor: each call is on its own), its jobs
+     * without its other rows, in the documented order; the rest of a claimed job's fields are known. */
     pgjobq__stmt st = {"claim",
                        "SELECT " PGJOBQ__CLAIMED_COLUMNS
-                       " FROM pgjobq.claim_batch($1, $2, $3, $4) ORDER BY priority, run_at, id",
+                       " FROM pgjobq.claim_next($1, $2, $3, $4) WHERE meta IS NULL ORDER BY priority, run_at, id",
                        4,
                        types,
                        values,

@@ -362,3 +362,24 @@ TEST_FULL(fenced_writes_look_jobs_up_by_id_when_statistics_say_none_run, 120, 0)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed'"), 2000);
     PQfinish(pg);
 }
+
+/* pgjobq_claim is claim_next's, as the worker's claim is, not the compatibility claim_batch's (the
+ * claim of version 9, kept for SQL callers): it claims with claim_batch gone. */
+TEST(claim_of_the_library_is_claim_next)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    PQclear(
+        t_exec(pg, "DROP FUNCTION pgjobq.claim_batch(text, integer, interval, text, smallint, timestamptz, bigint)"));
+    CHECK_OK(c, pgjobq_claim(c, "default", 10, 30000, NULL, &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, id);
+    pgjobq_jobs_free(jobs);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}

@@ -24,9 +24,9 @@
 typedef struct rule_case {
     const char *name;
     const char *queue;
-    const char *run_at;  /* text; "+101 years": now() plus that, read from the database */
-    const char *delay;   /* an interval ("101 years") ... */
-    int64_t delay_ms;    /* ... the same for the C library, */
+    const char *run_at;    /* text; "+101 years": now() plus that, read from the database */
+    const char *delay;     /* an interval ("101 years") ... */
+    int64_t delay_ms;      /* ... the same for the C library, */
     const char *cli_delay; /* the command (whose duration parser refuses what is out of its range) */
     int priority, max_attempts;
     int unique_after, unique_tags; /* a unique key, and parents or tags */
@@ -45,8 +45,7 @@ static const rule_case cases[] = {
      EX_USAGE},
     {"negative delay", NULL, NULL, "-5 seconds", -5000, "-5s", 0, 0, 0, 0, "negative", EX_USAGE},
     {"delay of a day", NULL, NULL, "1 day", 86400000, "1d", 0, 0, 0, 0, NULL, 0},
-    {"run_at and delay", NULL, "2030-01-01 00:00:00+00", "5 seconds", 5000, "5s", 0, 0, 0, 0, "not both",
-     EX_DATAERR},
+    {"run_at and delay", NULL, "2030-01-01 00:00:00+00", "5 seconds", 5000, "5s", 0, 0, 0, 0, "not both", EX_DATAERR},
     {"unique key with after", NULL, NULL, NULL, 0, NULL, 0, 0, 1, 0, "cannot have a unique key", EX_DATAERR},
     {"unique key with tags", NULL, NULL, NULL, 0, NULL, 0, 0, 0, 1, "cannot have a unique key", EX_DATAERR},
     /* What the C library checks itself, against the database's answer. */
@@ -55,10 +54,10 @@ static const rule_case cases[] = {
     {"priority -101", NULL, NULL, NULL, 0, NULL, -101, 0, 0, 0, "priority", EX_USAGE},
     {"max_attempts 1000", NULL, NULL, NULL, 0, NULL, 0, 1000, 0, 0, NULL, 0},
     {"max_attempts 1001", NULL, NULL, NULL, 0, NULL, 0, 1001, 0, 0, "1000", EX_USAGE},
-    {"queue of 64 characters", "q234567890123456789012345678901234567890123456789012345678901234", NULL, NULL, 0,
-     NULL, 0, 0, 0, 0, NULL, 0},
-    {"queue of 65 characters", "q2345678901234567890123456789012345678901234567890123456789012345", NULL, NULL, 0,
-     NULL, 0, 0, 0, 0, "queue", EX_DATAERR},
+    {"queue of 64 characters", "q234567890123456789012345678901234567890123456789012345678901234", NULL, NULL, 0, NULL,
+     0, 0, 0, 0, NULL, 0},
+    {"queue of 65 characters", "q2345678901234567890123456789012345678901234567890123456789012345", NULL, NULL, 0, NULL,
+     0, 0, 0, 0, "queue", EX_DATAERR},
     {"queue 9x", "9x", NULL, NULL, 0, NULL, 0, 0, 0, 0, "queue", EX_DATAERR},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
@@ -174,8 +173,7 @@ static void path_sql_enqueue_many(PGconn *pg, const rule_case *k, const fields *
                      8, v, msg, sizeof msg);
     check_answer(pg, k, "SQL enqueue_many", ok, msg, before, 2);
     if (k->refused)
-        CHECK_MSG(strstr(msg, "[2]") != NULL || strstr(msg, "queue") != NULL, "%s, SQL enqueue_many: %s", k->name,
-                  msg);
+        CHECK_MSG(strstr(msg, "[2]") != NULL || strstr(msg, "queue") != NULL, "%s, SQL enqueue_many: %s", k->name, msg);
 }
 
 static void path_sql_enqueue_graph(PGconn *pg, const rule_case *k, const fields *f)
@@ -258,8 +256,9 @@ static void path_c_many(PGconn *pg, pgjobq_client *c, const rule_case *k, const 
 static void log_inserts(PGconn *pg)
 {
     PQclear(t_exec(pg, "CREATE TABLE public.rule_inserts (n bigserial, query text)"));
-    PQclear(t_exec(pg, "CREATE FUNCTION public.rule_insert() RETURNS trigger LANGUAGE plpgsql AS"
-                       " $$ BEGIN INSERT INTO public.rule_inserts (query) VALUES (current_query()); RETURN NULL; END $$"));
+    PQclear(t_exec(pg,
+                   "CREATE FUNCTION public.rule_insert() RETURNS trigger LANGUAGE plpgsql AS"
+                   " $$ BEGIN INSERT INTO public.rule_inserts (query) VALUES (current_query()); RETURN NULL; END $$"));
     PQclear(t_exec(pg, "CREATE TRIGGER rule_insert AFTER INSERT ON pgjobq.jobs FOR EACH STATEMENT"
                        " EXECUTE FUNCTION public.rule_insert()"));
 }
@@ -341,12 +340,11 @@ static void path_cli(PGconn *pg, const rule_case *k, const fields *f, int file)
         status = t_cli(&out, &err, data, data ? strlen(data) : 0, A(0), A(1), A(2), A(3), A(4), A(5), A(6), NULL);
         break;
     case 8:
-        status =
-            t_cli(&out, &err, data, data ? strlen(data) : 0, A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), NULL);
+        status = t_cli(&out, &err, data, data ? strlen(data) : 0, A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), NULL);
         break;
     case 9:
-        status = t_cli(&out, &err, data, data ? strlen(data) : 0, A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7),
-                       A(8), NULL);
+        status = t_cli(&out, &err, data, data ? strlen(data) : 0, A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8),
+                       NULL);
         break;
     default: CHECK_MSG(0, "%s: %d arguments", k->name, n);
 #undef A

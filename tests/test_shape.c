@@ -3,8 +3,8 @@
  *
  * The functions that move a finished job to the history, and a retried one back, name its columns
  * (sql/functions: statements tuned for their plans, where `SELECT *` of the other table's row would
- * not do: the live row has columns the history has not); the C library reads jobs and claims by column position (src/internal.h); the
- * claims return a RETURNS TABLE each; the Python package reads pgjobq.all_jobs into JobInfo.  Each
+ * not do: the live row has columns the history has not); the C library reads jobs and claims by column position
+ * (src/internal.h); the claims return a RETURNS TABLE each; the Python package reads pgjobq.all_jobs into JobInfo. Each
  * list is compared here with the catalog (pg_attribute, pg_proc), so that a column added to the
  * tables and forgotten in one list fails `make check` (migration 9 found one the version 3 functions
  * had forgotten).  What a list leaves out on purpose is named below, with the reason.
@@ -119,8 +119,8 @@ static const char *function_at(const char *text, const char *p)
  * many moves there are. */
 static int check_moves(PGconn *pg, const char *history)
 {
-    static const char *const files[] = {"admin", "claim", "enqueue", "maintenance", "monitor", "queues",
-                                        "schedules", "transitions", "workflows"};
+    static const char *const files[] = {"admin",  "claim",     "enqueue",     "maintenance", "monitor",
+                                        "queues", "schedules", "transitions", "workflows"};
     static const char *const heads[] = {"INSERT INTO pgjobq.history (", "INSERT INTO pgjobq.jobs ("};
     char path[4096], what[200];
     int n = 0;
@@ -231,9 +231,9 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
               next_types, batch_types);
     for (char *name = strtok(claimed, ","); name; name = strtok(NULL, ","))
         CHECK_MSG(strcmp(name, "parents") == 0 || t_int(pg,
-                                                          "SELECT count(*) FROM pg_attribute WHERE attrelid ="
-                                                          " 'pgjobq.jobs'::regclass AND attname = '%s'",
-                                                          name) == 1,
+                                                        "SELECT count(*) FROM pg_attribute WHERE attrelid ="
+                                                        " 'pgjobq.jobs'::regclass AND attname = '%s'",
+                                                        name) == 1,
                   "a claim returns %s, which is no column of pgjobq.jobs", name);
 
     /* The Python package: JobInfo has every column of pgjobq.all_jobs but the lease (lease_token is
