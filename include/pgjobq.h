@@ -458,7 +458,8 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
 /*
  * Runs a finished or scheduled job again now: it becomes queued with run_at = now(), keeping its
  * attempt count (max_attempts is raised if needed to allow one more attempt).  Returns PGJOBQ_OK,
- * PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE for a running job.
+ * PGJOBQ_ENOTFOUND, PGJOBQ_ESTATE for a running job, or PGJOBQ_EDUPLICATE when a queued or running
+ * job of the queue holds the job's unique key.
  */
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
 

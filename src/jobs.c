@@ -627,10 +627,10 @@ int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags,
                        NULL,
                        NULL,
                        0};
-    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK) {
-        /* The message says what happened; the code says what to do: call again. */
-        return strcmp(pgjobq_sqlstate(c), "23505") == 0 ? PGJOBQ_EDUPLICATE : rc;
-    }
+    /* A unique key taken meanwhile is PGJOBQ_EDUPLICATE: the message says what happened; the code says
+     * what to do: call again. */
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
     if (PQntuples(r) != 1 || PQnfields(r) != 2) {
         PQclear(r);
         return pgjobq__seterr(c, PGJOBQ_EDB, "retry: unexpected result");

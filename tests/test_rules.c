@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "internal.h"
 
 #define EX_USAGE   64
 #define EX_DATAERR 65
@@ -639,4 +640,68 @@ TEST(enqueue_rules_a_job_without_fields_gets_the_databases_defaults)
     free(s);
     pgjobq_client_close(c);
     PQfinish(pg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+
+/* What the C library's result code for a SQLSTATE (pgjobq__code_from_sqlstate) is in the Python
+ * package (errors.translate): its exception class.  A plain PgjobqError for the codes Python has no
+ * class of its own for: a lost connection, a timeout, any other database error. */
+static const char *python_class_of(int code)
+{
+    switch (code) {
+    case PGJOBQ_EINVAL: return "InvalidArgument";
+    case PGJOBQ_EDUPLICATE: return "DuplicateJob";
+    case PGJOBQ_EPERM: return "PermissionDenied";
+    case PGJOBQ_ESCHEMA: return "SchemaMissing";
+    case PGJOBQ_ECONFLICT: return "TransactionConflict";
+    case PGJOBQ_ECONN:
+    case PGJOBQ_ETIMEOUT:
+    case PGJOBQ_EDB: return "PgjobqError";
+    }
+    return "?";
+}
+
+/* The C library and the Python package read a SQLSTATE alike: one meaning in both (23505, a unique
+ * key held, was PGJOBQ_EINVAL in C and DuplicateJob in Python), every branch of either map tried. */
+TEST(errors_c_and_python_map_sqlstates_alike)
+{
+    static const char *const states[] = {"22023", "22P02", "22007", "22008", "22003", "23505", "23514", "23503",
+                                         "23502", "23P01", "23001", "42501", "3F000", "42883", "42P01", "40001",
+                                         "40P01", "08006", "08001", "57P01", "57P02", "57P03", "57014", "55P03",
+                                         "25006", "42P10", "P0001", "XX000", "55006"};
+    char cmd[4096], path[600], out[8192], want[2048], args[512];
+    size_t len = 0, alen = 0;
+    const char *srcdir = getenv("PGJOBQ_SRCDIR");
+
+    want[0] = '\0';
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        len += (size_t)snprintf(want + len, sizeof want - len, "%s %s\n", states[i],
+                                python_class_of(pgjobq__code_from_sqlstate(states[i])));
+        alen += (size_t)snprintf(args + alen, sizeof args - alen, " %s", states[i]);
+    }
+    CHECK(len < sizeof want && alen < sizeof args);
+    CHECK(strstr(want, "?") == NULL);
+    CHECK(strstr(want, "23505 DuplicateJob\n") != NULL);
+    snprintf(path, sizeof path, "%s/errors.out", t_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "PYTHONPATH='%s/python' PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -c '"
+             "import sys\n"
+             "from pgjobq import errors\n"
+             "class E(Exception):\n"
+             "    def __init__(self, s):\n"
+             "        super().__init__(\"x\")\n"
+             "        self.sqlstate = s\n"
+             "for s in sys.argv[1:]:\n"
+             "    print(s, type(errors.translate(E(s))).__name__)\n"
+             "'%s > '%s' 2>&1",
+             srcdir && srcdir[0] ? srcdir : ".", args, path);
+    int rc = system(cmd);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "python3: %s", out);
+    CHECK_STR(out, want);
 }
