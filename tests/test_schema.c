@@ -432,8 +432,9 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
 
 /* What a database's pgjobq schema is, one line per object, in order: every function (its whole
  * definition, as pg_get_functiondef prints it, and its grants), every relation (kind, options,
- * grants, columns with their grants, index or view definition, partition bound), constraint and type, the schema's
- * grants.  The hourly history partitions, named after the hour they were made in, count by number. */
+ * grants, columns with their grants, index or view definition, partition bound), constraint, trigger
+ * and type, the schema's grants.  The hourly history partitions, named after the hour they were made
+ * in, count by number. */
 static const char SCHEMA_DIGEST[] =
     "WITH lines(l) AS ("
     " SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid)) || ' grants '"
@@ -458,6 +459,10 @@ static const char SCHEMA_DIGEST[] =
     "        || CASE WHEN r.convalidated THEN '' ELSE ' not valid' END"
     "   FROM pg_constraint r WHERE r.connamespace = 'pgjobq'::regnamespace"
     "    AND r.conrelid::regclass::text !~ 'history_p[0-9]{10}'"
+    " UNION ALL"
+    " SELECT 'trigger ' || g.tgrelid::regclass::text || ' ' || pg_get_triggerdef(g.oid)"
+    "   FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid"
+    "  WHERE c.relnamespace = 'pgjobq'::regnamespace AND NOT g.tgisinternal"
     " UNION ALL"
     " SELECT 'type ' || t.typname || ' ' || t.typtype::text || ' ' || coalesce((SELECT string_agg(e.enumlabel, ','"
     "        ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), '')"
@@ -506,19 +511,19 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The names of the functions sql/functions defines, sorted, comma-separated (malloc'd). */
-static char *function_file_names(void)
+/* Adds to names[*n ..] the names of the functions the .sql files of dir (only the numbered ones:
+ * numbered) define, adding their lengths and a comma's to *len. */
+static void defined_names(const char *dir, int numbered, char **names, size_t max, size_t *n, size_t *len)
 {
-    char dirpath[4096], path[4400], *names[256], *out;
-    size_t n = 0, len = 1;
+    char dirpath[4096], path[4400];
     struct dirent *e;
 
-    snprintf(dirpath, sizeof dirpath, "%s/sql/functions", srcdir());
+    snprintf(dirpath, sizeof dirpath, "%s/%s", srcdir(), dir);
     DIR *d = opendir(dirpath);
     CHECK_MSG(d != NULL, "cannot open %s", dirpath);
     while ((e = readdir(d)) != NULL) {
         size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0)
+        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0 || (numbered && strspn(e->d_name, "0123456789") != 3))
             continue;
         snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
         char *text = src_read(path);
@@ -530,15 +535,26 @@ static char *function_file_names(void)
                 continue;
             const char *name = p + strlen("FUNCTION pgjobq.");
             size_t nl = strcspn(name, "(");
-            CHECK(n < sizeof names / sizeof names[0]);
-            names[n] = strndup(name, nl);
-            CHECK(names[n] != NULL);
-            len += nl + 1;
-            n++;
+            CHECK(*n < max);
+            names[*n] = strndup(name, nl);
+            CHECK(names[*n] != NULL);
+            *len += nl + 1;
+            (*n)++;
         }
         free(text);
     }
     CHECK(closedir(d) == 0);
+}
+
+/* The names of the functions sql/functions defines, and the migrations of sql/ (the function of a
+ * trigger lives with its trigger), sorted, comma-separated (malloc'd). */
+static char *function_file_names(void)
+{
+    char *names[256], *out;
+    size_t n = 0, len = 1;
+
+    defined_names("sql/functions", 0, names, sizeof names / sizeof names[0], &n, &len);
+    defined_names("sql", 1, names, sizeof names / sizeof names[0], &n, &len);
     qsort(names, n, sizeof names[0], cmp_names);
     out = calloc(1, len);
     CHECK(out != NULL);
@@ -571,8 +587,9 @@ static void migrate_and_check_functions(PGconn *pg, const char *files)
     free(db);
 }
 
-/* Every function of a migrated database is one that sql/functions defines, and each file's function is
- * there once: nothing an old migration made is left over, new or upgraded from version 1. */
+/* Every function of a migrated database is one that sql/functions (or, for a trigger's, a migration)
+ * defines, and each file's function is there once: nothing an old migration made is left over, new
+ * or upgraded from version 1. */
 TEST_FULL(schema_functions_are_exactly_those_of_the_function_files, 60, TEST_DB_EMPTY)
 {
     PGconn *pg = t_pg();
@@ -754,6 +771,10 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
         if (i == 0) {
             CHECK_OK(c, pgjobq_job_fail(c, jobs[i].id, jobs[i].lease_token, "again", 0, 0, &st));
             CHECK_INT(st, PGJOBQ_QUEUED);
+            /* Claimable from the retry on: the trigger jobs_ready_stamp, the migration's, stamped it. */
+            CHECK_INT(t_int(pg, "SELECT (ready_at > started_at)::int FROM pgjobq.jobs WHERE id = %lld",
+                            (long long)jobs[i].id),
+                      1);
         } else {
             CHECK_OK(c, pgjobq_job_complete(c, jobs[i].id, jobs[i].lease_token, NULL));
         }
@@ -823,6 +844,11 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         CHECK_MSG(rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA, "%s: open: %s", what, pgjobq_errmsg(c));
         CHECK_OK(c, pgjobq_migrate(c, &applied));
         CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - k);
+        /* One trigger jobs_ready_stamp, whether version k had one (from 10, made by its function files)
+         * or not: a migration makes it (and the digest below holds it to a new database's). */
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgjobq.jobs'::regclass"
+                            " AND tgname = 'jobs_ready_stamp'"),
+                  1);
 
         /* The jobs, as they were; finished ones in the history. */
         after = jobs_snapshot(pg, "pgjobq.all_jobs");

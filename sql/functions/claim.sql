@@ -14,8 +14,8 @@
 -- starts each level at a place nothing claimable is behind: the caller's cursor (src/cursor.c), or the
 -- level's low-water mark in pgjobq.lows.  Both rest on one fact: a row that becomes claimable has a key
 -- no earlier than the database clock when its transaction had already been given its id (ready_at is
--- read after the id: the enqueue functions ask for the id first, and jobs_ready_stamp does when a job
--- goes back to queued).  So once no transaction older than some moment is still running, every row
+-- read after the id: the enqueue functions ask for the id first, and the trigger jobs_ready_stamp, a
+-- migration's, does when a job goes back to queued).  So once no transaction older than some moment is still running, every row
 -- that is not yet visible will appear after that moment, and a scan may start there.  What a claim
 -- that rolled back gives back sits behind every cursor; a low-water mark never passes it (the mark
 -- stops at the first row that is queued in the snapshot of the claim that moves it, and a row locked
@@ -574,32 +574,5 @@ BEGIN
         RETURN greatest(v_due, extract(epoch FROM v_full - now())::double precision);
     END IF;
     RETURN v_due;
-END
-$$;
-
--- jobs_ready_stamp(): a job that goes back to queued (a retry, a job handed back, a rescued lease, a
--- waiting job whose parents are done, an UPDATE by hand) becomes claimable now: its ready_at is the
--- clock, read after its transaction has an id (see the top of this file), so that no cursor is past
--- it.  Run by the trigger jobs_ready_stamp, before an UPDATE that makes a row queued and only then: its
--- WHEN clause is all a claim's or a heartbeat's update pays.
-CREATE OR REPLACE FUNCTION pgjobq.jobs_ready_stamp() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM pg_current_xact_id();
-    NEW.ready_at := clock_timestamp();
-    RETURN NEW;
-END
-$$;
-
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
-                    WHERE tgrelid = 'pgjobq.jobs'::regclass AND tgname = 'jobs_ready_stamp') THEN
-        CREATE TRIGGER jobs_ready_stamp BEFORE UPDATE OF state ON pgjobq.jobs FOR EACH ROW
-            WHEN (NEW.state = 'queued' AND OLD.state IS DISTINCT FROM 'queued')
-            EXECUTE FUNCTION pgjobq.jobs_ready_stamp();
-    END IF;
 END
 $$;
