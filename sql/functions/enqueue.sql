@@ -168,8 +168,7 @@ $$;
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
 -- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
--- producers that notify commit one at a time (16 clients enqueueing a job per transaction: a quarter
--- of their throughput; bench/README.md, "NOTIFY and concurrent producers").  The C library does so,
+-- producers that notify commit one at a time (bench/README.md, "NOTIFY and concurrent producers").  The C library does so,
 -- pipelined in the same round trip, for the statements it runs as their own transactions.
 -- An element that breaks a rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a
 -- domain's constraint.
@@ -188,7 +187,8 @@ RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Each statement planned once per session (as claim_next's): with the levels' probe below, PL/pgSQL
--- chose a custom plan for the insert and planned it at every call (0.13 ms).
+-- chose a custom plan for the insert and planned it at every call (bench/README.md, "Idle pickup, and
+-- statements PL/pgSQL planned at every call").
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -377,10 +377,10 @@ $$;
 -- waited for): an enqueue never waits on another one's transaction.  If that one rolls back, the
 -- claims find the level by themselves within a second.
 -- (PL/pgSQL rather than SQL: its statement's plan is kept for the session, where an SQL function's
--- body would be planned at every call, half a millisecond of every enqueue.  Kept only with
--- plan_cache_mode = force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT
--- cheaper and planned it again at every call, 0.09 ms of every enqueue: pg_stat_statements with
--- track_planning, bench/README.md "Idle pickup".)
+-- body would be planned at every call, a large part of an enqueue.  Kept only with plan_cache_mode =
+-- force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT cheaper and
+-- planned it again at every call (pg_stat_statements with track_planning: bench/README.md, "Idle
+-- pickup, and statements PL/pgSQL planned at every call").)
 -- A level recorded gets its frontier, a sequence (pgjobq.levels, migration 10).
 CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -415,7 +415,8 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     -- The sequence is looked up once (a materialized CTE: a subquery is flattened, and then
-    -- pg_get_serial_sequence() ran for every id, 2.3 us of the 2.8 us an id took).
+    -- pg_get_serial_sequence() ran for every id, most of what an id cost: bench/README.md, "What each
+    -- lever did").
     WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass AS seq)
     SELECT ARRAY(SELECT nextval(s.seq) FROM s, generate_series(1, least(greatest($1, 0), 1000000)))
 $$;
