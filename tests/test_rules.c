@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "harness.h"
 #include "internal.h"
@@ -140,61 +139,47 @@ static void sql_params(const rule_case *k, const fields *f, const char *v[8], ch
     v[7] = k->max_attempts ? att : NULL;
 }
 
-static void path_sql_enqueue(PGconn *pg, const rule_case *k, const fields *f)
+/* A path of the SQL API: the statement, with the case's fields as $1 .. $8 (sql_params), writes
+ * `jobs` jobs when the case is accepted, and names the job with `named` when it is refused. */
+static void path_sql(PGconn *pg, const rule_case *k, const fields *f, const char *path, const char *sql, long long jobs,
+                     const char *named)
 {
     const char *v[8];
     char prio[16], att[16], msg[1024];
     long long before = jobs_now(pg);
 
     sql_params(k, f, v, prio, att);
-    int ok = sql_run(pg,
-                     "SELECT * FROM pgjobq.enqueue(queue => $1, run_at => $2::timestamptz, delay => $3::interval,"
-                     " unique_key => $4, after => CASE WHEN $5::bigint IS NOT NULL THEN ARRAY[$5::bigint] END,"
-                     " tags => CASE WHEN $6::text IS NOT NULL THEN ARRAY[$6::text] END,"
-                     " priority => coalesce($7::smallint, 0::smallint), max_attempts => coalesce($8::integer, 25))",
-                     8, v, msg, sizeof msg);
-    check_answer(pg, k, "SQL enqueue", ok, msg, before, 1);
+    int ok = sql_run(pg, sql, 8, v, msg, sizeof msg);
+    check_answer(pg, k, path, ok, msg, before, jobs);
+    if (k->refused && named)
+        CHECK_MSG(strstr(msg, named) != NULL, "%s, %s: \"%s\" does not name %s", k->name, path, msg, named);
 }
 
-/* The case is the second job of two (named [2]); enqueue_many takes neither parents nor tags. */
-static void path_sql_enqueue_many(PGconn *pg, const rule_case *k, const fields *f)
+/* enqueue; enqueue_many with the case as the second job of two, unless the case has parents or
+ * tags, which enqueue_many does not take; enqueue_graph with the case as the second job. */
+static void paths_sql(PGconn *pg, const rule_case *k, const fields *f)
 {
-    const char *v[8];
-    char prio[16], att[16], msg[1024];
-    long long before = jobs_now(pg);
-
-    if (f->tags || f->after[0])
-        return;
-    sql_params(k, f, v, prio, att);
-    int ok = sql_run(pg,
-                     "SELECT * FROM pgjobq.enqueue_many(ARRAY['rules', $1], NULL, NULL,"
-                     " priorities => ARRAY[NULL, $7]::smallint[], run_ats => ARRAY[NULL, $2]::timestamptz[],"
-                     " delays => ARRAY[NULL, $3]::interval[], max_attempts => ARRAY[NULL, $8]::integer[],"
-                     " unique_keys => ARRAY[NULL, $4]) WHERE $5::text IS NULL AND $6::text IS NULL",
-                     8, v, msg, sizeof msg);
-    check_answer(pg, k, "SQL enqueue_many", ok, msg, before, 2);
-    if (k->refused)
-        CHECK_MSG(strstr(msg, "[2]") != NULL || strstr(msg, "queue") != NULL, "%s, SQL enqueue_many: %s", k->name, msg);
-}
-
-static void path_sql_enqueue_graph(PGconn *pg, const rule_case *k, const fields *f)
-{
-    const char *v[8];
-    char prio[16], att[16], msg[1024];
-    long long before = jobs_now(pg);
-
-    sql_params(k, f, v, prio, att);
-    int ok = sql_run(pg,
-                     "SELECT * FROM pgjobq.enqueue_graph(jsonb_build_array('{\"queue\": \"rules\"}'::jsonb,"
-                     " jsonb_strip_nulls(jsonb_build_object('queue', $1::text, 'run_at', $2::text,"
-                     " 'delay', extract(epoch FROM $3::interval), 'unique_key', $4::text,"
-                     " 'after', CASE WHEN $5::bigint IS NOT NULL THEN jsonb_build_array($5::bigint) END,"
-                     " 'tags', CASE WHEN $6::text IS NOT NULL THEN jsonb_build_array($6::text) END,"
-                     " 'priority', $7::integer, 'max_attempts', $8::integer))))",
-                     8, v, msg, sizeof msg);
-    check_answer(pg, k, "SQL enqueue_graph", ok, msg, before, 2);
-    if (k->refused)
-        CHECK_MSG(strstr(msg, "job 1:") != NULL, "%s, SQL enqueue_graph: %s", k->name, msg);
+    path_sql(pg, k, f, "SQL enqueue",
+             "SELECT * FROM pgjobq.enqueue(queue => $1, run_at => $2::timestamptz, delay => $3::interval,"
+             " unique_key => $4, after => CASE WHEN $5::bigint IS NOT NULL THEN ARRAY[$5::bigint] END,"
+             " tags => CASE WHEN $6::text IS NOT NULL THEN ARRAY[$6::text] END,"
+             " priority => coalesce($7::smallint, 0::smallint), max_attempts => coalesce($8::integer, 25))",
+             1, NULL);
+    if (!f->tags && !f->after[0])
+        path_sql(pg, k, f, "SQL enqueue_many",
+                 "SELECT * FROM pgjobq.enqueue_many(ARRAY['rules', $1], NULL, NULL,"
+                 " priorities => ARRAY[NULL, $7]::smallint[], run_ats => ARRAY[NULL, $2]::timestamptz[],"
+                 " delays => ARRAY[NULL, $3]::interval[], max_attempts => ARRAY[NULL, $8]::integer[],"
+                 " unique_keys => ARRAY[NULL, $4]) WHERE $5::text IS NULL AND $6::text IS NULL",
+                 2, "[2]");
+    path_sql(pg, k, f, "SQL enqueue_graph",
+             "SELECT * FROM pgjobq.enqueue_graph(jsonb_build_array('{\"queue\": \"rules\"}'::jsonb,"
+             " jsonb_strip_nulls(jsonb_build_object('queue', $1::text, 'run_at', $2::text,"
+             " 'delay', extract(epoch FROM $3::interval), 'unique_key', $4::text,"
+             " 'after', CASE WHEN $5::bigint IS NOT NULL THEN jsonb_build_array($5::bigint) END,"
+             " 'tags', CASE WHEN $6::text IS NOT NULL THEN jsonb_build_array($6::text) END,"
+             " 'priority', $7::integer, 'max_attempts', $8::integer))))",
+             2, "job 1:");
 }
 
 static void spec_of(const rule_case *k, const fields *f, pgjobq_job_spec *s, const int64_t *after,
@@ -380,10 +365,9 @@ static const char PY_SCRIPT[] =
 
 static void path_python(PGconn *pg, const fields *fs)
 {
-    char path[600], script[600], cmd[2048];
+    char script[600], cmd[2048];
     static char json[16384], out[65536];
     size_t len = 0;
-    const char *srcdir = getenv("PGJOBQ_SRCDIR");
 
     /* The cases as JobSpec's fields. */
     len += (size_t)snprintf(json + len, sizeof json - len, "[");
@@ -414,20 +398,13 @@ static void path_python(PGconn *pg, const fields *fs)
     CHECK(f != NULL);
     fputs(PY_SCRIPT, f);
     CHECK(fclose(f) == 0);
-    snprintf(path, sizeof path, "%s/rules.out", t_tmpdir());
     setenv("RULES_URL", t_conninfo(), 1);
     setenv("RULES_CASES", json, 1);
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && PYTHONPATH='%s/python' PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 '%s' > '%s' 2>&1",
-             t_tmpdir(), srcdir && srcdir[0] ? srcdir : ".", script, path);
+    snprintf(cmd, sizeof cmd, "cd '%s' && PYTHONPATH='%s/python' PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 '%s'",
+             t_tmpdir(), t_srcdir(), script);
     long long before = jobs_now(pg);
-    int rc = system(cmd);
-    f = fopen(path, "r");
-    CHECK(f != NULL);
-    size_t got = fread(out, 1, sizeof out - 1, f);
-    out[got] = '\0';
-    fclose(f);
-    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "python3 exited with %d:\n%s", rc, out);
+    int rc = t_shell(out, sizeof out, cmd);
+    CHECK_MSG(rc == 0, "python3 exited with %d:\n%s", rc, out);
 
     /* Each line against its case; the jobs written, all told. */
     static const char *const calls[] = {"Python enqueue", "Python enqueue_many", "Python enqueue_graph"};
@@ -467,9 +444,7 @@ TEST_FULL(enqueue_rules_give_the_same_answer_on_every_path, 180, 0)
     for (size_t i = 0; i < NCASES; i++) {
         const rule_case *k = &cases[i];
         case_fields(pg, k, &f[i]);
-        path_sql_enqueue(pg, k, &f[i]);
-        path_sql_enqueue_many(pg, k, &f[i]);
-        path_sql_enqueue_graph(pg, k, &f[i]);
+        paths_sql(pg, k, &f[i]);
         path_c_enqueue(pg, c, k, &f[i]);
         path_c_many(pg, c, k, &f[i], 3, 1, "C pgjobq_enqueue_many");
         path_c_copy(pg, c, k, &f[i]);
@@ -589,15 +564,6 @@ TEST(enqueue_rules_a_run_at_costs_no_round_trip_and_a_bad_one_names_its_job)
 
 /* ------------------------------------------------------------------------------------------------ */
 
-/* The fields a job gets when enqueued without them, as one line. */
-static char *defaults_of(PGconn *pg, const char *where)
-{
-    return t_str(pg,
-                 "SELECT string_agg(DISTINCT concat_ws(' ', queue, kind, payload::text, priority, max_attempts), '; ')"
-                 " FROM pgjobq.all_jobs WHERE %s",
-                 where);
-}
-
 /* A job enqueued without fields gets pgjobq.job_defaults() on every path, which are the columns'
  * defaults of pgjobq.jobs and enqueue()'s, and what the header says of max_attempts. */
 TEST(enqueue_rules_a_job_without_fields_gets_the_databases_defaults)
@@ -629,13 +595,15 @@ TEST(enqueue_rules_a_job_without_fields_gets_the_databases_defaults)
     long long last = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs");
     CHECK_OK(c, pgjobq_enqueue_many(c, s, COPY_JOBS, NULL, NULL)); /* COPY (the owner may) */
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs"), last + COPY_JOBS);
-    char *got = defaults_of(pg, "true");
+    char *got = t_str(pg, "SELECT string_agg(DISTINCT concat_ws(' ', queue, kind, payload::text, priority,"
+                          " max_attempts), '; ') FROM pgjobq.all_jobs");
     CHECK_STR(got, want);
     free(got);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id >= %lld", (long long)first), 8 + COPY_JOBS);
-    /* The levels the claims visit, and the queues notified: the default queue's. */
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'default' AND priority = 0"), 1);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels"), 1);
+    /* The levels the claims visit: the default queue's, at the default priority, once. */
+    char *levels = t_str(pg, "SELECT string_agg(queue || ' ' || priority, ', ') FROM pgjobq.levels");
+    CHECK_STR(levels, "default 0");
+    free(levels);
     free(want);
     free(s);
     pgjobq_client_close(c);
@@ -670,9 +638,8 @@ TEST(errors_c_and_python_map_sqlstates_alike)
                                          "23502", "23P01", "23001", "42501", "3F000", "42883", "42P01", "40001",
                                          "40P01", "08006", "08001", "57P01", "57P02", "57P03", "57014", "55P03",
                                          "25006", "42P10", "P0001", "XX000", "55006"};
-    char cmd[4096], path[600], out[8192], want[2048], args[512];
+    char cmd[4096], out[8192], want[2048], args[512];
     size_t len = 0, alen = 0;
-    const char *srcdir = getenv("PGJOBQ_SRCDIR");
 
     want[0] = '\0';
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
@@ -683,7 +650,6 @@ TEST(errors_c_and_python_map_sqlstates_alike)
     CHECK(len < sizeof want && alen < sizeof args);
     CHECK(strstr(want, "?") == NULL);
     CHECK(strstr(want, "23505 DuplicateJob\n") != NULL);
-    snprintf(path, sizeof path, "%s/errors.out", t_tmpdir());
     snprintf(cmd, sizeof cmd,
              "PYTHONPATH='%s/python' PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -c '"
              "import sys\n"
@@ -694,14 +660,9 @@ TEST(errors_c_and_python_map_sqlstates_alike)
              "        self.sqlstate = s\n"
              "for s in sys.argv[1:]:\n"
              "    print(s, type(errors.translate(E(s))).__name__)\n"
-             "'%s > '%s' 2>&1",
-             srcdir && srcdir[0] ? srcdir : ".", args, path);
-    int rc = system(cmd);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    size_t n = fread(out, 1, sizeof out - 1, f);
-    out[n] = '\0';
-    fclose(f);
-    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "python3: %s", out);
+             "'%s",
+             t_srcdir(), args);
+    int rc = t_shell(out, sizeof out, cmd);
+    CHECK_MSG(rc == 0, "python3: %s", out);
     CHECK_STR(out, want);
 }

@@ -13,29 +13,6 @@
 
 #include "harness.h"
 
-/* A file of the source tree (PGJOBQ_SRCDIR, which make check sets), read whole into a malloc'd string. */
-static char *src_read(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f != NULL, "cannot open %s", path);
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
-    char *s = malloc((size_t)n + 1);
-    CHECK(s != NULL);
-    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = '\0';
-    CHECK(fclose(f) == 0);
-    return s;
-}
-
-static const char *srcdir(void)
-{
-    const char *dir = getenv("PGJOBQ_SRCDIR");
-    CHECK_MSG(dir != NULL, "PGJOBQ_SRCDIR is not set (make check sets it)");
-    return dir;
-}
-
 /* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
  * released them; up to version 9 each created its own functions, from version 10 on the release's
  * function files are beside it, in functions-NNN): 1 to RELEASED_VERSIONS. */
@@ -46,9 +23,9 @@ static char *released_migration(int v)
     char pattern[4096];
     glob_t g;
 
-    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", srcdir(), v);
+    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", t_srcdir(), v);
     CHECK_MSG(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single file matches %s", pattern);
-    char *sql = src_read(g.gl_pathv[0]);
+    char *sql = t_read_file(g.gl_pathv[0]);
     globfree(&g);
     return sql;
 }
@@ -73,7 +50,7 @@ static void apply_released_functions(PGconn *pg, int v)
     size_t n = 0;
     struct dirent *e;
 
-    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", srcdir(), v);
+    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", t_srcdir(), v);
     DIR *d = opendir(dirpath);
     CHECK_MSG(d != NULL, "cannot open %s", dirpath);
     while ((e = readdir(d)) != NULL) {
@@ -90,7 +67,7 @@ static void apply_released_functions(PGconn *pg, int v)
     qsort(names, n, sizeof names[0], cmp_names);
     for (size_t i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
-        char *sql = src_read(path);
+        char *sql = t_read_file(path);
         run_script(pg, sql, "a released function file");
         free(sql);
         free(names[i]);
@@ -518,7 +495,7 @@ static void defined_names(const char *dir, int numbered, char **names, size_t ma
     char dirpath[4096], path[4400];
     struct dirent *e;
 
-    snprintf(dirpath, sizeof dirpath, "%s/%s", srcdir(), dir);
+    snprintf(dirpath, sizeof dirpath, "%s/%s", t_srcdir(), dir);
     DIR *d = opendir(dirpath);
     CHECK_MSG(d != NULL, "cannot open %s", dirpath);
     while ((e = readdir(d)) != NULL) {
@@ -526,7 +503,7 @@ static void defined_names(const char *dir, int numbered, char **names, size_t ma
         if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0 || (numbered && strspn(e->d_name, "0123456789") != 3))
             continue;
         snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
-        char *text = src_read(path);
+        char *text = t_read_file(path);
         for (char *p = text; (p = strstr(p, "FUNCTION pgjobq.")) != NULL; p++) {
             /* A definition: "CREATE FUNCTION" or "CREATE OR REPLACE FUNCTION", not a mention. */
             int created = (p - text >= 7 && strncmp(p - 7, "CREATE ", 7) == 0) ||
@@ -826,10 +803,10 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         if (k >= 9) {
             char path[4096];
             if (k == 9)
-                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", t_srcdir());
             else
-                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", srcdir(), k);
-            char *roles = src_read(path);
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", t_srcdir(), k);
+            char *roles = t_read_file(path);
             run_script(pg, roles, "the released roles.sql");
             free(roles);
         } else if (k >= 2) {

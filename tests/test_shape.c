@@ -13,32 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "harness.h"
 #include "internal.h"
-
-static const char *srcdir(void)
-{
-    const char *dir = getenv("PGJOBQ_SRCDIR");
-    CHECK_MSG(dir != NULL, "PGJOBQ_SRCDIR is not set (make check sets it)");
-    return dir;
-}
-
-static char *file_read(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    CHECK_MSG(f != NULL, "cannot open %s", path);
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
-    char *s = malloc((size_t)n + 1);
-    CHECK(s != NULL);
-    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = '\0';
-    CHECK(fclose(f) == 0);
-    return s;
-}
 
 /* A list of names as "a,b,c": white space dropped. */
 static void squeeze(char *s)
@@ -126,8 +103,8 @@ static int check_moves(PGconn *pg, const char *history)
     int n = 0;
 
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/sql/functions/%s.sql", srcdir(), files[i]);
-        char *text = file_read(path);
+        snprintf(path, sizeof path, "%s/sql/functions/%s.sql", t_srcdir(), files[i]);
+        char *text = t_read_file(path);
         for (int h = 0; h < 2; h++) {
             for (char *p = text; (p = strstr(p, heads[h])) != NULL;) {
                 char *start = p + strlen(heads[h]), *end = strchr(start, ')');
@@ -173,11 +150,10 @@ static char *returned(PGconn *pg, const char *fn, int types)
 }
 
 /* The Python package's JobInfo fields, and the names of the columns its statement reads them from
- * (pgjobq._jobs._GET_SQL, run on the test's database), one line each. */
-static void python_job_info(char *fields, char *columns, size_t size)
+ * (pgjobq._jobs._GET_SQL, run on the test's database), "a,b,c" each (fields and columns: 1024 bytes). */
+static void python_job_info(char *fields, char *columns)
 {
-    char cmd[4096], path[600], out[8192];
-    snprintf(path, sizeof path, "%s/jobinfo.out", t_tmpdir());
+    char cmd[4096], out[8192];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && PYTHONPATH='%s/python' PYTHONDONTWRITEBYTECODE=1 SHAPE_URL='%s' /usr/bin/python3 -c '"
              "import dataclasses, os, psycopg\n"
@@ -186,16 +162,11 @@ static void python_job_info(char *fields, char *columns, size_t size)
              "with psycopg.connect(os.environ[\"SHAPE_URL\"]) as c:\n"
              "    cur = c.execute(_sql._pyformat(_jobs._GET_SQL), {\"id\": 0})\n"
              "    print(\",\".join(d.name for d in cur.description))\n"
-             "' > '%s' 2>&1",
-             t_tmpdir(), srcdir(), t_conninfo(), path);
-    int rc = system(cmd);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    size_t n = fread(out, 1, sizeof out - 1, f);
-    out[n] = '\0';
-    fclose(f);
-    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "python3: %s", out);
-    CHECK_MSG(sscanf(out, "%1023s %1023s", fields, columns) == 2 && size >= 1024, "python3 said: %s", out);
+             "'",
+             t_tmpdir(), t_srcdir(), t_conninfo());
+    int rc = t_shell(out, sizeof out, cmd);
+    CHECK_MSG(rc == 0, "python3: %s", out);
+    CHECK_MSG(sscanf(out, "%1023s %1023s", fields, columns) == 2, "python3 said: %s", out);
 }
 
 TEST(schema_the_job_rows_columns_are_the_same_everywhere)
@@ -239,7 +210,7 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
     /* The Python package: JobInfo has every column of pgjobq.all_jobs but the lease (lease_token is
      * the holder's secret; lease_until the engine's business), and reads them in its fields' order. */
     char fields[1024], columns[1024];
-    python_job_info(fields, columns, sizeof fields);
+    python_job_info(fields, columns);
     same_names(pg, "pgjobq._jobs.JobInfo", fields, all_jobs, "lease_token,lease_until", "");
     CHECK_STR(columns, fields);
 
