@@ -58,7 +58,7 @@ TEST(claim_returns_batches_of_at_most_max_jobs)
     size_t n, sizes[4];
 
     memset(specs, 0, sizeof specs);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 10, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 10, NULL, NULL));
     for (int i = 0; i < 4; i++) {
         CHECK_OK(c, pgjobq_claim(c, "default", 4, 30000, NULL, &jobs, &n));
         sizes[i] = n;
@@ -85,7 +85,7 @@ TEST(claim_skips_a_locked_head_job_without_waiting)
     size_t n;
 
     memset(specs, 0, sizeof specs);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, NULL));
     /* Another transaction holds the head job's row lock and keeps it. */
     PQclear(t_exec(holder, "BEGIN"));
     PQclear(t_exec(holder, "SELECT id FROM pgjobq.jobs WHERE id = %lld FOR UPDATE", (long long)ids[0]));
@@ -219,7 +219,7 @@ TEST_FULL(claim_is_exactly_once_under_40_concurrent_claimers, 180, 0)
         snprintf(payloads[i], sizeof payloads[i], "[%d]", i + 1);
         specs[i].payload = payloads[i];
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, EXACT_JOBS, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, EXACT_JOBS, NULL, NULL));
     pgjobq_client_close(c);
 
     for (int p = 0; p < EXACT_PROCS; p++) {

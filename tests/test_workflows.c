@@ -544,7 +544,7 @@ TEST(workflow_tags_find_jobs_live_and_finished_through_an_index)
         specs[i].opts = o;
     }
     specs[2].opts.tags = NULL; /* one untagged job in the batch */
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, NULL));
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue) SELECT 'bulk' FROM generate_series(1, 3000)"));
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
     PGresult *r = t_exec(pg, "EXPLAIN SELECT id FROM pgjobq.jobs WHERE tags @> ARRAY['import']");

@@ -408,7 +408,7 @@ END
 $$;
 
 -- reserve_ids(n): n new job ids from the jobs' sequence, for a producer that writes a batch of jobs
--- with COPY (pgjobq_enqueue_batch), so that every id still comes from the sequence and the caller
+-- with COPY (pgjobq_enqueue_many), so that every id still comes from the sequence and the caller
 -- learns the ids of its jobs.  Ids reserved by a batch that then fails are simply never used.
 CREATE OR REPLACE FUNCTION pgjobq.reserve_ids(n integer) RETURNS bigint[]
 LANGUAGE sql VOLATILE SECURITY DEFINER
