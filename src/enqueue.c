@@ -5,12 +5,12 @@
  * The database judges every enqueue rule (sql/functions/enqueue.sql, "The enqueue rules"): when a job
  * may run, unique keys, and the rules of pgjobq.jobs, so that the SQL API, the library, the command
  * and the other languages give one answer.  This file checks only what cannot reach the database as
- * given (JSON that does not parse, invalid UTF-8, a C value its SQL type cannot hold, a list that
- * does not end), and the cheap bounds of the public constants (names, priority, max_attempts), which
- * it needs for COPY and which tests/test_rules.c holds equal to the database's.
+ * given (JSON that does not parse, invalid UTF-8, a C value its SQL type cannot hold), and the cheap
+ * bounds of the public constants (names, priority, max_attempts), which it needs for COPY and which
+ * tests/test_rules.c holds equal to the database's.
  *
  * COPY writes a batch faster than an INSERT from arrays (the server inserts its rows a page at a time;
- * bench/README.md, "Bulk enqueue"), but it cannot skip rows whose unique key is held (ON CONFLICT),
+ * docs/design.md, "Enqueue"; bench/README.md, B1), but it cannot skip rows whose unique key is held (ON CONFLICT),
  * compute now() + delay, or take the column default for some rows and a value for others; batches that
  * need any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
  * (pgjobq.reserve_ids), the defaults from the database (pgjobq.job_defaults), and the batch is one

@@ -4,11 +4,11 @@
 -- is defined once, here, as it is now.
 
 -- job_defaults(): what a job gets for a field it is enqueued without: queue and kind 'default',
--- payload {}, priority 0, max_attempts 25 (the columns' defaults of pgjobq.jobs, which the upgrade
--- tests hold equal to this).  Read by the C library once per client for its COPY (src/enqueue.c), so
--- that no client states them; the enqueue functions write the same values (a test enqueues a job
--- without fields through every path and reads them back).  An SQL function without SET: the
--- planner inlines it, a constant row.
+-- payload {}, priority 0, max_attempts 25, the columns' defaults of pgjobq.jobs.  Read by the C
+-- library once per client for its COPY (src/enqueue.c), so that no client states them; the enqueue
+-- functions write the same values (tests/test_rules.c enqueues a job without fields through every
+-- path, and a row by hand, and reads them back).  An SQL function without SET: the planner inlines
+-- it, a constant row.
 CREATE OR REPLACE FUNCTION pgjobq.job_defaults()
 RETURNS TABLE (queue text, kind text, payload jsonb, priority smallint, max_attempts integer)
 LANGUAGE sql IMMUTABLE
@@ -26,7 +26,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM pg_notify('pgjobq', d.q)
-       FROM (SELECT DISTINCT coalesce(u.q, j.queue) AS q FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d;
+       FROM (SELECT DISTINCT coalesce(u.q, j.queue) AS q
+               FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d;
 END
 $$;
 
@@ -44,7 +45,8 @@ $$;
 -- that the planner inlines it into its callers, which pin search_path; the names go into the text
 -- only when it breaks the rule.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_when_why(run_at timestamptz, delay interval,
-                                                   run_at_name text DEFAULT 'run_at', delay_name text DEFAULT 'delay')
+                                                   run_at_name text DEFAULT 'run_at',
+                                                   delay_name text DEFAULT 'delay')
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
@@ -52,7 +54,8 @@ AS $$
              WHEN delay < interval '0'
                THEN format('%s is %s: a delay must not be negative', delay_name, delay)
              WHEN run_at IS NOT NULL AND delay IS NOT NULL
-               THEN format('%s and %s are both given: give run_at or delay, not both', run_at_name, delay_name)
+               THEN format('%s and %s are both given: give run_at or delay, not both', run_at_name,
+                           delay_name)
              WHEN run_at NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years'
                THEN format('%s is %s: run_at must be within 100 years of now', run_at_name, run_at)
              -- (A delay far beyond the bound is refused before now() + it could overflow.)
@@ -168,8 +171,9 @@ $$;
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
 -- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
--- producers that notify commit one at a time (bench/README.md, "NOTIFY and concurrent producers").  The C library does so,
--- pipelined in the same round trip, for the statements it runs as their own transactions.
+-- producers that notify commit one at a time (bench/README.md, "NOTIFY and concurrent producers").
+-- The C library does so, pipelined in the same round trip, for the statements it runs as their own
+-- transactions.
 -- An element that breaks a rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a
 -- domain's constraint.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(

@@ -235,7 +235,8 @@ BEGIN
         SELECT e.o - 1 AS i, e.j,
                CASE
                  WHEN jsonb_typeof(e.j) <> 'object' THEN 'is not a JSON object'
-                 WHEN e.j ? 'unique_key' THEN pgjobq.enqueue_unique_key_why(coalesce(e.j ->> 'unique_key', 'null'), true)
+                 WHEN e.j ? 'unique_key'
+                   THEN pgjobq.enqueue_unique_key_why(coalesce(e.j ->> 'unique_key', 'null'), true)
                  WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
@@ -295,8 +296,9 @@ BEGIN
          CROSS JOIN LATERAL (SELECT pgjobq.enqueue_when_why(
                                  CASE WHEN rt.run_at_reads THEN (e.j ->> 'run_at')::timestamptz END,
                                  CASE WHEN jsonb_typeof(e.j -> 'delay') = 'number'
-                                      THEN make_interval(secs => least(greatest((e.j ->> 'delay')::numeric, -1e12),
-                                                                       1e12)::double precision) END,
+                                      THEN make_interval(secs => least(greatest((e.j ->> 'delay')::numeric,
+                                                                                -1e12), 1e12)::double precision)
+                                 END,
                                  '"run_at"', '"delay"') AS why) w
     LOOP
         IF v_bad.why IS NOT NULL THEN
