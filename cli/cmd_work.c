@@ -44,6 +44,7 @@
 #define OPT_COPROC 2017
 #define OPT_COPROCS 2018
 #define OPT_BURST 2019
+#define OPT_PRINT_DEFAULTS 2020
 
 const cli_opt work_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
@@ -73,6 +74,8 @@ const cli_opt work_opts[] = {
      "$PGJOBQ_SERVE_TOKEN is required)"},
     {"log-format", OPT_LOG_FORMAT, "FORMAT", "text or json (default text)"},
     {"log-level", OPT_LOG_LEVEL, "LEVEL", "debug, info, warn or error (default info)"},
+    {"print-defaults", OPT_PRINT_DEFAULTS, NULL,
+     "print the worker's settings as JSON (the library's defaults, with the options given) and exit"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -88,6 +91,7 @@ typedef struct work_args {
     const char *metrics_listen;
     const char *coproc;
     int coprocs;
+    int print_defaults;
 } work_args;
 
 static pgjobq_worker *volatile the_worker;
@@ -131,7 +135,7 @@ static int work_opt(int key, const char *arg, void *ctx)
             cli_usage_error(a->cmd, "at most 64 --queue options");
             return -1;
         }
-        q->concurrency = 10;
+        q->concurrency = PGJOBQ_DEFAULT_CONCURRENCY;
         /* Queue names may hold ':', so "mail:abc" could be a name; far more often it is a mistyped
          * concurrency.  A queue whose name has ':' is served as NAME:N. */
         if (colon && (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1))) {
@@ -170,6 +174,7 @@ static int work_opt(int key, const char *arg, void *ctx)
         a->coprocs = (int)v;
         return 0;
     case OPT_SHELL: a->shell = 1; return 0;
+    case OPT_PRINT_DEFAULTS: a->print_defaults = 1; return 0;
     case OPT_LEASE: return duration_opt(a, "lease", arg, &a->opts.lease_ms);
     case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->opts.heartbeat_ms);
     case OPT_TIMEOUT: return duration_opt(a, "timeout", arg, &a->opts.timeout_ms);
@@ -217,6 +222,20 @@ static int work_opt(int key, const char *arg, void *ctx)
     return -1;
 }
 
+/* --print-defaults: the worker's settings, the library's defaults filled in (pgjobq_worker_opts_defaults),
+ * as one line of JSON, for programs that build a worker command (the Python package). */
+static int print_defaults(const pgjobq_worker_opts *given)
+{
+    pgjobq_worker_opts o = *given;
+
+    pgjobq_worker_opts_defaults(&o);
+    printf("{\"lease_ms\":%lld,\"heartbeat_ms\":%lld,\"timeout_ms\":%lld,\"poll_ms\":%lld,"
+           "\"shutdown_timeout_ms\":%lld,\"batch_max\":%d,\"concurrency\":%d}\n",
+           (long long)o.lease_ms, (long long)o.heartbeat_ms, (long long)o.timeout_ms, (long long)o.poll_ms,
+           (long long)o.shutdown_timeout_ms, o.batch_max, PGJOBQ_DEFAULT_CONCURRENCY);
+    return fflush(stdout) == 0 && !ferror(stdout) ? EX_OK : EX_IOERR;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 
 int cmd_work(const cli_cmd *cmd, int argc, char **argv)
@@ -241,6 +260,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         return EX_USAGE;
     if (first < argc)
         return cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
+    if (a.print_defaults)
+        return print_defaults(&a.opts);
     if (a.exec == NULL && a.coproc == NULL)
         return cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
                                     "handler) is required");
@@ -251,7 +272,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     const char *command = a.exec ? a.exec : a.coproc;
     if (a.nqueues == 0) {
         snprintf(a.queues[0].name, sizeof a.queues[0].name, "default");
-        a.queues[0].concurrency = 10;
+        a.queues[0].concurrency = PGJOBQ_DEFAULT_CONCURRENCY;
         a.nqueues = 1;
     }
     if (a.max_output >= 0)
@@ -293,9 +314,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     {
         /* The grace between SIGTERM and SIGKILL must fit in the time the lease leaves after the timeout. */
         pgjobq_worker_opts eff = a.opts;
-        int64_t lease = eff.lease_ms ? eff.lease_ms : 60000;
-        int64_t timeout = eff.timeout_ms ? eff.timeout_ms : lease * 4 / 5;
-        int64_t room = (lease - timeout) / 2;
+        pgjobq_worker_opts_defaults(&eff);
+        int64_t room = (eff.lease_ms - eff.timeout_ms) / 2;
         cfg.kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
     }
     if (a.coproc) {

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 16
+#define PGJOBQ_SCHEMA_VERSION 17
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -289,12 +289,12 @@ typedef struct pgjobq_enqueue_opts {
     const char *kind;       /* NULL: "default" */
     int priority;           /* PGJOBQ_PRIORITY_MIN..MAX, lower runs first; 0 by default */
     int max_attempts;       /* 1..PGJOBQ_MAX_ATTEMPTS_MAX; 0: PGJOBQ_DEFAULT_MAX_ATTEMPTS */
-    int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
+    int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms: 0 to 100 years */
     const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
                                Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL, and so
-                               is a time before 1970-01-01 UTC or more than 100 years after the
-                               database's now() (checked by the database, in a statement of its
-                               own before the insert, only when run_at is given). */
+                               is a time more than 100 years from the database's now(), before or
+                               after.  The database judges both rules (sql/functions/enqueue.sql,
+                               enqueue_when_why), as it does for every interface. */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
                                key, enqueueing another job with it returns the existing job instead. */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
@@ -354,12 +354,21 @@ typedef struct pgjobq_job_spec {
 } pgjobq_job_spec;
 
 /*
- * Enqueues n jobs in one statement (one round trip), atomically: if any job is invalid, none is
- * inserted, PGJOBQ_EINVAL is returned, and pgjobq_errmsg() names the first bad job by its index.
- * ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL) receives n flags, nonzero
- * where the job was not inserted because its unique key was held (ids_out then has the holder's id).
- * Sends one notification per queue, not one per job.
+ * Enqueues n jobs in one statement (one round trip; a large batch with COPY), atomically: if any job
+ * is invalid, none is inserted, PGJOBQ_EINVAL is returned, and pgjobq_errmsg() names the first bad
+ * job: "job 17: ..." (its index) for what the library checks itself and for a run_at the database
+ * cannot read, and as the SQL function names it for a rule the database judges ("run_ats[18] ...",
+ * enqueue_many's 1-based arrays; "job 17: ..." for jobs with parents or tags, which go through
+ * pgjobq.enqueue_graph).  ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL)
+ * receives n flags, nonzero where the job was not inserted because its unique key was held (ids_out
+ * then has the holder's id).  Sends one notification per queue, not one per job.  (pgjobq.enqueue_many
+ * in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in SQL and Python is jobs with a
+ * callback, pgjobq.enqueue_batch.)
  */
+PGJOBQ_EXPORT int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
+                                      unsigned char *dup_out) PGJOBQ_WUR;
+
+/* Deprecated: pgjobq_enqueue_many's former name, kept for the programs that call it; the same function. */
 PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                        unsigned char *dup_out) PGJOBQ_WUR;
 
@@ -452,7 +461,8 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
 /*
  * Runs a finished or scheduled job again now: it becomes queued with run_at = now(), keeping its
  * attempt count (max_attempts is raised if needed to allow one more attempt).  Returns PGJOBQ_OK,
- * PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE for a running job.
+ * PGJOBQ_ENOTFOUND, PGJOBQ_ESTATE for a running job, or PGJOBQ_EDUPLICATE when a queued or running
+ * job of the queue holds the job's unique key.
  */
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
 
@@ -880,6 +890,19 @@ static inline pgjobq_worker_opts pgjobq_worker_opts_init_(void)
 #else
 #define PGJOBQ_WORKER_OPTS_INIT {.worker_id = NULL}
 #endif
+
+/* The concurrency a queue is served with when none is given: by `pgjobq work --queue Q` and the
+ * Python package's worker (which reads it from `pgjobq work --print-defaults`). */
+#define PGJOBQ_DEFAULT_CONCURRENCY 10
+
+/*
+ * Fills every zero field of *o that has a default with the value pgjobq_worker_new gives it: lease
+ * 60 s; heartbeat a third of the lease and job timeout 80% of it (of the lease given, or of the
+ * default); poll 1 s; shutdown timeout 30 s; batch_max 1000.  The one statement of these defaults,
+ * for programs that show them or build on them (the pgjobq command, and through it the Python
+ * package).  Checks nothing (pgjobq_worker_new does).  Thread-safe.
+ */
+PGJOBQ_EXPORT void pgjobq_worker_opts_defaults(pgjobq_worker_opts *o);
 
 /*
  * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than

@@ -55,12 +55,14 @@ GRANT EXECUTE ON FUNCTION
                         boolean),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[]),
-    pgjobq.levels_add(text[], smallint[])
+    pgjobq.levels_add(text[], smallint[]),
+    pgjobq.job_defaults(),
+    pgjobq.enqueue_when_check(timestamptz[], interval[], integer[])
 TO pgjobq_producer;
 -- (pgjobq_producer is not granted INSERT on pgjobq.jobs: with it, the library would enqueue large
 -- batches with COPY, but a producer could also choose ids the sequence has not issued yet and make
 -- later enqueues fail.  Grant INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON
--- pgjobq.jobs to a producer you trust with that; pgjobq_enqueue_batch uses COPY when it may.)
+-- pgjobq.jobs to a producer you trust with that; pgjobq_enqueue_many uses COPY when it may.)
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),

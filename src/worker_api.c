@@ -30,6 +30,22 @@ void pgjobq__worker_wake(pgjobq_worker *w)
 /* ------------------------------------------------------------------------------------------------ */
 /* Creating and configuring                                                                          */
 
+void pgjobq_worker_opts_defaults(pgjobq_worker_opts *o)
+{
+    if (o->lease_ms == 0)
+        o->lease_ms = 60000;
+    if (o->heartbeat_ms == 0)
+        o->heartbeat_ms = o->lease_ms / 3;
+    if (o->timeout_ms == 0)
+        o->timeout_ms = o->lease_ms * 4 / 5;
+    if (o->poll_ms == 0)
+        o->poll_ms = 1000;
+    if (o->shutdown_timeout_ms == 0)
+        o->shutdown_timeout_ms = 30000;
+    if (o->batch_max == 0)
+        o->batch_max = 1000;
+}
+
 int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_worker_opts *opts)
 {
     pgjobq_worker *w;
@@ -53,18 +69,7 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
     char why[400];
     if (pgjobq_conninfo_check(w->conninfo, why, sizeof why) == PGJOBQ_EINVAL)
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the connection string is not valid: %s", why);
-    if (w->o.lease_ms == 0)
-        w->o.lease_ms = 60000;
-    if (w->o.heartbeat_ms == 0)
-        w->o.heartbeat_ms = w->o.lease_ms / 3;
-    if (w->o.timeout_ms == 0)
-        w->o.timeout_ms = w->o.lease_ms * 4 / 5;
-    if (w->o.poll_ms == 0)
-        w->o.poll_ms = 1000;
-    if (w->o.shutdown_timeout_ms == 0)
-        w->o.shutdown_timeout_ms = 30000;
-    if (w->o.batch_max == 0)
-        w->o.batch_max = 1000;
+    pgjobq_worker_opts_defaults(&w->o);
 
     if (w->o.lease_ms < 100 || w->o.lease_ms > INT64_C(31536000000))
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the lease must be between 100 ms and one year");

@@ -704,7 +704,7 @@ TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, 
             pgjobq_client_close(c);
             c = NULL;
         }
-        if (c && pgjobq_enqueue_batch(c, specs, BATCH, NULL, NULL) == PGJOBQ_OK)
+        if (c && pgjobq_enqueue_many(c, specs, BATCH, NULL, NULL) == PGJOBQ_OK)
             enqueued += BATCH;
         pause_ms(2000);
         int w = round % K;

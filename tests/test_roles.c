@@ -227,14 +227,14 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
     PQclear(t_exec(pg, "ALTER DATABASE %s SET track_functions = 'all'", t_dbname()));
     pgjobq_client *app = as_role("app"), *bulk = as_role("bulk");
 
-    CHECK_OK(app, pgjobq_enqueue_batch(app, specs, N, ids, NULL));
+    CHECK_OK(app, pgjobq_enqueue_many(app, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
     pgjobq_client_close(app); /* its statistics reach the server when it leaves */
     fn_wait w = {pg, "enqueue_many", 1};
     CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer did not use pgjobq.enqueue_many()");
     CHECK_INT(fn_calls(pg, "reserve_ids"), 0);
 
-    CHECK_OK(bulk, pgjobq_enqueue_batch(bulk, specs, N, ids, NULL));
+    CHECK_OK(bulk, pgjobq_enqueue_many(bulk, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
     pgjobq_client_close(bulk);
     w.fn = "reserve_ids";

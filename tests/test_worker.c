@@ -48,7 +48,7 @@ static void enqueue_n(int n, const char *queue)
         specs[i].payload = payloads[i];
         specs[i].opts.queue = queue;
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, (size_t)n, NULL, NULL));
     free(specs);
     free(payloads);
     pgjobq_client_close(c);
@@ -142,7 +142,7 @@ static void add_batch(pgjobq_client *c, const char *kind, int n, int arg, int pr
         specs[i].opts.kind = kind;
         specs[i].opts.priority = priority;
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, (size_t)n, NULL, NULL));
     free(specs);
 }
 
@@ -778,7 +778,7 @@ TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
         specs[i].opts.kind = "ok";
         specs[i].payload = "{\"n\": 1}";
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 4, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 4, NULL, NULL));
     /* The instant ones finish while the long one still runs: another thread took them. */
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 303, 3000);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'long' AND state = 'running'"), 1);

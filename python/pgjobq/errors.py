@@ -42,7 +42,8 @@ class PgjobqError(Exception):
 
 
 class InvalidArgument(PgjobqError, ValueError):
-    """A bad argument: SQLSTATE 22023 (invalid_parameter_value), 22P02 or another of class 22."""
+    """A bad argument: SQLSTATE 22023 (invalid_parameter_value), 22P02 or another of class 22, or a
+    rule of a table (class 23 but 23505)."""
 
 
 class InvalidJob(InvalidArgument):
@@ -166,7 +167,9 @@ def message_of(exc: BaseException) -> str:
 
 def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqError]:
     """The pgjobq exception for a driver's exception, or None when it carries no SQLSTATE (a lost
-    connection, a driver's own error): those are raised as they are."""
+    connection, a driver's own error): those are raised as they are.  The C library maps SQLSTATEs to
+    its result codes alike (src/errors.c, pgjobq__code_from_sqlstate; a lost connection, a timeout
+    and any other error are a plain PgjobqError here): tests/test_rules.c holds the two equal."""
     code = sqlstate_of(exc)
     if code is None:
         return None
@@ -179,6 +182,6 @@ def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqEr
         return SchemaMissing(msg + " (is the pgjobq schema installed? run `pgjobq migrate`)", code)
     if code in ("40001", "40P01"):
         return TransactionConflict(msg, code)
-    if code.startswith("22") or code in ("23514", "23503", "23502"):
+    if code.startswith("22") or code.startswith("23"):
         return (InvalidJob if enqueue else InvalidArgument)(msg, code)
     return PgjobqError(msg, code)

@@ -21,13 +21,13 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
+from ._engine import engine_defaults
 from ._runner import load_app
 from ._sql import default_url
 from .app import App
 from .errors import PgjobqError
 
 DEFAULT_CONCURRENCY = 10
-ENGINE_DEFAULT_TIMEOUT = 48.0  # pgjobq work: 80% of the 60 s lease
 
 
 def find_pgjobq(given: Optional[str]) -> str:
@@ -91,9 +91,10 @@ def build_command(args: argparse.Namespace, app: App, pgjobq: str, extra: List[s
         cmd += ["--queue", f"{name}:{n}"]
     # A task's own timeout must come before the engine's (80% of the lease): raise both if needed.
     longest = max((t.timeout for t in app.tasks.values() if t.timeout is not None), default=None)
-    if longest is not None and longest + 2 > ENGINE_DEFAULT_TIMEOUT and not _has_option(extra, "--timeout", "--lease"):
+    engine = engine_defaults(pgjobq) if longest is not None else None
+    if engine and longest + 2 > engine["timeout_ms"] / 1000 and not _has_option(extra, "--timeout", "--lease"):
         timeout = math.ceil(longest + 2)
-        lease = max(60, math.ceil(timeout * 1.25))
+        lease = max(engine["lease_ms"] // 1000, math.ceil(timeout * 1.25))
         cmd += ["--lease", f"{lease}s", "--timeout", f"{timeout}s"]
     if getattr(args, "burst", False):
         cmd.append("--burst")
