@@ -91,7 +91,7 @@ static const char *function_at(const char *text, const char *p)
  * (a finished job) names every column of the history but lease_until (a finished job holds no lease),
  * and every `INSERT INTO pgjobq.jobs (...)` of retry and retry_where (a finished job run again) every
  * column of the history but those a live job has not (finished_at, lease_until) or starts afresh
- * (cancel_requested).  load_history, which makes rows for the benchmarks, writes the history's
+ * (cancel_requested and its times).  load_history, which makes rows for the benchmarks, writes the history's
  * columns that cannot be NULL; the enqueue functions write the fields a new job is given.  Returns how
  * many moves there are. */
 static int check_moves(PGconn *pg, const char *history)
@@ -127,7 +127,8 @@ static int check_moves(PGconn *pg, const char *history)
                     same_names(pg, what, list, history, "lease_until", "");
                     n++;
                 } else if (strncmp(fn, "retry(", 6) == 0 || strncmp(fn, "retry_where(", 12) == 0) {
-                    same_names(pg, what, list, history, "finished_at,lease_until,cancel_requested", "");
+                    same_names(pg, what, list, history,
+                               "finished_at,lease_until,cancel_requested,cancel_requested_at,cancel_told_at", "");
                     n++;
                 }
                 free(list);
