@@ -273,3 +273,93 @@ TEST(coproc_options_are_checked)
     free(out);
     free(err);
 }
+
+/* A handler that answers each job with the variables it can see (a coprocess when it reads lines, an
+ * exec handler when it is given one payload), and writes them to its stderr too, for the log. */
+static const char env_report[] =
+    "import json, os, sys\n"
+    "names = ['PGPASSWORD', 'DATABASE_URL', 'PGJOBQ_DATABASE_URL', 'APP_SETTING', 'PGAPPNAME',\n"
+    "         'PGJOBQ_COPROC_PROTOCOL', 'PGJOBQ_JOB_ID']\n"
+    "seen = {k: os.environ[k] for k in names if k in os.environ}\n"
+    "print('handler env: ' + ' '.join(str(v) for v in seen.values()), file=sys.stderr, flush=True)\n"
+    "if os.environ.get('PGJOBQ_JOB_ID'):\n"
+    "    seen['PGJOBQ_JOB_ID'] = 'set'\n"
+    "    print(json.dumps(seen))\n"
+    "    sys.exit(0)\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' in m:\n"
+    "        print(json.dumps({'id': m['id'], 'status': 'completed', 'result': seen}), flush=True)\n";
+
+/* Runs one job of queue q through a worker started with the handler option `how` (--coproc or --exec)
+ * and the extra option `opt` (may be NULL), and returns the variables its handler saw (the job's result
+ * as text; free it).  The log goes to the test's directory, named after the queue. */
+static char *env_seen(pgjobq_client *c, PGconn *pg, const char *q, const char *how, const char *command,
+                      const char *opt, const char *opt_arg)
+{
+    char qarg[64];
+    const char *log = t_log_path(q);
+    enqueue(c, q, "{}", 1);
+    snprintf(qarg, sizeof qarg, "%s:1", q);
+    if (opt_arg)
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, opt, opt_arg, NULL);
+    else if (opt)
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, opt, NULL);
+    else
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, NULL);
+    wait_drained(pg, q, log, 30000);
+    stop_worker();
+    return t_str(pg, "SELECT coalesce(result::text, '') FROM pgjobq.history WHERE queue = '%s'", q);
+}
+
+TEST_FULL(coproc_and_exec_handlers_get_the_environment_they_are_told, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char command[700], *seen, *text;
+    python_script("env_report.py", env_report, command, sizeof command);
+    t_defer(stop_worker);
+    setenv("PGPASSWORD", "pw-of-the-worker", 1);
+    setenv("DATABASE_URL", "postgresql://app:url-secret@db.example/app", 1);
+    setenv("APP_SETTING", "on", 1);
+    setenv("PGAPPNAME", "the-app", 1);
+
+    /* By default: nothing that reaches the database; a coprocess is told the protocol's version. */
+    seen = env_seen(c, pg, "envdef", "--coproc", command, NULL, NULL);
+    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_COPROC_PROTOCOL\": \"2\"}") == 0, "saw %s", seen);
+    free(seen);
+    /* --pass-env names what passes (a list, and repeatable). */
+    seen = env_seen(c, pg, "envpass", "--coproc", command, "--pass-env", "DATABASE_URL,PGAPPNAME");
+    CHECK_MSG(strstr(seen, "\"DATABASE_URL\": \"postgresql://app:url-secret@db.example/app\"") &&
+                  strstr(seen, "\"PGAPPNAME\": \"the-app\"") && !strstr(seen, "PGPASSWORD") &&
+                  !strstr(seen, "PGJOBQ_DATABASE_URL"),
+              "saw %s", seen);
+    free(seen);
+    /* --keep-env: all of it. */
+    seen = env_seen(c, pg, "envkeep", "--coproc", command, "--keep-env", NULL);
+    CHECK_MSG(strstr(seen, "\"PGPASSWORD\": \"pw-of-the-worker\"") && strstr(seen, "\"DATABASE_URL\"") &&
+                  strstr(seen, "\"PGJOBQ_DATABASE_URL\"") && strstr(seen, "\"PGJOBQ_COPROC_PROTOCOL\": \"2\""),
+              "saw %s", seen);
+    free(seen);
+    /* The same for --exec, whose job variables are pgjobq's own. */
+    seen = env_seen(c, pg, "envexec", "--exec", command, NULL, NULL);
+    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_JOB_ID\": \"set\"}") == 0, "saw %s", seen);
+    free(seen);
+    seen = env_seen(c, pg, "envexecpass", "--exec", command, "--pass-env", "PGPASSWORD");
+    CHECK_MSG(strstr(seen, "\"PGPASSWORD\": \"pw-of-the-worker\"") && !strstr(seen, "DATABASE_URL"), "saw %s", seen);
+    free(seen);
+    /* Whatever a handler prints, the worker's log shows no password. */
+    text = read_log(t_log_path("envkeep"));
+    CHECK_MSG(strstr(text, "handler env:") != NULL, "the handler's stderr is not in the log");
+    CHECK_MSG(strstr(text, "pw-of-the-worker") == NULL && strstr(text, "url-secret") == NULL,
+              "a password reached the log:\n%s", text);
+    free(text);
+    /* A name that cannot be a variable's is refused. */
+    char *out = NULL, *err = NULL;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--coproc", "/bin/cat", "--pass-env", "DATABASE_URL,A=B", NULL), 64);
+    CHECK_MSG(strstr(err, "'A=B' is not a variable name") != NULL, "%s", err);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
