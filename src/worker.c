@@ -74,6 +74,8 @@
 #define HELP_AFTER_MS 2
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
+/* A snoozed job's delay, at most: 100 years, as every delay the library takes. */
+#define SNOOZE_DELAY_MAX_MS INT64_C(3155760000000)
 
 /* The statement a connection carries, and what the engine must remember about it. */
 enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
@@ -166,6 +168,20 @@ static pgjobq_ctx *running_find(pgjobq_worker *w, int64_t id)
     return NULL;
 }
 
+/* A snoozed job goes back with a reason (the handler's, else one saying who handed it back) and a
+ * delay of at most 100 years (now() + more would be out of the jobs table's range). */
+static int snooze_prepare(pgjobq_worker *w, pgjobq_ctx *ctx)
+{
+    if (ctx->error == NULL) {
+        char why[320];
+        snprintf(why, sizeof why, "handed back by its handler on worker %s", w->worker_id);
+        pgjobq_ctx_set_error(ctx, why);
+    }
+    if (ctx->retry_delay_ms > SNOOZE_DELAY_MAX_MS)
+        ctx->retry_delay_ms = SNOOZE_DELAY_MAX_MS;
+    return PGJOBQ__W_SNOOZE;
+}
+
 /* Queues a job's outcome for writing (or drops the job when there is nothing to write). */
 static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
@@ -184,6 +200,8 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         kind = PGJOBQ__W_COMPLETE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_CANCEL)
         kind = PGJOBQ__W_CANCEL;
+    else if (ctx->outcome == PGJOBQ_OUTCOME_SNOOZE)
+        kind = snooze_prepare(w, ctx);
     else
         kind = PGJOBQ__W_FAIL;
     if (ctx->outcome == PGJOBQ_OUTCOME_RETRY && ctx->error == NULL &&
@@ -298,6 +316,32 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* Phase: health (pgjobq_worker_set_unhealthy)                                                        */
+
+/* Claims stop while the worker is unhealthy and resume (every queue looked at now) when it is not,
+ * each change said once in the log; the registry hears of a change at once (a beat now). */
+static void phase_health(pgjobq_worker *w, int64_t now)
+{
+    int held = atomic_load(&w->unhealthy);
+
+    if (atomic_load(&w->problem_changed))
+        w->next_beat_ms = now;
+    if (held == w->claims_held)
+        return;
+    w->claims_held = held;
+    if (held) {
+        char problem[PROBLEM_MAX + 1];
+        pgjobq__worker_problem(w, problem, sizeof problem);
+        wlog(w, PGJOBQ_LOG_WARN, "unhealthy: claiming nothing until it is over (%.*s)",
+             (int)strcspn(problem, "\n"), problem);
+        return;
+    }
+    wlog(w, PGJOBQ_LOG_INFO, "healthy again: claiming");
+    for (int i = 0; i < w->nqueues; i++)
+        w->queues[i].claim.woken = 1;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Phase: collect                                                                                    */
 
 static void phase_collect(pgjobq_worker *w, int64_t now)
@@ -355,6 +399,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         }
         break;
     case PGJOBQ__W_FAIL:
+    case PGJOBQ__W_SNOOZE: /* the first four of fail_many's: ids, tokens, reasons, delays */
         pgjobq__array_begin(&a[2], OID_TEXT);
         pgjobq__array_begin(&a[3], OID_INTERVAL);
         pgjobq__array_begin(&a[4], OID_BOOL);
@@ -499,7 +544,13 @@ static void progress_done(pgjobq_worker *w, PGresult *r)
 /* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
 static void send_beat(pgjobq_worker *w, int64_t now)
 {
-    const char *values[6] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s};
+    char problem[PROBLEM_MAX + 1];
+    const char *values[7] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s, NULL};
+
+    atomic_store(&w->problem_changed, 0);
+    pgjobq__worker_problem(w, problem, sizeof problem);
+    if (problem[0])
+        values[6] = problem;
 
     w->next_beat_ms = now + (w->id_refused_ms && !w->registered ? BEAT_RETRY_MS : BEAT_EVERY_MS);
     if (w->queues_s[0] == '\0') {
@@ -624,7 +675,9 @@ static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
             switch (pgjobq__outcome_parse(outcome, len)) {
             case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
             case PGJOBQ__O_QUEUED:
-                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE ? &w->st_released : &w->st_retried, 1);
+                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE || rq->wkind == PGJOBQ__W_SNOOZE ? &w->st_released
+                                                                                                 : &w->st_retried,
+                                 1);
                 if (rq->wkind == PGJOBQ__W_FAIL)
                     log_failed_attempt(w, &rq->items, id, 0);
                 break;
@@ -950,8 +1003,9 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
-    /* No claim before the registry has taken this worker's id: another live worker may have it. */
-    if (w->stopping || !w->registered)
+    /* No claim before the registry has taken this worker's id: another live worker may have it; and none
+     * while the worker is unhealthy (pgjobq_worker_set_unhealthy). */
+    if (w->stopping || !w->registered || w->claims_held)
         return;
     /* Queues in turn, starting after the one served last, so that a busy queue cannot starve others. */
     for (int k = 0; k < w->nqueues; k++) {
@@ -1289,7 +1343,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     if (pgjobq__aconn_idle(&w->conn[PGJOBQ__C_CLAIM])) {
         if (!w->o.poll_only)
             SOONER(w->listen_check_ms);
-        for (int i = 0; i < w->nqueues && !w->stopping; i++) {
+        for (int i = 0; i < w->nqueues && !w->stopping && !w->claims_held; i++) {
             pgjobq__queue *q = &w->queues[i];
             if (pgjobq__claim_decide(&q->claim, now, NULL) > 0)
                 return now;
@@ -1566,6 +1620,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
     for (;;) {
         now = pgjobq__mono_ms();
         phase_stop(w, now);
+        phase_health(w, now);
         phase_collect(w, now);
         for (int c = 0; c < PGJOBQ__NCONN; c++)
             if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)
