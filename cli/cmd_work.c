@@ -44,8 +44,8 @@
 #define OPT_METRICS_LISTEN 2016
 #define OPT_COPROC 2017
 #define OPT_COPROCS 2018
-#define OPT_PASS_ENV 2019
-#define OPT_KEEP_ENV 2020
+#define OPT_PASS_ENV         2019
+#define OPT_KEEP_ENV         2020
 
 #define PASS_ENV_MAX 64
 
@@ -103,12 +103,22 @@ typedef struct work_args {
 } work_args;
 
 static pgjobq_worker *volatile the_worker;
+static coproc_pool *volatile the_pool;
 
 static void on_signal(int sig)
 {
     (void)sig;
+    coproc_drain(the_pool);
     if (the_worker)
         pgjobq_worker_stop(the_worker);
+}
+
+/* A coprocess cannot start (problem: why), or has started again (NULL): the worker claims nothing
+ * meanwhile, and says why in pgjobq.workers. */
+static void coproc_health(void *arg, const char *problem)
+{
+    if (pgjobq_worker_set_unhealthy(arg, problem) != PGJOBQ_OK)
+        cli_err("out of memory: the worker could not be marked %s", problem ? "unhealthy" : "healthy again");
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -307,8 +317,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     }
     /* A coprocess is told which protocol the worker speaks. */
     static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=2", NULL};
-    cfg.env = spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env,
-                                a.coproc ? coproc_vars : NULL);
+    cfg.env =
+        spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env, a.coproc ? coproc_vars : NULL);
     if (cfg.argv == NULL || cfg.env == NULL || (a.shell && (!cfg.argv[0] || !cfg.argv[1] || !cfg.argv[2]))) {
         cli_err("out of memory");
         status = EX_OSERR;
@@ -344,7 +354,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         int k = a.coprocs ? a.coprocs : 1, slots = 0;
         for (int i = 0; i < a.nqueues; i++)
             slots += a.queues[i].concurrency;
-        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log)) == NULL) {
+        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log, coproc_health, w)) ==
+            NULL) {
             cli_err("cannot start the coprocesses' supervisor: out of memory");
             status = EX_OSERR;
             goto out;
@@ -367,6 +378,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
             goto out;
     }
     the_worker = w;
+    the_pool = pool;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -375,10 +387,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         cli_err("cannot install the signal handlers: %s", strerror(errno));
         status = EX_OSERR;
         the_worker = NULL;
+        the_pool = NULL;
         goto out;
     }
     rc = pgjobq_worker_run(w);
     the_worker = NULL;
+    the_pool = NULL;
     if (rc == PGJOBQ_ESTOPPED) {
         status = EX_OK; /* stopped by a signal before it started: nothing to do, nothing lost */
     } else if (rc == PGJOBQ_ETIMEOUT) {

@@ -754,8 +754,8 @@ typedef enum pgjobq_outcome {
                                     it to ends it with pgjobq_ctx_finish, from any thread, and the
                                     handler's thread is free for the next job meanwhile */
     PGJOBQ_OUTCOME_SNOOZE = 6    /* hand the job back untouched: it is queued again, due after the
-                                    delay set with pgjobq_ctx_set_retry_delay (none set: at once, maybe
-                                    on this worker), and this attempt does not count; the text set with
+                                    delay set with pgjobq_ctx_set_retry_delay (none set: the backoff of
+                                    its attempt, a few seconds), and this attempt does not count; the text set with
                                     pgjobq_ctx_set_error is kept as its last_error (why).  For a job
                                     this worker cannot run now rather than one that failed: a kind it
                                     does not know yet (a rolling deploy), a handler that could not
@@ -787,7 +787,7 @@ PGJOBQ_EXPORT int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json) PGJOB
 PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
 
 /* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff), or
- * before a SNOOZE'd job runs again (the default: none; at most 100 years, more is taken as 100). */
+ * before a SNOOZE'd job runs again (the default: the backoff; at most 100 years, more is taken as 100). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
 
 /* Reports the job's progress (JSON text of at most PGJOBQ_PROGRESS_MAX bytes, copied): the worker

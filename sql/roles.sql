@@ -86,6 +86,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health(),
+    pgjobq.monitor_unhealthy_workers(),
     pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
 

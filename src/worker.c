@@ -74,6 +74,7 @@
 #define HELP_AFTER_MS 2
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
+
 /* A snoozed job's delay, at most: 100 years, as every delay the library takes. */
 #define SNOOZE_DELAY_MAX_MS INT64_C(3155760000000)
 
@@ -332,8 +333,8 @@ static void phase_health(pgjobq_worker *w, int64_t now)
     if (held) {
         char problem[PROBLEM_MAX + 1];
         pgjobq__worker_problem(w, problem, sizeof problem);
-        wlog(w, PGJOBQ_LOG_WARN, "unhealthy: claiming nothing until it is over (%.*s)",
-             (int)strcspn(problem, "\n"), problem);
+        wlog(w, PGJOBQ_LOG_WARN, "unhealthy: claiming nothing until it is over (%.*s)", (int)strcspn(problem, "\n"),
+             problem);
         return;
     }
     wlog(w, PGJOBQ_LOG_INFO, "healthy again: claiming");

@@ -345,7 +345,8 @@ $$;
 
 -- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a kind its worker does
 -- not know yet, a handler that could not start): running -> queued, the attempt given back as
--- release_many gives it, due after its delay (NULL: now), its reason kept in last_error (the first
+-- release_many gives it, due after its delay (NULL: backoff(attempt), so that a handler that hands a
+-- job back without a delay does not get it again at once), its reason kept in last_error (the first
 -- 8 KiB).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
 -- Returns one row per input: outcome 'queued', 'cancelled' or 'lost'.  (Schema 16.)
 CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
@@ -369,7 +370,8 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.snooze_many: the arrays must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0' OR d > interval '100 years') THEN
+    -- 100 years as the library counts them (36,525 days): an interval of months compares as 30 days each.
+    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0' OR d > interval '3155760000 seconds') THEN
         RAISE EXCEPTION 'pgjobq: a snooze''s delay must be from 0 to 100 years'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -389,7 +391,7 @@ BEGIN
           FROM unnest(ids, reasons, delays) AS u(id, reason, delay)),
     snoozed AS (
         UPDATE pgjobq.jobs j
-           SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, interval '0'),
+           SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
                lease_until = NULL, last_error = coalesce(input.reason, j.last_error)
           FROM input
          WHERE j.id = ANY (v_snooze) AND j.id = input.id
