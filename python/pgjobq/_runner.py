@@ -283,7 +283,8 @@ class Runner:
         except ValueError:
             msg = None
         if not isinstance(msg, dict):
-            print(f"pgjobq.coproc: ignoring a line that is not a JSON object: {line[:200]!r}", file=sys.stderr)
+            print(f"WARNING: pgjobq.coproc: ignoring a line that is not a JSON object: {line[:200]!r}",
+                  file=sys.stderr)
             return
         if "cancel" in msg:
             self.cancel(msg["cancel"])
