@@ -44,8 +44,8 @@
 #define OPT_METRICS_LISTEN 2016
 #define OPT_COPROC 2017
 #define OPT_COPROCS 2018
-#define OPT_PASS_ENV         2019
-#define OPT_KEEP_ENV         2020
+#define OPT_PASS_ENV 2019
+#define OPT_KEEP_ENV 2020
 
 #define PASS_ENV_MAX 64
 

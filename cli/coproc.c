@@ -1194,17 +1194,23 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
         }
     }
     if (c == NULL) {
-        /* While no copy can start, or the worker is stopping: the job goes back untouched. */
-        char *why = p->broken && p->broken_why ? strdup(p->broken_why) : NULL;
-        int hand_back = p->broken || atomic_load(&p->draining);
+        /* While no copy can start, or the worker is stopping: the job goes back untouched, at once
+         * (another worker may run it). */
+        int broken = p->broken;
+        char *why = broken && p->broken_why ? strdup(p->broken_why) : NULL;
+        int hand_back = broken || atomic_load(&p->draining);
         pthread_mutex_unlock(&p->mu);
         sb_free(&line);
         free(pe);
         if (hand_back) {
             char msg[TAIL_MAX + 500];
-            snprintf(msg, sizeof msg, "not run: %s", why ? why : "the worker is stopping");
+            snprintf(msg, sizeof msg, "not run: %s",
+                     why      ? why
+                     : broken ? "the coprocess could not start (see the worker's log)"
+                              : "the worker is stopping");
             free(why);
             pgjobq_ctx_set_error(ctx, msg);
+            pgjobq_ctx_set_retry_delay(ctx, 0);
             return PGJOBQ_OUTCOME_SNOOZE;
         }
         pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");

@@ -162,7 +162,8 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--threads", type=int, metavar="N",
                     help="threads for sync tasks in each process (default: its share of the slots)")
     ap.add_argument("--db", metavar="URL",
-                    help="the database (default: $PGJOBQ_DATABASE_URL, $DATABASE_URL, the embedded one)")
+                    help="the database (default: the App's database_url, $PGJOBQ_DATABASE_URL, $DATABASE_URL, the "
+                         "embedded one; SQLAlchemy's URL forms too)")
     ap.add_argument("--pgjobq", metavar="PATH", help="the pgjobq command (default: $PGJOBQ_BIN, else PATH)")
     ap.add_argument("--no-sync-schedules", action="store_true",
                     help="do not write the App's @app.periodic schedules at start")
@@ -176,9 +177,10 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--print-command", action="store_true", help="print the pgjobq work command and exit")
     args = ap.parse_args(argv)
 
-    # SIGTERM before the engine runs (while the App is imported, or the database is down) stops it
-    # with status 0, as it stops the engine before it started.
+    # SIGTERM or SIGINT before the engine runs (while the App is imported, or the database is down)
+    # stops it with status 0, as it stops the engine before it started.
     signal.signal(signal.SIGTERM, _stop_quietly)
+    signal.signal(signal.SIGINT, _stop_quietly)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     app = load_app_or_exit(args.app, "pgjobq worker")
@@ -209,5 +211,6 @@ def main(argv: List[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execve(cmd[0], cmd, env)
     return 127  # not reached
