@@ -117,7 +117,7 @@ static void handle(void *arg, const http_req *req, http_resp *out)
     else if (strcmp(req->path, "/queues") == 0)
         serve_page_queues(s, c, out);
     else
-        serve_page_workers(s, c, out);
+        serve_page_workers(s, c, req, out);
     serve_pool_put(s, slot);
 }
 

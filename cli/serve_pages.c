@@ -9,7 +9,8 @@
 
 #include "serve_dashboard.h"
 
-#define PAGE_ROWS 50 /* jobs per page */
+#define PAGE_ROWS 50     /* jobs per page */
+#define WORKER_ROWS 100 /* workers per page (20,000 rows of workers made one page of 102 MB) */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 #define V(r, i, k) PQgetvalue((r), (i), (k))
 
@@ -586,26 +587,33 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
     html_page_end(b);
 }
 
-void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out)
+void serve_page_workers(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
 {
     sbuf *b = &out->body;
+    const char *after = serve_param(req, "after"), *after_state = serve_param(req, "after_state");
+    char limit[16];
 
-    html_page_begin(s, b, "workers", 10);
+    if (after == NULL || after_state == NULL)
+        after = after_state = NULL; /* a cursor is both, or the first page */
+    snprintf(limit, sizeof limit, "%d", WORKER_ROWS + 1);
+    html_page_begin(s, b, "workers", after ? 0 : 10);
     sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
+    const char *values[3] = {after_state, after, limit};
     PGresult *r = serve_query(c, out,
-                        "SELECT w.id, w.alive::int, w.host, w.pid, w.queues, w.jobs, " TS("w.started_at") ","
-                        " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
-                        " FROM pgjobq.monitor_workers() w ORDER BY 2 DESC, 1",
-                        0, NULL);
+                              "SELECT w.id, w.state, w.host, w.pid, w.queues, w.jobs, " TS("w.started_at") ","
+                              " round(extract(epoch FROM now() - coalesce(w.stopped_at, w.last_seen)))::bigint,"
+                              " w.version FROM pgjobq.monitor_workers($1, $2, $3::int) w",
+                              3, values);
     if (r) {
-        for (int i = 0; i < PQntuples(r); i++) {
-            int alive = atoi(V(r, i, 1));
+        int n = PQntuples(r);
+        for (int i = 0; i < n && i < WORKER_ROWS; i++) {
+            const char *state = V(r, i, 1);
             html_tr(b, "worker", V(r, i, 0));
             html_td(b, NULL, V(r, i, 0));
             sb_puts(b, "<td>");
-            html_state_badge(b, alive ? "running" : "gone");
+            html_state_badge(b, state);
             sb_puts(b, "</td>");
             html_td(b, NULL, V(r, i, 2));
             html_td(b, "n", V(r, i, 3));
@@ -613,16 +621,29 @@ void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out)
             html_td_link(b, "n", "/jobs?state=running&amp;worker=", V(r, i, 0), V(r, i, 5));
             html_td(b, NULL, V(r, i, 6));
             sb_puts(b, "<td>");
+            if (strcmp(state, "stopped") == 0)
+                sb_puts(b, "stopped ");
             sb_html(b, V(r, i, 7));
             sb_puts(b, " s ago</td>");
             html_td(b, NULL, V(r, i, 8));
             sb_puts(b, "</tr>");
         }
-        if (PQntuples(r) == 0)
+        if (n == 0)
             sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No worker seen in the last hour.</td></tr>");
+        sb_puts(b, "</tbody></table>");
+        if (n > WORKER_ROWS) {
+            /* Keyset pagination, as /jobs: the next page starts after the last worker shown. */
+            sb_puts(b, "<p><a id=\"next\" href=\"/workers?after_state=");
+            sb_url(b, V(r, WORKER_ROWS - 1, 1));
+            sb_puts(b, "&amp;after=");
+            sb_url(b, V(r, WORKER_ROWS - 1, 0));
+            sb_puts(b, "\">More workers &rarr;</a></p>");
+        }
         PQclear(r);
+    } else {
+        sb_puts(b, "</tbody></table>");
     }
-    sb_puts(b, "</tbody></table><p class=\"muted\">A worker records itself every 5 seconds; one not seen for 15 "
-               "seconds is shown as gone.</p>");
+    sb_puts(b, "<p class=\"muted\">A worker records itself every 5 seconds; one not seen for 15 seconds is shown "
+               "as gone, one that stopped cleanly as stopped (for an hour).</p>");
     html_page_end(b);
 }
