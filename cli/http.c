@@ -183,17 +183,30 @@ void sb_url(sbuf *b, const char *s)
 
 void sb_label(sbuf *b, const char *s)
 {
+    static const char hex[] = "0123456789abcdef";
     if (s == NULL)
         return;
-    for (const char *p = s; *p; p++) {
-        if (*p == '\\')
-            sb_puts(b, "\\\\");
-        else if (*p == '"')
-            sb_puts(b, "\\\"");
-        else if (*p == '\n')
-            sb_puts(b, "\\n");
-        else
-            sb_putn(b, p, 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned char c = *p;
+        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
+        for (int k = 1; ok && k < len; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (c == '\\' || c == '"' || c == '\n') {
+            sb_puts(b, c == '\\' ? "\\\\" : c == '"' ? "\\\"" : "\\n");
+            p++;
+        } else if (!ok || c < 0x20 || c == 0x7f) {
+            /* The format has no escape for them: the label reads \xNN (its backslash escaped). */
+            char e[6] = {'\\', '\\', 'x', hex[c >> 4], hex[c & 15], '\0'};
+            sb_puts(b, e);
+            p++;
+        } else if (c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls (0x9b is a CSI) */
+            sb_printf(b, "\\\\u00%02x", p[1]);
+            p += 2;
+        } else {
+            sb_putn(b, (const char *)p, (size_t)len);
+            p += len;
+        }
     }
 }
 

@@ -37,7 +37,10 @@ void sb_html(sbuf *b, const char *s);
 void sb_json(sbuf *b, const char *s);
 /* s percent-encoded for a URL query value (unreserved characters kept). */
 void sb_url(sbuf *b, const char *s);
-/* s as a Prometheus label value: \ " and newline escaped. */
+/* s as a Prometheus label value: \ " and newline escaped as the text format says; every other
+ * control character (C0, DEL, C1) and every byte that is not UTF-8, which the format cannot escape,
+ * written as the text \xNN (\u00NN for C1), its backslash escaped: no control character reaches
+ * the exposition, and promtool accepts it. */
 void sb_label(sbuf *b, const char *s);
 /* Appends s to b with every control character (C0, DEL, C1) and every byte that is not UTF-8
  * written as an escape (\n, \t, \xNN, \u0085), and a backslash doubled: a line of a log

@@ -463,7 +463,8 @@ static char *render(const serve_metrics *m)
     family(&b, "pgjobq_job_duration_seconds", "histogram",
            "From a finished job's last start to its end, since this server started.");
     render_hist(&b, m, "pgjobq_job_duration_seconds", 1);
-    family(&b, "pgjobq_worker_up", "gauge", "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour.");
+    family(&b, "pgjobq_worker_up", "gauge",
+           "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour that did not stop cleanly.");
     for (size_t i = 0; i < m->nw; i++) {
         sb_puts(&b, "pgjobq_worker_up{worker=\"");
         sb_label(&b, m->w[i].id);

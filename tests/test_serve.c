@@ -718,6 +718,34 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     PQfinish(pg);
 }
 
+/* /metrics labels carry no control character (issue 36, point 6: CR, ESC and C1 from a worker id
+ * reached the exposition as they were): the format escapes backslash, quote and newline; the rest,
+ * and bytes that are not UTF-8, are written as the text \xNN (\u00NN), and promtool accepts it. */
+TEST_FULL(serve_metrics_labels_carry_no_control_character, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL;
+
+    /* CR, ESC (a colour), C1's CSI, a tab, DEL, a backslash and a quote in the id; a byte that is
+     * not UTF-8 cannot be in a text column, so the host holds the rest. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat(E'w\\r\\x1b[31m\\u009b2J\\x01\\t\\x7f\\\\\"q', E'h\\u0085x', 1, 'v',"
+                       " 'mq:1', 1)"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    wait_metric(s->port, "pgjobq_worker_up{worker=\"w\\\\x0d\\\\x1b[31m\\\\u009b2J\\\\x01\\\\x09\\\\x7f\\\\\\\"q\","
+                         "host=\"h\\\\u0085x\"}",
+                1);
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    for (const unsigned char *p = (const unsigned char *)body; *p; p++) {
+        CHECK_MSG((*p >= 0x20 && *p != 0x7f) || *p == '\n', "a control character (0x%02x) in /metrics at: %.60s", *p,
+                  (const char *)p);
+        CHECK_MSG(!(p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f), "a C1 control character in /metrics at: %.60s",
+                  (const char *)p);
+    }
+    promtool_check(body);
+    free(body);
+    PQfinish(pg);
+}
+
 /* The href of the link with this id on a page, with &amp; read as &, into path; 0 when absent. */
 static int link_of(const char *body, const char *id, char *path, size_t size)
 {
