@@ -254,21 +254,14 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         status = EX_OSERR;
         goto out;
     }
-    /* The names this server answers to (against DNS rebinding): its address, localhost's names when
-     * it listens on loopback or on every interface (then any IP address too), and --allow-host. */
-    const char *names[5] = {addr.host, NULL, NULL, NULL, NULL};
-    int wildcard = strcmp(addr.host, "0.0.0.0") == 0 || strcmp(addr.host, "::") == 0;
-    if (addr.loopback || wildcard) {
-        names[1] = "localhost";
-        names[2] = "127.0.0.1";
-        names[3] = "::1";
-    }
+    /* The names this server answers to (against DNS rebinding): those of its address, and --allow-host. */
+    const char *names[HTTP_NAMES_MAX];
     http_opts ho;
     memset(&ho, 0, sizeof ho);
+    http_listen_names(&addr, names, &ho.any_ip);
     ho.token = token;
     ho.hosts = names;
     ho.allow_hosts = a.hosts;
-    ho.any_ip = wildcard;
     ho.workers = POOL;
     ho.log = serve_log;
     http_server *srv = http_start_opts(&addr, &ho, handle, &s, why, sizeof why);

@@ -1189,12 +1189,28 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
     return s;
 }
 
+void http_listen_names(const http_addr *a, const char *names[HTTP_NAMES_MAX], int *any_ip)
+{
+    int wildcard = strcmp(a->host, "0.0.0.0") == 0 || strcmp(a->host, "::") == 0;
+    names[0] = a->host;
+    names[1] = names[2] = names[3] = names[4] = NULL;
+    if (a->loopback || wildcard) {
+        names[1] = "localhost";
+        names[2] = "127.0.0.1";
+        names[3] = "::1";
+    }
+    *any_ip = wildcard;
+}
+
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size)
 {
+    const char *names[HTTP_NAMES_MAX];
     http_opts o;
     memset(&o, 0, sizeof o);
     o.token = token;
+    http_listen_names(a, names, &o.any_ip);
+    o.hosts = names;
     return http_start_opts(a, &o, handler, arg, why, why_size);
 }
 

@@ -124,7 +124,15 @@ typedef struct http_opts {
 http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
                              size_t why_size);
 
-/* http_start_opts with a token, no Host check and no worker threads: every handler answers at once. */
+/* The names a server listening on a answers to, for http_opts.hosts (against DNS rebinding): its
+ * address, and localhost's names when it listens on loopback or on every interface; *any_ip set when
+ * it listens on every interface (then any IP address is this server).  names (NULL-terminated) points
+ * into a, which must outlive it. */
+#define HTTP_NAMES_MAX 5
+void http_listen_names(const http_addr *a, const char *names[HTTP_NAMES_MAX], int *any_ip);
+
+/* http_start_opts with a token, the Host check of http_listen_names and no worker threads: every
+ * handler answers at once. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);
 

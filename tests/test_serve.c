@@ -633,7 +633,7 @@ static void stop_worker(void)
     }
 }
 
-TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
+TEST_FULL(work_metrics_listen_serves_the_worker_counters_to_its_own_names, 90, 0)
 {
     pgjobq_client *c = t_client();
     const char *log = t_log_path("worker");
@@ -667,6 +667,21 @@ TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
     CHECK(metric(body, "pgjobq_worker_running") == 0);
     free(body);
     CHECK_INT(http(port, "GET", "/nothing", NULL, NULL, &body), 404);
+    free(body);
+    /* Against DNS rebinding, as `pgjobq serve` (issue 36, point 6): a page of another site whose name
+     * resolves to the worker's address reads nothing; its address and localhost's names answer, and
+     * /healthz answers whatever the name. */
+    char host[64];
+    CHECK_INT(http_host(port, "rebind.attacker.example", "GET", "/metrics", NULL, NULL, &body), 421);
+    CHECK(strstr(body, "pgjobq_worker") == NULL);
+    free(body);
+    snprintf(host, sizeof host, "rebind.attacker.example:%d", port);
+    CHECK_INT(http_host(port, host, "GET", "/metrics", NULL, NULL, &body), 421);
+    free(body);
+    snprintf(host, sizeof host, "localhost:%d", port);
+    CHECK_INT(http_host(port, host, "GET", "/metrics", NULL, NULL, &body), 200);
+    free(body);
+    CHECK_INT(http_host(port, "rebind.attacker.example", "GET", "/healthz", NULL, NULL, &body), 200);
     free(body);
     stop_worker();
     pgjobq_client_close(c);
