@@ -28,6 +28,7 @@
 #define REQUEST_DEADLINE_MS 10000 /* to send a whole request (head and body), from connecting or the last answer */
 #define IDLE_TIMEOUT_S 10      /* libmicrohttpd's own: no byte either way for this long */
 #define QUEUE_MAX 64           /* requests waiting for a worker; more are answered 503 at once */
+#define ARGS_MAX 64            /* query arguments a request may carry (no page has more than a few) */
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Text buffer and escapes                                                                           */
@@ -916,11 +917,37 @@ static enum MHD_Result defer(http_server *s, req_state *st)
 
 /* ---- Requests ---- */
 
+/* What a request refused for its query arguments carries as its context, in place of a req_state. */
+static char too_many_args;
+
+/* Called by libmicrohttpd with the request's whole URI, before it parses the query arguments: each
+ * takes room in the connection's memory pool, and with 463 or more (about 3 KB of URI) the pool runs
+ * out and libmicrohttpd 0.9.75 never answers.  A URI with more than ARGS_MAX arguments has them cut
+ * off here (the URI is libmicrohttpd's own buffer, which it parses the arguments from after this
+ * call: they are gone before it makes room for them), and on_request answers 414. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    const char *q = strchr(uri, '?');
+    size_t n = 1;
+
+    (void)cls;
+    (void)c;
+    if (q == NULL)
+        return NULL;
+    for (const char *p = q + 1; *p; p++)
+        n += *p == '&';
+    if (n <= ARGS_MAX)
+        return NULL;
+    ((char *)(uintptr_t)q)[1] = '\0';
+    return &too_many_args;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     (void)toe;
-    req_state_free(*con_cls);
+    if (*con_cls != &too_many_args)
+        req_state_free(*con_cls);
     *con_cls = NULL;
     track_owing(cls, connection, 1); /* the next request on this connection is due from now */
 }
@@ -977,6 +1004,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
     req_state *st = *con_cls;
 
     (void)version;
+    if (*con_cls == &too_many_args) {
+        *upload_data_size = 0;
+        return send_text(connection, MHD_HTTP_URI_TOO_LONG, "too many query arguments\n");
+    }
     if (st == NULL)
         return on_head(s, connection, url, method, con_cls);
     if (*upload_data_size) {
@@ -1179,7 +1210,7 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
                             connection_limit(), MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDRESS_MAX,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, s, MHD_OPTION_END);
+                            on_completed, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
     if (s->d == NULL) {
         snprintf(why, why_size, "cannot listen on %s:%d (in use, or not an address of this host)", a->host, a->port);
         threads_stop(s);
