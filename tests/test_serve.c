@@ -766,14 +766,16 @@ TEST_FULL(serve_metrics_labels_carry_no_control_character, 60, 0)
  * few dozen is served as before, and so is the next request on the server. */
 TEST_FULL(serve_answers_a_request_with_too_many_query_arguments, 60, 0)
 {
-    char *body = NULL, path[3000];
+    char *body = NULL, path[3900];
     served *s = serve_start(NULL, NULL, NULL, NULL);
-    static const int counts[] = {470, 1200};
+    static const int counts[] = {470, 1500};
 
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         size_t n = (size_t)snprintf(path, sizeof path, "/jobs?state=queued");
-        for (int k = 0; k < counts[i] && n + 3 < sizeof path; k++)
-            n += (size_t)snprintf(path + n, sizeof path - n, "&a");
+        for (int k = 0; k < counts[i]; k++) {
+            n += (size_t)snprintf(path + n, sizeof path - n, i == 0 ? "&k%d=v" : "&a", k);
+            CHECK(n < sizeof path);
+        }
         CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 414);
         CHECK_MSG(strstr(body, "too many query arguments") != NULL, "%s", body);
         free(body);
