@@ -29,6 +29,10 @@
 #define IDLE_TIMEOUT_S 10      /* libmicrohttpd's own: no byte either way for this long */
 #define QUEUE_MAX 64           /* requests waiting for a worker; more are answered 503 at once */
 #define ARGS_MAX 64            /* query arguments a request may carry (no page has more than a few) */
+#define LOGIN_FREE_FAILS 5     /* failed logins in a row from one address before it must wait */
+#define LOGIN_WAIT_MAX_S 60    /* the longest wait: 1 s after the 5th failure, doubling */
+#define LOGIN_FORGET_MS 600000 /* an address quiet this long starts again from nothing */
+#define LOGIN_ADDRESSES 256    /* addresses remembered; the one heard from least recently is forgotten */
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Text buffer and escapes                                                                           */
@@ -376,6 +380,14 @@ typedef struct req_state {
     http_resp resp;
 } req_state;
 
+/* The failed logins of one client address. */
+typedef struct login_fails {
+    char peer[64];   /* "" when the slot is free */
+    int fails;       /* in a row */
+    int64_t last_ms; /* the last failure */
+    int64_t until_ms; /* its requests are refused until then */
+} login_fails;
+
 struct http_server {
     struct MHD_Daemon *d;
     char *token;
@@ -398,6 +410,9 @@ struct http_server {
     int q_len, q_stop;
     pthread_t *workers;
     int nworkers;
+    /* Failed logins, per client address (login_*). */
+    pthread_mutex_t login_mu;
+    struct login_fails *logins;
 };
 
 double cli_mono_s(void)
@@ -702,6 +717,83 @@ static int authorized(const http_server *s, const char *h)
     return 0;
 }
 
+/* ---- Failed logins ---- */
+
+/* The slot of peer, when it has one (with login_mu held); with make, a new one when it has none,
+ * in place of the address heard from least recently when every slot is taken. */
+static login_fails *login_slot(http_server *s, const char *peer, int make)
+{
+    login_fails *oldest = NULL;
+    for (int i = 0; i < LOGIN_ADDRESSES; i++) {
+        login_fails *f = &s->logins[i];
+        if (f->peer[0] && strcmp(f->peer, peer) == 0)
+            return f;
+        if (oldest == NULL || !f->peer[0] || (oldest->peer[0] && f->last_ms < oldest->last_ms))
+            oldest = f;
+    }
+    if (!make)
+        return NULL;
+    memset(oldest, 0, sizeof *oldest);
+    snprintf(oldest->peer, sizeof oldest->peer, "%s", peer);
+    return oldest;
+}
+
+/* Seconds peer must still wait after its failed logins (0: none); its requests are refused
+ * meanwhile, right credentials too, so that guessing goes no faster than the waits allow. */
+static int64_t login_wait_s(http_server *s, const char *peer)
+{
+    int64_t now = cli_mono_ms(), wait = 0;
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 0);
+    if (f && f->until_ms > now)
+        wait = (f->until_ms - now + 999) / 1000;
+    pthread_mutex_unlock(&s->login_mu);
+    return wait;
+}
+
+/* Right credentials from peer: its failures are forgotten. */
+static void login_succeeded(http_server *s, const char *peer)
+{
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 0);
+    if (f)
+        memset(f, 0, sizeof *f);
+    pthread_mutex_unlock(&s->login_mu);
+}
+
+/* Wrong credentials from peer: counted, logged (the address, the request, how many in a row; never
+ * what was sent), and from the LOGIN_FREE_FAILS-th in a row on, a wait of 1 s that doubles up to
+ * LOGIN_WAIT_MAX_S.  Once waiting, an address sends at most one wrong guess a wait, so the log gets
+ * at most that many lines of it. */
+static void login_failed(http_server *s, const char *peer, const char *method, const char *url)
+{
+    int64_t now = cli_mono_ms(), wait = 0;
+    int fails;
+
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 1);
+    if (now - f->last_ms > LOGIN_FORGET_MS)
+        f->fails = 0;
+    f->fails++;
+    f->last_ms = now;
+    if (f->fails >= LOGIN_FREE_FAILS) {
+        int doublings = f->fails - LOGIN_FREE_FAILS;
+        wait = doublings >= 6 ? LOGIN_WAIT_MAX_S : (int64_t)1 << doublings;
+        if (wait > LOGIN_WAIT_MAX_S)
+            wait = LOGIN_WAIT_MAX_S;
+        f->until_ms = now + wait * 1000;
+    }
+    fails = f->fails;
+    pthread_mutex_unlock(&s->login_mu);
+    if (s->log == NULL)
+        return;
+    if (wait)
+        s->log("refused the credentials of %s %.100s from %s (%d wrong in a row): its requests are refused for %lld s",
+               method, url, peer, fails, (long long)wait);
+    else
+        s->log("refused the credentials of %s %.100s from %s (%d wrong in a row)", method, url, peer, fails);
+}
+
 /* ---- Answers ---- */
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
@@ -727,6 +819,24 @@ static enum MHD_Result send_auth_required(struct MHD_Connection *c)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     enum MHD_Result ret = MHD_queue_basic_auth_fail_response(c, "pgjobq", resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* 429 with Retry-After: an address that must wait after failed logins. */
+static enum MHD_Result send_wait(struct MHD_Connection *c, int64_t seconds)
+{
+    char text[128], after[24];
+    snprintf(text, sizeof text, "too many wrong credentials from this address: try again in %lld s\n",
+             (long long)seconds);
+    snprintf(after, sizeof after, "%lld", (long long)seconds);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), (void *)(uintptr_t)text, MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, after);
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_TOO_MANY_REQUESTS, resp);
     MHD_destroy_response(resp);
     return ret;
 }
@@ -960,6 +1070,7 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
     const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
     int healthz = strcmp(m, "GET") == 0 && strcmp(url, "/healthz") == 0;
     const char *which = NULL, *value = NULL;
+    char peer[64];
     req_state *st;
 
     if (strcmp(m, "GET") != 0 && strcmp(m, "POST") != 0)
@@ -968,13 +1079,24 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
         return send_text(c, MHD_HTTP_MISDIRECTED_REQUEST,
                          "misdirected request: this server does not answer to the host name in the address bar; "
                          "use its address, or start pgjobq serve with --allow-host NAME\n");
-    if (!healthz && !authorized(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
-        return send_auth_required(c);
+    peer_of(c, peer, sizeof peer);
+    if (!healthz && s->token) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        int64_t wait = login_wait_s(s, peer);
+        if (wait > 0)
+            return send_wait(c, wait);
+        if (!authorized(s, auth)) {
+            if (auth != NULL) /* none: a browser's first request, before it asks for them */
+                login_failed(s, peer, m, url);
+            return send_auth_required(c);
+        }
+        login_succeeded(s, peer);
+    }
     if ((st = calloc(1, sizeof *st)) == NULL)
         return MHD_NO;
     st->conn = c;
     snprintf(st->method, sizeof st->method, "%s", m);
-    peer_of(c, st->peer, sizeof st->peer);
+    snprintf(st->peer, sizeof st->peer, "%s", peer);
     if ((st->path = strdup(url)) == NULL) {
         free(st);
         return MHD_NO;
@@ -1080,7 +1202,7 @@ static int hosts_copy(const char *const *in, char ***out)
     return 0;
 }
 
-/* The server's locks and conditions, or none of them (server_free destroys all four): 0 or -1. */
+/* The server's locks and conditions, or none of them (server_free destroys all five): 0 or -1. */
 static int make_locks(http_server *s)
 {
     if (pthread_mutex_init(&s->conn_mu, NULL) != 0)
@@ -1100,6 +1222,13 @@ static int make_locks(http_server *s)
         pthread_mutex_destroy(&s->conn_mu);
         return -1;
     }
+    if (pthread_mutex_init(&s->login_mu, NULL) != 0) {
+        pthread_cond_destroy(&s->q_cv);
+        pthread_mutex_destroy(&s->q_mu);
+        pthread_cond_destroy(&s->conn_cv);
+        pthread_mutex_destroy(&s->conn_mu);
+        return -1;
+    }
     return 0;
 }
 
@@ -1109,10 +1238,12 @@ static void server_free(http_server *s)
     strv_free(s->hosts);
     strv_free(s->allow_hosts);
     free(s->workers);
+    free(s->logins);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->q_mu);
     pthread_cond_destroy(&s->q_cv);
+    pthread_mutex_destroy(&s->login_mu);
     free(s);
 }
 
@@ -1187,6 +1318,7 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
     s->log = o->log;
     if ((o->token && (s->token = strdup(o->token)) == NULL) || hosts_copy(o->hosts, &s->hosts) != 0 ||
         hosts_copy(o->allow_hosts, &s->allow_hosts) != 0 ||
+        (o->token && (s->logins = calloc(LOGIN_ADDRESSES, sizeof *s->logins)) == NULL) ||
         (o->workers > 0 && (s->workers = calloc((size_t)o->workers, sizeof *s->workers)) == NULL)) {
         snprintf(why, why_size, "out of memory, or a host that is not a name or an address");
         server_free(s);

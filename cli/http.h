@@ -100,7 +100,10 @@ typedef struct http_server http_server;
 /* How a server checks its requests. */
 typedef struct http_opts {
     /* When not NULL, every request but GET /healthz must carry "Authorization: Bearer TOKEN" or basic
-     * credentials whose password is TOKEN (the scheme in any case). */
+     * credentials whose password is TOKEN (the scheme in any case).  Wrong credentials are logged
+     * (the address and the request, never what was sent), and from the 5th in a row from one address
+     * that address waits, 1 s doubling up to 60 s: its requests are answered 429 with Retry-After,
+     * right credentials too. */
     const char *token;
     /* Against DNS rebinding: when hosts is not NULL, a request's Host header (if it has one) must
      * name, port aside, one of hosts or allow_hosts, or be an IP address when any_ip is set, else the

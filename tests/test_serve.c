@@ -1401,6 +1401,11 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
         snprintf(h, sizeof h, "Authorization: %s\r\n", bad[i]);
         CHECK_MSG(http(s->port, "GET", "/metrics", h, NULL, &body) == 401, "accepted: %s", bad[i]);
         free(body);
+        /* The right token between them: no wait after 5 wrong ones in a row. */
+        CHECK_INT(http(s->port, "GET", "/healthz", "Authorization: Bearer " TOKEN "\r\n", NULL, &body), 200);
+        free(body);
+        CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &body), 200);
+        free(body);
     }
     /* HEAD is GET without the body, for every path: /healthz without credentials, the others with. */
     CHECK_INT(http(s->port, "HEAD", "/healthz", NULL, NULL, &body), 200);
@@ -1417,6 +1422,66 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
     CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
     CHECK_STR(body, "");
     free(body);
+}
+
+static int count_in_log(const char *path, const char *text)
+{
+    char *log = slurp(path);
+    int n = count_of(log, text);
+    free(log);
+    return n;
+}
+
+/* Failed logins (issue 36, point 6: never logged, and no backoff): each is logged with the client's
+ * address and the request, never with what it sent; from the 5th wrong one in a row the address
+ * waits (429 with Retry-After), the right token too, 1 s doubling up to 60 s; once the wait is
+ * over the right token works and the count starts again.  A request without credentials (a
+ * browser's first, before it asks for them) is no failure. */
+TEST_FULL(serve_logs_failed_logins_and_makes_an_address_wait, 90, 0)
+{
+    static const char wrong[] = "Authorization: Bearer guessed-secret-4242424242\r\n";
+    static const char right[] = "Authorization: Bearer " TOKEN "\r\n";
+    char *body = NULL, after[16];
+
+    served *s = serve_start(NULL, "--auth-file", token_file(), NULL);
+    for (int i = 0; i < 8; i++) {
+        CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(count_in_log(s->log, "refused the credentials"), 0);
+    for (int i = 1; i <= 5; i++) {
+        CHECK_INT(http(s->port, "GET", "/jobs", wrong, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(count_in_log(s->log, "refused the credentials of GET /jobs from 127.0.0.1"), 5);
+    CHECK_INT(count_in_log(s->log, "(4 wrong in a row)\n"), 1);
+    CHECK_INT(count_in_log(s->log, "(5 wrong in a row): its requests are refused for 1 s"), 1);
+    CHECK_INT(count_in_log(s->log, "guessed-secret"), 0);
+    /* Waiting: refused without a look at the credentials, right ones included. */
+    CHECK_INT(http(s->port, "GET", "/jobs", wrong, NULL, &body), 429);
+    CHECK(atoi(header_of("Retry-After", after, sizeof after)) >= 1);
+    free(body);
+    int status = http(s->port, "GET", "/metrics", right, NULL, &body);
+    free(body);
+    CHECK_MSG(status == 429 || status == 200, "the right token while waiting: %d", status);
+    CHECK_INT(http(s->port, "GET", "/healthz", NULL, NULL, &body), 200);
+    free(body);
+    /* The wait ends; the right token works and the count starts again. */
+    int64_t t0 = t_now_ms();
+    while ((status = http(s->port, "GET", "/metrics", right, NULL, &body)) == 429) {
+        free(body);
+        CHECK_MSG(t_now_ms() - t0 < 10000, "still waiting after 10 s");
+        usleep(100000);
+    }
+    free(body);
+    CHECK_INT(status, 200);
+    for (int i = 1; i <= 4; i++) {
+        CHECK_INT(http(s->port, "GET", "/", wrong, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(http(s->port, "GET", "/metrics", right, NULL, &body), 200);
+    free(body);
+    CHECK_INT(count_in_log(s->log, "guessed-secret"), 0);
 }
 
 TEST_FULL(serve_action_messages_come_from_the_request_only, 60, 0)
