@@ -195,13 +195,16 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     if (http_addr_parse(a.listen, &addr, why, sizeof why) != 0)
         return cli_usage_error(cmd, "--listen: %s", why);
     if (a.auth_file) {
-        if ((token = http_token_from_file(a.auth_file, why, sizeof why)) == NULL) {
+        char warn[512];
+        if ((token = http_token_from_file(a.auth_file, why, sizeof why, warn, sizeof warn)) == NULL) {
             cli_err("serve: %s", why);
             return EX_USAGE;
         }
+        if (warn[0])
+            serve_log("warning: %s", warn);
     } else if (getenv("PGJOBQ_SERVE_TOKEN") && getenv("PGJOBQ_SERVE_TOKEN")[0]) {
-        if (strlen(getenv("PGJOBQ_SERVE_TOKEN")) < 16) {
-            cli_err("serve: $PGJOBQ_SERVE_TOKEN must be at least 16 characters");
+        if (http_token_check(getenv("PGJOBQ_SERVE_TOKEN"), why, sizeof why) != 0) {
+            cli_err("serve: $PGJOBQ_SERVE_TOKEN: %s", why);
             return EX_USAGE;
         }
         if ((token = strdup(getenv("PGJOBQ_SERVE_TOKEN"))) == NULL)

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "http.h"
@@ -328,15 +330,67 @@ int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size)
     return 0;
 }
 
-char *http_token_from_file(const char *path, char *why, size_t why_size)
+/* The entropy of n symbols (bytes) in bits a symbol, from their frequencies. */
+static double entropy(const unsigned char *v, size_t n)
+{
+    unsigned count[256] = {0};
+    double h = 0;
+    for (size_t i = 0; i < n; i++)
+        count[v[i]]++;
+    for (int c = 0; c < 256; c++)
+        if (count[c])
+            h -= (double)count[c] / (double)n * log2((double)count[c] / (double)n);
+    return h;
+}
+
+int http_token_check(const char *token, char *why, size_t why_size)
+{
+    const unsigned char *t = (const unsigned char *)token;
+    size_t n = strlen(token);
+    unsigned char steps[1024];
+
+    if (n < 16) {
+        snprintf(why, why_size, "the token must be at least 16 characters");
+        return -1;
+    }
+    /* A pattern repeated ("changemechangeme", "abababab..."). */
+    for (size_t p = 1; p <= n / 2; p++) {
+        size_t i = p;
+        while (i < n && t[i] == t[i - p])
+            i++;
+        if (i == n)
+            goto weak;
+    }
+    /* Few distinct characters, or a run ("0123456789abcdef": each step the same). */
+    size_t k = n - 1 < sizeof steps ? n - 1 : sizeof steps;
+    for (size_t i = 0; i < k; i++)
+        steps[i] = (unsigned char)(t[i + 1] - t[i]);
+    if (entropy(t, n) * (double)n < 24 || entropy(steps, k) * (double)k < 24)
+        goto weak;
+    return 0;
+weak:
+    snprintf(why, why_size,
+             "the token is too weak to guard anything (repeated characters, a run such as 1234 or abcd, or a "
+             "repeated pattern): make a random one, e.g. openssl rand -hex 32");
+    return -1;
+}
+
+char *http_token_from_file(const char *path, char *why, size_t why_size, char *warn, size_t warn_size)
 {
     char line[1024];
+    struct stat st;
     FILE *f = fopen(path, "r");
 
+    warn[0] = '\0';
     if (f == NULL) {
         snprintf(why, why_size, "cannot read %s: %s", path, strerror(errno));
         return NULL;
     }
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0)
+        snprintf(warn, warn_size,
+                 "%s is readable by other users (mode %04o): anyone who can read it can use the dashboard; "
+                 "chmod 600 it (a secret that Kubernetes or Docker mounts into a container may stay as it is)",
+                 path, (unsigned)(st.st_mode & 07777));
     if (fgets(line, sizeof line, f) == NULL)
         line[0] = '\0';
     fclose(f);
@@ -345,8 +399,10 @@ char *http_token_from_file(const char *path, char *why, size_t why_size)
         s++;
     while (e > s && isspace((unsigned char)e[-1]))
         *--e = '\0';
-    if (strlen(s) < 16) {
-        snprintf(why, why_size, "%s: the token must be at least 16 characters on the first line", path);
+    if (http_token_check(s, why, why_size) != 0) {
+        char reason[300];
+        snprintf(reason, sizeof reason, "%s", why);
+        snprintf(why, why_size, "%s (its first line): %s", path, reason);
         return NULL;
     }
     char *t = strdup(s);

@@ -62,9 +62,17 @@ int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size);
  * canonical form (IPv6 without brackets).  Returns 0, or -1 when it is none of them (or has a port). */
 int http_host_parse(const char *s, char *out, size_t size);
 
-/* Reads a token from a file (its first line, surrounding white space removed).  Returns a malloc'd
- * string, or NULL with why set (unreadable, empty, or shorter than 16 characters). */
-char *http_token_from_file(const char *path, char *why, size_t why_size);
+/* 0 when token may guard a server: 16 characters or more, not a pattern repeated, and at least 24
+ * bits by the entropy of its characters and of the steps between them (which a run such as
+ * "0123456789abcdef" lacks).  A random token always passes (16 random hex digits: 31 bits at the
+ * least in 100,000 draws); "aaaaaaaaaaaaaaaa", "abababababababab" and "changemechangeme" do not.  -1
+ * with why set otherwise. */
+int http_token_check(const char *token, char *why, size_t why_size);
+
+/* Reads a token from a file (its first line, surrounding white space removed) and checks it
+ * (http_token_check).  Returns a malloc'd string, or NULL with why set (unreadable, or a token that
+ * is refused).  warn is set to a warning when other users may read the file, else to "". */
+char *http_token_from_file(const char *path, char *why, size_t why_size, char *warn, size_t warn_size);
 
 /* The request a handler sees. */
 #define HTTP_PARAM_MAX 16

@@ -1484,6 +1484,69 @@ TEST_FULL(serve_logs_failed_logins_and_makes_an_address_wait, 90, 0)
     CHECK_INT(count_in_log(s->log, "guessed-secret"), 0);
 }
 
+/* A token file with mode, holding text; returns its path (static). */
+static const char *token_file_of(const char *text, mode_t mode)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/token-%o", t_tmpdir(), (unsigned)mode);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%s\n", text);
+    fclose(f);
+    CHECK(chmod(path, mode) == 0);
+    return path;
+}
+
+/* A weak token is refused, from --auth-file or $PGJOBQ_SERVE_TOKEN, by serve and by the worker's
+ * --metrics-listen (issue 36, point 6: "aaaaaaaaaaaaaaaa" was accepted silently); a random one is
+ * taken.  A token file other users may read is taken with a warning, not refused: Kubernetes and
+ * Docker mount secrets 0644 and 0444 into containers. */
+TEST_FULL(serve_refuses_a_weak_token_and_warns_of_a_readable_token_file, 90, 0)
+{
+    static const char *const weak[] = {"aaaaaaaaaaaaaaaa", "abababababababab", "0123456789abcdef",
+                                       "changemechangeme", "aaaaaaaabbbbbbbb", "short-token"};
+    char env[128], *out = NULL, *err = NULL;
+
+    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++) {
+        const char *path = token_file_of(weak[i], 0600);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "127.0.0.1:0", "--auth-file", path, NULL), 64);
+        CHECK_MSG(strstr(err, "too weak") || strstr(err, "at least 16"), "%s: %s", weak[i], err);
+        CHECK_MSG(strstr(err, weak[i]) == NULL, "the token is in the message: %s", err);
+        free(out);
+        free(err);
+        setenv("PGJOBQ_SERVE_TOKEN", weak[i], 1);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "127.0.0.1:0", NULL), 64);
+        CHECK_MSG(strstr(err, "PGJOBQ_SERVE_TOKEN"), "%s", err);
+        free(out);
+        free(err);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--queue", "wq:1", "--exec", "/bin/true", "--metrics-listen",
+                        "127.0.0.1:0", NULL),
+                  64);
+        CHECK_MSG(strstr(err, "--metrics-listen") && strstr(err, "PGJOBQ_SERVE_TOKEN"), "%s", err);
+        free(out);
+        free(err);
+        unsetenv("PGJOBQ_SERVE_TOKEN");
+    }
+    /* A random token in a file others may read: taken, with a warning; in a private file, without. */
+    served *s = serve_start(NULL, "--auth-file", token_file_of(TOKEN, 0644), NULL);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &out), 200);
+    free(out);
+    char *log = slurp(s->log);
+    CHECK_MSG(strstr(log, "warning: ") && strstr(log, "is readable by other users (mode 0644)") &&
+                  strstr(log, "chmod 600"),
+              "no warning: %s", log);
+    CHECK_MSG(strstr(log, TOKEN) == NULL, "the token is in the log: %s", log);
+    free(log);
+    s = serve_start(NULL, "--auth-file", token_file_of(TOKEN, 0600), NULL);
+    log = slurp(s->log);
+    CHECK_MSG(strstr(log, "warning") == NULL, "a warning for a private file: %s", log);
+    free(log);
+    snprintf(env, sizeof env, "PGJOBQ_SERVE_TOKEN=%s", TOKEN);
+    s = serve_start(env, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &out), 200);
+    free(out);
+}
+
 TEST_FULL(serve_action_messages_come_from_the_request_only, 60, 0)
 {
     pgjobq_client *c = t_client();
