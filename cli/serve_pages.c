@@ -31,6 +31,26 @@ static void chart_legend_item(sbuf *b, int x, const char *series, const char *la
               series, series, x, x + 17, label);
 }
 
+/* The scale's top as few characters as fit the chart's left column: 9999, then 12.3k, 123k, 1.2M,
+ * 123M, 1.2G (a six-digit count was clipped to "00000" at the column's left edge). */
+static const char *scale_text(char *buf, size_t size, int64_t v)
+{
+    static const char units[] = "kMGTPE";
+    double x = (double)v;
+    int u = -1;
+
+    if (v < 10000) {
+        snprintf(buf, size, "%lld", (long long)v);
+        return buf;
+    }
+    while (x >= 999.95 && u < 5) {
+        x /= 1000;
+        u++;
+    }
+    snprintf(buf, size, x < 99.95 ? "%.1f%c" : "%.0f%c", x, units[u]);
+    return buf;
+}
+
 static void chart(sbuf *b, PGresult *r)
 {
     int64_t done[60] = {0}, failed[60] = {0}, max = 1;
@@ -72,8 +92,9 @@ static void chart(sbuf *b, PGresult *r)
                       "<title>%lld failed, %d min ago</title></rect>",
                       x + 1, base - hd - hf, bar - 2, hf, (long long)failed[i], 59 - i);
     }
-    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%lld</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
-              CH_LEFT - 6, CH_TOP + 4, (long long)max, CH_LEFT - 6, base + 4);
+    char top[32];
+    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%s</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
+              CH_LEFT - 6, CH_TOP + 4, scale_text(top, sizeof top, max), CH_LEFT - 6, base + 4);
     sb_printf(b,
               "<text x=\"%d\" y=\"%d\">60 min ago</text><text class=\"mid\" x=\"%.1f\" y=\"%d\">30 min ago</text>"
               "<text class=\"end\" x=\"%d\" y=\"%d\">now</text></svg>",

@@ -1946,6 +1946,10 @@ static const char measure_chart[] =
     "   + Math.round(r.width) + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
     "  out.push(k + '-bar=' + fill(svg.querySelector(':scope > rect.bar-' + k)));"
     " });"
+    " Array.prototype.forEach.call(svg.querySelectorAll('text.scale'), function (t, i) {"
+    "  var r = t.getBoundingClientRect();"
+    "  out.push('scale' + i + '=' + t.textContent + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
+    " });"
     " var o = document.createElement('output'); o.id = 'measured'; o.textContent = ' ' + out.join(' ') + ' ';"
     " document.body.appendChild(o);"
     "});</script>";
@@ -1968,32 +1972,17 @@ static const char *measured(const char *dom, const char *name, char *buf, size_t
     return buf;
 }
 
-/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
- * 60% of the panel at 1280), and a legend names each series in its bars' colour.  The pages allow no
- * script (Content-Security-Policy), so the test measures a copy of the overview served from another
- * port with a measuring script added: the same HTML, with <base> pointing at the server, so that the
- * server's own stylesheet lays it out. */
-TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+/* The overview of the server on port, copied and served from another port with measure_chart added
+ * (the pages allow no script: Content-Security-Policy): the same HTML, with <base> pointing at the
+ * server so that its own stylesheet lays it out, and no refresh.  Returns the copy's URL (static). */
+static const char *measured_overview(int port)
 {
-    pgjobq_client *c = t_client();
-    pgjobq_job *jobs = NULL;
-    size_t n = 0;
-    char *body = NULL, url[600], v[128];
+    static char url[64];
+    char *body = NULL, base[100];
 
-    put(c, "mail", "{}");
-    put(c, "mail", "{}");
-    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
-    CHECK_INT((long long)n, 2);
-    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
-    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
-    pgjobq_jobs_free(jobs);
-    served *s = serve_start(NULL, NULL, NULL, NULL);
-    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_INT(http(port, "GET", "/", NULL, NULL, &body), 200);
     CHECK_MSG(strstr(body, "<svg id=\"throughput\"") != NULL, "no chart: %s", body);
-
-    /* The copy: <base> after <head>, no refresh, the script before </body>. */
-    char base[100];
-    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", s->port);
+    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", port);
     char *head = strstr(body, "<head>"), *refresh = strstr(body, "<meta http-equiv=\"refresh\""),
          *end = strstr(body, "</body>");
     CHECK(head != NULL && refresh != NULL && end != NULL && head < refresh && refresh < end);
@@ -2006,6 +1995,30 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
              (int)(end - refresh_end), refresh_end, measure_chart, end);
     int page = serve_page(copy);
     snprintf(url, sizeof url, "http://127.0.0.1:%d/", page);
+    free(copy);
+    free(body);
+    return url;
+}
+
+/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
+ * 60% of the panel at 1280), and a legend names each series in its bars' colour, measured in a copy
+ * of the overview (measured_overview). */
+TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char url[600], v[128];
+
+    put(c, "mail", "{}");
+    put(c, "mail", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    snprintf(url, sizeof url, "%s", measured_overview(s->port));
 
     static const int widths[] = {1280, 900};
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
@@ -2036,9 +2049,29 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
         CHECK_MSG(strcmp(bar[0], bar[1]) != 0, "the series share a colour: %s", bar[0]);
         free(dom);
     }
-    free(copy);
-    free(body);
     pgjobq_client_close(c);
+}
+
+/* The chart's scale shows its top within the chart (issue 37: a six-digit count a minute was clipped
+ * to "00000" at its left edge): 123,456 jobs a minute read 123k, inside the chart's box. */
+TEST_FULL(serve_chart_scale_is_not_clipped, 120, 0)
+{
+    PGconn *pg = t_pg();
+    char v[128];
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.tallies (queue, what, n) VALUES ('mail', 'completed', 123456)"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    const char *url = measured_overview(s->port);
+    static const int widths[] = {1280, 700};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        char *dom = chromium_width(url, widths[i]);
+        measured(dom, "scale0", v, sizeof v);
+        printf("window %d: scale0=%s\n", widths[i], v);
+        CHECK_MSG(strcmp(v, "123k,inside") == 0, "window %d: the scale's top is '%s'", widths[i], v);
+        CHECK_STR(measured(dom, "scale1", v, sizeof v), "0,inside");
+        free(dom);
+    }
+    PQfinish(pg);
 }
 
 /* /jobs has a run-at column (issue 24): when each job is due relative to now, its absolute time (UTC)
