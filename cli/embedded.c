@@ -13,8 +13,8 @@
  * account the server runs as (the user, or 'postgres' as root) with mode 0700, and every directory
  * above it up to a root-owned one must be unchangeable by other users (or sticky, like /tmp).  The
  * files in it are opened without following symbolic links, and a server that answers on its socket
- * is used only when it runs as that account on this home's data directory (docs/deploy.md, "The
- * embedded database").
+ * is used only when it runs as that account on this home's data directory (docs/deploy.md's threat
+ * model).
  */
 #include <errno.h>
 #include <fcntl.h>
