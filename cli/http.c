@@ -438,9 +438,9 @@ typedef struct req_state {
 
 /* The failed logins of one client address. */
 typedef struct login_fails {
-    char peer[64];   /* "" when the slot is free */
-    int fails;       /* in a row */
-    int64_t last_ms; /* the last failure */
+    char peer[64];    /* "" when the slot is free */
+    int fails;        /* in a row */
+    int64_t last_ms;  /* the last failure */
     int64_t until_ms; /* its requests are refused until then */
 } login_fails;
 
@@ -1397,8 +1397,8 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
                             (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)THREADS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
                             connection_limit(), MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDRESS_MAX,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
     if (s->d == NULL) {
         snprintf(why, why_size, "cannot listen on %s:%d (in use, or not an address of this host)", a->host, a->port);
         threads_stop(s);

@@ -221,7 +221,8 @@ static int collect(serve_metrics *m)
                  " FROM pgjobq.monitor_finished($1::timestamptz, $2::timestamptz, $3::float8[])",
                  3, hist_args);
     d.tallies = run(m, "SELECT queue, what, n FROM pgjobq.monitor_tallies($1::timestamptz, $2::timestamptz)", 2, win);
-    workers = run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers() WHERE state <> 'stopped'", 0, NULL);
+    workers =
+        run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers() WHERE state <> 'stopped'", 0, NULL);
     health = run(m,
                  "SELECT jobs_bytes, jobs_dead, vacuums, coalesce(horizon_age_s, 0), holder_kind,"
                  " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"

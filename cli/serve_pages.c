@@ -9,7 +9,7 @@
 
 #include "serve_dashboard.h"
 
-#define PAGE_ROWS 50     /* jobs per page */
+#define PAGE_ROWS 50 /* jobs per page */
 #define WORKER_ROWS 100 /* workers per page (20,000 rows of workers made one page of 102 MB) */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 #define V(r, i, k) PQgetvalue((r), (i), (k))
@@ -622,11 +622,13 @@ void serve_page_workers(serve *s, pgjobq_client *c, const http_req *req, http_re
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
     const char *values[3] = {after_state, after, limit};
-    PGresult *r = serve_query(c, out,
-                              "SELECT w.id, w.state, w.host, w.pid, w.queues, w.jobs, " TS("w.started_at") ","
-                              " round(extract(epoch FROM now() - coalesce(w.stopped_at, w.last_seen)))::bigint,"
-                              " w.version FROM pgjobq.monitor_workers($1, $2, $3::int) w",
-                              3, values);
+    PGresult *r = serve_query(
+        c, out,
+        "SELECT w.id, w.state, w.host, w.pid, w.queues, w.jobs, " TS(
+            "w.started_at") ","
+                            " round(extract(epoch FROM now() - coalesce(w.stopped_at, w.last_seen)))::bigint,"
+                            " w.version FROM pgjobq.monitor_workers($1, $2, $3::int) w",
+        3, values);
     if (r) {
         int n = PQntuples(r);
         for (int i = 0; i < n && i < WORKER_ROWS; i++) {

@@ -746,8 +746,9 @@ TEST_FULL(serve_metrics_labels_carry_no_control_character, 60, 0)
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat(E'w\\r\\x1b[31m\\u009b2J\\x01\\t\\x7f\\\\\"q', E'h\\u0085x', 1, 'v',"
                        " 'mq:1', 1)"));
     served *s = serve_start(NULL, NULL, NULL, NULL);
-    wait_metric(s->port, "pgjobq_worker_up{worker=\"w\\\\x0d\\\\x1b[31m\\\\u009b2J\\\\x01\\\\x09\\\\x7f\\\\\\\"q\","
-                         "host=\"h\\\\u0085x\"}",
+    wait_metric(s->port,
+                "pgjobq_worker_up{worker=\"w\\\\x0d\\\\x1b[31m\\\\u009b2J\\\\x01\\\\x09\\\\x7f\\\\\\\"q\","
+                "host=\"h\\\\u0085x\"}",
                 1);
     CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
     for (const unsigned char *p = (const unsigned char *)body; *p; p++) {
@@ -824,7 +825,8 @@ TEST_FULL(serve_workers_page_pages_and_lists_stopped_workers, 120, 0)
     char *body = NULL, path[256];
 
     /* A real worker, stopped cleanly. */
-    worker_pid = t_spawn(log, NULL, "work", "--queue", "mq:1", "--exec", "/bin/true", "--worker-id", "clean-stop", NULL);
+    worker_pid =
+        t_spawn(log, NULL, "work", "--queue", "mq:1", "--exec", "/bin/true", "--worker-id", "clean-stop", NULL);
     t_defer(stop_worker);
     int64_t t0 = t_now_ms();
     while (t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'clean-stop'") == 0) {
@@ -1948,7 +1950,8 @@ static const char measure_chart[] =
     " });"
     " Array.prototype.forEach.call(svg.querySelectorAll('text.scale'), function (t, i) {"
     "  var r = t.getBoundingClientRect();"
-    "  out.push('scale' + i + '=' + t.textContent + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
+    "  out.push('scale' + i + '=' + t.textContent + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : "
+    "'outside'));"
     " });"
     " var o = document.createElement('output'); o.id = 'measured'; o.textContent = ' ' + out.join(' ') + ' ';"
     " document.body.appendChild(o);"
