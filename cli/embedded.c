@@ -325,6 +325,7 @@ static int check_home(embedded *e, char *why, size_t why_size)
     }
     return 0;
 }
+
 /* As root, the server runs as another account, which must be able to enter every directory on the
  * way to PGJOBQ_HOME (under /root, mode 0700, it cannot).  0 when it can; -1 with why set when not. */
 static int account_can_enter(const embedded *e, char *why, size_t why_size)
@@ -442,15 +443,13 @@ static int server_state(const embedded *e, char *why, size_t why_size)
                      "the server on %s/.s.PGSQL.5432 serves the data directory %s, not this home's %s: refusing "
                      "to use it (stop that server, or choose another PGJOBQ_HOME)",
                      e->home, dir, e->data);
-        else if (strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
-            PGresult *a = PQexec(c, "ALTER ROLE CURRENT_USER SET search_path = public");
-            if (PQresultStatus(a) != PGRES_COMMAND_OK)
-                snprintf(why, why_size, "setting the embedded role's search_path: %s", PQerrorMessage(c));
-            else
-                state = 1;
-            PQclear(a);
-        } else
+        else {
+            /* A failure here is another command setting it at the same moment (tuple concurrently
+             * updated): the setting is there either way. */
+            if (strcmp(PQgetvalue(r, 0, 1), "t") == 0)
+                PQclear(PQexec(c, "ALTER ROLE CURRENT_USER SET search_path = public"));
             state = 1;
+        }
     }
     PQclear(r);
     PQfinish(c);
