@@ -188,6 +188,19 @@ void sb_url(sbuf *b, const char *s)
     }
 }
 
+/* The length of the UTF-8 character at p (1 to 4), or 0 when the bytes there are not one. */
+static int utf8_len(const unsigned char *p)
+{
+    unsigned char c = *p;
+    int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (len == 0 || (len == 2 && c < 0xc2) || (len == 4 && c > 0xf4))
+        return 0;
+    for (int k = 1; k < len; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
 void sb_label(sbuf *b, const char *s)
 {
     static const char hex[] = "0123456789abcdef";
@@ -195,10 +208,7 @@ void sb_label(sbuf *b, const char *s)
         return;
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         unsigned char c = *p;
-        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[k] & 0xc0) == 0x80;
+        int len = utf8_len(p), ok = len > 0;
         if (c == '\\' || c == '"' || c == '\n') {
             sb_puts(b, c == '\\' ? "\\\\" : c == '"' ? "\\\"" : "\\n");
             p++;
@@ -224,10 +234,7 @@ void sb_escape_line(sbuf *b, const char *s)
         return;
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         unsigned char c = *p;
-        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[k] & 0xc0) == 0x80;
+        int len = utf8_len(p), ok = len > 0;
         if (!ok) { /* not UTF-8: the byte, escaped */
             char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
             sb_putn(b, e, 4);
