@@ -194,7 +194,7 @@ static int resolve_home(embedded *e, char *why, size_t why_size)
         snprintf(why, why_size, "PGJOBQ_HOME %s is too long", real);
         return -1;
     }
-    snprintf(e->home, sizeof e->home, "%s", real);
+    memcpy(e->home, real, strlen(real) + 1);
     return set_paths(e, why, why_size);
 }
 
@@ -264,7 +264,7 @@ static int check_before_making(const embedded *e, char *why, size_t why_size)
  * -1 with why saying what is wrong and how to fix it. */
 static int check_home(embedded *e, char *why, size_t why_size)
 {
-    char name[64], p[1024];
+    char name[64], p[1100];
     struct stat st;
 
     if (lstat(e->home, &st) != 0) {
