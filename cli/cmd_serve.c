@@ -117,7 +117,7 @@ static void handle(void *arg, const http_req *req, http_resp *out)
     else if (strcmp(req->path, "/queues") == 0)
         serve_page_queues(s, c, out);
     else
-        serve_page_workers(s, c, out);
+        serve_page_workers(s, c, req, out);
     serve_pool_put(s, slot);
 }
 
@@ -195,13 +195,16 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     if (http_addr_parse(a.listen, &addr, why, sizeof why) != 0)
         return cli_usage_error(cmd, "--listen: %s", why);
     if (a.auth_file) {
-        if ((token = http_token_from_file(a.auth_file, why, sizeof why)) == NULL) {
+        char warn[512];
+        if ((token = http_token_from_file(a.auth_file, why, sizeof why, warn, sizeof warn)) == NULL) {
             cli_err("serve: %s", why);
             return EX_USAGE;
         }
+        if (warn[0])
+            serve_log("warning: %s", warn);
     } else if (getenv("PGJOBQ_SERVE_TOKEN") && getenv("PGJOBQ_SERVE_TOKEN")[0]) {
-        if (strlen(getenv("PGJOBQ_SERVE_TOKEN")) < 16) {
-            cli_err("serve: $PGJOBQ_SERVE_TOKEN must be at least 16 characters");
+        if (http_token_check(getenv("PGJOBQ_SERVE_TOKEN"), why, sizeof why) != 0) {
+            cli_err("serve: $PGJOBQ_SERVE_TOKEN: %s", why);
             return EX_USAGE;
         }
         if ((token = strdup(getenv("PGJOBQ_SERVE_TOKEN"))) == NULL)
@@ -254,21 +257,14 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         status = EX_OSERR;
         goto out;
     }
-    /* The names this server answers to (against DNS rebinding): its address, localhost's names when
-     * it listens on loopback or on every interface (then any IP address too), and --allow-host. */
-    const char *names[5] = {addr.host, NULL, NULL, NULL, NULL};
-    int wildcard = strcmp(addr.host, "0.0.0.0") == 0 || strcmp(addr.host, "::") == 0;
-    if (addr.loopback || wildcard) {
-        names[1] = "localhost";
-        names[2] = "127.0.0.1";
-        names[3] = "::1";
-    }
+    /* The names this server answers to (against DNS rebinding): those of its address, and --allow-host. */
+    const char *names[HTTP_NAMES_MAX];
     http_opts ho;
     memset(&ho, 0, sizeof ho);
+    http_listen_names(&addr, names, &ho.any_ip);
     ho.token = token;
     ho.hosts = names;
     ho.allow_hosts = a.hosts;
-    ho.any_ip = wildcard;
     ho.workers = POOL;
     ho.log = serve_log;
     http_server *srv = http_start_opts(&addr, &ho, handle, &s, why, sizeof why);

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "http.h"
@@ -28,6 +30,11 @@
 #define REQUEST_DEADLINE_MS 10000 /* to send a whole request (head and body), from connecting or the last answer */
 #define IDLE_TIMEOUT_S 10      /* libmicrohttpd's own: no byte either way for this long */
 #define QUEUE_MAX 64           /* requests waiting for a worker; more are answered 503 at once */
+#define ARGS_MAX 64            /* query arguments a request may carry (no page has more than a few) */
+#define LOGIN_FREE_FAILS 5     /* failed logins in a row from one address before it must wait */
+#define LOGIN_WAIT_MAX_S 60    /* the longest wait: 1 s after the 5th failure, doubling */
+#define LOGIN_FORGET_MS 600000 /* an address quiet this long starts again from nothing */
+#define LOGIN_ADDRESSES 256    /* addresses remembered; the one heard from least recently is forgotten */
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Text buffer and escapes                                                                           */
@@ -181,19 +188,42 @@ void sb_url(sbuf *b, const char *s)
     }
 }
 
+/* The length of the UTF-8 character at p (1 to 4), or 0 when the bytes there are not one. */
+static int utf8_len(const unsigned char *p)
+{
+    unsigned char c = *p;
+    int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (len == 0 || (len == 2 && c < 0xc2) || (len == 4 && c > 0xf4))
+        return 0;
+    for (int k = 1; k < len; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
 void sb_label(sbuf *b, const char *s)
 {
+    static const char hex[] = "0123456789abcdef";
     if (s == NULL)
         return;
-    for (const char *p = s; *p; p++) {
-        if (*p == '\\')
-            sb_puts(b, "\\\\");
-        else if (*p == '"')
-            sb_puts(b, "\\\"");
-        else if (*p == '\n')
-            sb_puts(b, "\\n");
-        else
-            sb_putn(b, p, 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned char c = *p;
+        int len = utf8_len(p), ok = len > 0;
+        if (c == '\\' || c == '"' || c == '\n') {
+            sb_puts(b, c == '\\' ? "\\\\" : c == '"' ? "\\\"" : "\\n");
+            p++;
+        } else if (!ok || c < 0x20 || c == 0x7f) {
+            /* The format has no escape for them: the label reads \xNN (its backslash escaped). */
+            char e[6] = {'\\', '\\', 'x', hex[c >> 4], hex[c & 15], '\0'};
+            sb_puts(b, e);
+            p++;
+        } else if (c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls (0x9b is a CSI) */
+            sb_printf(b, "\\\\u00%02x", p[1]);
+            p += 2;
+        } else {
+            sb_putn(b, (const char *)p, (size_t)len);
+            p += len;
+        }
     }
 }
 
@@ -204,10 +234,7 @@ void sb_escape_line(sbuf *b, const char *s)
         return;
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         unsigned char c = *p;
-        int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-        int ok = len > 0 && !(len == 2 && c < 0xc2) && !(len == 4 && c > 0xf4);
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[k] & 0xc0) == 0x80;
+        int len = utf8_len(p), ok = len > 0;
         if (!ok) { /* not UTF-8: the byte, escaped */
             char e[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
             sb_putn(b, e, 4);
@@ -310,15 +337,67 @@ int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size)
     return 0;
 }
 
-char *http_token_from_file(const char *path, char *why, size_t why_size)
+/* The entropy of n symbols (bytes) in bits a symbol, from their frequencies. */
+static double entropy(const unsigned char *v, size_t n)
+{
+    unsigned count[256] = {0};
+    double h = 0;
+    for (size_t i = 0; i < n; i++)
+        count[v[i]]++;
+    for (int c = 0; c < 256; c++)
+        if (count[c])
+            h -= (double)count[c] / (double)n * log2((double)count[c] / (double)n);
+    return h;
+}
+
+int http_token_check(const char *token, char *why, size_t why_size)
+{
+    const unsigned char *t = (const unsigned char *)token;
+    size_t n = strlen(token);
+    unsigned char steps[1024];
+
+    if (n < 16) {
+        snprintf(why, why_size, "the token must be at least 16 characters");
+        return -1;
+    }
+    /* A pattern repeated ("changemechangeme", "abababab..."). */
+    for (size_t p = 1; p <= n / 2; p++) {
+        size_t i = p;
+        while (i < n && t[i] == t[i - p])
+            i++;
+        if (i == n)
+            goto weak;
+    }
+    /* Few distinct characters, or a run ("0123456789abcdef": each step the same). */
+    size_t k = n - 1 < sizeof steps ? n - 1 : sizeof steps;
+    for (size_t i = 0; i < k; i++)
+        steps[i] = (unsigned char)(t[i + 1] - t[i]);
+    if (entropy(t, n) * (double)n < 24 || entropy(steps, k) * (double)k < 24)
+        goto weak;
+    return 0;
+weak:
+    snprintf(why, why_size,
+             "the token is too weak to guard anything (repeated characters, a run such as 1234 or abcd, or a "
+             "repeated pattern): make a random one, e.g. openssl rand -hex 32");
+    return -1;
+}
+
+char *http_token_from_file(const char *path, char *why, size_t why_size, char *warn, size_t warn_size)
 {
     char line[1024];
+    struct stat st;
     FILE *f = fopen(path, "r");
 
+    warn[0] = '\0';
     if (f == NULL) {
         snprintf(why, why_size, "cannot read %s: %s", path, strerror(errno));
         return NULL;
     }
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0)
+        snprintf(warn, warn_size,
+                 "%s is readable by other users (mode %04o): anyone who can read it can use the dashboard; "
+                 "chmod 600 it (a secret that Kubernetes or Docker mounts into a container may stay as it is)",
+                 path, (unsigned)(st.st_mode & 07777));
     if (fgets(line, sizeof line, f) == NULL)
         line[0] = '\0';
     fclose(f);
@@ -327,8 +406,10 @@ char *http_token_from_file(const char *path, char *why, size_t why_size)
         s++;
     while (e > s && isspace((unsigned char)e[-1]))
         *--e = '\0';
-    if (strlen(s) < 16) {
-        snprintf(why, why_size, "%s: the token must be at least 16 characters on the first line", path);
+    if (http_token_check(s, why, why_size) != 0) {
+        char reason[300];
+        snprintf(reason, sizeof reason, "%s", why);
+        snprintf(why, why_size, "%s (its first line): %s", path, reason);
         return NULL;
     }
     char *t = strdup(s);
@@ -362,6 +443,14 @@ typedef struct req_state {
     http_resp resp;
 } req_state;
 
+/* The failed logins of one client address. */
+typedef struct login_fails {
+    char peer[64];    /* "" when the slot is free */
+    int fails;        /* in a row */
+    int64_t last_ms;  /* the last failure */
+    int64_t until_ms; /* its requests are refused until then */
+} login_fails;
+
 struct http_server {
     struct MHD_Daemon *d;
     char *token;
@@ -384,6 +473,9 @@ struct http_server {
     int q_len, q_stop;
     pthread_t *workers;
     int nworkers;
+    /* Failed logins, per client address (login_*). */
+    pthread_mutex_t login_mu;
+    struct login_fails *logins;
 };
 
 double cli_mono_s(void)
@@ -688,6 +780,83 @@ static int authorized(const http_server *s, const char *h)
     return 0;
 }
 
+/* ---- Failed logins ---- */
+
+/* The slot of peer, when it has one (with login_mu held); with make, a new one when it has none,
+ * in place of the address heard from least recently when every slot is taken. */
+static login_fails *login_slot(http_server *s, const char *peer, int make)
+{
+    login_fails *oldest = NULL;
+    for (int i = 0; i < LOGIN_ADDRESSES; i++) {
+        login_fails *f = &s->logins[i];
+        if (f->peer[0] && strcmp(f->peer, peer) == 0)
+            return f;
+        if (oldest == NULL || !f->peer[0] || (oldest->peer[0] && f->last_ms < oldest->last_ms))
+            oldest = f;
+    }
+    if (!make)
+        return NULL;
+    memset(oldest, 0, sizeof *oldest);
+    snprintf(oldest->peer, sizeof oldest->peer, "%s", peer);
+    return oldest;
+}
+
+/* Seconds peer must still wait after its failed logins (0: none); its requests are refused
+ * meanwhile, right credentials too, so that guessing goes no faster than the waits allow. */
+static int64_t login_wait_s(http_server *s, const char *peer)
+{
+    int64_t now = cli_mono_ms(), wait = 0;
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 0);
+    if (f && f->until_ms > now)
+        wait = (f->until_ms - now + 999) / 1000;
+    pthread_mutex_unlock(&s->login_mu);
+    return wait;
+}
+
+/* Right credentials from peer: its failures are forgotten. */
+static void login_succeeded(http_server *s, const char *peer)
+{
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 0);
+    if (f)
+        memset(f, 0, sizeof *f);
+    pthread_mutex_unlock(&s->login_mu);
+}
+
+/* Wrong credentials from peer: counted, logged (the address, the request, how many in a row; never
+ * what was sent), and from the LOGIN_FREE_FAILS-th in a row on, a wait of 1 s that doubles up to
+ * LOGIN_WAIT_MAX_S.  Once waiting, an address sends at most one wrong guess a wait, so the log gets
+ * at most that many lines of it. */
+static void login_failed(http_server *s, const char *peer, const char *method, const char *url)
+{
+    int64_t now = cli_mono_ms(), wait = 0;
+    int fails;
+
+    pthread_mutex_lock(&s->login_mu);
+    login_fails *f = login_slot(s, peer, 1);
+    if (now - f->last_ms > LOGIN_FORGET_MS)
+        f->fails = 0;
+    f->fails++;
+    f->last_ms = now;
+    if (f->fails >= LOGIN_FREE_FAILS) {
+        int doublings = f->fails - LOGIN_FREE_FAILS;
+        wait = doublings >= 6 ? LOGIN_WAIT_MAX_S : (int64_t)1 << doublings;
+        if (wait > LOGIN_WAIT_MAX_S)
+            wait = LOGIN_WAIT_MAX_S;
+        f->until_ms = now + wait * 1000;
+    }
+    fails = f->fails;
+    pthread_mutex_unlock(&s->login_mu);
+    if (s->log == NULL)
+        return;
+    if (wait)
+        s->log("refused the credentials of %s %.100s from %s (%d wrong in a row): its requests are refused for %lld s",
+               method, url, peer, fails, (long long)wait);
+    else
+        s->log("refused the credentials of %s %.100s from %s (%d wrong in a row)", method, url, peer, fails);
+}
+
 /* ---- Answers ---- */
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
@@ -713,6 +882,24 @@ static enum MHD_Result send_auth_required(struct MHD_Connection *c)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     enum MHD_Result ret = MHD_queue_basic_auth_fail_response(c, "pgjobq", resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* 429 with Retry-After: an address that must wait after failed logins. */
+static enum MHD_Result send_wait(struct MHD_Connection *c, int64_t seconds)
+{
+    char text[128], after[24];
+    snprintf(text, sizeof text, "too many wrong credentials from this address: try again in %lld s\n",
+             (long long)seconds);
+    snprintf(after, sizeof after, "%lld", (long long)seconds);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), (void *)(uintptr_t)text, MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, after);
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_TOO_MANY_REQUESTS, resp);
     MHD_destroy_response(resp);
     return ret;
 }
@@ -903,11 +1090,37 @@ static enum MHD_Result defer(http_server *s, req_state *st)
 
 /* ---- Requests ---- */
 
+/* What a request refused for its query arguments carries as its context, in place of a req_state. */
+static char too_many_args;
+
+/* Called by libmicrohttpd with the request's whole URI, before it parses the query arguments: each
+ * takes room in the connection's memory pool, and with 463 or more (about 3 KB of URI) the pool runs
+ * out and libmicrohttpd 0.9.75 never answers.  A URI with more than ARGS_MAX arguments has them cut
+ * off here (the URI is libmicrohttpd's own buffer, which it parses the arguments from after this
+ * call: they are gone before it makes room for them), and on_request answers 414. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    const char *q = strchr(uri, '?');
+    size_t n = 1;
+
+    (void)cls;
+    (void)c;
+    if (q == NULL)
+        return NULL;
+    for (const char *p = q + 1; *p; p++)
+        n += *p == '&';
+    if (n <= ARGS_MAX)
+        return NULL;
+    ((char *)(uintptr_t)q)[1] = '\0';
+    return &too_many_args;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     (void)toe;
-    req_state_free(*con_cls);
+    if (*con_cls != &too_many_args)
+        req_state_free(*con_cls);
     *con_cls = NULL;
     track_owing(cls, connection, 1); /* the next request on this connection is due from now */
 }
@@ -920,6 +1133,7 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
     const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
     int healthz = strcmp(m, "GET") == 0 && strcmp(url, "/healthz") == 0;
     const char *which = NULL, *value = NULL;
+    char peer[64];
     req_state *st;
 
     if (strcmp(m, "GET") != 0 && strcmp(m, "POST") != 0)
@@ -928,13 +1142,24 @@ static enum MHD_Result on_head(http_server *s, struct MHD_Connection *c, const c
         return send_text(c, MHD_HTTP_MISDIRECTED_REQUEST,
                          "misdirected request: this server does not answer to the host name in the address bar; "
                          "use its address, or start pgjobq serve with --allow-host NAME\n");
-    if (!healthz && !authorized(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
-        return send_auth_required(c);
+    peer_of(c, peer, sizeof peer);
+    if (!healthz && s->token) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        int64_t wait = login_wait_s(s, peer);
+        if (wait > 0)
+            return send_wait(c, wait);
+        if (!authorized(s, auth)) {
+            if (auth != NULL) /* none: a browser's first request, before it asks for them */
+                login_failed(s, peer, m, url);
+            return send_auth_required(c);
+        }
+        login_succeeded(s, peer);
+    }
     if ((st = calloc(1, sizeof *st)) == NULL)
         return MHD_NO;
     st->conn = c;
     snprintf(st->method, sizeof st->method, "%s", m);
-    peer_of(c, st->peer, sizeof st->peer);
+    snprintf(st->peer, sizeof st->peer, "%s", peer);
     if ((st->path = strdup(url)) == NULL) {
         free(st);
         return MHD_NO;
@@ -964,6 +1189,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
     req_state *st = *con_cls;
 
     (void)version;
+    if (*con_cls == &too_many_args) {
+        *upload_data_size = 0;
+        return send_text(connection, MHD_HTTP_URI_TOO_LONG, "too many query arguments\n");
+    }
     if (st == NULL)
         return on_head(s, connection, url, method, con_cls);
     if (*upload_data_size) {
@@ -1036,7 +1265,7 @@ static int hosts_copy(const char *const *in, char ***out)
     return 0;
 }
 
-/* The server's locks and conditions, or none of them (server_free destroys all four): 0 or -1. */
+/* The server's locks and conditions, or none of them (server_free destroys all five): 0 or -1. */
 static int make_locks(http_server *s)
 {
     if (pthread_mutex_init(&s->conn_mu, NULL) != 0)
@@ -1056,6 +1285,13 @@ static int make_locks(http_server *s)
         pthread_mutex_destroy(&s->conn_mu);
         return -1;
     }
+    if (pthread_mutex_init(&s->login_mu, NULL) != 0) {
+        pthread_cond_destroy(&s->q_cv);
+        pthread_mutex_destroy(&s->q_mu);
+        pthread_cond_destroy(&s->conn_cv);
+        pthread_mutex_destroy(&s->conn_mu);
+        return -1;
+    }
     return 0;
 }
 
@@ -1065,10 +1301,12 @@ static void server_free(http_server *s)
     strv_free(s->hosts);
     strv_free(s->allow_hosts);
     free(s->workers);
+    free(s->logins);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->q_mu);
     pthread_cond_destroy(&s->q_cv);
+    pthread_mutex_destroy(&s->login_mu);
     free(s);
 }
 
@@ -1143,6 +1381,7 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
     s->log = o->log;
     if ((o->token && (s->token = strdup(o->token)) == NULL) || hosts_copy(o->hosts, &s->hosts) != 0 ||
         hosts_copy(o->allow_hosts, &s->allow_hosts) != 0 ||
+        (o->token && (s->logins = calloc(LOGIN_ADDRESSES, sizeof *s->logins)) == NULL) ||
         (o->workers > 0 && (s->workers = calloc((size_t)o->workers, sizeof *s->workers)) == NULL)) {
         snprintf(why, why_size, "out of memory, or a host that is not a name or an address");
         server_free(s);
@@ -1165,8 +1404,8 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
                             (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)THREADS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
                             connection_limit(), MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDRESS_MAX,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, s, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
     if (s->d == NULL) {
         snprintf(why, why_size, "cannot listen on %s:%d (in use, or not an address of this host)", a->host, a->port);
         threads_stop(s);
@@ -1176,12 +1415,28 @@ http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handle
     return s;
 }
 
+void http_listen_names(const http_addr *a, const char *names[HTTP_NAMES_MAX], int *any_ip)
+{
+    int wildcard = strcmp(a->host, "0.0.0.0") == 0 || strcmp(a->host, "::") == 0;
+    names[0] = a->host;
+    names[1] = names[2] = names[3] = names[4] = NULL;
+    if (a->loopback || wildcard) {
+        names[1] = "localhost";
+        names[2] = "127.0.0.1";
+        names[3] = "::1";
+    }
+    *any_ip = wildcard;
+}
+
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size)
 {
+    const char *names[HTTP_NAMES_MAX];
     http_opts o;
     memset(&o, 0, sizeof o);
     o.token = token;
+    http_listen_names(a, names, &o.any_ip);
+    o.hosts = names;
     return http_start_opts(a, &o, handler, arg, why, why_size);
 }
 

@@ -37,7 +37,10 @@ void sb_html(sbuf *b, const char *s);
 void sb_json(sbuf *b, const char *s);
 /* s percent-encoded for a URL query value (unreserved characters kept). */
 void sb_url(sbuf *b, const char *s);
-/* s as a Prometheus label value: \ " and newline escaped. */
+/* s as a Prometheus label value: \ " and newline escaped as the text format says; every other
+ * control character (C0, DEL, C1) and every byte that is not UTF-8, which the format cannot escape,
+ * written as the text \xNN (\u00NN for C1), its backslash escaped: no control character reaches
+ * the exposition, and promtool accepts it. */
 void sb_label(sbuf *b, const char *s);
 /* Appends s to b with every control character (C0, DEL, C1) and every byte that is not UTF-8
  * written as an escape (\n, \t, \xNN, \u0085), and a backslash doubled: a line of a log
@@ -59,9 +62,17 @@ int http_addr_parse(const char *s, http_addr *a, char *why, size_t why_size);
  * canonical form (IPv6 without brackets).  Returns 0, or -1 when it is none of them (or has a port). */
 int http_host_parse(const char *s, char *out, size_t size);
 
-/* Reads a token from a file (its first line, surrounding white space removed).  Returns a malloc'd
- * string, or NULL with why set (unreadable, empty, or shorter than 16 characters). */
-char *http_token_from_file(const char *path, char *why, size_t why_size);
+/* 0 when token may guard a server: 16 characters or more, not a pattern repeated, and at least 24
+ * bits by the entropy of its characters and of the steps between them (which a run such as
+ * "0123456789abcdef" lacks).  A random token always passes (16 random hex digits: 31 bits at the
+ * least in 100,000 draws); "aaaaaaaaaaaaaaaa", "abababababababab" and "changemechangeme" do not.  -1
+ * with why set otherwise. */
+int http_token_check(const char *token, char *why, size_t why_size);
+
+/* Reads a token from a file (its first line, surrounding white space removed) and checks it
+ * (http_token_check).  Returns a malloc'd string, or NULL with why set (unreadable, or a token that
+ * is refused).  warn is set to a warning when other users may read the file, else to "". */
+char *http_token_from_file(const char *path, char *why, size_t why_size, char *warn, size_t warn_size);
 
 /* The request a handler sees. */
 #define HTTP_PARAM_MAX 16
@@ -97,7 +108,10 @@ typedef struct http_server http_server;
 /* How a server checks its requests. */
 typedef struct http_opts {
     /* When not NULL, every request but GET /healthz must carry "Authorization: Bearer TOKEN" or basic
-     * credentials whose password is TOKEN (the scheme in any case). */
+     * credentials whose password is TOKEN (the scheme in any case).  Wrong credentials are logged
+     * (the address and the request, never what was sent), and from the 5th in a row from one address
+     * that address waits, 1 s doubling up to 60 s: its requests are answered 429 with Retry-After,
+     * right credentials too. */
     const char *token;
     /* Against DNS rebinding: when hosts is not NULL, a request's Host header (if it has one) must
      * name, port aside, one of hosts or allow_hosts, or be an IP address when any_ip is set, else the
@@ -121,7 +135,15 @@ typedef struct http_opts {
 http_server *http_start_opts(const http_addr *a, const http_opts *o, http_handler handler, void *arg, char *why,
                              size_t why_size);
 
-/* http_start_opts with a token, no Host check and no worker threads: every handler answers at once. */
+/* The names a server listening on a answers to, for http_opts.hosts (against DNS rebinding): its
+ * address, and localhost's names when it listens on loopback or on every interface; *any_ip set when
+ * it listens on every interface (then any IP address is this server).  names (NULL-terminated) points
+ * into a, which must outlive it. */
+#define HTTP_NAMES_MAX 5
+void http_listen_names(const http_addr *a, const char *names[HTTP_NAMES_MAX], int *any_ip);
+
+/* http_start_opts with a token, the Host check of http_listen_names and no worker threads: every
+ * handler answers at once. */
 http_server *http_start(const http_addr *a, const char *token, http_handler handler, void *arg, char *why,
                         size_t why_size);
 

@@ -101,7 +101,8 @@ int pgserver_owner(uid_t *uid, gid_t *gid)
 
 void pgserver_redirect(const char *log_path)
 {
-    int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
+    /* O_NOFOLLOW: a symbolic link planted where a log goes is not written through. */
+    int fd = open(log_path ? log_path : "/dev/null", O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0644);
     if (fd >= 0) {
         dup2(fd, 1);
         dup2(fd, 2);
@@ -122,13 +123,14 @@ int pgserver_run(const char *const argv[], const char *log_path, uid_t uid, gid_
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        pgserver_redirect(log_path);
+        /* The account first, then the log: the log is opened with the account's rights, not root's. */
         if (geteuid() == 0 && uid != 0) {
             if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
                 fprintf(stderr, "cannot switch to uid %d: %s\n", (int)uid, strerror(errno));
                 _exit(126);
             }
         }
+        pgserver_redirect(log_path);
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);

@@ -17,11 +17,12 @@ int pgserver_bindir(char *out, size_t size, char *why, size_t why_size);
 int pgserver_owner(uid_t *uid, gid_t *gid);
 
 /* In a child process about to exec: stdin from /dev/null, stdout and stderr appended to log_path
- * (NULL: /dev/null). */
+ * (NULL: /dev/null; a symbolic link there is not followed: the output is then not redirected). */
 void pgserver_redirect(const char *log_path);
 
 /* Runs argv (argv[0] a path) as uid/gid (when the caller is root and they differ from it), with
- * stdin from /dev/null and stdout and stderr appended to log_path (NULL: /dev/null).  Waits for it
+ * stdin from /dev/null and stdout and stderr appended to log_path (NULL: /dev/null), which is opened
+ * as uid, without following a symbolic link.  Waits for it
  * and returns its exit status, 128 + signal, or -1 when it could not be started. */
 int pgserver_run(const char *const argv[], const char *log_path, uid_t uid, gid_t gid);
 

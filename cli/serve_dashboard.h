@@ -70,7 +70,8 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out);
 void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp *out);
 void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out);
 void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out);
-void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out);
+/* /workers: a page of WORKER_ROWS at most (?after_state=&after=: the next page). */
+void serve_page_workers(serve *s, pgjobq_client *c, const http_req *req, http_resp *out);
 
 /* The actions (serve_actions.c). */
 

@@ -221,7 +221,8 @@ static int collect(serve_metrics *m)
                  " FROM pgjobq.monitor_finished($1::timestamptz, $2::timestamptz, $3::float8[])",
                  3, hist_args);
     d.tallies = run(m, "SELECT queue, what, n FROM pgjobq.monitor_tallies($1::timestamptz, $2::timestamptz)", 2, win);
-    workers = run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers()", 0, NULL);
+    workers =
+        run(m, "SELECT id, host, alive::int, jobs FROM pgjobq.monitor_workers() WHERE state <> 'stopped'", 0, NULL);
     health = run(m,
                  "SELECT jobs_bytes, jobs_dead, vacuums, coalesce(horizon_age_s, 0), holder_kind,"
                  " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"
@@ -463,7 +464,8 @@ static char *render(const serve_metrics *m)
     family(&b, "pgjobq_job_duration_seconds", "histogram",
            "From a finished job's last start to its end, since this server started.");
     render_hist(&b, m, "pgjobq_job_duration_seconds", 1);
-    family(&b, "pgjobq_worker_up", "gauge", "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour.");
+    family(&b, "pgjobq_worker_up", "gauge",
+           "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour that did not stop cleanly.");
     for (size_t i = 0; i < m->nw; i++) {
         sb_puts(&b, "pgjobq_worker_up{worker=\"");
         sb_label(&b, m->w[i].id);

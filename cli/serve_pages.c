@@ -10,6 +10,7 @@
 #include "serve_dashboard.h"
 
 #define PAGE_ROWS 50 /* jobs per page */
+#define WORKER_ROWS 100 /* workers per page (20,000 rows of workers made one page of 102 MB) */
 #define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
 #define V(r, i, k) PQgetvalue((r), (i), (k))
 
@@ -28,6 +29,26 @@ static void chart_legend_item(sbuf *b, int x, const char *series, const char *la
               "<g class=\"legend-item\" data-series=\"%s\"><rect class=\"bar-%s\" x=\"%d\" y=\"6\" width=\"12\" "
               "height=\"12\" rx=\"2\"/><text x=\"%d\" y=\"16\">%s</text></g>",
               series, series, x, x + 17, label);
+}
+
+/* The scale's top as few characters as fit the chart's left column: 9999, then 12.3k, 123k, 1.2M,
+ * 123M, 1.2G (a six-digit count was clipped to "00000" at the column's left edge). */
+static const char *scale_text(char *buf, size_t size, int64_t v)
+{
+    static const char units[] = "kMGTPE";
+    double x = (double)v;
+    int u = -1;
+
+    if (v < 10000) {
+        snprintf(buf, size, "%lld", (long long)v);
+        return buf;
+    }
+    while (x >= 999.95 && u < 5) {
+        x /= 1000;
+        u++;
+    }
+    snprintf(buf, size, x < 99.95 ? "%.1f%c" : "%.0f%c", x, units[u]);
+    return buf;
 }
 
 static void chart(sbuf *b, PGresult *r)
@@ -71,8 +92,9 @@ static void chart(sbuf *b, PGresult *r)
                       "<title>%lld failed, %d min ago</title></rect>",
                       x + 1, base - hd - hf, bar - 2, hf, (long long)failed[i], 59 - i);
     }
-    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%lld</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
-              CH_LEFT - 6, CH_TOP + 4, (long long)max, CH_LEFT - 6, base + 4);
+    char top[32];
+    sb_printf(b, "<text class=\"scale\" x=\"%d\" y=\"%d\">%s</text><text class=\"scale\" x=\"%d\" y=\"%d\">0</text>",
+              CH_LEFT - 6, CH_TOP + 4, scale_text(top, sizeof top, max), CH_LEFT - 6, base + 4);
     sb_printf(b,
               "<text x=\"%d\" y=\"%d\">60 min ago</text><text class=\"mid\" x=\"%.1f\" y=\"%d\">30 min ago</text>"
               "<text class=\"end\" x=\"%d\" y=\"%d\">now</text></svg>",
@@ -629,27 +651,36 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
     html_page_end(b);
 }
 
-void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out)
+void serve_page_workers(serve *s, pgjobq_client *c, const http_req *req, http_resp *out)
 {
     sbuf *b = &out->body;
+    const char *after = serve_param(req, "after"), *after_state = serve_param(req, "after_state");
+    char limit[16];
 
-    html_page_begin(s, b, "workers", 10);
+    if (after == NULL || after_state == NULL)
+        after = after_state = NULL; /* a cursor is both, or the first page */
+    snprintf(limit, sizeof limit, "%d", WORKER_ROWS + 1);
+    html_page_begin(s, b, "workers", after ? 0 : 10);
     unhealthy_workers(b, c, out, 1);
     sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");
-    PGresult *r = serve_query(c, out,
-                        "SELECT w.id, w.alive::int, w.host, w.pid, w.queues, w.jobs, " TS("w.started_at") ","
-                        " round(extract(epoch FROM now() - w.last_seen))::bigint, w.version"
-                        " FROM pgjobq.monitor_workers() w ORDER BY 2 DESC, 1",
-                        0, NULL);
+    const char *values[3] = {after_state, after, limit};
+    PGresult *r = serve_query(
+        c, out,
+        "SELECT w.id, w.state, w.host, w.pid, w.queues, w.jobs, " TS(
+            "w.started_at") ","
+                            " round(extract(epoch FROM now() - coalesce(w.stopped_at, w.last_seen)))::bigint,"
+                            " w.version FROM pgjobq.monitor_workers($1, $2, $3::int) w",
+        3, values);
     if (r) {
-        for (int i = 0; i < PQntuples(r); i++) {
-            int alive = atoi(V(r, i, 1));
+        int n = PQntuples(r);
+        for (int i = 0; i < n && i < WORKER_ROWS; i++) {
+            const char *state = V(r, i, 1);
             html_tr(b, "worker", V(r, i, 0));
             html_td(b, NULL, V(r, i, 0));
             sb_puts(b, "<td>");
-            html_state_badge(b, alive ? "running" : "gone");
+            html_state_badge(b, state);
             sb_puts(b, "</td>");
             html_td(b, NULL, V(r, i, 2));
             html_td(b, "n", V(r, i, 3));
@@ -657,16 +688,29 @@ void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out)
             html_td_link(b, "n", "/jobs?state=running&amp;worker=", V(r, i, 0), V(r, i, 5));
             html_td(b, NULL, V(r, i, 6));
             sb_puts(b, "<td>");
+            if (strcmp(state, "stopped") == 0)
+                sb_puts(b, "stopped ");
             sb_html(b, V(r, i, 7));
             sb_puts(b, " s ago</td>");
             html_td(b, NULL, V(r, i, 8));
             sb_puts(b, "</tr>");
         }
-        if (PQntuples(r) == 0)
+        if (n == 0)
             sb_puts(b, "<tr><td colspan=\"9\" class=\"muted\">No worker seen in the last hour.</td></tr>");
+        sb_puts(b, "</tbody></table>");
+        if (n > WORKER_ROWS) {
+            /* Keyset pagination, as /jobs: the next page starts after the last worker shown. */
+            sb_puts(b, "<p><a id=\"next\" href=\"/workers?after_state=");
+            sb_url(b, V(r, WORKER_ROWS - 1, 1));
+            sb_puts(b, "&amp;after=");
+            sb_url(b, V(r, WORKER_ROWS - 1, 0));
+            sb_puts(b, "\">More workers &rarr;</a></p>");
+        }
         PQclear(r);
+    } else {
+        sb_puts(b, "</tbody></table>");
     }
-    sb_puts(b, "</tbody></table><p class=\"muted\">A worker records itself every 5 seconds; one not seen for 15 "
-               "seconds is shown as gone.</p>");
+    sb_puts(b, "<p class=\"muted\">A worker records itself every 5 seconds; one not seen for 15 seconds is shown "
+               "as gone, one that stopped cleanly as stopped (for an hour).</p>");
     html_page_end(b);
 }

@@ -71,10 +71,14 @@ int work_metrics_start(work_metrics *m, const cli_cmd *cmd, const char *listen, 
         token = NULL;
     if (http_addr_parse(listen, &addr, why, sizeof why) != 0)
         return cli_usage_error(cmd, "--metrics-listen: %s", why);
-    if (!addr.loopback && (token == NULL || strlen(token) < 16)) {
+    if (!addr.loopback && token == NULL) {
         cli_err("--metrics-listen %s is not a loopback address: set $PGJOBQ_SERVE_TOKEN (16+ characters) to "
                 "require it as credentials, or listen on 127.0.0.1",
                 listen);
+        return EX_USAGE;
+    }
+    if (token && http_token_check(token, why, sizeof why) != 0) {
+        cli_err("--metrics-listen: $PGJOBQ_SERVE_TOKEN: %s", why);
         return EX_USAGE;
     }
     if ((m->http = http_start(&addr, token, worker_metrics, m, why, sizeof why)) == NULL) {

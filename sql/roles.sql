@@ -170,7 +170,7 @@ GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_l
 GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
-    pgjobq.monitor_workers(), pgjobq.monitor_unhealthy_workers(),
+    pgjobq.monitor_workers(text, text, integer), pgjobq.monitor_unhealthy_workers(),
     pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
     pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),

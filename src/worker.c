@@ -1718,13 +1718,14 @@ static int draw_secret(pgjobq_worker *w)
 /* Everything has returned or given up: write what is left (best effort), then free it all. */
 static void finish(pgjobq_worker *w)
 {
-    /* A clean stop leaves pgjobq.workers at once (a crashed worker ages out of it). */
+    /* A clean stop says so in pgjobq.workers at once: stopped, not alive (a crashed worker ages out). */
     pgjobq__aconn *wc = &w->conn[PGJOBQ__C_WRITE];
     if (wc->state == PGJOBQ__AC_READY && !wc->busy && wc->pg && !w->fatal) {
         const char *values[2] = {w->worker_id, w->secret_s};
         PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1, $2)", 2, NULL, values, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK)
-            wlog(w, PGJOBQ_LOG_DEBUG, "could not remove this worker from pgjobq.workers: %s", PQresultErrorMessage(r));
+            wlog(w, PGJOBQ_LOG_DEBUG, "could not record this worker as stopped in pgjobq.workers: %s",
+                 PQresultErrorMessage(r));
         PQclear(r);
     }
     for (int k = 0; k < PGJOBQ__W_KINDS; k++) {

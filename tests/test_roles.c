@@ -672,9 +672,11 @@ TEST(roles_a_worker_cannot_beat_over_or_remove_another_live_workers_row)
     CHECK_STR(raw_as(adm, "SELECT secret_hash FROM pgjobq.workers"), "42501");
     CHECK_STR(raw_as(mon, "SELECT id, host, pid, version, queues, started_at, last_seen FROM pgjobq.workers"), "");
     CHECK_INT(t_int(pg, "SELECT (secret_hash = sha256(int8send(111)))::int FROM pgjobq.workers WHERE id = 'a'"), 1);
-    /* Its own goodbye removes it; an unknown id is no error. */
+    /* Its own goodbye marks it stopped (no longer alive: schema 19); an unknown id is no error. */
     CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('a', 111)"), "");
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'a'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'a' AND stopped_at IS NULL"), 0);
+    CHECK_STR(raw_as(mon, "SELECT 1 FROM pgjobq.monitor_workers() WHERE id = 'a' AND state = 'stopped'"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_workers() WHERE id = 'a' AND state = 'stopped'"), 1);
     CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_gone('a', 222)"), "");
 
     /* A row unseen for three beats (15 s) is taken over, and its old owner is refused. */
@@ -687,13 +689,17 @@ TEST(roles_a_worker_cannot_beat_over_or_remove_another_live_workers_row)
     /* A stale row may be removed by anyone who may beat. */
     PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '16 seconds' WHERE id = 'b'"));
     CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_gone('b', 111)"), "");
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'b'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'b' AND stopped_at IS NULL"), 0);
 
     /* The admin removes a live row (it cannot beat over it: the duplicate would be the same mistake). */
     CHECK_STR(raw_as(wrk, "SELECT pgjobq.worker_beat('c', 'h1', 1, 'v', 'q:1', 111)"), "");
     CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_beat('c', 'h3', 3, 'v', 'q:1', 333)"), "55006");
     CHECK_STR(raw_as(adm, "SELECT pgjobq.worker_gone('c', NULL)"), "");
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'c'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'c' AND stopped_at IS NULL"), 0);
+    /* A stopped row is taken over at once, by any secret: a new start. */
+    CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('c', 'h2', 2, 'v', 'q:1', 222)"), "");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'c' AND host = 'h2' AND stopped_at IS NULL"),
+              1);
 
     /* A row of a library before schema 11 has no secret: a worker of this one takes it over. */
     CHECK_STR(raw_as(wrk2, "SELECT pgjobq.worker_beat('d', 'old', 4, 'v', 'q:1')"), "");
@@ -752,7 +758,8 @@ TEST_FULL(roles_a_second_worker_with_the_same_id_is_refused_and_a_dead_ones_id_i
     row_wait done = {pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rq' AND worker_id = 'dup'"};
     CHECK_MSG(t_wait_until(row_there, &done, 20000), "the first worker ran nothing:\n%s", a.log);
     CHECK_INT(role_worker_stop(&a), PGJOBQ_OK);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'dup' AND stopped_at IS NULL"), 0);
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.workers WHERE id = 'dup'"));
 
     /* A worker that died under the id 10 s ago (its row, with another secret, still looks alive): the
      * next one waits about 5 s for it to go stale, then takes the id over and works. */

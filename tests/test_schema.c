@@ -399,7 +399,7 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1', NULL)"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers()"), 0);
     PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('old-worker')"));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE stopped_at IS NULL"), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '24 hours' AND failed = '7 days'"), 1);
     PQclear(t_exec(pg, "SELECT pgjobq.prune('24 hours', '7 days', 1000)"));
     /* Due as before: the job of 4713 BC (now 1900) and the plain one; not those of 99999 and in an hour. */
@@ -789,6 +789,14 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
                     " AND cancel_told_at >= cancel_requested_at",
                     (long long)id),
               1);
+    /* Schema 19: a worker that stops cleanly stays listed, as stopped, and the list pages. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w17', 'host', 17, 'v', 'q:1', 17)"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('w17', 17)"));
+    char *state = t_str(pg, "SELECT state FROM pgjobq.monitor_workers() WHERE id = 'w17'");
+    CHECK_STR(state, "stopped");
+    free(state);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_workers('running', 'zz', 10) WHERE id = 'w17'"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_workers('stopped', 'w17', 10) WHERE id = 'w17'"), 0);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

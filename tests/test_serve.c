@@ -666,7 +666,7 @@ static void stop_worker(void)
     }
 }
 
-TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
+TEST_FULL(work_metrics_listen_serves_the_worker_counters_to_its_own_names, 90, 0)
 {
     pgjobq_client *c = t_client();
     const char *log = t_log_path("worker");
@@ -700,6 +700,21 @@ TEST_FULL(work_metrics_listen_serves_the_worker_counters, 90, 0)
     CHECK(metric(body, "pgjobq_worker_running") == 0);
     free(body);
     CHECK_INT(http(port, "GET", "/nothing", NULL, NULL, &body), 404);
+    free(body);
+    /* Against DNS rebinding, as `pgjobq serve` (issue 36, point 6): a page of another site whose name
+     * resolves to the worker's address reads nothing; its address and localhost's names answer, and
+     * /healthz answers whatever the name. */
+    char host[64];
+    CHECK_INT(http_host(port, "rebind.attacker.example", "GET", "/metrics", NULL, NULL, &body), 421);
+    CHECK(strstr(body, "pgjobq_worker") == NULL);
+    free(body);
+    snprintf(host, sizeof host, "rebind.attacker.example:%d", port);
+    CHECK_INT(http_host(port, host, "GET", "/metrics", NULL, NULL, &body), 421);
+    free(body);
+    snprintf(host, sizeof host, "localhost:%d", port);
+    CHECK_INT(http_host(port, host, "GET", "/metrics", NULL, NULL, &body), 200);
+    free(body);
+    CHECK_INT(http_host(port, "rebind.attacker.example", "GET", "/healthz", NULL, NULL, &body), 200);
     free(body);
     stop_worker();
     pgjobq_client_close(c);
@@ -748,6 +763,156 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     CHECK(strstr(body, "<tr data-id=\"10\">") != NULL && strstr(body, "<tr data-id=\"1\">") != NULL);
     CHECK(strstr(body, "id=\"older\"") == NULL);
     free(body);
+    PQfinish(pg);
+}
+
+/* /metrics labels carry no control character (issue 36, point 6: CR, ESC and C1 from a worker id
+ * reached the exposition as they were): the format escapes backslash, quote and newline; the rest,
+ * and bytes that are not UTF-8, are written as the text \xNN (\u00NN), and promtool accepts it. */
+TEST_FULL(serve_metrics_labels_carry_no_control_character, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL;
+
+    /* CR, ESC (a colour), C1's CSI, a tab, DEL, a backslash and a quote in the id; a byte that is
+     * not UTF-8 cannot be in a text column, so the host holds the rest. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat(E'w\\r\\x1b[31m\\u009b2J\\x01\\t\\x7f\\\\\"q', E'h\\u0085x', 1, 'v',"
+                       " 'mq:1', 1)"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    wait_metric(s->port,
+                "pgjobq_worker_up{worker=\"w\\\\x0d\\\\x1b[31m\\\\u009b2J\\\\x01\\\\x09\\\\x7f\\\\\\\"q\","
+                "host=\"h\\\\u0085x\"}",
+                1);
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    for (const unsigned char *p = (const unsigned char *)body; *p; p++) {
+        CHECK_MSG((*p >= 0x20 && *p != 0x7f) || *p == '\n', "a control character (0x%02x) in /metrics at: %.60s", *p,
+                  (const char *)p);
+        CHECK_MSG(!(p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f), "a C1 control character in /metrics at: %.60s",
+                  (const char *)p);
+    }
+    promtool_check(body);
+    free(body);
+    PQfinish(pg);
+}
+
+/* A request with hundreds of query arguments is answered, 414 (issue 36, point 6: libmicrohttpd
+ * 0.9.75 answered none with 463 or more: each takes room in the connection's memory pool); one with a
+ * few dozen is served as before, and so is the next request on the server. */
+TEST_FULL(serve_answers_a_request_with_too_many_query_arguments, 60, 0)
+{
+    char *body = NULL, path[3900];
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    static const int counts[] = {470, 1500};
+
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        size_t n = (size_t)snprintf(path, sizeof path, "/jobs?state=queued");
+        for (int k = 0; k < counts[i]; k++) {
+            n += (size_t)snprintf(path + n, sizeof path - n, i == 0 ? "&k%d=v" : "&a", k);
+            CHECK(n < sizeof path);
+        }
+        CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 414);
+        CHECK_MSG(strstr(body, "too many query arguments") != NULL, "%s", body);
+        free(body);
+    }
+    size_t n = (size_t)snprintf(path, sizeof path, "/jobs?state=queued");
+    for (int k = 0; k < 60; k++)
+        n += (size_t)snprintf(path + n, sizeof path - n, "&x%d=1", k);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK(strstr(body, "<table id=\"jobs\">") != NULL);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs?state=queued", NULL, NULL, &body), 200);
+    free(body);
+}
+
+/* The href of the link with this id on a page, with &amp; read as &, into path; 0 when absent. */
+static int link_of(const char *body, const char *id, char *path, size_t size)
+{
+    char key[64];
+    snprintf(key, sizeof key, "id=\"%s\" href=\"", id);
+    const char *p = strstr(body, key);
+    if (p == NULL)
+        return 0;
+    p += strlen(key);
+    size_t n = strcspn(p, "\""), k = 0;
+    for (size_t i = 0; i < n && k + 1 < size; i++) {
+        if (strncmp(p + i, "&amp;", 5) == 0) {
+            path[k++] = '&';
+            i += 4;
+        } else {
+            path[k++] = p[i];
+        }
+    }
+    path[k] = '\0';
+    return 1;
+}
+
+/* /workers pages (issue 36, point 6: 20,000 rows of workers made one page of 102 MB, and 8 of them
+ * at once took the server to 1.45 GB): 100 workers a page, running first, then stopped, then gone,
+ * and a link to the next; every worker is on exactly one page.  A worker that stopped cleanly is
+ * listed as stopped (issue 37: the page said "No worker seen in the last hour" right after a clean
+ * stop). */
+TEST_FULL(serve_workers_page_pages_and_lists_stopped_workers, 120, 0)
+{
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("worker");
+    char *body = NULL, path[256];
+
+    /* A real worker, stopped cleanly. */
+    worker_pid =
+        t_spawn(log, NULL, "work", "--queue", "mq:1", "--exec", "/bin/true", "--worker-id", "clean-stop", NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'clean-stop'") == 0) {
+        if (t_now_ms() - t0 > 20000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the worker never beat");
+        }
+        usleep(50000);
+    }
+    pid_t pid = worker_pid;
+    worker_pid = 0;
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 20000), 0);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/workers", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "No worker seen") == NULL, "/workers after a clean stop: %s", body);
+    const char *row = strstr(body, "<tr data-worker=\"clean-stop\">");
+    CHECK_MSG(row != NULL && strstr(row, "s-stopped\">stopped<") != NULL, "/workers: %s", body);
+    free(body);
+
+    /* 250 more, seen a minute ago (gone: their state cannot change while the pages are read), each
+     * with a long list of queues, and one running. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w' || lpad(i::text, 3, '0'), 'h', i, 'v', repeat('q', 3000) || ':1',"
+                       " i) FROM generate_series(1, 251) i"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '1 minute' WHERE id <> 'w251'"
+                       " AND id <> 'clean-stop'"));
+    int seen[252] = {0}, pages = 0, total = 0;
+    snprintf(path, sizeof path, "/workers");
+    for (;;) {
+        CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+        pages++;
+        int rows = count_of(body, "<tr data-worker=");
+        CHECK_MSG(rows <= 100, "page %d of /workers has %d rows", pages, rows);
+        CHECK_MSG(strlen(body) < 2000000, "page %d of /workers is %zu bytes", pages, strlen(body));
+        for (const char *p = strstr(body, "<tr data-worker=\""); p; p = strstr(p + 1, "<tr data-worker=\"")) {
+            const char *id = p + strlen("<tr data-worker=\"");
+            int k = strncmp(id, "clean-stop\"", 11) == 0 ? 0 : id[0] == 'w' ? atoi(id + 1) : -1;
+            CHECK_MSG(k >= 0 && k <= 251, "an unknown worker on page %d: %.20s", pages, id);
+            CHECK_MSG(seen[k] == 0, "worker %d on two pages", k);
+            /* The order: running (w251), stopped (clean-stop), gone (w001...). */
+            CHECK_MSG(total != 0 || k == 251, "the first row is worker %d, not the running one", k);
+            CHECK_MSG(total != 1 || k == 0, "the second row is worker %d, not the stopped one", k);
+            seen[k] = 1;
+            total++;
+        }
+        int more = link_of(body, "next", path, sizeof path);
+        free(body);
+        if (!more)
+            break;
+        CHECK_MSG(pages < 10, "/workers never ends");
+    }
+    CHECK_INT(pages, 3);
+    CHECK_INT(total, 252);
     PQfinish(pg);
 }
 
@@ -1271,6 +1436,11 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
         snprintf(h, sizeof h, "Authorization: %s\r\n", bad[i]);
         CHECK_MSG(http(s->port, "GET", "/metrics", h, NULL, &body) == 401, "accepted: %s", bad[i]);
         free(body);
+        /* The right token between them: no wait after 5 wrong ones in a row. */
+        CHECK_INT(http(s->port, "GET", "/healthz", "Authorization: Bearer " TOKEN "\r\n", NULL, &body), 200);
+        free(body);
+        CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &body), 200);
+        free(body);
     }
     /* HEAD is GET without the body, for every path: /healthz without credentials, the others with. */
     CHECK_INT(http(s->port, "HEAD", "/healthz", NULL, NULL, &body), 200);
@@ -1287,6 +1457,129 @@ TEST_FULL(serve_auth_scheme_in_any_case_and_head_as_get, 60, 0)
     CHECK_INT(http(s->port, "HEAD", "/metrics", "Authorization: bearer " TOKEN "\r\n", NULL, &body), 200);
     CHECK_STR(body, "");
     free(body);
+}
+
+static int count_in_log(const char *path, const char *text)
+{
+    char *log = slurp(path);
+    int n = count_of(log, text);
+    free(log);
+    return n;
+}
+
+/* Failed logins (issue 36, point 6: never logged, and no backoff): each is logged with the client's
+ * address and the request, never with what it sent; from the 5th wrong one in a row the address
+ * waits (429 with Retry-After), the right token too, 1 s doubling up to 60 s; once the wait is
+ * over the right token works and the count starts again.  A request without credentials (a
+ * browser's first, before it asks for them) is no failure. */
+TEST_FULL(serve_logs_failed_logins_and_makes_an_address_wait, 90, 0)
+{
+    static const char wrong[] = "Authorization: Bearer guessed-secret-4242424242\r\n";
+    static const char right[] = "Authorization: Bearer " TOKEN "\r\n";
+    char *body = NULL, after[16];
+
+    served *s = serve_start(NULL, "--auth-file", token_file(), NULL);
+    for (int i = 0; i < 8; i++) {
+        CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(count_in_log(s->log, "refused the credentials"), 0);
+    for (int i = 1; i <= 5; i++) {
+        CHECK_INT(http(s->port, "GET", "/jobs", wrong, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(count_in_log(s->log, "refused the credentials of GET /jobs from 127.0.0.1"), 5);
+    CHECK_INT(count_in_log(s->log, "(4 wrong in a row)\n"), 1);
+    CHECK_INT(count_in_log(s->log, "(5 wrong in a row): its requests are refused for 1 s"), 1);
+    CHECK_INT(count_in_log(s->log, "guessed-secret"), 0);
+    /* Waiting: refused without a look at the credentials, right ones included. */
+    CHECK_INT(http(s->port, "GET", "/jobs", wrong, NULL, &body), 429);
+    CHECK(atoi(header_of("Retry-After", after, sizeof after)) >= 1);
+    free(body);
+    int status = http(s->port, "GET", "/metrics", right, NULL, &body);
+    free(body);
+    CHECK_MSG(status == 429 || status == 200, "the right token while waiting: %d", status);
+    CHECK_INT(http(s->port, "GET", "/healthz", NULL, NULL, &body), 200);
+    free(body);
+    /* The wait ends; the right token works and the count starts again. */
+    int64_t t0 = t_now_ms();
+    while ((status = http(s->port, "GET", "/metrics", right, NULL, &body)) == 429) {
+        free(body);
+        CHECK_MSG(t_now_ms() - t0 < 10000, "still waiting after 10 s");
+        usleep(100000);
+    }
+    free(body);
+    CHECK_INT(status, 200);
+    for (int i = 1; i <= 4; i++) {
+        CHECK_INT(http(s->port, "GET", "/", wrong, NULL, &body), 401);
+        free(body);
+    }
+    CHECK_INT(http(s->port, "GET", "/metrics", right, NULL, &body), 200);
+    free(body);
+    CHECK_INT(count_in_log(s->log, "guessed-secret"), 0);
+}
+
+/* A token file with mode, holding text; returns its path (static). */
+static const char *token_file_of(const char *text, mode_t mode)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/token-%o", t_tmpdir(), (unsigned)mode);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%s\n", text);
+    fclose(f);
+    CHECK(chmod(path, mode) == 0);
+    return path;
+}
+
+/* A weak token is refused, from --auth-file or $PGJOBQ_SERVE_TOKEN, by serve and by the worker's
+ * --metrics-listen (issue 36, point 6: "aaaaaaaaaaaaaaaa" was accepted silently); a random one is
+ * taken.  A token file other users may read is taken with a warning, not refused: Kubernetes and
+ * Docker mount secrets 0644 and 0444 into containers. */
+TEST_FULL(serve_refuses_a_weak_token_and_warns_of_a_readable_token_file, 90, 0)
+{
+    static const char *const weak[] = {"aaaaaaaaaaaaaaaa", "abababababababab", "0123456789abcdef",
+                                       "changemechangeme", "aaaaaaaabbbbbbbb", "short-token"};
+    char env[128], *out = NULL, *err = NULL;
+
+    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++) {
+        const char *path = token_file_of(weak[i], 0600);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "127.0.0.1:0", "--auth-file", path, NULL), 64);
+        CHECK_MSG(strstr(err, "too weak") || strstr(err, "at least 16"), "%s: %s", weak[i], err);
+        CHECK_MSG(strstr(err, weak[i]) == NULL, "the token is in the message: %s", err);
+        free(out);
+        free(err);
+        setenv("PGJOBQ_SERVE_TOKEN", weak[i], 1);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "serve", "--listen", "127.0.0.1:0", NULL), 64);
+        CHECK_MSG(strstr(err, "PGJOBQ_SERVE_TOKEN"), "%s", err);
+        free(out);
+        free(err);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--queue", "wq:1", "--exec", "/bin/true", "--metrics-listen",
+                        "127.0.0.1:0", NULL),
+                  64);
+        CHECK_MSG(strstr(err, "--metrics-listen") && strstr(err, "PGJOBQ_SERVE_TOKEN"), "%s", err);
+        free(out);
+        free(err);
+        unsetenv("PGJOBQ_SERVE_TOKEN");
+    }
+    /* A random token in a file others may read: taken, with a warning; in a private file, without. */
+    served *s = serve_start(NULL, "--auth-file", token_file_of(TOKEN, 0644), NULL);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &out), 200);
+    free(out);
+    char *log = slurp(s->log);
+    CHECK_MSG(strstr(log, "warning: ") && strstr(log, "is readable by other users (mode 0644)") &&
+                  strstr(log, "chmod 600"),
+              "no warning: %s", log);
+    CHECK_MSG(strstr(log, TOKEN) == NULL, "the token is in the log: %s", log);
+    free(log);
+    s = serve_start(NULL, "--auth-file", token_file_of(TOKEN, 0600), NULL);
+    log = slurp(s->log);
+    CHECK_MSG(strstr(log, "warning") == NULL, "a warning for a private file: %s", log);
+    free(log);
+    snprintf(env, sizeof env, "PGJOBQ_SERVE_TOKEN=%s", TOKEN);
+    s = serve_start(env, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/metrics", "Authorization: Bearer " TOKEN "\r\n", NULL, &out), 200);
+    free(out);
 }
 
 TEST_FULL(serve_action_messages_come_from_the_request_only, 60, 0)
@@ -1688,6 +1981,11 @@ static const char measure_chart[] =
     "   + Math.round(r.width) + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : 'outside'));"
     "  out.push(k + '-bar=' + fill(svg.querySelector(':scope > rect.bar-' + k)));"
     " });"
+    " Array.prototype.forEach.call(svg.querySelectorAll('text.scale'), function (t, i) {"
+    "  var r = t.getBoundingClientRect();"
+    "  out.push('scale' + i + '=' + t.textContent + ',' + (r.left >= box.left && r.right <= box.right ? 'inside' : "
+    "'outside'));"
+    " });"
     " var o = document.createElement('output'); o.id = 'measured'; o.textContent = ' ' + out.join(' ') + ' ';"
     " document.body.appendChild(o);"
     "});</script>";
@@ -1710,32 +2008,17 @@ static const char *measured(const char *dom, const char *name, char *buf, size_t
     return buf;
 }
 
-/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
- * 60% of the panel at 1280), and a legend names each series in its bars' colour.  The pages allow no
- * script (Content-Security-Policy), so the test measures a copy of the overview served from another
- * port with a measuring script added: the same HTML, with <base> pointing at the server, so that the
- * server's own stylesheet lays it out. */
-TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+/* The overview of the server on port, copied and served from another port with measure_chart added
+ * (the pages allow no script: Content-Security-Policy): the same HTML, with <base> pointing at the
+ * server so that its own stylesheet lays it out, and no refresh.  Returns the copy's URL (static). */
+static const char *measured_overview(int port)
 {
-    pgjobq_client *c = t_client();
-    pgjobq_job *jobs = NULL;
-    size_t n = 0;
-    char *body = NULL, url[600], v[128];
+    static char url[64];
+    char *body = NULL, base[100];
 
-    put(c, "mail", "{}");
-    put(c, "mail", "{}");
-    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
-    CHECK_INT((long long)n, 2);
-    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
-    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
-    pgjobq_jobs_free(jobs);
-    served *s = serve_start(NULL, NULL, NULL, NULL);
-    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_INT(http(port, "GET", "/", NULL, NULL, &body), 200);
     CHECK_MSG(strstr(body, "<svg id=\"throughput\"") != NULL, "no chart: %s", body);
-
-    /* The copy: <base> after <head>, no refresh, the script before </body>. */
-    char base[100];
-    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", s->port);
+    snprintf(base, sizeof base, "<base href=\"http://127.0.0.1:%d/\">", port);
     char *head = strstr(body, "<head>"), *refresh = strstr(body, "<meta http-equiv=\"refresh\""),
          *end = strstr(body, "</body>");
     CHECK(head != NULL && refresh != NULL && end != NULL && head < refresh && refresh < end);
@@ -1748,6 +2031,30 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
              (int)(end - refresh_end), refresh_end, measure_chart, end);
     int page = serve_page(copy);
     snprintf(url, sizeof url, "http://127.0.0.1:%d/", page);
+    free(copy);
+    free(body);
+    return url;
+}
+
+/* The overview's chart fills its panel at any window width (it used to be a fixed 748 pixels, about
+ * 60% of the panel at 1280), and a legend names each series in its bars' colour, measured in a copy
+ * of the overview (measured_overview). */
+TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char url[600], v[128];
+
+    put(c, "mail", "{}");
+    put(c, "mail", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "mail", 2, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, jobs[1].id, jobs[1].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    snprintf(url, sizeof url, "%s", measured_overview(s->port));
 
     static const int widths[] = {1280, 900};
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
@@ -1778,9 +2085,29 @@ TEST_FULL(serve_chart_fills_its_panel_and_names_its_series, 150, 0)
         CHECK_MSG(strcmp(bar[0], bar[1]) != 0, "the series share a colour: %s", bar[0]);
         free(dom);
     }
-    free(copy);
-    free(body);
     pgjobq_client_close(c);
+}
+
+/* The chart's scale shows its top within the chart (issue 37: a six-digit count a minute was clipped
+ * to "00000" at its left edge): 123,456 jobs a minute read 123k, inside the chart's box. */
+TEST_FULL(serve_chart_scale_is_not_clipped, 120, 0)
+{
+    PGconn *pg = t_pg();
+    char v[128];
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.tallies (queue, what, n) VALUES ('mail', 'completed', 123456)"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    const char *url = measured_overview(s->port);
+    static const int widths[] = {1280, 700};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        char *dom = chromium_width(url, widths[i]);
+        measured(dom, "scale0", v, sizeof v);
+        printf("window %d: scale0=%s\n", widths[i], v);
+        CHECK_MSG(strcmp(v, "123k,inside") == 0, "window %d: the scale's top is '%s'", widths[i], v);
+        CHECK_STR(measured(dom, "scale1", v, sizeof v), "0,inside");
+        free(dom);
+    }
+    PQfinish(pg);
 }
 
 /* /jobs has a run-at column (issue 24): when each job is due relative to now, its absolute time (UTC)

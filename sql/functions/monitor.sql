@@ -17,7 +17,8 @@ AS $$
 $$;
 
 -- The registry of live workers, pgjobq.workers: each worker process says it is alive every 5 seconds
--- (worker_beat), and leaves on a clean stop (worker_gone); `pgjobq serve` shows it.  A row belongs to
+-- (worker_beat), and says so on a clean stop (worker_gone: its row stays, as stopped, until a worker
+-- of that id starts again or it is a day old); `pgjobq serve` shows it.  A row belongs to
 -- the worker that wrote it: the worker draws a random 64-bit secret at start, never shows it, and
 -- passes it with every beat and with its goodbye; the row keeps its SHA-256.  A beat or a goodbye
 -- with another secret is refused while the row is live (seen in the last 15 seconds: three beats,
@@ -32,10 +33,11 @@ $$;
 
 -- worker_beat(id, host, pid, version, queues, secret, unhealthy): the worker `id` (serving queues
 -- "name:concurrency,...") is alive now; started_at is its first beat (or the first since its pid or
--- its secret changed).  unhealthy: why it claims nothing (NULL while it claims; schema 18), kept with
--- since when (unhealthy_since, from the first beat that said so).  55006 (object_in_use) when the id
--- is another live worker's.  Also forgets workers unseen for a day and tallies older than a day (one
--- caller at a time does that).
+-- its secret changed, or since it stopped).  The row of a worker that stopped cleanly is taken over
+-- at once.  unhealthy: why it claims nothing (NULL while it claims; schema 18), kept with since when
+-- (unhealthy_since, from the first beat that said so).  55006 (object_in_use) when the id is another
+-- live worker's.  Also forgets workers unseen for a day and tallies older than a day (one caller at a
+-- time does that).
 CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text,
                                               secret bigint DEFAULT NULL, unhealthy text DEFAULT NULL)
 RETURNS void
@@ -55,13 +57,14 @@ BEGIN
        SET host = excluded.host, pid = excluded.pid, version = excluded.version, queues = excluded.queues,
            started_at = CASE WHEN w.pid = excluded.pid AND w.host = excluded.host
                                   AND w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash
+                                  AND w.stopped_at IS NULL
                              THEN w.started_at ELSE now() END,
-           last_seen = now(), secret_hash = excluded.secret_hash, unhealthy = excluded.unhealthy,
+           last_seen = now(), secret_hash = excluded.secret_hash, stopped_at = NULL, unhealthy = excluded.unhealthy,
            unhealthy_since = CASE WHEN excluded.unhealthy IS NULL THEN NULL
                                   WHEN w.unhealthy IS NOT NULL AND w.pid = excluded.pid AND w.host = excluded.host
                                   THEN w.unhealthy_since ELSE now() END
      WHERE w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash OR w.secret_hash IS NULL
-        OR w.last_seen <= now() - interval '15 seconds';
+        OR w.last_seen <= now() - interval '15 seconds' OR w.stopped_at IS NOT NULL;
     IF NOT FOUND THEN
         SELECT * INTO v_row FROM pgjobq.workers w WHERE w.id = left(worker_beat.id, 255);
         RAISE EXCEPTION 'worker id % is in use by a live worker (on host %, pid %, seen %s ago)', v_row.id,
@@ -77,17 +80,19 @@ BEGIN
 END
 $$;
 
--- worker_gone(id, secret): the worker stopped cleanly.  42501 when the row is another live worker's
--- (and the caller not an admin); nothing when there is no row.
+-- worker_gone(id, secret): the worker stopped cleanly: its row says when (stopped_at), and is no
+-- longer alive.  42501 when the row is another live worker's (and the caller not an admin); nothing
+-- when there is no row, or it stopped already.
 CREATE OR REPLACE FUNCTION pgjobq.worker_gone(id text, secret bigint DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM pgjobq.workers w
+    UPDATE pgjobq.workers w SET stopped_at = coalesce(w.stopped_at, now())
      WHERE w.id = worker_gone.id
        AND (w.secret_hash IS NOT DISTINCT FROM sha256(int8send(worker_gone.secret)) OR w.secret_hash IS NULL
-            OR w.last_seen <= now() - interval '15 seconds' OR pgjobq.caller_is_admin());
+            OR w.last_seen <= now() - interval '15 seconds' OR w.stopped_at IS NOT NULL
+            OR pgjobq.caller_is_admin());
     IF NOT FOUND AND EXISTS (SELECT 1 FROM pgjobq.workers w WHERE w.id = worker_gone.id) THEN
         RAISE EXCEPTION 'worker id % belongs to another live worker: only it, or pgjobq_admin, may remove it',
             worker_gone.id USING ERRCODE = 'insufficient_privilege';
@@ -354,23 +359,34 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
 $$;
 
--- monitor_workers(): the workers seen in the last hour, by id: alive when seen in the last 15 seconds
--- (three beats), and the jobs each runs now (leased_now()).  Not their secret.
-CREATE OR REPLACE FUNCTION pgjobq.monitor_workers()
+-- monitor_workers(after_state, after_id, max_rows): the workers seen in the last hour: state 'running'
+-- when seen in the last 15 seconds (three beats) and not stopped, 'stopped' when it stopped cleanly
+-- (stopped_at), else 'gone'; and the jobs each runs now (leased_now()).  Not their secret.  In pages:
+-- running first, then stopped, then gone, each by id; after_state and after_id (both, or neither) are
+-- the last row of the page before, max_rows the size of a page (NULL: every row).
+CREATE OR REPLACE FUNCTION pgjobq.monitor_workers(after_state text DEFAULT NULL, after_id text DEFAULT NULL,
+                                                  max_rows integer DEFAULT NULL)
 RETURNS TABLE (id text, host text, pid integer, queues text, version text, started_at timestamptz,
-               last_seen timestamptz, alive boolean, jobs bigint)
+               last_seen timestamptz, alive boolean, jobs bigint, stopped_at timestamptz, state text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT w.id, w.host, w.pid, w.queues, w.version, w.started_at, w.last_seen,
-           w.last_seen > now() - interval '15 seconds', coalesce(r.n, 0)
-      FROM pgjobq.workers w
+    SELECT w.id, w.host, w.pid, w.queues, w.version, w.started_at, w.last_seen, w.state = 'running',
+           coalesce(r.n, 0), w.stopped_at, w.state
+      FROM (SELECT w.*, CASE WHEN w.stopped_at IS NOT NULL THEN 'stopped'
+                             WHEN w.last_seen > now() - interval '15 seconds' THEN 'running'
+                             ELSE 'gone' END AS state
+              FROM pgjobq.workers w WHERE w.last_seen > now() - interval '1 hour') w
       LEFT JOIN (SELECT r.worker_id AS id, count(*) AS n FROM pgjobq.leased_now() r GROUP BY 1) r ON r.id = w.id
-     WHERE w.last_seen > now() - interval '1 hour'
-     ORDER BY 1
+     WHERE monitor_workers.after_id IS NULL
+        OR (array_position(ARRAY['running', 'stopped', 'gone'], w.state), w.id)
+           > (coalesce(array_position(ARRAY['running', 'stopped', 'gone'], monitor_workers.after_state), 0),
+              monitor_workers.after_id)
+     ORDER BY array_position(ARRAY['running', 'stopped', 'gone'], w.state), w.id
+     LIMIT monitor_workers.max_rows
 $$;
 
--- monitor_unhealthy_workers(): the live workers (seen in the last 15 seconds) that claim nothing because
+-- monitor_unhealthy_workers(): the live workers (seen in the last 15 seconds, not stopped) that claim nothing because
 -- they cannot run jobs (pgjobq_worker_set_unhealthy: a coprocess that cannot start), with why and since
 -- when, oldest first.  `pgjobq health` and the dashboard show them.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_unhealthy_workers()
@@ -380,7 +396,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT w.id, w.host, w.pid, w.queues, w.unhealthy, w.unhealthy_since
       FROM pgjobq.workers w
-     WHERE w.unhealthy IS NOT NULL AND w.last_seen > now() - interval '15 seconds'
+     WHERE w.unhealthy IS NOT NULL AND w.last_seen > now() - interval '15 seconds' AND w.stopped_at IS NULL
      ORDER BY w.unhealthy_since, w.id
 $$;
 
