@@ -121,10 +121,11 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
     case OP_UNKNOWN: bad = "No such operation."; break;
     case OP_RETRY:
     case OP_CANCEL: {
-        char *end = NULL;
-        id = id_s ? strtoll(id_s, &end, 10) : 0;
-        if (id_s == NULL || *end || id <= 0 || !isdigit((unsigned char)id_s[0]))
-            bad = "A job id is needed.";
+        char why[128];
+        /* Digits only, 1..2^63-1: an id past that is refused, never clamped to another job's. */
+        if (id_s == NULL || !isdigit((unsigned char)id_s[0]) ||
+            cli_parse_int(id_s, 1, INT64_MAX, &id, why, sizeof why) != 0)
+            bad = "A job id is needed (a whole number from 1 to 9223372036854775807).";
         break;
     }
     case OP_RETRY_WHERE:

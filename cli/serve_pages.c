@@ -257,9 +257,10 @@ void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp 
     char before_s[24] = "";
 
     if (before) {
-        char *end;
-        long long v = strtoll(before, &end, 10);
-        if (*end || v <= 0)
+        long long v;
+        char why[128];
+        /* A cursor past 2^63-1 is dropped (the first page), never clamped to another place. */
+        if (cli_parse_int(before, 1, INT64_MAX, &v, why, sizeof why) != 0)
             before = NULL;
         else
             snprintf(before_s, sizeof before_s, "%lld", v);
@@ -396,14 +397,15 @@ static void pre_json(sbuf *b, const char *pretty)
 void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out)
 {
     sbuf *b = &out->body;
-    char *end;
-    long long id = strtoll(id_s, &end, 10);
-    char idbuf[24];
+    long long id = 0;
+    char idbuf[24], why[128];
 
-    if (*id_s == '\0' || *end || id <= 0) {
+    /* Digits only, 1..2^63-1: a longer number is no job's, and is never clamped to one that is. */
+    if (!(id_s[0] >= '0' && id_s[0] <= '9') || cli_parse_int(id_s, 1, INT64_MAX, &id, why, sizeof why) != 0) {
         out->status = 404;
         html_page_begin(s, b, "not found", 0);
-        sb_puts(b, "<h1>Not found</h1><p>A job's address is /jobs/ and its id.</p>");
+        sb_puts(b, "<h1>Not found</h1><p>A job's address is /jobs/ and its id, a whole number from 1 to "
+                   "9223372036854775807.</p>");
         html_page_end(b);
         return;
     }

@@ -2,11 +2,13 @@
  * test_cli.c - the pgjobq command: every command end to end, JSON-lines files (all or none), and a
  * table of bad input, each with a clear message, a sysexits.h status, and the database unchanged.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -169,6 +171,62 @@ TEST(cli_enqueue_file_is_all_or_none)
     CHECK_INT(count_jobs(), 2500);
 }
 
+/* A line of --file longer than a payload may be is refused as soon as it passes the limit: the rest
+ * of it is never read (a 200 MB line cost 200 MB of memory before it was refused). */
+TEST(cli_enqueue_file_refuses_a_long_line_without_reading_it)
+{
+    enum { TOTAL = 200 * 1024 * 1024 };
+    int in[2], err[2], status;
+    char chunk[65536], msg[4096];
+    size_t written = 0;
+    pid_t pid;
+
+    CHECK(pipe(in) == 0 && pipe(err) == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(err[1], 2);
+        close(in[0]);
+        close(in[1]);
+        close(err[0]);
+        close(err[1]);
+        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        execl(getenv("PGJOBQ_CLI"), "pgjobq", "enqueue", "--file", "-", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(err[1]);
+    signal(SIGPIPE, SIG_IGN);
+    /* A good line, then one of 200 MB: written until the command stops reading (EPIPE). */
+    CHECK(write(in[1], "{\"ok\": 1}\n{\"big\": \"", 19) == 19);
+    memset(chunk, 'x', sizeof chunk);
+    while (written < TOTAL) {
+        ssize_t n = write(in[1], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        written += (size_t)n;
+    }
+    close(in[1]);
+    size_t got = 0;
+    for (ssize_t n; got + 1 < sizeof msg && (n = read(err[0], msg + got, sizeof msg - 1 - got)) != 0;)
+        if (n > 0)
+            got += (size_t)n;
+        else if (errno != EINTR)
+            break;
+    msg[got] = '\0';
+    close(err[0]);
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == EX_DATAERR, "status %d; stderr: %s", status, msg);
+    CHECK_MSG(strstr(msg, "line 2: longer than the 1048576-byte payload limit; nothing was enqueued") != NULL,
+              "stderr: %s", msg);
+    /* Read: the limit, what the pipe and stdio buffer hold; far from the 200 MB. */
+    CHECK_MSG(written < 8 * 1024 * 1024, "the command read %zu bytes of the line before refusing it", written);
+    CHECK_INT(count_jobs(), 0);
+}
+
 /* The ids on stdout are those of jobs that exist: a file of several batches prints them only once
  * its transaction has committed, and none when a later line rolls everything back. */
 TEST(cli_enqueue_file_prints_ids_only_after_commit)
@@ -302,6 +360,13 @@ TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
         {{"show", "0", NULL}, EX_USAGE, "range"},
         {{"show", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"show", NULL}, EX_USAGE, "expected ID"},
+        /* An id past 2^63-1 is refused, never clamped to another job's. */
+        {{"show", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"graph", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"cancel", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"enqueue", "--after", "12345678901234567890123456", NULL}, EX_USAGE, "not a list of job ids"},
+        {{"enqueue", "--after", "7,9223372036854775808", NULL}, EX_USAGE, "not a list of job ids"},
         {{"cancel", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"retry", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"list", "--state", "done", NULL}, EX_USAGE, "unknown state"},

@@ -718,6 +718,32 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     PQfinish(pg);
 }
 
+/* An id past 2^63-1, in a job's address or an action's form, is no job's: it was clamped to
+ * 9223372036854775807, another job's id, which the page then showed and the action cancelled. */
+TEST_FULL(serve_refuses_ids_out_of_range, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128];
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (id, queue, kind) OVERRIDING SYSTEM VALUE"
+                       " VALUES (9223372036854775807, 'edge', 'far')"));
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/jobs/9223372036854775807", NULL, NULL, &body), 200);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs/12345678901234567890123456", NULL, NULL, &body), 404);
+    CHECK_MSG(strstr(body, "9223372036854775807") != NULL && strstr(body, "far") == NULL, "page: %.400s", body);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs/9223372036854775808", NULL, NULL, &body), 404);
+    free(body);
+    snprintf(form, sizeof form, "op=cancel&id=12345678901234567890123456&csrf=%s&back=/", token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 400);
+    CHECK_MSG(strstr(body, "A job id is needed") != NULL, "page: %.400s", body);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = 9223372036854775807 AND state = 'queued'"), 1);
+    PQfinish(pg);
+}
+
 /* monitor_jobs (the jobs page's list) filtered by state reads only where that state lives: a live
  * state never touches the history's partitions (it walked them all, newest first, when the state was
  * compared as text), a finished one finds its jobs there; a name that is no state lists nothing. */
