@@ -614,6 +614,8 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
             printf("%d", (int)h.holder_pid);
         else
             fputs("null", stdout);
+        fputs(",\"role\":", stdout);
+        json_str(stdout, h.holder_role[0] ? h.holder_role : NULL);
         fputs(",\"application\":", stdout);
         json_str(stdout, h.holder_application[0] ? h.holder_application : NULL);
         fputs(",\"state\":", stdout);
@@ -646,6 +648,10 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     tty_put(stdout, h.holder_kind, 0);
     if (h.holder_pid)
         printf(" pid %d", (int)h.holder_pid);
+    if (h.holder_role[0]) {
+        fputs(" of role ", stdout);
+        tty_put(stdout, h.holder_role, 0);
+    }
     if (h.holder_application[0]) {
         fputs(" \"", stdout);
         tty_put(stdout, h.holder_application, 0);
@@ -660,6 +666,9 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
            (long long)h.horizon_xids, t2);
     if (h.holder_query[0])
         field("  query", h.holder_query);
+    else if (strcmp(h.holder_kind, "session") == 0)
+        printf("  query        not shown: pg_stat_activity shows it only to a superuser, pg_read_all_stats\n"
+               "               and the holder's own role\n");
     if (h.horizon_age_ms >= 300000)
         printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
                "docs/deploy.md, \"Snapshots held open\".\n");

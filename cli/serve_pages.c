@@ -111,15 +111,19 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
         PQclear(r);
     }
     sb_puts(b, "</tbody></table>");
-    /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open"). */
+    /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open").
+     * The holder's query is there only when this server's role may see it in pg_stat_activity, and is
+     * left out with --hide-payloads: it is another session's text, as a payload is a producer's. */
+    const char *hide[1] = {s->hide_payloads ? "true" : "false"};
     r = serve_query(c, out,
               "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
               " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
-              " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
+              " coalesce(holder_state, ''), CASE WHEN $1 THEN '' ELSE coalesce(left(holder_query, 120), '') END,"
               " (coalesce(horizon_age_s, 0) >= 300)::int,"
-              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
+              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), ''),"
+              " coalesce(holder_role, '')"
               " FROM pgjobq.health()",
-              0, NULL);
+              1, hide);
     if (r && PQntuples(r) == 1) {
         int warn = atoi(V(r, 0, 8));
         sb_printf(b, "<p id=\"health\" class=\"%s\">pgjobq.jobs: ", warn ? "error" : "muted");
@@ -135,6 +139,10 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
             if (V(r, 0, 4)[0]) {
                 sb_puts(b, " pid ");
                 sb_html(b, V(r, 0, 4));
+            }
+            if (V(r, 0, 10)[0]) {
+                sb_puts(b, " of role ");
+                sb_html(b, V(r, 0, 10));
             }
             if (V(r, 0, 5)[0]) {
                 sb_puts(b, " &ldquo;");

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 15
+#define PGJOBQ_SCHEMA_VERSION 16
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -552,10 +552,13 @@ PGJOBQ_EXPORT void pgjobq_stats_free(pgjobq_stat *stats);
 /* What decides whether pgjobq.jobs stays small (pgjobq.health(); docs/deploy.md, "Snapshots held
  * open").  The counts are the statistics' estimates.  The holder is the oldest thing that keeps vacuum
  * from removing the rows finished jobs leave: holder_kind "session" (a transaction or snapshot of this
- * database: a pg_dump, a report, a session idle in a transaction; holder_pid, holder_application,
- * holder_state and holder_query say which), "standby" (hot_standby_feedback), "slot" (a replication
- * slot, named in holder_application) or "prepared" (a prepared transaction, its gid in
- * holder_application); "" when nothing holds.  Strings are truncated to fit. */
+ * database: a pg_dump, a report, a session idle in a transaction; holder_pid, holder_role,
+ * holder_application, holder_state and holder_query say which), "standby" (hot_standby_feedback), "slot"
+ * (a replication slot, named in holder_application) or "prepared" (a prepared transaction, its gid in
+ * holder_application, its owner in holder_role); "" when nothing holds.  holder_query is "" unless the
+ * caller's role may see that session's query in pg_stat_activity (a superuser, a member of
+ * pg_read_all_stats or of the holder's role): another role's query text is its own.  Strings are
+ * truncated to fit. */
 typedef struct pgjobq_health {
     int64_t jobs_bytes;         /* pgjobq.jobs with its indexes and TOAST */
     int64_t jobs_live, jobs_dead;
@@ -572,7 +575,8 @@ typedef struct pgjobq_health {
     int64_t autovacuum_paused_since; /* since when pgjobq has autovacuum of pgjobq.jobs off, because a
                                         pass could remove nothing while the holder holds (microseconds
                                         since the epoch; PGJOBQ_TIME_NONE when it is not) */
-    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+    char holder_role[24];        /* the holder's role (a session's, a standby's, a prepared
+                                    transaction's owner); "" for a slot; truncated to 23 bytes */
 } pgjobq_health;
 
 /* Fills *out with pgjobq.jobs' size and what holds its vacuum back.  Needs pgjobq_worker or

@@ -85,6 +85,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health(),
+    pgjobq.health_facts(),
     pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
 
@@ -160,7 +161,8 @@ BEGIN
     END LOOP;
 END
 $$;
-GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health(),
+    pgjobq.health_facts() TO pgjobq_monitor;
 -- What `pgjobq serve` reads, through the monitor functions (sql/functions/monitor.sql): to the monitor,
 -- which needs nothing else for the dashboard without --allow-actions, and to the admin.
 GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),

@@ -903,12 +903,12 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
     pgjobq__stmt st = {"health",
                        "SELECT jobs_bytes, jobs_live, jobs_dead, vacuums, last_vacuum,"
                        " round(horizon_age_s * 1000)::int8, horizon_xids::int8, holder_kind, holder_pid::int8,"
-                       " holder_application, holder_state, holder_since, holder_query, autovacuum_paused_since"
-                       " FROM pgjobq.health()",
+                       " holder_application, holder_state, holder_since, holder_query, autovacuum_paused_since,"
+                       " holder_role FROM pgjobq.health()",
                        0, NULL, NULL, NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
-    if (PQntuples(r) != 1 || PQnfields(r) != 14) {
+    if (PQntuples(r) != 1 || PQnfields(r) != 15) {
         int n = PQntuples(r);
         PQclear(r);
         return pgjobq__seterr(c, PGJOBQ_EDB, "health: pgjobq.health() returned %d rows, not 1", n);
@@ -928,6 +928,7 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
         copy_text(out->holder_state, sizeof out->holder_state, r, 10);
         out->holder_since = pgjobq__get_time(r, 0, 11);
         copy_text(out->holder_query, sizeof out->holder_query, r, 12);
+        copy_text(out->holder_role, sizeof out->holder_role, r, 14);
     }
     PQclear(r);
     return PGJOBQ_OK;

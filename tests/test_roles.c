@@ -303,6 +303,83 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     PQfinish(pg);
 }
 
+/* pgjobq.health() as the monitor: another role's session that holds a snapshot is named (pid, role,
+ * application, state, age), but its query is not shown, as pg_stat_activity does not show it to
+ * that role; a superuser sees it.  SQL, the C API and `pgjobq health` (issue 36, point 2: the query
+ * text of any session reached the monitor and worker roles through the SECURITY DEFINER function). */
+TEST(roles_health_shows_another_roles_query_only_to_who_may_see_it)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    pgjobq_health h;
+    char ci[1024], *out, *err;
+
+    roles_setup();
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
+    PGconn *clerk = PQconnectdb(ci);
+    CHECK_MSG(PQstatus(clerk) == CONNECTION_OK, "connect as clerk: %s", PQerrorMessage(clerk));
+    PQclear(t_exec(clerk, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(clerk, "SELECT 'ssn=078-05-1120 card=4111111111111111'"));
+
+    pgjobq_client *mon = as_role("mon");
+    CHECK_OK(mon, pgjobq_health_get(mon, &h));
+    CHECK_STR(h.holder_kind, "session");
+    CHECK_INT(h.holder_pid, PQbackendPID(clerk));
+    CHECK_STR(h.holder_role, "clerk");
+    CHECK_STR(h.holder_application, "billing");
+    CHECK_STR(h.holder_state, "idle in transaction");
+    CHECK(h.horizon_age_ms >= 0 && h.holder_since != PGJOBQ_TIME_NONE);
+    CHECK_MSG(h.holder_query[0] == '\0', "the monitor read another role's query: %s", h.holder_query);
+    /* In SQL, and through what health() reads as the owner: no query anywhere. */
+    PGresult *r = PQexec(pgjobq_client_conn(mon), "SELECT holder_query IS NULL, holder_role FROM pgjobq.health()");
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pgjobq_client_conn(mon)));
+    CHECK_STR(PQgetvalue(r, 0, 0), "t");
+    CHECK_STR(PQgetvalue(r, 0, 1), "clerk");
+    PQclear(r);
+    r = PQexec(pgjobq_client_conn(mon), "SELECT f::text FROM pgjobq.health_facts() f");
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pgjobq_client_conn(mon)));
+    CHECK_MSG(strstr(PQgetvalue(r, 0, 0), "ssn=") == NULL, "health_facts: %s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    /* `pgjobq health` as the monitor. */
+    snprintf(ci, sizeof ci, "%s user=mon", t_conninfo());
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci, "health", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=") == NULL && strstr(out, "of role clerk \"billing\" (idle in transaction)") != NULL &&
+                  strstr(out, "query        not shown") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=") == NULL && strstr(out, "\"role\":\"clerk\"") != NULL &&
+                  strstr(out, "\"query\":null") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+
+    /* A superuser may see every query in pg_stat_activity, and so here. */
+    CHECK_OK(owner, pgjobq_health_get(owner, &h));
+    CHECK_INT(h.holder_pid, PQbackendPID(clerk));
+    CHECK_MSG(strstr(h.holder_query, "ssn=078-05-1120") != NULL, "query: %s", h.holder_query);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=078-05-1120") != NULL, "%s", out);
+    free(out);
+    free(err);
+    /* And a role that may see the holder's session (a member of its role) as well. */
+    PQclear(t_exec(pg, "GRANT clerk TO mon"));
+    CHECK_OK(mon, pgjobq_health_get(mon, &h));
+    CHECK_MSG(strstr(h.holder_query, "ssn=078-05-1120") != NULL, "query: %s", h.holder_query);
+    PQclear(t_exec(pg, "REVOKE clerk FROM mon"));
+
+    PQfinish(clerk);
+    pgjobq_client_close(mon);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
 /* The functions a role may run whose result has a lease token (a column named like one, or whole job
  * rows), sorted, comma-separated (malloc'd). */
 static char *token_functions(PGconn *pg, const char *role)

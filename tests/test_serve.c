@@ -502,6 +502,47 @@ TEST_FULL(serve_hides_payloads_when_asked, 60, 0)
     pgjobq_client_close(c);
 }
 
+/* The overview names what holds vacuum back, but shows another role's query only when the server's
+ * role may see it in pg_stat_activity, and never with --hide-payloads (issue 36, point 2). */
+TEST_FULL(serve_overview_shows_a_holders_query_only_to_who_may_see_it, 90, 0)
+{
+    PGconn *pg = t_pg();
+    char *out, *err, *body = NULL, ci[1024], env[1200];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
+    free(out);
+    free(err);
+    PQclear(t_exec(pg, "DO $$ BEGIN"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+                       " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
+    PGconn *clerk = PQconnectdb(ci);
+    CHECK_MSG(PQstatus(clerk) == CONNECTION_OK, "connect as clerk: %s", PQerrorMessage(clerk));
+    PQclear(t_exec(clerk, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(clerk, "SELECT 'ssn=078-05-1120'"));
+
+    /* As the monitor: the holder named, its query not shown. */
+    snprintf(env, sizeof env, "PGJOBQ_DATABASE_URL=%s user=mon", t_conninfo());
+    served *s = serve_start(env, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "of role clerk &ldquo;billing&rdquo; (idle in transaction)") != NULL, "%.3000s", body);
+    CHECK_MSG(strstr(body, "ssn=") == NULL, "the monitor's dashboard shows another role's query");
+    free(body);
+    /* As a superuser: shown, unless payloads are hidden. */
+    s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "ssn=078-05-1120") != NULL, "%.3000s", body);
+    free(body);
+    s = serve_start(NULL, "--hide-payloads", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "of role clerk") != NULL && strstr(body, "ssn=") == NULL, "%.3000s", body);
+    free(body);
+    PQfinish(clerk);
+    PQfinish(pg);
+}
+
 /* The CSRF token of a page's first action form, copied into buf. */
 static void csrf_of(const char *page, char *buf, size_t size)
 {

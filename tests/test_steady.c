@@ -583,6 +583,7 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     CHECK_INT(h.holder_pid, PQbackendPID(pin));
     CHECK_STR(h.holder_application, "nightly report");
     CHECK_STR(h.holder_state, "idle in transaction");
+    CHECK_STR(h.holder_role, PQuser(pin));
     CHECK(strstr(h.holder_query, "pgjobq.queues") != NULL);
     CHECK(h.horizon_age_ms >= 200 && h.horizon_age_ms < 600000 && h.holder_since != PGJOBQ_TIME_NONE);
     CHECK(h.horizon_xids >= 2);
@@ -592,14 +593,15 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
     snprintf(want, sizeof want, "\"holder\":{\"kind\":\"session\",");
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    snprintf(want, sizeof want, "\"pid\":%d,\"application\":\"nightly report\",\"state\":\"idle in transaction\"",
-             PQbackendPID(pin));
+    snprintf(want, sizeof want,
+             "\"pid\":%d,\"role\":\"%s\",\"application\":\"nightly report\",\"state\":\"idle in transaction\"",
+             PQbackendPID(pin), PQuser(pin));
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
-    snprintf(want, sizeof want, "oldest holder  session pid %d \"nightly report\" (idle in transaction), for ",
-             PQbackendPID(pin));
+    snprintf(want, sizeof want, "oldest holder  session pid %d of role %s \"nightly report\" (idle in transaction), for ",
+             PQbackendPID(pin), PQuser(pin));
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     free(out);
     free(err);
