@@ -462,6 +462,8 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             sb_puts(b, "<div id=\"actions\">");
             if (strcmp(state, "running") != 0)
                 html_action_form(s, b, "retry", "Retry now", fields, back, 0);
+            else /* its worker may hold it for as long as the queue's max lease, or stall while renewing it */
+                html_action_form(s, b, "retry_running", "End lease, run again", fields, back, 1);
             if (strcmp(state, "queued") == 0 || strcmp(state, "running") == 0)
                 html_action_form(s, b, "cancel", "Cancel", fields, back, 1);
             sb_puts(b, "</div>");
@@ -534,18 +536,18 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
 
     html_page_begin(s, b, "queues", 0);
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
-               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Due</th><th>Scheduled</th><th>Running</th>"
-               "<th>Expired</th><th></th></tr></thead><tbody>");
+               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Max lease</th><th>Due</th><th>Scheduled</th>"
+               "<th>Running</th><th>Expired</th><th></th></tr></thead><tbody>");
     r = serve_query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
               " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
-              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired"
-              " FROM pgjobq.queue_list()",
+              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
+              " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
-            char rate[48];
+            char rate[48], max_lease[24];
             html_tr(b, "queue", V(r, i, 0));
             html_td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
             sb_puts(b, "<td>");
@@ -559,6 +561,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             html_td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
             html_td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
             html_td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
+            html_td(b, "n max-lease", format_period(max_lease, sizeof max_lease, atoll(V(r, i, 11))));
             for (int k = 7; k < 11; k++)
                 html_td(b, "n", V(r, i, k));
             sb_puts(b, "<td>");
@@ -567,7 +570,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)
-            sb_puts(b, "<tr><td colspan=\"10\" class=\"muted\">No queues yet.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"11\" class=\"muted\">No queues yet.</td></tr>");
         PQclear(r);
     }
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"

@@ -124,7 +124,8 @@ BEGIN
     END IF;
 END
 $$;
-GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.retry_running(bigint), pgjobq.stats()
+    TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.children(bigint), pgjobq.graph(bigint) TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.parents(bigint) TO pgjobq_monitor;
 GRANT SELECT ON pgjobq.deps TO pgjobq_admin, pgjobq_monitor;

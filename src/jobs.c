@@ -575,6 +575,28 @@ int pgjobq_job_retry(pgjobq_client *c, int64_t id)
     return PGJOBQ_OK;
 }
 
+int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_out)
+{
+    char outcome[32];
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = id_call(c, "retry running", "SELECT pgjobq.retry_running($1)", id, outcome, sizeof outcome)) !=
+        PGJOBQ_OK)
+        return rc;
+    if (strcmp(outcome, "not_found") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "retry running: no job %lld", (long long)id);
+    if (strcmp(outcome, "queued") == 0 || strcmp(outcome, "cancelled") == 0) {
+        if (state_out)
+            *state_out = outcome[0] == 'q' ? PGJOBQ_QUEUED : PGJOBQ_CANCELLED;
+        return PGJOBQ_OK;
+    }
+    return pgjobq__seterr(c, PGJOBQ_ESTATE, "retry running: job %lld is not running (retry runs a finished or "
+                                            "scheduled job again)",
+                          (long long)id);
+}
+
 /* Checks a bulk filter against the states the call accepts (a bit per pgjobq_state) and renders its
  * parameters: queue, state, kind, since (an interval, or NULL) and the dry-run flag. */
 static int filter_params(pgjobq_client *c, const char *what, const pgjobq_filter *f, unsigned accepted, int flags,

@@ -79,6 +79,27 @@ TEST(cli_enqueue_show_list_stats_cancel_retry)
     free(err);
     PGconn *pg = t_pg();
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'queued'", id), 1);
+
+    /* retry --running: a running job's lease ends now; its holder's writes are refused (issue 36,
+     * point 5); a job that is not running is an error. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), EX_DATAERR);
+    CHECK_MSG(strstr(err, "not running") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    PGresult *r = t_exec(pg, "SELECT id, lease_token FROM pgjobq.claim('mail', 1, '1 hour', 'rogue')");
+    CHECK_INT(PQntuples(r), 1);
+    char token[32];
+    snprintf(token, sizeof token, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), 0);
+    CHECK_MSG(strstr(out, "lease ended, queued to run again now") != NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state = 'queued'", id), 1);
+    r = t_exec(pg, "SELECT outcome FROM pgjobq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], NULL)", id,
+               token);
+    CHECK_STR(PQgetvalue(r, 0, 0), "lost");
+    PQclear(r);
     PQfinish(pg);
 }
 
@@ -365,6 +386,9 @@ TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
         {{"graph", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
         {{"cancel", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
         {{"retry", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "--running", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "--running", "987654321", NULL}, EX_DATAERR, "no job"},
+        {{"retry", "--running", "-qq", "-sfailed", NULL}, EX_USAGE, "--running goes with a job ID"},
         {{"enqueue", "--after", "12345678901234567890123456", NULL}, EX_USAGE, "not a list of job ids"},
         {{"enqueue", "--after", "7,9223372036854775808", NULL}, EX_USAGE, "not a list of job ids"},
         {{"cancel", "987654321", NULL}, EX_DATAERR, "no job"},
@@ -476,7 +500,7 @@ TEST(cli_help_and_version)
     /* Every summary whole (none cut at its first line), no line wider than 100 columns, and the
      * hints name the program as it was run (a path here). */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "--help", NULL), 0);
-    CHECK_MSG(strstr(out, "all or none.") && strstr(out, "--allow-actions.") && strstr(out, "rate limits."),
+    CHECK_MSG(strstr(out, "all or none.") && strstr(out, "--allow-actions.") && strstr(out, "longest lease."),
               "--help: %s", out);
     for (const char *line = out; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
         CHECK_MSG(strcspn(line, "\n") <= 100, "--help line wider than 100 columns: %.*s", (int)strcspn(line, "\n"),

@@ -123,6 +123,18 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_RC(app, pgjobq_retry_where(app, &f, PGJOBQ_DRY_RUN, &count, NULL), PGJOBQ_EPERM);
     CHECK_STR(raw_as(adm, "DELETE FROM pgjobq.jobs"), "42501"); /* reading is not owning */
 
+    /* Ending a running job's lease, and a queue's max lease, are the admin's only. */
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", NULL, &id));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 1, 30000, "wrk", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_RC(wrk, pgjobq_job_retry_running(wrk, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_job_retry_running(app, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(wrk, pgjobq_queue_set_max_lease(wrk, "default", 3600000), PGJOBQ_EPERM);
+    CHECK_OK(adm, pgjobq_queue_set_max_lease(adm, "default", 3600000));
+    CHECK_OK(adm, pgjobq_job_retry_running(adm, id, NULL));
+    CHECK_RC(wrk, pgjobq_job_complete(wrk, jobs[0].id, jobs[0].lease_token, NULL), PGJOBQ_ELEASE);
+    pgjobq_jobs_free(jobs);
+
     pgjobq_client_close(app);
     pgjobq_client_close(wrk);
     pgjobq_client_close(adm);
@@ -293,6 +305,7 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     CHECK_RC(mon, pgjobq_enqueue(mon, "{}", NULL, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_job_cancel(mon, id, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_job_retry(mon, id), PGJOBQ_EPERM);
+    CHECK_RC(mon, pgjobq_job_retry_running(mon, id, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_queue_pause(mon, "default", NULL), PGJOBQ_EPERM);
     CHECK_STR(raw_as(mon, "DELETE FROM pgjobq.jobs"), "42501");
     CHECK_STR(raw_as(mon, "UPDATE pgjobq.workers SET host = 'x'"), "42501");

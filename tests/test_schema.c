@@ -678,10 +678,13 @@ static char *jobs_snapshot(PGconn *pg, const char *table)
                  table);
 }
 
-/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4). */
+/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4).  The
+ * queues' columns of version 4 (a later one, max_lease of version 16, starts NULL: checked apart). */
 static char *settings_snapshot(PGconn *pg)
 {
-    return t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
+    return t_str(pg, "SELECT (SELECT string_agg(ROW(q.name, q.paused_at, q.pause_reason, q.concurrency,"
+                     " q.key_concurrency, q.rate_limit, q.rate_period, q.recent_starts, q.updated_at)::text,"
+                     " E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
                      " || (SELECT string_agg(s::text, E'\\n' ORDER BY name) FROM pgjobq.schedules s) || E'\\n'"
                      " || (SELECT string_agg(ROW(id, concurrency_key)::text, ',' ORDER BY id) FROM pgjobq.jobs)");
 }
@@ -839,6 +842,10 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
             extra_after = settings_snapshot(pg);
             CHECK_STR(extra_after, extra_before);
             free(extra_after);
+            /* Version 16: every queue keeps the default max lease. */
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE max_lease IS NOT NULL"), 0);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queue_list() WHERE max_lease = interval '1 day'"),
+                      t_int(pg, "SELECT count(*) FROM pgjobq.queue_list()"));
         }
         if (k >= 6)
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker'"), 1);

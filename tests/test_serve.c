@@ -759,6 +759,49 @@ TEST_FULL(serve_jobs_pages_by_id, 60, 0)
     PQfinish(pg);
 }
 
+/* The job page of a running job offers to end its lease (issue 36, point 5): the action, with the
+ * page's CSRF token, queues the job again and the old holder's complete is refused ('lost'). */
+TEST_FULL(serve_ends_a_running_jobs_lease, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128], path[64];
+
+    long long id = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'held')");
+    PGresult *r = t_exec(pg, "SELECT lease_token FROM pgjobq.claim('held', 1, '1 day', 'rogue')");
+    CHECK_INT(PQntuples(r), 1);
+    char lease[32];
+    snprintf(lease, sizeof lease, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    snprintf(path, sizeof path, "/jobs/%lld", id);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK(strstr(body, "data-op=\"retry_running\"") == NULL); /* read-only: no action */
+    free(body);
+    s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "data-op=\"retry_running\"") != NULL && strstr(body, "data-op=\"retry\"") == NULL,
+              "%s", body);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    snprintf(form, sizeof form, "op=retry_running&id=%lld&csrf=x&back=/", id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", id), 1);
+    snprintf(form, sizeof form, "op=retry_running&id=%lld&csrf=%s&back=%%2Fjobs%%2F%lld", id, token, id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", id), 1);
+    r = t_exec(pg, "SELECT outcome FROM pgjobq.complete_many(ARRAY[%lld]::bigint[], ARRAY[%s]::bigint[], NULL)", id,
+               lease);
+    CHECK_STR(PQgetvalue(r, 0, 0), "lost");
+    PQclear(r);
+    /* Again: the job is no longer running. */
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 409);
+    CHECK_MSG(strstr(body, "not running") != NULL, "%s", body);
+    free(body);
+    PQfinish(pg);
+}
+
 /* An id past 2^63-1, in a job's address or an action's form, is no job's: it was clamped to
  * 9223372036854775807, another job's id, which the page then showed and the action cancelled. */
 TEST_FULL(serve_refuses_ids_out_of_range, 60, 0)
@@ -915,9 +958,10 @@ TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
         snprintf(want, sizeof want, " %s ", rate);
         CHECK_MSG(strstr(out, want) != NULL, "queue ls does not print %s: %s", rate, out);
     }
-    /* A queue without a rate shows a dash. */
+    /* A queue without a rate shows a dash; its max lease, the default. */
     char *plain = row_of(body, "queue", "plain");
     CHECK_MSG(strstr(plain, "<td class=\"n rate\">-</td>") != NULL, "/queues: %s", plain);
+    CHECK_MSG(strstr(plain, "<td class=\"n max-lease\">1d</td>") != NULL, "/queues: %s", plain);
     free(plain);
     free(body);
     free(out);

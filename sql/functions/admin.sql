@@ -83,6 +83,50 @@ BEGIN
 END
 $$;
 
+-- retry_running: ends a running job's lease now, for an operator: the job is queued to run again now,
+-- as if its lease had just expired and the rescue had found it, and the holder's writes are refused
+-- from this moment (its complete, fail, heartbeat or hand-back find no lease under its token: 'lost').
+-- The attempt it was running counts, as a lease that expires counts (River's rescuer and Oban's
+-- Lifeline count it too); like retry, max_attempts is raised when needed so that one more attempt is
+-- allowed, so the job always runs again.  A job whose cancellation was requested ends cancelled
+-- instead.  What a worker that holds a job for ever (a lease up to its queue's max_lease, a heartbeat
+-- that keeps renewing it) leaves an operator, where cancel only requests and retry refuses a running
+-- job.  Returns 'queued', 'cancelled', 'not_running' (queued, waiting, or finished) or 'not_found'.
+CREATE OR REPLACE FUNCTION pgjobq.retry_running(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job record;
+BEGIN
+    SELECT j.state, j.queue::text AS queue, j.cancel_requested, j.worker_id, j.lease_until INTO v_job
+      FROM pgjobq.jobs j WHERE j.id = retry_running.id FOR UPDATE;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = retry_running.id) THEN
+            RETURN 'not_running';
+        END IF;
+        RETURN 'not_found';
+    END IF;
+    IF v_job.state <> 'running' THEN
+        RETURN 'not_running';
+    END IF;
+    IF v_job.cancel_requested THEN
+        PERFORM pgjobq.history_move_cancelled(ARRAY[retry_running.id],
+                                              format('lease ended by %s: a cancel had been requested', session_user));
+        RETURN 'cancelled';
+    END IF;
+    -- Queued again now (jobs_ready_stamp makes it claimable now); lease_until NULL fences the holder.
+    UPDATE pgjobq.jobs j
+       SET state = 'queued', run_at = now(), lease_until = NULL,
+           max_attempts = greatest(j.max_attempts, j.attempt + 1),
+           last_error = format('lease (until %s) ended at %s by %s: worker %s''s writes are refused', v_job.lease_until,
+                               now(), session_user, coalesce(v_job.worker_id, '?'))
+     WHERE j.id = retry_running.id;
+    PERFORM pgjobq.notify(ARRAY[v_job.queue]);
+    RETURN 'queued';
+END
+$$;
+
 -- Retry and cancel many jobs at once, chosen by a filter: retry_where and cancel_where.  Each acts in
 -- one statement: every job that matches moves, or (on an error) none does.  They take the queue and
 -- the state the jobs are in; the job kind and an age bound are optional.
