@@ -246,8 +246,14 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
     CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer did not use pgjobq.enqueue_many()");
     CHECK_INT(fn_calls(pg, "reserve_ids"), 0);
 
+    /* The COPY path records its levels (levels_add, which takes those that have its queued jobs). */
+    for (int i = 0; i < N; i++) {
+        specs[i].opts.queue = i % 2 ? "bulk-odd" : "bulk-even";
+        specs[i].opts.priority = i % 3;
+    }
     CHECK_OK(bulk, pgjobq_enqueue_batch(bulk, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue LIKE 'bulk-%%'"), 6);
     pgjobq_client_close(bulk);
     w.fn = "reserve_ids";
     CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer granted INSERT did not use COPY");
@@ -313,6 +319,44 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
     pgjobq_client_close(mon);
     pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
+/* The producer reaches priority levels only through what it enqueues (issue 36, point 4): levels_add
+ * with a name that is no queue name, or for a level without a queued job, is refused, and creates no
+ * level and no sequence; the functions that record and reclaim levels are no role's. */
+TEST(roles_a_producer_makes_levels_only_through_what_it_enqueues)
+{
+    PGconn *pg = t_pg();
+
+    roles_setup();
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk");
+    long long levels = t_int(pg, "SELECT count(*) FROM pgjobq.levels");
+    long long sequences = t_int(pg, "SELECT count(*) FROM pg_class WHERE relkind = 'S'");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY[E'bad\\nname'], ARRAY[0::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY[repeat('x', 2000)], ARRAY[0::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY['fresh'], ARRAY[5::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(array_agg('q' || g), NULL) FROM generate_series(1, 1000) g"),
+              "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_record(ARRAY['fresh'], ARRAY[5::smallint])"), "42501");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_reclaim('0 s')"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.levels_reclaim('0 s')"), "42501");
+    CHECK_STR(raw_as(app, "INSERT INTO pgjobq.levels (queue, priority) VALUES ('fresh', 5)"), "42501");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels"), levels);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_class WHERE relkind = 'S'"), sequences);
+    /* What it enqueues gets its level, as before. */
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = "fresh";
+    o.priority = 5;
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", &o, NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'fresh' AND priority = 5"), 1);
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY['fresh'], ARRAY[5::smallint])"), "");
+    /* A name that is no queue name cannot be a level's at all. */
+    PGresult *r = PQexec(pg, "INSERT INTO pgjobq.levels (queue, priority) VALUES (E'bad\\nname', 0)");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23514");
+    PQclear(r);
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
     PQfinish(pg);
 }
 

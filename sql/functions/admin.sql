@@ -46,6 +46,7 @@ AS $$
 DECLARE
     v_state pgjobq.job_state;
     v_queue text;
+    v_priority smallint;
 BEGIN
     SELECT j.state, j.queue INTO v_state, v_queue FROM pgjobq.jobs j WHERE j.id = retry.id FOR UPDATE;
     IF FOUND THEN
@@ -69,7 +70,7 @@ BEGIN
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING queue INTO v_queue;
+        RETURNING queue, priority INTO v_queue, v_priority;
         IF NOT FOUND THEN
             -- Another retry may have just moved it: look again (a new statement sees its commit).
             IF EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = retry.id) THEN
@@ -77,6 +78,8 @@ BEGIN
             END IF;
             RETURN 'not_found';
         END IF;
+        -- Its level, which may have been reclaimed since it finished (levels_reclaim).
+        PERFORM pgjobq.levels_record(ARRAY[v_queue], ARRAY[v_priority]);
     END IF;
     PERFORM pgjobq.notify(ARRAY[v_queue]);
     RETURN 'queued';
@@ -183,6 +186,7 @@ DECLARE
     v_ids     bigint[];
     v_skipped bigint;
     v_moved   bigint;
+    v_priorities smallint[];
 BEGIN
     PERFORM pgjobq.filter_check('retry_where', queue, kind, since);
     IF state IS NULL OR state NOT IN ('queued', 'failed', 'cancelled', 'completed') THEN
@@ -246,9 +250,11 @@ BEGIN
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING 1)
-    SELECT count(*) INTO v_moved FROM moved;
+        RETURNING pgjobq.jobs.priority)
+    SELECT count(*), array_agg(DISTINCT moved.priority) INTO v_moved, v_priorities FROM moved;
     IF v_moved > 0 THEN
+        -- Their levels, which may have been reclaimed since they finished (levels_reclaim).
+        PERFORM pgjobq.levels_record(array_fill(retry_where.queue, ARRAY[cardinality(v_priorities)]), v_priorities);
         PERFORM pgjobq.notify(ARRAY[queue]);
     END IF;
     RETURN QUERY SELECT v_moved, v_skipped;

@@ -338,7 +338,8 @@ BEGIN
                                       OFFSET 0)
                     END;
             IF v_found IS NOT NULL THEN
-                PERFORM pgjobq.levels_add(array_fill(claim_next.queue, ARRAY[cardinality(v_found)]), v_found);
+                PERFORM pgjobq.levels_record(array_fill(claim_next.queue, ARRAY[cardinality(v_found)]), v_found,
+                                             false);
             END IF;
         END IF;
         FOR v_lv IN
