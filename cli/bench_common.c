@@ -82,7 +82,7 @@ int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *
             specs[i].opts.queue = queue;
             specs[i].opts.run_at = run_at;
         }
-        rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL);
+        rc = pgjobq_enqueue_many(c, specs, k, NULL, NULL);
         done += (long long)k;
     }
     free(specs);

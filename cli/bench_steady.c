@@ -175,7 +175,7 @@ static void *producer_main(void *arg)
         if (due > now)
             bench_pause_ms((long)((due - now) * 1000));
         double sent = realtime_s();
-        rc = pgjobq_enqueue_batch(c, specs, BATCH, NULL, NULL);
+        rc = pgjobq_enqueue_many(c, specs, BATCH, NULL, NULL);
         if (rc != PGJOBQ_OK) {
             snprintf(p->err, sizeof p->err, "%s", pgjobq_errmsg(c));
             atomic_store(&p->failed, 1);

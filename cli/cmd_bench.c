@@ -2,7 +2,7 @@
  * cmd_bench.c - pgjobq bench SCENARIO: the benchmark scenarios behind `make bench`, runnable alone
  * against any database.  Each prints one JSON object (or a line of text).
  *
- *   enqueue     N jobs through pgjobq_enqueue_batch (COPY for large batches)              jobs_per_s
+ *   enqueue     N jobs through pgjobq_enqueue_many (COPY for large batches)              jobs_per_s
  *   drain       N preloaded no-op jobs, P worker processes x C threads (in-process)      jobs_per_s
  *   drain-exec  the same with `pgjobq work --exec /bin/true` (or --handler)               jobs_per_s
  *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
@@ -272,7 +272,7 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
     double t0 = bench_now();
     for (long long done = 0; done < a->jobs && rc == PGJOBQ_OK;) {
         size_t k = (size_t)(a->jobs - done < b ? a->jobs - done : b);
-        rc = pgjobq_enqueue_batch(c, specs, k, NULL, NULL);
+        rc = pgjobq_enqueue_many(c, specs, k, NULL, NULL);
         done += (long long)k;
     }
     double secs = bench_now() - t0;
@@ -405,7 +405,7 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
             break;
         if (due > now)
             bench_pause_ms((long)((due - now) * 1000));
-        int rc = pgjobq_enqueue_batch(c, specs, (size_t)per_tick, NULL, NULL);
+        int rc = pgjobq_enqueue_many(c, specs, (size_t)per_tick, NULL, NULL);
         if (rc != PGJOBQ_OK) {
             status = cli_fail(c, rc);
             goto out;
@@ -576,7 +576,7 @@ static void *soak_refill_main(void *arg)
         k = k < REFILL_MAX ? k : REFILL_MAX;
         if (!atomic_compare_exchange_strong(r->refilled, &have, have + k))
             continue; /* another producer took this share first */
-        if ((rc = pgjobq_enqueue_batch(c, specs, (size_t)k, NULL, NULL)) != PGJOBQ_OK) {
+        if ((rc = pgjobq_enqueue_many(c, specs, (size_t)k, NULL, NULL)) != PGJOBQ_OK) {
             snprintf(r->err, sizeof r->err, "%s", pgjobq_errmsg(c));
             atomic_store(&r->failed, 1);
             break;

@@ -132,7 +132,7 @@ static int enqueue_jobs(pgjobq_client *c, const demo_args *a, int64_t *first_id,
             specs[i].opts.kind = "sha256";
             specs[i].opts.max_attempts = 3;
         }
-        rc = pgjobq_enqueue_batch(c, specs, n, ids, NULL);
+        rc = pgjobq_enqueue_many(c, specs, n, ids, NULL);
         if (rc == PGJOBQ_OK) {
             if (*first_id == 0)
                 *first_id = ids[0];

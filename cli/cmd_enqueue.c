@@ -2,7 +2,9 @@
  * cmd_enqueue.c - pgjobq enqueue: one job from the command line, or a JSON-lines file of them.
  *
  * A file is read and checked line by line and sent in batches inside one transaction, so memory stays
- * bounded and a bad line anywhere in the file inserts nothing at all.  The ids of a file of several
+ * bounded and a bad line anywhere in the file inserts nothing at all.  The rules of a job (when it may
+ * run, a unique key with --after or --tag) are the database's to judge, as for every interface: the
+ * command checks only what it parses (docs/sql.md, "The enqueue rules").  The ids of a file of several
  * batches wait in a temporary file until the transaction commits: an id is printed only for a job
  * that exists.
  */
@@ -191,7 +193,7 @@ static int send_batch(pgjobq_client *c, batch *b, FILE *ids_to, long *done, long
         free(dup);
         return PGJOBQ_ENOMEM;
     }
-    rc = pgjobq_enqueue_batch(c, b->specs, b->n, ids, dup);
+    rc = pgjobq_enqueue_many(c, b->specs, b->n, ids, dup);
     if (rc == PGJOBQ_OK) {
         for (size_t i = 0; i < b->n; i++) {
             if (!quiet)
@@ -478,10 +480,6 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
                      a->opts.concurrency_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
                      a->opts.max_attempts))
         return cli_usage_error(a->cmd, "with --graph, give each job's options in the graph");
-    if (a->opts.run_at && a->opts.delay_ms)
-        return cli_usage_error(a->cmd, "give --delay or --run-at, not both");
-    if ((a->opts.after || a->opts.tags) && a->opts.unique_key)
-        return cli_usage_error(a->cmd, "--unique-key cannot go with --after or --tag");
     if (a->opts.on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL && a->opts.after == NULL)
         return cli_usage_error(a->cmd, "--on-parent-failure needs --after");
     if ((c = cli_connect(0, &status)) == NULL)

@@ -220,11 +220,56 @@ static void print_job_fields(FILE *f, const pgjobq_job *j)
     fputs(",\"unique_key\":", f);
     json_str(f, j->unique_key);
     fprintf(f, ",\"cancel_requested\":%s", j->cancel_requested ? "true" : "false");
+    fputs(",\"cancel_requested_at\":", f);
+    json_time(f, j->cancel_requested ? j->cancel_requested_at : PGJOBQ_TIME_NONE);
     /* payload and result are JSON already (checked by the database): embed them as they are. */
     fprintf(f, ",\"payload\":%s,\"result\":%s,\"tags\":%s,\"progress\":%s,\"last_error\":",
             j->payload ? j->payload : "null", j->result ? j->result : "null", j->tags ? j->tags : "null",
             j->progress ? j->progress : "null");
     json_str(f, j->last_error);
+}
+
+/* When the holder of a job whose cancel was requested told its handler to stop (all_jobs.cancel_told_at,
+ * schema 16): 1 and *at (PGJOBQ_TIME_NONE: not told), or 0 when it cannot be read. */
+static int cancel_told_at(pgjobq_client *c, int64_t id, int64_t *at)
+{
+    char id_s[24];
+    const char *values[1] = {id_s};
+    int ok;
+
+    snprintf(id_s, sizeof id_s, "%lld", (long long)id);
+    PGresult *r = PQexecParams(pgjobq_client_conn(c),
+                               "SELECT (pg_catalog.date_part('epoch', cancel_told_at) * 1000000)::pg_catalog.int8"
+                               " FROM pgjobq.all_jobs WHERE id = $1::pg_catalog.int8",
+                               1, NULL, values, NULL, NULL, 0);
+    ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    *at = ok && !PQgetisnull(r, 0, 0) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : PGJOBQ_TIME_NONE;
+    PQclear(r);
+    return ok;
+}
+
+/* When a running job's cancel was requested, and when its holder told the handler to stop (or how it
+ * ended otherwise). */
+static void print_cancel(pgjobq_client *c, const pgjobq_job *j)
+{
+    char asked[48], told[48];
+    int64_t at;
+
+    if (j->cancel_requested_at == PGJOBQ_TIME_NONE) {
+        printf("cancel:        requested (when was not recorded)\n");
+        return;
+    }
+    format_time(asked, sizeof asked, j->cancel_requested_at);
+    if (!cancel_told_at(c, j->id, &at))
+        printf("cancel:        requested %s\n", asked);
+    else if (at != PGJOBQ_TIME_NONE) {
+        format_time(told, sizeof told, at);
+        printf("cancel:        requested %s; its handler told %s (%.3f s later)\n", asked, told,
+               (double)(at - j->cancel_requested_at) / 1e6);
+    } else if (j->state == PGJOBQ_RUNNING)
+        printf("cancel:        requested %s; its holder has not been told yet\n", asked);
+    else
+        printf("cancel:        requested %s; the job ended before its holder was told\n", asked);
 }
 
 static void print_job_json(FILE *f, const pgjobq_job *j)
@@ -388,7 +433,12 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         return status;
     }
     if (json) {
+        int64_t told = PGJOBQ_TIME_NONE;
         print_job_fields(stdout, j);
+        if (j->cancel_requested && !cancel_told_at(c, j->id, &told))
+            told = PGJOBQ_TIME_NONE;
+        fputs(",\"cancel_told_at\":", stdout);
+        json_time(stdout, told);
     } else {
         char t[5][48];
         format_time(t[0], sizeof t[0], j->run_at);
@@ -404,6 +454,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
                t[1], t[2], t[3], t[4]);
         field("worker_id:", j->worker_id ? j->worker_id : "-");
+        if (j->cancel_requested)
+            print_cancel(c, j);
         field("unique_key:", j->unique_key ? j->unique_key : "-");
         field("payload:", j->payload);
         field("result:", j->result ? j->result : "-");
@@ -582,6 +634,63 @@ static void format_bytes(char *buf, size_t size, int64_t bytes)
     snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
+/* The live workers that claim nothing because they cannot run jobs (pgjobq_worker_set_unhealthy: a
+ * coprocess that cannot start): id, host, pid, reason, seconds since.  NULL, said on stderr, when they
+ * cannot be read (the report goes on without them). */
+static PGresult *unhealthy_workers(pgjobq_client *c)
+{
+    PGresult *r =
+        PQexec(pgjobq_client_conn(c), "SELECT id, host, pid, reason, round(extract(epoch FROM now() - since))::bigint"
+                                      " FROM pgjobq.monitor_unhealthy_workers()");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK)
+        return r;
+    cli_err("cannot read which workers are unhealthy: %s", PQresultErrorMessage(r));
+    PQclear(r);
+    return NULL;
+}
+
+static void print_unhealthy_json(const PGresult *u)
+{
+    fputs(",\"unhealthy_workers\":[", stdout);
+    for (int i = 0; u && i < PQntuples(u); i++) {
+        fputs(i ? ",{\"id\":" : "{\"id\":", stdout);
+        json_str(stdout, PQgetvalue(u, i, 0));
+        fputs(",\"host\":", stdout);
+        json_str(stdout, PQgetvalue(u, i, 1));
+        printf(",\"pid\":%s,\"since_s\":%s,\"reason\":", PQgetvalue(u, i, 2), PQgetvalue(u, i, 4));
+        json_str(stdout, PQgetvalue(u, i, 3));
+        fputc('}', stdout);
+    }
+    fputc(']', stdout);
+}
+
+/* Each unhealthy worker, with the lines of its reason indented (a traceback's last lines). */
+static void print_unhealthy(const PGresult *u)
+{
+    int n = u ? PQntuples(u) : 0;
+    if (n == 0) {
+        printf("workers        none unhealthy\n");
+        return;
+    }
+    printf("workers        %d unhealthy, claiming nothing until it is over:\n", n);
+    for (int i = 0; i < n; i++) {
+        fputs("  ", stdout);
+        tty_put(stdout, PQgetvalue(u, i, 0), 0);
+        printf(" (pid %s on ", PQgetvalue(u, i, 2));
+        tty_put(stdout, PQgetvalue(u, i, 1), 0);
+        printf("), for %s s:\n", PQgetvalue(u, i, 4));
+        for (const char *l = PQgetvalue(u, i, 3); *l;) {
+            size_t len = strcspn(l, "\n");
+            char *line = strndup(l, len);
+            fputs("    ", stdout);
+            tty_put(stdout, line ? line : "", 0);
+            fputc('\n', stdout);
+            free(line);
+            l += len + (l[len] == '\n');
+        }
+    }
+}
+
 int cmd_health(const cli_cmd *cmd, int argc, char **argv)
 {
     int json = 0, status, rc;
@@ -598,6 +707,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         pgjobq_client_close(c);
         return status;
     }
+    PGresult *unhealthy = unhealthy_workers(c);
     pgjobq_client_close(c);
     if (json) {
         printf("{\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
@@ -607,8 +717,8 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         json_time(stdout, h.autovacuum_paused_since);
         fputs(",\"holder\":", stdout);
         if (h.holder_kind[0] == '\0') {
-            fputs("null}\n", stdout);
-            return EX_OK;
+            fputs("null", stdout);
+            goto json_end;
         }
         printf("{\"kind\":");
         json_str(stdout, h.holder_kind);
@@ -627,7 +737,11 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         json_time(stdout, h.holder_since);
         fputs(",\"query\":", stdout);
         json_str(stdout, h.holder_query[0] ? h.holder_query : NULL);
-        fputs("}}\n", stdout);
+        fputc('}', stdout);
+    json_end:
+        print_unhealthy_json(unhealthy);
+        fputs("}\n", stdout);
+        PQclear(unhealthy);
         return EX_OK;
     }
     format_bytes(size, sizeof size, h.jobs_bytes);
@@ -643,7 +757,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     }
     if (h.holder_kind[0] == '\0') {
         printf("oldest holder  none: vacuum can remove every dead row\n");
-        return EX_OK;
+        goto text_end;
     }
     format_time(t2, sizeof t2, h.holder_since);
     /* The holder's application name and query are another session's: anything can be in them. */
@@ -675,6 +789,9 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     if (h.horizon_age_ms >= 300000)
         printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
                "docs/deploy.md, \"Snapshots held open\".\n");
+text_end:
+    print_unhealthy(unhealthy);
+    PQclear(unhealthy);
     return EX_OK;
 }
 
@@ -789,7 +906,8 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
     if (one) {
         rc = pgjobq_job_cancel(c, id, &st);
         if (rc == PGJOBQ_OK && st == PGJOBQ_RUNNING)
-            printf("job %lld is running: cancel requested; it ends cancelled at its worker's next heartbeat\n",
+            printf("job %lld is running: cancel requested; its worker is told at once and stops it (pgjobq show "
+                   "says when)\n",
                    (long long)id);
         else if (rc == PGJOBQ_OK)
             printf("job %lld cancelled\n", (long long)id);
@@ -802,7 +920,7 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
         else if (rc == PGJOBQ_OK && a.filter.state == PGJOBQ_RUNNING)
             printf("%s a cancel of %lld running job%s of queue %s%s\n", a.dry_run ? "would request" : "requested",
                    (long long)n, n == 1 ? "" : "s", a.filter.queue,
-                   a.dry_run ? "" : ": each ends cancelled at its worker's next heartbeat");
+                   a.dry_run ? "" : ": their workers are told at once and stop them");
         else if (rc == PGJOBQ_OK)
             printf("%s %lld queued job%s of queue %s\n", a.dry_run ? "would cancel" : "cancelled", (long long)n,
                    n == 1 ? "" : "s", a.filter.queue);

@@ -56,7 +56,7 @@ int main(int argc, char **argv)
         batch[i].payload = payloads[i];
         batch[i].opts = o;
     }
-    rc = pgjobq_enqueue_batch(c, batch, (size_t)n, NULL, NULL);
+    rc = pgjobq_enqueue_many(c, batch, (size_t)n, NULL, NULL);
     free(batch);
     free(payloads);
     if (rc != PGJOBQ_OK) {

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 16
+#define PGJOBQ_SCHEMA_VERSION 19
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -166,7 +166,10 @@ typedef struct pgjobq_job {
         const char *parents;
         uint64_t pgjobq_slot2_;
     };
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t cancel_requested_at; /* when that cancel was requested (schema 16; PGJOBQ_TIME_NONE: none, or
+                                    one requested before the upgrade).  When its holder then told the
+                                    handler is pgjobq.all_jobs.cancel_told_at.  (In place of the last
+                                    reserved field.) */
 } pgjobq_job;
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
@@ -287,12 +290,12 @@ typedef struct pgjobq_enqueue_opts {
     const char *kind;       /* NULL: "default" */
     int priority;           /* PGJOBQ_PRIORITY_MIN..MAX, lower runs first; 0 by default */
     int max_attempts;       /* 1..PGJOBQ_MAX_ATTEMPTS_MAX; 0: PGJOBQ_DEFAULT_MAX_ATTEMPTS */
-    int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms; >= 0 */
+    int64_t delay_ms;       /* run no sooner than the database's now() + delay_ms: 0 to 100 years */
     const char *run_at;     /* or an absolute time, as PostgreSQL timestamptz text; NULL: none.
                                Giving both run_at and a non-zero delay_ms is PGJOBQ_EINVAL, and so
-                               is a time before 1970-01-01 UTC or more than 100 years after the
-                               database's now() (checked by the database, in a statement of its
-                               own before the insert, only when run_at is given). */
+                               is a time more than 100 years from the database's now(), before or
+                               after.  The database judges both rules (sql/functions/enqueue.sql,
+                               enqueue_when_why), as it does for every interface. */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
                                key, enqueueing another job with it returns the existing job instead. */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
@@ -352,12 +355,21 @@ typedef struct pgjobq_job_spec {
 } pgjobq_job_spec;
 
 /*
- * Enqueues n jobs in one statement (one round trip), atomically: if any job is invalid, none is
- * inserted, PGJOBQ_EINVAL is returned, and pgjobq_errmsg() names the first bad job by its index.
- * ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL) receives n flags, nonzero
- * where the job was not inserted because its unique key was held (ids_out then has the holder's id).
- * Sends one notification per queue, not one per job.
+ * Enqueues n jobs in one statement (one round trip; a large batch with COPY), atomically: if any job
+ * is invalid, none is inserted, PGJOBQ_EINVAL is returned, and pgjobq_errmsg() names the first bad
+ * job: "job 17: ..." (its index) for what the library checks itself and for a run_at the database
+ * cannot read, and as the SQL function names it for a rule the database judges ("run_ats[18] ...",
+ * enqueue_many's 1-based arrays; "job 17: ..." for jobs with parents or tags, which go through
+ * pgjobq.enqueue_graph).  ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL)
+ * receives n flags, nonzero where the job was not inserted because its unique key was held (ids_out
+ * then has the holder's id).  Sends one notification per queue, not one per job.  (pgjobq.enqueue_many
+ * in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in SQL and Python is jobs with a
+ * callback, pgjobq.enqueue_batch.)
  */
+PGJOBQ_EXPORT int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
+                                      unsigned char *dup_out) PGJOBQ_WUR;
+
+/* Deprecated: pgjobq_enqueue_many's former name, kept for the programs that call it; the same function. */
 PGJOBQ_EXPORT int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                        unsigned char *dup_out) PGJOBQ_WUR;
 
@@ -453,7 +465,8 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
 /*
  * Runs a finished or scheduled job again now: it becomes queued with run_at = now(), keeping its
  * attempt count (max_attempts is raised if needed to allow one more attempt).  Returns PGJOBQ_OK,
- * PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE for a running job.
+ * PGJOBQ_ENOTFOUND, PGJOBQ_ESTATE for a running job, or PGJOBQ_EDUPLICATE when a queued or running
+ * job of the queue holds the job's unique key.
  */
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
 
@@ -776,9 +789,16 @@ typedef enum pgjobq_outcome {
     PGJOBQ_OUTCOME_DONE = 4,     /* the handler already ended the job itself, typically with
                                     pgjobq_job_complete on its own connection, in the same transaction
                                     as its effect (exactly-once effects); the worker writes nothing */
-    PGJOBQ_OUTCOME_PENDING = 5   /* the job goes on after the handler returns: whoever the handler gave
+    PGJOBQ_OUTCOME_PENDING = 5,  /* the job goes on after the handler returns: whoever the handler gave
                                     it to ends it with pgjobq_ctx_finish, from any thread, and the
                                     handler's thread is free for the next job meanwhile */
+    PGJOBQ_OUTCOME_SNOOZE = 6    /* hand the job back untouched: it is queued again, due after the
+                                    delay set with pgjobq_ctx_set_retry_delay (none set: the backoff of
+                                    its attempt, a few seconds), and this attempt does not count; the text set with
+                                    pgjobq_ctx_set_error is kept as its last_error (why).  For a job
+                                    this worker cannot run now rather than one that failed: a kind it
+                                    does not know yet (a rolling deploy), a handler that could not
+                                    start.  A job whose cancellation was requested ends cancelled */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */
@@ -801,10 +821,12 @@ PGJOBQ_EXPORT const pgjobq_job *pgjobq_ctx_job(const pgjobq_ctx *ctx);
  * (the previous result, if any, is kept). */
 PGJOBQ_EXPORT int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json) PGJOBQ_WUR;
 
-/* Sets the error text stored with RETRY or FAIL (any bytes; sanitised and cut to PGJOBQ_ERROR_MAX). */
+/* Sets the error text stored with RETRY or FAIL, or the reason stored with SNOOZE (any bytes;
+ * sanitised and cut to PGJOBQ_ERROR_MAX). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
 
-/* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff). */
+/* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff), or
+ * before a SNOOZE'd job runs again (the default: the backoff; at most 100 years, more is taken as 100). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
 
 /* Reports the job's progress (JSON text of at most PGJOBQ_PROGRESS_MAX bytes, copied): the worker
@@ -887,7 +909,9 @@ typedef struct pgjobq_worker_opts {
                                     every record; PGJOBQ_LOG_DEBUG to PGJOBQ_LOG_ERROR, else
                                     pgjobq_worker_new refuses it.  A record below it is not even
                                     formatted (the debug records come two a job) */
-    uint32_t pgjobq_reserved32;  /* zero */
+    int32_t burst;               /* nonzero: stop by itself once nothing it serves is due (a claim sent
+                                    while it held no job found none), as after pgjobq_worker_stop;
+                                    for tests and runs from cron.  0: run until stopped */
     uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_opts;
 
@@ -901,6 +925,19 @@ static inline pgjobq_worker_opts pgjobq_worker_opts_init_(void)
 #else
 #define PGJOBQ_WORKER_OPTS_INIT {.worker_id = NULL}
 #endif
+
+/* The concurrency a queue is served with when none is given: by `pgjobq work --queue Q` and the
+ * Python package's worker (which reads it from `pgjobq work --print-defaults`). */
+#define PGJOBQ_DEFAULT_CONCURRENCY 10
+
+/*
+ * Fills every zero field of *o that has a default with the value pgjobq_worker_new gives it: lease
+ * 60 s; heartbeat a third of the lease and job timeout 80% of it (of the lease given, or of the
+ * default); poll 1 s; shutdown timeout 30 s; batch_max 1000.  The one statement of these defaults,
+ * for programs that show them or build on them (the pgjobq command, and through it the Python
+ * package).  Checks nothing (pgjobq_worker_new does).  Thread-safe.
+ */
+PGJOBQ_EXPORT void pgjobq_worker_opts_defaults(pgjobq_worker_opts *o);
 
 /*
  * Creates a worker for the database at conninfo.  Checks the options (a job timeout not shorter than
@@ -922,7 +959,8 @@ PGJOBQ_EXPORT int pgjobq_worker_handle(pgjobq_worker *w, const char *queue, cons
                                        pgjobq_handler_fn fn, void *arg) PGJOBQ_WUR;
 
 /*
- * Runs the worker on the calling thread until pgjobq_worker_stop: connects (retrying with backoff
+ * Runs the worker on the calling thread until pgjobq_worker_stop (or, with opts.burst, until nothing
+ * it serves is due: then it returns PGJOBQ_OK): connects (retrying with backoff
  * and jitter, forever), claims, dispatches, completes, heartbeats, rescues and prunes.  On stop it
  * claims nothing more, waits up to the shutdown timeout for running jobs, then asks the remaining
  * handlers to stop and hands their jobs back to the queue at once without using up an attempt.
@@ -943,6 +981,18 @@ PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
  */
 PGJOBQ_EXPORT void pgjobq_worker_stop(pgjobq_worker *w);
 
+/*
+ * Says that the worker cannot run jobs now, and why (reason: text, copied; sanitised and cut to 4000
+ * bytes), or that it can again (reason NULL).  While a reason is set the worker claims no new job; the
+ * jobs it holds go on (their leases renewed, their outcomes written), and its row of pgjobq.workers
+ * carries the reason and since when (column unhealthy, written at once), where `pgjobq health`, the
+ * dashboard and pgjobq.monitor_unhealthy_workers() show it.  For a handler that finds it cannot work:
+ * a process it runs jobs in that cannot start (`pgjobq work --coproc` does this), a resource it needs
+ * that is gone.  Safe from any thread while the worker runs (not from a signal handler), and before
+ * pgjobq_worker_run.  Returns PGJOBQ_OK, or PGJOBQ_ENOMEM (nothing changed).
+ */
+PGJOBQ_EXPORT int pgjobq_worker_set_unhealthy(pgjobq_worker *w, const char *reason) PGJOBQ_WUR;
+
 /* Counters since the worker started; safe to read from any thread while it runs. */
 typedef struct pgjobq_worker_stats {
     int64_t claimed;     /* jobs claimed */
@@ -951,7 +1001,7 @@ typedef struct pgjobq_worker_stats {
     int64_t failed;      /* jobs that ended failed */
     int64_t cancelled;   /* jobs that ended cancelled */
     int64_t lost;        /* jobs whose lease was lost (results not written) */
-    int64_t released;    /* jobs handed back at shutdown */
+    int64_t released;    /* jobs handed back at shutdown, or snoozed by their handler */
     int64_t running;     /* jobs running now */
     int64_t claims;      /* claim statements */
     int64_t rescued;     /* expired leases rescued by this process's maintenance */
@@ -985,6 +1035,11 @@ PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
  * byte offset) into why[0..why_size).
  */
 PGJOBQ_EXPORT int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size) PGJOBQ_WUR;
+
+/* pgjobq_json_check with max_len bytes as the limit instead of PGJOBQ_PAYLOAD_MAX: for a document that
+ * holds a value to store and more (a line of a protocol), checked whole before it is taken apart. */
+PGJOBQ_EXPORT int pgjobq_json_check_limit(const char *text, size_t len, size_t max_len, char *why,
+                                          size_t why_size) PGJOBQ_WUR;
 
 /*
  * Checks that libpq can parse conninfo (a postgresql:// URL or a key=value string; NULL is "").  Does

@@ -55,12 +55,14 @@ GRANT EXECUTE ON FUNCTION
                         boolean),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[]),
-    pgjobq.levels_add(text[], smallint[])
+    pgjobq.levels_add(text[], smallint[]),
+    pgjobq.job_defaults(),
+    pgjobq.enqueue_when_check(timestamptz[], interval[], integer[])
 TO pgjobq_producer;
 -- (pgjobq_producer is not granted INSERT on pgjobq.jobs: with it, the library would enqueue large
 -- batches with COPY, but a producer could also choose ids the sequence has not issued yet and make
 -- later enqueues fail.  Grant INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON
--- pgjobq.jobs to a producer you trust with that; pgjobq_enqueue_batch uses COPY when it may.)
+-- pgjobq.jobs to a producer you trust with that; pgjobq_enqueue_many uses COPY when it may.)
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),
@@ -73,6 +75,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.progress_many(bigint[], bigint[], jsonb[]),
     pgjobq.release_many(bigint[], bigint[], text),
     pgjobq.cancel_many(bigint[], bigint[], text),
+    pgjobq.snooze_many(bigint[], bigint[], text[], interval[]),
     pgjobq.next_due(text),
     pgjobq.rescue_expired(integer, timestamptz),
     pgjobq.prune(interval, interval, integer),
@@ -80,12 +83,13 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cron_field(text, integer, integer, text[], text),
     pgjobq.cron_instant(timestamp, text),
     pgjobq.schedule_tick(integer),
-    pgjobq.worker_beat(text, text, integer, text, text, bigint),
+    pgjobq.worker_beat(text, text, integer, text, text, bigint, text),
     pgjobq.worker_gone(text, bigint),
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health(),
     pgjobq.health_facts(),
+    pgjobq.monitor_unhealthy_workers(),
     pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
 
@@ -169,7 +173,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_l
 GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
-    pgjobq.monitor_workers(), pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
+    pgjobq.monitor_workers(), pgjobq.monitor_unhealthy_workers(),
+    pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
     pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
     pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()

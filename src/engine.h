@@ -96,6 +96,34 @@ int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_po
 int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,
                          int64_t linger_ms);
 
+/* Whether a statement's error (its SQLSTATE; NULL when none came) is a refusal of the values it was
+ * given, one row's perhaps, rather than of the statement: a data exception (class 22: a number
+ * beyond numeric's range, \u0000 in jsonb, a time out of range), an integrity constraint (23: a
+ * CHECK of the table) or a program limit (54: a value too large or too deep).  Only such a refusal is
+ * worth writing a batch's rows again in parts. */
+int pgjobq__refused_by_value(const char *sqlstate);
+
+/* The parts a refused batch is written again in, to find the rows the database refuses (at most a
+ * few per batch: a handler's result or retry delay) while the others are written.  The parts are
+ * consecutive and come first in the pending list of their kind: the top of the stack is the next part
+ * to write, a part refused is split in two halves (the first half written first), and a refused part
+ * of one row is that row.  A batch of n rows with one refused row takes about 2 log2(n) writes. */
+#define PGJOBQ__SPLIT_DEPTH 64
+typedef struct pgjobq__split {
+    size_t part[PGJOBQ__SPLIT_DEPTH]; /* rows in each part, the next part last */
+    int depth;
+} pgjobq__split;
+/* How many of the `pending` rows the next write takes: the next part's, or all of them when no
+ * part is left; the part is then off the stack (pgjobq__split_refused or _requeued put it back). */
+size_t pgjobq__split_take(pgjobq__split *s, size_t pending);
+/* A write of n rows (taken by pgjobq__split_take) was refused by value and its rows are back at the
+ * front of the pending list: 1 when n is 1 (that row is the refused one: the caller deals with it and
+ * does not put it back), else 0 after pushing its two halves. */
+int pgjobq__split_refused(pgjobq__split *s, size_t n);
+/* A write of n rows did not happen (a conflict to retry, a lost connection) and its rows are back at
+ * the front of the pending list: while parts are being written, it becomes the next part again. */
+void pgjobq__split_requeued(pgjobq__split *s, size_t n);
+
 /* The next reconnect delay after `current` (0 for the first): doubling from min_ms, at most max_ms. */
 int64_t pgjobq__backoff_next(int64_t current_ms, int64_t min_ms, int64_t max_ms);
 
@@ -296,6 +324,7 @@ struct pgjobq_ctx {
     size_t run_index;            /* position in the worker's running set */
     int ended;                   /* the database already ended the job (cancelled) or we lost it */
     int unwritten;               /* its outcome waits to be written (counted in q->claim.unwritten) */
+    int refused;                 /* the database refused its outcome once: it was rewritten as a failure */
     /* Set by the handler. */
     pgjobq_outcome outcome;
     char *result;
@@ -333,6 +362,7 @@ typedef struct pgjobq__queue {
     /* Engine only: the claim policy's view, and where the next claim starts. */
     pgjobq__claim_view claim;
     pgjobq__cursor cursor;
+    int drained; /* engine only: its last claim, sent while the worker held no job, found none (burst) */
 } pgjobq__queue;
 
 /* The pool's side of a worker: where its threads hand ended jobs back.  The mailbox is a list, taken
@@ -392,6 +422,7 @@ enum {
     PGJOBQ__S_FAIL,
     PGJOBQ__S_RELEASE,
     PGJOBQ__S_CANCEL,
+    PGJOBQ__S_SNOOZE,
     PGJOBQ__S_EXTEND,
     PGJOBQ__S_BEAT,
     PGJOBQ__S_PROGRESS,
@@ -401,7 +432,7 @@ enum {
     PGJOBQ__S_HEALTH,
     PGJOBQ__NSTMTS
 };
-enum { PGJOBQ__W_COMPLETE, PGJOBQ__W_FAIL, PGJOBQ__W_RELEASE, PGJOBQ__W_CANCEL, PGJOBQ__W_KINDS };
+enum { PGJOBQ__W_COMPLETE, PGJOBQ__W_FAIL, PGJOBQ__W_RELEASE, PGJOBQ__W_CANCEL, PGJOBQ__W_SNOOZE, PGJOBQ__W_KINDS };
 #define PGJOBQ__WRITE_STMT(kind) (PGJOBQ__S_COMPLETE + (kind))
 /* The claim's columns after the claimed job's (PGJOBQ__K_ID ...). */
 enum { PGJOBQ__K_KEY = PGJOBQ__K_NCOLS, PGJOBQ__K_META, PGJOBQ__K_CAP, PGJOBQ__K_TICK_XID, PGJOBQ__K_NEXT_DUE,
@@ -431,6 +462,7 @@ typedef struct pgjobq__request {
     int want;       /* claim */
     int from_cursor; /* claim */
     int woken;       /* claim: made because the queue was woken */
+    int idle;        /* claim: sent while the worker held no job (for burst) */
     int wkind;      /* write: PGJOBQ__W_* */
     pgjobq__batch items;    /* write: the jobs it writes, owned until its result */
     int64_t sent_ms;
@@ -450,6 +482,15 @@ struct pgjobq_worker {
     _Atomic int stop_requests;
     int wake_pipe[2];
 
+    /* pgjobq_worker_set_unhealthy: why the worker claims nothing (NULL: it claims), under problem_lock
+     * (a spin lock: held only to swap or copy it); unhealthy says whether one is set, problem_changed
+     * that the engine has not beaten since it changed.  Engine only: claims_held, what it last saw. */
+    _Atomic int problem_lock;
+    char *problem;
+    _Atomic int unhealthy;
+    _Atomic int problem_changed;
+    int claims_held;
+
     /* The handler threads, and the mailbox they hand outcomes back through. */
     pgjobq__pool pool;
 
@@ -462,6 +503,7 @@ struct pgjobq_worker {
     int64_t down_since_ms[PGJOBQ__NCONN];  /* when it was lost (or first failed); 0 while up */
     int64_t next_down_warn_ms[PGJOBQ__NCONN];
     pgjobq__batch pending[PGJOBQ__W_KINDS];
+    pgjobq__split split[PGJOBQ__W_KINDS]; /* the parts of a refused batch still to write, of each kind */
     int64_t first_pending_ms; /* when the oldest unwritten outcome arrived; 0 when none */
     pgjobq_ctx **running;     /* every claimed job not yet written or given up */
     size_t nrunning, caprunning;
@@ -475,6 +517,12 @@ struct pgjobq_worker {
     int health_failed;        /* the last health check failed (said at warn once, then at debug) */
     int64_t next_beat_ms;
     int64_t next_progress_ms; /* the earliest the handlers' progress is written again */
+    struct pgjobq__progress_sent {
+        int64_t id;
+        char *value;
+    } *progress_sent;         /* the values of the progress write under way, kept until its answer */
+    size_t nprogress_sent, progress_cap;
+    size_t progress_alone;    /* progress writes left that take one job's value each (after a refusal) */
     int64_t rescue_since_us;      /* the next rescue's since (PGJOBQ_TIME_NONE: every expired lease) */
     int64_t next_full_rescue_ms;
     char host[128], pid_s[16], queues_s[1024]; /* what the beat says */
@@ -498,6 +546,10 @@ struct pgjobq_worker {
 };
 
 /* worker_api.c */
+/* The longest reason pgjobq_worker_set_unhealthy keeps (pgjobq.workers keeps 4096 characters). */
+#define PROBLEM_MAX 4000
+/* Copies why the worker is unhealthy into buf ("" when it is not). */
+void pgjobq__worker_problem(pgjobq_worker *w, char *buf, size_t size);
 /* Sets the worker's message and returns code. */
 int pgjobq__worker_err(pgjobq_worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Wakes the engine from its poll (signal-safe: a byte into its pipe). */

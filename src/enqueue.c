@@ -1,16 +1,20 @@
 /*
- * enqueue.c - inserting jobs: one, or a batch in one statement through pgjobq.enqueue_many(), or a
- * large batch with COPY.
+ * enqueue.c - inserting jobs: one, or many in one statement through pgjobq.enqueue_many(), or a large
+ * batch with COPY.
  *
- * Every job is checked here first, so that a bad one is reported by its index with a precise reason
- * and nothing is sent; the database's CHECK constraints then hold the same rules for anyone who
- * bypasses the library.
+ * The database judges every enqueue rule (sql/functions/enqueue.sql, "The enqueue rules"): when a job
+ * may run, unique keys, and the rules of pgjobq.jobs, so that the SQL API, the library, the command
+ * and the other languages give one answer.  This file checks only what cannot reach the database as
+ * given (JSON that does not parse, invalid UTF-8, a C value its SQL type cannot hold), and the cheap
+ * bounds of the public constants (names, priority, max_attempts), which it needs for COPY and which
+ * tests/test_rules.c holds equal to the database's.
  *
- * COPY writes a batch about 2.5 times as fast as an INSERT from arrays (the server inserts its rows a
- * page at a time), but it cannot skip rows whose unique key is held (ON CONFLICT), compute
- * now() + delay, or take the column default for some rows and a value for others; batches that need
- * any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
- * (pgjobq.reserve_ids), and the batch is one transaction.
+ * COPY writes a batch faster than an INSERT from arrays (the server inserts its rows a page at a time;
+ * docs/design.md, "Enqueue"; bench/README.md, B1), but it cannot skip rows whose unique key is held (ON CONFLICT),
+ * compute now() + delay, or take the column default for some rows and a value for others; batches that
+ * need any of these go through pgjobq.enqueue_many().  The ids come from the sequence all the same
+ * (pgjobq.reserve_ids), the defaults from the database (pgjobq.job_defaults), and the batch is one
+ * transaction.
  *
  * The workers are woken (NOTIFY) with the commit of the transaction the jobs are in, except for the
  * one statement the library runs as its own transaction (pgjobq.enqueue_many on its idle connection):
@@ -66,16 +70,8 @@ int pgjobq__check_payload(pgjobq_client *c, const char *what, const char *json, 
     return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s is not valid JSON: %s", what, why);
 }
 
-/* Counts UTF-8 characters (the text is known to be valid UTF-8). */
-static size_t utf8_chars(const char *s)
-{
-    size_t n = 0;
-    for (; *s; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
-    return n;
-}
-
-/* Checks one job; `label` is "job" or "job 17". */
+/* Checks one job for what the database cannot judge (see the top of this file); `label` is "job" or
+ * "job 17". */
 static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec *j)
 {
     const pgjobq_enqueue_opts *o = &j->opts;
@@ -103,159 +99,109 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
     if (o->max_attempts < 0 || o->max_attempts > PGJOBQ_MAX_ATTEMPTS_MAX)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: max_attempts %d is out of range 1..%d", label, o->max_attempts,
                               PGJOBQ_MAX_ATTEMPTS_MAX);
-    if (o->delay_ms < 0)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: delay must not be negative (%lld ms)", label,
+    /* An interval counts microseconds in 64 bits (the database bounds the delay itself). */
+    if (o->delay_ms > INT64_MAX / 1000 || o->delay_ms < INT64_MIN / 1000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: a delay of %lld ms does not fit an interval", label,
                               (long long)o->delay_ms);
-    if (o->delay_ms > INT64_C(3155760000000)) /* 100 years keeps now() + delay far from overflow */
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: delay of %lld ms is more than 100 years", label,
-                              (long long)o->delay_ms);
-    if (o->run_at && o->delay_ms != 0)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: give run_at or a delay, not both", label);
-    if (o->run_at && (o->run_at[0] == '\0' || !pgjobq__utf8_valid(o->run_at, strlen(o->run_at))))
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: run_at is empty or not valid text", label);
-    if (o->unique_key) {
-        size_t len = strlen(o->unique_key);
-        if (!pgjobq__utf8_valid(o->unique_key, len))
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique key is not valid UTF-8", label);
-        if (len == 0 || utf8_chars(o->unique_key) > PGJOBQ_UNIQUE_KEY_MAX)
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique key must have 1 to %d characters", label,
-                                  PGJOBQ_UNIQUE_KEY_MAX);
-    }
-    if (o->concurrency_key) {
-        size_t len = strlen(o->concurrency_key);
-        if (!pgjobq__utf8_valid(o->concurrency_key, len))
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key is not valid UTF-8", label);
-        if (len == 0 || utf8_chars(o->concurrency_key) > PGJOBQ_UNIQUE_KEY_MAX)
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key must have 1 to %d characters", label,
-                                  PGJOBQ_UNIQUE_KEY_MAX);
-    }
-    if ((o->after || o->tags) && o->unique_key)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: a job with parents or tags cannot have a unique key", label);
-    if (o->after) {
-        size_t n = 0;
-        for (; o->after[n] != 0; n++)
-            if (o->after[n] < 0 || n >= 10000)
-                return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: after: %s", label,
-                                      n >= 10000 ? "more than 10000 parents" : "a job id must be positive");
-        if (n == 0)
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: after is empty (end the ids with 0)", label);
-    }
+    if (o->run_at && !pgjobq__utf8_valid(o->run_at, strlen(o->run_at)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: run_at is not valid UTF-8", label);
+    if (o->unique_key && !pgjobq__utf8_valid(o->unique_key, strlen(o->unique_key)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique key is not valid UTF-8", label);
+    if (o->concurrency_key && !pgjobq__utf8_valid(o->concurrency_key, strlen(o->concurrency_key)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key is not valid UTF-8", label);
+    /* The flag's two values are all the graph can be told (and it is told only with after). */
     if (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL &&
         (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_RUN || o->after == NULL))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: on_parent_failure must be CANCEL or RUN, and only with after",
                               label);
-    if (o->tags) {
-        size_t n = 0;
-        for (; o->tags[n] != NULL; n++) {
-            size_t len = strlen(o->tags[n]);
-            if (n >= 20 || len == 0 || !pgjobq__utf8_valid(o->tags[n], len) || utf8_chars(o->tags[n]) > 64)
-                return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tags: at most 20, each 1 to 64 characters of UTF-8",
-                                      label);
-        }
-        if (n == 0)
-            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tags is empty (end the tags with NULL)", label);
-    }
+    for (size_t n = 0; o->tags && o->tags[n] != NULL; n++)
+        if (!pgjobq__utf8_valid(o->tags[n], strlen(o->tags[n])))
+            return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tag %zu is not valid UTF-8", label, n);
     return PGJOBQ_OK;
 }
 
-/*
- * run_at, like a delay, within reason: no earlier than 1970-01-01 UTC and no later than 100 years
- * (36,525 days, the longest delay) after the database's now().  A job at 4713 BC or in the year 99999
- * would sit first in its queue's order, or never run, and push the queue's lag metrics to 1e11 s.
- * Only the database reads a timestamptz the way the insert will (time zones, 'tomorrow', its
- * DateStyle), so the distinct run_at texts of a batch are checked in one statement before anything is
- * written; a text it cannot read fails here as it would in the insert.  label_batch: "job N" labels.
- */
-#define RUN_AT_MIN "1970-01-01 00:00:00+00"
-#define RUN_AT_MAX_AHEAD "36525 days"
-
-/* Runs the check over texts[0..k): PGJOBQ_OK with *bad the index of the first text out of range (or k
- * when none is), or the error (a text the database cannot read as a time, say). */
-static int run_at_query(pgjobq_client *c, const char *const *texts, size_t k, size_t *bad)
+/* The distinct run_at texts of jobs[0..n), each with the index of its first job (a batch shares its
+ * run_at, as a rule: a run of equal texts counts once), into *texts and *which (malloc'd; *k of them).
+ * -1 when out of memory. */
+static int run_at_texts(const pgjobq_job_spec *jobs, size_t n, const char ***texts, size_t **which, size_t *k)
 {
-    static const Oid types[] = {OID_TEXT_ARRAY};
-    pgjobq__array a;
-    PGresult *r = NULL;
-    int rc;
-
-    *bad = k;
-    memset(&a, 0, sizeof a);
-    pgjobq__array_begin(&a, OID_TEXT);
-    for (size_t i = 0; i < k; i++)
-        pgjobq__array_text(&a, texts[i], strlen(texts[i]));
-    if (pgjobq__array_end(&a) != 0 || a.buf.len > INT32_MAX) {
-        pgjobq__buf_free(&a.buf);
-        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
-    }
-    const char *values[1] = {a.buf.data};
-    int lengths[1] = {(int)a.buf.len}, formats[1] = {1};
-    pgjobq__stmt st = {"run_at",
-                       "SELECT u.i FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(t, i)"
-                       " WHERE NOT (u.t::pg_catalog.timestamptz >= '" RUN_AT_MIN "'::pg_catalog.timestamptz"
-                       " AND u.t::pg_catalog.timestamptz <= pg_catalog.now() + '" RUN_AT_MAX_AHEAD
-                       "'::pg_catalog.interval) ORDER BY u.i LIMIT 1",
-                       1,
-                       types,
-                       values,
-                       lengths,
-                       formats,
-                       0};
-    rc = pgjobq__exec(c, &st, &r);
-    if (rc == PGJOBQ_OK && PQntuples(r) == 1)
-        *bad = (size_t)strtoul(PQgetvalue(r, 0, 0), NULL, 10) - 1;
-    PQclear(r);
-    pgjobq__buf_free(&a.buf);
-    return rc;
-}
-
-static int check_run_at(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int label_batch)
-{
-    const char **texts = malloc(n * sizeof *texts);
-    size_t *which = malloc(n * sizeof *which), k = 0, bad = 0;
-    char label[32];
-    int rc = PGJOBQ_OK;
-
-    if (texts == NULL || which == NULL) {
-        free(texts);
-        free(which);
-        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    *k = 0;
+    *texts = malloc((n ? n : 1) * sizeof **texts);
+    *which = malloc((n ? n : 1) * sizeof **which);
+    if (*texts == NULL || *which == NULL) {
+        free(*texts);
+        free(*which);
+        *texts = NULL;
+        *which = NULL;
+        return -1;
     }
     for (size_t i = 0; i < n; i++) {
         const char *t = jobs[i].opts.run_at;
-        /* A batch shares its run_at, as a rule: repeats in a row are sent once. */
-        if (t == NULL || (k > 0 && strcmp(texts[k - 1], t) == 0))
+        if (t == NULL || (*k > 0 && strcmp((*texts)[*k - 1], t) == 0))
             continue;
-        texts[k] = t;
-        which[k++] = i;
+        (*texts)[*k] = t;
+        (*which)[(*k)++] = i;
     }
-    if (k > 0)
-        rc = run_at_query(c, texts, k, &bad);
-    /* A text the database cannot read: which one?  Asked one by one, on the client's own idle
-     * connection only (in a caller's transaction the failure has aborted it). */
-    if (rc == PGJOBQ_EINVAL && k > 1 && c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE) {
-        char first[sizeof c->errmsg];
+    return 0;
+}
+
+/* Puts "job N: run_at: " (or "job: run_at: ", label_batch 0) before the client's message, in place
+ * of the statement's name ("enqueue: "). */
+static int label_run_at_error(pgjobq_client *c, int rc, int label_batch, size_t job)
+{
+    char keep[sizeof c->errmsg], label[48];
+    const char *m = keep, *colon;
+
+    memcpy(keep, c->errmsg, sizeof keep);
+    if ((colon = strstr(keep, ": ")) != NULL && (size_t)(colon - keep) < 24)
+        m = colon + 2;
+    if (label_batch)
+        snprintf(label, sizeof label, "job %zu", job);
+    else
+        snprintf(label, sizeof label, "job");
+    return pgjobq__seterr(c, rc, "%s: run_at: %s", label, m);
+}
+
+/*
+ * A batch's statement failed with a data exception (SQLSTATE class 22): if a run_at text is what the
+ * database could not read (a date, a time zone), names its job ("job 17: run_at: ..."; "job: ..."
+ * for one job, label_batch 0).  The texts are asked one at a time, and only now, on the error path:
+ * on the client's own idle connection, or not at all when the jobs share one text (a date, time or
+ * time zone SQLSTATE is then that text's).  In a caller's transaction, which the failure has
+ * aborted, a batch of several texts is left unnamed.  Returns rc.
+ */
+static int name_bad_run_at(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int label_batch, int rc)
+{
+    static const Oid types[] = {OID_TEXT};
+    const char **texts = NULL, *state = c->sqlstate;
+    char first[sizeof c->errmsg], first_state[sizeof c->sqlstate];
+    size_t *which = NULL, k = 0;
+    int read_error = strcmp(state, "22007") == 0 || strcmp(state, "22008") == 0 || strcmp(state, "22009") == 0;
+
+    if (rc == PGJOBQ_OK || strncmp(state, "22", 2) != 0 || run_at_texts(jobs, n, &texts, &which, &k) != 0)
+        return rc;
+    if (k == 1 && read_error)
+        rc = label_run_at_error(c, rc, label_batch, which[0]);
+    else if (k > 0 && c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE) {
         memcpy(first, c->errmsg, sizeof first);
-        for (bad = 0; bad < k; bad++) {
-            size_t none;
-            int one = run_at_query(c, &texts[bad], 1, &none);
-            if (one != PGJOBQ_OK || none == 0) {
-                rc = one; /* its own error, or PGJOBQ_OK for a time out of range */
+        memcpy(first_state, c->sqlstate, sizeof first_state);
+        size_t bad = 0;
+        for (; bad < k; bad++) {
+            const char *values[1] = {texts[bad]};
+            pgjobq__stmt st = {"run_at", "SELECT $1::pg_catalog.timestamptz", 1, types, values, NULL, NULL, 0};
+            PGresult *r = NULL;
+            int one = pgjobq__exec(c, &st, &r);
+            PQclear(r);
+            if (one != PGJOBQ_OK) {
+                if (one != PGJOBQ_ECONN)
+                    rc = label_run_at_error(c, one, label_batch, which[bad]);
                 break;
             }
         }
-        if (bad == k)
+        if (bad == k) { /* every text reads: the error was another's */
             memcpy(c->errmsg, first, sizeof first);
-    }
-    if (rc == PGJOBQ_OK && bad < k)
-        rc = pgjobq__seterr(c, PGJOBQ_EINVAL,
-                            "run_at \"%.60s\" is out of range: it must lie between 1970-01-01 00:00 UTC and 100 years "
-                            "from now",
-                            texts[bad]);
-    if (rc != PGJOBQ_OK && rc != PGJOBQ_ENOMEM && (k == 1 || bad < k)) {
-        char keep[sizeof c->errmsg];
-        memcpy(keep, c->errmsg, sizeof keep);
-        snprintf(label, sizeof label, label_batch ? "job %zu" : "job", which[k == 1 ? 0 : bad]);
-        pgjobq__seterr(c, rc, "%s: %s", label, keep);
+            memcpy(c->sqlstate, first_state, sizeof first_state);
+        }
     }
     free(texts);
     free(which);
@@ -276,7 +222,7 @@ static int spec_needs_graph(const pgjobq_job_spec *j)
     return j->opts.after != NULL || j->opts.tags != NULL;
 }
 
-/* The jobs as the graph pgjobq.enqueue_graph takes (checked by check_spec). */
+/* The jobs as the graph pgjobq.enqueue_graph takes, every field given, for the database to judge. */
 static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n)
 {
     char num[64];
@@ -304,28 +250,37 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
             pgjobq__json_key(b, "concurrency_key");
             pgjobq__json_string(b, o->concurrency_key);
         }
+        if (o->unique_key) { /* which the graph refuses: its rule is the database's */
+            pgjobq__json_key(b, "unique_key");
+            pgjobq__json_string(b, o->unique_key);
+        }
         if (o->run_at) {
             pgjobq__json_key(b, "run_at");
             pgjobq__json_string(b, o->run_at);
-        } else if (o->delay_ms) {
+        }
+        if (o->delay_ms) {
+            uint64_t ms = o->delay_ms < 0 ? 0 - (uint64_t)o->delay_ms : (uint64_t)o->delay_ms;
             pgjobq__json_key(b, "delay");
             pgjobq__buf_put(b, num,
-                            (size_t)snprintf(num, sizeof num, "%lld.%03lld", (long long)(o->delay_ms / 1000),
-                                             (long long)(o->delay_ms % 1000)));
+                            (size_t)snprintf(num, sizeof num, "%s%llu.%03llu", o->delay_ms < 0 ? "-" : "",
+                                             (unsigned long long)(ms / 1000), (unsigned long long)(ms % 1000)));
         }
         if (o->tags) {
             pgjobq__json_key(b, "tags");
+            pgjobq__buf_put(b, "[", 1);
             for (size_t k = 0; o->tags[k]; k++) {
-                pgjobq__buf_put(b, k ? "," : "[", 1);
+                if (k)
+                    pgjobq__buf_put(b, ",", 1);
                 pgjobq__json_string(b, o->tags[k]);
             }
             pgjobq__buf_put(b, "]", 1);
         }
         if (o->after) {
             pgjobq__json_key(b, "after");
+            pgjobq__buf_put(b, "[", 1);
             for (size_t k = 0; o->after[k]; k++)
                 pgjobq__buf_put(b, num,
-                                (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "[", (long long)o->after[k]));
+                                (size_t)snprintf(num, sizeof num, "%s%lld", k ? "," : "", (long long)o->after[k]));
             pgjobq__buf_put(b, "]", 1);
             pgjobq__json_key(b, "on_parent_failure");
             pgjobq__json_string(b, o->on_parent_failure == PGJOBQ_PARENT_FAILURE_RUN ? "run" : "cancel");
@@ -448,24 +403,28 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
 }
 
 /* The distinct queues of the jobs that may be due now (a delay is not; a run_at may be: the database
- * knows), as a text[] parameter in queues: how many, or -1 when out of memory. */
-static int due_queues(const pgjobq_job_spec *jobs, size_t n, pgjobq__array *queues)
+ * knows), as a text[] parameter in queues: how many, or -1 when out of memory.  A job without a queue
+ * counts as default_queue; NULL: as a NULL element, which pgjobq.notify reads as the default queue. */
+static int due_queues(const pgjobq_job_spec *jobs, size_t n, const char *default_queue, pgjobq__array *queues)
 {
-    const char **distinct = malloc(n * sizeof *distinct);
+    const char **distinct = malloc((n ? n : 1) * sizeof *distinct);
     size_t ndistinct = 0;
 
     pgjobq__array_begin(queues, OID_TEXT);
     if (distinct == NULL)
         return -1;
     for (size_t i = 0; i < n; i++) {
-        const char *queue = jobs[i].opts.queue ? jobs[i].opts.queue : "default";
+        const char *queue = jobs[i].opts.queue ? jobs[i].opts.queue : default_queue;
         int seen = jobs[i].opts.delay_ms > 0;
         for (size_t k = ndistinct; k > 0 && !seen; k--) /* the latest first: batches come in runs */
-            seen = distinct[k - 1] == queue || strcmp(distinct[k - 1], queue) == 0;
-        if (!seen) {
-            distinct[ndistinct++] = queue;
+            seen = distinct[k - 1] == queue || (queue && distinct[k - 1] && strcmp(distinct[k - 1], queue) == 0);
+        if (seen)
+            continue;
+        distinct[ndistinct++] = queue;
+        if (queue)
             pgjobq__array_text(queues, queue, strlen(queue));
-        }
+        else
+            pgjobq__array_null(queues);
     }
     free(distinct);
     return pgjobq__array_end(queues) != 0 || queues->buf.len > INT32_MAX ? -1 : (int)ndistinct;
@@ -494,7 +453,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
 
     memset(&due, 0, sizeof due);
     if (own_tx) {
-        if ((ndue = due_queues(jobs, n, &due)) < 0) {
+        if ((ndue = due_queues(jobs, n, NULL, &due)) < 0) {
             pgjobq__buf_free(&due.buf);
             return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory building the batch");
         }
@@ -560,19 +519,35 @@ out:
  * (ids, COPY, notify) cost more than the INSERT they save. */
 #define COPY_MIN_JOBS 500
 
-/* Whether this client's role may write jobs with COPY (INSERT on the columns COPY writes); asked once
+/* Whether this client's role may write jobs with COPY (INSERT on the columns COPY writes), and what
+ * COPY writes for a field a job leaves out (the database's defaults, pgjobq.job_defaults); asked once
  * per client, so that a batch never fails on a privilege (which would abort a caller's transaction). */
 static int copy_allowed(pgjobq_client *c)
 {
     static const pgjobq__stmt st = {
         "check privileges",
-        "SELECT pg_catalog.bool_and(pg_catalog.has_column_privilege('pgjobq.jobs', a, 'INSERT'))"
-        " FROM pg_catalog.unnest(ARRAY['id', 'queue', 'kind', 'payload', 'priority', 'run_at', 'max_attempts']) a",
+        "SELECT (SELECT pg_catalog.bool_and(pg_catalog.has_column_privilege('pgjobq.jobs', a, 'INSERT'))"
+        "          FROM pg_catalog.unnest(ARRAY['id', 'queue', 'kind', 'payload', 'priority', 'run_at',"
+        "                                       'max_attempts']) a),"
+        " d.queue, d.kind, d.payload::pg_catalog.text, d.priority, d.max_attempts FROM pgjobq.job_defaults() d",
         0, NULL, NULL, NULL, NULL, 0};
     PGresult *r;
 
-    if (c->copy_state == 0 && pgjobq__exec(c, &st, &r) == PGJOBQ_OK) {
-        c->copy_state = strcmp(PQgetvalue(r, 0, 0), "t") == 0 ? 1 : -1;
+    if (c->copy_state != 0)
+        return c->copy_state == 1;
+    c->copy_state = -1; /* also when the question fails: the batches then go through enqueue_many */
+    if (pgjobq__exec(c, &st, &r) == PGJOBQ_OK) {
+        const char *queue = PQgetvalue(r, 0, 1), *kind = PQgetvalue(r, 0, 2), *payload = PQgetvalue(r, 0, 3);
+        /* Defaults COPY can write as they are (names need no escaping; the payload is escaped). */
+        if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 && pgjobq_name_check(queue) == PGJOBQ_OK &&
+            pgjobq_name_check(kind) == PGJOBQ_OK && strlen(payload) < sizeof c->copy_defaults.payload) {
+            strcpy(c->copy_defaults.queue, queue);
+            strcpy(c->copy_defaults.kind, kind);
+            strcpy(c->copy_defaults.payload, payload);
+            c->copy_defaults.priority = atoi(PQgetvalue(r, 0, 4));
+            c->copy_defaults.max_attempts = atoi(PQgetvalue(r, 0, 5));
+            c->copy_state = 1;
+        }
         PQclear(r);
     }
     pgjobq__clearerr(c);
@@ -595,7 +570,7 @@ static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
 }
 
 /* Appends s[0..len) to b in COPY's text format (backslash, tab, newline and carriage return escaped). */
-static void copy_text(pgjobq__buf *b, const char *s, size_t len)
+static void copy_escaped(pgjobq__buf *b, const char *s, size_t len)
 {
     size_t start = 0;
     for (size_t i = 0; i < len; i++) {
@@ -609,7 +584,7 @@ static void copy_text(pgjobq__buf *b, const char *s, size_t len)
     pgjobq__buf_put(b, s + start, len - start);
 }
 
-/* Appends v in decimal (snprintf was a fifth of the client's time in a COPY). */
+/* Appends v in decimal (snprintf took a large share of the client's time in a COPY). */
 static void copy_int(pgjobq__buf *b, int64_t v)
 {
     char digits[24];
@@ -675,7 +650,59 @@ static int copy_error(pgjobq_client *c, PGresult *r)
                           state ? state : "?");
 }
 
-/* Writes the batch with COPY.  The jobs have been checked. */
+/*
+ * The statement a COPY starts with, inside its transaction: the transaction's id, before the rows'
+ * ready_at is read (their claim key: sql/functions/claim.sql), and, when the jobs have a run_at, the
+ * rule of when a job may run on the batch's distinct run_at texts (pgjobq.enqueue_when_check, each
+ * named as enqueue_many would name its first job): before anything is written, in a statement that
+ * is sent anyway.
+ */
+static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
+{
+    static const Oid types[] = {OID_TEXT_ARRAY, OID_INT4_ARRAY};
+    static const int formats[] = {1, 1};
+    const char **texts = NULL;
+    size_t *which = NULL, k = 0;
+    pgjobq__array a[2];
+    PGresult *r = NULL;
+    int rc;
+
+    if (jobs[0].opts.run_at == NULL)
+        return pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id()", NULL);
+    if (run_at_texts(jobs, n, &texts, &which, &k) != 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    memset(a, 0, sizeof a);
+    pgjobq__array_begin(&a[0], OID_TEXT);
+    pgjobq__array_begin(&a[1], OID_INT4);
+    for (size_t i = 0; i < k; i++) {
+        pgjobq__array_text(&a[0], texts[i], strlen(texts[i]));
+        pgjobq__array_int4(&a[1], (int32_t)(which[i] + 1));
+    }
+    if (pgjobq__array_end(&a[0]) != 0 || pgjobq__array_end(&a[1]) != 0 || a[0].buf.len > INT32_MAX) {
+        rc = pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
+    } else {
+        const char *values[2] = {a[0].buf.data, a[1].buf.data};
+        int lengths[2] = {(int)a[0].buf.len, (int)a[1].buf.len};
+        pgjobq__stmt st = {"enqueue",
+                           "SELECT pg_catalog.pg_current_xact_id(),"
+                           " pgjobq.enqueue_when_check($1::pg_catalog.timestamptz[], NULL, $2)",
+                           2,
+                           types,
+                           values,
+                           lengths,
+                           formats,
+                           0};
+        rc = pgjobq__exec(c, &st, &r);
+        PQclear(r);
+    }
+    pgjobq__buf_free(&a[0].buf);
+    pgjobq__buf_free(&a[1].buf);
+    free(texts);
+    free(which);
+    return rc;
+}
+
+/* Writes the batch with COPY.  The jobs have been checked (check_spec, copy_fits, copy_allowed). */
 static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out)
 {
     static const Oid after_types[] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_INT2_ARRAY};
@@ -683,6 +710,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     int with_run_at = jobs[0].opts.run_at != NULL, rc;
     /* Without ids_out the identity column numbers the rows itself. */
     int64_t *ids = ids_out;
+    const pgjobq__job_defaults *dflt = &c->copy_defaults;
     pgjobq__buf data = {0};
     pgjobq__array queues, level_queues, level_priorities;
     const pgjobq_job_spec **levels = malloc(n * sizeof *levels); /* a job of each (queue, priority) */
@@ -704,8 +732,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
         goto out;
-    /* The transaction's id before the rows' ready_at is read (their claim key: sql/functions/claim.sql). */
-    if ((rc = pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id()", NULL)) != PGJOBQ_OK)
+    if ((rc = copy_start(c, jobs, n)) != PGJOBQ_OK)
         goto out;
 
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
@@ -723,34 +750,35 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
     pgjobq__array_begin(&level_priorities, OID_INT2);
     for (size_t i = 0; i < n; i++) {
         const pgjobq_job_spec *j = &jobs[i];
-        const char *queue = j->opts.queue ? j->opts.queue : "default", *kind = j->opts.kind ? j->opts.kind : "default";
-        const char *payload = j->payload ? j->payload : "{}";
-        int seen = 0;
+        const char *queue = j->opts.queue ? j->opts.queue : dflt->queue,
+                   *kind = j->opts.kind ? j->opts.kind : dflt->kind;
+        const char *payload = j->payload ? j->payload : dflt->payload;
+        int priority = j->opts.priority ? j->opts.priority : dflt->priority, seen = 0;
         for (size_t k = nlevels; k > 0 && !seen; k--) {
-            const char *q = levels[k - 1]->opts.queue ? levels[k - 1]->opts.queue : "default";
+            const char *q = levels[k - 1]->opts.queue ? levels[k - 1]->opts.queue : dflt->queue;
             seen = levels[k - 1]->opts.priority == j->opts.priority && (q == queue || strcmp(q, queue) == 0);
         }
         if (!seen) {
             levels[nlevels++] = j;
             pgjobq__array_text(&level_queues, queue, strlen(queue));
-            pgjobq__array_int2(&level_priorities, (int16_t)j->opts.priority);
+            pgjobq__array_int2(&level_priorities, (int16_t)priority);
         }
         if (ids) {
             copy_int(&data, ids[i]);
             pgjobq__buf_put(&data, "\t", 1);
         }
-        pgjobq__buf_put(&data, queue, strlen(queue)); /* names need no escaping */
+        pgjobq__buf_put(&data, queue, strlen(queue)); /* names need no escaping (check_spec, copy_allowed) */
         pgjobq__buf_put(&data, "\t", 1);
         pgjobq__buf_put(&data, kind, strlen(kind));
         pgjobq__buf_put(&data, "\t", 1);
-        copy_text(&data, payload, strlen(payload));
+        copy_escaped(&data, payload, strlen(payload));
         pgjobq__buf_put(&data, "\t", 1);
-        copy_int(&data, j->opts.priority);
+        copy_int(&data, priority);
         pgjobq__buf_put(&data, "\t", 1);
-        copy_int(&data, j->opts.max_attempts ? j->opts.max_attempts : PGJOBQ_DEFAULT_MAX_ATTEMPTS);
+        copy_int(&data, j->opts.max_attempts ? j->opts.max_attempts : dflt->max_attempts);
         if (with_run_at) {
             pgjobq__buf_put(&data, "\t", 1);
-            copy_text(&data, j->opts.run_at, strlen(j->opts.run_at));
+            copy_escaped(&data, j->opts.run_at, strlen(j->opts.run_at));
         }
         pgjobq__buf_put(&data, "\n", 1);
         if (data.oom)
@@ -758,7 +786,7 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         if (data.len >= 65536 && copy_flush(c, &data) != 0)
             break;
     }
-    if (data.oom || due_queues(jobs, n, &queues) < 0 || pgjobq__array_end(&level_queues) != 0 ||
+    if (data.oom || due_queues(jobs, n, dflt->queue, &queues) < 0 || pgjobq__array_end(&level_queues) != 0 ||
         pgjobq__array_end(&level_priorities) != 0) {
         /* Abandon the COPY: nothing of it is written. */
         PQputCopyEnd(c->conn, "out of memory");
@@ -806,8 +834,8 @@ out:
     return rc;
 }
 
-int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
-                         unsigned char *dup_out)
+int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
+                        unsigned char *dup_out)
 {
     char label[32];
     int rc, any_dup = 0;
@@ -828,14 +856,8 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
         if ((rc = check_spec(c, label, &jobs[i])) != PGJOBQ_OK)
             return rc;
     }
-    if ((rc = check_run_at(c, jobs, n, 1)) != PGJOBQ_OK)
-        return rc;
     for (size_t i = 0; i < n; i++) {
         if (spec_needs_graph(&jobs[i])) {
-            for (size_t k = 0; k < n; k++)
-                if (jobs[k].opts.unique_key)
-                    return pgjobq__seterr(c, PGJOBQ_EINVAL,
-                                          "job %zu: a batch with parents or tags cannot have unique keys", k);
             if (dup_out)
                 memset(dup_out, 0, n); /* no unique keys in a graph */
             return enqueue_as_graph(c, jobs, n, ids_out);
@@ -844,9 +866,16 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
     if (copy_fits(jobs, n) && copy_allowed(c)) {
         if (dup_out)
             memset(dup_out, 0, n); /* no unique keys: nothing can be a duplicate */
-        return copy_batch(c, jobs, n, ids_out);
-    }
-    return insert_batch(c, jobs, n, ids_out, dup_out, &any_dup);
+        rc = copy_batch(c, jobs, n, ids_out);
+    } else
+        rc = insert_batch(c, jobs, n, ids_out, dup_out, &any_dup);
+    return name_bad_run_at(c, jobs, n, 1, rc);
+}
+
+int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
+                         unsigned char *dup_out)
+{
+    return pgjobq_enqueue_many(c, jobs, n, ids_out, dup_out);
 }
 
 int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_opts *opts, int64_t *id_out)
@@ -866,12 +895,12 @@ int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_o
     spec.payload = payload;
     if (opts)
         spec.opts = *opts;
-    if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK || (rc = check_run_at(c, &spec, 1, 0)) != PGJOBQ_OK)
+    if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK)
         return rc;
     if (spec_needs_graph(&spec))
         rc = enqueue_as_graph(c, &spec, 1, &id);
     else
-        rc = insert_batch(c, &spec, 1, &id, NULL, &dup);
+        rc = name_bad_run_at(c, &spec, 1, 0, insert_batch(c, &spec, 1, &id, NULL, &dup));
     if (rc != PGJOBQ_OK)
         return rc;
     if (id_out)

@@ -95,7 +95,9 @@ void pgjobq__log(pgjobq_client *c, pgjobq_log_level level, const char *fmt, ...)
     c->log_fn(c->log_arg, level, line);
 }
 
-/* Maps a SQLSTATE to the result code a caller can act on. */
+/* Maps a SQLSTATE to the result code a caller can act on.  The Python package maps them to its
+ * exceptions alike (python/pgjobq/errors.py, translate): the test errors_c_and_python_map_sqlstates_alike
+ * (tests/test_rules.c) holds the two equal. */
 int pgjobq__code_from_sqlstate(const char *s)
 {
     if (s == NULL || strlen(s) != 5)
@@ -108,6 +110,10 @@ int pgjobq__code_from_sqlstate(const char *s)
         return PGJOBQ_ETIMEOUT;
     if (strcmp(s, "42501") == 0)
         return PGJOBQ_EPERM;
+    /* A unique violation on pgjobq's tables is a unique key held by a queued or running job (a retry
+     * of a job whose key was taken meanwhile). */
+    if (strcmp(s, "23505") == 0)
+        return PGJOBQ_EDUPLICATE;
     /* Class 22 (data exception) and 23 (integrity constraint violation): the input was bad. */
     if (strncmp(s, "22", 2) == 0 || strncmp(s, "23", 2) == 0)
         return PGJOBQ_EINVAL;

@@ -38,6 +38,12 @@
  * transaction) before PGJOBQ_ECONFLICT is returned. */
 #define PGJOBQ__CONFLICT_RETRIES 10
 
+/* What a job gets for a field it is enqueued without: the database's pgjobq.job_defaults(). */
+typedef struct pgjobq__job_defaults {
+    char queue[PGJOBQ_NAME_MAX + 1], kind[PGJOBQ_NAME_MAX + 1], payload[256];
+    int priority, max_attempts;
+} pgjobq__job_defaults;
+
 struct pgjobq_client {
     PGconn *conn;
     int owned;        /* the client opened conn and closes it */
@@ -48,6 +54,8 @@ struct pgjobq_client {
     char errmsg[1024];
     unsigned conflict_retries; /* statements re-run after 40001/40P01, for tests and stats */
     int copy_state;            /* may this role COPY into pgjobq.jobs: 0 not asked yet, 1 yes, -1 no */
+    /* What COPY writes for a field a job leaves out, read with copy_state (enqueue.c). */
+    pgjobq__job_defaults copy_defaults;
 };
 
 /* One statement to run, with its parameters (all parameter arrays have nparams entries). */
@@ -161,8 +169,22 @@ const char *pgjobq__get_text(const PGresult *r, int row, int col, size_t *len);
 /* jobs.c */
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
 
+/* The columns every job-reading query selects from pgjobq.all_jobs (jobs.c reads them in this order,
+ * pgjobq__jobs_from_result).  Not the lease token: it is the holder's secret, which only a claim
+ * returns to its claimer (the admin and monitor roles may not read the column: sql/roles.sql); a job
+ * read here has lease_token 0.  Nor concurrency_key, which pgjobq_job has no field for.  The test
+ * schema_the_job_rows_columns_are_the_same_everywhere (tests/test_shape.c) holds the list to the
+ * view's columns. */
+#define PGJOBQ__JOB_COLUMNS                                                                              \
+    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "           \
+    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8 AS lease_token, run_at, "      \
+    "created_at, started_at, finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, " \
+    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags) AS tags, progress, "       \
+    "NULL::pg_catalog.jsonb AS parents, cancel_requested_at"
+
 /* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of
- * its select list, in this order; pgjobq__claimed_read() reads them. */
+ * its select list, in this order; pgjobq__claimed_read() reads them.  tests/test_shape.c holds it to
+ * the claims' RETURNS TABLE. */
 #define PGJOBQ__CLAIMED_COLUMNS                                                                         \
     "id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
     " lease_until, unique_key, last_error, parents"

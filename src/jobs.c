@@ -1,7 +1,9 @@
 /*
- * jobs.c - claiming and the transitions of held jobs (complete, fail, extend), administration
- * (cancel, retry), reading jobs, statistics and maintenance.  Every transition is one call of the SQL
- * function that owns it (sql/001_init.sql); this file only marshals arguments and outcomes.
+ * jobs.c - claiming and the transitions of held jobs (complete, fail, extend, progress),
+ * administration (cancel, retry, one job or by filter), reading jobs, statistics, health and
+ * maintenance (rescue, prune).  Every transition is one call of the SQL function that owns it (under
+ * sql/functions: claim.sql, transitions.sql, admin.sql, maintenance.sql, monitor.sql); this file only
+ * marshals arguments and outcomes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,15 +11,8 @@
 
 #include "internal.h"
 
-/* The columns every job-reading query selects, in the order jobs_from_result() reads them.  Not the
- * lease token: it is the holder's secret, which only a claim returns to its claimer (the admin and
- * monitor roles may not read the column: sql/roles.sql); a job read here has lease_token 0. */
-#define JOB_COLUMNS                                                                                          \
-    "id, queue::pg_catalog.text, kind::pg_catalog.text, payload::pg_catalog.jsonb, priority, "               \
-    "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8, run_at, created_at, started_at, " \
-    "finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, "                             \
-    "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags), progress, NULL::pg_catalog.jsonb"
-
+/* The columns every job-reading query selects (PGJOBQ__JOB_COLUMNS, internal.h), in the order
+ * jobs_from_result() reads them. */
 enum {
     C_ID,
     C_QUEUE,
@@ -41,6 +36,7 @@ enum {
     C_TAGS,
     C_PROGRESS,
     C_PARENTS,
+    C_CANCEL_REQUESTED_AT,
     C_NCOLS
 };
 
@@ -102,7 +98,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
 static const int text_cols[] = {C_QUEUE,      C_KIND,       C_PAYLOAD, C_WORKER_ID, C_RESULT,
                                 C_LAST_ERROR, C_UNIQUE_KEY, C_TAGS,    C_PROGRESS, C_PARENTS};
 
-/* Copies a result of JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
+/* Copies a result of PGJOBQ__JOB_COLUMNS rows into one allocation: the job structs, then their strings. */
 int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **out, size_t *n_out)
 {
     size_t n = (size_t)PQntuples(r), bytes, len;
@@ -151,7 +147,6 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         j->tags = field[7];
         j->progress = field[8];
         j->parents = field[9];
-        memset(j->pgjobq_reserved, 0, sizeof j->pgjobq_reserved);
         j->priority = pgjobq__get_int2(r, row, C_PRIORITY);
         {
             size_t sl;
@@ -171,6 +166,7 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         j->finished_at = pgjobq__get_time(r, row, C_FINISHED_AT);
         j->lease_until = pgjobq__get_time(r, row, C_LEASE_UNTIL);
         j->cancel_requested = pgjobq__get_bool(r, row, C_CANCEL_REQUESTED);
+        j->cancel_requested_at = pgjobq__get_time(r, row, C_CANCEL_REQUESTED_AT);
     }
     *out = jobs;
     *n_out = n;
@@ -217,10 +213,11 @@ char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *stri
     j->started_at = pgjobq__get_time(r, row, PGJOBQ__K_STARTED_AT);
     j->finished_at = PGJOBQ_TIME_NONE;
     j->lease_until = pgjobq__get_time(r, row, PGJOBQ__K_LEASE_UNTIL);
+    j->cancel_requested_at = PGJOBQ_TIME_NONE;
     return strings;
 }
 
-/* The jobs of a claim_batch result, in one allocation with their strings and the queue's and worker's
+/* The jobs of a claim's result, in one allocation with their strings and the queue's and worker's
  * names they share. */
 static int claimed_jobs(pgjobq_client *c, const PGresult *r, const char *queue, const char *worker_id,
                         pgjobq_job **out, size_t *n_out)
@@ -307,10 +304,11 @@ int pgjobq_claim(pgjobq_client *c, const char *queue, int max_jobs, int64_t leas
     values[1] = max_s;
     values[2] = lease_s;
     values[3] = worker_id;
-    /* claim_batch returns what a worker needs; the rest of a claimed job's fields are known. */
+    /* claim_next from every level's low-water mark (no cursor: each call is on its own), its jobs
+     * without its other rows, in the documented order; the rest of a claimed job's fields are known. */
     pgjobq__stmt st = {"claim",
                        "SELECT " PGJOBQ__CLAIMED_COLUMNS
-                       " FROM pgjobq.claim_batch($1, $2, $3, $4) ORDER BY priority, run_at, id",
+                       " FROM pgjobq.claim_next($1, $2, $3, $4) WHERE meta IS NULL ORDER BY priority, run_at, id",
                        4,
                        types,
                        values,
@@ -653,10 +651,10 @@ int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags,
                        NULL,
                        NULL,
                        0};
-    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK) {
-        /* The message says what happened; the code says what to do: call again. */
-        return strcmp(pgjobq_sqlstate(c), "23505") == 0 ? PGJOBQ_EDUPLICATE : rc;
-    }
+    /* A unique key taken meanwhile is PGJOBQ_EDUPLICATE: the message says what happened; the code says
+     * what to do: call again. */
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
     if (PQntuples(r) != 1 || PQnfields(r) != 2) {
         PQclear(r);
         return pgjobq__seterr(c, PGJOBQ_EDB, "retry: unexpected result");
@@ -711,7 +709,7 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     if (job_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    pgjobq__stmt st = {"get job", "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
+    pgjobq__stmt st = {"get job", "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
                        1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
@@ -740,7 +738,7 @@ int pgjobq_job_parents(pgjobq_client *c, int64_t id, pgjobq_job **parents_out, s
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "parents: parents_out and n_out are required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
     pgjobq__stmt st = {"parents",
-                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
+                       "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs"
                        " WHERE id = ANY (ARRAY(SELECT p.id FROM pgjobq.parents($1) AS p)) ORDER BY id",
                        1,
                        types,
@@ -824,7 +822,7 @@ int pgjobq_job_list(pgjobq_client *c, const pgjobq_list_opts *opts, pgjobq_job *
     /* An unnamed statement is planned with its actual values, so the NULL tests fold away and a filter
      * on queue and state can use the claim index. */
     pgjobq__stmt st = {"list jobs",
-                       "SELECT " JOB_COLUMNS " FROM pgjobq.all_jobs"
+                       "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs"
                        " WHERE ($1::pg_catalog.text IS NULL OR queue = $1)"
                        "   AND ($2::pg_catalog.text IS NULL OR state = $2::pgjobq.job_state)"
                        "   AND ($3 = 0 OR id < $3)"

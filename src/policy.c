@@ -4,6 +4,7 @@
  * given and the clock; the engine (worker.c) carries them out.  tests/test_policy.c checks them
  * without a database.
  */
+#include <string.h>
 #include <time.h>
 
 #include "engine.h"
@@ -90,6 +91,42 @@ int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstandi
     if (pending == 0)
         return 0;
     return outstanding == 0 || stopping || now_ms - first_pending_ms >= linger_ms;
+}
+
+int pgjobq__refused_by_value(const char *sqlstate)
+{
+    if (sqlstate == NULL || strlen(sqlstate) != 5)
+        return 0;
+    return strncmp(sqlstate, "22", 2) == 0 || strncmp(sqlstate, "23", 2) == 0 || strncmp(sqlstate, "54", 2) == 0;
+}
+
+size_t pgjobq__split_take(pgjobq__split *s, size_t pending)
+{
+    size_t n;
+
+    if (s->depth == 0)
+        return pending;
+    n = s->part[--s->depth];
+    return n < pending ? n : pending;
+}
+
+int pgjobq__split_refused(pgjobq__split *s, size_t n)
+{
+    if (n <= 1)
+        return 1;
+    /* Depth grows by one for each halving, so a batch of n rows never needs more than log2(n) + 1
+     * parts; a full stack (unreachable below 2^63 rows) writes the rest whole. */
+    if (s->depth + 2 > PGJOBQ__SPLIT_DEPTH)
+        return 0;
+    s->part[s->depth++] = n - n / 2;
+    s->part[s->depth++] = n / 2;
+    return 0;
+}
+
+void pgjobq__split_requeued(pgjobq__split *s, size_t n)
+{
+    if (s->depth > 0 && s->depth < PGJOBQ__SPLIT_DEPTH)
+        s->part[s->depth++] = n;
 }
 
 int64_t pgjobq__backoff_next(int64_t current_ms, int64_t min_ms, int64_t max_ms)

@@ -1,8 +1,9 @@
 /*
  * queues.c - flow control: queue settings (pause and resume, concurrency and rate limits, the list of
  * queues) and schedules.
- * Each call is one statement of the SQL API (pgjobq.queue_pause, queue_resume, queue_set, queue_list,
- * sql/004_queues.sql); the claim enforces what they set.
+ * Each call is one statement of the SQL API (pgjobq.queue_pause, queue_resume, queue_set, queue_list:
+ * sql/functions/queues.sql; schedule_set, schedule_enable, schedule_delete, schedule_list,
+ * schedule_trigger: sql/functions/schedules.sql); the claim enforces what they set.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -75,6 +75,9 @@
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
 
+/* A snoozed job's delay, at most: 100 years, as every delay the library takes. */
+#define SNOOZE_DELAY_MAX_MS INT64_C(3155760000000)
+
 /* The statement a connection carries, and what the engine must remember about it. */
 enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
        R_TICK, R_HEALTH };
@@ -96,18 +99,46 @@ static void wlog(pgjobq_worker *w, pgjobq_log_level level, const char *fmt, ...)
     w->o.log_fn(w->o.log_arg, level, line);
 }
 
+/* Makes room for n jobs in b: 0, or -1 when out of memory (b unchanged). */
+static int batch_reserve(pgjobq__batch *b, size_t n)
+{
+    size_t cap = b->cap ? b->cap : 64;
+    pgjobq_ctx **p;
+
+    if (n <= b->cap)
+        return 0;
+    while (cap < n)
+        cap *= 2;
+    if ((p = realloc(b->items, cap * sizeof *p)) == NULL)
+        return -1;
+    b->items = p;
+    b->cap = cap;
+    return 0;
+}
+
 static int batch_add(pgjobq__batch *b, pgjobq_ctx *ctx)
 {
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 64;
-        pgjobq_ctx **p = realloc(b->items, cap * sizeof *p);
-        if (p == NULL)
-            return -1;
-        b->items = p;
-        b->cap = cap;
-    }
+    if (batch_reserve(b, b->n + 1) != 0)
+        return -1;
     b->items[b->n++] = ctx;
     return 0;
+}
+
+/* Moves the first n jobs of `from` into the empty `to`, which has room for them (batch_reserve):
+ * the whole batch by swapping the arrays. */
+static void batch_move_front(pgjobq__batch *from, size_t n, pgjobq__batch *to)
+{
+    if (n == from->n) {
+        pgjobq__batch spare = *to;
+        *to = *from;
+        *from = spare;
+        from->n = 0;
+        return;
+    }
+    memcpy(to->items, from->items, n * sizeof *to->items);
+    to->n = n;
+    memmove(from->items, from->items + n, (from->n - n) * sizeof *from->items);
+    from->n -= n;
 }
 
 /* The pool's wakeup: a job arrived in its empty mailbox. */
@@ -166,6 +197,20 @@ static pgjobq_ctx *running_find(pgjobq_worker *w, int64_t id)
     return NULL;
 }
 
+/* A snoozed job goes back with a reason (the handler's, else one saying who handed it back) and a
+ * delay of at most 100 years (now() + more would be out of the jobs table's range). */
+static int snooze_prepare(pgjobq_worker *w, pgjobq_ctx *ctx)
+{
+    if (ctx->error == NULL) {
+        char why[320];
+        snprintf(why, sizeof why, "handed back by its handler on worker %s", w->worker_id);
+        pgjobq_ctx_set_error(ctx, why);
+    }
+    if (ctx->retry_delay_ms > SNOOZE_DELAY_MAX_MS)
+        ctx->retry_delay_ms = SNOOZE_DELAY_MAX_MS;
+    return PGJOBQ__W_SNOOZE;
+}
+
 /* Queues a job's outcome for writing (or drops the job when there is nothing to write). */
 static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
@@ -184,6 +229,8 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         kind = PGJOBQ__W_COMPLETE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_CANCEL)
         kind = PGJOBQ__W_CANCEL;
+    else if (ctx->outcome == PGJOBQ_OUTCOME_SNOOZE)
+        kind = snooze_prepare(w, ctx);
     else
         kind = PGJOBQ__W_FAIL;
     if (ctx->outcome == PGJOBQ_OUTCOME_RETRY && ctx->error == NULL &&
@@ -202,6 +249,27 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         ctx->unwritten = 1;
         ctx->q->claim.unwritten++;
     }
+    if (w->first_pending_ms == 0)
+        w->first_pending_ms = now;
+}
+
+/* Puts the jobs of a write that did not happen back at the front of their pending list, in their
+ * order (so that the parts of a refused batch stay in place: pgjobq__split). */
+static void requeue_front(pgjobq_worker *w, pgjobq__request *rq, int64_t now)
+{
+    pgjobq__batch *b = &w->pending[rq->wkind];
+    size_t n = rq->items.n;
+
+    rq->items.n = 0;
+    if (batch_reserve(b, b->n + n) != 0) {
+        wlog(w, PGJOBQ_LOG_ERROR, "out of memory keeping %zu outcomes; their leases will expire", n);
+        for (size_t i = 0; i < n; i++)
+            running_drop(w, rq->items.items[i]);
+        return;
+    }
+    memmove(b->items + n, b->items, b->n * sizeof *b->items);
+    memcpy(b->items, rq->items.items, n * sizeof *b->items);
+    b->n += n;
     if (w->first_pending_ms == 0)
         w->first_pending_ms = now;
 }
@@ -297,6 +365,46 @@ static void phase_stop(pgjobq_worker *w, int64_t now)
     }
 }
 
+/* With opts.burst: once nothing the worker serves is due, it stops as on a stop request.  Nothing is
+ * due when each queue's last claim, sent while the worker held no job (so every outcome it had was
+ * written first: a retry due now, a child released by its parent, were visible), found none. */
+static void phase_burst(pgjobq_worker *w)
+{
+    if (!w->o.burst || w->stopping || w->nrunning > 0 || pending_count(w) > 0)
+        return;
+    for (int i = 0; i < w->nqueues; i++)
+        if (!w->queues[i].drained)
+            return;
+    wlog(w, PGJOBQ_LOG_INFO, "burst: nothing due is left in the queues served; stopping");
+    atomic_fetch_add(&w->stop_requests, 1);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Phase: health (pgjobq_worker_set_unhealthy)                                                        */
+
+/* Claims stop while the worker is unhealthy and resume (every queue looked at now) when it is not,
+ * each change said once in the log; the registry hears of a change at once (a beat now). */
+static void phase_health(pgjobq_worker *w, int64_t now)
+{
+    int held = atomic_load(&w->unhealthy);
+
+    if (atomic_load(&w->problem_changed))
+        w->next_beat_ms = now;
+    if (held == w->claims_held)
+        return;
+    w->claims_held = held;
+    if (held) {
+        char problem[PROBLEM_MAX + 1];
+        pgjobq__worker_problem(w, problem, sizeof problem);
+        wlog(w, PGJOBQ_LOG_WARN, "unhealthy: claiming nothing until it is over (%.*s)", (int)strcspn(problem, "\n"),
+             problem);
+        return;
+    }
+    wlog(w, PGJOBQ_LOG_INFO, "healthy again: claiming");
+    for (int i = 0; i < w->nqueues; i++)
+        w->queues[i].claim.woken = 1;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: collect                                                                                    */
 
@@ -327,27 +435,34 @@ static int send_stmt(pgjobq_worker *w, int s, const char *const *values, const i
     return pgjobq__aconn_send(&w->conn[c], s - pgjobq__worker_conn_stmts[c].first, values, lengths, formats, binary_result, now);
 }
 
-/* Sends one batch of outcomes of one kind; the batch moves into the request. */
+/* Sends the outcomes of one kind pending first (all of them, or the next part of a refused batch,
+ * pgjobq__split_take); they move into the request. */
 static void send_write(pgjobq_worker *w, int kind, int64_t now)
 {
     pgjobq__request *rq = &w->req[PGJOBQ__C_WRITE];
     pgjobq__batch *b = &w->pending[kind];
+    size_t n = pgjobq__split_take(&w->split[kind], b->n);
     pgjobq__array a[5];
     const char *values[5] = {NULL};
     int lengths[5] = {0}, formats[5] = {1, 1, 1, 1, 1}, nparams = pgjobq__worker_stmts[PGJOBQ__WRITE_STMT(kind)].nparams;
     char reason[300];
 
+    if (batch_reserve(&rq->items, n) != 0) {
+        wlog(w, PGJOBQ_LOG_ERROR, "out of memory writing %zu outcomes; retrying", n);
+        pgjobq__split_requeued(&w->split[kind], n);
+        return;
+    }
     memset(a, 0, sizeof a);
     pgjobq__array_begin(&a[0], OID_INT8);
     pgjobq__array_begin(&a[1], OID_INT8);
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; i < n; i++) {
         pgjobq__array_int8(&a[0], b->items[i]->job.id);
         pgjobq__array_int8(&a[1], b->items[i]->job.lease_token);
     }
     switch (kind) {
     case PGJOBQ__W_COMPLETE:
         pgjobq__array_begin(&a[2], OID_JSONB);
-        for (size_t i = 0; i < b->n; i++) {
+        for (size_t i = 0; i < n; i++) {
             if (b->items[i]->result)
                 pgjobq__array_jsonb(&a[2], b->items[i]->result, strlen(b->items[i]->result));
             else
@@ -355,17 +470,19 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         }
         break;
     case PGJOBQ__W_FAIL:
+    case PGJOBQ__W_SNOOZE: /* the first four of fail_many's: ids, tokens, reasons, delays */
         pgjobq__array_begin(&a[2], OID_TEXT);
         pgjobq__array_begin(&a[3], OID_INTERVAL);
         pgjobq__array_begin(&a[4], OID_BOOL);
-        for (size_t i = 0; i < b->n; i++) {
+        for (size_t i = 0; i < n; i++) {
             const pgjobq_ctx *ctx = b->items[i];
             const char *e = ctx->error ? ctx->error : "failed (the handler gave no error text)";
             pgjobq__array_text(&a[2], e, strlen(e));
             if (ctx->retry_delay_ms == PGJOBQ_BACKOFF || ctx->outcome == PGJOBQ_OUTCOME_FAIL)
                 pgjobq__array_null(&a[3]);
-            else
-                pgjobq__array_interval_us(&a[3], ctx->retry_delay_ms * 1000);
+            else /* the database judges the delay (the job's run_at range); only the product must fit */
+                pgjobq__array_interval_us(&a[3], (ctx->retry_delay_ms > INT64_MAX / 1000 ? INT64_MAX / 1000
+                                                                                          : ctx->retry_delay_ms) * 1000);
             pgjobq__array_bool(&a[4], ctx->outcome == PGJOBQ_OUTCOME_FAIL);
         }
         break;
@@ -380,23 +497,22 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         if (values[k])
             continue; /* a text parameter */
         if (pgjobq__array_end(&a[k]) != 0) {
-            wlog(w, PGJOBQ_LOG_ERROR, "out of memory writing %zu outcomes; retrying", b->n);
+            wlog(w, PGJOBQ_LOG_ERROR, "out of memory writing %zu outcomes; retrying", n);
+            pgjobq__split_requeued(&w->split[kind], n);
             goto out;
         }
         values[k] = a[k].buf.data;
         lengths[k] = (int)a[k].buf.len;
     }
-    if (send_stmt(w, PGJOBQ__WRITE_STMT(kind), values, lengths, formats, 1, now) != 0)
+    if (send_stmt(w, PGJOBQ__WRITE_STMT(kind), values, lengths, formats, 1, now) != 0) {
+        pgjobq__split_requeued(&w->split[kind], n);
         goto out; /* the connection broke: the outcomes stay pending */
+    }
     atomic_fetch_add(&w->st_writes, 1);
     rq->kind = R_WRITE;
     rq->wkind = kind;
     rq->sent_ms = now;
-    /* The batch becomes the request's; the pending list starts afresh with the request's old array. */
-    pgjobq__batch spare = rq->items;
-    rq->items = *b;
-    *b = spare;
-    b->n = 0;
+    batch_move_front(b, n, &rq->items);
 out:
     for (int k = 0; k < 5; k++)
         pgjobq__buf_free(&a[k].buf);
@@ -435,34 +551,71 @@ static void send_heartbeat(pgjobq_worker *w, int64_t now)
     pgjobq__buf_free(&tokens.buf);
 }
 
+/* The refusal of a statement, for a job's error or the log: its message and, when it has one, its
+ * detail (jsonb says which escape it refused there). */
+static void refusal_text(const PGresult *r, char *buf, size_t size)
+{
+    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    const char *detail = PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL);
+
+    snprintf(buf, size, "%s%s%s%s", msg ? msg : "refused", detail ? " (" : "", detail ? detail : "",
+             detail ? ")" : "");
+}
+
+/* Forgets the progress values of the last progress write. */
+static void progress_forget(pgjobq_worker *w)
+{
+    for (size_t i = 0; i < w->nprogress_sent; i++)
+        free(w->progress_sent[i].value);
+    w->nprogress_sent = 0;
+}
+
 /* Writes the progress the handlers set since the last time (the latest value of each job), in one
- * statement.  Jobs the database already ended just drop theirs. */
+ * statement, or one job's only after a refused write (progress_refused).  The values are kept until
+ * the answer.  Jobs the database already ended just drop theirs. */
 static void send_progress(pgjobq_worker *w, int64_t now)
 {
     pgjobq__array a[3];
     const char *values[3];
     int lengths[3], formats[3] = {1, 1, 1};
-    size_t n = 0;
+    size_t n = 0, most = w->progress_alone > 0 ? 1 : w->nrunning;
     int failed = 0;
 
-    w->next_progress_ms = now + PROGRESS_EVERY_MS;
-    atomic_store(&w->pool.progress_set, 0); /* before taking them: a value set meanwhile sets it again */
+    if (w->nrunning > w->progress_cap) {
+        void *p = realloc(w->progress_sent, w->nrunning * sizeof *w->progress_sent);
+        if (p == NULL) {
+            wlog(w, PGJOBQ_LOG_WARN, "out of memory writing the progress of %zu jobs: later", w->nrunning);
+            return;
+        }
+        w->progress_sent = p;
+        w->progress_cap = w->nrunning;
+    }
+    if (w->progress_alone > 0) {
+        w->progress_alone--;
+        w->next_progress_ms = now;
+    } else {
+        w->next_progress_ms = now + PROGRESS_EVERY_MS;
+        atomic_store(&w->pool.progress_set, 0); /* before taking them: a value set meanwhile sets it again */
+    }
     pgjobq__array_begin(&a[0], OID_INT8);
     pgjobq__array_begin(&a[1], OID_INT8);
     pgjobq__array_begin(&a[2], OID_JSONB);
-    for (size_t i = 0; i < w->nrunning; i++) {
+    for (size_t i = 0; i < w->nrunning && n < most; i++) {
         pgjobq_ctx *ctx = w->running[i];
         char *p = atomic_load(&ctx->progress) ? atomic_exchange(&ctx->progress, NULL) : NULL;
         if (p == NULL)
             continue;
-        if (!ctx->ended) {
-            pgjobq__array_int8(&a[0], ctx->job.id);
-            pgjobq__array_int8(&a[1], ctx->job.lease_token);
-            pgjobq__array_jsonb(&a[2], p, strlen(p));
-            n++;
+        if (ctx->ended) {
+            free(p);
+            continue;
         }
-        free(p);
+        pgjobq__array_int8(&a[0], ctx->job.id);
+        pgjobq__array_int8(&a[1], ctx->job.lease_token);
+        pgjobq__array_jsonb(&a[2], p, strlen(p));
+        w->progress_sent[n].id = ctx->job.id;
+        w->progress_sent[n++].value = p;
     }
+    w->nprogress_sent = n;
     for (int k = 0; k < 3 && n > 0; k++) {
         if (pgjobq__array_end(&a[k]) != 0) {
             failed = 1;
@@ -475,8 +628,38 @@ static void send_progress(pgjobq_worker *w, int64_t now)
         wlog(w, PGJOBQ_LOG_WARN, "out of memory writing the progress of %zu jobs: not written", n);
     else if (n > 0 && send_stmt(w, PGJOBQ__S_PROGRESS, values, lengths, formats, 1, now) == 0)
         w->req[PGJOBQ__C_WRITE].kind = R_PROGRESS;
+    if (w->req[PGJOBQ__C_WRITE].kind != R_PROGRESS)
+        progress_forget(w);
     for (int k = 0; k < 3; k++)
         pgjobq__buf_free(&a[k].buf);
+}
+
+/* A progress write refused for its values (pgjobq__refused_by_value): one job's value, most likely,
+ * which must not cost the other jobs theirs.  Each value goes back to its job, unless the handler
+ * set a newer one meanwhile, and the next writes take one job's value each, until every value of
+ * the refused write had its own; a value refused alone is dropped. */
+static void progress_refused(pgjobq_worker *w, const PGresult *r)
+{
+    char why[512];
+
+    refusal_text(r, why, sizeof why);
+    if (w->nprogress_sent == 1) {
+        wlog(w, PGJOBQ_LOG_WARN, "job %lld: the database refused its progress: %s; not written",
+             (long long)w->progress_sent[0].id, why);
+        progress_forget(w);
+        return;
+    }
+    wlog(w, PGJOBQ_LOG_INFO, "writing the progress of %zu jobs was refused: %s; writing it job by job",
+         w->nprogress_sent, why);
+    for (size_t i = 0; i < w->nprogress_sent; i++) {
+        pgjobq_ctx *ctx = running_find(w, w->progress_sent[i].id);
+        char *none = NULL;
+        if (ctx && !ctx->ended && atomic_compare_exchange_strong(&ctx->progress, &none, w->progress_sent[i].value))
+            w->progress_sent[i].value = NULL;
+    }
+    w->progress_alone += w->nprogress_sent;
+    progress_forget(w);
+    atomic_store(&w->pool.progress_set, 1);
 }
 
 /* The answer to a progress write: a job whose lease was lost says so at its heartbeat; a value too
@@ -484,9 +667,15 @@ static void send_progress(pgjobq_worker *w, int64_t now)
 static void progress_done(pgjobq_worker *w, PGresult *r)
 {
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        wlog(w, PGJOBQ_LOG_WARN, "writing progress failed: %s", PQresultErrorMessage(r));
+        if (pgjobq__refused_by_value(PQresultErrorField(r, PG_DIAG_SQLSTATE)) && w->nprogress_sent > 0)
+            progress_refused(w, r);
+        else {
+            wlog(w, PGJOBQ_LOG_WARN, "writing progress failed: %s", PQresultErrorMessage(r));
+            progress_forget(w);
+        }
         return;
     }
+    progress_forget(w);
     for (int row = 0; row < PQntuples(r); row++) {
         size_t len = 0;
         const char *outcome = pgjobq__get_text(r, row, 1, &len);
@@ -499,7 +688,13 @@ static void progress_done(pgjobq_worker *w, PGresult *r)
 /* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
 static void send_beat(pgjobq_worker *w, int64_t now)
 {
-    const char *values[6] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s};
+    char problem[PROBLEM_MAX + 1];
+    const char *values[7] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s, NULL};
+
+    atomic_store(&w->problem_changed, 0);
+    pgjobq__worker_problem(w, problem, sizeof problem);
+    if (problem[0])
+        values[6] = problem;
 
     w->next_beat_ms = now + (w->id_refused_ms && !w->registered ? BEAT_RETRY_MS : BEAT_EVERY_MS);
     if (w->queues_s[0] == '\0') {
@@ -595,6 +790,66 @@ static void phase_write(pgjobq_worker *w, int64_t now)
         w->first_pending_ms = 0;
 }
 
+/* A job whose outcome the database refused when written alone: its result (a number beyond
+ * numeric's range, a value a CHECK of the user's refuses) or its retry delay (a run_at out of range).
+ * It becomes a failed attempt of that job alone (a snooze stays a snooze), retried after the backoff
+ * while attempts remain, whose error says why; refused again (or a release or cancel, which carry
+ * nothing of the job's), it is left to its lease. */
+static void outcome_refused(pgjobq_worker *w, int kind, pgjobq_ctx *ctx, const char *why)
+{
+    size_t size = strlen(why) + (ctx->error ? strlen(ctx->error) : 0) + 64;
+    char *error = malloc(size);
+
+    if (ctx->refused || kind == PGJOBQ__W_RELEASE || kind == PGJOBQ__W_CANCEL || error == NULL) {
+        wlog(w, PGJOBQ_LOG_ERROR, "job %lld: the database refused its outcome (%s): %s; its lease will expire and "
+                                  "the job run again",
+             (long long)ctx->job.id, pgjobq__worker_write_what[kind], why);
+        free(error);
+        running_drop(w, ctx);
+        return;
+    }
+    ctx->refused = 1;
+    if (kind == PGJOBQ__W_COMPLETE) {
+        snprintf(error, size, "result not storable: %s", why);
+        free(ctx->result);
+        ctx->result = NULL;
+        ctx->outcome = PGJOBQ_OUTCOME_RETRY;
+    } else
+        snprintf(error, size, "outcome not storable: %s; the handler's %s: %s", why,
+                 kind == PGJOBQ__W_SNOOZE ? "reason" : "error", ctx->error ? ctx->error : "(none)");
+    pgjobq_ctx_set_error(ctx, error);
+    free(error);
+    ctx->retry_delay_ms = PGJOBQ_BACKOFF;
+    /* A snooze stays one (its delay the backoff's), so that it still uses no attempt. */
+    if (batch_add(&w->pending[kind == PGJOBQ__W_SNOOZE ? PGJOBQ__W_SNOOZE : PGJOBQ__W_FAIL], ctx) != 0) {
+        wlog(w, PGJOBQ_LOG_ERROR, "out of memory recording job %lld; its lease will expire", (long long)ctx->job.id);
+        running_drop(w, ctx);
+    }
+}
+
+/* A write the database refused for the values it was given (pgjobq__refused_by_value): one job's
+ * result or retry delay, most likely, which must cost the other jobs of the batch nothing.  The
+ * batch is written again in halves until each refused job is alone (pgjobq__split), and that job's
+ * outcome is rewritten (outcome_refused). */
+static void write_refused(pgjobq_worker *w, pgjobq__request *rq, const PGresult *r, int64_t now)
+{
+    int kind = rq->wkind;
+    size_t n = rq->items.n;
+    char why[512];
+
+    refusal_text(r, why, sizeof why);
+    if (w->split[kind].depth == 0)
+        wlog(w, PGJOBQ_LOG_WARN, "writing %zu outcomes (%s) was refused: %s; writing them again in parts to find "
+                                 "the jobs refused",
+             n, pgjobq__worker_write_what[kind], why);
+    if (pgjobq__split_refused(&w->split[kind], n) == 0) {
+        requeue_front(w, rq, now);
+        return;
+    }
+    rq->items.n = 0;
+    outcome_refused(w, kind, rq->items.items[0], why);
+}
+
 /* The result of a write: counts its outcomes, then forgets the jobs. */
 static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
 {
@@ -603,12 +858,12 @@ static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
         int conflict = state && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
         if (conflict) {
             /* A serialization failure or deadlock changed nothing: write them again. */
-            for (size_t i = 0; i < rq->items.n; i++)
-                if (batch_add(&w->pending[rq->wkind], rq->items.items[i]) != 0)
-                    running_drop(w, rq->items.items[i]);
-            if (w->first_pending_ms == 0)
-                w->first_pending_ms = pgjobq__mono_ms();
-            rq->items.n = 0;
+            pgjobq__split_requeued(&w->split[rq->wkind], rq->items.n);
+            requeue_front(w, rq, pgjobq__mono_ms());
+            return;
+        }
+        if (pgjobq__refused_by_value(state) && rq->items.n > 0) {
+            write_refused(w, rq, r, pgjobq__mono_ms());
             return;
         }
         wlog(w, PGJOBQ_LOG_ERROR, "writing %zu outcomes (%s) failed: %s; their leases will expire and the jobs run "
@@ -624,7 +879,9 @@ static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
             switch (pgjobq__outcome_parse(outcome, len)) {
             case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
             case PGJOBQ__O_QUEUED:
-                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE ? &w->st_released : &w->st_retried, 1);
+                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE || rq->wkind == PGJOBQ__W_SNOOZE ? &w->st_released
+                                                                                                 : &w->st_retried,
+                                 1);
                 if (rq->wkind == PGJOBQ__W_FAIL)
                     log_failed_attempt(w, &rq->items, id, 0);
                 break;
@@ -769,6 +1026,7 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     rq->want = want;
     rq->from_cursor = from_cursor;
     rq->woken = q->claim.woken;
+    rq->idle = w->nrunning == 0;
     rq->sent_ms = now;
     if (!from_cursor)
         q->claim.low_ms = now;
@@ -886,6 +1144,7 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.cursor_valid = 0;
     }
     free(claimed);
+    q->drained = n == 0 && rq->idle;
     q->claim.woken = 0;
     q->claim.limited = meta.limited;
     /* A claim on a notification that found nothing: another worker took the jobs; hold the next such
@@ -904,17 +1163,29 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
 }
 
-/* A notification names a queue with new jobs: claim from it at once. */
+/* A notification names a queue with new jobs: claim from it at once.  Or it says that a job this
+ * worker holds was asked to stop (pgjobq.cancel_notify: "!cancel:" and this worker's id): renew the
+ * leases now, as the heartbeat would, whose answer ends such a job cancelled and stops its handler
+ * (heartbeat_done), rather than up to a heartbeat later.  A burst of them costs one early heartbeat
+ * at a time: it is sent when the write connection is free. */
 static void read_notifications(pgjobq_worker *w)
 {
+    static const char cancel_prefix[] = "!cancel:";
     PGnotify *n;
 
     if (w->conn[PGJOBQ__C_CLAIM].pg == NULL)
         return;
     while ((n = PQnotifies(w->conn[PGJOBQ__C_CLAIM].pg)) != NULL) {
-        for (int i = 0; i < w->nqueues; i++)
-            if (strcmp(w->queues[i].name, n->extra) == 0)
-                w->queues[i].claim.woken = 1;
+        if (strncmp(n->extra, cancel_prefix, sizeof cancel_prefix - 1) == 0) {
+            if (strcmp(n->extra + sizeof cancel_prefix - 1, w->worker_id) == 0 && w->nrunning > 0) {
+                wlog(w, PGJOBQ_LOG_DEBUG, "a cancel was requested for a job of this worker: renewing the leases now");
+                w->next_heartbeat_ms = 0;
+            }
+        } else {
+            for (int i = 0; i < w->nqueues; i++)
+                if (strcmp(w->queues[i].name, n->extra) == 0)
+                    w->queues[i].claim.woken = 1;
+        }
         PQfreemem(n);
     }
 }
@@ -950,8 +1221,9 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
-    /* No claim before the registry has taken this worker's id: another live worker may have it. */
-    if (w->stopping || !w->registered)
+    /* No claim before the registry has taken this worker's id: another live worker may have it; and none
+     * while the worker is unhealthy (pgjobq_worker_set_unhealthy). */
+    if (w->stopping || !w->registered || w->claims_held)
         return;
     /* Queues in turn, starting after the one served last, so that a busy queue cannot starve others. */
     for (int k = 0; k < w->nqueues; k++) {
@@ -1156,13 +1428,11 @@ static void connection_lost(pgjobq_worker *w, int c, int64_t now)
         atomic_fetch_sub(&w->st_connected, 1);
     w->was_ready[c] = 0;
     if (rq->kind == R_WRITE) {
-        for (size_t i = 0; i < rq->items.n; i++)
-            if (batch_add(&w->pending[rq->wkind], rq->items.items[i]) != 0)
-                running_drop(w, rq->items.items[i]);
-        rq->items.n = 0;
-        if (w->first_pending_ms == 0)
-            w->first_pending_ms = now;
+        pgjobq__split_requeued(&w->split[rq->wkind], rq->items.n);
+        requeue_front(w, rq, now);
     }
+    if (rq->kind == R_PROGRESS)
+        progress_forget(w);
     if (rq->kind == R_LISTEN)
         w->need_listen = 1;
     /* A claim whose result never came may have rolled back: the rows it had locked are queued again,
@@ -1289,7 +1559,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     if (pgjobq__aconn_idle(&w->conn[PGJOBQ__C_CLAIM])) {
         if (!w->o.poll_only)
             SOONER(w->listen_check_ms);
-        for (int i = 0; i < w->nqueues && !w->stopping; i++) {
+        for (int i = 0; i < w->nqueues && !w->stopping && !w->claims_held; i++) {
             pgjobq__queue *q = &w->queues[i];
             if (pgjobq__claim_decide(&q->claim, now, NULL) > 0)
                 return now;
@@ -1464,6 +1734,10 @@ static void finish(pgjobq_worker *w)
         w->pending[k].items = NULL;
         w->pending[k].n = 0;
     }
+    progress_forget(w);
+    free(w->progress_sent);
+    w->progress_sent = NULL;
+    w->progress_cap = 0;
     for (int c = 0; c < PGJOBQ__NCONN; c++) {
         for (size_t i = 0; i < w->req[c].items.n; i++)
             running_drop(w, w->req[c].items.items[i]);
@@ -1565,7 +1839,9 @@ int pgjobq_worker_run(pgjobq_worker *w)
 
     for (;;) {
         now = pgjobq__mono_ms();
+        phase_burst(w);
         phase_stop(w, now);
+        phase_health(w, now);
         phase_collect(w, now);
         for (int c = 0; c < PGJOBQ__NCONN; c++)
             if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)

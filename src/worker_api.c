@@ -30,6 +30,22 @@ void pgjobq__worker_wake(pgjobq_worker *w)
 /* ------------------------------------------------------------------------------------------------ */
 /* Creating and configuring                                                                          */
 
+void pgjobq_worker_opts_defaults(pgjobq_worker_opts *o)
+{
+    if (o->lease_ms == 0)
+        o->lease_ms = 60000;
+    if (o->heartbeat_ms == 0)
+        o->heartbeat_ms = o->lease_ms / 3;
+    if (o->timeout_ms == 0)
+        o->timeout_ms = o->lease_ms * 4 / 5;
+    if (o->poll_ms == 0)
+        o->poll_ms = 1000;
+    if (o->shutdown_timeout_ms == 0)
+        o->shutdown_timeout_ms = 30000;
+    if (o->batch_max == 0)
+        o->batch_max = 1000;
+}
+
 int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_worker_opts *opts)
 {
     pgjobq_worker *w;
@@ -53,18 +69,7 @@ int pgjobq_worker_new(pgjobq_worker **out, const char *conninfo, const pgjobq_wo
     char why[400];
     if (pgjobq_conninfo_check(w->conninfo, why, sizeof why) == PGJOBQ_EINVAL)
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the connection string is not valid: %s", why);
-    if (w->o.lease_ms == 0)
-        w->o.lease_ms = 60000;
-    if (w->o.heartbeat_ms == 0)
-        w->o.heartbeat_ms = w->o.lease_ms / 3;
-    if (w->o.timeout_ms == 0)
-        w->o.timeout_ms = w->o.lease_ms * 4 / 5;
-    if (w->o.poll_ms == 0)
-        w->o.poll_ms = 1000;
-    if (w->o.shutdown_timeout_ms == 0)
-        w->o.shutdown_timeout_ms = 30000;
-    if (w->o.batch_max == 0)
-        w->o.batch_max = 1000;
+    pgjobq_worker_opts_defaults(&w->o);
 
     if (w->o.lease_ms < 100 || w->o.lease_ms > INT64_C(31536000000))
         return pgjobq__worker_err(w, PGJOBQ_EINVAL, "the lease must be between 100 ms and one year");
@@ -160,6 +165,48 @@ void pgjobq_worker_stop(pgjobq_worker *w)
         pgjobq__worker_wake(w);
 }
 
+static void problem_lock(pgjobq_worker *w)
+{
+    int free_ = 0;
+    while (!atomic_compare_exchange_weak(&w->problem_lock, &free_, 1))
+        free_ = 0;
+}
+
+static void problem_unlock(pgjobq_worker *w)
+{
+    atomic_store(&w->problem_lock, 0);
+}
+
+int pgjobq_worker_set_unhealthy(pgjobq_worker *w, const char *reason)
+{
+    char *copy = NULL;
+
+    if (w == NULL)
+        return PGJOBQ_EINVAL;
+    if (reason && (copy = pgjobq__sanitize_text(reason, strlen(reason), PROBLEM_MAX, 0)) == NULL)
+        return PGJOBQ_ENOMEM;
+    problem_lock(w);
+    char *old = w->problem;
+    int changed = (old == NULL) != (copy == NULL) || (old && strcmp(old, copy) != 0);
+    w->problem = copy;
+    problem_unlock(w);
+    free(old);
+    if (!changed)
+        return PGJOBQ_OK;
+    atomic_store(&w->unhealthy, copy != NULL);
+    atomic_store(&w->problem_changed, 1);
+    if (w->wake_pipe[1] >= 0)
+        pgjobq__worker_wake(w);
+    return PGJOBQ_OK;
+}
+
+void pgjobq__worker_problem(pgjobq_worker *w, char *buf, size_t size)
+{
+    problem_lock(w);
+    snprintf(buf, size, "%s", w->problem ? w->problem : "");
+    problem_unlock(w);
+}
+
 void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
 {
     pgjobq_worker *w = (pgjobq_worker *)cw;
@@ -192,6 +239,7 @@ void pgjobq_worker_free(pgjobq_worker *w)
     if (w == NULL)
         return;
     free(w->conninfo);
+    free(w->problem);
     if (w->wake_pipe[0] >= 0)
         close(w->wake_pipe[0]);
     if (w->wake_pipe[1] >= 0)

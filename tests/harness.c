@@ -457,6 +457,46 @@ static void show_logs(void)
     }
 }
 
+const char *t_srcdir(void)
+{
+    const char *dir = getenv("PGJOBQ_SRCDIR");
+    CHECK_MSG(dir != NULL && dir[0], "PGJOBQ_SRCDIR is not set (make check sets it)");
+    return dir;
+}
+
+char *t_read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    char *s = malloc((size_t)n + 1);
+    CHECK(s != NULL);
+    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
+    s[n] = '\0';
+    CHECK(fclose(f) == 0);
+    return s;
+}
+
+int t_shell(char *out, size_t size, const char *cmd)
+{
+    char path[600], *line;
+    static int calls;
+
+    snprintf(path, sizeof path, "%s/shell-%d.out", t_tmpdir(), calls++);
+    size_t len = strlen(cmd) + strlen(path) + 16;
+    line = malloc(len);
+    CHECK(line != NULL);
+    snprintf(line, len, "(%s) > '%s' 2>&1", cmd, path);
+    int rc = system(line);
+    free(line);
+    char *text = t_read_file(path);
+    snprintf(out, size, "%s", text);
+    free(text);
+    return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
 void t_show_log(const char *path)
 {
     char cmd[600];

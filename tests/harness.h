@@ -122,6 +122,13 @@ pid_t t_spawn(const char *log_path, const char *extra_env, ...);
 int t_wait_exit(pid_t pid, int timeout_ms);
 /* A new temporary directory for this test (removed when the test process exits normally). */
 const char *t_tmpdir(void);
+/* The source tree ($PGJOBQ_SRCDIR, which make check sets; fails the test when it is not set). */
+const char *t_srcdir(void);
+/* The whole text of a file (malloc'd); fails the test when it cannot be read. */
+char *t_read_file(const char *path);
+/* Runs a shell command line, its standard output and error together into out (at most size - 1
+ * bytes, NUL-terminated); returns its exit status, or 128 + signal. */
+int t_shell(char *out, size_t size, const char *cmd);
 /* dir/NAME.log in this test's temporary directory, for t_spawn (the last 8 paths stay valid). */
 const char *t_log_path(const char *name);
 /* Prints the last 30 lines of a log on stderr, to explain a failure. */

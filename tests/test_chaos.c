@@ -8,9 +8,13 @@
  * in its own network namespace off from the database, half-open (DROP) and refused (REJECT).  Then everything is healed and drained, and the
  * checker reads the ledger, the jobs table and an audit trail of every row change (a trigger):
  *
+ * One job in fifty is poisoned: its handler prints a result PostgreSQL refuses (a number beyond
+ * numeric's range), which must cost the jobs written in the same batch nothing.
+ *
  *   must be zero:  lost (acknowledged, never completed), unexpected (executed, never enqueued),
  *                  claims while another lease on the job was valid, stale writes accepted (a write
- *                  by a holder whose lease had expired), stuck running, attempts over max_attempts
+ *                  by a holder whose lease had expired), stuck running, attempts over max_attempts,
+ *                  innocent jobs failed, poisoned jobs that did not end failed
  *   reported:      executions of a job more than once (after a lease was lost), enqueue errors and
  *                  indeterminate commits that landed, rescue delay after expiry, recovery after a
  *                  database restart, listener recovery, pickup latency
@@ -29,7 +33,7 @@
 
 #include "harness.h"
 
-enum { WORKERS = 3, MAX_ACKED = 200000 };
+enum { WORKERS = 3, MAX_ACKED = 200000, POISON_EVERY = 50 };
 
 static pid_t workers[WORKERS];
 static char handler_path[512], ledger_path[512];
@@ -75,6 +79,21 @@ static void dump_undrained(PGconn *pg)
              t_tmpdir(), t_tmpdir());
     if (system(cmd) == -1)
         fprintf(stderr, "(could not show the worker logs)\n");
+}
+
+/* Lines of the workers' logs that match an extended regular expression. */
+static long long worker_log_lines(const char *regex)
+{
+    char cmd[1200];
+    long long n = -1;
+    snprintf(cmd, sizeof cmd, "cat %s/w*.log %s/netns-worker.log 2>/dev/null | grep -cE '%s'", t_tmpdir(), t_tmpdir(),
+             regex);
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    if (fscanf(f, "%lld", &n) != 1)
+        n = -1;
+    pclose(f);
+    return n;
 }
 
 static pid_t start_worker(int i)
@@ -157,7 +176,6 @@ static void *producer(void *arg)
     (void)arg;
 
     o.queue = "chaos";
-    o.max_attempts = 1000; /* so that repeated faults never fail a job by policy */
     while (!atomic_load(&produced.stop)) {
         if (backlog_full(&watch))
             continue;
@@ -168,8 +186,12 @@ static void *producer(void *arg)
             continue;
         }
         int64_t id = 0;
-        atomic_fetch_add(&produced.attempts, 1);
-        int rc = pgjobq_enqueue(c, "{\"chaos\": true}", &o, &id);
+        /* One job in fifty is poisoned: its handler gives a result PostgreSQL refuses, on each of its
+         * two attempts.  The others may be tried 1000 times, so that repeated faults never fail one
+         * by policy. */
+        int poison = atomic_fetch_add(&produced.attempts, 1) % POISON_EVERY == POISON_EVERY - 1;
+        o.max_attempts = poison ? 2 : 1000;
+        int rc = pgjobq_enqueue(c, poison ? "{\"chaos\": true, \"poison\": true}" : "{\"chaos\": true}", &o, &id);
         if (rc == PGJOBQ_OK) {
             int k = atomic_fetch_add(&produced.n, 1);
             if (k < MAX_ACKED)
@@ -349,11 +371,11 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     snprintf(ledger_path, sizeof ledger_path, "%s/ledger", t_tmpdir());
     char body[1024];
     snprintf(body, sizeof body,
-             "cat >/dev/null\n"
+             "payload=$(cat)\n"
              "start=$(date +%%s%%N)\n"
              "sleep 0.0$(( $$ %% 9 ))\n"
              "echo \"$PGJOBQ_JOB_ID $PGJOBQ_LEASE_TOKEN $WHO $start $(date +%%s%%N)\" >> %s\n"
-             "echo '{}'",
+             "case \"$payload\" in *poison*) echo '{\"n\": 1e1000000}';; *) echo '{}';; esac",
              ledger_path);
     snprintf(handler_path, sizeof handler_path, "%s", t_script("handler.sh", body));
     have_netns = netns_setup(&pg, netns_why, sizeof netns_why);
@@ -493,8 +515,19 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     PQclear(t_exec(pg, "CREATE TEMP TABLE ledger (id bigint, token bigint, who text, start_ns numeric, end_ns numeric)"));
     PQclear(t_exec(pg, "COPY ledger FROM '%s' WITH (DELIMITER ' ')", ledger_path));
 
+    /* Lost: an acknowledged job that is gone, or not completed although its handler completes it. */
     long long lost = t_int(pg, "SELECT count(*) FROM acked a LEFT JOIN pgjobq.all_jobs j USING (id)"
-                               " WHERE j.id IS NULL OR j.state <> 'completed'");
+                               " WHERE j.id IS NULL OR (j.state <> 'completed' AND NOT j.payload ? 'poison')");
+    long long poisoned = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'chaos' AND payload ? 'poison'");
+    long long poison_not_failed = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'chaos'"
+                                            " AND payload ? 'poison' AND state <> 'failed'");
+    long long poison_refused = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'chaos'"
+                                         " AND payload ? 'poison' AND last_error LIKE 'result not storable: %%'");
+    /* The engine used to drop every outcome of a batch the database refused (their leases expired and
+     * the jobs ran again): none may be dropped now. */
+    long long dropped = worker_log_lines("outcomes \\((complete|fail)\\) failed: .*value overflows numeric format|the database refused its outcome");
+    long long innocent_failed = t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'chaos'"
+                                          " AND NOT payload ? 'poison' AND state = 'failed'");
     long long unexpected = t_int(pg, "SELECT count(*) FROM (SELECT DISTINCT id FROM ledger) l"
                                      " LEFT JOIN pgjobq.all_jobs j USING (id) WHERE j.id IS NULL");
     long long claim_in_valid = t_audit_claims_in_valid_lease(pg);
@@ -536,11 +569,16 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     printf("  %-56s %8lld\n", "stale writes accepted (holder wrote after its lease)", stale);
     printf("  %-56s %8lld\n", "stuck running at the end", stuck);
     printf("  %-56s %8lld\n", "attempts over max_attempts", over);
+    printf("  %-56s %8lld\n", "innocent jobs failed (beside a poisoned one)", innocent_failed);
+    printf("  %-56s %8lld\n", "poisoned jobs not failed", poison_not_failed);
+    printf("  %-56s %8lld\n", "outcomes dropped for a refused batch (worker logs)", dropped);
     printf("%-58s\n", "reported");
     printf("  %-56s %8lld\n", "jobs executed more than once (after losing a lease)", dup_jobs);
     printf("  %-56s %8lld\n", "executions repeated under one lease token", dup_same_token);
     printf("  %-56s %8d\n", "enqueue errors during faults", atomic_load(&produced.errors));
     printf("  %-56s %8lld\n", "  of which the commit landed anyway (indeterminate)", landed);
+    printf("  %-56s %8lld\n", "poisoned jobs (a result PostgreSQL refuses)", poisoned);
+    printf("  %-56s %8lld\n", "  of which failed saying 'result not storable'", poison_refused);
     printf("  %-56s %8lld\n", "leases rescued", rescues);
     printf("  %-56s %5lld ms\n", "rescue delay after lease expiry, p50", rescue_p50);
     printf("  %-56s %5lld ms\n", "rescue delay after lease expiry, max", rescue_max);
@@ -554,6 +592,10 @@ TEST_FULL(chaos_no_job_lost_none_run_under_a_valid_lease_twice_no_stale_write, 9
     CHECK_INT(stale, 0);
     CHECK_INT(stuck, 0);
     CHECK_INT(over, 0);
+    CHECK_INT(innocent_failed, 0);
+    CHECK_INT(poison_not_failed, 0);
+    CHECK_INT(dropped, 0);
+    CHECK(poisoned > 0 && poison_refused > 0);
     CHECK(executions >= acked); /* the ledger saw every job at least once */
     PQfinish(pg);
 }
@@ -662,7 +704,7 @@ TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, 
             pgjobq_client_close(c);
             c = NULL;
         }
-        if (c && pgjobq_enqueue_batch(c, specs, BATCH, NULL, NULL) == PGJOBQ_OK)
+        if (c && pgjobq_enqueue_many(c, specs, BATCH, NULL, NULL) == PGJOBQ_OK)
             enqueued += BATCH;
         pause_ms(2000);
         int w = round % K;

@@ -58,7 +58,7 @@ TEST(claim_returns_batches_of_at_most_max_jobs)
     size_t n, sizes[4];
 
     memset(specs, 0, sizeof specs);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 10, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 10, NULL, NULL));
     for (int i = 0; i < 4; i++) {
         CHECK_OK(c, pgjobq_claim(c, "default", 4, 30000, NULL, &jobs, &n));
         sizes[i] = n;
@@ -85,7 +85,7 @@ TEST(claim_skips_a_locked_head_job_without_waiting)
     size_t n;
 
     memset(specs, 0, sizeof specs);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, NULL));
     /* Another transaction holds the head job's row lock and keeps it. */
     PQclear(t_exec(holder, "BEGIN"));
     PQclear(t_exec(holder, "SELECT id FROM pgjobq.jobs WHERE id = %lld FOR UPDATE", (long long)ids[0]));
@@ -219,7 +219,7 @@ TEST_FULL(claim_is_exactly_once_under_40_concurrent_claimers, 180, 0)
         snprintf(payloads[i], sizeof payloads[i], "[%d]", i + 1);
         specs[i].payload = payloads[i];
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, EXACT_JOBS, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, EXACT_JOBS, NULL, NULL));
     pgjobq_client_close(c);
 
     for (int p = 0; p < EXACT_PROCS; p++) {
@@ -360,5 +360,26 @@ TEST_FULL(fenced_writes_look_jobs_up_by_id_when_statistics_say_none_run, 120, 0)
               "the completion read rows of jobs that are not in its input");
     CHECK_MSG(strstr(plans, "Seq Scan on jobs") == NULL, "the completion scanned the table");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed'"), 2000);
+    PQfinish(pg);
+}
+
+/* pgjobq_claim is claim_next's, as the worker's claim is, not the compatibility claim_batch's (the
+ * claim of version 9, kept for SQL callers): it claims with claim_batch gone. */
+TEST(claim_of_the_library_is_claim_next)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t id;
+
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &id));
+    PQclear(
+        t_exec(pg, "DROP FUNCTION pgjobq.claim_batch(text, integer, interval, text, smallint, timestamptz, bigint)"));
+    CHECK_OK(c, pgjobq_claim(c, "default", 10, 30000, NULL, &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, id);
+    pgjobq_jobs_free(jobs);
+    pgjobq_client_close(c);
     PQfinish(pg);
 }

@@ -141,7 +141,7 @@ TEST_FULL(conflict_concurrent_claims_under_serializable_isolation, 120, 0)
         snprintf(payloads[i], sizeof payloads[i], "[%d]", i + 1);
         specs[i].payload = payloads[i];
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, SER_JOBS, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, SER_JOBS, NULL, NULL));
     for (int i = 0; i < SER_THREADS; i++)
         CHECK(pthread_create(&th[i], NULL, ser_claimer, NULL) == 0);
     for (int i = 0; i < SER_THREADS; i++)

@@ -97,7 +97,7 @@ TEST(enqueue_batch_returns_ids_in_order)
         specs[i].payload = payloads[i];
         specs[i].opts.queue = i % 2 ? "odd" : "even";
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, ids, dups));
     CHECK_INT(count_jobs(pg), N);
     for (int i = 0; i < N; i++) {
         CHECK(dups[i] == 0);
@@ -108,6 +108,10 @@ TEST(enqueue_batch_returns_ids_in_order)
     for (int i = 0; i < N; i += 997)
         CHECK_INT(t_int(pg, "SELECT (payload->>'i')::int FROM pgjobq.all_jobs WHERE id = %lld", (long long)ids[i]), i);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'odd'"), N / 2);
+    /* pgjobq_enqueue_batch, its former name, is the same function. */
+    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, dups));
+    CHECK_INT(count_jobs(pg), N + 3);
+    CHECK_INT(t_int(pg, "SELECT (payload->>'i')::int FROM pgjobq.all_jobs WHERE id = %lld", (long long)ids[2]), 2);
     PQfinish(pg);
     free(specs);
     free(payloads);
@@ -128,17 +132,17 @@ TEST(enqueue_batch_is_all_or_none)
         specs[i].payload = "{\"ok\": true}";
     /* Caught by the library before anything is sent: the message names the job. */
     specs[137].payload = "{\"ok\": tru}";
-    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
     CHECK_MSG(strstr(pgjobq_errmsg(c), "job 137") != NULL, "message: %s", pgjobq_errmsg(c));
     CHECK_INT(count_jobs(pg), 0);
     /* Caught only by the server (the library does not parse times): still nothing is inserted. */
     specs[137].payload = "{}";
     specs[190].opts.run_at = "not a time";
-    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL), PGJOBQ_EINVAL);
     CHECK_STR(pgjobq_sqlstate(c), "22007");
     CHECK_INT(count_jobs(pg), 0);
     specs[190].opts.run_at = NULL;
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL));
     CHECK_INT(count_jobs(pg), N);
     PQfinish(pg);
     pgjobq_client_close(c);
@@ -177,7 +181,7 @@ TEST(enqueue_unique_key_returns_the_existing_job)
     memset(specs, 0, sizeof specs);
     specs[0].opts.unique_key = "k-batch";
     specs[2].opts.unique_key = "k-batch";
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, dups));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, dups));
     CHECK(dups[0] == 0 && dups[1] == 0 && dups[2] == 1);
     CHECK_INT(ids[2], ids[0]);
     CHECK_INT(count_jobs(pg), 4);
@@ -306,7 +310,7 @@ TEST(enqueue_batch_sends_one_notification_per_queue)
     /* A scheduled job wakes nobody: it is not due. */
     specs[5].opts.queue = "gamma";
     specs[5].opts.delay_ms = 3600000;
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL));
     int n = notifications(listener, 1000, queues, 16);
     CHECK_INT(n, 2);
     CHECK((strcmp(queues[0], "alpha") == 0 && strcmp(queues[1], "beta") == 0) ||
@@ -352,7 +356,7 @@ TEST(enqueue_on_its_own_connection_notifies_after_its_commit)
     specs[1].opts.queue = "own2";
     specs[2].opts.queue = "later";
     specs[2].opts.delay_ms = 3600000;
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, NULL));
     int n = notifications(listener, 1000, queues, 8);
     CHECK_INT(n, 2);
     CHECK((strcmp(queues[0], "own") == 0 && strcmp(queues[1], "own2") == 0) ||
@@ -434,7 +438,7 @@ TEST(enqueue_bad_input_is_refused_and_writes_nothing)
         {"{}", NULL, NULL, 0, 0, -1, NULL, NULL, "negative"},
         {"{}", NULL, NULL, 0, 0, 5, "2030-01-01", NULL, "not both"},
         {"{}", NULL, NULL, 0, 0, 0, "garbage", NULL, "garbage"},
-        {"{}", NULL, NULL, 0, 0, 0, NULL, "", "unique key"},
+        {"{}", NULL, NULL, 0, 0, 0, NULL, "", "a key has 1 to 255"},
     };
 
     memset(big, ' ', sizeof big - 1);
@@ -506,7 +510,7 @@ TEST(enqueue_batch_with_copy_keeps_every_field_and_returns_the_ids)
         specs[i].opts.max_attempts = i % 5;
     }
     memset(dups, 7, N);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, ids, dups));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), N);
     for (int i = 0; i < N; i++)
         CHECK_INT(dups[i], 0);
@@ -536,7 +540,7 @@ TEST(enqueue_batch_with_copy_keeps_every_field_and_returns_the_ids)
     /* With run_at on every job, and without ids wanted. */
     for (int i = 0; i < N; i++)
         specs[i].opts.run_at = "2031-05-04 03:02:01+00";
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE run_at = '2031-05-04 03:02:01+00'"), N);
     CHECK_INT(t_int(pg, "SELECT count(DISTINCT id) FROM pgjobq.jobs"), 2 * N);
     free(dups);
@@ -560,19 +564,19 @@ TEST(enqueue_batch_with_copy_is_all_or_none_and_names_the_bad_job)
         specs[i].opts.run_at = "2030-01-01 00:00:00+00";
     /* Only the server can tell that this is not a time. */
     specs[700].opts.run_at = "soonish";
-    CHECK_RC(c, pgjobq_enqueue_batch(c, specs, N, ids, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_enqueue_many(c, specs, N, ids, NULL), PGJOBQ_EINVAL);
     CHECK_MSG(strstr(pgjobq_errmsg(c), "job 700") != NULL, "message: %s", pgjobq_errmsg(c));
     CHECK_INT(count_jobs(pg), 0);
     /* The client is usable afterwards (its transaction was rolled back). */
     specs[700].opts.run_at = "2030-01-01 00:00:00+00";
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, ids, NULL));
     CHECK_INT(count_jobs(pg), N);
     /* A batch that needs what COPY cannot do (a unique key) takes the other path, same answers. */
     specs[3].opts.unique_key = "only-one";
     specs[4].opts.unique_key = "only-one";
     unsigned char *dups = calloc(N, 1);
     CHECK(dups != NULL);
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, ids, dups));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, ids, dups));
     CHECK_INT(dups[3], 0);
     CHECK_INT(dups[4], 1);
     CHECK_INT(ids[4], ids[3]);
@@ -598,14 +602,14 @@ TEST(enqueue_batch_with_copy_joins_the_callers_transaction_and_notifies_at_commi
     PQclear(t_exec(listener, "LISTEN pgjobq"));
     CHECK_OK(c, pgjobq_client_wrap(&c, app));
     PQclear(t_exec(app, "BEGIN"));
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL));
     CHECK_INT(PQtransactionStatus(app), PQTRANS_INTRANS);
     CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
     PQclear(t_exec(app, "ROLLBACK"));
     CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs"), 0);
     CHECK_INT(notifications(listener, 200, queues, 8), 0);
     PQclear(t_exec(app, "BEGIN"));
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, N, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, N, NULL, NULL));
     PQclear(t_exec(app, "COMMIT"));
     CHECK_INT(t_int(other, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bulk'"), N);
     CHECK_INT(notifications(listener, 2000, queues, 8), 1);

@@ -323,3 +323,73 @@ TEST(policy_a_worker_id_in_use_is_waited_for_until_the_row_could_be_stale_then_r
     /* Registered before: someone took the id over. */
     CHECK_INT(pgjobq__id_in_use(1, 1000, 1000), PGJOBQ__ID_TAKEN);
 }
+
+/* Plays the engine's write loop over n rows, of which the rows bad[] are refused by the database:
+ * returns the writes it took, and checks every good row was written once and every bad row found. */
+static int play_split(size_t n, const size_t *bad, size_t nbad)
+{
+    pgjobq__split s;
+    size_t rows[64], pending[256], np = n, written = 0, found = 0;
+    int writes = 0;
+
+    CHECK(n <= 256);
+    memset(&s, 0, sizeof s);
+    for (size_t i = 0; i < n; i++)
+        pending[i] = i;
+    while (np > 0) {
+        size_t k = pgjobq__split_take(&s, np), refused = 0;
+        CHECK(k >= 1 && k <= np && k <= 64);
+        memcpy(rows, pending, k * sizeof *rows);
+        memmove(pending, pending + k, (np - k) * sizeof *pending);
+        np -= k;
+        writes++;
+        for (size_t i = 0; i < k; i++)
+            for (size_t b = 0; b < nbad; b++)
+                refused |= rows[i] == bad[b];
+        if (!refused) {
+            written += k;
+            continue;
+        }
+        /* Refused: the rows go back to the front. */
+        memmove(pending + k, pending, np * sizeof *pending);
+        memcpy(pending, rows, k * sizeof *rows);
+        np += k;
+        if (pgjobq__split_refused(&s, k)) {
+            CHECK_INT(k, 1);
+            memmove(pending, pending + 1, --np * sizeof *pending);
+            found++;
+        }
+    }
+    CHECK_INT(written, n - nbad);
+    CHECK_INT(found, nbad);
+    return writes;
+}
+
+TEST(policy_a_refused_batch_is_written_again_in_halves_until_the_refused_rows_are_alone)
+{
+    /* One refused row among 64: about two writes per halving. */
+    CHECK(play_split(64, (size_t[]){37}, 1) <= 2 * 6 + 1);
+    CHECK(play_split(64, (size_t[]){0}, 1) <= 2 * 6 + 1);
+    CHECK(play_split(64, (size_t[]){63}, 1) <= 2 * 6 + 1);
+    /* Several, and every row. */
+    play_split(64, (size_t[]){1, 2, 40}, 3);
+    CHECK_INT(play_split(1, (size_t[]){0}, 1), 1);
+    size_t all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    play_split(8, all, 8);
+    /* Nothing refused: one write. */
+    CHECK_INT(play_split(64, NULL, 0), 1);
+    /* A write that did not happen comes back as the next part while parts remain. */
+    pgjobq__split s;
+    memset(&s, 0, sizeof s);
+    CHECK_INT(pgjobq__split_take(&s, 10), 10);
+    CHECK_INT(pgjobq__split_refused(&s, 10), 0);
+    CHECK_INT(pgjobq__split_take(&s, 10), 5);
+    pgjobq__split_requeued(&s, 5);
+    CHECK_INT(pgjobq__split_take(&s, 10), 5);
+    CHECK_INT(pgjobq__split_take(&s, 5), 5);
+    CHECK_INT(pgjobq__split_take(&s, 7), 7); /* no part left: everything pending */
+    /* Only refusals of the values split a batch. */
+    CHECK(pgjobq__refused_by_value("22003") && pgjobq__refused_by_value("23514") && pgjobq__refused_by_value("54000"));
+    CHECK(!pgjobq__refused_by_value("40001") && !pgjobq__refused_by_value("42501") && !pgjobq__refused_by_value(NULL) &&
+          !pgjobq__refused_by_value("57014") && !pgjobq__refused_by_value("08006"));
+}

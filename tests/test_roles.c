@@ -239,7 +239,7 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
     PQclear(t_exec(pg, "ALTER DATABASE %s SET track_functions = 'all'", t_dbname()));
     pgjobq_client *app = as_role("app"), *bulk = as_role("bulk");
 
-    CHECK_OK(app, pgjobq_enqueue_batch(app, specs, N, ids, NULL));
+    CHECK_OK(app, pgjobq_enqueue_many(app, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
     pgjobq_client_close(app); /* its statistics reach the server when it leaves */
     fn_wait w = {pg, "enqueue_many", 1};
@@ -251,7 +251,7 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
         specs[i].opts.queue = i % 2 ? "bulk-odd" : "bulk-even";
         specs[i].opts.priority = i % 3;
     }
-    CHECK_OK(bulk, pgjobq_enqueue_batch(bulk, specs, N, ids, NULL));
+    CHECK_OK(bulk, pgjobq_enqueue_many(bulk, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue LIKE 'bulk-%%'"), 6);
     pgjobq_client_close(bulk);

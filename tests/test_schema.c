@@ -13,29 +13,6 @@
 
 #include "harness.h"
 
-/* A file of the source tree (PGJOBQ_SRCDIR, which make check sets), read whole into a malloc'd string. */
-static char *src_read(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f != NULL, "cannot open %s", path);
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
-    char *s = malloc((size_t)n + 1);
-    CHECK(s != NULL);
-    CHECK(fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = '\0';
-    CHECK(fclose(f) == 0);
-    return s;
-}
-
-static const char *srcdir(void)
-{
-    const char *dir = getenv("PGJOBQ_SRCDIR");
-    CHECK_MSG(dir != NULL, "PGJOBQ_SRCDIR is not set (make check sets it)");
-    return dir;
-}
-
 /* The released migration of schema version v (tests/fixtures/released: the migrations as pgjobq
  * released them; up to version 9 each created its own functions, from version 10 on the release's
  * function files are beside it, in functions-NNN): 1 to RELEASED_VERSIONS. */
@@ -46,9 +23,9 @@ static char *released_migration(int v)
     char pattern[4096];
     glob_t g;
 
-    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", srcdir(), v);
+    snprintf(pattern, sizeof pattern, "%s/tests/fixtures/released/%03d_*.sql", t_srcdir(), v);
     CHECK_MSG(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single file matches %s", pattern);
-    char *sql = src_read(g.gl_pathv[0]);
+    char *sql = t_read_file(g.gl_pathv[0]);
     globfree(&g);
     return sql;
 }
@@ -73,7 +50,7 @@ static void apply_released_functions(PGconn *pg, int v)
     size_t n = 0;
     struct dirent *e;
 
-    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", srcdir(), v);
+    snprintf(dirpath, sizeof dirpath, "%s/tests/fixtures/released/functions-%03d", t_srcdir(), v);
     DIR *d = opendir(dirpath);
     CHECK_MSG(d != NULL, "cannot open %s", dirpath);
     while ((e = readdir(d)) != NULL) {
@@ -90,7 +67,7 @@ static void apply_released_functions(PGconn *pg, int v)
     qsort(names, n, sizeof names[0], cmp_names);
     for (size_t i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
-        char *sql = src_read(path);
+        char *sql = t_read_file(path);
         run_script(pg, sql, "a released function file");
         free(sql);
         free(names[i]);
@@ -411,6 +388,16 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
      * and its prune with its default ages, which the retention of migration 11 allows. */
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND secret_hash IS NULL"), 1);
+    /* A worker of schema 18 says it is unhealthy with its beat; one of 17 (six arguments) is healthy. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND unhealthy IS NULL"
+                        " AND unhealthy_since IS NULL"),
+              1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1', NULL, 'cannot start')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers() WHERE id = 'old-worker'"
+                        " AND reason = 'cannot start' AND since IS NOT NULL"),
+              1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1', NULL)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers()"), 0);
     PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('old-worker')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers"), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '24 hours' AND failed = '7 days'"), 1);
@@ -432,8 +419,9 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
 
 /* What a database's pgjobq schema is, one line per object, in order: every function (its whole
  * definition, as pg_get_functiondef prints it, and its grants), every relation (kind, options,
- * grants, columns with their grants, index or view definition, partition bound), constraint and type, the schema's
- * grants.  The hourly history partitions, named after the hour they were made in, count by number. */
+ * grants, columns with their grants, index or view definition, partition bound), constraint, trigger
+ * and type, the schema's grants.  The hourly history partitions, named after the hour they were made
+ * in, count by number. */
 static const char SCHEMA_DIGEST[] =
     "WITH lines(l) AS ("
     " SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid)) || ' grants '"
@@ -458,6 +446,10 @@ static const char SCHEMA_DIGEST[] =
     "        || CASE WHEN r.convalidated THEN '' ELSE ' not valid' END"
     "   FROM pg_constraint r WHERE r.connamespace = 'pgjobq'::regnamespace"
     "    AND r.conrelid::regclass::text !~ 'history_p[0-9]{10}'"
+    " UNION ALL"
+    " SELECT 'trigger ' || g.tgrelid::regclass::text || ' ' || pg_get_triggerdef(g.oid)"
+    "   FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid"
+    "  WHERE c.relnamespace = 'pgjobq'::regnamespace AND NOT g.tgisinternal"
     " UNION ALL"
     " SELECT 'type ' || t.typname || ' ' || t.typtype::text || ' ' || coalesce((SELECT string_agg(e.enumlabel, ','"
     "        ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), '')"
@@ -506,22 +498,22 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The names of the functions sql/functions defines, sorted, comma-separated (malloc'd). */
-static char *function_file_names(void)
+/* Adds to names[*n ..] the names of the functions the .sql files of dir (only the numbered ones:
+ * numbered) define, adding their lengths and a comma's to *len. */
+static void defined_names(const char *dir, int numbered, char **names, size_t max, size_t *n, size_t *len)
 {
-    char dirpath[4096], path[4400], *names[256], *out;
-    size_t n = 0, len = 1;
+    char dirpath[4096], path[4400];
     struct dirent *e;
 
-    snprintf(dirpath, sizeof dirpath, "%s/sql/functions", srcdir());
+    snprintf(dirpath, sizeof dirpath, "%s/%s", t_srcdir(), dir);
     DIR *d = opendir(dirpath);
     CHECK_MSG(d != NULL, "cannot open %s", dirpath);
     while ((e = readdir(d)) != NULL) {
         size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0)
+        if (l < 5 || strcmp(e->d_name + l - 4, ".sql") != 0 || (numbered && strspn(e->d_name, "0123456789") != 3))
             continue;
         snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
-        char *text = src_read(path);
+        char *text = t_read_file(path);
         for (char *p = text; (p = strstr(p, "FUNCTION pgjobq.")) != NULL; p++) {
             /* A definition: "CREATE FUNCTION" or "CREATE OR REPLACE FUNCTION", not a mention. */
             int created = (p - text >= 7 && strncmp(p - 7, "CREATE ", 7) == 0) ||
@@ -530,15 +522,26 @@ static char *function_file_names(void)
                 continue;
             const char *name = p + strlen("FUNCTION pgjobq.");
             size_t nl = strcspn(name, "(");
-            CHECK(n < sizeof names / sizeof names[0]);
-            names[n] = strndup(name, nl);
-            CHECK(names[n] != NULL);
-            len += nl + 1;
-            n++;
+            CHECK(*n < max);
+            names[*n] = strndup(name, nl);
+            CHECK(names[*n] != NULL);
+            *len += nl + 1;
+            (*n)++;
         }
         free(text);
     }
     CHECK(closedir(d) == 0);
+}
+
+/* The names of the functions sql/functions defines, and the migrations of sql/ (the function of a
+ * trigger lives with its trigger), sorted, comma-separated (malloc'd). */
+static char *function_file_names(void)
+{
+    char *names[256], *out;
+    size_t n = 0, len = 1;
+
+    defined_names("sql/functions", 0, names, sizeof names / sizeof names[0], &n, &len);
+    defined_names("sql", 1, names, sizeof names / sizeof names[0], &n, &len);
     qsort(names, n, sizeof names[0], cmp_names);
     out = calloc(1, len);
     CHECK(out != NULL);
@@ -571,8 +574,9 @@ static void migrate_and_check_functions(PGconn *pg, const char *files)
     free(db);
 }
 
-/* Every function of a migrated database is one that sql/functions defines, and each file's function is
- * there once: nothing an old migration made is left over, new or upgraded from version 1. */
+/* Every function of a migrated database is one that sql/functions (or, for a trigger's, a migration)
+ * defines, and each file's function is there once: nothing an old migration made is left over, new
+ * or upgraded from version 1. */
 TEST_FULL(schema_functions_are_exactly_those_of_the_function_files, 60, TEST_DB_EMPTY)
 {
     PGconn *pg = t_pg();
@@ -679,7 +683,7 @@ static char *jobs_snapshot(PGconn *pg, const char *table)
 }
 
 /* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4).  The
- * queues' columns of version 4 (a later one, max_lease of version 16, starts NULL: checked apart). */
+ * queues' columns of version 4 (a later one, max_lease of version 19, starts NULL: checked apart). */
 static char *settings_snapshot(PGconn *pg)
 {
     return t_str(pg, "SELECT (SELECT string_agg(ROW(q.name, q.paused_at, q.pause_reason, q.concurrency,"
@@ -763,6 +767,10 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
         if (i == 0) {
             CHECK_OK(c, pgjobq_job_fail(c, jobs[i].id, jobs[i].lease_token, "again", 0, 0, &st));
             CHECK_INT(st, PGJOBQ_QUEUED);
+            /* Claimable from the retry on: the trigger jobs_ready_stamp, the migration's, stamped it. */
+            CHECK_INT(t_int(pg, "SELECT (ready_at > started_at)::int FROM pgjobq.jobs WHERE id = %lld",
+                            (long long)jobs[i].id),
+                      1);
         } else {
             CHECK_OK(c, pgjobq_job_complete(c, jobs[i].id, jobs[i].lease_token, NULL));
         }
@@ -775,6 +783,21 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_OK(c, pgjobq_job_retry(c, job_id(pg, 5)));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '5' AND state = 'queued'"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE payload->>'n' IN ('2', '3', '11')"), 3);
+    /* Schema 16: a running job's cancel notes when it was requested, and the holder's heartbeat when
+     * it told the handler; the history keeps both. */
+    o.queue = "q16";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 12}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q16", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &st));
+    CHECK_INT(st, PGJOBQ_RUNNING);
+    CHECK_RC(c, pgjobq_job_extend(c, id, jobs[0].lease_token, 30000), PGJOBQ_ECANCELLED);
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'"
+                    " AND cancel_told_at >= cancel_requested_at",
+                    (long long)id),
+              1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this
@@ -814,10 +837,10 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         if (k >= 9) {
             char path[4096];
             if (k == 9)
-                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", srcdir());
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles.sql", t_srcdir());
             else
-                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", srcdir(), k);
-            char *roles = src_read(path);
+                snprintf(path, sizeof path, "%s/tests/fixtures/released/roles-%03d.sql", t_srcdir(), k);
+            char *roles = t_read_file(path);
             run_script(pg, roles, "the released roles.sql");
             free(roles);
         } else if (k >= 2) {
@@ -832,6 +855,11 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         CHECK_MSG(rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA, "%s: open: %s", what, pgjobq_errmsg(c));
         CHECK_OK(c, pgjobq_migrate(c, &applied));
         CHECK_INT(applied, PGJOBQ_SCHEMA_VERSION - k);
+        /* One trigger jobs_ready_stamp, whether version k had one (from 10, made by its function files)
+         * or not: a migration makes it (and the digest below holds it to a new database's). */
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgjobq.jobs'::regclass"
+                            " AND tgname = 'jobs_ready_stamp'"),
+                  1);
 
         /* The jobs, as they were; finished ones in the history. */
         after = jobs_snapshot(pg, "pgjobq.all_jobs");
@@ -848,7 +876,7 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
             extra_after = settings_snapshot(pg);
             CHECK_STR(extra_after, extra_before);
             free(extra_after);
-            /* Version 16: every queue keeps the default max lease. */
+            /* Version 19: every queue keeps the default max lease. */
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE max_lease IS NOT NULL"), 0);
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queue_list() WHERE max_lease = interval '1 day'"),
                       t_int(pg, "SELECT count(*) FROM pgjobq.queue_list()"));
@@ -856,7 +884,7 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
         if (k >= 6)
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker'"), 1);
         if (k >= 10) {
-            /* Version 16: the levels of names that are no queue's are retired, their frontiers kept for
+            /* Version 19: the levels of names that are no queue's are retired, their frontiers kept for
              * the reclaim to drop; the others stay. */
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'q'"), 1);
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ '^[A-Za-z][A-Za-z0-9_.:-]*$')"), 0);

@@ -271,7 +271,7 @@ TEST(stats_and_list_report_states)
     memset(specs, 0, sizeof specs);
     for (int i = 0; i < 6; i++)
         specs[i].opts.queue = i < 4 ? "a" : "b";
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 6, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 6, NULL, NULL));
     CHECK_OK(c, pgjobq_claim(c, "a", 1, 60000, NULL, &jobs, &n));
     pgjobq_jobs_free(jobs);
     CHECK_OK(c, pgjobq_stats(c, &rows, &n));

@@ -48,7 +48,7 @@ static void enqueue_n(int n, const char *queue)
         specs[i].payload = payloads[i];
         specs[i].opts.queue = queue;
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, (size_t)n, NULL, NULL));
     free(specs);
     free(payloads);
     pgjobq_client_close(c);
@@ -142,7 +142,7 @@ static void add_batch(pgjobq_client *c, const char *kind, int n, int arg, int pr
         specs[i].opts.kind = kind;
         specs[i].opts.priority = priority;
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, (size_t)n, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, (size_t)n, NULL, NULL));
     free(specs);
 }
 
@@ -206,6 +206,97 @@ TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* Snoozes: "later" is handed back (200 ms) the first time it runs, then completes; "far" asks for
+ * more than 100 years, taken as 100; "quiet" gives no reason and no delay (the backoff). */
+static _Atomic int later_runs;
+
+static pgjobq_outcome snooze_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    (void)arg;
+    if (strcmp(j->kind, "later") == 0) {
+        if (atomic_fetch_add(&later_runs, 1) > 0)
+            return PGJOBQ_OUTCOME_COMPLETE;
+        pgjobq_ctx_set_error(ctx, "not mine yet");
+        pgjobq_ctx_set_retry_delay(ctx, 200);
+        return PGJOBQ_OUTCOME_SNOOZE;
+    }
+    if (strcmp(j->kind, "far") == 0) {
+        pgjobq_ctx_set_retry_delay(ctx, INT64_MAX);
+        return PGJOBQ_OUTCOME_SNOOZE;
+    }
+    return strcmp(j->kind, "quiet") == 0 ? PGJOBQ_OUTCOME_SNOOZE : PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static pgjobq_worker *stats_of;
+static int claimed_some(void *arg)
+{
+    pgjobq_worker_stats st;
+    (void)arg;
+    pgjobq_worker_get_stats(stats_of, &st);
+    return st.claims > 0;
+}
+
+TEST_FULL(worker_api_snoozes_jobs_and_an_unhealthy_worker_claims_nothing, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    add_jobs(c, "later", 1, 1);
+    add_jobs(c, "far", 1, 1);
+    add_jobs(c, "quiet", 1, 1);
+    add_jobs(c, "ok", 5, 1);
+    o.lease_ms = 5000;
+    o.poll_ms = 100;
+    o.worker_id = "snoozer";
+    CHECK_RC(NULL, pgjobq_worker_new(&w, t_conninfo(), &o), PGJOBQ_OK);
+    CHECK_RC(NULL, pgjobq_worker_handle(w, "default", NULL, 4, snooze_handler, NULL), PGJOBQ_OK);
+    /* Unhealthy before it runs: it registers, says why, and claims nothing. */
+    CHECK_RC(NULL, pgjobq_worker_set_unhealthy(w, "the disk is full\nsecond line"), PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg,
+             "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers() WHERE id = 'snoozer'"
+             " AND reason = E'the disk is full\\nsecond line' AND since IS NOT NULL",
+             1, 20000);
+    stats_of = w;
+    CHECK_MSG(!t_wait_until(claimed_some, NULL, 1500), "an unhealthy worker claimed");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued' AND attempt = 0"), 8);
+    /* Healthy again: it claims, and says so in the registry. */
+    CHECK_RC(NULL, pgjobq_worker_set_unhealthy(w, NULL), PGJOBQ_OK);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.history WHERE kind IN ('ok', 'later') AND state = 'completed'", 6, 30000);
+    wait_sql(pg,
+             "SELECT count(*) FROM pgjobq.workers WHERE id = 'snoozer' AND unhealthy IS NULL"
+             " AND unhealthy_since IS NULL",
+             1, 20000);
+    /* The snoozed one ran twice and its attempt was given back: it completed at attempt 1. */
+    CHECK_INT(atomic_load(&later_runs), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE kind = 'later' AND attempt = 1"), 1);
+    /* A delay over 100 years is 100 years; no reason: who handed it back; no delay: the backoff. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'far' AND state = 'queued' AND attempt = 0"
+                        " AND run_at BETWEEN now() + interval '99 years' AND now() + interval '101 years'"),
+              1);
+    wait_sql(
+        pg,
+        "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'quiet' AND state = 'queued' AND attempt = 0"
+        " AND last_error = 'handed back by its handler on worker snoozer' AND run_at > now() + interval '1 second'",
+        1, 20000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_MSG(st.released >= 3 && st.retried == 0 && st.failed == 0, "released %lld, retried %lld, failed %lld",
+              (long long)st.released, (long long)st.retried, (long long)st.failed);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
 TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
 {
     pgjobq_client *c = t_client();
@@ -239,6 +330,67 @@ TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
     CHECK_INT(st.cancelled, 1);
     CHECK_INT(st.running, 0);
     pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* A cancel reaches the handler of a running job at once, not at the holder's next heartbeat: the
+ * holder is notified, renews its leases now, and that heartbeat ends the job and stops the handler.
+ * With a 20 s heartbeat, the handler has stopped well before the next one would have come (a
+ * deadline of 10 s; it takes milliseconds), and the job says when the cancel was requested and when
+ * the handler was told. */
+TEST_FULL(worker_api_a_cancel_reaches_the_handler_before_the_next_heartbeat, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_worker_stats st;
+    pgjobq_job *j = NULL;
+    pgjobq_state state;
+    run_arg r;
+    pthread_t th;
+    int64_t id;
+    char sql[128];
+
+    eo.kind = "long";
+    eo.queue = "told";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &eo, &id));
+    o.lease_ms = 60000;
+    o.heartbeat_ms = 20000;
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "told", NULL, 1, outcome_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", (long long)id);
+    wait_sql(pg, sql, 1, 10000);
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &state));
+    CHECK_INT(state, PGJOBQ_RUNNING);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'",
+             (long long)id);
+    wait_sql(pg, sql, 1, 10000);
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.cancelled, 1);
+    /* The handler was told: the worker stops at once, with nothing to hand back. */
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_free(w);
+    CHECK_OK(c, pgjobq_job_get(c, id, &j));
+    CHECK_INT(j->cancel_requested, 1);
+    long long asked = t_int(pg,
+                            "SELECT (pg_catalog.date_part('epoch', cancel_requested_at) * 1000000)::int8"
+                            " FROM pgjobq.history WHERE id = %lld",
+                            (long long)id);
+    CHECK_MSG(j->cancel_requested_at != PGJOBQ_TIME_NONE && llabs(j->cancel_requested_at - asked) <= 1,
+              "cancel_requested_at %lld, the table's %lld", (long long)j->cancel_requested_at, asked);
+    pgjobq_jobs_free(j);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND cancel_told_at >= cancel_requested_at"
+                    " AND cancel_told_at < cancel_requested_at + interval '10 seconds'",
+                    (long long)id),
+              1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -717,7 +869,7 @@ TEST_FULL(worker_api_a_slow_job_does_not_hold_back_fast_ones, 60, 0)
         specs[i].opts.kind = "ok";
         specs[i].payload = "{\"n\": 1}";
     }
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 4, NULL, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 4, NULL, NULL));
     /* The instant ones finish while the long one still runs: another thread took them. */
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE state = 'completed'", 303, 3000);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE kind = 'long' AND state = 'running'"), 1);
@@ -1410,6 +1562,113 @@ TEST_FULL(worker_api_log_level_keeps_records_below_it_from_the_callback, 60, 0)
             CHECK_MSG(atomic_load(&log_counts[PGJOBQ_LOG_DEBUG]) >= 6, "%d debug records for 3 jobs",
                       atomic_load(&log_counts[PGJOBQ_LOG_DEBUG]));
     }
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* A batch of outcomes the database refuses one row of: the handlers of the jobs n < 8 wait for one
+ * another, so that their outcomes (and their progress) reach the engine together and are written in
+ * the same statements; four of them give what PostgreSQL refuses and the C checks let through: a
+ * number beyond numeric's range, a result a CHECK of the user's refuses, a retry delay past the
+ * table's range, a progress value beyond numeric's range. */
+#define LONG_TEXT "a result longer than the 100 bytes the CHECK constraint of the test allows in history"
+static _Atomic int refusal_gate;
+static char refused_error[512]; /* what n = 3's second attempt was told of its first */
+
+static pgjobq_outcome refusing_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    int n = atoi(strchr(j->payload, ':') + 1);
+    char value[64];
+    (void)arg;
+    snprintf(value, sizeof value, "{\"n\": %d}", n);
+    if (pgjobq_ctx_set_progress(ctx, n == 4 ? "{\"p\": 1e1000000}" : value) != PGJOBQ_OK ||
+        pgjobq_ctx_set_result(ctx, value) != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n < 8 && j->attempt == 1) {
+        atomic_fetch_add(&refusal_gate, 1);
+        for (int i = 0; i < 2000 && atomic_load(&refusal_gate) < 8 && !pgjobq_ctx_should_stop(ctx); i++)
+            usleep(10000);
+    }
+    if (n == 1 && pgjobq_ctx_set_result(ctx, "{\"n\": 1e1000000}") != PGJOBQ_OK) /* beyond numeric */
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n == 2 && pgjobq_ctx_set_result(ctx, "{\"s\": \"" LONG_TEXT LONG_TEXT "\"}") != PGJOBQ_OK) /* the CHECK below */
+        return PGJOBQ_OUTCOME_FAIL;
+    if (n == 3) {
+        if (j->attempt == 2 && j->last_error)
+            snprintf(refused_error, sizeof refused_error, "%s", j->last_error);
+        pgjobq_ctx_set_error(ctx, "see you in a long while");
+        pgjobq_ctx_set_retry_delay(ctx, INT64_MAX); /* a run_at past the table's range */
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    if (n == 5 && j->attempt == 1) {
+        pgjobq_ctx_set_error(ctx, "an innocent retry");
+        pgjobq_ctx_set_retry_delay(ctx, 0);
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+TEST_FULL(worker_api_an_outcome_the_database_refuses_costs_its_batch_mates_nothing, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    /* 400 jobs, n = 0..399; the refused results (1, 2) have one attempt, the refused retry (3) two,
+     * the others three. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('rf'::text, ARRAY[400]), NULL,"
+                       " (SELECT array_agg(jsonb_build_object('n', i) ORDER BY i) FROM generate_series(0, 399) i),"
+                       " max_attempts => (SELECT array_agg(CASE i WHEN 1 THEN 1 WHEN 2 THEN 1 WHEN 3 THEN 2 ELSE 3 END ORDER BY i)"
+                       "                    FROM generate_series(0, 399) i))"));
+    /* Something else PostgreSQL refuses: a constraint of the user's, on history. */
+    PQclear(t_exec(pg, "ALTER TABLE pgjobq.history ADD CONSTRAINT results_under_100_bytes"
+                       " CHECK (octet_length(result::text) < 100)"));
+    o.lease_ms = 20000;
+    o.worker_id = "refusals";
+    CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
+    CHECK(pgjobq_worker_handle(w, "rf", NULL, 16, refusing_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf'", 400, 60000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_INT(st.lost, 0);
+    CHECK_INT(st.failed, 3);
+    pgjobq_worker_free(w);
+
+    /* Every other job completed on its first attempt (n = 5 on its second, as it asked), with its
+     * result; every job kept its progress, the refused failures too, but n = 4's refused one. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND state = 'completed'"
+                        " AND result = jsonb_build_object('n', (payload->>'n')::int)"
+                        " AND attempt = CASE WHEN payload->>'n' = '5' THEN 2 ELSE 1 END"),
+              397);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND progress = payload"), 399);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '4'"
+                        " AND state = 'completed' AND progress IS NULL"),
+              1);
+    /* Each refused job alone failed its attempt, saying why. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '1'"
+                        " AND state = 'failed' AND attempt = 1 AND result IS NULL"
+                        " AND last_error = 'result not storable: value overflows numeric format'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '2'"
+                        " AND state = 'failed' AND last_error LIKE 'result not storable: new row for relation%%"
+                        "violates check constraint \"results_under_100_bytes\"%%'"),
+              1);
+    /* The refused retry delay: a failed attempt retried after the backoff, which said why. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'rf' AND payload->>'n' = '3'"
+                        " AND state = 'failed' AND attempt = 2 AND last_error = 'see you in a long while'"),
+              1);
+    CHECK_MSG(strncmp(refused_error, "outcome not storable: timestamp out of range", 44) == 0 &&
+                  strstr(refused_error, "; the handler's error: see you in a long while") != NULL,
+              "the second attempt was told: %s", refused_error);
     PQfinish(pg);
     pgjobq_client_close(c);
 }

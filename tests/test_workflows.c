@@ -311,7 +311,11 @@ TEST(workflow_enqueue_graph_refuses_cycles_and_bad_refs_and_writes_all_or_nothin
         {"[{\"ref\":\"a\"},{\"ref\":\"a\"}]", "two jobs have the ref"},
         {"[{\"ref\":\"a\",\"after\":[987654321]}]", "job 987654321 cannot be a parent here"},
         {"[{\"queue\":\"ok\"},{\"queue\":\"1bad\"}]", "job 1: \"queue\""},
-        {"[{\"unique_key\":\"k\"}]", "unique keys are not accepted"},
+        {"[{\"unique_key\":\"k\"}]", "job 0: a job with parents or tags, or in a graph, cannot have a unique key"},
+        {"[{\"unique_key\":null}]", "cannot have a unique key"},
+        {"[{\"run_at\":\"infinity\"}]", "job 0: \"run_at\" is infinity: run_at must be within 100 years of now"},
+        {"[{\"delay\":1e300}]", "job 0: \"delay\" is"},
+        {"[{\"delay\":\"5s\"}]", "\"delay\" must be a number of seconds"},
         {"[{\"priority\":1000}]", "priority"},
         {"[{\"tags\":[]}]", "tags"},
         {"[{\"on_parent_failure\":\"maybe\"}]", "on_parent_failure"},
@@ -540,7 +544,7 @@ TEST(workflow_tags_find_jobs_live_and_finished_through_an_index)
         specs[i].opts = o;
     }
     specs[2].opts.tags = NULL; /* one untagged job in the batch */
-    CHECK_OK(c, pgjobq_enqueue_batch(c, specs, 3, ids, NULL));
+    CHECK_OK(c, pgjobq_enqueue_many(c, specs, 3, ids, NULL));
     PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue) SELECT 'bulk' FROM generate_series(1, 3000)"));
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
     PGresult *r = t_exec(pg, "EXPLAIN SELECT id FROM pgjobq.jobs WHERE tags @> ARRAY['import']");

@@ -5,7 +5,7 @@
 #              make bench, make soak;
 #   --tests    all of the above and the test tools: g++ (the C++ header check), headless Chromium and
 #              promtool (the dashboard and metrics tests), Python with psycopg 3, psycopg2, SQLAlchemy
-#              pytest and pip (the Python package's tests), Node.js with npm (the client examples),
+#              pytest, pip, wheel and venv (the Python package's tests), Node.js with npm (the client examples),
 #              PgBouncer and pg_auto_failover
 #              (make check, make sanitize, make chaos, make screenshots).
 # As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops and prints the
@@ -56,8 +56,9 @@ if [ $need_tests = 1 ]; then
     command -v g++ >/dev/null 2>&1 || missing="$missing g++"
     command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
     command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
-    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy, pytest, setuptools, pip' >/dev/null 2>&1 ||
-        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy python3-pytest python3-setuptools python3-pip"
+    # (wheel and ensurepip: the install line of README.md and docs/python.md, a venv with Debian's packages)
+    /usr/bin/python3 -c 'import psycopg, psycopg2, sqlalchemy, pytest, setuptools, pip, wheel, ensurepip' >/dev/null 2>&1 ||
+        missing="$missing python3 python3-psycopg python3-psycopg2 python3-sqlalchemy python3-pytest python3-setuptools python3-pip python3-wheel python3-venv"
     command -v node >/dev/null 2>&1 || missing="$missing nodejs"
     command -v npm >/dev/null 2>&1 || missing="$missing npm"
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1 || missing="$missing pgbouncer"

@@ -4,8 +4,9 @@
   psycopg2, SQLAlchemy 1.4 and 2.x), inside your transaction: the job exists if and only if your
   data commits.  ``enqueue``, ``enqueue_many`` (one statement), ``enqueue_graph``,
   ``enqueue_batch``.
-- Tasks as functions: ``app = pgjobq.App()``, ``@app.task``, ``task.defer(session, **kwargs)``,
-  ``@app.periodic("0 3 * * *", tz="Europe/Berlin")``.
+- Tasks as functions: ``app = pgjobq.App()``, ``@app.task``, ``task.defer(session, *args, **kwargs)``,
+  ``task.delay(*args, **kwargs)``, ``@app.periodic("0 3 * * *", tz="Europe/Berlin")``;
+  ``app.run_inline()`` runs the due jobs in the calling process (tests).
 - Run them with the C engine: ``python3 -m pgjobq worker myapp.tasks:app --queue mail:32``.
 - Look and act: ``app.get``, ``app.result``, ``app.cancel``, ``app.retry``, ``app.pause``...
 
@@ -27,6 +28,7 @@ from ._enqueue import (
     enqueue_many,
     enqueue_many_async,
 )
+from ._txn import TransactionWarning
 from .errors import (
     DuplicateJob,
     Fail,
@@ -70,6 +72,6 @@ __all__ = [
     "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
     "TransactionConflict", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
-    "Retry", "Fail",
+    "Retry", "Fail", "TransactionWarning",
     "__version__",
 ]

@@ -7,7 +7,8 @@ from typing import List, Optional
 
 USAGE = """usage: python3 -m pgjobq COMMAND ...
 
-  worker MODULE:APP [--queue Q[:N]]... [--coprocs K] [--db URL] [--pgjobq PATH] [-- pgjobq work options]
+  worker MODULE:APP [--queue Q[:N]]... [--coprocs K] [--db URL] [--pgjobq PATH] [--burst | --reload]
+         [-- pgjobq work options]
         run the pgjobq worker on the App's tasks (python3 -m pgjobq worker --help)
   sync-schedules MODULE:APP [--db URL]
         write the App's @app.periodic schedules to the database and exit

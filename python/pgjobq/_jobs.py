@@ -60,6 +60,10 @@ class JobInfo:
     progress: Any
     worker_id: Optional[str]
     cancel_requested: bool
+    # When a cancel was requested while it ran, and when its holder ended it and told its handler to
+    # stop (None: not so, or before schema 16).
+    cancel_requested_at: Optional[_dt.datetime] = None
+    cancel_told_at: Optional[_dt.datetime] = None
 
     @property
     def finished(self) -> bool:
@@ -69,17 +73,19 @@ class JobInfo:
 _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
-       cancel_requested
+       cancel_requested, cancel_requested_at, cancel_told_at
   FROM pgjobq.all_jobs WHERE id = CAST(:id AS bigint)
 """
 
 
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
-     finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested) = row
+     finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
+     cancel_requested_at, cancel_told_at) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
-                   list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested))
+                   list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
+                   cancel_requested_at, cancel_told_at)
 
 
 def get(conn: Any, job_id: int) -> Optional[JobInfo]:
@@ -142,10 +148,10 @@ def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: 
 
 
 def cancel(conn: Any, job_id: int) -> str:
-    """``pgjobq.cancel``: 'cancelled' (it was waiting or queued), 'cancel_requested' (running: it
-    ends cancelled at its worker's next heartbeat; an async task is cancelled, a sync one sees
+    """``pgjobq.cancel``: 'cancelled' (it was waiting or queued), 'cancel_requested' (running: its
+    worker is notified and ends it cancelled at once; an async task is cancelled, a sync one sees
     ``ctx.cancelled``), 'not_found', or 'already_completed' / 'already_failed' /
-    'already_cancelled'."""
+    'already_cancelled'.  ``JobInfo.cancel_requested_at`` and ``cancel_told_at`` say when."""
     return str(_sql.run(conn, "SELECT pgjobq.cancel(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
 
 

@@ -11,7 +11,7 @@ import types
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, overload
 
 from . import _enqueue as _enq, _jobs, _sql
-from ._util import NAME, Duration, check_json, dumps, seconds
+from ._util import Duration, check_json, delay_seconds, dumps, is_name, seconds
 from ._enqueue import Batch, Enqueued, JobSpec
 from .errors import InvalidArgument, InvalidJob
 from ._jobs import UNSET, JobInfo, QueueInfo
@@ -19,6 +19,13 @@ from ._jobs import UNSET, JobInfo, QueueInfo
 __all__ = ["App", "Task", "Periodic", "exponential_backoff"]
 
 Backoff = Union[None, Duration, Callable[[int], Duration]]
+Exceptions = Union[None, type, Sequence[type]]
+
+# The attempts of a task's job when neither the task nor the App names a number (App(max_attempts=)).
+# Ten, with the database's backoff (2 s, doubling), retry for about 17 minutes: a restart, a deploy, an
+# outage of a few minutes; a bug fails for good within the half hour instead of retrying for a day, as
+# the SQL API's default (25, capped at an hour) would.  Other clients keep that default.
+DEFAULT_MAX_ATTEMPTS = 10
 
 # What .configure() and .spec() accept besides the payload.
 _JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "concurrency_key", "after",
@@ -55,8 +62,19 @@ def _never_suspends(fn: Callable[..., Any]) -> bool:
         return False
 
 
+def _exceptions(value: Exceptions, what: str) -> Optional[tuple]:
+    """``retry_on`` / ``fail_on``: an exception class or a sequence of them, as a tuple (isinstance's
+    form); None stays None."""
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, type) else tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else None
+    if items is None or not all(isinstance(c, type) and issubclass(c, BaseException) for c in items):
+        raise TypeError(f"{what} must be an exception class or a tuple of them, not {value!r}")
+    return items
+
+
 def _check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not is_name(value):
         raise InvalidArgument(f"{what} {value!r} is not a name: a letter, then up to 63 letters, digits, _ . : -")
     return value
 
@@ -67,7 +85,8 @@ class Task:
 
     def __init__(self, app: "App", fn: Callable[..., Any], *, name: Optional[str], queue: Optional[str],
                  priority: Optional[int], max_attempts: Optional[int], timeout: Optional[Duration],
-                 retry_backoff: Backoff, pass_context: bool) -> None:
+                 retry_backoff: Backoff, pass_context: bool, retry_on: Exceptions = None,
+                 fail_on: Exceptions = None) -> None:
         self.app = app
         self.fn = fn
         self.name = _check_name(name or fn.__name__, "task name")
@@ -76,8 +95,10 @@ class Task:
         self.max_attempts = max_attempts
         self.timeout = None if timeout is None else seconds(timeout, f"task {self.name}: timeout")
         if retry_backoff is not None and not callable(retry_backoff):
-            seconds(retry_backoff, f"task {self.name}: retry_backoff")  # checked now
+            delay_seconds(retry_backoff, f"task {self.name}: retry_backoff")  # checked now
         self.retry_backoff = retry_backoff
+        self.retry_on = _exceptions(retry_on, f"task {self.name}: retry_on")
+        self.fail_on = _exceptions(fail_on, f"task {self.name}: fail_on")
         self.pass_context = pass_context
         self.is_async = inspect.iscoroutinefunction(fn)
         self._at_once = _never_suspends(fn)
@@ -89,9 +110,14 @@ class Task:
                 raise TypeError(f"task {self.name}: pass_context=True needs a first positional parameter for the context")
             params = params[1:]
         self._payload_sig = sig.replace(parameters=params)
+        P = inspect.Parameter
+        # Positional-only and *args parameters travel in the payload under their names; a worker
+        # passes them back positionally (_call_args).  None for the usual signature.
+        pos_only = tuple(p.name for p in params if p.kind is P.POSITIONAL_ONLY)
+        var_pos = next((p.name for p in params if p.kind is P.VAR_POSITIONAL), None)
+        self._unpack = (pos_only, var_pos) if pos_only or var_pos else None
         # What a payload of keyword arguments may hold, to check it without Signature.bind (a tenth of
         # a no-op task's time in the worker); None when the signature needs bind's rules.
-        P = inspect.Parameter
         self._kw_names: Optional[FrozenSet[str]] = None
         self._kw_required: FrozenSet[str] = frozenset()
         self._kw_any = any(p.kind is P.VAR_KEYWORD for p in params)
@@ -110,15 +136,57 @@ class Task:
         return f"<pgjobq.Task {self.name!r} queue={self.queue or self.app.queue!r}>"
 
     # -- the payload -----------------------------------------------------------------------------
-    def payload(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
-        """The JSON payload for these keyword arguments, checked against the function's signature
-        and JSON's types (InvalidJob otherwise): nothing is sent before this passes."""
+    def payload(self, kwargs: Dict[str, Any], args: Sequence[Any] = (), how: str = "defer") -> Dict[str, Any]:
+        """The JSON payload for these arguments, checked against the function's signature and JSON's
+        types (InvalidJob otherwise, naming the signature): nothing is sent before this passes.  The
+        payload is a JSON object of the arguments by name: positional arguments are named by the
+        parameters they bind to (``add.delay(2, 3)`` is ``{"a": 2, "b": 3}``), so a job is the same
+        however it was deferred, and any client can enqueue one."""
         try:
-            self._payload_sig.bind(**kwargs)
+            bound = self._payload_sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise InvalidJob(f"{self.name}.defer: {e} (the task is {self.name}{self._payload_sig})") from None
-        check_json(kwargs, f"{self.name}.defer: argument")
+            raise InvalidJob(f"{self.name}.{how}: {e} (the task is {self.name}{self._payload_sig})") from None
+        if args:
+            kwargs = self._by_name(bound, how)
+        check_json(kwargs, f"{self.name}.{how}: argument")
         return kwargs
+
+    def _by_name(self, bound: inspect.BoundArguments, how: str) -> Dict[str, Any]:
+        P = inspect.Parameter
+        out: Dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            kind = self._payload_sig.parameters[name].kind
+            items = value.items() if kind is P.VAR_KEYWORD else [(name, list(value) if kind is P.VAR_POSITIONAL else value)]
+            for k, v in items:
+                if k in out:
+                    raise InvalidJob(f"{self.name}.{how}: the argument {k!r} would be given twice "
+                                     f"(the task is {self.name}{self._payload_sig})")
+                out[k] = v
+        return out
+
+    def _call_args(self, payload: Any) -> Any:
+        """(args, kwargs) to call the function with for a job's payload: a JSON object is the
+        arguments by name (positional-only and ``*args`` parameters taken out of it and passed
+        positionally); any other JSON value, from another client, is the one positional argument."""
+        if not isinstance(payload, dict):
+            return (payload,), {}
+        if self._unpack is None:
+            return (), payload
+        pos_only, var_pos = self._unpack
+        kwargs = dict(payload)
+        args = [kwargs.pop(n) for n in pos_only if n in kwargs]
+        if var_pos is not None and isinstance(kwargs.get(var_pos), list):
+            args.extend(kwargs.pop(var_pos))
+        return tuple(args), kwargs
+
+    def _gives_up(self, e: BaseException) -> Optional[str]:
+        """Why an exception the function raised ends the job failed for good (``fail_on``, or not
+        in ``retry_on``); None when the attempt is retried (while attempts remain)."""
+        if self.fail_on is not None and isinstance(e, self.fail_on):
+            return f"failed for good: {type(e).__name__} is in the task's fail_on"
+        if self.retry_on is not None and not isinstance(e, self.retry_on):
+            return f"failed for good: {type(e).__name__} is not in the task's retry_on"
+        return None
 
     def _fits(self, kwargs: Dict[str, Any]) -> bool:
         """Whether the function takes these keyword arguments (what ``Signature.bind`` would say, for
@@ -138,7 +206,7 @@ class Task:
         b = self.retry_backoff
         if b is None:
             return None
-        return seconds(b(attempt) if callable(b) else b, f"task {self.name}: retry_backoff")
+        return delay_seconds(b(attempt) if callable(b) else b, f"task {self.name}: retry_backoff")
 
     # -- enqueueing --------------------------------------------------------------------------------
     def configure(self, **options: Any) -> "Deferrer":
@@ -146,18 +214,24 @@ class Task:
         concurrency_key, after, tags, on_parent_failure, ref, on_duplicate."""
         return Deferrer(self, options)
 
-    def spec(self, **kwargs: Any) -> JobSpec:
+    def spec(self, *args: Any, **kwargs: Any) -> JobSpec:
         """A JobSpec of this task (for enqueue_many, enqueue_graph, enqueue_batch)."""
-        return Deferrer(self, {}).spec(**kwargs)
+        return Deferrer(self, {}).spec(*args, **kwargs)
 
-    def defer(self, conn: Any = None, /, **kwargs: Any) -> Enqueued:
-        """Enqueues a job of this task with the keyword arguments as its payload, on ``conn`` (a
-        connection or session: in its transaction; None: the App's own connection, committed)."""
-        return Deferrer(self, {}).defer(conn, **kwargs)
+    def defer(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
+        """Enqueues a job of this task with the arguments after ``conn`` as its payload, on ``conn``
+        (a connection or session: in its transaction; a URL, or None: the App's own connection,
+        committed)."""
+        return Deferrer(self, {}).defer(conn, *args, **kwargs)
 
-    async def defer_async(self, conn: Any = None, /, **kwargs: Any) -> Enqueued:
+    def delay(self, *args: Any, **kwargs: Any) -> Enqueued:
+        """``defer(None, *args, **kwargs)``: enqueues on the App's own connection, committed at once
+        (Celery's shorthand).  In a transaction of yours, use ``defer(session, ...)``."""
+        return Deferrer(self, {}).delay(*args, **kwargs)
+
+    async def defer_async(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
         """defer() on a psycopg AsyncConnection (None: an async connection of the App's own)."""
-        return await Deferrer(self, {}).defer_async(conn, **kwargs)
+        return await Deferrer(self, {}).defer_async(conn, *args, **kwargs)
 
 
 class Deferrer:
@@ -175,22 +249,41 @@ class Deferrer:
         """More options (the later ones win)."""
         return Deferrer(self.task, {**self.options, **options})
 
-    def spec(self, **kwargs: Any) -> JobSpec:
+    def spec(self, *args: Any, **kwargs: Any) -> JobSpec:
+        return self._spec(args, kwargs, "spec")
+
+    def _spec(self, args: Sequence[Any], kwargs: Dict[str, Any], how: str) -> JobSpec:
         t = self.task
         o = {k: v for k, v in self.options.items() if k != "on_duplicate"}
         o.setdefault("queue", t.queue or t.app.queue)
         if t.priority is not None:
             o.setdefault("priority", t.priority)
-        if t.max_attempts is not None:
-            o.setdefault("max_attempts", t.max_attempts)
-        return JobSpec(kind=t.name, payload=t.payload(kwargs), **o)
+        o.setdefault("max_attempts", t.max_attempts if t.max_attempts is not None else t.app.max_attempts)
+        return JobSpec(kind=t.name, payload=t.payload(kwargs, args, how), **o)
 
-    def defer(self, conn: Any = None, /, **kwargs: Any) -> Enqueued:
-        spec = self.spec(**kwargs)
+    def _where(self, conn: Any) -> None:
+        """A first argument that cannot be a connection, session or URL is a task's argument given
+        where the connection goes: say so rather than failing to connect to it."""
+        if conn is None or (isinstance(conn, str) and ("://" in conn or "=" in conn)):
+            return
+        if isinstance(conn, (str, int, float, list, dict, tuple)):
+            t = self.task
+            raise TypeError(f"{t.name}.defer: the first argument is where to enqueue (a connection, session or URL), "
+                            f"not {_short(conn)}: pass the task's arguments after it, or use {t.name}.delay(...) "
+                            f"on the App's own connection (the task is {t.name}{t._payload_sig})")
+
+    def defer(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
+        self._where(conn)
+        spec = self._spec(args, kwargs, "defer")
         return self.task.app._enqueue_spec(conn, spec, self.options.get("on_duplicate", "return"))
 
-    async def defer_async(self, conn: Any = None, /, **kwargs: Any) -> Enqueued:
-        spec = self.spec(**kwargs)
+    def delay(self, *args: Any, **kwargs: Any) -> Enqueued:
+        spec = self._spec(args, kwargs, "delay")
+        return self.task.app._enqueue_spec(None, spec, self.options.get("on_duplicate", "return"))
+
+    async def defer_async(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
+        self._where(conn)
+        spec = self._spec(args, kwargs, "defer_async")
         return await self.task.app._enqueue_spec_async(conn, spec, self.options.get("on_duplicate", "return"))
 
 
@@ -221,7 +314,8 @@ class Periodic:
             "kind": t.name,
             "payload": self.kwargs,
             "priority": self.priority if self.priority is not None else (t.priority or 0),
-            "max_attempts": self.max_attempts if self.max_attempts is not None else (t.max_attempts or 25),
+            "max_attempts": (self.max_attempts if self.max_attempts is not None
+                             else t.max_attempts if t.max_attempts is not None else app.max_attempts),
             "catch_up": self.catch_up,
         }
 
@@ -245,13 +339,17 @@ class App:
     ``database_url`` is used whenever no connection is given (else ``$PGJOBQ_DATABASE_URL``, else
     ``$DATABASE_URL``, read when needed).  ``name`` prefixes the names of the App's schedules
     (``name:task``) and lets ``sync_schedules`` delete the ones the App no longer has.  ``queue`` is
-    the queue of tasks that name none."""
+    the queue of tasks that name none; ``max_attempts`` the attempts of tasks that name none (10:
+    ``DEFAULT_MAX_ATTEMPTS``)."""
 
     def __init__(self, database_url: Optional[str] = None, *, name: Optional[str] = None,
-                 queue: str = "default") -> None:
+                 queue: str = "default", max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.database_url = database_url
         self.name = _check_name(name, "App name") if name is not None else None
         self.queue = _check_name(queue, "queue")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+            raise InvalidArgument(f"App(max_attempts=...) must be an int from 1 to 1000, not {max_attempts!r}")
+        self.max_attempts = max_attempts
         self.tasks: Dict[str, Task] = {}
         self.periodics: List[Periodic] = []
 
@@ -265,12 +363,14 @@ class App:
     @overload
     def task(self, fn: None = None, *, name: Optional[str] = None, queue: Optional[str] = None,
              priority: Optional[int] = None, max_attempts: Optional[int] = None, timeout: Optional[Duration] = None,
-             retry_backoff: Backoff = None, pass_context: bool = False) -> Callable[[Callable[..., Any]], Task]: ...
+             retry_backoff: Backoff = None, pass_context: bool = False, retry_on: Exceptions = None,
+             fail_on: Exceptions = None) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(self, fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None,
              queue: Optional[str] = None, priority: Optional[int] = None, max_attempts: Optional[int] = None,
              timeout: Optional[Duration] = None, retry_backoff: Backoff = None,
-             pass_context: bool = False) -> Union[Task, Callable[[Callable[..., Any]], Task]]:
+             pass_context: bool = False, retry_on: Exceptions = None,
+             fail_on: Exceptions = None) -> Union[Task, Callable[[Callable[..., Any]], Task]]:
         """Registers a function (``def`` or ``async def``) as a task; usable bare (``@app.task``) or
         with options.  ``name`` is the job kind (default: the function's name); ``queue``,
         ``priority`` and ``max_attempts`` are defaults for its jobs; ``timeout`` (seconds, "30s")
@@ -278,11 +378,14 @@ class App:
         failed attempt; ``retry_backoff`` (seconds, or a function of the attempt number returning
         seconds; ``exponential_backoff()``) is the delay after a failed attempt (default: the
         database's ``pgjobq.backoff``); ``pass_context`` gives the function a ``pgjobq.Context``
-        as its first argument."""
+        as its first argument.  ``retry_on`` (an exception class or a tuple of them): only those are
+        retried, any other exception fails the job for good; ``fail_on``: those fail it for good
+        (it wins over ``retry_on``).  By default every exception but ``pgjobq.Fail`` is retried
+        while attempts remain.  ``max_attempts`` defaults to the App's (10)."""
 
         def register(f: Callable[..., Any]) -> Task:
             t = Task(self, f, name=name, queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
-                     retry_backoff=retry_backoff, pass_context=pass_context)
+                     retry_backoff=retry_backoff, pass_context=pass_context, retry_on=retry_on, fail_on=fail_on)
             if t.name in self.tasks and self.tasks[t.name].fn is not f:
                 raise InvalidArgument(f"two tasks are named {t.name!r}: give one of them name=...")
             self.tasks[t.name] = t
@@ -411,6 +514,27 @@ class App:
 
     def queues(self, *, conn: Any = None) -> List[QueueInfo]:
         return _jobs.queues(self._target(conn))
+
+    # -- testing -------------------------------------------------------------------------------------
+    def run_inline(self, queues: Optional[Iterable[str]] = None, *, conn: Any = None,
+                   max_jobs: int = 10000) -> Dict[str, int]:
+        """Runs the due jobs of the App's tasks here, one after another, until none is due (or
+        ``max_jobs`` attempts have run): for tests.  Each job is claimed from the database, run, and
+        its outcome written as the worker would (retries, ``Fail``, ``retry_on``/``fail_on``,
+        ``pass_context``, results), so what the test checks afterwards is what production would
+        have stored.  A retry waits for its delay like any job: it runs in this call only if it is
+        due before the queues run dry.  A job of a kind the App has no task for is handed back
+        untouched.  ``queues``: those of the App's tasks by default.  Returns how many attempts
+        ended each way (``completed``, ``retried``, ``failed``, ``cancelled``, ``lost``,
+        ``handed_back``), e.g. ``{"completed": 2}``."""
+        from ._inline import run_inline
+
+        return run_inline(self, self._target(conn), queues, max_jobs)
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _spec_options(spec: JobSpec) -> Dict[str, Any]:

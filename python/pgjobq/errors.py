@@ -42,7 +42,8 @@ class PgjobqError(Exception):
 
 
 class InvalidArgument(PgjobqError, ValueError):
-    """A bad argument: SQLSTATE 22023 (invalid_parameter_value), 22P02 or another of class 22."""
+    """A bad argument: SQLSTATE 22023 (invalid_parameter_value), 22P02 or another of class 22, or a
+    rule of a table (class 23 but 23505)."""
 
 
 class InvalidJob(InvalidArgument):
@@ -114,9 +115,14 @@ class Retry(Exception):
     """Raise in a task to end this attempt as failed and run the job again: after ``delay`` (seconds,
     a ``timedelta`` or a duration such as ``"30s"``), or after the task's ``retry_backoff`` (else the
     database's ``pgjobq.backoff``) when no delay is given.  Once attempts run out, the job ends
-    failed."""
+    failed.  A delay that is not a duration, or more than 100 years, is refused here
+    (``InvalidArgument``, raised where the task builds the Retry)."""
 
     def __init__(self, message: str = "retry requested", delay: Union[None, float, str, _dt.timedelta] = None) -> None:
+        if delay is not None:
+            from ._util import delay_seconds
+
+            delay_seconds(delay, "Retry(delay=...)")
         super().__init__(message)
         self.message = message
         self.delay = delay
@@ -166,7 +172,9 @@ def message_of(exc: BaseException) -> str:
 
 def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqError]:
     """The pgjobq exception for a driver's exception, or None when it carries no SQLSTATE (a lost
-    connection, a driver's own error): those are raised as they are."""
+    connection, a driver's own error): those are raised as they are.  The C library maps SQLSTATEs to
+    its result codes alike (src/errors.c, pgjobq__code_from_sqlstate; a lost connection, a timeout
+    and any other error are a plain PgjobqError here): tests/test_rules.c holds the two equal."""
     code = sqlstate_of(exc)
     if code is None:
         return None
@@ -179,6 +187,6 @@ def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqEr
         return SchemaMissing(msg + " (is the pgjobq schema installed? run `pgjobq migrate`)", code)
     if code in ("40001", "40P01"):
         return TransactionConflict(msg, code)
-    if code.startswith("22") or code in ("23514", "23503", "23502"):
+    if code.startswith("22") or code.startswith("23"):
         return (InvalidJob if enqueue else InvalidArgument)(msg, code)
     return PgjobqError(msg, code)

@@ -179,3 +179,76 @@ def progressing_sync(ctx, d):
         time.sleep(0.02)
     ctx.set_progress({"sync": 2})
     return None
+
+
+@app.task(retry_on=ConnectionError, fail_on=KeyError, retry_backoff=0.1, max_attempts=3)
+def picky(what):
+    """retry_on and fail_on: ConnectionError retried, KeyError and anything else failed for good."""
+    if what == "key":
+        raise KeyError("no such key")
+    if what == "conn":
+        raise ConnectionError("the upstream hung up")
+    raise ValueError(f"bad input {what!r}")
+
+
+@app.task
+def total(first, /, *more, **named):
+    """Positional-only and *args parameters: deferred positionally, run positionally."""
+    return {"total": first + sum(more) + sum(named.values()), "more": list(more)}
+
+
+@app.task(pass_context=True, max_attempts=1)
+def until_told(ctx, d):
+    """Waits until the worker tells it to stop (a cancel), and writes when it was told."""
+    mark(d, "started")
+    told = ctx.cancel_event.wait(120)
+    mark(d, "told" if told else "never_told", f"{time.time()}")
+
+
+@app.task(pass_context=True, max_attempts=2)
+def gathered(ctx, n, d, k):
+    """Its first attempts wait until k jobs of its kind have started, then ask for a retry, so that
+    their outcomes are written together; the one with n == 0 asks for it 4,000,000 days away, which
+    PostgreSQL cannot store, the others at once.  A second attempt completes (n > 0)."""
+    if ctx.attempt == 1:
+        mark(d, f"gathered.{n}")
+        t0 = time.monotonic()
+        while sum(1 for f in os.listdir(d) if f.startswith("gathered.")) < k and time.monotonic() - t0 < 20:
+            time.sleep(0.02)
+    if n == 0:
+        raise pgjobq.Retry("much later", delay="4000000d")
+    if ctx.attempt == 1:
+        raise pgjobq.Retry("soon", delay=0)
+    return {"n": n}
+
+
+@app.task(pass_context=True)
+def configured(ctx):
+    """The application's own configuration, and the App's database with no setup (test_deploy.py)."""
+    print(f"configured sees {os.environ.get('DATABASE_URL')}")  # a password in it never reaches the log
+    child = add.configure(queue=ctx.queue).defer(a=20, b=22)
+    me = app.get(ctx.id)
+    return {"setting": os.environ.get("APP_SETTING"), "database_url": "DATABASE_URL" in os.environ,
+            "child": child.id, "me": [me.id, me.state]}
+
+
+@app.task(pass_context=True)
+def talk(ctx, d):
+    """Writes to its output and its log, then waits (test_deploy.py: each line is in the worker's log while
+    the task still runs)."""
+    import logging
+    import sys
+
+    print(f"printed by {ctx.kind}")
+    logging.getLogger("shop.tasks").info("an info record")
+    logging.getLogger("shop.tasks").warning("a warning record")
+    print("ERROR: said at error", file=sys.stderr)
+    t0 = time.monotonic()
+    while not os.path.exists(os.path.join(d, "go")) and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    return {"talked": True}
+
+
+@app.task(max_attempts=1)
+def far_retry():
+    raise pgjobq.Retry("much later", delay="4000000d")

@@ -152,7 +152,7 @@ def test_periodic_tasks_sync_to_schedules(queue):
         " WHERE name LIKE %s", (name + ":%",)).fetchall()}
     assert rows == {
         f"{name}:nightly": ("0 3 * * *", "Europe/Berlin", queue, "nightly", {"full": True}, 2, "latest", True),
-        f"{name}:ping5": ("*/5 * * * *", "UTC", "default", "ping", {}, 25, "skip", True),
+        f"{name}:ping5": ("*/5 * * * *", "UTC", "default", "ping", {}, 10, "skip", True),  # the App's max_attempts
     }
     assert app.sync_schedules() == 0  # nothing changed: left alone, next runs included
     assert scalar("SELECT pgjobq.schedule_trigger(%s)", f"{name}:nightly") > 0

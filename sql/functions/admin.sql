@@ -4,9 +4,26 @@
 -- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
 -- is defined once, here, as it is now.
 
+-- cancel_notify(workers): tells the workers that hold jobs whose cancel was just requested, one
+-- notification each on channel 'pgjobq' (delivered at commit), so that each renews its leases at once:
+-- the heartbeat that ends such a job cancelled and asks its handler to stop (extend_many), rather than
+-- the next one, up to a heartbeat later.  The payload, '!cancel:' and the worker's id, cannot be a
+-- queue's name (those begin with a letter), so workers that do not know it ignore it.  Every listening
+-- worker receives it, as every queue's wakeup; a cancel is rare, and an operator's.
+CREATE OR REPLACE FUNCTION pgjobq.cancel_notify(workers text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify('pgjobq', '!cancel:' || d.w)
+       FROM (SELECT DISTINCT u.w FROM unnest(workers) AS u(w) WHERE u.w IS NOT NULL) d;
+END
+$$;
+
 -- cancel: a queued or waiting job becomes cancelled at once (it moves to history, and its waiting
--- children are cancelled with it); a running job is marked, and ends cancelled at its holder's next
--- heartbeat, completion or failure (or when its lease expires).  Returns 'cancelled',
+-- children are cancelled with it); a running job is marked (with the time, cancel_requested_at), its
+-- holder is notified (cancel_notify), and the job ends cancelled at the holder's heartbeat that
+-- follows, its completion or failure (or when its lease expires).  Returns 'cancelled',
 -- 'cancel_requested', 'not_found', or 'already_' and the final state the job already had
 -- ('already_completed', 'already_failed', 'already_cancelled').
 CREATE OR REPLACE FUNCTION pgjobq.cancel(id bigint) RETURNS text
@@ -14,9 +31,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_state pgjobq.job_state;
+    v_state  pgjobq.job_state;
+    v_worker text;
 BEGIN
-    SELECT j.state INTO v_state FROM pgjobq.jobs j WHERE j.id = cancel.id FOR UPDATE;
+    SELECT j.state, j.worker_id INTO v_state, v_worker FROM pgjobq.jobs j WHERE j.id = cancel.id FOR UPDATE;
     IF NOT FOUND THEN
         SELECT h.state INTO v_state FROM pgjobq.history h WHERE h.id = cancel.id;
         IF NOT FOUND THEN
@@ -25,7 +43,9 @@ BEGIN
         RETURN 'already_' || v_state::text;
     END IF;
     IF v_state = 'running' THEN
-        UPDATE pgjobq.jobs j SET cancel_requested = true WHERE j.id = cancel.id;
+        UPDATE pgjobq.jobs j SET cancel_requested = true, cancel_requested_at = coalesce(j.cancel_requested_at, now())
+         WHERE j.id = cancel.id;
+        PERFORM pgjobq.cancel_notify(ARRAY[v_worker]);
         RETURN 'cancel_requested';
     END IF;
     PERFORM pgjobq.history_move_cancelled(ARRAY[cancel.id], NULL);
@@ -126,6 +146,8 @@ BEGIN
                                now(), session_user, coalesce(v_job.worker_id, '?'))
      WHERE j.id = retry_running.id;
     PERFORM pgjobq.notify(ARRAY[v_job.queue]);
+    -- Its holder renews its leases at once, and learns the job is lost (its handler is told to stop).
+    PERFORM pgjobq.cancel_notify(ARRAY[v_job.worker_id]);
     RETURN 'queued';
 END
 $$;
@@ -279,8 +301,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_ids bigint[];
-    v_n   bigint;
+    v_ids     bigint[];
+    v_workers text[];
+    v_n       bigint;
 BEGIN
     PERFORM pgjobq.filter_check('cancel_where', queue, kind, since);
     IF state IS NULL OR state NOT IN ('queued', 'running') THEN
@@ -299,11 +322,14 @@ BEGIN
     END IF;
 
     IF state = 'running' THEN
-        UPDATE pgjobq.jobs j SET cancel_requested = true
-         WHERE j.state = 'running' AND j.queue = cancel_where.queue AND NOT j.cancel_requested
-           AND (cancel_where.kind IS NULL OR j.kind = cancel_where.kind)
-           AND (cancel_where.since IS NULL OR j.created_at >= now() - cancel_where.since);
-        GET DIAGNOSTICS v_n = ROW_COUNT;
+        WITH marked AS (
+            UPDATE pgjobq.jobs j SET cancel_requested = true, cancel_requested_at = now()
+             WHERE j.state = 'running' AND j.queue = cancel_where.queue AND NOT j.cancel_requested
+               AND (cancel_where.kind IS NULL OR j.kind = cancel_where.kind)
+               AND (cancel_where.since IS NULL OR j.created_at >= now() - cancel_where.since)
+            RETURNING j.worker_id::text AS w)
+        SELECT count(*), array_agg(DISTINCT m.w) INTO v_n, v_workers FROM marked m;
+        PERFORM pgjobq.cancel_notify(v_workers);
         RETURN v_n;
     END IF;
 

@@ -14,8 +14,8 @@
 -- starts each level at a place nothing claimable is behind: the caller's cursor (src/cursor.c), or the
 -- level's low-water mark in pgjobq.lows.  Both rest on one fact: a row that becomes claimable has a key
 -- no earlier than the database clock when its transaction had already been given its id (ready_at is
--- read after the id: the enqueue functions ask for the id first, and jobs_ready_stamp does when a job
--- goes back to queued).  So once no transaction older than some moment is still running, every row
+-- read after the id: the enqueue functions ask for the id first, and the trigger jobs_ready_stamp, a
+-- migration's, does when a job goes back to queued).  So once no transaction older than some moment is still running, every row
 -- that is not yet visible will appear after that moment, and a scan may start there.  What a claim
 -- that rolled back gives back sits behind every cursor; a low-water mark never passes it (the mark
 -- stops at the first row that is queued in the snapshot of the claim that moves it, and a row locked
@@ -23,8 +23,9 @@
 --
 -- The lease token is 62 random bits from the server's strong random source (gen_random_uuid(), which
 -- reads pg_strong_random()), plus one: only the claimer learns it, and nobody can work it out.  They
--- are drawn once per claim and XORed with each job's id (one draw per row cost 2 us a job, 3% of
--- a 2 x 64 drain): the jobs of one claim share the draw, and only their claimer holds any of them.  It
+-- are drawn once per claim and XORed with each job's id (a draw per row was a measurable share of a
+-- drain: bench/README.md, "What each lever did"): the jobs of one claim share the draw, and only their
+-- claimer holds any of them.  It
 -- fences every write of the holder (transitions.sql), so it is the holder's secret: a token made of
 -- the claim's time (schema 7 to 10: at least the clock in microseconds, the same for every job of a
 -- claim) let any worker that knew roughly when a job was claimed complete it with a forged result,
@@ -75,8 +76,8 @@
 --
 -- The function runs without sequential or bitmap scans (the candidates must come from an ordered
 -- index scan that stops at the LIMIT, whatever the statistics say) and without JIT: a generic plan's
--- pessimistic estimates once made the probe for unrecorded priorities worth compiling, 700 ms for a
--- statement that reads 600 buffers.
+-- pessimistic estimates once made the probe for unrecorded priorities worth compiling, for far longer
+-- than the statement runs (bench/README.md, "What each lever did").
 CREATE OR REPLACE FUNCTION pgjobq.claim_next(
     queue       text,
     max_jobs    integer,
@@ -98,13 +99,14 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 -- Each statement is planned once per session and its plan kept: planned again at every call (as
--- PL/pgSQL chose), the walk of the levels alone cost 0.7 ms of planning a claim (bench/README.md).
+-- PL/pgSQL chose), the walk of the levels was a large part of a claim (bench/README.md, "What each
+-- lever did").
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     -- The tick's moment first: before this transaction has an id.
     v_tick    timestamptz := clock_timestamp();
-    -- 64 random bits per call (drawn once: 2 us a row otherwise); each job's token is them XOR its id.
+    -- 64 random bits per call (drawn once, not once a row); each job's token is them XOR its id.
     v_rand    bigint := ('x' || right(replace(gen_random_uuid()::text, '-', ''), 16))::bit(64)::bigint;
     v_xid     bigint;
     v_cap     timestamptz;
@@ -148,9 +150,10 @@ BEGIN
     -- not: a row one of them read as queued and the other claimed meanwhile is locked in its new
     -- version before the recheck drops it, and that lock is held to the end of the claim, so the other
     -- worker's heartbeat and completion wait for it, and claims wait on one another (log_lock_waits:
-    -- "while locking updated version of tuple").  40 processes x 8 threads drained at 0.39 of 2 x 64
-    -- so, 0.67 with lanes (bench/README.md, S5).  Not when a claim follows a wakeup: forty claims
-    -- woken together would queue for two lanes (pickup p50 81 ms instead of a few).  A claim waits at
+    -- "while locking updated version of tuple").  40 processes x 8 threads drain far faster with lanes
+    -- (bench/README.md, "Why S5 missed, and the claim lanes").  Not when a claim follows a wakeup:
+    -- forty claims woken together would queue for two lanes, and the pickup with them (the same
+    -- section).  A claim waits at
     -- most a second for a lane (a lane held longer is a claim stuck on something else), then goes
     -- ahead without one.
     IF lanes
@@ -584,32 +587,5 @@ BEGIN
         RETURN greatest(v_due, extract(epoch FROM v_full - now())::double precision);
     END IF;
     RETURN v_due;
-END
-$$;
-
--- jobs_ready_stamp(): a job that goes back to queued (a retry, a job handed back, a rescued lease, a
--- waiting job whose parents are done, an UPDATE by hand) becomes claimable now: its ready_at is the
--- clock, read after its transaction has an id (see the top of this file), so that no cursor is past
--- it.  Run by the trigger jobs_ready_stamp, before an UPDATE that makes a row queued and only then: its
--- WHEN clause is all a claim's or a heartbeat's update pays.
-CREATE OR REPLACE FUNCTION pgjobq.jobs_ready_stamp() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM pg_current_xact_id();
-    NEW.ready_at := clock_timestamp();
-    RETURN NEW;
-END
-$$;
-
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
-                    WHERE tgrelid = 'pgjobq.jobs'::regclass AND tgname = 'jobs_ready_stamp') THEN
-        CREATE TRIGGER jobs_ready_stamp BEFORE UPDATE OF state ON pgjobq.jobs FOR EACH ROW
-            WHEN (NEW.state = 'queued' AND OLD.state IS DISTINCT FROM 'queued')
-            EXECUTE FUNCTION pgjobq.jobs_ready_stamp();
-    END IF;
 END
 $$;

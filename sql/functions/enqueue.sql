@@ -3,16 +3,103 @@
 -- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md): each function
 -- is defined once, here, as it is now.
 
--- notify(queues): wake workers listening on channel 'pgjobq', one notification per distinct queue.
--- Notifications are delivered at commit, so a rolled-back enqueue wakes nobody.
+-- job_defaults(): what a job gets for a field it is enqueued without: queue and kind 'default',
+-- payload {}, priority 0, max_attempts 25, the columns' defaults of pgjobq.jobs.  Read by the C
+-- library once per client for its COPY (src/enqueue.c), so that no client states them; the enqueue
+-- functions write the same values (tests/test_rules.c enqueues a job without fields through every
+-- path, and a row by hand, and reads them back).  An SQL function without SET: the planner inlines
+-- it, a constant row.
+CREATE OR REPLACE FUNCTION pgjobq.job_defaults()
+RETURNS TABLE (queue text, kind text, payload jsonb, priority smallint, max_attempts integer)
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT 'default'::pg_catalog.text, 'default'::pg_catalog.text, '{}'::pg_catalog.jsonb, 0::pg_catalog.int2,
+           25::pg_catalog.int4
+$$;
+
+-- notify(queues): wake workers listening on channel 'pgjobq', one notification per distinct queue (a
+-- NULL element: the default queue, job_defaults()).  Notifications are delivered at commit, so a
+-- rolled-back enqueue wakes nobody.
 CREATE OR REPLACE FUNCTION pgjobq.notify(queues text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM pg_notify('pgjobq', d.q)
-       FROM (SELECT DISTINCT u.q FROM unnest(queues) AS u(q) WHERE u.q IS NOT NULL) d;
+       FROM (SELECT DISTINCT coalesce(u.q, j.queue) AS q
+               FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d;
 END
+$$;
+
+-- The enqueue rules that no constraint of pgjobq.jobs can state, one function each, applied by every
+-- way in: enqueue, enqueue_many, enqueue_graph and the C library's COPY (docs/sql.md, "The enqueue
+-- rules").  Clients check only what cannot reach the database (invalid UTF-8, JSON that does not
+-- parse), so that every interface gives the same answer.
+--
+-- enqueue_when_why(run_at, delay, run_at_name, delay_name): when a job may be due.  run_at or a
+-- delay, not both; a delay not negative; run_at, or now() + the delay, within 100 years of now(), past
+-- or future (the cap of the command's --delay): a date far outside (year 99999, 4713 BC) is a mistake,
+-- and would make the queue's lag absurd.  (The schema's jobs_run_at_range, 1900 to 9999, is the wider,
+-- fixed bound of rows written by hand.)  NULL when the job keeps the rule, else why, naming the values
+-- by the names given (the caller's element: run_ats[3], "run_at").  An SQL function without SET, so
+-- that the planner inlines it into its callers, which pin search_path; the names go into the text
+-- only when it breaks the rule.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_when_why(run_at timestamptz, delay interval,
+                                                   run_at_name text DEFAULT 'run_at',
+                                                   delay_name text DEFAULT 'delay')
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+             WHEN delay < interval '0'
+               THEN format('%s is %s: a delay must not be negative', delay_name, delay)
+             WHEN run_at IS NOT NULL AND delay IS NOT NULL
+               THEN format('%s and %s are both given: give run_at or delay, not both', run_at_name,
+                           delay_name)
+             WHEN run_at NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years'
+               THEN format('%s is %s: run_at must be within 100 years of now', run_at_name, run_at)
+             -- (A delay far beyond the bound is refused before now() + it could overflow.)
+             WHEN CASE WHEN delay > interval '200 years' THEN true
+                       ELSE now() + delay > now() + interval '100 years' END
+               THEN format('%s is %s: a delay is at most 100 years', delay_name, delay)
+           END
+$$;
+
+-- enqueue_when_check(run_ats, delays, ords): raises invalid_parameter_value for the first element
+-- (in order) that breaks enqueue_when_why's rule, named run_ats[i] or delays[i]: i its position, or
+-- ords[i] when given (the C library's COPY checks the distinct run_at texts of a batch, and names
+-- each by its first job).  Returns quietly when none does.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_when_check(run_ats timestamptz[], delays interval[],
+                                                     ords integer[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_why text;
+BEGIN
+    SELECT w.why INTO v_why
+      FROM unnest(run_ats, delays, ords) WITH ORDINALITY AS u(r, d, k, o)
+     CROSS JOIN LATERAL (SELECT pgjobq.enqueue_when_why(u.r, u.d, format('run_ats[%s]', coalesce(u.k, u.o)),
+                                                       format('delays[%s]', coalesce(u.k, u.o))) AS why) w
+     WHERE w.why IS NOT NULL
+     ORDER BY u.o LIMIT 1;
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: %', v_why USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- enqueue_unique_key_why(unique_key, in_graph): a unique key goes only with a job enqueued alone or by
+-- enqueue_many, not with parents or tags, nor in a graph (which is how those are enqueued): a key held
+-- by another job skips the job that asks for it, and a graph is written all or none.  NULL when the
+-- job keeps the rule, else why.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_unique_key_why(unique_key text, in_graph boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN unique_key IS NOT NULL AND in_graph
+                THEN 'a job with parents or tags, or in a graph, cannot have a unique key' END
 $$;
 
 -- enqueue_explain(...): raises an error naming the first element of enqueue_many's arrays that breaks
@@ -84,9 +171,9 @@ $$;
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
 -- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
--- producers that notify commit one at a time (16 clients enqueueing a job per transaction: a quarter
--- of their throughput; bench/README.md, "NOTIFY and concurrent producers").  The C library does so,
--- pipelined in the same round trip, for the statements it runs as their own transactions.
+-- producers that notify commit one at a time (bench/README.md, "NOTIFY and concurrent producers").
+-- The C library does so, pipelined in the same round trip, for the statements it runs as their own
+-- transactions.
 -- An element that breaks a rule of pgjobq.jobs is named with the rule (enqueue_explain), not with a
 -- domain's constraint.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
@@ -104,7 +191,8 @@ RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Each statement planned once per session (as claim_next's): with the levels' probe below, PL/pgSQL
--- chose a custom plan for the insert and planned it at every call (0.13 ms).
+-- chose a custom plan for the insert and planned it at every call (bench/README.md, "Idle pickup, and
+-- statements PL/pgSQL planned at every call").
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -119,7 +207,6 @@ DECLARE
     v_found    bigint;
     v_levels_known boolean;
     v_seq      regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
-    v_bad      record;
     i          integer;
 BEGIN
     IF n IS NULL OR n = 0 THEN
@@ -137,30 +224,9 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.enqueue_many: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0') THEN
-        RAISE EXCEPTION 'pgjobq: delay must not be negative' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(run_ats, delays) AS u(r, d) WHERE r IS NOT NULL AND d IS NOT NULL) THEN
-        RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- run_at, given or made of a delay, within 100 years of now (the cap of the command's --delay): a
-    -- date far outside (year 99999, 4713 BC) is a mistake, and would make the queue's lag absurd.
-    -- (The schema's jobs_run_at_range is the fixed, wider bound of what does not come through here.)
+    -- When each job may be due (enqueue_when_check): only when a run_at or a delay is given.
     IF run_ats IS NOT NULL OR delays IS NOT NULL THEN
-        SELECT u.o, u.r, u.d INTO v_bad
-          FROM unnest(run_ats, delays) WITH ORDINALITY AS u(r, d, o)
-         WHERE CASE WHEN u.r IS NOT NULL
-                    THEN u.r NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years'
-                    WHEN u.d > interval '200 years' THEN true
-                    ELSE now() + u.d > now() + interval '100 years' END
-         ORDER BY u.o LIMIT 1;
-        IF FOUND AND v_bad.r IS NOT NULL THEN
-            RAISE EXCEPTION 'pgjobq.enqueue: run_ats[%] is %: run_at must be within 100 years of now', v_bad.o,
-                v_bad.r USING ERRCODE = 'invalid_parameter_value';
-        ELSIF FOUND THEN
-            RAISE EXCEPTION 'pgjobq.enqueue: delays[%] is %: a delay is at most 100 years', v_bad.o, v_bad.d
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
+        PERFORM pgjobq.enqueue_when_check(run_ats, delays);
     END IF;
 
     -- This transaction's id before the rows' ready_at (their claim key) is read: see claim.sql.
@@ -289,24 +355,13 @@ BEGIN
                                    ARRAY[concurrency_key]) AS e;
         RETURN;
     END IF;
-    IF unique_key IS NOT NULL THEN
-        RAISE EXCEPTION 'pgjobq.enqueue: a job with parents or tags cannot have a unique key'
+    IF pgjobq.enqueue_unique_key_why(unique_key, true) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: %', pgjobq.enqueue_unique_key_why(unique_key, true)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF delay < interval '0' THEN
-        RAISE EXCEPTION 'pgjobq: delay must not be negative' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF run_at IS NOT NULL AND delay IS NOT NULL THEN
-        RAISE EXCEPTION 'pgjobq: give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF run_at NOT BETWEEN now() - interval '100 years' AND now() + interval '100 years' THEN
-        RAISE EXCEPTION 'pgjobq.enqueue: run_at is %: it must be within 100 years of now', run_at
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF (CASE WHEN delay > interval '200 years' THEN true
-                ELSE now() + delay > now() + interval '100 years' END) THEN
-        RAISE EXCEPTION 'pgjobq.enqueue: delay is %: a delay is at most 100 years', delay
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    -- Checked here rather than by enqueue_graph: the times are turned into JSON below, and text of a
+    -- time far outside the rule's range (4713 BC) would not read back as the same time.
+    PERFORM pgjobq.enqueue_when_check(ARRAY[run_at], ARRAY[delay]);
     -- (The keys left out are those given as NULL; the payload is taken as it is.)
     SELECT g.id INTO id FROM pgjobq.enqueue_graph(jsonb_build_array(
         (SELECT jsonb_object_agg(f.k, f.v) FROM (VALUES
@@ -341,10 +396,10 @@ AS $$ SELECT 10000 $$;
 -- is refused (strict: an error, and the enqueue with it; not strict, the claim's: left unrecorded,
 -- which the claims then find again each second).
 -- (PL/pgSQL rather than SQL: its statement's plan is kept for the session, where an SQL function's
--- body would be planned at every call, half a millisecond of every enqueue.  Kept only with
--- plan_cache_mode = force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT
--- cheaper and planned it again at every call, 0.09 ms of every enqueue: pg_stat_statements with
--- track_planning, bench/README.md "Idle pickup".)
+-- body would be planned at every call, a large part of an enqueue.  Kept only with plan_cache_mode =
+-- force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT cheaper and
+-- planned it again at every call (pg_stat_statements with track_planning: bench/README.md, "Idle
+-- pickup, and statements PL/pgSQL planned at every call").)
 -- A level recorded gets its frontier, a sequence (pgjobq.levels, migration 10).
 CREATE OR REPLACE FUNCTION pgjobq.levels_record(queues text[], priorities smallint[], strict boolean DEFAULT true)
 RETURNS void
@@ -432,14 +487,15 @@ END
 $$;
 
 -- reserve_ids(n): n new job ids from the jobs' sequence, for a producer that writes a batch of jobs
--- with COPY (pgjobq_enqueue_batch), so that every id still comes from the sequence and the caller
+-- with COPY (pgjobq_enqueue_many), so that every id still comes from the sequence and the caller
 -- learns the ids of its jobs.  Ids reserved by a batch that then fails are simply never used.
 CREATE OR REPLACE FUNCTION pgjobq.reserve_ids(n integer) RETURNS bigint[]
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     -- The sequence is looked up once (a materialized CTE: a subquery is flattened, and then
-    -- pg_get_serial_sequence() ran for every id, 2.3 us of the 2.8 us an id took).
+    -- pg_get_serial_sequence() ran for every id, most of what an id cost: bench/README.md, "What each
+    -- lever did").
     WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass AS seq)
     SELECT ARRAY(SELECT nextval(s.seq) FROM s, generate_series(1, least(greatest($1, 0), 1000000)))
 $$;

@@ -79,10 +79,12 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at, cancel_told_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
-               coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at, g.cancel_told_at
           FROM gone g
         RETURNING pgjobq.history.queue),
     tallied AS (
@@ -127,16 +129,19 @@ BEGIN
            AND j.lease_until > input.at
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
-                  j.tags, j.progress, j.concurrency_key, j.has_children, input.result),
+                  j.tags, j.progress, j.concurrency_key, j.has_children, input.result, j.cancel_requested_at,
+                  j.cancel_told_at),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at, cancel_told_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state
                     ELSE 'completed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
-               g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at, g.cancel_told_at
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     tallied AS (
@@ -209,15 +214,17 @@ BEGIN
         DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final)
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.unique_key, j.tags,
-                  j.progress, j.concurrency_key),
+                  j.progress, j.concurrency_key, j.cancel_requested_at, j.cancel_told_at),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at, cancel_told_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
-               NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key
+               NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
+               g.cancel_requested_at, g.cancel_told_at
           FROM gone g JOIN input ON input.id = g.id
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     retried AS (
@@ -300,6 +307,11 @@ BEGIN
            array_agg(held.id) FILTER (WHERE held.cancel_requested)
       INTO v_held, v_until, v_cancel FROM held;
     IF v_cancel IS NOT NULL THEN
+        -- The holder learns it from this answer, and asks the handler to stop: note when (only here,
+        -- when a cancel was requested, so that the renewal above stays what it was).  The clock's
+        -- time, not the transaction's: a heartbeat that began before the cancel and waited for its
+        -- row lock tells the handler after the cancel's commit.
+        UPDATE pgjobq.jobs j SET cancel_told_at = clock_timestamp() WHERE j.id = ANY (v_cancel);
         PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
     END IF;
     RETURN QUERY
@@ -357,6 +369,68 @@ BEGIN
 END
 $$;
 
+-- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a kind its worker does
+-- not know yet, a handler that could not start): running -> queued, the attempt given back as
+-- release_many gives it, due after its delay (NULL: backoff(attempt), so that a handler that hands a
+-- job back without a delay does not get it again at once), its reason kept in last_error (the first
+-- 8 KiB).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
+-- Returns one row per input: outcome 'queued', 'cancelled' or 'lost'.  (Schema 16.)
+CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
+                                              delays interval[] DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_nestloop = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_snooze bigint[];
+    v_cancel bigint[];
+    v_queues text[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
+       OR (reasons IS NOT NULL AND cardinality(reasons) <> cardinality(ids))
+       OR (delays IS NOT NULL AND cardinality(delays) <> cardinality(ids)) THEN
+        RAISE EXCEPTION 'pgjobq.snooze_many: the arrays must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- 100 years as the library counts them (36,525 days): an interval of months compares as 30 days each.
+    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0' OR d > interval '3155760000 seconds') THEN
+        RAISE EXCEPTION 'pgjobq: a snooze''s delay must be from 0 to 100 years'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Lock the held rows and decide from their latest versions, then act.
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
+           array_agg(held.id) FILTER (WHERE held.cancel_requested)
+      INTO v_snooze, v_cancel
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
+            SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.id = ANY (snooze_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
+               FOR UPDATE OF j) held;
+    IF v_cancel IS NOT NULL THEN
+        PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
+    END IF;
+    WITH input AS (
+        SELECT u.id, left(u.reason, 8192) AS reason, u.delay
+          FROM unnest(ids, reasons, delays) AS u(id, reason, delay)),
+    snoozed AS (
+        UPDATE pgjobq.jobs j
+           SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
+               lease_until = NULL, last_error = coalesce(input.reason, j.last_error)
+          FROM input
+         WHERE j.id = ANY (v_snooze) AND j.id = input.id
+        RETURNING j.queue::text AS queue, j.run_at)
+    SELECT array_agg(DISTINCT snoozed.queue) FILTER (WHERE snoozed.run_at <= now()) INTO v_queues FROM snoozed;
+    PERFORM pgjobq.notify(v_queues);
+    RETURN QUERY
+    SELECT u.id, CASE WHEN u.id = ANY (v_snooze) THEN 'queued' WHEN u.id = ANY (v_cancel) THEN 'cancelled'
+                      ELSE 'lost' END
+      FROM unnest(ids) AS u(id);
+END
+$$;
+
 -- cancel_many: a holder that decides its job should not run at all ends it cancelled (same fencing as
 -- complete_many); its waiting children are cancelled (or run, as they asked).  Returns one row per
 -- input: outcome 'cancelled' or 'lost'.
@@ -387,11 +461,12 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
-                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                    last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                    cancel_requested_at, cancel_told_at)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
-               g.progress, g.concurrency_key
+               g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.queue),
     tallied AS (

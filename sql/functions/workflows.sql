@@ -55,11 +55,12 @@ BEGIN
         moved AS (
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
-                                        last_error, unique_key, cancel_requested, tags, progress, concurrency_key)
+                                        last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
+                                        cancel_requested_at, cancel_told_at)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                    g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
-                   g.progress, g.concurrency_key
+                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at
               FROM gone g
             RETURNING pgjobq.history.queue),
         tallied AS (
@@ -157,7 +158,7 @@ $$;
 -- JSON array of jobs (or an object whose "jobs" is one).  Each job is an object with any of:
 --   "ref"                a name other jobs of the graph use in "after" (default: its index, "0", "1"...)
 --   "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key"   as for enqueue
---   "run_at" (timestamptz text) or "delay" (seconds, a number)
+--   "run_at" (timestamptz text) or "delay" (seconds, a number), under enqueue_when_why's rule
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
 --                        already enqueued (numbers): of the child's queue, or enqueued by this
@@ -168,8 +169,9 @@ $$;
 --                        finds {"batch": {"id", "jobs", "completed", "failed", "cancelled"}} added
 --                        to its payload)
 -- A job with parents waits (state 'waiting') until they have all completed.  The graph must be
--- acyclic.  Unique keys are not accepted in a graph.  At most 10000 jobs, 10000 parents per job and
--- 100000 parents in all.  Returns one row per job, in input order: its ref and its id.
+-- acyclic.  Unique keys are not accepted in a graph (enqueue_unique_key_why).  At most 10000 jobs,
+-- 10000 parents per job and 100000 parents in all.  Returns one row per job, in input order: its ref
+-- and its id.
 -- The work is linear in the size of the graph: refs are found through a JSON object (not a join
 -- whose plan could turn into a nested loop), the cycle check is Kahn's algorithm over arrays (each
 -- edge is looked at once), and every per-job array read here is of a fixed-width type without NULLs,
@@ -228,11 +230,14 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- Each job: an object with known keys and values of the right types.
+    -- Each job: an object with known keys and values of the right types, that keeps the enqueue rules
+    -- (enqueue.sql: enqueue_unique_key_why, enqueue_when_why).
     FOR v_bad IN
         SELECT e.o - 1 AS i, e.j,
                CASE
                  WHEN jsonb_typeof(e.j) <> 'object' THEN 'is not a JSON object'
+                 WHEN e.j ? 'unique_key'
+                   THEN pgjobq.enqueue_unique_key_why(coalesce(e.j ->> 'unique_key', 'null'), true)
                  WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
@@ -241,7 +246,6 @@ BEGIN
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
                                                'on_parent_failure', 'callback'))
-                                 || ' (unique keys are not accepted in a graph)'
                  WHEN e.j ? 'ref' AND (jsonb_typeof(e.j -> 'ref') <> 'string' OR length(e.j ->> 'ref') NOT BETWEEN 1 AND 255)
                    THEN '"ref" must be a string of 1 to 255 characters'
                  WHEN jsonb_typeof(e.j -> 'queue') IS DISTINCT FROM 'string' AND e.j ? 'queue'
@@ -261,13 +265,11 @@ BEGIN
                  WHEN e.j ? 'concurrency_key' AND (jsonb_typeof(e.j -> 'concurrency_key') <> 'string'
                       OR length(e.j ->> 'concurrency_key') NOT BETWEEN 1 AND 255)
                    THEN '"concurrency_key" must be a string of 1 to 255 characters'
-                 WHEN e.j ? 'delay' AND (jsonb_typeof(e.j -> 'delay') <> 'number'
-                      OR (e.j ->> 'delay')::numeric < 0 OR (e.j ->> 'delay')::numeric > 3153600000)
-                   THEN '"delay" must be a number of seconds, not negative'
-                 WHEN e.j ? 'run_at' AND e.j ? 'delay' THEN 'give "run_at" or "delay", not both'
-                 WHEN e.j ? 'run_at' AND (jsonb_typeof(e.j -> 'run_at') <> 'string'
-                      OR pgjobq.timestamp_ok(e.j ->> 'run_at') IS NOT TRUE)
+                 WHEN e.j ? 'delay' AND jsonb_typeof(e.j -> 'delay') <> 'number'
+                   THEN '"delay" must be a number of seconds'
+                 WHEN e.j ? 'run_at' AND (jsonb_typeof(e.j -> 'run_at') <> 'string' OR NOT rt.run_at_reads)
                    THEN '"run_at" must be a timestamp (text such as "2026-12-01 10:00:00+00")'
+                 WHEN w.why IS NOT NULL THEN w.why
                  WHEN e.j ? 'payload' AND octet_length((e.j -> 'payload')::text) > 1048576
                    THEN '"payload" is larger than 1 MiB'
                  WHEN e.j ? 'tags' AND (jsonb_typeof(e.j -> 'tags') <> 'array'
@@ -289,6 +291,16 @@ BEGIN
                    THEN '"callback" must be true or false'
                END AS why
           FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)
+         CROSS JOIN LATERAL (SELECT jsonb_typeof(e.j) = 'object' AND jsonb_typeof(e.j -> 'run_at') = 'string'
+                                    AND pgjobq.timestamp_ok(e.j ->> 'run_at') AS run_at_reads) rt
+         -- (A delay is clamped to 30,000 years, still refused, so that the interval cannot overflow.)
+         CROSS JOIN LATERAL (SELECT pgjobq.enqueue_when_why(
+                                 CASE WHEN rt.run_at_reads THEN (e.j ->> 'run_at')::timestamptz END,
+                                 CASE WHEN jsonb_typeof(e.j -> 'delay') = 'number'
+                                      THEN make_interval(secs => least(greatest((e.j ->> 'delay')::numeric,
+                                                                                -1e12), 1e12)::double precision)
+                                 END,
+                                 '"run_at"', '"delay"') AS why) w
     LOOP
         IF v_bad.why IS NOT NULL THEN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: job %: %', v_bad.i, v_bad.why
@@ -501,13 +513,15 @@ BEGIN
 END
 $$;
 
--- timestamp_ok(t): whether t reads as a finite timestamptz (pg_input_is_valid arrives in 16).
+-- timestamp_ok(t): whether t reads as a timestamptz (pg_input_is_valid arrives in 16).  Whether it is
+-- a time a job may have is enqueue_when_why's to say ('infinity' reads, and is refused there).
 CREATE OR REPLACE FUNCTION pgjobq.timestamp_ok(t text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN isfinite(t::timestamptz);
+    PERFORM t::timestamptz;
+    RETURN true;
 EXCEPTION WHEN OTHERS THEN
     RETURN false;
 END

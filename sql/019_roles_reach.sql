@@ -1,5 +1,5 @@
--- pgjobq schema, migration 16: what a role can see and hold.
--- needs: 11
+-- pgjobq schema, migration 19: what a role can see and hold.
+-- needs: 15
 --
 --   health()            gains holder_role, and shows the holder's query only to a caller that
 --                       pg_stat_activity would show it to (sql/functions/monitor.sql): it runs with
@@ -21,7 +21,7 @@
 --   pgjobq.levels_gone  the frontiers of retired levels, kept until no claim can read them, then
 --                       dropped (safe_after: the reclaim explains).
 --
--- Libraries of version 11 keep working: they select health()'s and queue_list()'s columns by name.
+-- Libraries of version 15 on keep working: they select health()'s and queue_list()'s columns by name.
 -- Their workers' claims are refused when they ask for a lease longer than a day (or than the
 -- queue's max_lease once set).
 
