@@ -2,6 +2,9 @@
  * test_lease.c - leases on database time, expiry, re-claim, fencing of the old holder, heartbeats,
  * and the rescuer's guard.
  */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -399,4 +402,71 @@ TEST(lease_ended_by_an_operator_fences_the_holder_and_runs_the_job_again)
     PQfinish(pg);
     pgjobq_client_close(c);
     pgjobq_client_close(rogue);
+}
+
+static const char *held_log;
+static PGconn *held_pg;
+
+static int held_running(void *arg)
+{
+    (void)arg;
+    return t_int(held_pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'held' AND state = 'running'") == 1;
+}
+
+static int held_told(void *arg)
+{
+    (void)arg;
+    FILE *f = fopen(held_log, "r");
+    char line[2048];
+    int found = 0;
+    if (f == NULL)
+        return 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, "lease lost; its handler is asked to stop") != NULL;
+    fclose(f);
+    return found;
+}
+
+static pid_t held_worker;
+
+static void stop_held_worker(void)
+{
+    if (held_worker > 0) {
+        kill(held_worker, SIGTERM);
+        if (t_wait_exit(held_worker, 20000) == -1)
+            kill(held_worker, SIGKILL);
+        held_worker = 0;
+    }
+}
+
+/* `pgjobq retry --running` against a real worker whose handler runs long: the worker is told at once
+ * (it renews its leases when notified, not at its next heartbeat, minutes away here), finds the lease
+ * gone and asks its handler to stop; the job runs again. */
+TEST_FULL(lease_ended_by_an_operator_stops_the_workers_handler_at_once, 120, 0)
+{
+    PGconn *pg = t_pg();
+    char *out, *err, id[32];
+
+    snprintf(id, sizeof id, "%lld", t_int(pg, "SELECT id FROM pgjobq.enqueue('held')"));
+    const char *sleeper = t_script("sleeper", "exec sleep 300");
+    held_log = t_log_path("held");
+    held_pg = pg;
+    held_worker = t_spawn(held_log, NULL, "work", "--queue", "held:1", "--exec", sleeper, "--lease", "10m",
+                          "--heartbeat", "9m", "--timeout", "9m", NULL);
+    t_defer(stop_held_worker);
+    CHECK_MSG(t_wait_until(held_running, NULL, 30000), "the worker did not start the job");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), 0);
+    free(out);
+    free(err);
+    if (!t_wait_until(held_told, NULL, 60000)) {
+        t_show_log(held_log);
+        t_fail(__FILE__, __LINE__, "the worker did not learn that its lease was ended");
+    }
+    /* The job runs again, its second attempt (this same worker may take it). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state IN ('queued', 'running')"
+                        " AND attempt <= 2 AND max_attempts >= 2",
+                    id),
+              1);
+    stop_held_worker();
+    PQfinish(pg);
 }

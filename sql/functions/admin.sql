@@ -109,6 +109,8 @@ $$;
 -- retry_running: ends a running job's lease now, for an operator: the job is queued to run again now,
 -- as if its lease had just expired and the rescue had found it, and the holder's writes are refused
 -- from this moment (its complete, fail, heartbeat or hand-back find no lease under its token: 'lost').
+-- Its holder is notified as for a cancel (cancel_notify): it renews its leases at once, learns the job
+-- is lost and asks its handler to stop, rather than at its next heartbeat.
 -- The attempt it was running counts, as a lease that expires counts (River's rescuer and Oban's
 -- Lifeline count it too); like retry, max_attempts is raised when needed so that one more attempt is
 -- allowed, so the job always runs again.  A job whose cancellation was requested ends cancelled
