@@ -1,7 +1,7 @@
 /*
  * serve_actions.c - the dashboard's actions (with --allow-actions): POST /actions retries, cancels,
- * ends a running job's lease, pauses and resumes, each carrying this process's CSRF token, checked against a list of operations
- * before anything is done or logged, and logged on stderr.
+ * ends a running job's lease, pauses and resumes, each carrying this process's CSRF token, checked
+ * against a list of operations before anything is done or logged, and logged on stderr.
  */
 #include <ctype.h>
 #include <stdlib.h>
@@ -37,8 +37,9 @@ typedef enum {
     OP_DISABLE,
     OP_RETRY_RUNNING
 } op_kind;
-static const char *const op_names[] = {"an unknown operation", "retry", "cancel", "retry_where", "cancel_where",
-                                       "pause", "resume", "enable", "disable", "retry_running"};
+static const char *const op_names[] = {
+    "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable",
+    "retry_running"};
 
 static op_kind op_parse(const char *s)
 {

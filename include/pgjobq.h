@@ -603,8 +603,8 @@ typedef struct pgjobq_health {
     int64_t autovacuum_paused_since; /* since when pgjobq has autovacuum of pgjobq.jobs off, because a
                                         pass could remove nothing while the holder holds (microseconds
                                         since the epoch; PGJOBQ_TIME_NONE when it is not) */
-    char holder_role[24];        /* the holder's role (a session's, a standby's, a prepared
-                                    transaction's owner); "" for a slot; truncated to 23 bytes */
+    char holder_role[24];            /* the holder's role (a session's, a standby's, a prepared
+                                        transaction's owner); "" for a slot; truncated to 23 bytes */
 } pgjobq_health;
 
 /* Fills *out with pgjobq.jobs' size and what holds its vacuum back.  Needs pgjobq_worker or

@@ -580,8 +580,7 @@ int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_o
 
     if ((rc = enter(c)) != PGJOBQ_OK)
         return rc;
-    if ((rc = id_call(c, "retry running", "SELECT pgjobq.retry_running($1)", id, outcome, sizeof outcome)) !=
-        PGJOBQ_OK)
+    if ((rc = id_call(c, "retry running", "SELECT pgjobq.retry_running($1)", id, outcome, sizeof outcome)) != PGJOBQ_OK)
         return rc;
     if (strcmp(outcome, "not_found") == 0)
         return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "retry running: no job %lld", (long long)id);
@@ -590,8 +589,9 @@ int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_o
             *state_out = outcome[0] == 'q' ? PGJOBQ_QUEUED : PGJOBQ_CANCELLED;
         return PGJOBQ_OK;
     }
-    return pgjobq__seterr(c, PGJOBQ_ESTATE, "retry running: job %lld is not running (retry runs a finished or "
-                                            "scheduled job again)",
+    return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                          "retry running: job %lld is not running (retry runs a finished or "
+                          "scheduled job again)",
                           (long long)id);
 }
 

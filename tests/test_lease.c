@@ -323,8 +323,9 @@ TEST(lease_is_capped_by_the_queues_max_lease)
     CHECK_INT(n, 1);
     /* A heartbeat that asks for more gets the queue's max. */
     CHECK_OK(c, pgjobq_job_extend(c, id, jobs[0].lease_token, INT64_C(31536000000)));
-    CHECK_INT(t_int(pg, "SELECT (lease_until <= now() + interval '10 minutes' AND lease_until > now())::int"
-                        " FROM pgjobq.jobs WHERE id = %lld",
+    CHECK_INT(t_int(pg,
+                    "SELECT (lease_until <= now() + interval '10 minutes' AND lease_until > now())::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
                     (long long)id),
               1);
     r = PQexec(pg, "SELECT * FROM pgjobq.extend_many(ARRAY[(SELECT id FROM pgjobq.jobs WHERE queue = 'cq')],"
@@ -364,8 +365,9 @@ TEST(lease_ended_by_an_operator_fences_the_holder_and_runs_the_job_again)
     pgjobq_job *held = claim_one(rogue, 3600000, "rogue");
     CHECK_OK(c, pgjobq_job_retry_running(c, id, &st));
     CHECK_INT(st, PGJOBQ_QUEUED);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 1"
-                        " AND max_attempts = 2 AND lease_until IS NULL AND last_error LIKE '%%ended%%rogue%%'",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 1"
+                    " AND max_attempts = 2 AND lease_until IS NULL AND last_error LIKE '%%ended%%rogue%%'",
                     (long long)id),
               1);
     CHECK_RC(rogue, pgjobq_job_extend(rogue, id, held->lease_token, 60000), PGJOBQ_ELEASE);
@@ -377,8 +379,9 @@ TEST(lease_ended_by_an_operator_fences_the_holder_and_runs_the_job_again)
     CHECK_INT(again->attempt, 2);
     CHECK_RC(rogue, pgjobq_job_complete(rogue, id, held->lease_token, "{\"late\": true}"), PGJOBQ_ELEASE);
     CHECK_OK(c, pgjobq_job_complete(c, id, again->lease_token, "{\"ok\": true}"));
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed'"
-                        " AND result = '{\"ok\": true}'",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed'"
+                    " AND result = '{\"ok\": true}'",
                     (long long)id),
               1);
     /* Not running: finished, queued, missing. */
@@ -392,9 +395,9 @@ TEST(lease_ended_by_an_operator_fences_the_holder_and_runs_the_job_again)
     CHECK_OK(c, pgjobq_job_cancel(c, third->id, NULL));
     CHECK_OK(c, pgjobq_job_retry_running(c, third->id, &st));
     CHECK_INT(st, PGJOBQ_CANCELLED);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'",
-                    (long long)third->id),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)third->id),
+        1);
     CHECK_RC(rogue, pgjobq_job_complete(rogue, third->id, third->lease_token, NULL), PGJOBQ_ELEASE);
     pgjobq_jobs_free(held);
     pgjobq_jobs_free(again);
@@ -463,8 +466,9 @@ TEST_FULL(lease_ended_by_an_operator_stops_the_workers_handler_at_once, 120, 0)
         t_fail(__FILE__, __LINE__, "the worker did not learn that its lease was ended");
     }
     /* The job runs again, its second attempt (this same worker may take it). */
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state IN ('queued', 'running')"
-                        " AND attempt <= 2 AND max_attempts >= 2",
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state IN ('queued', 'running')"
+                    " AND attempt <= 2 AND max_attempts >= 2",
                     id),
               1);
     stop_held_worker();

@@ -372,10 +372,11 @@ TEST(roles_health_shows_another_roles_query_only_to_who_may_see_it)
     char ci[1024], *out, *err;
 
     roles_setup();
-    PQclear(t_exec(pg, "DO $$ BEGIN"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
-                       " END $$"));
+    PQclear(t_exec(
+        pg, "DO $$ BEGIN"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+            " END $$"));
     PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
     snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
     PGconn *clerk = PQconnectdb(ci);

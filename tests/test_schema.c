@@ -728,8 +728,11 @@ static void released_jobs(PGconn *pg, int k)
     if (k >= 10) {
         /* What levels_add let any caller record (issue 36, point 4): a level of a name that is no
          * queue's, with its frontier. */
-        PQclear(t_exec(pg, "SELECT pgjobq.levels_add(ARRAY[E'no\\nqueue', repeat('x', 2000)], ARRAY[1, 2]::smallint[])"));
-        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ '^[A-Za-z][A-Za-z0-9_.:-]*$')"), 2);
+        PQclear(
+            t_exec(pg, "SELECT pgjobq.levels_add(ARRAY[E'no\\nqueue', repeat('x', 2000)], ARRAY[1, 2]::smallint[])"));
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ "
+                            "'^[A-Za-z][A-Za-z0-9_.:-]*$')"),
+                  2);
     }
     if (k >= 9) {
         PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 8}')"));
@@ -887,7 +890,9 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
             /* Version 19: the levels of names that are no queue's are retired, their frontiers kept for
              * the reclaim to drop; the others stay. */
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'q'"), 1);
-            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ '^[A-Za-z][A-Za-z0-9_.:-]*$')"), 0);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ "
+                                "'^[A-Za-z][A-Za-z0-9_.:-]*$')"),
+                      0);
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone"), 2);
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone g JOIN pg_class c ON c.relname = g.frontier"
                                 " AND c.relkind = 'S'"),

@@ -512,10 +512,11 @@ TEST_FULL(serve_overview_shows_a_holders_query_only_to_who_may_see_it, 90, 0)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
     free(out);
     free(err);
-    PQclear(t_exec(pg, "DO $$ BEGIN"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
-                       " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
-                       " END $$"));
+    PQclear(t_exec(
+        pg, "DO $$ BEGIN"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+            " END $$"));
     PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
     snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
     PGconn *clerk = PQconnectdb(ci);
@@ -812,8 +813,8 @@ TEST_FULL(serve_ends_a_running_jobs_lease, 60, 0)
     free(body);
     s = serve_start(NULL, "--allow-actions", NULL, NULL);
     CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
-    CHECK_MSG(strstr(body, "data-op=\"retry_running\"") != NULL && strstr(body, "data-op=\"retry\"") == NULL,
-              "%s", body);
+    CHECK_MSG(strstr(body, "data-op=\"retry_running\"") != NULL && strstr(body, "data-op=\"retry\"") == NULL, "%s",
+              body);
     csrf_of(body, token, sizeof token);
     free(body);
     snprintf(form, sizeof form, "op=retry_running&id=%lld&csrf=x&back=/", id);

@@ -697,8 +697,8 @@ static void *race_producer(void *arg)
         /* Each job's transaction goes on a little after its insert (work of the producer's own), so
          * that the reclaim often runs between the two. */
         PQclear(t_exec(pg, "BEGIN"));
-        PQclear(t_exec(pg, "SELECT pgjobq.enqueue('churn', priority => %d::smallint, payload => '{\"n\": %d}')",
-                       i % 3, i));
+        PQclear(
+            t_exec(pg, "SELECT pgjobq.enqueue('churn', priority => %d::smallint, payload => '{\"n\": %d}')", i % 3, i));
         PQclear(t_exec(pg, "SELECT count(*) FROM generate_series(1, 20000)"));
         PQclear(t_exec(pg, "COMMIT"));
         __atomic_store_n(&r->produced, i + 1, __ATOMIC_RELEASE);
@@ -825,7 +825,8 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
-    snprintf(want, sizeof want, "oldest holder  session pid %d of role %s \"nightly report\" (idle in transaction), for ",
+    snprintf(want, sizeof want,
+             "oldest holder  session pid %d of role %s \"nightly report\" (idle in transaction), for ",
              PQbackendPID(pin), PQuser(pin));
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     free(out);
