@@ -998,7 +998,9 @@ static void *supervise(void *arg)
         pthread_mutex_lock(&p->mu);
         int stopping = p->stopping;
         pthread_mutex_unlock(&p->mu);
-        if (stopping)
+        /* Draining (a signal came, perhaps during the backoff below, which only a stop cuts short):
+         * no copy is started again. */
+        if (stopping || atomic_load(&p->draining))
             break;
         int64_t lived = one_life(c);
         if (atomic_load(&p->draining))
@@ -1213,8 +1215,11 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
             pgjobq_ctx_set_retry_delay(ctx, 0);
             return PGJOBQ_OUTCOME_SNOOZE;
         }
-        pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");
-        return PGJOBQ_OUTCOME_RETRY;
+        /* Otherwise no copy was running before the job's timeout (one is being started again after
+         * the last one died): the job never reached a coprocess, and goes back untouched too. */
+        pgjobq_ctx_set_error(ctx, "not run: no coprocess was running to take the job (see the worker's log)");
+        pgjobq_ctx_set_retry_delay(ctx, 0);
+        return PGJOBQ_OUTCOME_SNOOZE;
     }
     pe->next = c->held;
     c->held = pe;

@@ -923,7 +923,8 @@ TEST(cli_work_log_escapes_control_characters)
 
 /* What an --exec or --coproc handler finds in its environment: the worker's, without any variable
  * libpq reads (the database, the user, the password, the TLS key, ...), any pgjobq setting (the URL,
- * the serve token) or DATABASE_URL; with its job's PGJOBQ_* variables. */
+ * the serve token) or DATABASE_URL; with its job's PGJOBQ_* variables, or a coprocess's protocol
+ * version (PGJOBQ_COPROC_PROTOCOL, docs/coproc.md). */
 static void check_handler_env(const char *path, int with_job_vars)
 {
     static const char *const job_vars[] = {"PGJOBQ_JOB_ID=", "PGJOBQ_QUEUE=", "PGJOBQ_KIND=", "PGJOBQ_ATTEMPT=",
@@ -938,7 +939,8 @@ static void check_handler_env(const char *path, int with_job_vars)
         for (int i = 0; job_vars[i]; i++)
             job_var |= strncmp(line, job_vars[i], strlen(job_vars[i])) == 0;
         job_vars_seen += job_var;
-        CHECK_MSG(job_var || (strncmp(line, "PG", 2) != 0 && strncmp(line, "DATABASE_URL=", 13) != 0),
+        int protocol = !with_job_vars && strncmp(line, "PGJOBQ_COPROC_PROTOCOL=", 23) == 0;
+        CHECK_MSG(job_var || protocol || (strncmp(line, "PG", 2) != 0 && strncmp(line, "DATABASE_URL=", 13) != 0),
                   "a handler inherited %.*s", (int)strcspn(line, "\n"), line);
     }
     CHECK_INT(job_vars_seen, with_job_vars ? 6 : 0);
