@@ -113,7 +113,8 @@ const char *json_member(const char *obj, const char *key, size_t *len);
 /* A string value as json_member returns it (quotes included), unescaped: malloc'd text (\u0000 as a
  * blank), or NULL when it is not a string or out of memory. */
 char *json_unquote(const char *v, size_t len);
-/* A value as json_member returns it as an integer; *ok is 0 when it is NULL or not an integer. */
+/* A value as json_member returns it as an integer; *ok is 0 when it is NULL, not an integer or out of
+ * int64_t's range (then 0 is returned: never a clamped value). */
 int64_t json_integer(const char *v, size_t len, int *ok);
 
 /* Progress on stderr: a bar redrawn in place on a terminal, a line every few seconds otherwise. */

@@ -220,6 +220,45 @@ static int print_spool(FILE *spool)
     return ferror(spool) ? -1 : 0;
 }
 
+/* Reads one line of f into *line (grown as needed, NUL-terminated, its '\n' dropped), reading at most
+ * `max` bytes of it.  Returns its length; -1 at the end of the file or on a read error (ferror says
+ * which); -2 when the line goes on past max bytes: it is not read further, so a line of 200 MB costs
+ * max bytes of memory, not 200 MB, before it is refused. */
+static ssize_t read_line(FILE *f, char **line, size_t *cap, size_t max)
+{
+    size_t len = 0;
+    int ch = EOF;
+
+    flockfile(f);
+    while ((ch = getc_unlocked(f)) != EOF && ch != '\n') {
+        if (len == max) {
+            funlockfile(f);
+            return -2;
+        }
+        if (len + 1 >= *cap) {
+            size_t grown = *cap ? *cap * 2 : 4096;
+            char *p = realloc(*line, grown > max + 1 ? max + 1 : grown);
+            if (p == NULL) {
+                funlockfile(f);
+                errno = ENOMEM;
+                return -3;
+            }
+            *line = p;
+            *cap = grown > max + 1 ? max + 1 : grown;
+        }
+        (*line)[len++] = (char)ch;
+    }
+    funlockfile(f);
+    if (ch == EOF && len == 0)
+        return -1;
+    if (*line == NULL && (*line = malloc(*cap = 1)) == NULL) {
+        errno = ENOMEM;
+        return -3;
+    }
+    (*line)[len] = '\0';
+    return (ssize_t)len;
+}
+
 static int enqueue_file(enqueue_args *a, pgjobq_client *c)
 {
     FILE *f = strcmp(a->file, "-") == 0 ? stdin : fopen(a->file, "r"), *spool = NULL;
@@ -242,9 +281,17 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         status = EX_OSERR;
         goto out;
     }
-    while ((len = getline(&line, &cap, f)) >= 0) {
+    /* A line may hold a payload of PGJOBQ_PAYLOAD_MAX bytes and its "\r"; one longer is refused when
+     * it passes that, unread beyond. */
+    while ((len = read_line(f, &line, &cap, PGJOBQ_PAYLOAD_MAX + 1)) >= 0 || len == -2) {
         char why[160];
         line_no++;
+        if (len == -2) {
+            cli_err("%s, line %ld: longer than the %d-byte payload limit; nothing was enqueued", a->file, line_no,
+                    PGJOBQ_PAYLOAD_MAX);
+            status = EX_DATAERR;
+            goto out;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
         if (strspn(line, " \t") == (size_t)len && strlen(line) == (size_t)len)
@@ -281,6 +328,11 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
                 break;
             batch_clear(&b);
         }
+    }
+    if (rc == PGJOBQ_OK && len == -3) {
+        cli_err("out of memory reading %s; nothing was enqueued", a->file);
+        status = EX_OSERR;
+        goto out;
     }
     if (rc == PGJOBQ_OK && ferror(f)) {
         cli_err("reading %s: %s; nothing was enqueued", a->file, strerror(errno));

@@ -39,6 +39,7 @@ const cli_opt health_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, 
 #define OPT_KIND    'k'
 #define OPT_SINCE   1001
 #define OPT_DRY_RUN 1002
+#define OPT_RUNNING 1003
 const cli_opt cancel_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "without ID: cancel the jobs of QUEUE (with --state)"},
     {"state", OPT_STATE, "STATE", "without ID: queued (cancel them now) or running (request a cancel)"},
@@ -56,6 +57,8 @@ const cli_opt retry_opts[] = {
     {"since", OPT_SINCE, "DURATION", "without ID: only jobs that finished (queued: were created) within the last "
                                      "DURATION"},
     {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
+    {"running", OPT_RUNNING, NULL, "with ID: end a running job's lease now and queue it to run again (its "
+                                   "worker's writes are then refused; the attempt counts)"},
     {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
@@ -724,6 +727,8 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
             printf("%d", (int)h.holder_pid);
         else
             fputs("null", stdout);
+        fputs(",\"role\":", stdout);
+        json_str(stdout, h.holder_role[0] ? h.holder_role : NULL);
         fputs(",\"application\":", stdout);
         json_str(stdout, h.holder_application[0] ? h.holder_application : NULL);
         fputs(",\"state\":", stdout);
@@ -760,6 +765,10 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     tty_put(stdout, h.holder_kind, 0);
     if (h.holder_pid)
         printf(" pid %d", (int)h.holder_pid);
+    if (h.holder_role[0]) {
+        fputs(" of role ", stdout);
+        tty_put(stdout, h.holder_role, 0);
+    }
     if (h.holder_application[0]) {
         fputs(" \"", stdout);
         tty_put(stdout, h.holder_application, 0);
@@ -774,6 +783,9 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
            (long long)h.horizon_xids, t2);
     if (h.holder_query[0])
         field("  query", h.holder_query);
+    else if (strcmp(h.holder_kind, "session") == 0)
+        printf("  query        not shown: pg_stat_activity shows it only to a superuser, pg_read_all_stats\n"
+               "               and the holder's own role\n");
     if (h.horizon_age_ms >= 300000)
         printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
                "docs/deploy.md, \"Snapshots held open\".\n");
@@ -787,7 +799,7 @@ text_end:
 typedef struct bulk_args {
     const cli_cmd *cmd;
     pgjobq_filter filter;
-    int have_state, dry_run, json;
+    int have_state, dry_run, json, running;
 } bulk_args;
 
 static int bulk_opt(int key, const char *arg, void *ctx)
@@ -826,6 +838,7 @@ static int bulk_opt(int key, const char *arg, void *ctx)
         }
         return 0;
     case OPT_DRY_RUN: a->dry_run = 1; return 0;
+    case OPT_RUNNING: a->running = 1; return 0;
     case OPT_JSON: a->json = 1; return 0;
     }
     return -1;
@@ -928,10 +941,21 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
         return status;
     if (!one && a.filter.state == PGJOBQ_RUNNING)
         return cli_usage_error(cmd, "--state running: a running job is retried by its worker, or when its lease "
-                                    "expires");
+                                    "expires (retry --running ID ends one job's lease now)");
+    if (!one && a.running)
+        return cli_usage_error(cmd, "--running goes with a job ID");
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
-    if (one) {
+    if (one && a.running) {
+        pgjobq_state st = PGJOBQ_QUEUED;
+        rc = pgjobq_job_retry_running(c, id, &st);
+        if (rc == PGJOBQ_OK && st == PGJOBQ_CANCELLED)
+            printf("job %lld: lease ended; a cancel had been requested, so it ended cancelled\n", (long long)id);
+        else if (rc == PGJOBQ_OK)
+            printf("job %lld: lease ended, queued to run again now (the attempt it was running counts); its "
+                   "worker's writes are refused\n",
+                   (long long)id);
+    } else if (one) {
         rc = pgjobq_job_retry(c, id);
         if (rc == PGJOBQ_OK)
             printf("job %lld queued to run again now\n", (long long)id);

@@ -11,7 +11,7 @@
 #include "http.h" /* cli_mono_ms */
 
 enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
-       OPT_JSON = 1101, OPT_CREATE = 1102 };
+       OPT_JSON = 1101, OPT_CREATE = 1102, OPT_MAX_LEASE = 1103 };
 
 const cli_opt queue_opts[] = {
     {"reason", OPT_REASON, "TEXT", "pause: why the queue is paused (shown by ls)"},
@@ -19,6 +19,8 @@ const cli_opt queue_opts[] = {
     {"concurrency", OPT_CONCURRENCY, "N|none", "set: at most N jobs of the queue running at once, on all workers"},
     {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none", "set: at most N jobs with the same concurrency key running at once"},
     {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
+    {"max-lease", OPT_MAX_LEASE, "DURATION|default",
+     "set: the longest lease a worker may take on a job of the queue, 1s..365d (default 1d)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -31,6 +33,8 @@ typedef struct queue_args {
     int set_key_concurrency, key_concurrency;
     int set_rate, rate_limit;
     int64_t rate_period_ms;
+    int set_max_lease;
+    int64_t max_lease_ms; /* 0: the default */
     int json;
     int create;
     const cli_cmd *cmd;
@@ -95,6 +99,17 @@ static int on_opt(int key, const char *arg, void *ctx)
             return cli_usage_error(a->cmd, "--rate: the window must be between 1ms and 1d"), -1;
         return 0;
     }
+    case OPT_MAX_LEASE:
+        a->set_max_lease = 1;
+        if (strcmp(arg, "default") == 0) {
+            a->max_lease_ms = 0;
+            return 0;
+        }
+        if (cli_parse_duration_ms(arg, &a->max_lease_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--max-lease: %s (or default)", why), -1;
+        if (a->max_lease_ms < 1000 || a->max_lease_ms > INT64_C(31536000000))
+            return cli_usage_error(a->cmd, "--max-lease: must be between 1s and 365d (or default)"), -1;
+        return 0;
     default: return -1;
     }
 }
@@ -128,15 +143,16 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 printf(",\"rate_limit\":%d,\"rate_period_ms\":%lld", q[i].rate_limit, (long long)q[i].rate_period_ms);
             else
                 fputs(",\"rate_limit\":null,\"rate_period_ms\":null", stdout);
-            printf(",\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld}", (long long)q[i].queued,
-                   (long long)q[i].scheduled, (long long)q[i].running, (long long)q[i].expired);
+            printf(",\"max_lease_ms\":%lld,\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld}",
+                   (long long)q[i].max_lease_ms, (long long)q[i].queued, (long long)q[i].scheduled,
+                   (long long)q[i].running, (long long)q[i].expired);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY", "RATE",
-               "QUEUED", "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY", "RATE",
+               "MAX LEASE", "QUEUED", "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], per_key[16], rate[48] = "-";
+            char conc[16], per_key[16], rate[48] = "-", max_lease[24];
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].rate_limit) {
@@ -146,8 +162,9 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             }
             char name[300];
             tty_cell(name, sizeof name, q[i].name, 64);
-            printf("%-24s %-7s %11s %7s %-12s %9lld %9lld %9lld  ", name,
-                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate, (long long)q[i].queued,
+            printf("%-24s %-7s %11s %7s %-12s %9s %9lld %9lld %9lld  ", name,
+                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
+                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), (long long)q[i].queued,
                    (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired));
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
@@ -257,10 +274,10 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--reason goes with pause or drain");
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
-    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate) && !is_set)
-        return cli_usage_error(cmd, "--concurrency, --key-concurrency and --rate go with set");
-    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate)
-        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency or --rate");
+    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease) && !is_set)
+        return cli_usage_error(cmd, "--concurrency, --key-concurrency, --rate and --max-lease go with set");
+    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease)
+        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency, --rate or --max-lease");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -296,6 +313,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_key_concurrency(c, queue, a.key_concurrency);
         if (rc == PGJOBQ_OK && a.set_rate)
             rc = pgjobq_queue_set_rate(c, queue, a.rate_limit, a.rate_period_ms);
+        if (rc == PGJOBQ_OK && a.set_max_lease)
+            rc = pgjobq_queue_set_max_lease(c, queue, a.max_lease_ms);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);

@@ -3,6 +3,7 @@
  * reads documents already known to be valid (pgjobq_json_check, or jsonb's output), so it looks for
  * what it needs without judging the rest.  (The one JSON string writer is sb_json, in http.c.)
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,7 +171,9 @@ int64_t json_integer(const char *v, size_t len, int *ok)
         return 0;
     memcpy(buf, v, len);
     buf[len] = '\0';
+    errno = 0;
     long long x = strtoll(buf, &end, 10);
-    *ok = *end == '\0';
-    return x;
+    /* Out of range is not a number of ours: never clamped to INT64_MAX (another job's id). */
+    *ok = end != buf && *end == '\0' && errno != ERANGE;
+    return *ok ? x : 0;
 }

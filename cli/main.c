@@ -29,11 +29,13 @@ static const cli_cmd commands[] = {
      "Cancel a job, or every job a filter matches: queued jobs at once, running ones at their worker's next "
      "heartbeat.",
      cancel_opts, cmd_cancel},
-    {"retry", "ID | --queue QUEUE --state STATE",
-     "Run a finished or scheduled job, or every job a filter matches, again now.", retry_opts, cmd_retry},
+    {"retry", "ID | --running ID | --queue QUEUE --state STATE",
+     "Run a finished or scheduled job, or every job a filter matches, again now; with --running, end a\n"
+     "running job's lease now and run it again.",
+     retry_opts, cmd_retry},
     {"queue", "ls|pause|resume|drain|set [QUEUE]",
      "Show queues and their settings, pause and resume a queue on every worker, wait until a paused\n"
-     "queue has nothing running (drain), set a queue's concurrency and rate limits.",
+     "queue has nothing running (drain), set a queue's concurrency and rate limits and its longest lease.",
      queue_opts, cmd_queue},
     {"cron", "add|ls|rm|enable|disable|trigger|sync [NAME|FILE]",
      "Cron schedules in the database: every worker ticks them, and each fire time enqueues its job once.\n"

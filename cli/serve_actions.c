@@ -1,7 +1,7 @@
 /*
  * serve_actions.c - the dashboard's actions (with --allow-actions): POST /actions retries, cancels,
- * pauses and resumes, each carrying this process's CSRF token, checked against a list of operations
- * before anything is done or logged, and logged on stderr.
+ * ends a running job's lease, pauses and resumes, each carrying this process's CSRF token, checked
+ * against a list of operations before anything is done or logged, and logged on stderr.
  */
 #include <ctype.h>
 #include <stdlib.h>
@@ -34,14 +34,16 @@ typedef enum {
     OP_PAUSE,
     OP_RESUME,
     OP_ENABLE,
-    OP_DISABLE
+    OP_DISABLE,
+    OP_RETRY_RUNNING
 } op_kind;
 static const char *const op_names[] = {
-    "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable"};
+    "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable",
+    "retry_running"};
 
 static op_kind op_parse(const char *s)
 {
-    for (int i = OP_RETRY; s && i <= OP_DISABLE; i++)
+    for (int i = OP_RETRY; s && i <= OP_RETRY_RUNNING; i++)
         if (strcmp(s, op_names[i]) == 0)
             return (op_kind)i;
     return OP_UNKNOWN;
@@ -120,11 +122,13 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
     switch (op) {
     case OP_UNKNOWN: bad = "No such operation."; break;
     case OP_RETRY:
-    case OP_CANCEL: {
-        char *end = NULL;
-        id = id_s ? strtoll(id_s, &end, 10) : 0;
-        if (id_s == NULL || *end || id <= 0 || !isdigit((unsigned char)id_s[0]))
-            bad = "A job id is needed.";
+    case OP_CANCEL:
+    case OP_RETRY_RUNNING: {
+        char why[128];
+        /* Digits only, 1..2^63-1: an id past that is refused, never clamped to another job's. */
+        if (id_s == NULL || !isdigit((unsigned char)id_s[0]) ||
+            cli_parse_int(id_s, 1, INT64_MAX, &id, why, sizeof why) != 0)
+            bad = "A job id is needed (a whole number from 1 to 9223372036854775807).";
         break;
     }
     case OP_RETRY_WHERE:
@@ -160,6 +164,10 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
     case OP_CANCEL:
         rc = op == OP_RETRY ? pgjobq_job_retry(c, id) : pgjobq_job_cancel(c, id, NULL);
         snprintf(msg, sizeof msg, "%s job %lld", what, id);
+        break;
+    case OP_RETRY_RUNNING:
+        rc = pgjobq_job_retry_running(c, id, NULL);
+        snprintf(msg, sizeof msg, "%s job %lld: its lease ended", what, id);
         break;
     case OP_RETRY_WHERE:
     case OP_CANCEL_WHERE:

@@ -176,15 +176,19 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
         PQclear(r);
     }
     sb_puts(b, "</tbody></table>");
-    /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open"). */
+    /* The table and what holds vacuum back (pgjobq.health(); docs/deploy.md, "Snapshots held open").
+     * The holder's query is there only when this server's role may see it in pg_stat_activity, and is
+     * left out with --hide-payloads: it is another session's text, as a payload is a producer's. */
+    const char *hide[1] = {s->hide_payloads ? "true" : "false"};
     r = serve_query(c, out,
               "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
               " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
-              " coalesce(holder_state, ''), coalesce(left(holder_query, 120), ''),"
+              " coalesce(holder_state, ''), CASE WHEN $1 THEN '' ELSE coalesce(left(holder_query, 120), '') END,"
               " (coalesce(horizon_age_s, 0) >= 300)::int,"
-              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
+              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), ''),"
+              " coalesce(holder_role, '')"
               " FROM pgjobq.health()",
-              0, NULL);
+              1, hide);
     if (r && PQntuples(r) == 1) {
         int warn = atoi(V(r, 0, 8));
         sb_printf(b, "<p id=\"health\" class=\"%s\">pgjobq.jobs: ", warn ? "error" : "muted");
@@ -200,6 +204,10 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
             if (V(r, 0, 4)[0]) {
                 sb_puts(b, " pid ");
                 sb_html(b, V(r, 0, 4));
+            }
+            if (V(r, 0, 10)[0]) {
+                sb_puts(b, " of role ");
+                sb_html(b, V(r, 0, 10));
             }
             if (V(r, 0, 5)[0]) {
                 sb_puts(b, " &ldquo;");
@@ -322,9 +330,10 @@ void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp 
     char before_s[24] = "";
 
     if (before) {
-        char *end;
-        long long v = strtoll(before, &end, 10);
-        if (*end || v <= 0)
+        long long v;
+        char why[128];
+        /* A cursor past 2^63-1 is dropped (the first page), never clamped to another place. */
+        if (cli_parse_int(before, 1, INT64_MAX, &v, why, sizeof why) != 0)
             before = NULL;
         else
             snprintf(before_s, sizeof before_s, "%lld", v);
@@ -461,14 +470,15 @@ static void pre_json(sbuf *b, const char *pretty)
 void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out)
 {
     sbuf *b = &out->body;
-    char *end;
-    long long id = strtoll(id_s, &end, 10);
-    char idbuf[24];
+    long long id = 0;
+    char idbuf[24], why[128];
 
-    if (*id_s == '\0' || *end || id <= 0) {
+    /* Digits only, 1..2^63-1: a longer number is no job's, and is never clamped to one that is. */
+    if (!(id_s[0] >= '0' && id_s[0] <= '9') || cli_parse_int(id_s, 1, INT64_MAX, &id, why, sizeof why) != 0) {
         out->status = 404;
         html_page_begin(s, b, "not found", 0);
-        sb_puts(b, "<h1>Not found</h1><p>A job's address is /jobs/ and its id.</p>");
+        sb_puts(b, "<h1>Not found</h1><p>A job's address is /jobs/ and its id, a whole number from 1 to "
+                   "9223372036854775807.</p>");
         html_page_end(b);
         return;
     }
@@ -517,6 +527,8 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             sb_puts(b, "<div id=\"actions\">");
             if (strcmp(state, "running") != 0)
                 html_action_form(s, b, "retry", "Retry now", fields, back, 0);
+            else /* its worker may hold it for as long as the queue's max lease, or stall while renewing it */
+                html_action_form(s, b, "retry_running", "End lease, run again", fields, back, 1);
             if (strcmp(state, "queued") == 0 || strcmp(state, "running") == 0)
                 html_action_form(s, b, "cancel", "Cancel", fields, back, 1);
             sb_puts(b, "</div>");
@@ -589,18 +601,18 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
 
     html_page_begin(s, b, "queues", 0);
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
-               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Due</th><th>Scheduled</th><th>Running</th>"
-               "<th>Expired</th><th></th></tr></thead><tbody>");
+               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Max lease</th><th>Due</th><th>Scheduled</th>"
+               "<th>Running</th><th>Expired</th><th></th></tr></thead><tbody>");
     r = serve_query(c, out,
               "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
               " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
-              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired"
-              " FROM pgjobq.queue_list()",
+              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
+              " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
               0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
-            char rate[48];
+            char rate[48], max_lease[24];
             html_tr(b, "queue", V(r, i, 0));
             html_td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
             sb_puts(b, "<td>");
@@ -614,6 +626,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             html_td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
             html_td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
             html_td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
+            html_td(b, "n max-lease", format_period(max_lease, sizeof max_lease, atoll(V(r, i, 11))));
             for (int k = 7; k < 11; k++)
                 html_td(b, "n", V(r, i, k));
             sb_puts(b, "<td>");
@@ -622,7 +635,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)
-            sb_puts(b, "<tr><td colspan=\"10\" class=\"muted\">No queues yet.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"11\" class=\"muted\">No queues yet.</td></tr>");
         PQclear(r);
     }
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 19
+#define PGJOBQ_SCHEMA_VERSION 20
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -125,6 +125,7 @@ PGJOBQ_EXPORT int pgjobq_state_parse(const char *name, pgjobq_state *out) PGJOBQ
 #define PGJOBQ_ERROR_MAX            8192  /* last_error is cut to this many bytes */
 #define PGJOBQ_BATCH_MAX            10000 /* most jobs one claim returns */
 #define PGJOBQ_PROGRESS_MAX         8192  /* a job's progress, JSON text, bytes */
+#define PGJOBQ_MAX_LEASE_DEFAULT_MS 86400000 /* the longest lease in a queue without max_lease: a day */
 
 /* A job as read from the database.  Strings are NUL-terminated UTF-8; those marked "or NULL" are NULL
  * when the column is NULL.  The whole array a function returns is one allocation owned by the caller
@@ -392,6 +393,8 @@ PGJOBQ_EXPORT int pgjobq_enqueue_graph(pgjobq_client *c, const char *graph_json,
  * with FOR UPDATE SKIP LOCKED in a single statement: it never waits for rows other claimers hold, and
  * holds no lock once it returns.  Each job becomes running, with attempt + 1, a new lease_token, and a
  * lease ending at the database's now() + lease_ms.  worker_id (may be NULL) is recorded on the jobs.
+ * A lease longer than the queue's max lease (pgjobq_queue_set_max_lease; a day by default) is
+ * refused: PGJOBQ_EINVAL.
  *
  * On PGJOBQ_OK *jobs_out is an array of *n_out jobs (NULL and 0 when none was due), to be released
  * with pgjobq_jobs_free().  A serialization failure or deadlock is retried a few times when the
@@ -426,7 +429,8 @@ PGJOBQ_EXPORT int pgjobq_job_fail(pgjobq_client *c, int64_t id, int64_t lease_to
                                   int64_t retry_delay_ms, int flags, pgjobq_state *state_out) PGJOBQ_WUR;
 
 /*
- * Heartbeat: extends the lease of a held job to the database's now() + lease_ms.  Returns PGJOBQ_OK;
+ * Heartbeat: extends the lease of a held job to the database's now() + lease_ms, or + the queue's max
+ * lease when that is shorter (pgjobq_queue_set_max_lease).  Returns PGJOBQ_OK;
  * PGJOBQ_ELEASE when the lease is already lost; PGJOBQ_ECANCELLED when a cancel was requested (the
  * job has now ended cancelled: stop working on it).
  */
@@ -465,6 +469,17 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
  * job of the queue holds the job's unique key.
  */
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
+
+/*
+ * Ends a running job's lease now (for an operator: a worker that holds a job too long, or for ever):
+ * the job is queued to run again now (*state_out = PGJOBQ_QUEUED), and every later write of the
+ * holder (complete, fail, heartbeat, hand-back) finds its lease gone (PGJOBQ_ELEASE).  The attempt
+ * it was running counts, as an expired lease's does; max_attempts is raised if needed to allow one
+ * more.  A job whose cancel was requested ends cancelled instead (*state_out = PGJOBQ_CANCELLED).
+ * Returns PGJOBQ_OK, PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE when the job is not running.  state_out may
+ * be NULL.  Needs pgjobq_admin.
+ */
+PGJOBQ_EXPORT int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_out) PGJOBQ_WUR;
 
 /* Which jobs a bulk retry or cancel acts on; initialise with PGJOBQ_FILTER_INIT. */
 typedef struct pgjobq_filter {
@@ -565,10 +580,13 @@ PGJOBQ_EXPORT void pgjobq_stats_free(pgjobq_stat *stats);
 /* What decides whether pgjobq.jobs stays small (pgjobq.health(); docs/deploy.md, "Snapshots held
  * open").  The counts are the statistics' estimates.  The holder is the oldest thing that keeps vacuum
  * from removing the rows finished jobs leave: holder_kind "session" (a transaction or snapshot of this
- * database: a pg_dump, a report, a session idle in a transaction; holder_pid, holder_application,
- * holder_state and holder_query say which), "standby" (hot_standby_feedback), "slot" (a replication
- * slot, named in holder_application) or "prepared" (a prepared transaction, its gid in
- * holder_application); "" when nothing holds.  Strings are truncated to fit. */
+ * database: a pg_dump, a report, a session idle in a transaction; holder_pid, holder_role,
+ * holder_application, holder_state and holder_query say which), "standby" (hot_standby_feedback), "slot"
+ * (a replication slot, named in holder_application) or "prepared" (a prepared transaction, its gid in
+ * holder_application, its owner in holder_role); "" when nothing holds.  holder_query is "" unless the
+ * caller's role may see that session's query in pg_stat_activity (a superuser, a member of
+ * pg_read_all_stats or of the holder's role): another role's query text is its own.  Strings are
+ * truncated to fit. */
 typedef struct pgjobq_health {
     int64_t jobs_bytes;         /* pgjobq.jobs with its indexes and TOAST */
     int64_t jobs_live, jobs_dead;
@@ -585,7 +603,8 @@ typedef struct pgjobq_health {
     int64_t autovacuum_paused_since; /* since when pgjobq has autovacuum of pgjobq.jobs off, because a
                                         pass could remove nothing while the holder holds (microseconds
                                         since the epoch; PGJOBQ_TIME_NONE when it is not) */
-    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+    char holder_role[24];            /* the holder's role (a session's, a standby's, a prepared
+                                        transaction's owner); "" for a slot; truncated to 23 bytes */
 } pgjobq_health;
 
 /* Fills *out with pgjobq.jobs' size and what holds its vacuum back.  Needs pgjobq_worker or
@@ -622,6 +641,12 @@ PGJOBQ_EXPORT int pgjobq_queue_set_key_concurrency(pgjobq_client *c, const char 
  * to one day), on the database clock; limit 0 removes the limit (period_ms is then ignored). */
 PGJOBQ_EXPORT int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_t period_ms) PGJOBQ_WUR;
 
+/* The longest lease a claim may ask for in the queue, and a heartbeat renew (1 second to 365 days,
+ * in milliseconds); 0 restores the default, PGJOBQ_MAX_LEASE_DEFAULT_MS.  A claim with a longer
+ * lease is refused (PGJOBQ_EINVAL), so that no worker holds a job for ever; a heartbeat asking for
+ * more gets this much.  Workers' leases must fit: their default is a minute. */
+PGJOBQ_EXPORT int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue, int64_t max_lease_ms) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -635,7 +660,8 @@ typedef struct pgjobq_queue_info {
     int64_t scheduled;         /* queued for later */
     int64_t running;           /* running under a valid lease */
     int64_t expired;           /* running, lease expired, not yet rescued */
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t max_lease_ms;      /* the longest lease a claim may take: the queue's, or the default */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds

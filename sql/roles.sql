@@ -88,6 +88,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health(),
+    pgjobq.health_facts(),
     pgjobq.monitor_unhealthy_workers(),
     pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
@@ -127,7 +128,8 @@ BEGIN
     END IF;
 END
 $$;
-GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.stats() TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.retry_running(bigint), pgjobq.stats()
+    TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.children(bigint), pgjobq.graph(bigint) TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.parents(bigint) TO pgjobq_monitor;
 GRANT SELECT ON pgjobq.deps TO pgjobq_admin, pgjobq_monitor;
@@ -164,7 +166,8 @@ BEGIN
     END LOOP;
 END
 $$;
-GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health() TO pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_list(), pgjobq.health(),
+    pgjobq.health_facts() TO pgjobq_monitor;
 -- What `pgjobq serve` reads, through the monitor functions (sql/functions/monitor.sql): to the monitor,
 -- which needs nothing else for the dashboard without --allow-actions, and to the admin.
 GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),

@@ -573,6 +573,28 @@ int pgjobq_job_retry(pgjobq_client *c, int64_t id)
     return PGJOBQ_OK;
 }
 
+int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_out)
+{
+    char outcome[32];
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = id_call(c, "retry running", "SELECT pgjobq.retry_running($1)", id, outcome, sizeof outcome)) != PGJOBQ_OK)
+        return rc;
+    if (strcmp(outcome, "not_found") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "retry running: no job %lld", (long long)id);
+    if (strcmp(outcome, "queued") == 0 || strcmp(outcome, "cancelled") == 0) {
+        if (state_out)
+            *state_out = outcome[0] == 'q' ? PGJOBQ_QUEUED : PGJOBQ_CANCELLED;
+        return PGJOBQ_OK;
+    }
+    return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                          "retry running: job %lld is not running (retry runs a finished or "
+                          "scheduled job again)",
+                          (long long)id);
+}
+
 /* Checks a bulk filter against the states the call accepts (a bit per pgjobq_state) and renders its
  * parameters: queue, state, kind, since (an interval, or NULL) and the dry-run flag. */
 static int filter_params(pgjobq_client *c, const char *what, const pgjobq_filter *f, unsigned accepted, int flags,
@@ -901,12 +923,12 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
     pgjobq__stmt st = {"health",
                        "SELECT jobs_bytes, jobs_live, jobs_dead, vacuums, last_vacuum,"
                        " round(horizon_age_s * 1000)::int8, horizon_xids::int8, holder_kind, holder_pid::int8,"
-                       " holder_application, holder_state, holder_since, holder_query, autovacuum_paused_since"
-                       " FROM pgjobq.health()",
+                       " holder_application, holder_state, holder_since, holder_query, autovacuum_paused_since,"
+                       " holder_role FROM pgjobq.health()",
                        0, NULL, NULL, NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
-    if (PQntuples(r) != 1 || PQnfields(r) != 14) {
+    if (PQntuples(r) != 1 || PQnfields(r) != 15) {
         int n = PQntuples(r);
         PQclear(r);
         return pgjobq__seterr(c, PGJOBQ_EDB, "health: pgjobq.health() returned %d rows, not 1", n);
@@ -926,6 +948,7 @@ int pgjobq_health_get(pgjobq_client *c, pgjobq_health *out)
         copy_text(out->holder_state, sizeof out->holder_state, r, 10);
         out->holder_since = pgjobq__get_time(r, 0, 11);
         copy_text(out->holder_query, sizeof out->holder_query, r, 12);
+        copy_text(out->holder_role, sizeof out->holder_role, r, 14);
     }
     PQclear(r);
     return PGJOBQ_OK;

@@ -125,6 +125,24 @@ int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_
     return call2(c, "set rate", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue, int64_t max_lease_ms)
+{
+    char settings[96];
+    int rc;
+
+    if ((rc = enter(c, "set max lease", queue)) != PGJOBQ_OK)
+        return rc;
+    if (max_lease_ms != 0 && (max_lease_ms < 1000 || max_lease_ms > INT64_C(31536000000)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set max lease: it must be between 1 second and 365 days (0: the default), not %lld ms",
+                              (long long)max_lease_ms);
+    if (max_lease_ms == 0)
+        snprintf(settings, sizeof settings, "{\"max_lease\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"max_lease\": \"%lld milliseconds\"}", (long long)max_lease_ms);
+    return call2(c, "set max lease", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -182,7 +200,7 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
 }
 
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_NCOLS };
+       Q_MAX_LEASE_MS, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -198,8 +216,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         *n_out = 0;
     rc = list_fetch(c, "list queues",
                     "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
-                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired"
-                    " FROM pgjobq.queue_list()",
+                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
+                    " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
                     Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_REASON, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -217,6 +235,7 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].scheduled = pgjobq__get_int8(r, row, Q_SCHEDULED);
         rows[i].running = pgjobq__get_int8(r, row, Q_RUNNING);
         rows[i].expired = pgjobq__get_int8(r, row, Q_EXPIRED);
+        rows[i].max_lease_ms = pgjobq__get_int8(r, row, Q_MAX_LEASE_MS);
     }
     PQclear(r);
     *queues_out = rows;

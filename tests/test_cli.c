@@ -2,11 +2,13 @@
  * test_cli.c - the pgjobq command: every command end to end, JSON-lines files (all or none), and a
  * table of bad input, each with a clear message, a sysexits.h status, and the database unchanged.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -77,6 +79,27 @@ TEST(cli_enqueue_show_list_stats_cancel_retry)
     free(err);
     PGconn *pg = t_pg();
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'queued'", id), 1);
+
+    /* retry --running: a running job's lease ends now; its holder's writes are refused (issue 36,
+     * point 5); a job that is not running is an error. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), EX_DATAERR);
+    CHECK_MSG(strstr(err, "not running") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    PGresult *r = t_exec(pg, "SELECT id, lease_token FROM pgjobq.claim('mail', 1, '1 hour', 'rogue')");
+    CHECK_INT(PQntuples(r), 1);
+    char token[32];
+    snprintf(token, sizeof token, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), 0);
+    CHECK_MSG(strstr(out, "lease ended, queued to run again now") != NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state = 'queued'", id), 1);
+    r = t_exec(pg, "SELECT outcome FROM pgjobq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], NULL)", id,
+               token);
+    CHECK_STR(PQgetvalue(r, 0, 0), "lost");
+    PQclear(r);
     PQfinish(pg);
 }
 
@@ -167,6 +190,62 @@ TEST(cli_enqueue_file_is_all_or_none)
     free(err);
     free(data);
     CHECK_INT(count_jobs(), 2500);
+}
+
+/* A line of --file longer than a payload may be is refused as soon as it passes the limit: the rest
+ * of it is never read (a 200 MB line cost 200 MB of memory before it was refused). */
+TEST(cli_enqueue_file_refuses_a_long_line_without_reading_it)
+{
+    enum { TOTAL = 200 * 1024 * 1024 };
+    int in[2], err[2], status;
+    char chunk[65536], msg[4096];
+    size_t written = 0;
+    pid_t pid;
+
+    CHECK(pipe(in) == 0 && pipe(err) == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(err[1], 2);
+        close(in[0]);
+        close(in[1]);
+        close(err[0]);
+        close(err[1]);
+        setenv("PGJOBQ_DATABASE_URL", t_conninfo(), 1);
+        execl(getenv("PGJOBQ_CLI"), "pgjobq", "enqueue", "--file", "-", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(err[1]);
+    signal(SIGPIPE, SIG_IGN);
+    /* A good line, then one of 200 MB: written until the command stops reading (EPIPE). */
+    CHECK(write(in[1], "{\"ok\": 1}\n{\"big\": \"", 19) == 19);
+    memset(chunk, 'x', sizeof chunk);
+    while (written < TOTAL) {
+        ssize_t n = write(in[1], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        written += (size_t)n;
+    }
+    close(in[1]);
+    size_t got = 0;
+    for (ssize_t n; got + 1 < sizeof msg && (n = read(err[0], msg + got, sizeof msg - 1 - got)) != 0;)
+        if (n > 0)
+            got += (size_t)n;
+        else if (errno != EINTR)
+            break;
+    msg[got] = '\0';
+    close(err[0]);
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == EX_DATAERR, "status %d; stderr: %s", status, msg);
+    CHECK_MSG(strstr(msg, "line 2: longer than the 1048576-byte payload limit; nothing was enqueued") != NULL,
+              "stderr: %s", msg);
+    /* Read: the limit, what the pipe and stdio buffer hold; far from the 200 MB. */
+    CHECK_MSG(written < 8 * 1024 * 1024, "the command read %zu bytes of the line before refusing it", written);
+    CHECK_INT(count_jobs(), 0);
 }
 
 /* The ids on stdout are those of jobs that exist: a file of several batches prints them only once
@@ -304,6 +383,16 @@ TEST(cli_bad_input_gives_a_clear_error_and_changes_nothing)
         {{"show", "0", NULL}, EX_USAGE, "range"},
         {{"show", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"show", NULL}, EX_USAGE, "expected ID"},
+        /* An id past 2^63-1 is refused, never clamped to another job's. */
+        {{"show", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"graph", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"cancel", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "--running", "12345678901234567890123456", NULL}, EX_USAGE, "range 1..9223372036854775807"},
+        {{"retry", "--running", "987654321", NULL}, EX_DATAERR, "no job"},
+        {{"retry", "--running", "-qq", "-sfailed", NULL}, EX_USAGE, "--running goes with a job ID"},
+        {{"enqueue", "--after", "12345678901234567890123456", NULL}, EX_USAGE, "not a list of job ids"},
+        {{"enqueue", "--after", "7,9223372036854775808", NULL}, EX_USAGE, "not a list of job ids"},
         {{"cancel", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"retry", "987654321", NULL}, EX_DATAERR, "no job"},
         {{"list", "--state", "done", NULL}, EX_USAGE, "unknown state"},
@@ -413,7 +502,7 @@ TEST(cli_help_and_version)
     /* Every summary whole (none cut at its first line), no line wider than 100 columns, and the
      * hints name the program as it was run (a path here). */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "--help", NULL), 0);
-    CHECK_MSG(strstr(out, "all or none.") && strstr(out, "--allow-actions.") && strstr(out, "rate limits."),
+    CHECK_MSG(strstr(out, "all or none.") && strstr(out, "--allow-actions.") && strstr(out, "longest lease."),
               "--help: %s", out);
     for (const char *line = out; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
         CHECK_MSG(strcspn(line, "\n") <= 100, "--help line wider than 100 columns: %.*s", (int)strcspn(line, "\n"),

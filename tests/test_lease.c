@@ -2,6 +2,9 @@
  * test_lease.c - leases on database time, expiry, re-claim, fencing of the old holder, heartbeats,
  * and the rescuer's guard.
  */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -283,4 +286,191 @@ TEST(lease_audit_counts_a_job_taken_from_a_valid_lease_only)
     pgjobq_jobs_free(k);
     PQfinish(pg);
     pgjobq_client_close(c);
+}
+
+/* A worker cannot hold a job for ever (issue 36, point 5): a claim may not ask for a lease longer than
+ * the queue's max lease (a day by default), a heartbeat's longer lease is cut to it; SQL and C API. */
+TEST(lease_is_capped_by_the_queues_max_lease)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_queue_info *queues = NULL;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t id;
+
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = "cq";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    /* The issue's rogue claim: refused, and the job stays queued for an honest worker. */
+    PGresult *r = PQexec(pg, "SELECT * FROM pgjobq.claim('cq', 1, '1000 years', 'rogue')");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22023");
+    CHECK_MSG(strstr(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY), "max_lease 1 day") != NULL, "%s",
+              PQresultErrorMessage(r));
+    PQclear(r);
+    CHECK_RC(c, pgjobq_claim(c, "cq", 1, INT64_C(2) * 86400000, "rogue", &jobs, &n), PGJOBQ_EINVAL);
+    CHECK(strstr(pgjobq_errmsg(c), "max_lease") != NULL);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+
+    /* The queue's own max lease, in queue_list and in force. */
+    CHECK_OK(c, pgjobq_queue_set_max_lease(c, "cq", 600000));
+    CHECK_OK(c, pgjobq_queue_list(c, &queues, &n));
+    CHECK_INT(n, 1);
+    CHECK_INT(queues[0].max_lease_ms, 600000);
+    pgjobq_queue_list_free(queues);
+    CHECK_RC(c, pgjobq_claim(c, "cq", 1, 601000, "w", &jobs, &n), PGJOBQ_EINVAL);
+    CHECK_OK(c, pgjobq_claim(c, "cq", 1, 600000, "w", &jobs, &n));
+    CHECK_INT(n, 1);
+    /* A heartbeat that asks for more gets the queue's max. */
+    CHECK_OK(c, pgjobq_job_extend(c, id, jobs[0].lease_token, INT64_C(31536000000)));
+    CHECK_INT(t_int(pg,
+                    "SELECT (lease_until <= now() + interval '10 minutes' AND lease_until > now())::int"
+                    " FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    r = PQexec(pg, "SELECT * FROM pgjobq.extend_many(ARRAY[(SELECT id FROM pgjobq.jobs WHERE queue = 'cq')],"
+                   " ARRAY[(SELECT lease_token FROM pgjobq.jobs WHERE queue = 'cq')], '1000 years')");
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 1), "extended") == 0, "%s",
+              PQresultErrorMessage(r));
+    PQclear(r);
+    CHECK_INT(t_int(pg, "SELECT (lease_until <= now() + interval '10 minutes')::int FROM pgjobq.jobs WHERE id = %lld",
+                    (long long)id),
+              1);
+    /* Back to the default; out of range refused. */
+    CHECK_OK(c, pgjobq_queue_set_max_lease(c, "cq", 0));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'cq' AND max_lease IS NULL"), 1);
+    CHECK_RC(c, pgjobq_queue_set_max_lease(c, "cq", 999), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_queue_set_max_lease(c, "cq", INT64_C(31536000001)), PGJOBQ_EINVAL);
+    r = PQexec(pg, "SELECT pgjobq.queue_set('cq', '{\"max_lease\": \"400 days\"}')");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22023");
+    PQclear(r);
+    pgjobq_jobs_free(jobs);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* An operator ends a running job's lease now (pgjobq_job_retry_running, pgjobq.retry_running): the job
+ * is queued to run again at once, the attempt counted and one more allowed, and every write of the old
+ * holder is refused by the fence; a job whose cancel was requested ends cancelled. */
+TEST(lease_ended_by_an_operator_fences_the_holder_and_runs_the_job_again)
+{
+    pgjobq_client *c = t_client(), *rogue = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st = PGJOBQ_RUNNING;
+    int64_t id;
+
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pgjobq_job *held = claim_one(rogue, 3600000, "rogue");
+    CHECK_OK(c, pgjobq_job_retry_running(c, id, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 1"
+                    " AND max_attempts = 2 AND lease_until IS NULL AND last_error LIKE '%%ended%%rogue%%'",
+                    (long long)id),
+              1);
+    CHECK_RC(rogue, pgjobq_job_extend(rogue, id, held->lease_token, 60000), PGJOBQ_ELEASE);
+    CHECK_RC(rogue, pgjobq_job_complete(rogue, id, held->lease_token, "{\"late\": true}"), PGJOBQ_ELEASE);
+    CHECK_RC(rogue, pgjobq_job_fail(rogue, id, held->lease_token, "late", 0, 0, NULL), PGJOBQ_ELEASE);
+    /* It runs again at once, for its one more attempt. */
+    pgjobq_job *again = claim_one(c, 60000, "honest");
+    CHECK_INT(again->id, id);
+    CHECK_INT(again->attempt, 2);
+    CHECK_RC(rogue, pgjobq_job_complete(rogue, id, held->lease_token, "{\"late\": true}"), PGJOBQ_ELEASE);
+    CHECK_OK(c, pgjobq_job_complete(c, id, again->lease_token, "{\"ok\": true}"));
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed'"
+                    " AND result = '{\"ok\": true}'",
+                    (long long)id),
+              1);
+    /* Not running: finished, queued, missing. */
+    CHECK_RC(c, pgjobq_job_retry_running(c, id, &st), PGJOBQ_ESTATE);
+    CHECK_RC(c, pgjobq_job_retry_running(c, INT64_C(987654321), &st), PGJOBQ_ENOTFOUND);
+    int64_t queued;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", NULL, &queued));
+    CHECK_RC(c, pgjobq_job_retry_running(c, queued, &st), PGJOBQ_ESTATE);
+    /* A cancel requested: it ends cancelled. */
+    pgjobq_job *third = claim_one(rogue, 60000, "rogue");
+    CHECK_OK(c, pgjobq_job_cancel(c, third->id, NULL));
+    CHECK_OK(c, pgjobq_job_retry_running(c, third->id, &st));
+    CHECK_INT(st, PGJOBQ_CANCELLED);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)third->id),
+        1);
+    CHECK_RC(rogue, pgjobq_job_complete(rogue, third->id, third->lease_token, NULL), PGJOBQ_ELEASE);
+    pgjobq_jobs_free(held);
+    pgjobq_jobs_free(again);
+    pgjobq_jobs_free(third);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+    pgjobq_client_close(rogue);
+}
+
+static const char *held_log;
+static PGconn *held_pg;
+
+static int held_running(void *arg)
+{
+    (void)arg;
+    return t_int(held_pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'held' AND state = 'running'") == 1;
+}
+
+static int held_told(void *arg)
+{
+    (void)arg;
+    FILE *f = fopen(held_log, "r");
+    char line[2048];
+    int found = 0;
+    if (f == NULL)
+        return 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, "lease lost; its handler is asked to stop") != NULL;
+    fclose(f);
+    return found;
+}
+
+static pid_t held_worker;
+
+static void stop_held_worker(void)
+{
+    if (held_worker > 0) {
+        kill(held_worker, SIGTERM);
+        if (t_wait_exit(held_worker, 20000) == -1)
+            kill(held_worker, SIGKILL);
+        held_worker = 0;
+    }
+}
+
+/* `pgjobq retry --running` against a real worker whose handler runs long: the worker is told at once
+ * (it renews its leases when notified, not at its next heartbeat, minutes away here), finds the lease
+ * gone and asks its handler to stop; the job runs again. */
+TEST_FULL(lease_ended_by_an_operator_stops_the_workers_handler_at_once, 120, 0)
+{
+    PGconn *pg = t_pg();
+    char *out, *err, id[32];
+
+    snprintf(id, sizeof id, "%lld", t_int(pg, "SELECT id FROM pgjobq.enqueue('held')"));
+    const char *sleeper = t_script("sleeper", "exec sleep 300");
+    held_log = t_log_path("held");
+    held_pg = pg;
+    held_worker = t_spawn(held_log, NULL, "work", "--queue", "held:1", "--exec", sleeper, "--lease", "10m",
+                          "--heartbeat", "9m", "--timeout", "9m", NULL);
+    t_defer(stop_held_worker);
+    CHECK_MSG(t_wait_until(held_running, NULL, 30000), "the worker did not start the job");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--running", id, NULL), 0);
+    free(out);
+    free(err);
+    if (!t_wait_until(held_told, NULL, 60000)) {
+        t_show_log(held_log);
+        t_fail(__FILE__, __LINE__, "the worker did not learn that its lease was ended");
+    }
+    /* The job runs again, its second attempt (this same worker may take it). */
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state IN ('queued', 'running')"
+                    " AND attempt <= 2 AND max_attempts >= 2",
+                    id),
+              1);
+    stop_held_worker();
+    PQfinish(pg);
 }

@@ -404,7 +404,20 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
-    CHECK_MSG(strstr(out, "paused") && strstr(out, "100/1m"), "queue ls printed: %s", out);
+    CHECK_MSG(strstr(out, "paused") && strstr(out, "100/1m") && strstr(out, "MAX LEASE") && strstr(out, " 1d "),
+              "queue ls printed: %s", out);
+    free(out);
+    free(err);
+    /* The longest lease a worker may take (a day by default). */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--max-lease", "10m", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"max_lease_ms\":600000"), "queue ls --json printed: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
+    CHECK_MSG(strstr(out, " 10m "), "queue ls printed: %s", out);
     free(out);
     free(err);
     /* A typo: pausing or draining a queue nobody uses is refused (it would create the queue), unless
@@ -436,6 +449,10 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
         {"queue", "set", "api", "--rate", "5", NULL},
         {"queue", "set", "api", "--rate", "10001/1s", NULL},
         {"queue", "set", "api", "--rate", "5/2d", NULL},
+        {"queue", "set", "api", "--max-lease", "500ms", NULL},
+        {"queue", "set", "api", "--max-lease", "366d", NULL},
+        {"queue", "set", "api", "--max-lease", "forever", NULL},
+        {"queue", "pause", "api", "--max-lease", "1h", NULL},
         {"queue", "set", "bad name", "--concurrency", "2", NULL},
         {"queue", "set", "api", NULL},
         {"queue", "pause", NULL},
@@ -450,17 +467,20 @@ TEST(queue_command_sets_lists_and_refuses_bad_input)
         free(err);
     }
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'api' AND concurrency = 5"
-                        " AND rate_limit = 100 AND rate_period = '1 minute' AND paused_at IS NOT NULL"),
+                        " AND rate_limit = 100 AND rate_period = '1 minute' AND paused_at IS NOT NULL"
+                        " AND max_lease = '10 minutes'"),
               1);
 
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "resume", "api", NULL), 0);
     free(out);
     free(err);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--concurrency", "none", "--rate", "none", NULL), 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "api", "--concurrency", "none", "--rate", "none",
+                    "--max-lease", "default", NULL),
+              0);
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'api' AND concurrency IS NULL"
-                        " AND rate_limit IS NULL AND paused_at IS NULL"),
+                        " AND rate_limit IS NULL AND paused_at IS NULL AND max_lease IS NULL"),
               1);
     PQfinish(pg);
 }

@@ -123,6 +123,18 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_RC(app, pgjobq_retry_where(app, &f, PGJOBQ_DRY_RUN, &count, NULL), PGJOBQ_EPERM);
     CHECK_STR(raw_as(adm, "DELETE FROM pgjobq.jobs"), "42501"); /* reading is not owning */
 
+    /* Ending a running job's lease, and a queue's max lease, are the admin's only. */
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", NULL, &id));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "default", 1, 30000, "wrk", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_RC(wrk, pgjobq_job_retry_running(wrk, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(app, pgjobq_job_retry_running(app, id, NULL), PGJOBQ_EPERM);
+    CHECK_RC(wrk, pgjobq_queue_set_max_lease(wrk, "default", 3600000), PGJOBQ_EPERM);
+    CHECK_OK(adm, pgjobq_queue_set_max_lease(adm, "default", 3600000));
+    CHECK_OK(adm, pgjobq_job_retry_running(adm, id, NULL));
+    CHECK_RC(wrk, pgjobq_job_complete(wrk, jobs[0].id, jobs[0].lease_token, NULL), PGJOBQ_ELEASE);
+    pgjobq_jobs_free(jobs);
+
     pgjobq_client_close(app);
     pgjobq_client_close(wrk);
     pgjobq_client_close(adm);
@@ -234,8 +246,14 @@ TEST(roles_a_producer_enqueues_batches_with_copy_only_when_granted_insert)
     CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer did not use pgjobq.enqueue_many()");
     CHECK_INT(fn_calls(pg, "reserve_ids"), 0);
 
+    /* The COPY path records its levels (levels_add, which takes those that have its queued jobs). */
+    for (int i = 0; i < N; i++) {
+        specs[i].opts.queue = i % 2 ? "bulk-odd" : "bulk-even";
+        specs[i].opts.priority = i % 3;
+    }
     CHECK_OK(bulk, pgjobq_enqueue_many(bulk, specs, N, ids, NULL));
     CHECK(ids[N - 1] > ids[0]);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue LIKE 'bulk-%%'"), 6);
     pgjobq_client_close(bulk);
     w.fn = "reserve_ids";
     CHECK_MSG(t_wait_until(fn_called, &w, 10000), "the producer granted INSERT did not use COPY");
@@ -293,11 +311,128 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     CHECK_RC(mon, pgjobq_enqueue(mon, "{}", NULL, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_job_cancel(mon, id, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_job_retry(mon, id), PGJOBQ_EPERM);
+    CHECK_RC(mon, pgjobq_job_retry_running(mon, id, NULL), PGJOBQ_EPERM);
     CHECK_RC(mon, pgjobq_queue_pause(mon, "default", NULL), PGJOBQ_EPERM);
     CHECK_STR(raw_as(mon, "DELETE FROM pgjobq.jobs"), "42501");
     CHECK_STR(raw_as(mon, "UPDATE pgjobq.workers SET host = 'x'"), "42501");
     CHECK_STR(raw_as(mon, "SELECT pgjobq.worker_beat('w', 'h', 1, 'v', 'q')"), "42501");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", (long long)id), 1);
+    pgjobq_client_close(mon);
+    pgjobq_client_close(owner);
+    PQfinish(pg);
+}
+
+/* The producer reaches priority levels only through what it enqueues (issue 36, point 4): levels_add
+ * with a name that is no queue name, or for a level without a queued job, is refused, and creates no
+ * level and no sequence; the functions that record and reclaim levels are no role's. */
+TEST(roles_a_producer_makes_levels_only_through_what_it_enqueues)
+{
+    PGconn *pg = t_pg();
+
+    roles_setup();
+    pgjobq_client *app = as_role("app"), *wrk = as_role("wrk");
+    long long levels = t_int(pg, "SELECT count(*) FROM pgjobq.levels");
+    long long sequences = t_int(pg, "SELECT count(*) FROM pg_class WHERE relkind = 'S'");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY[E'bad\\nname'], ARRAY[0::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY[repeat('x', 2000)], ARRAY[0::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY['fresh'], ARRAY[5::smallint])"), "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(array_agg('q' || g), NULL) FROM generate_series(1, 1000) g"),
+              "22023");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_record(ARRAY['fresh'], ARRAY[5::smallint])"), "42501");
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_reclaim('0 s')"), "42501");
+    CHECK_STR(raw_as(wrk, "SELECT pgjobq.levels_reclaim('0 s')"), "42501");
+    CHECK_STR(raw_as(app, "INSERT INTO pgjobq.levels (queue, priority) VALUES ('fresh', 5)"), "42501");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels"), levels);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_class WHERE relkind = 'S'"), sequences);
+    /* What it enqueues gets its level, as before. */
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = "fresh";
+    o.priority = 5;
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", &o, NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'fresh' AND priority = 5"), 1);
+    CHECK_STR(raw_as(app, "SELECT pgjobq.levels_add(ARRAY['fresh'], ARRAY[5::smallint])"), "");
+    /* A name that is no queue name cannot be a level's at all. */
+    PGresult *r = PQexec(pg, "INSERT INTO pgjobq.levels (queue, priority) VALUES (E'bad\\nname', 0)");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23514");
+    PQclear(r);
+    pgjobq_client_close(app);
+    pgjobq_client_close(wrk);
+    PQfinish(pg);
+}
+
+/* pgjobq.health() as the monitor: another role's session that holds a snapshot is named (pid, role,
+ * application, state, age), but its query is not shown, as pg_stat_activity does not show it to
+ * that role; a superuser sees it.  SQL, the C API and `pgjobq health` (issue 36, point 2: the query
+ * text of any session reached the monitor and worker roles through the SECURITY DEFINER function). */
+TEST(roles_health_shows_another_roles_query_only_to_who_may_see_it)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *owner = t_client();
+    pgjobq_health h;
+    char ci[1024], *out, *err;
+
+    roles_setup();
+    PQclear(t_exec(
+        pg, "DO $$ BEGIN"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+            " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
+    PGconn *clerk = PQconnectdb(ci);
+    CHECK_MSG(PQstatus(clerk) == CONNECTION_OK, "connect as clerk: %s", PQerrorMessage(clerk));
+    PQclear(t_exec(clerk, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(clerk, "SELECT 'ssn=078-05-1120 card=4111111111111111'"));
+
+    pgjobq_client *mon = as_role("mon");
+    CHECK_OK(mon, pgjobq_health_get(mon, &h));
+    CHECK_STR(h.holder_kind, "session");
+    CHECK_INT(h.holder_pid, PQbackendPID(clerk));
+    CHECK_STR(h.holder_role, "clerk");
+    CHECK_STR(h.holder_application, "billing");
+    CHECK_STR(h.holder_state, "idle in transaction");
+    CHECK(h.horizon_age_ms >= 0 && h.holder_since != PGJOBQ_TIME_NONE);
+    CHECK_MSG(h.holder_query[0] == '\0', "the monitor read another role's query: %s", h.holder_query);
+    /* In SQL, and through what health() reads as the owner: no query anywhere. */
+    PGresult *r = PQexec(pgjobq_client_conn(mon), "SELECT holder_query IS NULL, holder_role FROM pgjobq.health()");
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pgjobq_client_conn(mon)));
+    CHECK_STR(PQgetvalue(r, 0, 0), "t");
+    CHECK_STR(PQgetvalue(r, 0, 1), "clerk");
+    PQclear(r);
+    r = PQexec(pgjobq_client_conn(mon), "SELECT f::text FROM pgjobq.health_facts() f");
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pgjobq_client_conn(mon)));
+    CHECK_MSG(strstr(PQgetvalue(r, 0, 0), "ssn=") == NULL, "health_facts: %s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    /* `pgjobq health` as the monitor. */
+    snprintf(ci, sizeof ci, "%s user=mon", t_conninfo());
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci, "health", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=") == NULL && strstr(out, "of role clerk \"billing\" (idle in transaction)") != NULL &&
+                  strstr(out, "query        not shown") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=") == NULL && strstr(out, "\"role\":\"clerk\"") != NULL &&
+                  strstr(out, "\"query\":null") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+
+    /* A superuser may see every query in pg_stat_activity, and so here. */
+    CHECK_OK(owner, pgjobq_health_get(owner, &h));
+    CHECK_INT(h.holder_pid, PQbackendPID(clerk));
+    CHECK_MSG(strstr(h.holder_query, "ssn=078-05-1120") != NULL, "query: %s", h.holder_query);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "ssn=078-05-1120") != NULL, "%s", out);
+    free(out);
+    free(err);
+    /* And a role that may see the holder's session (a member of its role) as well. */
+    PQclear(t_exec(pg, "GRANT clerk TO mon"));
+    CHECK_OK(mon, pgjobq_health_get(mon, &h));
+    CHECK_MSG(strstr(h.holder_query, "ssn=078-05-1120") != NULL, "query: %s", h.holder_query);
+    PQclear(t_exec(pg, "REVOKE clerk FROM mon"));
+
+    PQfinish(clerk);
     pgjobq_client_close(mon);
     pgjobq_client_close(owner);
     PQfinish(pg);

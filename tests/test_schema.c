@@ -682,10 +682,13 @@ static char *jobs_snapshot(PGconn *pg, const char *table)
                  table);
 }
 
-/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4). */
+/* The queues' settings, the schedules, and the live jobs' concurrency keys (from version 4).  The
+ * queues' columns of version 4 (a later one, max_lease of version 20, starts NULL: checked apart). */
 static char *settings_snapshot(PGconn *pg)
 {
-    return t_str(pg, "SELECT (SELECT string_agg(q::text, E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
+    return t_str(pg, "SELECT (SELECT string_agg(ROW(q.name, q.paused_at, q.pause_reason, q.concurrency,"
+                     " q.key_concurrency, q.rate_limit, q.rate_period, q.recent_starts, q.updated_at)::text,"
+                     " E'\\n' ORDER BY name) FROM pgjobq.queues q) || E'\\n'"
                      " || (SELECT string_agg(s::text, E'\\n' ORDER BY name) FROM pgjobq.schedules s) || E'\\n'"
                      " || (SELECT string_agg(ROW(id, concurrency_key)::text, ',' ORDER BY id) FROM pgjobq.jobs)");
 }
@@ -722,6 +725,15 @@ static void released_jobs(PGconn *pg, int k)
     }
     if (k >= 6)
         PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
+    if (k >= 10) {
+        /* What levels_add let any caller record (issue 36, point 4): a level of a name that is no
+         * queue's, with its frontier. */
+        PQclear(
+            t_exec(pg, "SELECT pgjobq.levels_add(ARRAY[E'no\\nqueue', repeat('x', 2000)], ARRAY[1, 2]::smallint[])"));
+        CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ "
+                            "'^[A-Za-z][A-Za-z0-9_.:-]*$')"),
+                  2);
+    }
     if (k >= 9) {
         PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 8}')"));
         PQclear(t_exec(pg, "SELECT pgjobq.enqueue(queue => 'q', payload => '{\"n\": 9}', tags => ARRAY['t1', 't2'],"
@@ -875,9 +887,25 @@ TEST_FULL(schema_upgrade_from_each_released_version_matches_a_new_database, 120,
             extra_after = settings_snapshot(pg);
             CHECK_STR(extra_after, extra_before);
             free(extra_after);
+            /* Version 19: every queue keeps the default max lease. */
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE max_lease IS NOT NULL"), 0);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queue_list() WHERE max_lease = interval '1 day'"),
+                      t_int(pg, "SELECT count(*) FROM pgjobq.queue_list()"));
         }
         if (k >= 6)
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker'"), 1);
+        if (k >= 10) {
+            /* Version 19: the levels of names that are no queue's are retired, their frontiers kept for
+             * the reclaim to drop; the others stay. */
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'q'"), 1);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE NOT (length(queue) <= 64 AND queue ~ "
+                                "'^[A-Za-z][A-Za-z0-9_.:-]*$')"),
+                      0);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone"), 2);
+            CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone g JOIN pg_class c ON c.relname = g.frontier"
+                                " AND c.relkind = 'S'"),
+                      2);
+        }
         if (k >= 9) {
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.deps"), 1);
             CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE payload->>'n' = '9'"

@@ -424,9 +424,12 @@ TEST_FULL(serve_dashboard_pages_in_headless_chromium, 180, 0)
     PQclear(t_exec(pin, "SELECT 1"));
 
     char *dom = chromium(s->port, "/", NULL);
+    char *role = t_str(pin, "SELECT current_user");
     CHECK_MSG(strstr(dom, "<p id=\"health\" class=\"muted\">pgjobq.jobs: ") != NULL, "overview: no health line");
-    snprintf(path, sizeof path, " by session pid %d \u201c&lt;img src=x onerror=alert(1)&gt;\u201d (idle in transaction)",
-             PQbackendPID(pin));
+    snprintf(path, sizeof path,
+             " by session pid %d of role %s \u201c&lt;img src=x onerror=alert(1)&gt;\u201d (idle in transaction)",
+             PQbackendPID(pin), role);
+    free(role);
     CHECK_MSG(strstr(dom, path) != NULL, "overview: the holder is not named as %s", path);
     PQfinish(pin);
     CHECK_MSG(strstr(dom, "<table id=\"queues\">") != NULL, "overview: no queue table");
@@ -500,6 +503,48 @@ TEST_FULL(serve_hides_payloads_when_asked, 60, 0)
     CHECK(strstr(body, "<pre id=\"payload\">(hidden)</pre>") != NULL);
     free(body);
     pgjobq_client_close(c);
+}
+
+/* The overview names what holds vacuum back, but shows another role's query only when the server's
+ * role may see it in pg_stat_activity, and never with --hide-payloads (issue 36, point 2). */
+TEST_FULL(serve_overview_shows_a_holders_query_only_to_who_may_see_it, 90, 0)
+{
+    PGconn *pg = t_pg();
+    char *out, *err, *body = NULL, ci[1024], env[1200];
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "migrate", "--roles", NULL), 0);
+    free(out);
+    free(err);
+    PQclear(t_exec(
+        pg, "DO $$ BEGIN"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mon') THEN CREATE ROLE mon LOGIN; END IF;"
+            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'clerk') THEN CREATE ROLE clerk LOGIN; END IF;"
+            " END $$"));
+    PQclear(t_exec(pg, "GRANT pgjobq_monitor TO mon"));
+    snprintf(ci, sizeof ci, "%s user=clerk application_name=billing", t_conninfo());
+    PGconn *clerk = PQconnectdb(ci);
+    CHECK_MSG(PQstatus(clerk) == CONNECTION_OK, "connect as clerk: %s", PQerrorMessage(clerk));
+    PQclear(t_exec(clerk, "BEGIN ISOLATION LEVEL REPEATABLE READ"));
+    PQclear(t_exec(clerk, "SELECT 'ssn=078-05-1120'"));
+
+    /* As the monitor: the holder named, its query not shown. */
+    snprintf(env, sizeof env, "PGJOBQ_DATABASE_URL=%s user=mon", t_conninfo());
+    served *s = serve_start(env, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "of role clerk &ldquo;billing&rdquo; (idle in transaction)") != NULL, "%.3000s", body);
+    CHECK_MSG(strstr(body, "ssn=") == NULL, "the monitor's dashboard shows another role's query");
+    free(body);
+    /* As a superuser: shown, unless payloads are hidden. */
+    s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "ssn=078-05-1120") != NULL, "%.3000s", body);
+    free(body);
+    s = serve_start(NULL, "--hide-payloads", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "of role clerk") != NULL && strstr(body, "ssn=") == NULL, "%.3000s", body);
+    free(body);
+    PQfinish(clerk);
+    PQfinish(pg);
 }
 
 /* A worker that says it is unhealthy (pgjobq_worker_set_unhealthy, as `pgjobq work --coproc` does
@@ -916,6 +961,75 @@ TEST_FULL(serve_workers_page_pages_and_lists_stopped_workers, 120, 0)
     PQfinish(pg);
 }
 
+/* The job page of a running job offers to end its lease (issue 36, point 5): the action, with the
+ * page's CSRF token, queues the job again and the old holder's complete is refused ('lost'). */
+TEST_FULL(serve_ends_a_running_jobs_lease, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128], path[64];
+
+    long long id = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'held')");
+    PGresult *r = t_exec(pg, "SELECT lease_token FROM pgjobq.claim('held', 1, '1 day', 'rogue')");
+    CHECK_INT(PQntuples(r), 1);
+    char lease[32];
+    snprintf(lease, sizeof lease, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    snprintf(path, sizeof path, "/jobs/%lld", id);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK(strstr(body, "data-op=\"retry_running\"") == NULL); /* read-only: no action */
+    free(body);
+    s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "data-op=\"retry_running\"") != NULL && strstr(body, "data-op=\"retry\"") == NULL, "%s",
+              body);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    snprintf(form, sizeof form, "op=retry_running&id=%lld&csrf=x&back=/", id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 403);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'running'", id), 1);
+    snprintf(form, sizeof form, "op=retry_running&id=%lld&csrf=%s&back=%%2Fjobs%%2F%lld", id, token, id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", id), 1);
+    r = t_exec(pg, "SELECT outcome FROM pgjobq.complete_many(ARRAY[%lld]::bigint[], ARRAY[%s]::bigint[], NULL)", id,
+               lease);
+    CHECK_STR(PQgetvalue(r, 0, 0), "lost");
+    PQclear(r);
+    /* Again: the job is no longer running. */
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 409);
+    CHECK_MSG(strstr(body, "not running") != NULL, "%s", body);
+    free(body);
+    PQfinish(pg);
+}
+
+/* An id past 2^63-1, in a job's address or an action's form, is no job's: it was clamped to
+ * 9223372036854775807, another job's id, which the page then showed and the action cancelled. */
+TEST_FULL(serve_refuses_ids_out_of_range, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128];
+
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (id, queue, kind) OVERRIDING SYSTEM VALUE"
+                       " VALUES (9223372036854775807, 'edge', 'far')"));
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/jobs/9223372036854775807", NULL, NULL, &body), 200);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs/12345678901234567890123456", NULL, NULL, &body), 404);
+    CHECK_MSG(strstr(body, "9223372036854775807") != NULL && strstr(body, "far") == NULL, "page: %.400s", body);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/jobs/9223372036854775808", NULL, NULL, &body), 404);
+    free(body);
+    snprintf(form, sizeof form, "op=cancel&id=12345678901234567890123456&csrf=%s&back=/", token);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 400);
+    CHECK_MSG(strstr(body, "A job id is needed") != NULL, "page: %.400s", body);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = 9223372036854775807 AND state = 'queued'"), 1);
+    PQfinish(pg);
+}
+
 /* monitor_jobs (the jobs page's list) filtered by state reads only where that state lives: a live
  * state never touches the history's partitions (it walked them all, newest first, when the state was
  * compared as text), a finished one finds its jobs there; a name that is no state lists nothing. */
@@ -1046,9 +1160,10 @@ TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
         snprintf(want, sizeof want, " %s ", rate);
         CHECK_MSG(strstr(out, want) != NULL, "queue ls does not print %s: %s", rate, out);
     }
-    /* A queue without a rate shows a dash. */
+    /* A queue without a rate shows a dash; its max lease, the default. */
     char *plain = row_of(body, "queue", "plain");
     CHECK_MSG(strstr(plain, "<td class=\"n rate\">-</td>") != NULL, "/queues: %s", plain);
+    CHECK_MSG(strstr(plain, "<td class=\"n max-lease\">1d</td>") != NULL, "/queues: %s", plain);
     free(plain);
     free(body);
     free(out);

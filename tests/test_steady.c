@@ -552,6 +552,231 @@ TEST(cursor_moves_on_while_a_transaction_that_never_wrote_jobs_stays_open)
     PQfinish(pg);
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* Levels reclaimed (issue 36, point 4)                                                              */
+
+/* The frontier sequences of pgjobq's schema. */
+static long long frontiers(PGconn *pg)
+{
+    return t_int(pg, "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                     " WHERE n.nspname = 'pgjobq' AND c.relkind = 'S' AND c.relname LIKE 'frontier\\_%%'");
+}
+
+static PGconn *reclaim_pg;
+
+/* One more call of the reclaim; true once no retired frontier is left. */
+static int frontiers_dropped(void *arg)
+{
+    (void)arg;
+    PQclear(t_exec(reclaim_pg, "SELECT pgjobq.levels_reclaim('0 s')"));
+    return t_int(reclaim_pg, "SELECT count(*) FROM pgjobq.levels_gone") == 0;
+}
+
+/* Claims and completes every job of queue q the way a worker does (cursor claims, and a claim from the
+ * marks); returns how many it completed. */
+static int drain(PGconn *pg, claimer *c, const char *q)
+{
+    int64_t ids[50], tokens[50];
+    int n, done = 0, round = 0;
+    while ((n = claim(pg, c, q, 50, round++ % 2, ids, tokens)) > 0 || round < 2) {
+        if (n > 0)
+            complete(pg, ids, tokens, n);
+        done += n;
+    }
+    return done;
+}
+
+/* The levels of a queue that has had no job for the idle time are reclaimed, with their low-water
+ * marks, and their frontier sequences are dropped once no claim can read them; a queue with a job
+ * queued, running or waiting keeps its levels; prune (the workers' maintenance) reclaims after an
+ * hour; and a queue used again gets new levels whose jobs are claimed. */
+TEST(levels_of_an_emptied_queue_are_reclaimed_with_their_frontiers)
+{
+    PGconn *pg = t_pg();
+    claimer c;
+
+    memset(&c, 0, sizeof c);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('gone', priority => p::smallint) FROM generate_series(0, 3) p"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('busy'), pgjobq.enqueue('held'), pgjobq.enqueue('parent')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('child', after => ARRAY[(SELECT id FROM pgjobq.jobs"
+                       " WHERE queue = 'parent')])"));
+    PQclear(t_exec(pg, "SELECT pgjobq.claim_batch('held', 1, '1 hour', 'w')"));
+    CHECK_INT(drain(pg, &c, "gone"), 4);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'gone'"), 4);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.lows WHERE queue = 'gone'") > 0, 1);
+    long long before = frontiers(pg);
+
+    /* Not idle for an hour yet: only noted. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('1 hour')"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'gone' AND idle_since IS NOT NULL"), 4);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE idle_since IS NOT NULL"), 4);
+    /* Idle long enough: the rows and marks go now, the frontiers two calls later. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('0 s')"), 4);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'gone'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.lows WHERE queue = 'gone'"), 0);
+    CHECK_INT(frontiers(pg), before);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone"), 4);
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('0 s')"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone WHERE safe_after IS NOT NULL"), 4);
+    CHECK_INT(frontiers(pg), before);
+    /* Dropped by a call once every transaction of the cluster older than that stamp has ended (the
+     * tests of other databases run meanwhile). */
+    reclaim_pg = pg;
+    CHECK_MSG(t_wait_until(frontiers_dropped, NULL, 20000), "the retired frontiers were not dropped");
+    CHECK_INT(frontiers(pg), before - 4);
+    /* A queue with a job queued, running or waiting keeps its levels. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue IN ('busy', 'held', 'parent', 'child')"), 4);
+
+    /* Used again: a new level, and its job claimed from the cursor the claimer kept. */
+    long long id = t_int(pg, "SELECT id FROM pgjobq.enqueue('gone', priority => 2::smallint)");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'gone'"), 1);
+    int64_t ids[10], tokens[10];
+    CHECK_INT(claim(pg, &c, "gone", 10, 0, ids, tokens), 1);
+    CHECK_INT(ids[0], id);
+    complete(pg, ids, tokens, 1);
+
+    /* The workers' maintenance: prune reclaims the levels of queues idle for an hour. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('1 hour')"), 0);
+    PQclear(t_exec(pg, "UPDATE pgjobq.levels SET idle_since = now() - interval '61 minutes' WHERE queue = 'gone'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.prune()"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'gone'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels_gone"), 1);
+    PQfinish(pg);
+}
+
+/* An enqueue that inserts a job at a level it saw recorded, while the reclaim deletes that level (it
+ * cannot see the uncommitted job): the job is not lost, and the next claim from the marks (a worker's
+ * claim once a second) records its level again and takes it.  Likewise a new level recorded by an
+ * open transaction while the reclaim runs. */
+TEST(an_enqueue_racing_the_level_reclaim_loses_no_job)
+{
+    PGconn *pg = t_pg(), *e = t_pg();
+    claimer c;
+    int64_t ids[10], tokens[10];
+
+    memset(&c, 0, sizeof c);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('race')"));
+    CHECK_INT(drain(pg, &c, "race"), 1);
+    PQclear(t_exec(e, "BEGIN"));
+    long long id = t_int(e, "SELECT id FROM pgjobq.enqueue('race', payload => '{\"n\": 1}')");
+    long long id5 = t_int(e, "SELECT id FROM pgjobq.enqueue('race', priority => 5::smallint)");
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('0 s')"), 1); /* priority 0's: it saw no job */
+    PQclear(t_exec(e, "COMMIT"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'race' AND priority = 0"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'race' AND priority = 5"), 1);
+    /* The worker's claims: from its cursor, the recorded level; from the marks, the other too. */
+    CHECK_INT(claim(pg, &c, "race", 10, 0, ids, tokens), 1);
+    CHECK_INT(ids[0], id5);
+    complete(pg, ids, tokens, 1);
+    CHECK_INT(claim(pg, &c, "race", 10, 1, ids, tokens), 1);
+    CHECK_INT(ids[0], id);
+    complete(pg, ids, tokens, 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'race' AND priority = 0"), 1);
+    /* Through the SQL API's claim too (it claims from the marks). */
+    PQclear(t_exec(e, "BEGIN"));
+    id = t_int(e, "SELECT id FROM pgjobq.enqueue('race')");
+    CHECK_INT(t_int(pg, "SELECT pgjobq.levels_reclaim('0 s')"), 2);
+    PQclear(t_exec(e, "COMMIT"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels WHERE queue = 'race'"), 0);
+    CHECK_INT(t_int(pg, "SELECT id FROM pgjobq.claim_batch('race', 10, '1 min', 'w')"), id);
+    PQfinish(e);
+    PQfinish(pg);
+}
+
+typedef struct race {
+    int jobs;
+    volatile int produced, stop;
+    long long retired;
+} race;
+
+static void *race_producer(void *arg)
+{
+    race *r = arg;
+    PGconn *pg = t_pg();
+    for (int i = 0; i < r->jobs; i++) {
+        /* Each job's transaction goes on a little after its insert (work of the producer's own), so
+         * that the reclaim often runs between the two. */
+        PQclear(t_exec(pg, "BEGIN"));
+        PQclear(
+            t_exec(pg, "SELECT pgjobq.enqueue('churn', priority => %d::smallint, payload => '{\"n\": %d}')", i % 3, i));
+        PQclear(t_exec(pg, "SELECT count(*) FROM generate_series(1, 20000)"));
+        PQclear(t_exec(pg, "COMMIT"));
+        __atomic_store_n(&r->produced, i + 1, __ATOMIC_RELEASE);
+    }
+    PQfinish(pg);
+    return NULL;
+}
+
+static void *race_reclaimer(void *arg)
+{
+    race *r = arg;
+    PGconn *pg = t_pg();
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE))
+        r->retired += t_int(pg, "SELECT pgjobq.levels_reclaim('0 s')");
+    PQfinish(pg);
+    return NULL;
+}
+
+/* Enqueues, claims and the reclaim at once, as a queue that keeps draining would see them: every job
+ * runs exactly once, none is left, and the reclaim did retire levels meanwhile. */
+TEST_FULL(levels_reclaimed_under_enqueues_and_claims_lose_no_job, 120, 0)
+{
+    PGconn *pg = t_pg();
+    claimer c;
+    race r = {.jobs = 600};
+    pthread_t producer, reclaimer;
+    int64_t ids[50], tokens[50];
+    int done = 0, round = 0;
+
+    memset(&c, 0, sizeof c);
+    CHECK(pthread_create(&reclaimer, NULL, race_reclaimer, &r) == 0);
+    CHECK(pthread_create(&producer, NULL, race_producer, &r) == 0);
+    int64_t deadline = t_now_ms() + 90000;
+    while (done < r.jobs && t_now_ms() < deadline) {
+        /* A claim from the marks every fourth (a worker: once a second), else from the cursor. */
+        int n = claim(pg, &c, "churn", 50, round++ % 4 == 0, ids, tokens);
+        if (n > 0)
+            complete(pg, ids, tokens, n);
+        done += n;
+    }
+    __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(producer, NULL);
+    pthread_join(reclaimer, NULL);
+    CHECK_MSG(done == r.jobs, "%d of %d jobs claimed in 90 s", done, r.jobs);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'churn' AND state = 'completed'"
+                        " AND attempt = 1"),
+              r.jobs);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT payload->>'n') FROM pgjobq.history WHERE queue = 'churn'"), r.jobs);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'churn'"), 0);
+    CHECK_MSG(r.retired > 0, "the reclaim retired no level while the queue drained");
+    fprintf(stderr, "levels retired while %d jobs went through: %lld\n", r.jobs, r.retired);
+    PQfinish(pg);
+}
+
+/* At most levels_max() levels: a new one past it is refused with its reason (and the enqueue with
+ * it), while a claim that finds jobs at an unrecorded level still takes them.  The cap is lowered to
+ * 3 here (levels_max() is a constant function) rather than 10,000 levels made. */
+TEST(levels_past_the_cap_are_refused_and_claims_still_find_their_jobs)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "CREATE OR REPLACE FUNCTION pgjobq.levels_max() RETURNS integer LANGUAGE sql IMMUTABLE"
+                       " AS 'SELECT 3'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('a'), pgjobq.enqueue('b'), pgjobq.enqueue('c')"));
+    PGresult *r = PQexec(pg, "SELECT pgjobq.enqueue('d')");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "54000");
+    CHECK_MSG(strstr(PQresultErrorMessage(r), "3 priority levels") != NULL, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'd'"), 0);
+    /* A job at a known level is still enqueued. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('a')"));
+    /* A row written by hand at an unrecorded level: the claim takes it, records nothing, fails nothing. */
+    PQclear(t_exec(pg, "INSERT INTO pgjobq.jobs (queue) VALUES ('e')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('e', 10, '1 min', 'w')"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.levels"), 3);
+    PQfinish(pg);
+}
+
 /* pgjobq.health(), pgjobq_health_get and `pgjobq health`: the table's size and dead rows, and a
  * session that holds a snapshot named as what holds vacuum back, with its pid, application and
  * query; nothing once it ends. */
@@ -583,6 +808,7 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     CHECK_INT(h.holder_pid, PQbackendPID(pin));
     CHECK_STR(h.holder_application, "nightly report");
     CHECK_STR(h.holder_state, "idle in transaction");
+    CHECK_STR(h.holder_role, PQuser(pin));
     CHECK(strstr(h.holder_query, "pgjobq.queues") != NULL);
     CHECK(h.horizon_age_ms >= 200 && h.horizon_age_ms < 600000 && h.holder_since != PGJOBQ_TIME_NONE);
     CHECK(h.horizon_xids >= 2);
@@ -592,14 +818,16 @@ TEST(health_names_the_session_that_holds_vacuum_back)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
     snprintf(want, sizeof want, "\"holder\":{\"kind\":\"session\",");
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    snprintf(want, sizeof want, "\"pid\":%d,\"application\":\"nightly report\",\"state\":\"idle in transaction\"",
-             PQbackendPID(pin));
+    snprintf(want, sizeof want,
+             "\"pid\":%d,\"role\":\"%s\",\"application\":\"nightly report\",\"state\":\"idle in transaction\"",
+             PQbackendPID(pin), PQuser(pin));
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
-    snprintf(want, sizeof want, "oldest holder  session pid %d \"nightly report\" (idle in transaction), for ",
-             PQbackendPID(pin));
+    snprintf(want, sizeof want,
+             "oldest holder  session pid %d of role %s \"nightly report\" (idle in transaction), for ",
+             PQbackendPID(pin), PQuser(pin));
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     free(out);
     free(err);

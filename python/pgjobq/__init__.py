@@ -55,6 +55,7 @@ from ._jobs import (
     result,
     resume,
     retry,
+    retry_running,
     retry_where,
     set_limits,
 )
@@ -67,7 +68,7 @@ __all__ = [
     "JobSpec", "Enqueued", "Batch",
     "enqueue", "enqueue_many", "enqueue_graph", "enqueue_batch",
     "enqueue_async", "enqueue_many_async", "enqueue_graph_async", "enqueue_batch_async",
-    "JobInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_where", "cancel_where",
+    "JobInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
     "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
     "TransactionConflict", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",

@@ -23,6 +23,7 @@ __all__ = [
     "result",
     "cancel",
     "retry",
+    "retry_running",
     "retry_where",
     "cancel_where",
     "pause",
@@ -160,6 +161,13 @@ def retry(conn: Any, job_id: int) -> str:
     return str(_sql.run(conn, "SELECT pgjobq.retry(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
 
 
+def retry_running(conn: Any, job_id: int) -> str:
+    """``pgjobq.retry_running``: ends a running job's lease now and queues it to run again ('queued';
+    the attempt it was running counts, and its worker's writes are refused from now on), or ends it
+    cancelled when a cancel was requested ('cancelled'); 'not_running' or 'not_found' otherwise."""
+    return str(_sql.run(conn, "SELECT pgjobq.retry_running(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
+
+
 def _interval(since: Optional[Duration]) -> Optional[str]:
     return None if since is None else f"{seconds(since, 'since')} seconds"
 
@@ -212,17 +220,21 @@ UNSET: Any = _Unset()
 
 
 def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
-               rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET) -> None:
+               rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
+               max_lease: Optional[Duration] = UNSET) -> None:
     """``pgjobq.queue_set``: changes the limits given and leaves the others; None removes one.
     ``concurrency``: jobs of the queue running at once, on all workers; ``key_concurrency``: per
     concurrency key; ``rate_limit`` jobs started per ``rate_period`` (seconds, timedelta, "1m";
-    the two go together)."""
+    the two go together); ``max_lease``: the longest lease a worker may take on a job of the queue
+    (1 s to 365 days; None: the default, a day)."""
     settings: Dict[str, Any] = {}
     for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit)):
         if v is not UNSET:
             settings[name] = v
     if rate_period is not UNSET:
         settings["rate_period"] = None if rate_period is None else f"{seconds(rate_period, 'rate_period')} seconds"
+    if max_lease is not UNSET:
+        settings["max_lease"] = None if max_lease is None else f"{seconds(max_lease, 'max_lease')} seconds"
     _sql.run(conn, "SELECT pgjobq.queue_set(CAST(:queue AS text), CAST(:settings AS jsonb))",
              {"queue": queue, "settings": dumps(settings, "set_limits")})
 
@@ -242,6 +254,7 @@ class QueueInfo:
     scheduled: int
     running: int
     expired: int
+    max_lease: _dt.timedelta  # the longest lease a claim may take: the queue's, or the default (a day)
 
     @property
     def paused(self) -> bool:
@@ -253,7 +266,7 @@ def queues(conn: Any) -> List[QueueInfo]:
     rows = _sql.run(
         conn,
         "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
-        "q.rate_period, q.queued, q.scheduled, q.running, q.expired FROM pgjobq.queue_list() AS q",
+        "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease FROM pgjobq.queue_list() AS q",
         {},
     )
     return [QueueInfo(*r) for r in rows]

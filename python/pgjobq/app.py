@@ -489,6 +489,9 @@ class App:
     def retry(self, job_id: int, *, conn: Any = None) -> str:
         return _jobs.retry(self._target(conn), job_id)
 
+    def retry_running(self, job_id: int, *, conn: Any = None) -> str:
+        return _jobs.retry_running(self._target(conn), job_id)
+
     def retry_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
                     dry_run: bool = False, conn: Any = None) -> Dict[str, int]:
         return _jobs.retry_where(self._target(conn), queue, state, kind=kind, since=since, dry_run=dry_run)
@@ -504,9 +507,10 @@ class App:
         return _jobs.resume(self._target(conn), queue)
 
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
-                   rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET, conn: Any = None) -> None:
+                   rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
+                   max_lease: Optional[Duration] = UNSET, conn: Any = None) -> None:
         _jobs.set_limits(self._target(conn), queue, concurrency=concurrency, key_concurrency=key_concurrency,
-                         rate_limit=rate_limit, rate_period=rate_period)
+                         rate_limit=rate_limit, rate_period=rate_period, max_lease=max_lease)
 
     def queues(self, *, conn: Any = None) -> List[QueueInfo]:
         return _jobs.queues(self._target(conn))

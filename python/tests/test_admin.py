@@ -102,6 +102,37 @@ def test_queue_pause_resume_limits(queue):
     assert app.cancel_where(queue, "queued", kind="k") == 1
 
 
+def test_max_lease_and_retry_running(queue):
+    """A queue's longest lease (a day unless set) bounds what a claim may ask for; an operator ends a
+    running job's lease now: it runs again, and its old holder's writes are refused."""
+    app = pgjobq.App(URL, queue=queue)
+    job = app.enqueue("k", {}, max_attempts=1)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.max_lease.total_seconds() == 86400
+    app.set_limits(queue, max_lease="10m")
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.max_lease.total_seconds() == 600
+    with psycopg.connect(URL, autocommit=True) as c, pytest.raises(psycopg.errors.InvalidParameterValue,
+                                                                   match="max_lease"):
+        c.execute("SELECT * FROM pgjobq.claim(%s, 1, '1 hour', 'rogue')", (queue,))
+    with pytest.raises(pgjobq.InvalidArgument, match="max_lease"):
+        app.set_limits(queue, max_lease="400d")
+    app.set_limits(queue, max_lease=None)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.max_lease.total_seconds() == 86400
+
+    jid, token = claim(queue)
+    assert jid == job.id
+    assert app.retry_running(job.id) == "queued"
+    info = app.get(job.id)
+    assert (info.state, info.attempt, info.max_attempts) == ("queued", 1, 2)
+    with psycopg.connect(URL, autocommit=True) as c:
+        outcome = c.execute("SELECT outcome FROM pgjobq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[],"
+                            " ARRAY['{}']::jsonb[])", (jid, token)).fetchone()[0]
+    assert outcome == "lost"
+    assert app.retry_running(job.id) == "not_running"
+    assert app.retry_running(10 ** 15) == "not_found"
+
 def test_periodic_tasks_sync_to_schedules(queue):
     name = "app" + queue
     app = pgjobq.App(URL, name=name)

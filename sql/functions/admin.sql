@@ -66,6 +66,7 @@ AS $$
 DECLARE
     v_state pgjobq.job_state;
     v_queue text;
+    v_priority smallint;
 BEGIN
     SELECT j.state, j.queue INTO v_state, v_queue FROM pgjobq.jobs j WHERE j.id = retry.id FOR UPDATE;
     IF FOUND THEN
@@ -89,7 +90,7 @@ BEGIN
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING queue INTO v_queue;
+        RETURNING queue, priority INTO v_queue, v_priority;
         IF NOT FOUND THEN
             -- Another retry may have just moved it: look again (a new statement sees its commit).
             IF EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = retry.id) THEN
@@ -97,8 +98,58 @@ BEGIN
             END IF;
             RETURN 'not_found';
         END IF;
+        -- Its level, which may have been reclaimed since it finished (levels_reclaim).
+        PERFORM pgjobq.levels_record(ARRAY[v_queue], ARRAY[v_priority]);
     END IF;
     PERFORM pgjobq.notify(ARRAY[v_queue]);
+    RETURN 'queued';
+END
+$$;
+
+-- retry_running: ends a running job's lease now, for an operator: the job is queued to run again now,
+-- as if its lease had just expired and the rescue had found it, and the holder's writes are refused
+-- from this moment (its complete, fail, heartbeat or hand-back find no lease under its token: 'lost').
+-- Its holder is notified as for a cancel (cancel_notify): it renews its leases at once, learns the job
+-- is lost and asks its handler to stop, rather than at its next heartbeat.
+-- The attempt it was running counts, as a lease that expires counts (River's rescuer and Oban's
+-- Lifeline count it too); like retry, max_attempts is raised when needed so that one more attempt is
+-- allowed, so the job always runs again.  A job whose cancellation was requested ends cancelled
+-- instead.  What a worker that holds a job for ever (a lease up to its queue's max_lease, a heartbeat
+-- that keeps renewing it) leaves an operator, where cancel only requests and retry refuses a running
+-- job.  Returns 'queued', 'cancelled', 'not_running' (queued, waiting, or finished) or 'not_found'.
+CREATE OR REPLACE FUNCTION pgjobq.retry_running(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job record;
+BEGIN
+    SELECT j.state, j.queue::text AS queue, j.cancel_requested, j.worker_id, j.lease_until INTO v_job
+      FROM pgjobq.jobs j WHERE j.id = retry_running.id FOR UPDATE;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = retry_running.id) THEN
+            RETURN 'not_running';
+        END IF;
+        RETURN 'not_found';
+    END IF;
+    IF v_job.state <> 'running' THEN
+        RETURN 'not_running';
+    END IF;
+    IF v_job.cancel_requested THEN
+        PERFORM pgjobq.history_move_cancelled(ARRAY[retry_running.id],
+                                              format('lease ended by %s: a cancel had been requested', session_user));
+        RETURN 'cancelled';
+    END IF;
+    -- Queued again now (jobs_ready_stamp makes it claimable now); lease_until NULL fences the holder.
+    UPDATE pgjobq.jobs j
+       SET state = 'queued', run_at = now(), lease_until = NULL,
+           max_attempts = greatest(j.max_attempts, j.attempt + 1),
+           last_error = format('lease (until %s) ended at %s by %s: worker %s''s writes are refused', v_job.lease_until,
+                               now(), session_user, coalesce(v_job.worker_id, '?'))
+     WHERE j.id = retry_running.id;
+    PERFORM pgjobq.notify(ARRAY[v_job.queue]);
+    -- Its holder renews its leases at once, and learns the job is lost (its handler is told to stop).
+    PERFORM pgjobq.cancel_notify(ARRAY[v_job.worker_id]);
     RETURN 'queued';
 END
 $$;
@@ -159,6 +210,7 @@ DECLARE
     v_ids     bigint[];
     v_skipped bigint;
     v_moved   bigint;
+    v_priorities smallint[];
 BEGIN
     PERFORM pgjobq.filter_check('retry_where', queue, kind, since);
     IF state IS NULL OR state NOT IN ('queued', 'failed', 'cancelled', 'completed') THEN
@@ -222,9 +274,11 @@ BEGIN
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
           FROM gone g
-        RETURNING 1)
-    SELECT count(*) INTO v_moved FROM moved;
+        RETURNING pgjobq.jobs.priority)
+    SELECT count(*), array_agg(DISTINCT moved.priority) INTO v_moved, v_priorities FROM moved;
     IF v_moved > 0 THEN
+        -- Their levels, which may have been reclaimed since they finished (levels_reclaim).
+        PERFORM pgjobq.levels_record(array_fill(retry_where.queue, ARRAY[cardinality(v_priorities)]), v_priorities);
         PERFORM pgjobq.notify(ARRAY[queue]);
     END IF;
     RETURN QUERY SELECT v_moved, v_skipped;

@@ -212,6 +212,15 @@ BEGIN
     END IF;
 
     SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue;
+    -- No longer a lease than the queue allows (queue_set's max_lease; a day by default): a claim
+    -- cannot hold a job for ever.  Refused, not shortened: the caller's heartbeats are timed by the
+    -- lease it asked for, and a shorter one would expire under them.
+    IF lease > coalesce(s.max_lease, pgjobq.max_lease_default()) THEN
+        RAISE EXCEPTION 'pgjobq.claim: a lease of % is longer than queue % allows (max_lease %)', lease,
+            claim_next.queue, coalesce(s.max_lease, pgjobq.max_lease_default())
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Ask for a shorter lease (heartbeats renew it), or raise the queue''s max_lease: pgjobq queue set QUEUE --max-lease DURATION.';
+    END IF;
     IF FOUND THEN
         IF s.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
@@ -332,7 +341,8 @@ BEGIN
                                       OFFSET 0)
                     END;
             IF v_found IS NOT NULL THEN
-                PERFORM pgjobq.levels_add(array_fill(claim_next.queue, ARRAY[cardinality(v_found)]), v_found);
+                PERFORM pgjobq.levels_record(array_fill(claim_next.queue, ARRAY[cardinality(v_found)]), v_found,
+                                             false);
             END IF;
         END IF;
         FOR v_lv IN

@@ -278,10 +278,11 @@ BEGIN
         PERFORM pgjobq.notify(v_due);
     END IF;
     -- Record the batch's levels (queue, priority) unless every one is recorded already, as each is
-    -- after a queue's first jobs at a priority: the insert's statement looked (levels are never
-    -- removed, so one seen there is there for good, and levels_add would do nothing).
+    -- after a queue's first jobs at a priority: the insert's statement looked.  (A level seen there
+    -- may be reclaimed before this commits, if its queue had no job for an hour: levels_reclaim in
+    -- maintenance.sql.  Then the claims find the job's level by themselves within a second.)
     IF v_levels_known IS NOT TRUE THEN
-        PERFORM pgjobq.levels_add(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
+        PERFORM pgjobq.levels_record(coalesce(queues, array_fill('default'::text, ARRAY[n])), priorities);
     END IF;
 
     RETURN QUERY SELECT t.o::integer, t.job_id, false
@@ -375,30 +376,63 @@ BEGIN
 END
 $$;
 
--- levels_add(queues, priorities): records that these queues have jobs at these priorities (element by
--- element; a NULL priority is 0), so that claims visit those levels (pgjobq.levels; claim.sql).  A
--- level another transaction is recording at the same time is left to it (an advisory lock tried, not
--- waited for): an enqueue never waits on another one's transaction.  If that one rolls back, the
--- claims find the level by themselves within a second.
+-- levels_max(): how many levels (queue, priority) may be recorded at once.  Each has a sequence (its
+-- frontier) and is visited by every rescue and by the dashboard's counts: 10,000 levels took the
+-- rescue from 5.5 to 12 ms a second and monitor_queue_counts from 8 to 40 ms, and 100 MB.  The levels
+-- of a queue without jobs are reclaimed (levels_reclaim), so this bounds the queues and priorities
+-- with live jobs (or idle for less than an hour): a new level past it is refused (levels_record).
+CREATE OR REPLACE FUNCTION pgjobq.levels_max() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 10000 $$;
+
+-- levels_record(queues, priorities, strict): records that these queues have jobs at these priorities
+-- (element by element; a NULL priority is 0), so that claims visit those levels (pgjobq.levels;
+-- claim.sql).  For the functions that insert jobs (enqueue_many, enqueue_graph, retry, retry_where)
+-- and the claim that finds unrecorded ones; no role is granted it (levels_add is what a caller with
+-- COPY uses).  A level another transaction is recording at the same time is left to it (an advisory
+-- lock tried, not waited for): an enqueue never waits on another one's transaction.  If that one rolls
+-- back, the claims find the level by themselves within a second.  Past levels_max() levels a new one
+-- is refused (strict: an error, and the enqueue with it; not strict, the claim's: left unrecorded,
+-- which the claims then find again each second).
 -- (PL/pgSQL rather than SQL: its statement's plan is kept for the session, where an SQL function's
 -- body would be planned at every call, a large part of an enqueue.  Kept only with plan_cache_mode =
 -- force_generic_plan: left to choose, PL/pgSQL found the custom plan of the INSERT cheaper and
 -- planned it again at every call (pg_stat_statements with track_planning: bench/README.md, "Idle
 -- pickup, and statements PL/pgSQL planned at every call").)
 -- A level recorded gets its frontier, a sequence (pgjobq.levels, migration 10).
-CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
+CREATE OR REPLACE FUNCTION pgjobq.levels_record(queues text[], priorities smallint[], strict boolean DEFAULT true)
+RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_n integer;
+    v_n   integer;
+    v_new integer;
 BEGIN
+    SELECT count(*) INTO v_new
+      FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority
+              FROM unnest(levels_record.queues, levels_record.priorities) AS u(queue, priority)) l
+     WHERE NOT EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority);
+    IF v_new = 0 THEN
+        RETURN;
+    END IF;
+    IF (SELECT count(*) FROM pgjobq.levels) + v_new > pgjobq.levels_max() THEN
+        IF NOT strict THEN
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'pgjobq: % priority levels (queue, priority) have jobs, the most there may be; this one would add %',
+            (SELECT count(*) FROM pgjobq.levels), v_new
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Enqueue into queues and priorities that have jobs: a level is reclaimed an hour after its queue has none. '
+                         'Many queues of one job each (a queue per customer) are better one queue with a concurrency key.';
+    END IF;
     FOR v_n IN
         INSERT INTO pgjobq.levels (queue, priority)
         SELECT l.queue, l.priority
           FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority
-                  FROM unnest(levels_add.queues, levels_add.priorities) AS u(queue, priority)) l
+                  FROM unnest(levels_record.queues, levels_record.priorities) AS u(queue, priority)) l
          WHERE CASE WHEN EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority)
                     THEN false
                     ELSE pg_try_advisory_xact_lock(1885825650, hashtext(l.queue || ':' || l.priority)) END
@@ -408,6 +442,47 @@ BEGIN
         EXECUTE format('CREATE SEQUENCE pgjobq.%I', 'frontier_' || v_n);
         UPDATE pgjobq.levels l SET frontier = format('pgjobq.%I', 'frontier_' || v_n)::regclass WHERE l.n = v_n;
     END LOOP;
+END
+$$;
+
+-- levels_add(queues, priorities): levels_record for a caller that wrote jobs with COPY (the C
+-- library's batches, for a role with INSERT on pgjobq.jobs), which records the levels of its rows.
+-- It records only what a caller could have made by enqueueing: each queue name must be one
+-- (22023), and each (queue, priority) not yet recorded must have a queued job this caller can see
+-- (its own rows, uncommitted, included; 22023 otherwise).  So a producer cannot make levels, and
+-- their sequences, without jobs: it reaches them only through what it enqueues (it could call this
+-- with any names before: 10 calls of 1,000 names made 10,005 sequences that nothing removed).
+CREATE OR REPLACE FUNCTION pgjobq.levels_add(queues text[], priorities smallint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_bad record;
+BEGIN
+    IF cardinality(queues) IS DISTINCT FROM cardinality(priorities) AND priorities IS NOT NULL THEN
+        RAISE EXCEPTION 'pgjobq.levels_add: queues and priorities must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT l.queue, l.priority, l.named INTO v_bad
+      FROM (SELECT DISTINCT coalesce(u.queue, 'default') AS queue, coalesce(u.priority, 0::smallint) AS priority,
+                   length(coalesce(u.queue, 'default')) BETWEEN 1 AND 64
+                   AND coalesce(u.queue, 'default') ~ '^[A-Za-z][A-Za-z0-9_.:-]*$' AS named
+              FROM unnest(levels_add.queues, levels_add.priorities) AS u(queue, priority)) l
+     WHERE NOT l.named
+        OR NOT EXISTS (SELECT 1 FROM pgjobq.levels x WHERE x.queue = l.queue AND x.priority = l.priority)
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.state = 'queued' AND j.queue = l.queue
+                                                          AND j.priority = l.priority)
+     ORDER BY l.named LIMIT 1;
+    IF FOUND AND NOT v_bad.named THEN
+        RAISE EXCEPTION 'pgjobq.levels_add: "%" is not a queue name: a letter, then letters, digits, _ . : or -, 64 at most',
+            left(v_bad.queue, 80) USING ERRCODE = 'invalid_parameter_value';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION 'pgjobq.levels_add: queue % has no queued job at priority %', v_bad.queue, v_bad.priority
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A level is recorded for the jobs at it: enqueue records its own; levels_add, those written with COPY.';
+    END IF;
+    PERFORM pgjobq.levels_record(queues, priorities, true);
 END
 $$;
 

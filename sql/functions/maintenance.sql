@@ -139,7 +139,8 @@ $$;
 -- future hours: the default partition cannot hold their rows).  DDL waits at most 100 ms for its lock
 -- (completions need the same lock) and is otherwise left for the next call.  Returns how many jobs
 -- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
--- when it was never analyzed); call again while it returns max_jobs or more.
+-- when it was never analyzed); call again while it returns max_jobs or more.  Also reclaims the levels of
+-- queues that have had no job for an hour (levels_reclaim).
 CREATE OR REPLACE FUNCTION pgjobq.prune(
     completed_age interval DEFAULT NULL,
     failed_age    interval DEFAULT NULL,
@@ -243,7 +244,112 @@ BEGIN
     DELETE FROM pgjobq.lows l
      WHERE l.at < now() - interval '10 minutes'
        AND EXISTS (SELECT 1 FROM pgjobq.lows n WHERE n.queue = l.queue AND n.priority = l.priority AND n.at > l.at);
+    -- The levels of queues without jobs for an hour, and their frontiers.
+    PERFORM pgjobq.levels_reclaim(interval '1 hour');
     RETURN v_count;
+END
+$$;
+
+-- levels_reclaim(idle, max_levels): gives back the levels (pgjobq.levels: a row, its low-water marks
+-- in pgjobq.lows and its frontier sequence) of the queues that have had no job, queued, running or
+-- waiting, for `idle` (prune's: an hour, so that a queue that drains now and then keeps its levels and
+-- its enqueues create no sequence each time).  Returns how many levels it retired.  What it costs
+-- while a snapshot is held open: a queue's queued jobs are looked for from each level's low-water
+-- mark, behind which nothing queued is (claim.sql), so the scan steps over what was claimed since the
+-- mark last moved, as a claim does.  Its levels' idle_since says since when a call first saw the
+-- queue without jobs (cleared when one sees jobs again).
+--
+-- A level is taken in two steps, because a claim reads a level's row and then its frontier: a
+-- frontier dropped between the two would fail the claim.  The row (with its marks) is deleted, and
+-- the frontier's name kept in pgjobq.levels_gone; a later call stamps it with the next transaction id
+-- to come (safe_after: every transaction that got its id since sees the row gone, and a claim gets its
+-- id before it reads the levels), and a call after every transaction older than that has ended drops
+-- it.  (A claim in a REPEATABLE READ transaction whose snapshot is older than that may still read the
+-- row, and fail on the frontier; its transaction rolls back, and nothing is lost.)  DROP waits for
+-- its lock at most 100 ms, and is otherwise left for the next call.
+--
+-- An enqueue that races the reclaim can insert a job at a level it saw recorded, which the reclaim
+-- then deletes (it could not see the job): that job's level is recorded again by the first claim
+-- without a cursor, which every worker makes once a second and which looks for queued jobs at
+-- priorities no level records (claim.sql).  The job waits for that claim, no longer; it is never lost.
+CREATE OR REPLACE FUNCTION pgjobq.levels_reclaim(idle interval DEFAULT '1 hour', max_levels integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_snap    pg_snapshot := pg_current_snapshot();
+    v_seq     text;
+    v_waiting text[];
+    v_empty   text[];
+    v_n       integer := 0;
+BEGIN
+    IF idle IS NULL OR idle < interval '0' OR max_levels IS NULL OR max_levels < 1 THEN
+        RAISE EXCEPTION 'pgjobq.levels_reclaim: idle must not be negative and max_levels must be positive'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The frontiers no claim can read any more (at most 500 a call: each DROP holds its lock to the
+    -- end of the transaction, and the lock table is shared).
+    FOR v_seq IN SELECT g.frontier FROM pgjobq.levels_gone g
+                  WHERE g.safe_after <= pg_snapshot_xmin(v_snap)
+                  ORDER BY g.safe_after LIMIT least(levels_reclaim.max_levels, 500)
+    LOOP
+        BEGIN
+            EXECUTE format('DROP SEQUENCE IF EXISTS pgjobq.%I', v_seq);
+            DELETE FROM pgjobq.levels_gone g WHERE g.frontier = v_seq;
+        EXCEPTION WHEN lock_not_available THEN
+            EXIT; -- the next call tries again
+        END;
+    END LOOP;
+    BEGIN
+        -- Those retired by earlier calls: their deletion had committed when this statement's snapshot
+        -- was taken (it sees their rows), so every transaction given an id after it sees them gone.
+        UPDATE pgjobq.levels_gone g SET safe_after = pg_snapshot_xmax(pg_current_snapshot())
+         WHERE g.safe_after IS NULL;
+
+        v_waiting := ARRAY(SELECT DISTINCT j.queue::text FROM pgjobq.jobs j WHERE j.state = 'waiting');
+        -- In this order (CASE): waiting, queued from the marks, then running, newest lease first: a
+        -- busy queue's newest claims are the likeliest to be running still, where its oldest leases'
+        -- entries are of jobs long finished (dead rows, while a snapshot is held).
+        v_empty := ARRAY(
+            SELECT q.queue FROM (SELECT DISTINCT l.queue::text AS queue FROM pgjobq.levels l) q
+             WHERE CASE WHEN q.queue = ANY (v_waiting) THEN false
+                        WHEN EXISTS (
+                            SELECT 1 FROM pgjobq.levels l
+                              LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                                                  WHERE x.queue = l.queue AND x.priority = l.priority
+                                                  ORDER BY x.at DESC LIMIT 1) lo ON true
+                             WHERE l.queue = q.queue
+                               AND EXISTS (SELECT 1 FROM pgjobq.jobs j
+                                            WHERE j.state = 'queued' AND j.queue = l.queue
+                                              AND j.priority = l.priority
+                                              AND (greatest(j.run_at, j.ready_at), j.id)
+                                                  > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0)))) THEN false
+                        ELSE (SELECT j.lease_until FROM pgjobq.jobs j WHERE j.state = 'running' AND j.queue = q.queue
+                               ORDER BY j.lease_until DESC LIMIT 1) IS NULL
+                   END);
+        UPDATE pgjobq.levels l SET idle_since = now() WHERE l.queue = ANY (v_empty) AND l.idle_since IS NULL;
+        UPDATE pgjobq.levels l SET idle_since = NULL WHERE l.idle_since IS NOT NULL AND l.queue <> ALL (v_empty);
+
+        WITH gone AS (
+            DELETE FROM pgjobq.levels l
+             WHERE (l.queue, l.priority) IN (SELECT x.queue, x.priority FROM pgjobq.levels x
+                                              WHERE x.queue = ANY (v_empty)
+                                                AND x.idle_since <= now() - levels_reclaim.idle
+                                              ORDER BY x.idle_since LIMIT levels_reclaim.max_levels)
+            RETURNING l.queue, l.priority, l.frontier),
+        marks AS (
+            DELETE FROM pgjobq.lows x USING gone WHERE x.queue = gone.queue AND x.priority = gone.priority),
+        kept AS (
+            INSERT INTO pgjobq.levels_gone (frontier)
+            SELECT c.relname::text FROM gone JOIN pg_catalog.pg_class c ON c.oid = gone.frontier
+            ON CONFLICT DO NOTHING)
+        SELECT count(*) INTO v_n FROM gone;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0; -- a level's row is being written: the next call
+    END;
+    RETURN v_n;
 END
 $$;
 

@@ -104,48 +104,79 @@ $$;
 -- indexes, its live and dead rows and vacuums (the statistics' estimates), and the oldest thing that
 -- keeps vacuum from removing the dead rows of finished jobs, with its age: a transaction or snapshot
 -- of this database (a `pg_dump`, a report, a session idle in a transaction: holder_kind 'session',
--- with its pid, application, state, since when and what it ran), a replication slot ('slot': a
+-- with its pid, role, application, state, since when and what it ran), a replication slot ('slot': a
 -- standby or logical consumer that lags, named in holder_application), a standby that reports
--- through hot_standby_feedback ('standby') or a prepared transaction ('prepared').  While one is
--- held, every job that finishes leaves dead rows behind (claims step over none of them: docs/design.md,
--- "The claim's cursor"), and the table grows until it ends.  Seeing another role's session's
--- application, state and query takes pg_read_all_stats (for the schema's owner, which this runs as).
+-- through hot_standby_feedback ('standby') or a prepared transaction ('prepared', with its owner).
+-- While one is held, every job that finishes leaves dead rows behind (claims step over none of them:
+-- docs/design.md, "The claim's cursor"), and the table grows until it ends.
 -- autovacuum_paused_since: since when autovacuum of pgjobq.jobs is off because it could remove
 -- nothing while the holder holds (autovacuum_adapt(), sql/functions/maintenance.sql); NULL when not.
-CREATE OR REPLACE FUNCTION pgjobq.health()
+--
+-- Two parts.  health_facts() runs as the schema's owner, who sees every session's pid, role,
+-- application, state and age (with pg_read_all_stats, or as a superuser: what an unprivileged caller
+-- of pg_stat_activity sees is only the pid, role and application): the monitor and worker roles need
+-- those to say what holds vacuum back, and they say nothing of what the holder does.  Its query text
+-- is another matter: it may carry anything (`SELECT 'ssn=...'`), and pg_stat_activity shows it only to
+-- a superuser, a member of pg_read_all_stats or of the holder's role.  So health() runs with the
+-- caller's rights and reads the query from pg_stat_activity itself: PostgreSQL's own rule decides,
+-- for the role the caller is at that moment (SET ROLE included), with nothing of ours to get wrong
+-- (pg_has_role(session_user, ...) inside a SECURITY DEFINER function would judge the login role,
+-- not the current one, and would have to copy the rule).  Both read the same sessions: the activity
+-- of every backend is read once per transaction.  A caller that may not see the query gets NULL.
+CREATE OR REPLACE FUNCTION pgjobq.health_facts()
 RETURNS TABLE (jobs_bytes bigint, jobs_live bigint, jobs_dead bigint, vacuums bigint, last_vacuum timestamptz,
                horizon_age_s double precision, horizon_xids integer, holder_kind text, holder_pid integer,
-               holder_application text, holder_state text, holder_since timestamptz, holder_query text,
+               holder_role text, holder_application text, holder_state text, holder_since timestamptz,
                autovacuum_paused_since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH h AS (
-        SELECT 'session'::text AS kind, a.pid, a.application_name::text AS app, a.state::text AS state,
-               coalesce(a.xact_start, a.query_start, a.backend_start) AS since, left(a.query, 200) AS query,
+        SELECT 'session'::text AS kind, a.pid, a.usename::text AS role, a.application_name::text AS app,
+               a.state::text AS state, coalesce(a.xact_start, a.query_start, a.backend_start) AS since,
                age(coalesce(a.backend_xid, a.backend_xmin)) AS xids
           FROM pg_stat_activity a
          WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
            AND coalesce(a.backend_xid, a.backend_xmin) IS NOT NULL AND a.pid <> pg_backend_pid()
         UNION ALL
-        SELECT 'standby', a.pid, a.application_name::text, a.state::text, a.backend_start, NULL, age(a.backend_xmin)
+        SELECT 'standby', a.pid, a.usename::text, a.application_name::text, a.state::text, a.backend_start,
+               age(a.backend_xmin)
           FROM pg_stat_activity a
          WHERE a.backend_type = 'walsender' AND a.backend_xmin IS NOT NULL
         UNION ALL
-        SELECT 'slot', NULL::integer, s.slot_name::text, CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL,
-               NULL, age(s.xmin)
+        SELECT 'slot', NULL::integer, NULL::text, s.slot_name::text,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL, age(s.xmin)
           FROM pg_replication_slots s WHERE s.xmin IS NOT NULL
         UNION ALL
-        SELECT 'prepared', NULL::integer, p.gid, 'prepared', p.prepared, NULL, age(p.transaction)
+        SELECT 'prepared', NULL::integer, p.owner::text, p.gid, 'prepared', p.prepared, age(p.transaction)
           FROM pg_prepared_xacts p WHERE p.database = current_database()),
     oldest AS (SELECT * FROM h ORDER BY h.xids DESC NULLS LAST, h.since NULLS LAST LIMIT 1)
     SELECT pg_total_relation_size('pgjobq.jobs'), s.n_live_tup, s.n_dead_tup, s.vacuum_count + s.autovacuum_count,
            greatest(s.last_vacuum, s.last_autovacuum),
-           extract(epoch FROM now() - o.since)::double precision, o.xids, o.kind, o.pid, o.app, o.state, o.since,
-           o.query, (SELECT v.paused_since FROM pgjobq.vacuum_watch v)
+           extract(epoch FROM now() - o.since)::double precision, o.xids, o.kind, o.pid, o.role, o.app, o.state,
+           o.since, (SELECT v.paused_since FROM pgjobq.vacuum_watch v)
       FROM pg_stat_user_tables s
       LEFT JOIN oldest o ON true
      WHERE s.relid = 'pgjobq.jobs'::regclass
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.health()
+RETURNS TABLE (jobs_bytes bigint, jobs_live bigint, jobs_dead bigint, vacuums bigint, last_vacuum timestamptz,
+               horizon_age_s double precision, horizon_xids integer, holder_kind text, holder_pid integer,
+               holder_role text, holder_application text, holder_state text, holder_since timestamptz,
+               holder_query text, autovacuum_paused_since timestamptz)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT f.jobs_bytes, f.jobs_live, f.jobs_dead, f.vacuums, f.last_vacuum, f.horizon_age_s, f.horizon_xids,
+           f.holder_kind, f.holder_pid, f.holder_role, f.holder_application, f.holder_state, f.holder_since,
+           CASE WHEN f.holder_kind = 'session' THEN
+               -- What pg_stat_activity shows this caller of that session: the text, or this marker.
+               (SELECT left(a.query, 200) FROM pg_stat_activity a
+                 WHERE a.pid = f.holder_pid AND a.query IS DISTINCT FROM '<insufficient privilege>')
+           END,
+           f.autovacuum_paused_since
+      FROM pgjobq.health_facts() f
 $$;
 
 -- ------------------------------------------------------------------------------------------------
@@ -312,7 +343,7 @@ DECLARE
     -- Where the jobs come from: all of them, or for queued ones the rows past each level's low-water
     -- mark (the lateral scan is not flattened: the mark must bound the index scan).
     v_from text := CASE WHEN of_state = 'queued' THEN
-        $f$(SELECT j.id, l.queue, j.kind::text AS kind, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+        $f$(SELECT j.id, l.queue::text AS queue, j.kind::text AS kind, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
                    j.finished_at, j.worker_id::text AS worker_id, j.last_error
               FROM pgjobq.levels l
               LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x

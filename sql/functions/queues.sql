@@ -41,11 +41,22 @@ BEGIN
 END
 $$;
 
+-- max_lease_default(): the longest lease a claim or a heartbeat may take in a queue whose max_lease
+-- is not set (queue_set).  A lease is renewed by heartbeats while its job runs, so a long one buys
+-- nothing but the time a job stays held after its worker is gone; a day is longer than any lease a
+-- worker needs (the worker's default is a minute) and short enough that a claim cannot hold a job for
+-- ever (claim('q', 1, '1000 years', ...) held one until 3026, and a queue with concurrency 1 with it).
+CREATE OR REPLACE FUNCTION pgjobq.max_lease_default() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT interval '1 day' $$;
+
 -- queue_set(queue, settings): changes the settings named in a JSON object and leaves the others;
 -- null removes a limit.  Keys: "concurrency" (1..1000000), "key_concurrency" (1..1000000: jobs of one
 -- concurrency key running at once), "rate_limit" (1..10000) with
--- "rate_period" (an interval, 1 ms to 1 day; the two go together).  Workers are woken, as a limit may
--- have been raised.
+-- "rate_period" (an interval, 1 ms to 1 day; the two go together), "max_lease" (an interval, 1 second
+-- to 365 days: the longest lease a claim may ask for, and a heartbeat renew, in this queue; null: the
+-- default, max_lease_default()).  Workers are woken, as a limit may have been raised.
 CREATE OR REPLACE FUNCTION pgjobq.queue_set(queue text, settings jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -58,12 +69,16 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
-        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period') THEN
+        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'The settings are concurrency, key_concurrency, rate_limit and rate_period.';
+                      HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period and max_lease.';
         END IF;
     END LOOP;
+    IF (settings ->> 'max_lease')::interval NOT BETWEEN interval '1 second' AND interval '365 days' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: max_lease is %: it must be between 1 second and 365 days',
+            (settings ->> 'max_lease')::interval USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
         RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
             USING ERRCODE = 'invalid_parameter_value';
@@ -78,6 +93,8 @@ BEGIN
                              ELSE qs.rate_limit END,
            rate_period = CASE WHEN settings ? 'rate_period' THEN (settings ->> 'rate_period')::interval
                               ELSE qs.rate_period END,
+           max_lease = CASE WHEN settings ? 'max_lease' THEN (settings ->> 'max_lease')::interval
+                            ELSE qs.max_lease END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -86,10 +103,11 @@ $$;
 
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
+-- max_lease is the one that applies: the queue's, or the default.
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
-               expired bigint)
+               expired bigint, max_lease interval)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -103,7 +121,7 @@ AS $$
     SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.key_concurrency,
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
-           coalesce(c.expired, 0)
+           coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default())
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
      ORDER BY 1
 $$;

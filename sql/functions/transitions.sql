@@ -257,6 +257,10 @@ $$;
 -- complete_many); the update touches no indexed column, so it can be HOT.  A job whose cancellation
 -- was requested ends cancelled here, so its holder learns to stop.  Returns one row per input:
 -- outcome 'extended', 'cancelled' or 'lost', and the new lease_until.
+-- A lease longer than its queue allows (max_lease, queues.sql) is cut to it, not refused as the claim
+-- refuses it: the job is running already, and a refusal would lose its lease (and those of its
+-- batch-mates) where a shorter one keeps it; the claim with that lease was refused anyway, unless the
+-- queue's max_lease was lowered since.  The queues with a max_lease are read once per call.
 CREATE OR REPLACE FUNCTION pgjobq.extend_many(ids bigint[], tokens bigint[], lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, outcome text, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -270,6 +274,8 @@ DECLARE
     v_held   bigint[];
     v_until  timestamptz[];
     v_cancel bigint[];
+    v_names  text[];
+    v_caps   interval[];
 BEGIN
     IF cardinality(ids) IS DISTINCT FROM cardinality(tokens) THEN
         RAISE EXCEPTION 'pgjobq.extend_many: ids and tokens must have the same length'
@@ -279,12 +285,20 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.extend_many: lease must be positive, not %', lease
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The queues whose max_lease is set (no lease of a second or less is ever cut: no setting is shorter).
+    IF lease > interval '1 second' THEN
+        SELECT array_agg(q.name::text), array_agg(q.max_lease) INTO v_names, v_caps
+          FROM pgjobq.queues q WHERE q.max_lease IS NOT NULL;
+    END IF;
     -- One UPDATE renews every held lease (and locks the rows, so the decision below is stable); a job
     -- whose cancellation was requested keeps its lease and is then moved to history as cancelled.
     WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token)),
     held AS (
         UPDATE pgjobq.jobs j
-           SET lease_until = CASE WHEN j.cancel_requested THEN j.lease_until ELSE now() + extend_many.lease END
+           SET lease_until = CASE WHEN j.cancel_requested THEN j.lease_until
+                                  ELSE now() + least(extend_many.lease,
+                                                     coalesce(v_caps[array_position(v_names, j.queue::text)],
+                                                              pgjobq.max_lease_default())) END
           FROM u
          WHERE j.id = ANY (extend_many.ids) AND j.id = u.id AND j.lease_token = u.token AND j.lease_until > u.at
         RETURNING j.id, j.lease_until, j.cancel_requested)

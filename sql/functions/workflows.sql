@@ -486,8 +486,8 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.enqueue_graph: a job breaks a rule of pgjobq.jobs: %', SQLERRM
             USING ERRCODE = 'check_violation';
     END;
-    PERFORM pgjobq.levels_add(array_agg(coalesce(e.j ->> 'queue', 'default')),
-                              array_agg(coalesce((e.j ->> 'priority')::numeric::smallint, 0::smallint)))
+    PERFORM pgjobq.levels_record(array_agg(coalesce(e.j ->> 'queue', 'default')),
+                                 array_agg(coalesce((e.j ->> 'priority')::numeric::smallint, 0::smallint)))
        FROM jsonb_array_elements(v_jobs) AS e(j);
     -- The edges, and has_children on the parents of other transactions, in a subtransaction of their
     -- own: such a parent's xmin is then the xmin of its new edges, which enqueued_here() reads as
