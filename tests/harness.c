@@ -290,9 +290,22 @@ int t_cli(char **out, char **err, const char *stdin_data, size_t stdin_len, ...)
 
 int harness_run_as_owner(const char *const argv[], const char *log_path)
 {
-    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID");
-    const char *gid = getenv("PGJOBQ_TEST_OWNER_GID");
-    return pgserver_run(argv, log_path, uid ? (uid_t)atoi(uid) : geteuid(), gid ? (gid_t)atoi(gid) : getegid());
+    const char *uid_s = getenv("PGJOBQ_TEST_OWNER_UID");
+    const char *gid_s = getenv("PGJOBQ_TEST_OWNER_GID");
+    uid_t uid = uid_s ? (uid_t)atoi(uid_s) : geteuid();
+    gid_t gid = gid_s ? (gid_t)atoi(gid_s) : getegid();
+
+    /* pgserver_run opens the log as the owner, who may not create files where the test keeps its
+     * logs (its directory is root's as root): the log is made here, and given to the owner. */
+    if (log_path && geteuid() == 0 && uid != 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0644);
+        if (fd >= 0) {
+            if (fchown(fd, uid, gid) != 0)
+                fprintf(stderr, "harness: cannot give %s to uid %d: %s\n", log_path, (int)uid, strerror(errno));
+            close(fd);
+        }
+    }
+    return pgserver_run(argv, log_path, uid, gid);
 }
 
 int t_pg_ctl(const char *arg, ...)
