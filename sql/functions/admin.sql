@@ -83,11 +83,11 @@ BEGIN
         WITH gone AS (DELETE FROM pgjobq.history h WHERE h.id = retry.id RETURNING h.*)
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key)
+                                 tags, progress, concurrency_key, route_key)
         OVERRIDING SYSTEM VALUE
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
-               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key
           FROM gone g
         RETURNING queue INTO v_queue;
         IF NOT FOUND THEN
@@ -216,11 +216,11 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key)
+                                 tags, progress, concurrency_key, route_key)
         OVERRIDING SYSTEM VALUE
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
-               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key
           FROM gone g
         RETURNING 1)
     SELECT count(*) INTO v_moved FROM moved;
