@@ -91,7 +91,7 @@ static const char *function_at(const char *text, const char *p)
  * (a finished job) names every column of the history but lease_until (a finished job holds no lease),
  * and every `INSERT INTO pgjobq.jobs (...)` of retry and retry_where (a finished job run again) every
  * column of the history but those a live job has not (finished_at, lease_until) or starts afresh
- * (cancel_requested).  load_history, which makes rows for the benchmarks, writes the history's
+ * (cancel_requested, with when it was requested and told).  load_history, which makes rows for the benchmarks, writes the history's
  * columns that cannot be NULL; the enqueue functions write the fields a new job is given.  Returns how
  * many moves there are. */
 static int check_moves(PGconn *pg, const char *history)
@@ -127,7 +127,8 @@ static int check_moves(PGconn *pg, const char *history)
                     same_names(pg, what, list, history, "lease_until", "");
                     n++;
                 } else if (strncmp(fn, "retry(", 6) == 0 || strncmp(fn, "retry_where(", 12) == 0) {
-                    same_names(pg, what, list, history, "finished_at,lease_until,cancel_requested", "");
+                    same_names(pg, what, list, history,
+                               "finished_at,lease_until,cancel_requested,cancel_requested_at,cancel_told_at", "");
                     n++;
                 }
                 free(list);
@@ -184,11 +185,12 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
      * when this was written. */
     CHECK_INT(check_moves(pg, history), 8);
 
-    /* The C library's reads of jobs: every column of pgjobq.all_jobs but concurrency_key and route_key
-     * (pgjobq_job has no field for them: the routing key is the cluster client's, docs/shards.md), and
-     * the parents a claim adds. */
+    /* The C library's reads of jobs: every column of pgjobq.all_jobs but concurrency_key, cancel_told_at
+     * and route_key (pgjobq_job has no field for them, and no reserved one left: include/pgjobq.h; the
+     * routing key is the cluster client's, docs/shards.md), and the parents a claim adds. */
     char *c_jobs = result_names(pg, "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs LIMIT 0");
-    same_names(pg, "PGJOBQ__JOB_COLUMNS (src/internal.h)", c_jobs, all_jobs, "concurrency_key,route_key", "parents");
+    same_names(pg, "PGJOBQ__JOB_COLUMNS (src/internal.h)", c_jobs, all_jobs, "concurrency_key,cancel_told_at,route_key",
+               "parents");
 
     /* The claims: claim_batch returns PGJOBQ__CLAIMED_COLUMNS, which claim_next's rows begin with,
      * names and types; each a column of pgjobq.jobs but parents. */
