@@ -178,6 +178,7 @@ TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.reset_queue(text), pgjobq.load_history(text, bigint) TO pgjobq_admin;
 -- The cluster map (sql/functions/cluster.sql): every role reads it (a client routes by it; the tables
 -- are readable by PUBLIC: the grant of the migration that made them), the admin installs it.
-GRANT EXECUTE ON FUNCTION pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.cluster_map()
+GRANT EXECUTE ON FUNCTION pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint),
+    pgjobq.cluster_map()
 TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.cluster_set(jsonb, text) TO pgjobq_admin;

@@ -1,9 +1,11 @@
 -- pgjobq functions: the cluster map, for a database that is one shard of several, or their router
 -- (docs/shards.md).  Where a job lives, the map as JSON, installing a map, and the shard's guard.
+-- router: also
 --
--- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md), and by
--- `pgjobq migrate --router` to a router database, which has the map's tables but no jobs: what
--- touches pgjobq.jobs here is PL/pgSQL, resolved when it runs, and runs only in a shard.
+-- Applied by `pgjobq migrate` with the other files of sql/functions (docs/hacking.md), and (the line
+-- above: tools/embed-sql.awk) by `pgjobq migrate --router` to a router database, which has the map's
+-- tables but no jobs: what touches pgjobq.jobs here is PL/pgSQL, resolved when it runs, and runs only
+-- in a shard.
 
 -- route_hash(key): FNV-1a, 32 bits, over the key's UTF-8 bytes, as a bigint from 0 to 4294967295 (the
 -- unsigned value, which an int4 could not hold).  The C library computes the same (pgjobq__route_hash,
@@ -53,6 +55,30 @@ BEGIN
         RETURN pgjobq.route_hash(route_partition.route_key) & (v_p - 1);
     END IF;
     RETURN coalesce(v_part, pgjobq.route_hash(v_queue) & (v_p - 1));
+END
+$$;
+
+-- route_job(id): the shard that handed out job id, by this database's map: the shard whose number
+-- the id ends in (id % 1024), or NULL when the id is at most the map's id_floor (handed out before the
+-- cluster: any shard may hold it, look on each) or no shard of the map has that number.  (cluster_set
+-- says how a shard's ids are made.)  55000 (object_not_in_prerequisite_state) in a database with no map.
+CREATE OR REPLACE FUNCTION pgjobq.route_job(id bigint) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_floor bigint;
+    v_shard text;
+BEGIN
+    SELECT c.id_floor INTO v_floor FROM pgjobq.cluster c;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgjobq.route_job: this database has no cluster map (pgjobq.cluster_set installs one)'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF route_job.id > v_floor THEN
+        SELECT s.name INTO v_shard FROM pgjobq.cluster_shards s WHERE s.number = route_job.id % 1024;
+    END IF;
+    RETURN v_shard;
 END
 $$;
 
@@ -315,10 +341,13 @@ BEGIN
                                     id_floor = EXCLUDED.id_floor, installed_at = EXCLUDED.installed_at;
 
     -- The guard, made with the first map (a database in no cluster has no trigger, and pays nothing).
-    IF v_shard AND NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'pgjobq.jobs'::regclass
-                                                          AND t.tgname = 'jobs_cluster_guard') THEN
-        CREATE TRIGGER jobs_cluster_guard AFTER INSERT ON pgjobq.jobs REFERENCING NEW TABLE AS new_jobs
-            FOR EACH STATEMENT EXECUTE FUNCTION pgjobq.cluster_guard();
+    -- (Nested: the name pgjobq.jobs is looked up when the statement is planned, which a router cannot.)
+    IF v_shard THEN
+        IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'pgjobq.jobs'::regclass
+                                                   AND t.tgname = 'jobs_cluster_guard') THEN
+            CREATE TRIGGER jobs_cluster_guard AFTER INSERT ON pgjobq.jobs REFERENCING NEW TABLE AS new_jobs
+                FOR EACH STATEMENT EXECUTE FUNCTION pgjobq.cluster_guard();
+        END IF;
     END IF;
     RETURN pgjobq.cluster_map();
 END
