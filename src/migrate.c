@@ -151,9 +151,9 @@ static int functions_checksum(pgjobq_client *c, const function_set *set, char *s
     }
     const char *values[1] = {text.data};
     rc = run_params(c, "function files",
-             "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
-             " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
-             1, values, &r);
+                    "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
+                    " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
+                    1, values, &r);
     pgjobq__buf_free(&text);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -226,8 +226,8 @@ static int apply_functions(pgjobq_client *c, const function_set *set)
     if (rc == PGJOBQ_OK) {
         const char *values[2] = {sum, PGJOBQ_VERSION};
         PGresult *r = NULL;
-        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)",
-                        2, values, &r);
+        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)", 2,
+                        values, &r);
         PQclear(r);
     }
     if (rc == PGJOBQ_OK)
@@ -365,8 +365,7 @@ static int router_version(pgjobq_client *c, int *version)
 {
     int exists = 0;
     PGresult *r = NULL;
-    int rc = ask(c, "router version", "SELECT pg_catalog.to_regclass('pgjobq.router_version') IS NOT NULL", &exists,
-                 1);
+    int rc = ask(c, "router version", "SELECT pg_catalog.to_regclass('pgjobq.router_version') IS NOT NULL", &exists, 1);
 
     *version = 0;
     if (rc != PGJOBQ_OK || !exists)

@@ -163,7 +163,8 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
         {"{\"name\": \"t\", \"epoch\": 1, \"partitions\": 3}", "power of two"},
         {"{\"name\": \"t\", \"epoch\": 1, \"partitions\": 8192}", "power of two"},
         {"{\"name\": \"t\", \"epoch\": 1, \"shards\": {}}", "at least one shard"},
-        {"{\"name\": \"t\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"a\": {\"number\": 1024, \"conninfo\": \"x\"}},"
+        {"{\"name\": \"t\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"a\": {\"number\": 1024, \"conninfo\": "
+         "\"x\"}},"
          " \"owners\": [\"a\"]}",
          "\"number\" must be an integer from 0 to 1023"},
         {"{\"name\": \"t\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"a\": {\"number\": 0, \"conninfo\":"
@@ -227,26 +228,31 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
         const char *self;
         const char *why;
     } against[] = {
-        {"{\"name\": \"test\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": \"x\"}},"
+        {"{\"name\": \"test\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": "
+         "\"x\"}},"
          " \"owners\": [\"sa\"], \"id_floor\": 100}",
          "sa", "the epoch must grow"},
-        {"{\"name\": \"other\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": \"x\"}},"
+        {"{\"name\": \"other\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": "
+         "\"x\"}},"
          " \"owners\": [\"sa\"], \"id_floor\": 100}",
          "sa", "is in cluster \"test\""},
-        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": \"x\"},"
+        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": "
+         "\"x\"},"
          " \"sb\": {\"number\": 2, \"conninfo\": \"x\"}}, \"owners\": [\"sa\"], \"id_floor\": 100}",
          "sa", "shard \"sb\" has number 1"},
-        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": \"x\"},"
+        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": "
+         "\"x\"},"
          " \"sb\": {\"number\": 1, \"conninfo\": \"x\"}}, \"owners\": [\"sb\"], \"id_floor\": 100}",
          "sb", "is shard \"sa\""},
-        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": \"x\"}},"
+        {"{\"name\": \"test\", \"epoch\": 2, \"partitions\": 1, \"shards\": {\"sa\": {\"number\": 0, \"conninfo\": "
+         "\"x\"}},"
          " \"owners\": [\"sa\"], \"id_floor\": 99}",
          "sa", "the id floor must not go down"},
     };
     for (size_t i = 0; i < sizeof against / sizeof against[0]; i++) {
         state = cluster_set(pg, against[i].map, against[i].self, &msg);
-        CHECK_MSG(strcmp(state, "22023") == 0 && strstr(msg, against[i].why) != NULL, "map %s: %s %s (expected ...%s...)",
-                  against[i].map, state, msg, against[i].why);
+        CHECK_MSG(strcmp(state, "22023") == 0 && strstr(msg, against[i].why) != NULL,
+                  "map %s: %s %s (expected ...%s...)", against[i].map, state, msg, against[i].why);
         free(state);
         free(msg);
     }
@@ -270,7 +276,7 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
     char mine[16], theirs[16], sql[512], want[160], *msg;
     const int p = 8;
 
-    queue_of_partition(mine, sizeof mine, p, 1);   /* partitions 0-3: this shard, sa */
+    queue_of_partition(mine, sizeof mine, p, 1);     /* partitions 0-3: this shard, sa */
     queue_of_partition(theirs, sizeof theirs, p, 6); /* 4-7: sb */
     /* A job finished before the cluster, of the queue that will be sb's, for the retry below. */
     int64_t old = t_int(pg, "SELECT id FROM pgjobq.enqueue('%s')", theirs);
@@ -284,8 +290,8 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 1);
     long long before = t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
 
-    snprintf(want, sizeof want, "a job of queue \"%s\" is of partition 6, which shard \"sb\" owns in the map of epoch 3",
-             theirs);
+    snprintf(want, sizeof want,
+             "a job of queue \"%s\" is of partition 6, which shard \"sb\" owns in the map of epoch 3", theirs);
     /* enqueue, enqueue_many (a batch with a job of this shard's too: nothing of it), enqueue_graph. */
     snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('%s')", theirs);
     msg = expect_error(pg, "PJQ01", sql);
@@ -446,8 +452,9 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     pgjobq_client_close(c);
     PGconn *r = connect_to(ci_r);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgjobq'"), 1);
-    CHECK_INT(t_int(r, "SELECT (to_regclass('pgjobq.jobs') IS NULL AND to_regclass('pgjobq.schema_version') IS NULL)::int"),
-              1);
+    CHECK_INT(
+        t_int(r, "SELECT (to_regclass('pgjobq.jobs') IS NULL AND to_regclass('pgjobq.schema_version') IS NULL)::int"),
+        1);
     /* The router's map tables are a shard's, column for column and constraint for constraint. */
     static const char digest[] =
         "SELECT string_agg(x, E'\\n' ORDER BY x) FROM ("
@@ -531,8 +538,8 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue('%s')", qm);
     char *msg = expect_error(r, "PJQ01", sql);
-    snprintf(want, sizeof want, "a job of queue \"%s\" is of partition 5, which shard \"sb\" owns in the map of epoch 2",
-             qm);
+    snprintf(want, sizeof want,
+             "a job of queue \"%s\" is of partition 5, which shard \"sb\" owns in the map of epoch 2", qm);
     CHECK_MSG(strstr(msg, want) != NULL, "%s", msg);
     free(msg);
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue_many(ARRAY['%s', '%s'], NULL, NULL)", qm, qm);
@@ -570,8 +577,9 @@ TEST(cluster_functions_are_granted_to_the_roles)
                         " AND has_table_privilege('%s', 'pgjobq.cluster_owners', 'SELECT'))::int",
                         readers[i], readers[i], readers[i], readers[i]),
                   1);
-    CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_admin', 'pgjobq.cluster_set(jsonb, text)', 'EXECUTE')::int"),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT has_function_privilege('pgjobq_admin', 'pgjobq.cluster_set(jsonb, text)', 'EXECUTE')::int"),
+        1);
     CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_producer', 'pgjobq.cluster_set(jsonb, text)', 'EXECUTE')"
                         "::int"),
               0);
