@@ -358,29 +358,55 @@ $$;
 -- tick): when one of the new jobs lives on a partition (route_partition's rule) that the map gives to
 -- another shard, the statement fails with SQLSTATE PJQ01, naming the job's queue, its partition, its
 -- owner and the map's epoch, and nothing of it is written.  The client that routed it had an older map:
--- it reads the map again (cluster_map()) and routes again.  The partitions are computed once per
--- distinct queue (pinned) or routing key (spread): a batch of one queue hashes one name.
+-- it reads the map again (cluster_map()) and routes again.  A statement of one queue whose jobs all
+-- live on the queue's partition (a pinned queue, or jobs without a key: nearly every statement) costs
+-- one pass over its rows and three indexed reads; otherwise the partitions are computed once per
+-- distinct queue (pinned) or routing key (spread).
 CREATE OR REPLACE FUNCTION pgjobq.cluster_guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad record;
+    v_first text;
+    v_last  text;
+    v_keys  boolean;
+    v_place text;
+    v_pin   integer;
+    v_c     pgjobq.cluster;
+    v_part  integer;
+    v_owner text;
+    v_bad   boolean := false;
 BEGIN
-    SELECT n.queue, n.part, o.shard, c.epoch, c.self INTO v_bad
-      FROM pgjobq.cluster c
-     CROSS JOIN LATERAL (
-           SELECT x.queue, CASE WHEN x.key IS NOT NULL THEN pgjobq.route_hash(x.key) & (c.partitions - 1)
-                                ELSE coalesce(x.pinned_to, pgjobq.route_hash(x.queue) & (c.partitions - 1)) END AS part
-             FROM (SELECT DISTINCT j.queue::text AS queue,
-                          CASE WHEN q.placement = 'spread' THEN j.route_key::text END AS key, q.partition AS pinned_to
-                     FROM new_jobs j LEFT JOIN pgjobq.cluster_queues q ON q.queue = j.queue) x) n
-      LEFT JOIN pgjobq.cluster_owners o ON o.partition = n.part
-     WHERE o.shard IS DISTINCT FROM c.self
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT min(j.queue), max(j.queue), bool_or(j.route_key IS NOT NULL) INTO v_first, v_last, v_keys FROM new_jobs j;
+    IF v_first IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO v_c FROM pgjobq.cluster;
+    IF v_first = v_last THEN
+        SELECT q.placement, q.partition INTO v_place, v_pin FROM pgjobq.cluster_queues q WHERE q.queue = v_first;
+        IF v_place IS DISTINCT FROM 'spread' OR NOT v_keys THEN
+            v_part := coalesce(v_pin, pgjobq.route_hash(v_first) & (v_c.partitions - 1));
+            SELECT o.shard INTO v_owner FROM pgjobq.cluster_owners o WHERE o.partition = v_part;
+            v_bad := v_owner IS DISTINCT FROM v_c.self;
+        END IF;
+    END IF;
+    IF NOT v_bad AND (v_first <> v_last OR v_place = 'spread' AND v_keys) THEN
+        SELECT n.queue, n.part, o.shard INTO v_first, v_part, v_owner
+          FROM (SELECT x.queue,
+                       CASE WHEN x.key IS NOT NULL THEN pgjobq.route_hash(x.key) & (v_c.partitions - 1)
+                            ELSE coalesce(x.pinned_to, pgjobq.route_hash(x.queue) & (v_c.partitions - 1)) END AS part
+                  FROM (SELECT DISTINCT j.queue::text AS queue,
+                               CASE WHEN q.placement = 'spread' THEN j.route_key::text END AS key,
+                               q.partition AS pinned_to
+                          FROM new_jobs j LEFT JOIN pgjobq.cluster_queues q ON q.queue = j.queue) x) n
+          LEFT JOIN pgjobq.cluster_owners o ON o.partition = n.part
+         WHERE o.shard IS DISTINCT FROM v_c.self
+         LIMIT 1;
+        v_bad := FOUND;
+    END IF;
+    IF v_bad THEN
         RAISE EXCEPTION 'pgjobq: a job of queue "%" is of partition %, which shard "%" owns in the map of epoch %, not this shard ("%"): read the map again and route again',
-            v_bad.queue, v_bad.part, v_bad.shard, v_bad.epoch, v_bad.self
+            v_first, v_part, v_owner, v_c.epoch, v_c.self
             USING ERRCODE = 'PJQ01';
     END IF;
     RETURN NULL;
