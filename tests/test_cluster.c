@@ -589,3 +589,32 @@ TEST(cluster_functions_are_granted_to_the_roles)
     pgjobq_client_close(c);
     PQfinish(pg);
 }
+
+/* The command: `pgjobq migrate --router` makes a router, and refuses a shard (with the reason and a
+ * non-zero status); --roles goes with a shard only. */
+TEST(cluster_cli_migrate_router)
+{
+    char *ci_r = t_extra_db("router", 0), *out = NULL, *err = NULL;
+
+    int rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
+    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router migrated (1 migration applied)"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
+    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router is up to date"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    rc = t_cli(&out, &err, NULL, 0, "migrate", "--db", ci_r, NULL);
+    CHECK_MSG(rc != 0 && strstr(err, "is a pgjobq router"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", NULL); /* the test's own database: a shard */
+    CHECK_MSG(rc != 0 && strstr(err, "a router is a database of its own"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--roles", NULL);
+    CHECK_MSG(rc == 64 && strstr(err, "--roles is for a shard"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    free(ci_r);
+}
