@@ -91,6 +91,14 @@ static void queue_of_partition(char *buf, size_t size, int p, uint32_t want)
     }
 }
 
+/* Checks that a query's one value (t_str) is want, and frees it. */
+#define CHECK_SQL_STR(pg, want, ...)         \
+    do {                                     \
+        char *got_ = t_str(pg, __VA_ARGS__); \
+        CHECK_STR(got_, want);               \
+        free(got_);                          \
+    } while (0)
+
 /* FNV-1a's published vectors, and the SQL and the C of many keys (ASCII, multibyte UTF-8, long) agree. */
 TEST(cluster_route_hash_is_fnv1a_in_sql_and_in_c)
 {
@@ -221,7 +229,7 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
     /* Installed; then against it: the epoch grows, the name, self and a shard's number stay, the
      * id floor does not go down. */
     install(pg, map_of(1, ci, ci, "ab", "\"id_floor\": 100"), "sa");
-    CHECK_STR(t_str(pg, "SELECT pgjobq.cluster_map() ->> 'self'"), "sa");
+    CHECK_SQL_STR(pg, "sa", "SELECT pgjobq.cluster_map() ->> 'self'");
     CHECK_INT(t_int(pg, "SELECT jsonb_array_length(pgjobq.cluster_map() -> 'owners')"), 2);
     static const struct {
         const char *map;
@@ -262,7 +270,7 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
     install(pg, map_of(5, ci, ci, "bbbb", "\"id_floor\": 100, \"queues\": {\"t\": {\"placement\": \"spread\"}}"), "sa");
     CHECK_INT(t_int(pg, "SELECT epoch * 100 + partitions FROM pgjobq.cluster"), 504);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.cluster_owners WHERE shard = 'sb'"), 4);
-    CHECK_STR(t_str(pg, "SELECT pgjobq.cluster_map() -> 'queues' ->> 't'"), "{\"placement\": \"spread\"}");
+    CHECK_SQL_STR(pg, "{\"placement\": \"spread\"}", "SELECT pgjobq.cluster_map() -> 'queues' ->> 't'");
     PQfinish(pg);
 }
 
@@ -409,9 +417,9 @@ TEST(cluster_ids_name_their_shard_and_never_meet)
               0);
     /* route_job names the shard from the id alone; an id of before the cluster names none. */
     int64_t id_b = t_int(b, "SELECT max(id) FROM pgjobq.jobs");
-    CHECK_STR(t_str(a, "SELECT pgjobq.route_job(%lld)", (long long)id_b), "sb");
-    CHECK_STR(t_str(b, "SELECT pgjobq.route_job(%lld)", (long long)ids[0]), "sa");
-    CHECK_STR(t_str(a, "SELECT coalesce(pgjobq.route_job(3), 'none')"), "none");
+    CHECK_SQL_STR(a, "sb", "SELECT pgjobq.route_job(%lld)", (long long)id_b);
+    CHECK_SQL_STR(b, "sa", "SELECT pgjobq.route_job(%lld)", (long long)ids[0]);
+    CHECK_SQL_STR(a, "none", "SELECT coalesce(pgjobq.route_job(3), 'none')");
     /* No id is on both shards. */
     char *ids_a = t_str(a, "SELECT string_agg(id::text, ',') FROM pgjobq.jobs");
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = ANY ('{%s}'::bigint[])", ids_a), 0);
@@ -476,7 +484,7 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     install(a, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sa");
     install(b, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sb");
     install(r, map_of(1, ci_a, ci_b, split_at(p, 32), queues), NULL);
-    CHECK_STR(t_str(r, "SELECT coalesce(pgjobq.cluster_map() ->> 'self', 'none')"), "none");
+    CHECK_SQL_STR(r, "none", "SELECT coalesce(pgjobq.cluster_map() ->> 'self', 'none')");
 
     /* One job of each of 40 queues, and 40 of the spread queue by key, one at a time. */
     for (int i = 0; i < 40; i++) {
@@ -522,8 +530,9 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     CHECK_INT(t_int(r, "SELECT sum(jobs) FROM pgjobq.shard_stats() WHERE shard = 'sa'"), n_a);
     CHECK_INT(t_int(r, "SELECT sum(jobs) FROM pgjobq.shard_stats() WHERE shard = 'sb'"), n_b);
     long long id_b = t_int(b, "SELECT max(id) FROM pgjobq.jobs"), id_a = t_int(a, "SELECT max(id) FROM pgjobq.jobs");
-    CHECK_STR(t_str(r, "SELECT queue || ' ' || state FROM pgjobq.monitor_job(%lld)", id_b),
-              t_str(b, "SELECT queue || ' queued' FROM pgjobq.jobs WHERE id = %lld", id_b));
+    char *job_b = t_str(b, "SELECT queue || ' queued' FROM pgjobq.jobs WHERE id = %lld", id_b);
+    CHECK_SQL_STR(r, job_b, "SELECT queue || ' ' || state FROM pgjobq.monitor_job(%lld)", id_b);
+    free(job_b);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a), 1);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a + 1024 * 1000), 0);
 
