@@ -663,6 +663,63 @@ static void format_bytes(char *buf, size_t size, int64_t bytes)
     snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
+/* The live workers that claim nothing because they cannot run jobs (pgjobq_worker_set_unhealthy: a
+ * coprocess that cannot start): id, host, pid, reason, seconds since.  NULL, said on stderr, when they
+ * cannot be read (the report goes on without them). */
+static PGresult *unhealthy_workers(pgjobq_client *c)
+{
+    PGresult *r =
+        PQexec(pgjobq_client_conn(c), "SELECT id, host, pid, reason, round(extract(epoch FROM now() - since))::bigint"
+                                      " FROM pgjobq.monitor_unhealthy_workers()");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK)
+        return r;
+    cli_err("cannot read which workers are unhealthy: %s", PQresultErrorMessage(r));
+    PQclear(r);
+    return NULL;
+}
+
+static void print_unhealthy_json(const PGresult *u)
+{
+    fputs(",\"unhealthy_workers\":[", stdout);
+    for (int i = 0; u && i < PQntuples(u); i++) {
+        fputs(i ? ",{\"id\":" : "{\"id\":", stdout);
+        json_str(stdout, PQgetvalue(u, i, 0));
+        fputs(",\"host\":", stdout);
+        json_str(stdout, PQgetvalue(u, i, 1));
+        printf(",\"pid\":%s,\"since_s\":%s,\"reason\":", PQgetvalue(u, i, 2), PQgetvalue(u, i, 4));
+        json_str(stdout, PQgetvalue(u, i, 3));
+        fputc('}', stdout);
+    }
+    fputc(']', stdout);
+}
+
+/* Each unhealthy worker, with the lines of its reason indented (a traceback's last lines). */
+static void print_unhealthy(const PGresult *u)
+{
+    int n = u ? PQntuples(u) : 0;
+    if (n == 0) {
+        printf("workers        none unhealthy\n");
+        return;
+    }
+    printf("workers        %d unhealthy, claiming nothing until it is over:\n", n);
+    for (int i = 0; i < n; i++) {
+        fputs("  ", stdout);
+        tty_put(stdout, PQgetvalue(u, i, 0), 0);
+        printf(" (pid %s on ", PQgetvalue(u, i, 2));
+        tty_put(stdout, PQgetvalue(u, i, 1), 0);
+        printf("), for %s s:\n", PQgetvalue(u, i, 4));
+        for (const char *l = PQgetvalue(u, i, 3); *l;) {
+            size_t len = strcspn(l, "\n");
+            char *line = strndup(l, len);
+            fputs("    ", stdout);
+            tty_put(stdout, line ? line : "", 0);
+            fputc('\n', stdout);
+            free(line);
+            l += len + (l[len] == '\n');
+        }
+    }
+}
+
 int cmd_health(const cli_cmd *cmd, int argc, char **argv)
 {
     int json = 0, status, rc;
@@ -679,6 +736,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         pgjobq_client_close(c);
         return status;
     }
+    PGresult *unhealthy = unhealthy_workers(c);
     pgjobq_client_close(c);
     if (json) {
         printf("{\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
@@ -688,8 +746,8 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         json_time(stdout, h.autovacuum_paused_since);
         fputs(",\"holder\":", stdout);
         if (h.holder_kind[0] == '\0') {
-            fputs("null}\n", stdout);
-            return EX_OK;
+            fputs("null", stdout);
+            goto json_end;
         }
         printf("{\"kind\":");
         json_str(stdout, h.holder_kind);
@@ -706,7 +764,11 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         json_time(stdout, h.holder_since);
         fputs(",\"query\":", stdout);
         json_str(stdout, h.holder_query[0] ? h.holder_query : NULL);
-        fputs("}}\n", stdout);
+        fputc('}', stdout);
+    json_end:
+        print_unhealthy_json(unhealthy);
+        fputs("}\n", stdout);
+        PQclear(unhealthy);
         return EX_OK;
     }
     format_bytes(size, sizeof size, h.jobs_bytes);
@@ -722,7 +784,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     }
     if (h.holder_kind[0] == '\0') {
         printf("oldest holder  none: vacuum can remove every dead row\n");
-        return EX_OK;
+        goto text_end;
     }
     format_time(t2, sizeof t2, h.holder_since);
     /* The holder's application name and query are another session's: anything can be in them. */
@@ -747,6 +809,9 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
     if (h.horizon_age_ms >= 300000)
         printf("While it holds, finished jobs leave dead rows that nothing can remove: end it, or see\n"
                "docs/deploy.md, \"Snapshots held open\".\n");
+text_end:
+    print_unhealthy(unhealthy);
+    PQclear(unhealthy);
     return EX_OK;
 }
 

@@ -8,7 +8,8 @@
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
  * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment, and without any variable of the worker's that
- * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL.  Exit 0
+ * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL,
+ * unless named with --pass-env (or all kept with --keep-env: a handler that is the application's own).  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
@@ -45,6 +46,10 @@
 #define OPT_COPROCS 2018
 #define OPT_BURST 2019
 #define OPT_PRINT_DEFAULTS 2020
+#define OPT_PASS_ENV 2021
+#define OPT_KEEP_ENV 2022
+
+#define PASS_ENV_MAX 64
 
 const cli_opt work_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE[:N]", "serve QUEUE with N jobs at a time (repeatable; default default:10)"},
@@ -54,6 +59,12 @@ const cli_opt work_opts[] = {
      "(docs/coproc.md)"},
     {"coprocs", OPT_COPROCS, "K", "with --coproc: run K copies, each taking its share of the slots (default 1)"},
     {"shell", OPT_SHELL, NULL, "run --exec through /bin/sh -c instead of splitting it into words"},
+    {"pass-env", OPT_PASS_ENV, "NAME[,NAME...]",
+     "give the handler these variables of the worker's environment, which it does not get by default (PG*, "
+     "DATABASE_URL; repeatable)"},
+    {"keep-env", OPT_KEEP_ENV, NULL,
+     "give the handler the worker's whole environment, database credentials included (a handler that is the "
+     "application's own)"},
     {"lease", OPT_LEASE, "DURATION", "lease per claim and heartbeat (default 60s)"},
     {"heartbeat", OPT_HEARTBEAT, "DURATION", "lease renewal interval (default lease/3)"},
     {"timeout", OPT_TIMEOUT, "DURATION", "job timeout, shorter than the lease (default 80% of the lease)"},
@@ -92,15 +103,28 @@ typedef struct work_args {
     const char *coproc;
     int coprocs;
     int print_defaults;
+    int keep_env;
+    char *pass_env[PASS_ENV_MAX]; /* --pass-env names, each malloc'd */
+    size_t npass_env;
 } work_args;
 
 static pgjobq_worker *volatile the_worker;
+static coproc_pool *volatile the_pool;
 
 static void on_signal(int sig)
 {
     (void)sig;
+    coproc_drain(the_pool);
     if (the_worker)
         pgjobq_worker_stop(the_worker);
+}
+
+/* A coprocess cannot start (problem: why), or has started again (NULL): the worker claims nothing
+ * meanwhile, and says why in pgjobq.workers. */
+static void coproc_health(void *arg, const char *problem)
+{
+    if (pgjobq_worker_set_unhealthy(arg, problem) != PGJOBQ_OK)
+        cli_err("out of memory: the worker could not be marked %s", problem ? "unhealthy" : "healthy again");
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -175,6 +199,26 @@ static int work_opt(int key, const char *arg, void *ctx)
         return 0;
     case OPT_SHELL: a->shell = 1; return 0;
     case OPT_PRINT_DEFAULTS: a->print_defaults = 1; return 0;
+    case OPT_KEEP_ENV: a->keep_env = 1; return 0;
+    case OPT_PASS_ENV:
+        for (const char *p = arg;;) {
+            size_t len = strcspn(p, ",");
+            char *name = strndup(p, len);
+            if (name == NULL || !spawn_env_name_ok(name) || a->npass_env == PASS_ENV_MAX) {
+                if (name == NULL)
+                    cli_usage_error(a->cmd, "--pass-env: out of memory");
+                else if (a->npass_env == PASS_ENV_MAX)
+                    cli_usage_error(a->cmd, "--pass-env: at most %d names", PASS_ENV_MAX);
+                else
+                    cli_usage_error(a->cmd, "--pass-env: '%s' is not a variable name (letters, digits and _)", name);
+                free(name);
+                return -1;
+            }
+            a->pass_env[a->npass_env++] = name;
+            if (p[len] == '\0')
+                return 0;
+            p += len + 1;
+        }
     case OPT_LEASE: return duration_opt(a, "lease", arg, &a->opts.lease_ms);
     case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->opts.heartbeat_ms);
     case OPT_TIMEOUT: return duration_opt(a, "timeout", arg, &a->opts.timeout_ms);
@@ -255,20 +299,25 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     a.log.level = PGJOBQ_LOG_INFO;
     first = cli_parse(cmd, argc, argv, work_opt, &a);
     if (first == -2)
-        return EX_OK;
-    if (first < 0)
-        return EX_USAGE;
+        goto out;
+    if (first < 0) {
+        status = EX_USAGE;
+        goto out;
+    }
     if (first < argc)
-        return cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
-    if (a.print_defaults)
-        return print_defaults(&a.opts);
-    if (a.exec == NULL && a.coproc == NULL)
-        return cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
-                                    "handler) is required");
-    if (a.exec && a.coproc)
-        return cli_usage_error(cmd, "give --exec or --coproc, not both");
-    if (a.coprocs && !a.coproc)
-        return cli_usage_error(cmd, "--coprocs goes with --coproc");
+        status = cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
+    else if (a.print_defaults) {
+        status = print_defaults(&a.opts);
+        goto out;
+    } else if (a.exec == NULL && a.coproc == NULL)
+        status = cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
+                                      "handler) is required");
+    else if (a.exec && a.coproc)
+        status = cli_usage_error(cmd, "give --exec or --coproc, not both");
+    else if (a.coprocs && !a.coproc)
+        status = cli_usage_error(cmd, "--coprocs goes with --coproc");
+    if (status != EX_OK)
+        goto out;
     const char *command = a.exec ? a.exec : a.coproc;
     if (a.nqueues == 0) {
         snprintf(a.queues[0].name, sizeof a.queues[0].name, "default");
@@ -286,13 +335,19 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         }
     } else {
         cfg.argv = spawn_split_words(command, why, sizeof why);
-        if (cfg.argv == NULL)
-            return cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
+        if (cfg.argv == NULL) {
+            status = cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
+            goto out;
+        }
     }
-    cfg.env = spawn_environment();
-    if (cfg.argv == NULL || cfg.env == NULL) {
+    /* A coprocess is told which protocol the worker speaks. */
+    static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=2", NULL};
+    cfg.env =
+        spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env, a.coproc ? coproc_vars : NULL);
+    if (cfg.argv == NULL || cfg.env == NULL || (a.shell && (!cfg.argv[0] || !cfg.argv[1] || !cfg.argv[2]))) {
         cli_err("out of memory");
-        return EX_OSERR;
+        status = EX_OSERR;
+        goto out;
     }
     /* A handler that cannot be run would fail every job: say so now, not once per attempt. */
     if (!a.shell && !spawn_runnable(cfg.argv[0])) {
@@ -323,7 +378,8 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         int k = a.coprocs ? a.coprocs : 1, slots = 0;
         for (int i = 0; i < a.nqueues; i++)
             slots += a.queues[i].concurrency;
-        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log)) == NULL) {
+        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log, coproc_health, w)) ==
+            NULL) {
             cli_err("cannot start the coprocesses' supervisor: out of memory");
             status = EX_OSERR;
             goto out;
@@ -346,6 +402,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
             goto out;
     }
     the_worker = w;
+    the_pool = pool;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -354,10 +411,12 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         cli_err("cannot install the signal handlers: %s", strerror(errno));
         status = EX_OSERR;
         the_worker = NULL;
+        the_pool = NULL;
         goto out;
     }
     rc = pgjobq_worker_run(w);
     the_worker = NULL;
+    the_pool = NULL;
     if (rc == PGJOBQ_ESTOPPED) {
         status = EX_OK; /* stopped by a signal before it started: nothing to do, nothing lost */
     } else if (rc == PGJOBQ_ETIMEOUT) {
@@ -375,5 +434,7 @@ out:
         free(*p);
     free(cfg.argv);
     free(cfg.env);
+    for (size_t i = 0; i < a.npass_env; i++)
+        free(a.pass_env[i]);
     return status;
 }

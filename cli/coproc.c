@@ -2,9 +2,14 @@
  * coproc.c - long-lived handler processes for `pgjobq work --coproc CMD` (protocol: docs/coproc.md).
  *
  * Each coprocess has one supervising thread: it starts the process (own process group, the worker's
- * environment without its PG* variables and DATABASE_URL, stdin/stdout/stderr on pipes), reads its stdout replies
- * and stderr lines, and when the process exits or writes a line that is not a valid reply, fails the
- * jobs it held (each counts a failed attempt and is retried) and starts it again after a backoff.
+ * environment without its PG* variables and DATABASE_URL unless told otherwise, stdin/stdout/stderr on
+ * pipes), reads its stdout replies and stderr lines (logged at the level each says, at most
+ * STDERR_LINES_MAX a STDERR_WINDOW_MS), and when the process exits or writes a line that is not a
+ * valid reply, fails the jobs it held (each counts a failed attempt and is retried) and starts it again
+ * after a backoff.  A process that exits before it said anything valid (its {"ready": true}, an answer,
+ * a progress line) could not start: a broken deployment, not failed jobs.  Its jobs are handed back
+ * without using an attempt (PGJOBQ_OUTCOME_SNOOZE), its last stderr lines (a traceback) are the
+ * reason, and the worker is told it is unhealthy (it claims nothing) until a copy starts.
  * The handler queues a job line and returns at once (PGJOBQ_OUTCOME_PENDING); the supervisor ends
  * the jobs when their replies come (those of one read together), so no thread waits per job, and in
  * the same call (pgjobq_ctx_finish_many_and_run) starts on its own thread the jobs that were waiting
@@ -20,8 +25,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,11 +37,18 @@
 #include "http.h" /* sbuf */
 #include "spawn.h"
 
-#define LINE_MAX_BYTES (4 * 1024 * 1024) /* a reply: a result of up to 1 MiB, escaped, and the rest */
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 5000
-#define QUOTE_MAX 200 /* how much of a bad line the log quotes */
-#define STOP_SCAN_MS 50 /* how often the supervisor looks for jobs that must stop */
+#define BACKOFF_MIN_MS        100
+#define BACKOFF_MAX_MS        5000
+#define BROKEN_BACKOFF_MAX_MS 30000 /* a copy that cannot start is tried again at most this often */
+#define QUOTE_MAX             200   /* how much of a bad line the log quotes */
+#define STOP_SCAN_MS          50    /* how often the supervisor looks for jobs that must stop */
+#define STDERR_LINES_MAX      1000  /* stderr lines logged per coprocess per window; the others counted */
+#define STDERR_WINDOW_MS      10000
+#define TAIL_MAX              3000 /* the last stderr lines kept, for the reason of a copy that cannot start */
+#define START_GRACE_MS        2000 /* a copy that never says it is ready counts as started after this */
+#define STRIKES_MAX           3    /* (such a copy) a job handed back this often is a failed attempt */
+#define STRIKE_SLOTS          256
+#define DELAY_MAX_MS          INT64_C(3155760000000) /* 100 years: the longest delay_ms of a snooze */
 
 /* One job waiting for its reply (its handler returned PENDING): whoever unlinks it from `held`
  * (under the pool's mutex) ends the job and frees it. */
@@ -42,6 +56,7 @@ typedef struct pending {
     struct pending *next;
     int64_t id;
     pgjobq_ctx *ctx;
+    int struck_out; /* handed back by copies that could not start too often: a failed attempt */
 } pending;
 
 typedef struct coproc {
@@ -57,6 +72,14 @@ typedef struct coproc {
     int retiring;     /* broke the protocol and is being killed: takes no new job */
     pending *held;
     int inflight;
+    int broke; /* (the supervisor's) its last life ended before it started */
+    /* The supervisor's own (this life): */
+    int answered;            /* wrote a valid line: it has started */
+    char tail[TAIL_MAX + 1]; /* its last stderr lines */
+    size_t tail_len;
+    int64_t err_window_ms; /* stderr lines in this window, and those not logged */
+    int err_lines;
+    long long err_dropped;
 } coproc;
 
 /* The coprocess whose supervisor runs on this thread (NULL on the worker's threads): the handler,
@@ -68,9 +91,20 @@ struct coproc_pool {
     int k, share;
     void (*log)(void *, pgjobq_log_level, const char *);
     void *log_arg;
-    pthread_mutex_t mu; /* held, inflight, pid, in_fd, stopping */
+    void (*health)(void *, const char *);
+    void *health_arg;
+    pthread_mutex_t mu; /* held, inflight, pid, in_fd, stopping, broken, broken_why, ready_seen, strikes */
     pthread_cond_t cv;
     int stopping;
+    _Atomic int draining; /* the worker is stopping (a signal): no copy is started again */
+    int broken;           /* the last copy to end could not start, and none has started since */
+    char *broken_why;     /* why (malloc'd), for the jobs handed back meanwhile */
+    int ready_seen;       /* a copy said {"ready": true}: copies are judged by it */
+    struct {
+        int64_t id;
+        int n;
+    } strikes[STRIKE_SLOTS]; /* jobs handed back by copies that could not start, and how often */
+    int next_strike;
     coproc *cp;
 };
 
@@ -107,6 +141,7 @@ typedef struct reply {
     char *result, *error;
     int64_t delay_ms;
     char *progress; /* a progress line ({"id": ..., "progress": ...}, no status): not an answer */
+    int ready;      /* {"ready": true}: the coprocess has started (protocol 2); no job named */
 } reply;
 
 /* The common answer, exactly {"id": N, "status": "completed"} with any blanks between the tokens (as
@@ -170,11 +205,19 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
         r->outcome = PGJOBQ_OUTCOME_COMPLETE;
         return 0;
     }
-    if (pgjobq_json_check(line, len, why, why_size) != PGJOBQ_OK)
+    if (pgjobq_json_check_limit(line, len, COPROC_LINE_MAX, why, why_size) != PGJOBQ_OK)
         return -1;
     if (line[strspn(line, " \t")] != '{') {
         snprintf(why, why_size, "not a JSON object");
         return -1;
+    }
+    if (json_member(line, "id", &n) == NULL && (v = json_member(line, "ready", &n)) != NULL) {
+        if (!(n == 4 && memcmp(v, "true", 4) == 0)) {
+            snprintf(why, why_size, "\"ready\" must be true");
+            return -1;
+        }
+        r->ready = 1;
+        return 0;
     }
     v = json_member(line, "id", &n);
     r->id = json_integer(v, n, &ok);
@@ -214,8 +257,23 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
                 return -1;
             }
         }
+    } else if (strcmp(status, "snooze") == 0) {
+        /* Handed back untouched: not an attempt (protocol 2). */
+        r->outcome = PGJOBQ_OUTCOME_SNOOZE;
+        if ((v = json_member(line, "reason", &n)) != NULL)
+            r->error = v[0] == '"' ? json_unquote(v, n) : strndup(v, n);
+        if ((v = json_member(line, "delay_ms", &n)) != NULL) {
+            r->delay_ms = json_integer(v, n, &ok);
+            if (!ok || r->delay_ms < 0 || r->delay_ms > DELAY_MAX_MS) {
+                snprintf(why, why_size, "a snooze's \"delay_ms\" must be an integer from 0 to 100 years");
+                free(status);
+                free(r->error);
+                r->error = NULL;
+                return -1;
+            }
+        }
     } else {
-        snprintf(why, why_size, "unknown status \"%.40s\" (completed, retry or failed)", status);
+        snprintf(why, why_size, "unknown status \"%.40s\" (completed, retry, failed or snooze)", status);
         free(status);
         return -1;
     }
@@ -231,8 +289,20 @@ static pgjobq_outcome answer(pgjobq_ctx *ctx, pgjobq_outcome out, const char *re
                              int64_t delay_ms)
 {
     if (out == PGJOBQ_OUTCOME_COMPLETE && result && pgjobq_ctx_set_result(ctx, result) != PGJOBQ_OK) {
-        pgjobq_ctx_set_error(ctx, "the coprocess's result is not storable JSON");
+        char why[160];
+        size_t len = strlen(result);
+        if (len > PGJOBQ_PAYLOAD_MAX)
+            snprintf(why, sizeof why, "the coprocess's result is %zu bytes of JSON: at most %d are stored", len,
+                     PGJOBQ_PAYLOAD_MAX);
+        else
+            snprintf(why, sizeof why, "the coprocess's result is not storable JSON");
+        pgjobq_ctx_set_error(ctx, why);
         out = PGJOBQ_OUTCOME_RETRY;
+    } else if (out == PGJOBQ_OUTCOME_SNOOZE) {
+        if (error)
+            pgjobq_ctx_set_error(ctx, error);
+        if (delay_ms >= 0)
+            pgjobq_ctx_set_retry_delay(ctx, delay_ms);
     } else if (out != PGJOBQ_OUTCOME_COMPLETE) {
         pgjobq_ctx_set_error(ctx, error ? error : out == PGJOBQ_OUTCOME_FAIL ? "failed" : "retry");
         if (out == PGJOBQ_OUTCOME_RETRY && delay_ms >= 0)
@@ -442,8 +512,212 @@ static void quote(char *dst, size_t size, const char *line, size_t len)
         strcat(dst, "...");
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* Standard error, and a copy that cannot start                                                      */
+
+/* The level a line of a coprocess's stderr says it is at: a leading word (debug, trace, info, notice,
+ * warn, warning, error, err, critical, crit, fatal; any case; followed by ':' or in brackets: "ERROR:",
+ * "WARNING:root:", "[warn]"), after a "job N: " prefix if there is one; or the "level" ("levelname",
+ * "severity") of a line that is a JSON object, a word or pino's number.  Info when it says none.
+ * *at: where the level word starts, *skip: how many bytes it takes with what follows it up to the
+ * message, both 0 when it is left in the line. */
+static int level_word(const char *w, size_t n, pgjobq_log_level *level)
+{
+    static const struct {
+        const char *word;
+        pgjobq_log_level level;
+    } words[] = {{"debug", PGJOBQ_LOG_DEBUG}, {"trace", PGJOBQ_LOG_DEBUG}, {"info", PGJOBQ_LOG_INFO},
+                 {"notice", PGJOBQ_LOG_INFO}, {"warn", PGJOBQ_LOG_WARN},   {"warning", PGJOBQ_LOG_WARN},
+                 {"error", PGJOBQ_LOG_ERROR}, {"err", PGJOBQ_LOG_ERROR},   {"critical", PGJOBQ_LOG_ERROR},
+                 {"crit", PGJOBQ_LOG_ERROR},  {"fatal", PGJOBQ_LOG_ERROR}};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (strlen(words[i].word) == n && strncasecmp(w, words[i].word, n) == 0) {
+            *level = words[i].level;
+            return 1;
+        }
+    return 0;
+}
+
+static pgjobq_log_level line_level(const char *line, size_t len, size_t *at, size_t *skip)
+{
+    pgjobq_log_level level = PGJOBQ_LOG_INFO;
+    const char *v;
+    size_t n, k = 0;
+
+    *at = *skip = 0;
+    if (line[0] == '{' && len <= 65536 && pgjobq_json_check_limit(line, len, len, NULL, 0) == PGJOBQ_OK) {
+        if ((v = json_member(line, "level", &n)) == NULL && (v = json_member(line, "levelname", &n)) == NULL)
+            v = json_member(line, "severity", &n);
+        if (v && n >= 2 && v[0] == '"')
+            (void)level_word(v + 1, n - 2, &level);
+        else if (v && n > 0 && v[0] >= '0' && v[0] <= '9') { /* pino: 10 trace ... 60 fatal */
+            int num = atoi(v);
+            level = num <= 20   ? PGJOBQ_LOG_DEBUG
+                    : num <= 30 ? PGJOBQ_LOG_INFO
+                    : num <= 40 ? PGJOBQ_LOG_WARN
+                                : PGJOBQ_LOG_ERROR;
+        }
+        return level;
+    }
+    if (strncmp(line, "job ", 4) == 0 && line[4] >= '0' && line[4] <= '9') {
+        k = 4 + strspn(line + 4, "0123456789");
+        if (line[k] != ':' || line[k + 1] != ' ')
+            return level;
+        k += 2;
+    }
+    size_t w = k + (line[k] == '[');
+    size_t wn = strspn(line + w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ");
+    char after = line[w + wn];
+    if (wn == 0 || !(line[k] == '[' ? after == ']' : after == ':') || !level_word(line + w, wn, &level))
+        return PGJOBQ_LOG_INFO;
+    *at = k;
+    *skip = w + wn + 1 - k;
+    *skip += strspn(line + k + *skip, " \t");
+    return level;
+}
+
+/* Keeps a stderr line among the last ones (cut to 500 bytes), for the reason of a copy that cannot
+ * start. */
+static void tail_add(coproc *c, const char *line, size_t len)
+{
+    if (len > 500)
+        len = 500;
+    if (c->tail_len + len + 1 > TAIL_MAX) {
+        size_t drop = c->tail_len + len + 1 - TAIL_MAX;
+        const char *nl = drop < c->tail_len ? memchr(c->tail + drop, '\n', c->tail_len - drop) : NULL;
+        drop = nl ? (size_t)(nl - c->tail) + 1 : c->tail_len;
+        memmove(c->tail, c->tail + drop, c->tail_len - drop);
+        c->tail_len -= drop;
+    }
+    memcpy(c->tail + c->tail_len, line, len);
+    c->tail_len += len;
+    c->tail[c->tail_len++] = '\n';
+    c->tail[c->tail_len] = '\0';
+}
+
+/* Says how many stderr lines of the window were not logged, if any. */
+static void stderr_dropped(coproc *c)
+{
+    if (c->err_dropped > 0)
+        plog(c->pool, PGJOBQ_LOG_WARN,
+             "coprocess %d: %lld more lines of its standard error in %d s were not logged (at most %d are)", c->index,
+             c->err_dropped, STDERR_WINDOW_MS / 1000, STDERR_LINES_MAX);
+    c->err_dropped = 0;
+}
+
+/* A line of the coprocess's stderr: kept among the last ones, and logged at the level it says (at
+ * most STDERR_LINES_MAX a window: a coprocess that floods its stderr must not flood the log). */
+static void stderr_line(coproc *c, const char *line, size_t len, int64_t now)
+{
+    size_t at, skip;
+
+    tail_add(c, line, len);
+    if (now - c->err_window_ms >= STDERR_WINDOW_MS) {
+        stderr_dropped(c);
+        c->err_window_ms = now;
+        c->err_lines = 0;
+    }
+    if (c->err_lines >= STDERR_LINES_MAX) {
+        c->err_dropped++;
+        return;
+    }
+    c->err_lines++;
+    pgjobq_log_level level = line_level(line, len, &at, &skip);
+    plog(c->pool, level, "coprocess %d: %.*s%s", c->index, (int)at, line, line + at + skip);
+}
+
+/* How often this job was handed back by copies that could not start (this one included): under
+ * p->mu. */
+static int strike(coproc_pool *p, int64_t id)
+{
+    for (int i = 0; i < STRIKE_SLOTS; i++)
+        if (p->strikes[i].id == id && p->strikes[i].n > 0)
+            return ++p->strikes[i].n;
+    int i = p->next_strike;
+    p->next_strike = (i + 1) % STRIKE_SLOTS;
+    p->strikes[i].id = id;
+    p->strikes[i].n = 1;
+    return 1;
+}
+
+/* A copy started (it said something valid, or, for a coprocess that never says it is ready, it has
+ * lived START_GRACE_MS): if the pool could not start one before, the worker claims again. */
+static void started(coproc *c, pid_t pid, const char *how)
+{
+    coproc_pool *p = c->pool;
+
+    pthread_mutex_lock(&p->mu);
+    int was = p->broken;
+    p->broken = 0;
+    free(p->broken_why);
+    p->broken_why = NULL;
+    pthread_mutex_unlock(&p->mu);
+    if (!was)
+        return;
+    if (p->health)
+        p->health(p->health_arg, NULL);
+    plog(p, PGJOBQ_LOG_INFO, "coprocess %d (pid %d) %s: the worker claims again", c->index, (int)pid, how);
+}
+
+/* A copy that ended before it said anything valid could not start: a broken deployment (a module
+ * that cannot be imported, a setting missing), not failed jobs.  The jobs it held go back without
+ * using an attempt, its last stderr lines (the traceback) are the reason (theirs, the worker's row in
+ * pgjobq.workers, the log's), and the worker claims nothing until a copy starts.  A coprocess that
+ * never says it is ready could also have been killed by its first job: a job handed back so
+ * STRIKES_MAX times counts a failed attempt, so that it cannot come back for ever. */
+static void cannot_start(coproc *c, pid_t pid, const char *how, pending *held)
+{
+    coproc_pool *p = c->pool;
+    char why[TAIL_MAX + 400], job_why[TAIL_MAX + 500];
+    int n = 0, counted = 0;
+
+    pthread_mutex_lock(&p->mu);
+    int ready_seen = p->ready_seen;
+    snprintf(why, sizeof why, "the coprocess could not start: it %s before %s%s%s", how,
+             ready_seen ? "it was ready" : "answering anything",
+             c->tail_len ? "; the last lines of its standard error:\n" : " (and wrote nothing on standard error)",
+             c->tail);
+    p->broken = 1;
+    free(p->broken_why);
+    p->broken_why = strdup(why);
+    for (pending *pe = held; pe; pe = pe->next)
+        pe->struck_out = !ready_seen && strike(p, pe->id) >= STRIKES_MAX;
+    pthread_mutex_unlock(&p->mu);
+    snprintf(job_why, sizeof job_why, "not run: %s", why);
+    while (held) {
+        pending *next = held->next;
+        n++;
+        if (held->struck_out) {
+            char msg[sizeof job_why + 160];
+            snprintf(msg, sizeof msg,
+                     "%s\n(handed back %d times by a coprocess that could not start: this time "
+                     "counted as a failed attempt)",
+                     job_why, STRIKES_MAX);
+            counted++;
+            finish(held, PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
+        } else {
+            finish(held, PGJOBQ_OUTCOME_SNOOZE, NULL, job_why, 0);
+        }
+        held = next;
+    }
+    if (p->health)
+        p->health(p->health_arg, why);
+    /* Its stderr lines are in the log already (unless there were too many): the last one says most. */
+    const char *last = c->tail;
+    for (const char *q = c->tail; c->tail_len && q < c->tail + c->tail_len - 1; q++)
+        if (*q == '\n')
+            last = q + 1;
+    plog(p, PGJOBQ_LOG_ERROR,
+         "coprocess %d (pid %d) %s before %s: it cannot start (%.*s); %d jobs it held handed back without using an "
+         "attempt%s; the worker claims nothing until a copy starts%s",
+         c->index, (int)pid, how, ready_seen ? "it was ready" : "answering anything",
+         c->tail_len ? (int)strcspn(last, "\n") : 14, c->tail_len ? last : "no stderr line", n - counted,
+         counted ? " (and some counted: handed back too often)" : "",
+         atomic_load(&p->draining) ? "" : " (started again with backoff)");
+}
+
 /* Runs one life of the coprocess: until it exits, breaks the protocol, or the pool stops.  Returns
- * how long it lived (ms). */
+ * how long it lived (ms); c->broke says whether it ended before it started. */
 static int64_t one_life(coproc *c)
 {
     coproc_pool *p = c->pool;
@@ -479,6 +753,14 @@ static int64_t one_life(coproc *c)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     plog(p, PGJOBQ_LOG_INFO, "coprocess %d started (pid %d)", c->index, (int)pid);
+    c->broke = 0;
+    c->answered = 0;
+    c->tail_len = 0;
+    c->tail[0] = '\0';
+    c->err_window_ms = born;
+    c->err_lines = 0;
+    c->err_dropped = 0;
+    int graced = 0;
 
     sb_init(&out);
     sb_init(&err);
@@ -499,6 +781,15 @@ static int64_t one_life(coproc *c)
         if (now >= next_scan) {
             give_up_stopped(c);
             next_scan = now + STOP_SCAN_MS;
+        }
+        /* A coprocess that never says it is ready has started once it has lived a while. */
+        if (!c->answered && !graced && now - born >= START_GRACE_MS) {
+            graced = 1;
+            pthread_mutex_lock(&p->mu);
+            int judge_by_ready = p->ready_seen;
+            pthread_mutex_unlock(&p->mu);
+            if (!judge_by_ready)
+                started(c, pid, "has run for a while without saying it is ready");
         }
         if (fds[3].revents) {
             while (read(c->kick[0], buf, 64) == 64) {
@@ -535,7 +826,7 @@ static int64_t one_life(coproc *c)
                 size_t len = i - start;
                 start = i + 1;
                 if (f) {
-                    plog(p, PGJOBQ_LOG_WARN, "coprocess %d: %s", c->index, line);
+                    stderr_line(c, line, len, now);
                     continue;
                 }
                 if (len == 0 || bad)
@@ -560,6 +851,17 @@ static int64_t one_life(coproc *c)
                     kill(-pid, SIGKILL);
                     continue;
                 }
+                if (!c->answered) {
+                    c->answered = 1;
+                    if (r.ready) {
+                        pthread_mutex_lock(&p->mu);
+                        p->ready_seen = 1;
+                        pthread_mutex_unlock(&p->mu);
+                    }
+                    started(c, pid, r.ready ? "is ready" : "answered");
+                }
+                if (r.ready)
+                    continue;
                 if (r.progress) {
                     /* Now, before the answers of this read are delivered (one may end the job). */
                     set_progress(c, r.id, r.progress);
@@ -622,10 +924,10 @@ static int64_t one_life(coproc *c)
                 b->len -= start;
                 b->data[b->len] = '\0';
             }
-            if (b->len > LINE_MAX_BYTES || b->failed) {
+            if (b->len > COPROC_LINE_MAX || b->failed) {
                 if (!f && !bad) {
                     plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line longer than %d bytes; restarting it",
-                         c->index, LINE_MAX_BYTES);
+                         c->index, COPROC_LINE_MAX);
                     pthread_mutex_lock(&p->mu);
                     c->retiring = 1;
                     pthread_mutex_unlock(&p->mu);
@@ -660,20 +962,27 @@ static int64_t one_life(coproc *c)
     kill(-pid, SIGKILL); /* whatever it left in its group */
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    char how[64];
     if (WIFEXITED(status))
-        snprintf(why, sizeof why, "the coprocess (pid %d) exited with status %d before answering", (int)pid,
-                 WEXITSTATUS(status));
+        snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(status));
     else
-        snprintf(why, sizeof why, "the coprocess (pid %d) was killed by signal %d before answering", (int)pid,
-                 WTERMSIG(status));
+        snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(status));
+    snprintf(why, sizeof why, "the coprocess (pid %d) %s before answering", (int)pid, how);
+    stderr_dropped(c);
     pthread_mutex_lock(&p->mu);
     c->pid = 0;
     pending *held = take_held(c);
     int stopping = p->stopping;
     pthread_mutex_unlock(&p->mu);
-    finish_all(held, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
-    if (!stopping)
-        plog(p, PGJOBQ_LOG_WARN, "%s; restarting it", why + 4);
+    if (!c->answered && !bad && !stopping) {
+        c->broke = 1;
+        cannot_start(c, pid, how, held);
+    } else {
+        finish_all(held, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
+        if (!stopping)
+            plog(p, PGJOBQ_LOG_WARN, "%s; %s", why + 4,
+                 atomic_load(&p->draining) ? "not started again: the worker is stopping" : "restarting it");
+    }
     return cli_mono_ms() - born;
 }
 
@@ -692,7 +1001,10 @@ static void *supervise(void *arg)
         if (stopping)
             break;
         int64_t lived = one_life(c);
-        backoff = lived > 10000 ? BACKOFF_MIN_MS : backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+        if (atomic_load(&p->draining))
+            break; /* the worker is stopping: a copy started now would only take jobs to lose */
+        int64_t most = c->broke ? BROKEN_BACKOFF_MAX_MS : BACKOFF_MAX_MS;
+        backoff = lived > 10000 && !c->broke ? BACKOFF_MIN_MS : backoff * 2 > most ? most : backoff * 2;
         struct timespec until;
         deadline_in(&until, backoff);
         pthread_mutex_lock(&p->mu);
@@ -704,7 +1016,8 @@ static void *supervise(void *arg)
 }
 
 coproc_pool *coproc_start(char **argv, char **env, int k, int share,
-                          void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg)
+                          void (*log)(void *arg, pgjobq_log_level level, const char *msg), void *log_arg,
+                          void (*health)(void *arg, const char *problem), void *health_arg)
 {
     coproc_pool *p = calloc(1, sizeof *p);
     if (p == NULL)
@@ -720,6 +1033,8 @@ coproc_pool *coproc_start(char **argv, char **env, int k, int share,
     p->share = share < 1 ? 1 : share;
     p->log = log;
     p->log_arg = log_arg;
+    p->health = health;
+    p->health_arg = health_arg;
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         free(p->cp);
         free(p);
@@ -787,8 +1102,15 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
     }
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    free(p->broken_why);
     free(p->cp);
     free(p);
+}
+
+void coproc_drain(coproc_pool *p)
+{
+    if (p)
+        atomic_store(&p->draining, 1);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -849,7 +1171,7 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
                 (c == NULL || x->inflight < c->inflight))
                 c = x;
         }
-        if (c || p->stopping || pgjobq_ctx_should_stop(ctx))
+        if (c || p->stopping || p->broken || atomic_load(&p->draining) || pgjobq_ctx_should_stop(ctx))
             break;
         if (on_supervisor) {
             /* Started by a supervisor, which must not wait (it reads the replies that make room): its
@@ -872,9 +1194,25 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
         }
     }
     if (c == NULL) {
+        /* While no copy can start, or the worker is stopping: the job goes back untouched, at once
+         * (another worker may run it). */
+        int broken = p->broken;
+        char *why = broken && p->broken_why ? strdup(p->broken_why) : NULL;
+        int hand_back = broken || atomic_load(&p->draining);
         pthread_mutex_unlock(&p->mu);
         sb_free(&line);
         free(pe);
+        if (hand_back) {
+            char msg[TAIL_MAX + 500];
+            snprintf(msg, sizeof msg, "not run: %s",
+                     why      ? why
+                     : broken ? "the coprocess could not start (see the worker's log)"
+                              : "the worker is stopping");
+            free(why);
+            pgjobq_ctx_set_error(ctx, msg);
+            pgjobq_ctx_set_retry_delay(ctx, 0);
+            return PGJOBQ_OUTCOME_SNOOZE;
+        }
         pgjobq_ctx_set_error(ctx, "no coprocess was running to take the job (see the worker's log)");
         return PGJOBQ_OUTCOME_RETRY;
     }

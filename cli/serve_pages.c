@@ -79,12 +79,55 @@ static void chart(sbuf *b, PGresult *r)
               CH_LEFT, CH_H - 4, CH_LEFT + 30 * bar, CH_H - 4, CH_W - CH_RIGHT, CH_H - 4);
 }
 
+/* The live workers that claim nothing because they cannot run jobs (a coprocess that cannot start):
+ * a card above the page's table, with each one's reason (whole on /workers, its first line on the
+ * overview).  Nothing when there are none. */
+static void unhealthy_workers(sbuf *b, pgjobq_client *c, http_resp *out, int whole)
+{
+    PGresult *r = serve_query(c, out,
+                              "SELECT id, host, pid, reason, round(extract(epoch FROM now() - since))::bigint"
+                              " FROM pgjobq.monitor_unhealthy_workers()",
+                              0, NULL);
+    if (r && PQntuples(r) > 0) {
+        sb_printf(b,
+                  "<div class=\"card\" id=\"unhealthy\"><p class=\"error\"><strong>%d unhealthy worker%s</strong>: "
+                  "claiming nothing until it can run jobs again.</p>",
+                  PQntuples(r), PQntuples(r) == 1 ? "" : "s");
+        for (int i = 0; i < PQntuples(r); i++) {
+            const char *reason = V(r, i, 3);
+            sb_puts(b, "<p class=\"worker-problem\"><strong>");
+            sb_html(b, V(r, i, 0));
+            sb_puts(b, "</strong> (pid ");
+            sb_html(b, V(r, i, 2));
+            sb_puts(b, " on ");
+            sb_html(b, V(r, i, 1));
+            sb_puts(b, "), for ");
+            sb_html(b, V(r, i, 4));
+            sb_puts(b, " s</p>");
+            if (whole) {
+                sb_puts(b, "<pre>");
+                sb_html(b, reason);
+                sb_puts(b, "</pre>");
+            } else {
+                char *first = strndup(reason, strcspn(reason, "\n"));
+                sb_puts(b, "<p class=\"muted\">");
+                sb_html(b, first ? first : "");
+                sb_puts(b, " (<a href=\"/workers\">more</a>)</p>");
+                free(first);
+            }
+        }
+        sb_puts(b, "</div>");
+    }
+    PQclear(r);
+}
+
 void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
 {
     sbuf *b = &out->body;
     PGresult *r;
 
     html_page_begin(s, b, "overview", 10);
+    unhealthy_workers(b, c, out, 0);
     sb_puts(b, "<h1>Overview</h1><table id=\"queues\"><thead><tr><th>Queue</th><th>State</th><th>Due</th>"
                "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
                "</tr></thead><tbody>");
@@ -591,6 +634,7 @@ void serve_page_workers(serve *s, pgjobq_client *c, http_resp *out)
     sbuf *b = &out->body;
 
     html_page_begin(s, b, "workers", 10);
+    unhealthy_workers(b, c, out, 1);
     sb_puts(b, "<h1>Workers</h1><table id=\"workers\"><thead><tr><th>Worker</th><th>State</th><th>Host</th>"
                "<th>Pid</th><th>Queues (concurrency)</th><th>Jobs held</th><th>Started (UTC)</th>"
                "<th>Last seen</th><th>Version</th></tr></thead><tbody>");

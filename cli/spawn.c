@@ -97,29 +97,62 @@ int spawn_runnable(const char *file)
     return 0;
 }
 
-/* Whether a variable of the worker's environment stays out of a handler's: every variable libpq reads
- * (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS, ...: all
- * begin with PG, and so do the ones a later libpq adds), every pgjobq setting (PGJOBQ_DATABASE_URL,
- * PGJOBQ_SERVE_TOKEN, ...) and DATABASE_URL.  A rule by prefix rather than a list: a list misses the
- * variable added next year.  An exec handler gets its job's PGJOBQ_* variables afterwards. */
+/* Whether a variable of the worker's environment stays out of a handler's by default: every variable
+ * libpq reads (PGHOST, PGUSER, PGPASSWORD, PGPASSFILE, PGSERVICE, PGSSLKEY, PGSSL*, PGGSS*, PGOPTIONS,
+ * ...: all begin with PG, and so do the ones a later libpq adds), every pgjobq setting
+ * (PGJOBQ_DATABASE_URL, PGJOBQ_SERVE_TOKEN, ...) and DATABASE_URL.  A rule by prefix rather than a
+ * list: a list misses the variable added next year.  --pass-env NAME and --keep-env let them through. */
 static int withheld_from_handlers(const char *var)
 {
     return strncmp(var, "PG", 2) == 0 || strncmp(var, "DATABASE_URL=", 13) == 0;
 }
 
-char **spawn_environment(void)
+/* The variables pgjobq itself gives a handler (an exec handler's job, a coprocess's protocol): the
+ * worker's own of those names never pass, so that the handler reads pgjobq's. */
+static const char *const given_by_pgjobq[] = {"PGJOBQ_JOB_ID",  "PGJOBQ_QUEUE",        "PGJOBQ_KIND",
+                                              "PGJOBQ_ATTEMPT", "PGJOBQ_MAX_ATTEMPTS", "PGJOBQ_LEASE_TOKEN",
+                                              "PGJOBQ_PARENTS", SPAWN_PROTOCOL_VAR,    NULL};
+
+/* Whether var ("NAME=value") is named name. */
+static int named(const char *var, const char *name)
 {
-    size_t n = 0, k = 0;
+    size_t n = strlen(name);
+    return strncmp(var, name, n) == 0 && var[n] == '=';
+}
+
+int spawn_env_name_ok(const char *name)
+{
+    if (!((*name >= 'A' && *name <= 'Z') || (*name >= 'a' && *name <= 'z') || *name == '_'))
+        return 0;
+    for (const char *p = name + 1; *p; p++)
+        if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+            return 0;
+    return 1;
+}
+
+char **spawn_environment(int keep_all, const char *const *pass, size_t npass, const char *const *extra)
+{
+    size_t n = 0, k = 0, nextra = 0;
     char **env;
 
     while (environ[n])
         n++;
-    env = calloc(n + 1, sizeof *env);
+    while (extra && extra[nextra])
+        nextra++;
+    env = calloc(n + nextra + 1, sizeof *env);
     if (env == NULL)
         return NULL;
-    for (size_t i = 0; i < n; i++)
-        if (!withheld_from_handlers(environ[i]))
+    for (size_t i = 0; i < n; i++) {
+        int given = 0, passed = keep_all;
+        for (int g = 0; given_by_pgjobq[g] && !given; g++)
+            given = named(environ[i], given_by_pgjobq[g]);
+        for (size_t p = 0; p < npass && !passed; p++)
+            passed = named(environ[i], pass[p]);
+        if (!given && (passed || !withheld_from_handlers(environ[i])))
             env[k++] = environ[i];
+    }
+    for (size_t i = 0; i < nextra; i++)
+        env[k++] = (char *)extra[i];
     return env;
 }
 

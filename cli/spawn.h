@@ -18,10 +18,21 @@ char **spawn_split_words(const char *s, char *why, size_t why_size);
  * posix_spawnp looks for it; else 0. */
 int spawn_runnable(const char *file);
 
-/* The worker's environment minus every variable that could reach its database or hold a secret
- * (each beginning with PG, and DATABASE_URL): a malloc'd array of pointers into environ, NULL
+/* The variable that tells a coprocess which version of the protocol the worker speaks
+ * (docs/coproc.md): 2 adds the "ready" line and the "snooze" status to the original (1). */
+#define SPAWN_PROTOCOL_VAR "PGJOBQ_COPROC_PROTOCOL"
+
+/* The environment a handler gets: the worker's, without (unless keep_all) every variable that could
+ * reach its database or hold a secret (each beginning with PG, and DATABASE_URL) except the npass
+ * names in pass, and without the worker's own variables of the names pgjobq gives a handler
+ * (PGJOBQ_JOB_ID ..., PGJOBQ_COPROC_PROTOCOL); then the NULL-terminated extra ("NAME=value", may be
+ * NULL).  A malloc'd array of pointers into environ and extra (which must outlive it), NULL
  * terminated, that the caller frees (not the strings).  NULL when out of memory. */
-char **spawn_environment(void);
+char **spawn_environment(int keep_all, const char *const *pass, size_t npass, const char *const *extra);
+
+/* 1 when name can name an environment variable for --pass-env (a letter or _, then letters, digits
+ * or _), else 0. */
+int spawn_env_name_ok(const char *name);
 
 /* Starts argv[0] (looked up on PATH when it holds no '/') with argv and environment env, in its own
  * process group (so that a signal to -pid reaches all it starts), with every signal unblocked and

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 18
+#define PGJOBQ_SCHEMA_VERSION 19
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -777,9 +777,16 @@ typedef enum pgjobq_outcome {
     PGJOBQ_OUTCOME_DONE = 4,     /* the handler already ended the job itself, typically with
                                     pgjobq_job_complete on its own connection, in the same transaction
                                     as its effect (exactly-once effects); the worker writes nothing */
-    PGJOBQ_OUTCOME_PENDING = 5   /* the job goes on after the handler returns: whoever the handler gave
+    PGJOBQ_OUTCOME_PENDING = 5,  /* the job goes on after the handler returns: whoever the handler gave
                                     it to ends it with pgjobq_ctx_finish, from any thread, and the
                                     handler's thread is free for the next job meanwhile */
+    PGJOBQ_OUTCOME_SNOOZE = 6    /* hand the job back untouched: it is queued again, due after the
+                                    delay set with pgjobq_ctx_set_retry_delay (none set: the backoff of
+                                    its attempt, a few seconds), and this attempt does not count; the text set with
+                                    pgjobq_ctx_set_error is kept as its last_error (why).  For a job
+                                    this worker cannot run now rather than one that failed: a kind it
+                                    does not know yet (a rolling deploy), a handler that could not
+                                    start.  A job whose cancellation was requested ends cancelled */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */
@@ -802,10 +809,12 @@ PGJOBQ_EXPORT const pgjobq_job *pgjobq_ctx_job(const pgjobq_ctx *ctx);
  * (the previous result, if any, is kept). */
 PGJOBQ_EXPORT int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json) PGJOBQ_WUR;
 
-/* Sets the error text stored with RETRY or FAIL (any bytes; sanitised and cut to PGJOBQ_ERROR_MAX). */
+/* Sets the error text stored with RETRY or FAIL, or the reason stored with SNOOZE (any bytes;
+ * sanitised and cut to PGJOBQ_ERROR_MAX). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
 
-/* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff). */
+/* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff), or
+ * before a SNOOZE'd job runs again (the default: the backoff; at most 100 years, more is taken as 100). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
 
 /* Reports the job's progress (JSON text of at most PGJOBQ_PROGRESS_MAX bytes, copied): the worker
@@ -960,6 +969,18 @@ PGJOBQ_EXPORT int pgjobq_worker_run(pgjobq_worker *w) PGJOBQ_WUR;
  */
 PGJOBQ_EXPORT void pgjobq_worker_stop(pgjobq_worker *w);
 
+/*
+ * Says that the worker cannot run jobs now, and why (reason: text, copied; sanitised and cut to 4000
+ * bytes), or that it can again (reason NULL).  While a reason is set the worker claims no new job; the
+ * jobs it holds go on (their leases renewed, their outcomes written), and its row of pgjobq.workers
+ * carries the reason and since when (column unhealthy, written at once), where `pgjobq health`, the
+ * dashboard and pgjobq.monitor_unhealthy_workers() show it.  For a handler that finds it cannot work:
+ * a process it runs jobs in that cannot start (`pgjobq work --coproc` does this), a resource it needs
+ * that is gone.  Safe from any thread while the worker runs (not from a signal handler), and before
+ * pgjobq_worker_run.  Returns PGJOBQ_OK, or PGJOBQ_ENOMEM (nothing changed).
+ */
+PGJOBQ_EXPORT int pgjobq_worker_set_unhealthy(pgjobq_worker *w, const char *reason) PGJOBQ_WUR;
+
 /* Counters since the worker started; safe to read from any thread while it runs. */
 typedef struct pgjobq_worker_stats {
     int64_t claimed;     /* jobs claimed */
@@ -968,7 +989,7 @@ typedef struct pgjobq_worker_stats {
     int64_t failed;      /* jobs that ended failed */
     int64_t cancelled;   /* jobs that ended cancelled */
     int64_t lost;        /* jobs whose lease was lost (results not written) */
-    int64_t released;    /* jobs handed back at shutdown */
+    int64_t released;    /* jobs handed back at shutdown, or snoozed by their handler */
     int64_t running;     /* jobs running now */
     int64_t claims;      /* claim statements */
     int64_t rescued;     /* expired leases rescued by this process's maintenance */
@@ -1002,6 +1023,11 @@ PGJOBQ_EXPORT int pgjobq_name_check(const char *name) PGJOBQ_WUR;
  * byte offset) into why[0..why_size).
  */
 PGJOBQ_EXPORT int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size) PGJOBQ_WUR;
+
+/* pgjobq_json_check with max_len bytes as the limit instead of PGJOBQ_PAYLOAD_MAX: for a document that
+ * holds a value to store and more (a line of a protocol), checked whole before it is taken apart. */
+PGJOBQ_EXPORT int pgjobq_json_check_limit(const char *text, size_t len, size_t max_len, char *why,
+                                          size_t why_size) PGJOBQ_WUR;
 
 /*
  * Checks that libpq can parse conninfo (a postgresql:// URL or a key=value string; NULL is "").  Does

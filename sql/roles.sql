@@ -76,6 +76,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.progress_many(bigint[], bigint[], jsonb[]),
     pgjobq.release_many(bigint[], bigint[], text),
     pgjobq.cancel_many(bigint[], bigint[], text),
+    pgjobq.snooze_many(bigint[], bigint[], text[], interval[]),
     pgjobq.next_due(text),
     pgjobq.rescue_expired(integer, timestamptz),
     pgjobq.prune(interval, interval, integer),
@@ -83,11 +84,12 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.cron_field(text, integer, integer, text[], text),
     pgjobq.cron_instant(timestamp, text),
     pgjobq.schedule_tick(integer),
-    pgjobq.worker_beat(text, text, integer, text, text, bigint),
+    pgjobq.worker_beat(text, text, integer, text, text, bigint, text),
     pgjobq.worker_gone(text, bigint),
     pgjobq.set_progress(bigint, bigint, jsonb),
     pgjobq.parents(bigint),
     pgjobq.health(),
+    pgjobq.monitor_unhealthy_workers(),
     pgjobq.autovacuum_adapt()
 TO pgjobq_worker;
 
@@ -169,7 +171,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_l
 GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
-    pgjobq.monitor_workers(), pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
+    pgjobq.monitor_workers(), pgjobq.monitor_unhealthy_workers(),
+    pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
     pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
     pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()

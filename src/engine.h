@@ -422,6 +422,7 @@ enum {
     PGJOBQ__S_FAIL,
     PGJOBQ__S_RELEASE,
     PGJOBQ__S_CANCEL,
+    PGJOBQ__S_SNOOZE,
     PGJOBQ__S_EXTEND,
     PGJOBQ__S_BEAT,
     PGJOBQ__S_PROGRESS,
@@ -431,7 +432,7 @@ enum {
     PGJOBQ__S_HEALTH,
     PGJOBQ__NSTMTS
 };
-enum { PGJOBQ__W_COMPLETE, PGJOBQ__W_FAIL, PGJOBQ__W_RELEASE, PGJOBQ__W_CANCEL, PGJOBQ__W_KINDS };
+enum { PGJOBQ__W_COMPLETE, PGJOBQ__W_FAIL, PGJOBQ__W_RELEASE, PGJOBQ__W_CANCEL, PGJOBQ__W_SNOOZE, PGJOBQ__W_KINDS };
 #define PGJOBQ__WRITE_STMT(kind) (PGJOBQ__S_COMPLETE + (kind))
 /* The claim's columns after the claimed job's (PGJOBQ__K_ID ...). */
 enum { PGJOBQ__K_KEY = PGJOBQ__K_NCOLS, PGJOBQ__K_META, PGJOBQ__K_CAP, PGJOBQ__K_TICK_XID, PGJOBQ__K_NEXT_DUE,
@@ -480,6 +481,15 @@ struct pgjobq_worker {
     /* Stop requests (signal-safe). */
     _Atomic int stop_requests;
     int wake_pipe[2];
+
+    /* pgjobq_worker_set_unhealthy: why the worker claims nothing (NULL: it claims), under problem_lock
+     * (a spin lock: held only to swap or copy it); unhealthy says whether one is set, problem_changed
+     * that the engine has not beaten since it changed.  Engine only: claims_held, what it last saw. */
+    _Atomic int problem_lock;
+    char *problem;
+    _Atomic int unhealthy;
+    _Atomic int problem_changed;
+    int claims_held;
 
     /* The handler threads, and the mailbox they hand outcomes back through. */
     pgjobq__pool pool;
@@ -536,6 +546,10 @@ struct pgjobq_worker {
 };
 
 /* worker_api.c */
+/* The longest reason pgjobq_worker_set_unhealthy keeps (pgjobq.workers keeps 4096 characters). */
+#define PROBLEM_MAX 4000
+/* Copies why the worker is unhealthy into buf ("" when it is not). */
+void pgjobq__worker_problem(pgjobq_worker *w, char *buf, size_t size);
 /* Sets the worker's message and returns code. */
 int pgjobq__worker_err(pgjobq_worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Wakes the engine from its poll (signal-safe: a byte into its pipe). */

@@ -198,7 +198,14 @@ static int literal(jp *p, const char *word)
     return 0;
 }
 
+static int json_check_upto(const char *text, size_t len, size_t max_len, char *why, size_t why_size);
+
 int pgjobq__json_check(const char *text, size_t len, char *why, size_t why_size)
+{
+    return json_check_upto(text, len, PGJOBQ_PAYLOAD_MAX, why, why_size);
+}
+
+static int json_check_upto(const char *text, size_t len, size_t max_len, char *why, size_t why_size)
 {
     enum { VALUE, KEY, AFTER } state = VALUE;
     char stack[JSON_MAX_DEPTH];
@@ -209,9 +216,9 @@ int pgjobq__json_check(const char *text, size_t len, char *why, size_t why_size)
         why[0] = '\0';
     if (text == NULL)
         return fail(&p, "no JSON text");
-    if (len > PGJOBQ_PAYLOAD_MAX) {
+    if (len > max_len) {
         if (why && why_size)
-            snprintf(why, why_size, "%zu bytes, over the %d-byte limit", len, PGJOBQ_PAYLOAD_MAX);
+            snprintf(why, why_size, "%zu bytes, over the %zu-byte limit", len, max_len);
         return -1;
     }
     for (;;) {
@@ -284,6 +291,11 @@ int pgjobq__json_check(const char *text, size_t len, char *why, size_t why_size)
 int pgjobq_json_check(const char *text, size_t len, char *why, size_t why_size)
 {
     return pgjobq__json_check(text, len, why, why_size) == 0 ? PGJOBQ_OK : PGJOBQ_EINVAL;
+}
+
+int pgjobq_json_check_limit(const char *text, size_t len, size_t max_len, char *why, size_t why_size)
+{
+    return json_check_upto(text, len, max_len, why, why_size) == 0 ? PGJOBQ_OK : PGJOBQ_EINVAL;
 }
 
 /* Appends the sanitised form of s[0..n) to out (which has room for 3 * n bytes). */

@@ -75,6 +75,9 @@
 /* Rescue and prune work in batches of this many jobs (a full batch: run again at once). */
 #define MAINTENANCE_BATCH 1000
 
+/* A snoozed job's delay, at most: 100 years, as every delay the library takes. */
+#define SNOOZE_DELAY_MAX_MS INT64_C(3155760000000)
+
 /* The statement a connection carries, and what the engine must remember about it. */
 enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
        R_TICK, R_HEALTH };
@@ -194,6 +197,20 @@ static pgjobq_ctx *running_find(pgjobq_worker *w, int64_t id)
     return NULL;
 }
 
+/* A snoozed job goes back with a reason (the handler's, else one saying who handed it back) and a
+ * delay of at most 100 years (now() + more would be out of the jobs table's range). */
+static int snooze_prepare(pgjobq_worker *w, pgjobq_ctx *ctx)
+{
+    if (ctx->error == NULL) {
+        char why[320];
+        snprintf(why, sizeof why, "handed back by its handler on worker %s", w->worker_id);
+        pgjobq_ctx_set_error(ctx, why);
+    }
+    if (ctx->retry_delay_ms > SNOOZE_DELAY_MAX_MS)
+        ctx->retry_delay_ms = SNOOZE_DELAY_MAX_MS;
+    return PGJOBQ__W_SNOOZE;
+}
+
 /* Queues a job's outcome for writing (or drops the job when there is nothing to write). */
 static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
@@ -212,6 +229,8 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         kind = PGJOBQ__W_COMPLETE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_CANCEL)
         kind = PGJOBQ__W_CANCEL;
+    else if (ctx->outcome == PGJOBQ_OUTCOME_SNOOZE)
+        kind = snooze_prepare(w, ctx);
     else
         kind = PGJOBQ__W_FAIL;
     if (ctx->outcome == PGJOBQ_OUTCOME_RETRY && ctx->error == NULL &&
@@ -361,6 +380,32 @@ static void phase_burst(pgjobq_worker *w)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* Phase: health (pgjobq_worker_set_unhealthy)                                                        */
+
+/* Claims stop while the worker is unhealthy and resume (every queue looked at now) when it is not,
+ * each change said once in the log; the registry hears of a change at once (a beat now). */
+static void phase_health(pgjobq_worker *w, int64_t now)
+{
+    int held = atomic_load(&w->unhealthy);
+
+    if (atomic_load(&w->problem_changed))
+        w->next_beat_ms = now;
+    if (held == w->claims_held)
+        return;
+    w->claims_held = held;
+    if (held) {
+        char problem[PROBLEM_MAX + 1];
+        pgjobq__worker_problem(w, problem, sizeof problem);
+        wlog(w, PGJOBQ_LOG_WARN, "unhealthy: claiming nothing until it is over (%.*s)", (int)strcspn(problem, "\n"),
+             problem);
+        return;
+    }
+    wlog(w, PGJOBQ_LOG_INFO, "healthy again: claiming");
+    for (int i = 0; i < w->nqueues; i++)
+        w->queues[i].claim.woken = 1;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Phase: collect                                                                                    */
 
 static void phase_collect(pgjobq_worker *w, int64_t now)
@@ -425,6 +470,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         }
         break;
     case PGJOBQ__W_FAIL:
+    case PGJOBQ__W_SNOOZE: /* the first four of fail_many's: ids, tokens, reasons, delays */
         pgjobq__array_begin(&a[2], OID_TEXT);
         pgjobq__array_begin(&a[3], OID_INTERVAL);
         pgjobq__array_begin(&a[4], OID_BOOL);
@@ -642,7 +688,13 @@ static void progress_done(pgjobq_worker *w, PGresult *r)
 /* Says in pgjobq.workers that this worker is alive, and which queues it serves. */
 static void send_beat(pgjobq_worker *w, int64_t now)
 {
-    const char *values[6] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s};
+    char problem[PROBLEM_MAX + 1];
+    const char *values[7] = {w->worker_id, w->host, w->pid_s, PGJOBQ_VERSION, w->queues_s, w->secret_s, NULL};
+
+    atomic_store(&w->problem_changed, 0);
+    pgjobq__worker_problem(w, problem, sizeof problem);
+    if (problem[0])
+        values[6] = problem;
 
     w->next_beat_ms = now + (w->id_refused_ms && !w->registered ? BEAT_RETRY_MS : BEAT_EVERY_MS);
     if (w->queues_s[0] == '\0') {
@@ -739,16 +791,16 @@ static void phase_write(pgjobq_worker *w, int64_t now)
 }
 
 /* A job whose outcome the database refused when written alone: its result (a number beyond
- * numeric's range, a value a CHECK of the user's refuses) or its retry delay (a run_at out of range).  It becomes a
- * failed attempt of that job alone, retried after the backoff while attempts remain, whose error
- * says why; refused again (or a release or cancel, which carry nothing of the job's), it is left to
- * its lease. */
+ * numeric's range, a value a CHECK of the user's refuses) or its retry delay (a run_at out of range).
+ * It becomes a failed attempt of that job alone (a snooze stays a snooze), retried after the backoff
+ * while attempts remain, whose error says why; refused again (or a release or cancel, which carry
+ * nothing of the job's), it is left to its lease. */
 static void outcome_refused(pgjobq_worker *w, int kind, pgjobq_ctx *ctx, const char *why)
 {
     size_t size = strlen(why) + (ctx->error ? strlen(ctx->error) : 0) + 64;
     char *error = malloc(size);
 
-    if (ctx->refused || (kind != PGJOBQ__W_COMPLETE && kind != PGJOBQ__W_FAIL) || error == NULL) {
+    if (ctx->refused || kind == PGJOBQ__W_RELEASE || kind == PGJOBQ__W_CANCEL || error == NULL) {
         wlog(w, PGJOBQ_LOG_ERROR, "job %lld: the database refused its outcome (%s): %s; its lease will expire and "
                                   "the job run again",
              (long long)ctx->job.id, pgjobq__worker_write_what[kind], why);
@@ -763,12 +815,13 @@ static void outcome_refused(pgjobq_worker *w, int kind, pgjobq_ctx *ctx, const c
         ctx->result = NULL;
         ctx->outcome = PGJOBQ_OUTCOME_RETRY;
     } else
-        snprintf(error, size, "outcome not storable: %s; the handler's error: %s", why,
-                 ctx->error ? ctx->error : "(none)");
+        snprintf(error, size, "outcome not storable: %s; the handler's %s: %s", why,
+                 kind == PGJOBQ__W_SNOOZE ? "reason" : "error", ctx->error ? ctx->error : "(none)");
     pgjobq_ctx_set_error(ctx, error);
     free(error);
     ctx->retry_delay_ms = PGJOBQ_BACKOFF;
-    if (batch_add(&w->pending[PGJOBQ__W_FAIL], ctx) != 0) {
+    /* A snooze stays one (its delay the backoff's), so that it still uses no attempt. */
+    if (batch_add(&w->pending[kind == PGJOBQ__W_SNOOZE ? PGJOBQ__W_SNOOZE : PGJOBQ__W_FAIL], ctx) != 0) {
         wlog(w, PGJOBQ_LOG_ERROR, "out of memory recording job %lld; its lease will expire", (long long)ctx->job.id);
         running_drop(w, ctx);
     }
@@ -826,7 +879,9 @@ static void write_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
             switch (pgjobq__outcome_parse(outcome, len)) {
             case PGJOBQ__O_COMPLETED: atomic_fetch_add(&w->st_completed, 1); break;
             case PGJOBQ__O_QUEUED:
-                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE ? &w->st_released : &w->st_retried, 1);
+                atomic_fetch_add(rq->wkind == PGJOBQ__W_RELEASE || rq->wkind == PGJOBQ__W_SNOOZE ? &w->st_released
+                                                                                                 : &w->st_retried,
+                                 1);
                 if (rq->wkind == PGJOBQ__W_FAIL)
                     log_failed_attempt(w, &rq->items, id, 0);
                 break;
@@ -1166,8 +1221,9 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
             rq->kind = R_LISTEN_CHECK;
         return;
     }
-    /* No claim before the registry has taken this worker's id: another live worker may have it. */
-    if (w->stopping || !w->registered)
+    /* No claim before the registry has taken this worker's id: another live worker may have it; and none
+     * while the worker is unhealthy (pgjobq_worker_set_unhealthy). */
+    if (w->stopping || !w->registered || w->claims_held)
         return;
     /* Queues in turn, starting after the one served last, so that a busy queue cannot starve others. */
     for (int k = 0; k < w->nqueues; k++) {
@@ -1503,7 +1559,7 @@ static int64_t next_timer(pgjobq_worker *w, int64_t now, int waiting)
     if (pgjobq__aconn_idle(&w->conn[PGJOBQ__C_CLAIM])) {
         if (!w->o.poll_only)
             SOONER(w->listen_check_ms);
-        for (int i = 0; i < w->nqueues && !w->stopping; i++) {
+        for (int i = 0; i < w->nqueues && !w->stopping && !w->claims_held; i++) {
             pgjobq__queue *q = &w->queues[i];
             if (pgjobq__claim_decide(&q->claim, now, NULL) > 0)
                 return now;
@@ -1785,6 +1841,7 @@ int pgjobq_worker_run(pgjobq_worker *w)
         now = pgjobq__mono_ms();
         phase_burst(w);
         phase_stop(w, now);
+        phase_health(w, now);
         phase_collect(w, now);
         for (int c = 0; c < PGJOBQ__NCONN; c++)
             if (c != PGJOBQ__C_MAINT || !w->o.no_maintenance)

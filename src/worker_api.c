@@ -165,6 +165,48 @@ void pgjobq_worker_stop(pgjobq_worker *w)
         pgjobq__worker_wake(w);
 }
 
+static void problem_lock(pgjobq_worker *w)
+{
+    int free_ = 0;
+    while (!atomic_compare_exchange_weak(&w->problem_lock, &free_, 1))
+        free_ = 0;
+}
+
+static void problem_unlock(pgjobq_worker *w)
+{
+    atomic_store(&w->problem_lock, 0);
+}
+
+int pgjobq_worker_set_unhealthy(pgjobq_worker *w, const char *reason)
+{
+    char *copy = NULL;
+
+    if (w == NULL)
+        return PGJOBQ_EINVAL;
+    if (reason && (copy = pgjobq__sanitize_text(reason, strlen(reason), PROBLEM_MAX, 0)) == NULL)
+        return PGJOBQ_ENOMEM;
+    problem_lock(w);
+    char *old = w->problem;
+    int changed = (old == NULL) != (copy == NULL) || (old && strcmp(old, copy) != 0);
+    w->problem = copy;
+    problem_unlock(w);
+    free(old);
+    if (!changed)
+        return PGJOBQ_OK;
+    atomic_store(&w->unhealthy, copy != NULL);
+    atomic_store(&w->problem_changed, 1);
+    if (w->wake_pipe[1] >= 0)
+        pgjobq__worker_wake(w);
+    return PGJOBQ_OK;
+}
+
+void pgjobq__worker_problem(pgjobq_worker *w, char *buf, size_t size)
+{
+    problem_lock(w);
+    snprintf(buf, size, "%s", w->problem ? w->problem : "");
+    problem_unlock(w);
+}
+
 void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
 {
     pgjobq_worker *w = (pgjobq_worker *)cw;
@@ -197,6 +239,7 @@ void pgjobq_worker_free(pgjobq_worker *w)
     if (w == NULL)
         return;
     free(w->conninfo);
+    free(w->problem);
     if (w->wake_pipe[0] >= 0)
         close(w->wake_pipe[0]);
     if (w->wake_pipe[1] >= 0)

@@ -19,7 +19,8 @@ static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY,
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
 static const Oid progress_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
-static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8};
+static const Oid snooze_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY};
+static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT};
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
 
@@ -39,10 +40,15 @@ const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     [PGJOBQ__S_RELEASE] = {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3,
                            reason_types},
     [PGJOBQ__S_CANCEL] = {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
+    /* Jobs their handlers handed back (PGJOBQ_OUTCOME_SNOOZE, schema 18): $3 why, $4 when they run again
+     * (NULL: now).  The same shape as fail_many's first four. */
+    [PGJOBQ__S_SNOOZE] = {"pgjobq_snooze", "SELECT id, outcome FROM pgjobq.snooze_many($1, $2, $3, $4)", 4,
+                          snooze_types},
     [PGJOBQ__S_EXTEND] = {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
     /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's
-     * secret, which makes the row its own. */
-    [PGJOBQ__S_BEAT] = {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6)", 6, beat_types},
+     * secret, which makes the row its own; $7 why it claims nothing (pgjobq_worker_set_unhealthy,
+     * schema 18), NULL while it claims. */
+    [PGJOBQ__S_BEAT] = {"pgjobq_beat", "SELECT pgjobq.worker_beat($1, $2, $3, $4, $5, $6, $7)", 7, beat_types},
     /* The latest progress each handler set (schema 13), fenced by the jobs' leases. */
     [PGJOBQ__S_PROGRESS] = {"pgjobq_progress", "SELECT id, outcome FROM pgjobq.progress_many($1, $2, $3)", 3,
                             progress_types},
@@ -65,7 +71,7 @@ const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
                           " jobs_dead, pgjobq.autovacuum_adapt() FROM pgjobq.health()",
                           0, NULL}};
 
-const char *const pgjobq__worker_write_what[PGJOBQ__W_KINDS] = {"complete", "fail", "release", "cancel"};
+const char *const pgjobq__worker_write_what[PGJOBQ__W_KINDS] = {"complete", "fail", "release", "cancel", "snooze"};
 
 /* The claim connection's simple queries (not prepared): its LISTEN, again after a reconnect, and the
  * check that it still listens. */

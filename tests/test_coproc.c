@@ -353,3 +353,368 @@ TEST_FULL(coproc_and_exec_a_result_the_database_refuses_fails_that_job_alone, 12
     free(text);
     PQfinish(pg);
 }
+
+/* A handler that answers each job with the variables it can see (a coprocess when it reads lines, an
+ * exec handler when it is given one payload), and writes them to its stderr too, for the log. */
+static const char env_report[] =
+    "import json, os, sys\n"
+    "names = ['PGPASSWORD', 'DATABASE_URL', 'PGJOBQ_DATABASE_URL', 'APP_SETTING', 'PGAPPNAME',\n"
+    "         'PGJOBQ_COPROC_PROTOCOL', 'PGJOBQ_JOB_ID']\n"
+    "seen = {k: os.environ[k] for k in names if k in os.environ}\n"
+    "print('handler env: ' + ' '.join(str(v) for v in seen.values()), file=sys.stderr, flush=True)\n"
+    "if os.environ.get('PGJOBQ_JOB_ID'):\n"
+    "    seen['PGJOBQ_JOB_ID'] = 'set'\n"
+    "    print(json.dumps(seen))\n"
+    "    sys.exit(0)\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' in m:\n"
+    "        print(json.dumps({'id': m['id'], 'status': 'completed', 'result': seen}), flush=True)\n";
+
+/* Runs one job of queue q through a worker started with the handler option `how` (--coproc or --exec)
+ * and the extra option `opt` (may be NULL), and returns the variables its handler saw (the job's result
+ * as text; free it).  The log goes to the test's directory, named after the queue. */
+static char *env_seen(pgjobq_client *c, PGconn *pg, const char *q, const char *how, const char *command,
+                      const char *opt, const char *opt_arg)
+{
+    char qarg[64];
+    const char *log = t_log_path(q);
+    enqueue(c, q, "{}", 1);
+    snprintf(qarg, sizeof qarg, "%s:1", q);
+    if (opt_arg)
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, opt, opt_arg, NULL);
+    else if (opt)
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, opt, NULL);
+    else
+        worker = t_spawn(log, NULL, "work", "--queue", qarg, how, command, NULL);
+    wait_drained(pg, q, log, 30000);
+    stop_worker();
+    return t_str(pg, "SELECT coalesce(result::text, '') FROM pgjobq.history WHERE queue = '%s'", q);
+}
+
+TEST_FULL(coproc_and_exec_handlers_get_the_environment_they_are_told, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char command[700], *seen, *text;
+    python_script("env_report.py", env_report, command, sizeof command);
+    t_defer(stop_worker);
+    setenv("PGPASSWORD", "pw-of-the-worker", 1);
+    setenv("DATABASE_URL", "postgresql://app:url-secret@db.example/app", 1);
+    setenv("APP_SETTING", "on", 1);
+    setenv("PGAPPNAME", "the-app", 1);
+
+    /* By default: nothing that reaches the database; a coprocess is told the protocol's version. */
+    seen = env_seen(c, pg, "envdef", "--coproc", command, NULL, NULL);
+    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_COPROC_PROTOCOL\": \"2\"}") == 0, "saw %s", seen);
+    free(seen);
+    /* --pass-env names what passes (a list, and repeatable). */
+    seen = env_seen(c, pg, "envpass", "--coproc", command, "--pass-env", "DATABASE_URL,PGAPPNAME");
+    CHECK_MSG(strstr(seen, "\"DATABASE_URL\": \"postgresql://app:url-secret@db.example/app\"") &&
+                  strstr(seen, "\"PGAPPNAME\": \"the-app\"") && !strstr(seen, "PGPASSWORD") &&
+                  !strstr(seen, "PGJOBQ_DATABASE_URL"),
+              "saw %s", seen);
+    free(seen);
+    /* --keep-env: all of it. */
+    seen = env_seen(c, pg, "envkeep", "--coproc", command, "--keep-env", NULL);
+    CHECK_MSG(strstr(seen, "\"PGPASSWORD\": \"pw-of-the-worker\"") && strstr(seen, "\"DATABASE_URL\"") &&
+                  strstr(seen, "\"PGJOBQ_DATABASE_URL\"") && strstr(seen, "\"PGJOBQ_COPROC_PROTOCOL\": \"2\""),
+              "saw %s", seen);
+    free(seen);
+    /* The same for --exec, whose job variables are pgjobq's own. */
+    seen = env_seen(c, pg, "envexec", "--exec", command, NULL, NULL);
+    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_JOB_ID\": \"set\"}") == 0, "saw %s", seen);
+    free(seen);
+    seen = env_seen(c, pg, "envexecpass", "--exec", command, "--pass-env", "PGPASSWORD");
+    CHECK_MSG(strstr(seen, "\"PGPASSWORD\": \"pw-of-the-worker\"") && !strstr(seen, "DATABASE_URL"), "saw %s", seen);
+    free(seen);
+    /* Whatever a handler prints, the worker's log shows no password. */
+    text = read_log(t_log_path("envkeep"));
+    CHECK_MSG(strstr(text, "handler env:") != NULL, "the handler's stderr is not in the log");
+    CHECK_MSG(strstr(text, "pw-of-the-worker") == NULL && strstr(text, "url-secret") == NULL,
+              "a password reached the log:\n%s", text);
+    free(text);
+    /* A name that cannot be a variable's is refused. */
+    char *out = NULL, *err = NULL;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "work", "--coproc", "/bin/cat", "--pass-env", "DATABASE_URL,A=B", NULL), 64);
+    CHECK_MSG(strstr(err, "'A=B' is not a variable name") != NULL, "%s", err);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A handler that cannot start, as a tasks module that fails to import: after a second (jobs have been
+ * handed to it by then) it writes a traceback and exits 78, until the file $FIXED exists; then it says
+ * it is ready and completes every job with its attempt. */
+static const char cannot_start[] =
+    "import json, os, sys, time\n"
+    "if not os.path.exists(os.environ['FIXED']):\n"
+    "    time.sleep(1)\n"
+    "    sys.stderr.write('Traceback (most recent call last):\\n  File \"tasks.py\", line 1, in <module>\\n'\n"
+    "                     '    import stripe\\nModuleNotFoundError: No module named \\'stripe\\'\\n')\n"
+    "    sys.exit(78)\n"
+    "print(json.dumps({'ready': True}), flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' in m:\n"
+    "        print(json.dumps({'id': m['id'], 'status': 'completed', 'result': {'attempt': m['attempt']}}), "
+    "flush=True)\n";
+
+/* How many times the log says text. */
+static int log_count(const char *log, const char *text)
+{
+    char *all = read_log(log);
+    int n = 0;
+    for (const char *p = all; (p = strstr(p, text)) != NULL; p += strlen(text))
+        n++;
+    free(all);
+    return n;
+}
+
+TEST_FULL(coproc_that_cannot_start_hands_its_jobs_back_and_the_worker_is_unhealthy, 150, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("cannotstart");
+    char env[600], fixed[512], command[700], *out = NULL, *err = NULL;
+    python_script("cannot_start.py", cannot_start, command, sizeof command);
+    snprintf(fixed, sizeof fixed, "%s/fixed", t_tmpdir());
+    snprintf(env, sizeof env, "FIXED=%s", fixed);
+    for (int i = 0; i < 3; i++)
+        enqueue(c, "cs", "{}", 3);
+    worker = t_spawn(log, env, "work", "--queue", "cs:4", "--coproc", command, "--worker-id", "broken-release", NULL);
+    t_defer(stop_worker);
+
+    /* Every job was in a copy that died before answering: handed back, no attempt used, with its
+     * traceback as the reason; copies keep being tried (with backoff); the worker says it is unhealthy. */
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'cs' AND state = 'queued' AND attempt = 0"
+                     " AND last_error LIKE 'not run: the coprocess could not start: it exited with status 78%%'"
+                     " AND last_error LIKE '%%ModuleNotFoundError: No module named ''stripe''%%'") < 3 ||
+           log_count(log, "it cannot start") < 3 ||
+           t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers() WHERE id = 'broken-release'"
+                     " AND reason LIKE '%%ModuleNotFoundError: No module named ''stripe''%%'") < 1) {
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the jobs were not handed back, or the worker not marked unhealthy");
+        }
+        usleep(100000);
+    }
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'cs' AND (attempt > 0 OR state <> 'queued')"), 0);
+    /* pgjobq health and its JSON say so. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
+    CHECK_MSG(strstr(out, "workers        1 unhealthy") && strstr(out, "broken-release (pid ") &&
+                  strstr(out, "    ModuleNotFoundError: No module named 'stripe'"),
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"unhealthy_workers\":[{\"id\":\"broken-release\"") &&
+                  strstr(out, "ModuleNotFoundError: No module named 'stripe'\\n\"}]}"),
+              "%s", out);
+    free(out);
+    free(err);
+
+    /* SIGTERM: the worker stops (status 0) and starts no copy again. */
+    int starts = log_count(log, "started (pid");
+    kill(worker, SIGTERM);
+    CHECK_INT(t_wait_exit(worker, 20000), 0);
+    worker = 0;
+    CHECK_INT(log_count(log, "started (pid"), starts);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'cs' AND state = 'queued' AND attempt = 0"), 3);
+
+    /* The release fixed: a worker runs the jobs, each at its first attempt, and is healthy. */
+    FILE *f = fopen(fixed, "w");
+    CHECK(f != NULL && fclose(f) == 0);
+    worker = t_spawn(log, env, "work", "--queue", "cs:4", "--coproc", command, "--worker-id", "fixed-release", NULL);
+    wait_drained(pg, "cs", log, 30000);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'cs' AND state = 'completed' AND attempt = 1"
+                        " AND result = '{\"attempt\": 1}'"),
+              3);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "health", NULL), 0);
+    CHECK_MSG(strstr(out, "workers        none unhealthy") != NULL, "%s", out);
+    free(out);
+    free(err);
+    stop_worker();
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A handler that hands jobs back: "later" for a minute with a reason; "once" without a delay the first
+ * time it sees it (the backoff), then completes it; "far" with a delay over 100 years (refused). */
+static const char snoozer[] =
+    "import json, os, sys\n"
+    "seen = set()\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' not in m:\n"
+    "        continue\n"
+    "    p = m['payload']\n"
+    "    if p.get('later'):\n"
+    "        r = {'id': m['id'], 'status': 'snooze', 'reason': 'not on this release', 'delay_ms': 60000}\n"
+    "    elif p.get('far'):\n"
+    "        r = {'id': m['id'], 'status': 'snooze', 'delay_ms': 4000000 * 86400000}\n"
+    "    elif m['id'] not in seen:\n"
+    "        seen.add(m['id'])\n"
+    "        r = {'id': m['id'], 'status': 'snooze'}\n"
+    "    else:\n"
+    "        r = {'id': m['id'], 'status': 'completed', 'result': {'attempt': m['attempt']}}\n"
+    "    print(json.dumps(r), flush=True)\n";
+
+TEST_FULL(coproc_snooze_hands_a_job_back_without_using_an_attempt, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("snoozer");
+    char command[700];
+    python_script("snoozer.py", snoozer, command, sizeof command);
+    enqueue(c, "sn", "{\"later\": true}", 1);
+    enqueue(c, "sn", "{\"once\": true}", 1);
+    worker = t_spawn(log, NULL, "work", "--queue", "sn:2", "--coproc", command, NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'sn' AND state = 'completed'") < 1 ||
+           t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'sn' AND state = 'queued'") < 1) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the jobs were not snoozed as asked");
+        }
+        usleep(50000);
+    }
+    /* Due in a minute, its attempt given back, its reason kept; the other ran again and completed at
+     * its first attempt (a max_attempts of 1 left no room for a counted one). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'sn' AND attempt = 0"
+                        " AND run_at BETWEEN now() + interval '50 seconds' AND now() + interval '61 seconds'"
+                        " AND last_error = 'not on this release'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'sn' AND attempt = 1"
+                        " AND result = '{\"attempt\": 1}'"),
+              1);
+    /* A delay over 100 years breaks the protocol. */
+    enqueue(c, "sn", "{\"far\": true}", 1);
+    t0 = t_now_ms();
+    while (log_count(log, "a snooze's \"delay_ms\" must be an integer from 0 to 100 years") < 1) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "a delay over 100 years was not refused");
+        }
+        usleep(50000);
+    }
+    stop_worker();
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A handler that writes to its stderr at every level, a line per job id, a JSON log line, then a flood. */
+static const char chatty[] = "import json, sys\n"
+                             "for line in sys.stdin:\n"
+                             "    m = json.loads(line)\n"
+                             "    if 'id' not in m:\n"
+                             "        continue\n"
+                             "    e = sys.stderr\n"
+                             "    e.write('ERROR: the card was declined\\n')\n"
+                             "    e.write('WARNING:root:retrying the provider\\n')\n"
+                             "    e.write('[debug] a detail nobody wants at info\\n')\n"
+                             "    e.write('job %d: INFO: charged\\n' % m['id'])\n"
+                             "    e.write('job %d: a line without a level\\n' % m['id'])\n"
+                             "    e.write(json.dumps({'level': 'warn', 'msg': 'structured'}) + '\\n')\n"
+                             "    e.write('Informational, but not a level\\n')\n"
+                             "    e.flush()\n"
+                             "    if m['payload'].get('flood'):\n"
+                             "        e.write('flood line\\n' * 50000)\n"
+                             "        e.flush()\n"
+                             "    print(json.dumps({'id': m['id'], 'status': 'completed'}), flush=True)\n";
+
+TEST_FULL(coproc_stderr_is_logged_at_its_level_and_a_flood_is_cut, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("chatty");
+    char command[700], want[200];
+    python_script("chatty.py", chatty, command, sizeof command);
+    enqueue(c, "ch", "{\"flood\": true}", 1);
+    worker = t_spawn(log, NULL, "work", "--queue", "ch:1", "--coproc", command, NULL);
+    t_defer(stop_worker);
+    wait_drained(pg, "ch", log, 30000);
+    int64_t id = t_int(pg, "SELECT id FROM pgjobq.history WHERE queue = 'ch'");
+    int64_t t0 = t_now_ms();
+    while (log_count(log, "flood line") < 990) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the flood did not reach the log");
+        }
+        usleep(50000);
+    }
+    stop_worker();
+    char *text = read_log(log);
+    CHECK_MSG(strstr(text, "error coprocess 0: the card was declined\n") != NULL, "%s", text);
+    CHECK(strstr(text, "warn  coprocess 0: root:retrying the provider\n") != NULL);
+    CHECK(strstr(text, "a detail nobody wants") == NULL); /* debug, under --log-level info */
+    snprintf(want, sizeof want, "info  coprocess 0: job %lld: charged\n", (long long)id);
+    CHECK_MSG(strstr(text, want) != NULL, "no '%s'", want);
+    snprintf(want, sizeof want, "info  coprocess 0: job %lld: a line without a level\n", (long long)id);
+    CHECK_MSG(strstr(text, want) != NULL, "no '%s'", want);
+    CHECK(strstr(text, "warn  coprocess 0: {\"level\": \"warn\", \"msg\": \"structured\"}\n") != NULL);
+    CHECK(strstr(text, "info  coprocess 0: Informational, but not a level\n") != NULL);
+    free(text);
+    /* 50,000 lines in a moment: at most 1,000 logged a window, and the rest counted (said when the next
+     * window begins, or, here, when the coprocess ends). */
+    int logged = log_count(log, "flood line");
+    CHECK_MSG(logged <= 1000, "%d flood lines logged", logged);
+    CHECK_MSG(log_count(log, "more lines of its standard error in 10 s were not logged (at most 1000 are)") >= 1,
+              "the dropped lines were not counted");
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A handler that answers with a long error (2 MiB), a result over the 1 MiB a result may be, and a
+ * line over the 4 MiB a line may be. */
+static const char wordy[] =
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' not in m:\n"
+    "        continue\n"
+    "    p = m['payload']\n"
+    "    if p.get('error') and m['attempt'] == 1:\n"
+    "        r = {'id': m['id'], 'status': 'retry', 'error': 'E' * (2 << 20), 'delay_ms': 0}\n"
+    "    elif p.get('result'):\n"
+    "        r = {'id': m['id'], 'status': 'completed', 'result': {'big': 'R' * (1536 << 10)}}\n"
+    "    elif p.get('line') and m['attempt'] == 1:\n"
+    "        r = {'id': m['id'], 'status': 'completed', 'result': {'huge': 'L' * (5 << 20)}}\n"
+    "    else:\n"
+    "        r = {'id': m['id'], 'status': 'completed'}\n"
+    "    print(json.dumps(r), flush=True)\n";
+
+TEST_FULL(coproc_lines_up_to_4_mib_are_replies_and_results_up_to_1_mib_are_stored, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("wordy");
+    char command[700];
+    python_script("wordy.py", wordy, command, sizeof command);
+    enqueue(c, "wd", "{\"error\": true}", 2);
+    enqueue(c, "wd", "{\"result\": true}", 1);
+    worker = t_spawn(log, NULL, "work", "--queue", "wd:1", "--coproc", command, NULL);
+    t_defer(stop_worker);
+    wait_drained(pg, "wd", log, 30000);
+    /* A reply of 2 MiB is a reply: the error cut to 8 KiB, the job retried, the coprocess kept. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'wd' AND payload ? 'error'"
+                        " AND state = 'completed' AND attempt = 2 AND length(last_error) BETWEEN 8000 AND 8192"),
+              1);
+    /* A result over 1 MiB fails its attempt, saying so. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'wd' AND payload ? 'result'"
+                        " AND state = 'failed' AND last_error ~ '^the coprocess''s result is 157[0-9]+ bytes of JSON: "
+                        "at most 1048576 are stored$'"),
+              1);
+    CHECK_INT(log_count(log, "started (pid"), 1);
+    /* A line over 4 MiB breaks the protocol. */
+    enqueue(c, "wd", "{\"line\": true}", 2);
+    wait_drained(pg, "wd", log, 30000);
+    CHECK_INT(log_count(log, "wrote a line longer than 4194304 bytes; restarting it"), 1);
+    stop_worker();
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}

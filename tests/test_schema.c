@@ -388,6 +388,16 @@ TEST_FULL(schema_upgrade_from_version_10_bounds_run_at_and_keeps_jobs_and_worker
      * and its prune with its default ages, which the retention of migration 11 allows. */
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND secret_hash IS NULL"), 1);
+    /* A worker of schema 18 says it is unhealthy with its beat; one of 17 (six arguments) is healthy. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'old-worker' AND unhealthy IS NULL"
+                        " AND unhealthy_since IS NULL"),
+              1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1', NULL, 'cannot start')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers() WHERE id = 'old-worker'"
+                        " AND reason = 'cannot start' AND since IS NOT NULL"),
+              1);
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('old-worker', 'host', 42, '0.1.0', 'q:1', NULL)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers()"), 0);
     PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('old-worker')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.workers"), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.retention WHERE completed = '24 hours' AND failed = '7 days'"), 1);

@@ -502,6 +502,39 @@ TEST_FULL(serve_hides_payloads_when_asked, 60, 0)
     pgjobq_client_close(c);
 }
 
+/* A worker that says it is unhealthy (pgjobq_worker_set_unhealthy, as `pgjobq work --coproc` does
+ * when its coprocess cannot start) is shown on the overview (its reason's first line) and on /workers
+ * (all of it), escaped; a healthy one is not. */
+TEST_FULL(serve_shows_unhealthy_workers_with_their_reason, 60, 0)
+{
+    PGconn *pg = t_pg();
+    char *body = NULL;
+
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w-broken', 'host-b', 4242, '0.1.0', 'mail:4', 7,"
+                       " E'the coprocess could not start\\nModuleNotFoundError: <b>stripe</b>')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w-fine', 'host-c', 4343, '0.1.0', 'mail:4', 8)"));
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(
+        strstr(body, "<div class=\"card\" id=\"unhealthy\"><p class=\"error\"><strong>1 unhealthy worker</strong>") &&
+            strstr(body, "<strong>w-broken</strong> (pid 4242 on host-b)") &&
+            strstr(body, "the coprocess could not start (<a href=\"/workers\">more</a>)") && !strstr(body, "w-fine"),
+        "%s", body);
+    free(body);
+    CHECK_INT(http(s->port, "GET", "/workers", NULL, NULL, &body), 200);
+    CHECK_MSG(
+        strstr(body, "<pre>the coprocess could not start\nModuleNotFoundError: &lt;b&gt;stripe&lt;/b&gt;</pre>") !=
+            NULL,
+        "%s", body);
+    free(body);
+    /* Healthy again: no card. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w-broken', 'host-b', 4242, '0.1.0', 'mail:4', 7, NULL)"));
+    CHECK_INT(http(s->port, "GET", "/", NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "id=\"unhealthy\"") == NULL, "%s", body);
+    free(body);
+    PQfinish(pg);
+}
+
 /* The CSRF token of a page's first action form, copied into buf. */
 static void csrf_of(const char *page, char *buf, size_t size)
 {

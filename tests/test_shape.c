@@ -91,9 +91,9 @@ static const char *function_at(const char *text, const char *p)
  * (a finished job) names every column of the history but lease_until (a finished job holds no lease),
  * and every `INSERT INTO pgjobq.jobs (...)` of retry and retry_where (a finished job run again) every
  * column of the history but those a live job has not (finished_at, lease_until) or starts afresh
- * (cancel_requested, with when it was requested and told).  load_history, which makes rows for the
- * benchmarks, writes the history's columns that cannot be NULL; the enqueue functions write the fields
- * a new job is given.  Returns how many moves there are. */
+ * (cancel_requested and its times).  load_history, which makes rows for the benchmarks, writes the history's
+ * columns that cannot be NULL; the enqueue functions write the fields a new job is given.  Returns how
+ * many moves there are. */
 static int check_moves(PGconn *pg, const char *history)
 {
     static const char *const files[] = {"admin",  "claim",     "enqueue",     "maintenance", "monitor",

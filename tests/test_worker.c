@@ -206,6 +206,97 @@ TEST_FULL(worker_api_runs_handlers_and_records_each_outcome, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* Snoozes: "later" is handed back (200 ms) the first time it runs, then completes; "far" asks for
+ * more than 100 years, taken as 100; "quiet" gives no reason and no delay (the backoff). */
+static _Atomic int later_runs;
+
+static pgjobq_outcome snooze_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    (void)arg;
+    if (strcmp(j->kind, "later") == 0) {
+        if (atomic_fetch_add(&later_runs, 1) > 0)
+            return PGJOBQ_OUTCOME_COMPLETE;
+        pgjobq_ctx_set_error(ctx, "not mine yet");
+        pgjobq_ctx_set_retry_delay(ctx, 200);
+        return PGJOBQ_OUTCOME_SNOOZE;
+    }
+    if (strcmp(j->kind, "far") == 0) {
+        pgjobq_ctx_set_retry_delay(ctx, INT64_MAX);
+        return PGJOBQ_OUTCOME_SNOOZE;
+    }
+    return strcmp(j->kind, "quiet") == 0 ? PGJOBQ_OUTCOME_SNOOZE : PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static pgjobq_worker *stats_of;
+static int claimed_some(void *arg)
+{
+    pgjobq_worker_stats st;
+    (void)arg;
+    pgjobq_worker_get_stats(stats_of, &st);
+    return st.claims > 0;
+}
+
+TEST_FULL(worker_api_snoozes_jobs_and_an_unhealthy_worker_claims_nothing, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    add_jobs(c, "later", 1, 1);
+    add_jobs(c, "far", 1, 1);
+    add_jobs(c, "quiet", 1, 1);
+    add_jobs(c, "ok", 5, 1);
+    o.lease_ms = 5000;
+    o.poll_ms = 100;
+    o.worker_id = "snoozer";
+    CHECK_RC(NULL, pgjobq_worker_new(&w, t_conninfo(), &o), PGJOBQ_OK);
+    CHECK_RC(NULL, pgjobq_worker_handle(w, "default", NULL, 4, snooze_handler, NULL), PGJOBQ_OK);
+    /* Unhealthy before it runs: it registers, says why, and claims nothing. */
+    CHECK_RC(NULL, pgjobq_worker_set_unhealthy(w, "the disk is full\nsecond line"), PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    wait_sql(pg,
+             "SELECT count(*) FROM pgjobq.monitor_unhealthy_workers() WHERE id = 'snoozer'"
+             " AND reason = E'the disk is full\\nsecond line' AND since IS NOT NULL",
+             1, 20000);
+    stats_of = w;
+    CHECK_MSG(!t_wait_until(claimed_some, NULL, 1500), "an unhealthy worker claimed");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'queued' AND attempt = 0"), 8);
+    /* Healthy again: it claims, and says so in the registry. */
+    CHECK_RC(NULL, pgjobq_worker_set_unhealthy(w, NULL), PGJOBQ_OK);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.history WHERE kind IN ('ok', 'later') AND state = 'completed'", 6, 30000);
+    wait_sql(pg,
+             "SELECT count(*) FROM pgjobq.workers WHERE id = 'snoozer' AND unhealthy IS NULL"
+             " AND unhealthy_since IS NULL",
+             1, 20000);
+    /* The snoozed one ran twice and its attempt was given back: it completed at attempt 1. */
+    CHECK_INT(atomic_load(&later_runs), 2);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE kind = 'later' AND attempt = 1"), 1);
+    /* A delay over 100 years is 100 years; no reason: who handed it back; no delay: the backoff. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'far' AND state = 'queued' AND attempt = 0"
+                        " AND run_at BETWEEN now() + interval '99 years' AND now() + interval '101 years'"),
+              1);
+    wait_sql(
+        pg,
+        "SELECT count(*) FROM pgjobq.jobs WHERE kind = 'quiet' AND state = 'queued' AND attempt = 0"
+        " AND last_error = 'handed back by its handler on worker snoozer' AND run_at > now() + interval '1 second'",
+        1, 20000);
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    CHECK_MSG(st.released >= 3 && st.retried == 0 && st.failed == 0, "released %lld, retried %lld, failed %lld",
+              (long long)st.released, (long long)st.retried, (long long)st.failed);
+    pgjobq_worker_free(w);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
 TEST_FULL(worker_api_tells_a_handler_its_job_was_cancelled, 60, 0)
 {
     pgjobq_client *c = t_client();

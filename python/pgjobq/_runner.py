@@ -9,7 +9,15 @@ sync task's ``ctx.cancelled``; no answer is expected for it.
 
 The protocol's standard output is kept to this module: file descriptor 1 is pointed at standard
 error before the App is imported, so that a ``print()`` in a task lands in the worker's log rather
-than breaking the protocol.
+than breaking the protocol.  ``sys.stdout`` and ``sys.stderr`` write each line as soon as it is
+whole, prefixed with the job id of the task that wrote it (``job 42: ...``), and the worker logs it
+at the level the line starts with (``WARNING: ...``), else at info; logging, unless the App set it
+up itself, writes ``LEVEL: logger: message`` at INFO and above.
+
+With a worker that speaks version 2 of the protocol ($PGJOBQ_COPROC_PROTOCOL): a ``{"ready": true}``
+line once the App is imported (a process that dies before it is a broken deployment, not a failed
+job), and a job of a kind the App has no task for is handed back (``"status": "snooze"``) rather
+than failed, unless ``--fail-unknown-kinds``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import concurrent.futures
 import contextvars
 import importlib
 import inspect
+import io
 import json
+import logging
 import os
 import sys
 import threading
@@ -27,7 +37,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._util import check_json, seconds
+from ._util import check_json, delay_seconds
 from .app import App, Task
 from .context import Context, ParentResult
 from .errors import Fail, InvalidJob, Retry
@@ -35,6 +45,13 @@ from .errors import Fail, InvalidJob, Retry
 _decode = json.JSONDecoder().raw_decode
 ERROR_MAX = 4000  # characters of an error kept (the table keeps 16 KiB)
 TRACE_LINES = 8   # lines of a traceback's end kept below the exception
+EX_CONFIG = 78    # sysexits.h: the App cannot be loaded (a broken deployment, not a failed job)
+UNKNOWN_KIND_DELAY = 60.0  # seconds before a job of a kind the App does not know runs again
+UNKNOWN_KIND_WARN_EVERY = 60.0  # seconds between two warnings about one unknown kind
+
+# The job of the task running in this context (its thread, its asyncio task): each line it writes
+# carries its id.
+_job_id: "contextvars.ContextVar[Optional[int]]" = contextvars.ContextVar("pgjobq_job_id", default=None)
 
 
 def load_app(spec: str) -> App:
@@ -51,6 +68,120 @@ def load_app(spec: str) -> App:
     if not isinstance(obj, App):
         raise SystemExit(f"pgjobq: {spec} is a {type(obj).__name__}, not a pgjobq.App")
     return obj
+
+
+def load_app_or_exit(spec: str, who: str) -> App:
+    """load_app, or exit 78 (EX_CONFIG) with the traceback on standard error: a module that cannot be
+    imported (a missing setting, a package not installed) is a broken deployment, said before any job
+    is claimed."""
+    try:
+        return load_app(spec)
+    except SystemExit as e:
+        if isinstance(e.code, str):  # load_app's own message: not MODULE:APP, no such attribute
+            print(e.code, file=sys.stderr, flush=True)
+            raise SystemExit(EX_CONFIG) from None
+        raise
+    except Exception:  # noqa: BLE001 - whatever importing the App raised
+        traceback.print_exc()
+        print(f"{who}: cannot import {spec} (the traceback above): not starting", file=sys.stderr, flush=True)
+        raise SystemExit(EX_CONFIG) from None
+
+
+class _LogLines(io.TextIOBase):
+    """``sys.stdout`` and ``sys.stderr`` of the coprocess: each line written goes to file descriptor 2
+    (the worker's log) as soon as it is whole, prefixed with ``job N: `` when a task wrote it.  What a
+    thread has written without a line break waits for the rest of its line (or a flush)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._local = threading.local()
+        self._binary = _BinaryLines(self)
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "replace"
+
+    @property
+    def buffer(self) -> "_BinaryLines":  # for code that writes bytes to sys.stdout.buffer
+        return self._binary
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        pending = getattr(self._local, "pending", "") + text
+        if "\n" in pending:
+            *lines, pending = pending.split("\n")
+            self._out(lines)
+        self._local.pending = pending
+        return len(text)
+
+    def flush(self) -> None:
+        pending = getattr(self._local, "pending", "")
+        if pending:
+            self._local.pending = ""
+            self._out([pending])
+
+    def _out(self, lines: List[str]) -> None:
+        job = _job_id.get()
+        prefix = f"job {job}: " if job is not None else ""
+        data = "".join(f"{prefix}{line}\n" for line in lines).encode("utf-8", "replace")
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._fd, view):]
+            except InterruptedError:
+                continue
+            except OSError:
+                return  # the worker is gone: nothing to tell
+
+
+class _BinaryLines:
+    """``sys.stdout.buffer`` of the coprocess: bytes, decoded and written as text lines."""
+
+    def __init__(self, text: _LogLines) -> None:
+        self._text = text
+
+    def write(self, data: bytes) -> int:
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._text.flush()
+
+
+class _LevelEveryLine(logging.Formatter):
+    """``LEVEL: logger: message``, the level at the start of every line of the record (a traceback's
+    too), for the worker to log each at the record's level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return "\n".join(f"{record.levelname}: {line}" for line in text.split("\n"))
+
+
+def _default_logging() -> None:
+    """Unless the App set logging up: records of INFO and above to standard error, with their level."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelEveryLine("%(name)s: %(message)s"))
+    root.addHandler(handler)
+    if root.level == logging.WARNING:  # the default: the worker's --log-level filters what is logged
+        root.setLevel(logging.INFO)
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -73,15 +204,22 @@ def describe(exc: BaseException) -> str:
     return text if len(text) <= ERROR_MAX else text[: ERROR_MAX - 3] + "..."
 
 
-def _call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    return fn(*args, **kwargs)
+def _call(job_id: int, fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """A sync task on a thread of the pool (which does not carry the caller's context)."""
+    token = _job_id.set(job_id)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _job_id.reset(token)
 
 
-def _to_the_end(coro: Any) -> Any:
+def _to_the_end(coro: Any, job_id: int) -> Any:
     """The value of a coroutine that cannot suspend (an ``async def`` without await, async with or
     async for), run in a copy of the current context as an asyncio Task would run it."""
+    context = contextvars.copy_context()
+    context.run(_job_id.set, job_id)
     try:
-        contextvars.copy_context().run(coro.send, None)
+        context.run(coro.send, None)
     except StopIteration as done:
         return done.value
     coro.close()
@@ -118,9 +256,14 @@ class _Lines(asyncio.Protocol):
 
 
 class Runner:
-    def __init__(self, app: App, threads: int, out_fd: int) -> None:
+    def __init__(self, app: App, threads: int, out_fd: int, protocol: int = 1, fail_unknown_kinds: bool = False,
+                 unknown_kind_delay: float = UNKNOWN_KIND_DELAY) -> None:
         self.app = app
         self.out_fd = out_fd
+        self.protocol = protocol
+        self.fail_unknown_kinds = fail_unknown_kinds or protocol < 2  # (a version 1 worker knows no snooze)
+        self.unknown_kind_delay = unknown_kind_delay
+        self.unknown_warned: Dict[str, float] = {}  # kind -> when it was last warned about
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pgjobq-task")
         self.running: Dict[int, Tuple["asyncio.Task[None]", Context]] = {}
         self.out: List[bytes] = []
@@ -140,7 +283,8 @@ class Runner:
         except ValueError:
             msg = None
         if not isinstance(msg, dict):
-            print(f"pgjobq.coproc: ignoring a line that is not a JSON object: {line[:200]!r}", file=sys.stderr)
+            print(f"WARNING: pgjobq.coproc: ignoring a line that is not a JSON object: {line[:200]!r}",
+                  file=sys.stderr)
             return
         if "cancel" in msg:
             self.cancel(msg["cancel"])
@@ -227,7 +371,7 @@ class Runner:
         fields: Dict[str, Any] = {"error": error}
         try:
             if delay is not None:
-                s: Optional[float] = seconds(delay, "Retry(delay=...)")
+                s: Optional[float] = delay_seconds(delay, "Retry(delay=...)")
             else:
                 s = task.backoff_delay(attempt) if task is not None else None
         except Exception as e:  # a bad delay or a failing backoff function: the database's backoff
@@ -251,8 +395,7 @@ class Runner:
         ``running`` until it answers."""
         task = self.app.tasks.get(ctx.kind)
         if task is None:
-            known = ", ".join(sorted(self.app.tasks)) or "none"
-            self.emit(ctx.id, "failed", {"error": f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})"})
+            self.unknown_kind(ctx)
             return
         args, kwargs = task._call_args(ctx.payload)
         if not (task._fits(kwargs) if not args else self._binds(task, args, kwargs)):
@@ -270,7 +413,7 @@ class Runner:
             timeout = None  # the worker's deadline comes first: it will send a cancel
         if task._at_once and timeout is None:
             try:
-                value = _to_the_end(task.fn(*args, **kwargs))
+                value = _to_the_end(task.fn(*args, **kwargs), ctx.id)
             except BaseException as e:  # noqa: B036 - whatever a task raises is its attempt's failure
                 answer = self._raised(ctx, task, e, None)
             else:
@@ -281,14 +424,35 @@ class Runner:
         # Registered before the task first runs, so that a cancel in the same read finds it.
         self.running[ctx.id] = (self.loop.create_task(self.run_job(ctx, task, args, kwargs, timeout)), ctx)
 
+    def unknown_kind(self, ctx: Context) -> None:
+        """A job of a kind the App has no task for: handed back untouched (no attempt used) to run
+        after a delay, when a worker of a newer release may have the task (a rolling deploy that
+        reached the producers first), with a warning (once a minute per kind); failed for good with
+        --fail-unknown-kinds."""
+        known = ", ".join(sorted(self.app.tasks)) or "none"
+        why = f"no task for the kind {ctx.kind!r} in this App (its tasks: {known})"
+        if self.fail_unknown_kinds:
+            self.emit(ctx.id, "failed", {"error": why})
+            return
+        delay = self.unknown_kind_delay
+        now = time.monotonic()
+        if now - self.unknown_warned.get(ctx.kind, -1e9) >= UNKNOWN_KIND_WARN_EVERY:
+            self.unknown_warned[ctx.kind] = now
+            print(f"WARNING: job {ctx.id}: {why}: handed back untouched, no attempt used, to run again in "
+                  f"{delay:g} s (jobs of this kind are said once a minute; --fail-unknown-kinds fails them)",
+                  file=sys.stderr, flush=True)
+        self.emit(ctx.id, "snooze", {"reason": f"{why}: handed back by a worker without it",
+                                     "delay_ms": int(round(delay * 1000))})
+
     async def run_job(self, ctx: Context, task: Task, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                       timeout: Optional[float]) -> None:
+        _job_id.set(ctx.id)  # in this asyncio task's own context
         try:
             if task.is_async:
                 coro = task.fn(*args, **kwargs)
                 value = await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
             else:
-                fut = self.loop.run_in_executor(self.pool, _call, task.fn, args, kwargs)
+                fut = self.loop.run_in_executor(self.pool, _call, ctx.id, task.fn, args, kwargs)
                 value = await (asyncio.wait_for(fut, timeout) if timeout is not None else fut)
                 if inspect.isawaitable(value):
                     value = await value
@@ -332,6 +496,9 @@ class Runner:
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self.eof = self.loop.create_future()
+        if self.protocol >= 2:
+            self.out.append(b'{"ready":true}\n')  # the App is loaded: from now on a death is a crash
+            self.flush()
         try:
             await self.loop.connect_read_pipe(lambda: _Lines(self), sys.stdin.buffer)
         except ValueError:  # stdin is a regular file: read it on a thread
@@ -351,6 +518,14 @@ class Runner:
         self.loop.call_soon_threadsafe(self.on_eof)
 
 
+def _protocol() -> int:
+    """The version of the coprocess protocol the worker speaks ($PGJOBQ_COPROC_PROTOCOL; 1 without)."""
+    try:
+        return max(1, int(os.environ.get("PGJOBQ_COPROC_PROTOCOL", "1")))
+    except ValueError:
+        return 1
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     import argparse
 
@@ -360,15 +535,23 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "(python3 -m pgjobq worker starts it for you).")
     ap.add_argument("app", help="MODULE:APP, e.g. myapp.tasks:app")
     ap.add_argument("--threads", type=int, default=32, help="threads for sync tasks (default 32)")
+    ap.add_argument("--fail-unknown-kinds", action="store_true",
+                    help="fail for good a job whose kind the App has no task for (default: hand it back)")
+    ap.add_argument("--unknown-kind-delay", type=float, default=UNKNOWN_KIND_DELAY, metavar="SECONDS",
+                    help=f"when a job handed back for its unknown kind runs again (default {UNKNOWN_KIND_DELAY:g})")
     args = ap.parse_args(argv)
 
-    # The protocol's output is a copy of fd 1; fd 1 itself now goes to stderr (the worker's log).
+    # The protocol's output is a copy of fd 1; fd 1 itself now goes to stderr (the worker's log), and
+    # what Python writes there goes a line at a time, each with its job.
     out_fd = os.dup(1)
     os.dup2(2, 1)
+    sys.stdout = _LogLines(2)
+    sys.stderr = _LogLines(2)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    app = load_app(args.app)
-    runner = Runner(app, args.threads, out_fd)
+    app = load_app_or_exit(args.app, "pgjobq.coproc")
+    _default_logging()
+    runner = Runner(app, args.threads, out_fd, _protocol(), args.fail_unknown_kinds, args.unknown_kind_delay)
     asyncio.run(runner.main())
     sys.stdout.flush()
     sys.stderr.flush()

@@ -31,7 +31,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from . import _txn
-from .errors import PgjobqError, translate
+from .errors import PgjobqError, sqlstate_of, translate
 
 Rows = List[Tuple[Any, ...]]
 Check = Optional[Callable[[Rows], None]]
@@ -52,21 +52,62 @@ def _sa_text(sql: str) -> Any:
     return text(sql)
 
 
-def default_url(url: Optional[str] = None) -> str:
-    u = url or os.environ.get("PGJOBQ_DATABASE_URL") or os.environ.get("DATABASE_URL")
+_SA_DRIVER = re.compile(r"(postgres(?:ql)?)\+[A-Za-z0-9_]+://", re.I)
+
+
+def _is_sa_url(value: Any) -> bool:
+    eng = sys.modules.get("sqlalchemy.engine")
+    return eng is not None and isinstance(value, getattr(eng, "URL", ()))
+
+
+def libpq_url(url: Any) -> str:
+    """A database URL as libpq reads it (psycopg, psycopg2 and the pgjobq command alike), from any form
+    the package takes: a libpq URL (postgresql://, postgres://) or keyword string as it is, a
+    SQLAlchemy URL (postgresql+psycopg2://, postgresql+psycopg://, ...) without its +driver, which is
+    for SQLAlchemy only, or a ``sqlalchemy.engine.URL`` (with its password: ``str()`` would mask it)."""
+    if _is_sa_url(url):
+        render = getattr(url, "render_as_string", None)
+        url = render(hide_password=False) if render is not None else str(url)
+    if not isinstance(url, str):
+        raise TypeError(f"pgjobq: a database URL is a str or a sqlalchemy URL, not a {type(url).__qualname__}")
+    return _SA_DRIVER.sub(r"\1://", url, count=1) if _SA_DRIVER.match(url) else url
+
+
+def configured_url() -> Optional[str]:
+    """$PGJOBQ_DATABASE_URL, else $DATABASE_URL, else None (read when called)."""
+    return os.environ.get("PGJOBQ_DATABASE_URL") or os.environ.get("DATABASE_URL") or None
+
+
+def default_url(url: Any = None) -> str:
+    u = url or configured_url()
     if not u:
         raise PgjobqError(
             "no database: pass a connection or session, a URL, App(database_url=...), "
             "or set $PGJOBQ_DATABASE_URL (e.g. to $(pgjobq db url))"
         )
-    # A SQLAlchemy URL names its driver (postgresql+psycopg2://); libpq reads the rest.
-    return re.sub(r"^(postgres(?:ql)?)\+[A-Za-z0-9_]+://", r"\1://", u)
+    return libpq_url(u)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether exc says the database could not be reached (refused, down, starting or shutting down,
+    a connection lost), as opposed to an error of the statement: worth waiting for."""
+    code = sqlstate_of(exc)
+    if code is not None:
+        return code.startswith("08") or code in ("57P01", "57P02", "57P03")
+    e: Any = exc
+    for _ in range(3):  # SQLAlchemy wraps the driver's exception as .orig
+        if e is None:
+            break
+        if type(e).__name__ == "OperationalError" and type(e).__module__.split(".")[0] in ("psycopg", "psycopg2"):
+            return True
+        e = getattr(e, "orig", None)
+    return False
 
 
 def classify(target: Any) -> str:
     """What the target is: psycopg, psycopg_async, psycopg2, sa_session, sa_connection, sa_engine,
     url (a str or None)."""
-    if target is None or isinstance(target, str):
+    if target is None or isinstance(target, str) or _is_sa_url(target):
         return "url"
     mods = sys.modules
     pg3 = mods.get("psycopg")

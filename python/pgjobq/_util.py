@@ -13,9 +13,11 @@ from .errors import InvalidArgument, InvalidJob
 Duration = Union[int, float, str, _dt.timedelta]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
-_DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|)$")
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
+# Matched with fullmatch: `$` would also match before a final newline ("mail\n" passed as a name).
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|)")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 PAYLOAD_MAX = 1048576
+DELAY_MAX_S = 3155760000.0  # 100 years: the cap of every delay pgjobq takes (now() + it cannot overflow)
 
 
 def seconds(value: Duration, what: str = "duration") -> float:
@@ -28,7 +30,7 @@ def seconds(value: Duration, what: str = "duration") -> float:
     elif isinstance(value, (int, float)):
         s = float(value)
     elif isinstance(value, str):
-        m = _DURATION.match(value.strip())
+        m = _DURATION.fullmatch(value.strip())
         if not m:
             raise InvalidArgument(f"{what}: {value!r} is not a duration (use e.g. 30, \"30s\", \"500ms\", \"5m\", \"2h\", \"1d\")")
         s = float(m.group(1)) * _UNITS[m.group(2)]
@@ -37,6 +39,31 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if not math.isfinite(s) or s < 0:
         raise InvalidArgument(f"{what}: {value!r} must be a finite, non-negative duration")
     return s
+
+
+def delay_seconds(value: Duration, what: str) -> float:
+    """seconds(), at most 100 years (a retry after that is out of the jobs table's range)."""
+    s = seconds(value, what)
+    if s > DELAY_MAX_S:
+        raise InvalidArgument(f"{what}: {value!r} is more than 100 years")
+    return s
+
+
+def is_name(value: Any) -> bool:
+    """A queue, kind or schedule name as the database takes it: a letter, then up to 63 letters, digits,
+    _ . : - (and nothing after, not even a newline)."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None
+
+
+_PASSWORDS = (re.compile(r"(://[^:/?#@\s]*:)[^@\s]*(@)"),                 # scheme://user:PASSWORD@
+              re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.I))  # password=... (conninfo, URL query)
+
+
+def redact(text: str) -> str:
+    """text with what looks like a password (in a URL, after password=) replaced by ***, for
+    messages that may quote a database URL or a driver's error about one."""
+    text = _PASSWORDS[0].sub(r"\1***\2", text)
+    return _PASSWORDS[1].sub(r"\1***", text)
 
 
 def check_json(value: Any, where: str, path: str = "") -> None:

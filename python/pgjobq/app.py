@@ -11,7 +11,7 @@ import types
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, overload
 
 from . import _enqueue as _enq, _jobs, _sql
-from ._util import NAME, Duration, check_json, dumps, seconds
+from ._util import Duration, check_json, delay_seconds, dumps, is_name, seconds
 from ._enqueue import Batch, Enqueued, JobSpec
 from .errors import InvalidArgument, InvalidJob
 from ._jobs import UNSET, JobInfo, QueueInfo
@@ -74,7 +74,7 @@ def _exceptions(value: Exceptions, what: str) -> Optional[tuple]:
 
 
 def _check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not is_name(value):
         raise InvalidArgument(f"{what} {value!r} is not a name: a letter, then up to 63 letters, digits, _ . : -")
     return value
 
@@ -95,7 +95,7 @@ class Task:
         self.max_attempts = max_attempts
         self.timeout = None if timeout is None else seconds(timeout, f"task {self.name}: timeout")
         if retry_backoff is not None and not callable(retry_backoff):
-            seconds(retry_backoff, f"task {self.name}: retry_backoff")  # checked now
+            delay_seconds(retry_backoff, f"task {self.name}: retry_backoff")  # checked now
         self.retry_backoff = retry_backoff
         self.retry_on = _exceptions(retry_on, f"task {self.name}: retry_on")
         self.fail_on = _exceptions(fail_on, f"task {self.name}: fail_on")
@@ -206,7 +206,7 @@ class Task:
         b = self.retry_backoff
         if b is None:
             return None
-        return seconds(b(attempt) if callable(b) else b, f"task {self.name}: retry_backoff")
+        return delay_seconds(b(attempt) if callable(b) else b, f"task {self.name}: retry_backoff")
 
     # -- enqueueing --------------------------------------------------------------------------------
     def configure(self, **options: Any) -> "Deferrer":

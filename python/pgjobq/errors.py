@@ -115,9 +115,14 @@ class Retry(Exception):
     """Raise in a task to end this attempt as failed and run the job again: after ``delay`` (seconds,
     a ``timedelta`` or a duration such as ``"30s"``), or after the task's ``retry_backoff`` (else the
     database's ``pgjobq.backoff``) when no delay is given.  Once attempts run out, the job ends
-    failed."""
+    failed.  A delay that is not a duration, or more than 100 years, is refused here
+    (``InvalidArgument``, raised where the task builds the Retry)."""
 
     def __init__(self, message: str = "retry requested", delay: Union[None, float, str, _dt.timedelta] = None) -> None:
+        if delay is not None:
+            from ._util import delay_seconds
+
+            delay_seconds(delay, "Retry(delay=...)")
         super().__init__(message)
         self.message = message
         self.delay = delay

@@ -1,13 +1,18 @@
 """``python3 -m pgjobq worker MODULE:APP``: the pgjobq worker (the C engine) running an App's tasks.
 
-It imports the App (to learn its queues, timeouts and schedules), writes the App's schedules
-(``App.sync_schedules``), then replaces itself with
+It imports the App (to learn its queues, timeouts and schedules: a module that cannot be imported
+stops it here, with its traceback and exit status 78, before anything is claimed), writes the App's
+schedules (``App.sync_schedules``, waiting for a database that is down as the engine would), then
+replaces itself with
 
-    pgjobq work --coproc "PYTHON -m pgjobq.coproc MODULE:APP --threads N" --queue Q:N ... [-- options]
+    pgjobq work --keep-env --coproc "PYTHON -m pgjobq.coproc MODULE:APP --threads N" --queue Q:N ...
+        [-- options]
 
 so that the process you started *is* the worker: SIGTERM drains it, its exit status is the
 worker's.  The engine claims, leases, heartbeats, times out, retries and fences; Python only runs
-the tasks.
+the tasks, in the environment the worker was started with (``--keep-env``), with
+``$PGJOBQ_DATABASE_URL`` set to the worker's database so that a task's ``defer()`` and ``app.get()``
+need nothing more.
 """
 
 from __future__ import annotations
@@ -17,17 +22,27 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-from typing import List, Optional, Tuple
+import time
+from typing import Any, List, Optional, Tuple
 
 from ._engine import engine_defaults
-from ._runner import load_app
-from ._sql import default_url
+from ._runner import load_app_or_exit
+from ._sql import configured_url, libpq_url, unreachable
+from ._util import redact, seconds
 from .app import App
-from .errors import PgjobqError
+from .errors import InvalidArgument, PgjobqError
 
 DEFAULT_CONCURRENCY = 10
+
+
+def _duration(text: str) -> float:
+    try:
+        return seconds(text, "--unknown-kind-delay")
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def find_pgjobq(given: Optional[str]) -> str:
@@ -65,16 +80,39 @@ def _has_option(args: List[str], *names: str) -> bool:
     return any(a == n or a.startswith(n + "=") for a in args for n in names)
 
 
-def database_url(pgjobq: str, db: Optional[str]) -> str:
-    """The URL the worker will use: --db, $PGJOBQ_DATABASE_URL, $DATABASE_URL, else the embedded
-    database's (``pgjobq db url``)."""
-    url = db or os.environ.get("PGJOBQ_DATABASE_URL") or os.environ.get("DATABASE_URL")
+def database_url(pgjobq: str, db: Any, app: Optional[App] = None) -> str:
+    """The URL the worker will use, as libpq reads it: --db, the App's ``database_url``,
+    $PGJOBQ_DATABASE_URL, $DATABASE_URL (SQLAlchemy's forms too), else the embedded database's
+    (``pgjobq db url``)."""
+    url = db or (app.database_url if app is not None else None) or configured_url()
     if url:
-        return url
+        return libpq_url(url)
     r = subprocess.run([pgjobq, "db", "url"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"pgjobq worker: no database configured and `pgjobq db url` failed: {r.stderr.strip()}")
     return r.stdout.strip()
+
+
+def sync_schedules_when_reachable(app: App, url: str) -> int:
+    """App.sync_schedules, waiting (as the engine does: a line each try, 1 s doubling to 30 s) while
+    the database cannot be reached; SIGTERM or SIGINT meanwhile exits 0, as the engine does when
+    stopped before it started."""
+    pause = 1.0
+    while True:
+        try:
+            return app.sync_schedules(url)
+        except Exception as e:  # noqa: BLE001 - only the database being out of reach is waited for
+            if not unreachable(e):
+                raise
+            why = redact(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        print(f"pgjobq worker: cannot reach the database to write the App's schedules ({why}); "
+              f"trying again in {pause:g} s", file=sys.stderr, flush=True)
+        time.sleep(pause)
+        pause = min(pause * 2, 30.0)
+
+
+def _stop_quietly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # stopped before the worker started: nothing claimed, nothing lost
 
 
 def build_command(args: argparse.Namespace, app: App, pgjobq: str, extra: List[str]) -> List[str]:
@@ -84,7 +122,14 @@ def build_command(args: argparse.Namespace, app: App, pgjobq: str, extra: List[s
     threads = args.threads or max(1, math.ceil(slots / k))
     coproc = " ".join(shlex.quote(x) for x in
                       [sys.executable, "-m", "pgjobq.coproc", args.app, "--threads", str(threads)])
-    cmd = [pgjobq, "work", "--coproc", coproc]
+    if args.fail_unknown_kinds:
+        coproc += " --fail-unknown-kinds"
+    elif args.unknown_kind_delay is not None:
+        coproc += f" --unknown-kind-delay {args.unknown_kind_delay:g}"
+    # The tasks are the application's own code, started from its own command line: they get the
+    # environment it was started with (its settings, its DATABASE_URL), which `pgjobq work` keeps from
+    # a handler unless told.
+    cmd = [pgjobq, "work", "--keep-env", "--coproc", coproc]
     if k > 1:
         cmd += ["--coprocs", str(k)]
     for name, n in queues:
@@ -120,10 +165,18 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--threads", type=int, metavar="N",
                     help="threads for sync tasks in each process (default: its share of the slots)")
     ap.add_argument("--db", metavar="URL",
-                    help="the database (default: $PGJOBQ_DATABASE_URL, $DATABASE_URL, the embedded one)")
+                    help="the database (default: the App's database_url, $PGJOBQ_DATABASE_URL, $DATABASE_URL, the "
+                         "embedded one; SQLAlchemy's URL forms too)")
     ap.add_argument("--pgjobq", metavar="PATH", help="the pgjobq command (default: $PGJOBQ_BIN, else PATH)")
     ap.add_argument("--no-sync-schedules", action="store_true",
                     help="do not write the App's @app.periodic schedules at start")
+    ap.add_argument("--fail-unknown-kinds", action="store_true",
+                    help="fail for good a job whose kind the App has no task for (default: hand it back "
+                         "untouched, no attempt used, to run after --unknown-kind-delay: a worker of a newer "
+                         "release may know it)")
+    ap.add_argument("--unknown-kind-delay", metavar="DURATION", type=_duration,
+                    help="how long a job of a kind the App does not know waits before it runs again "
+                         "(default 60s)")
     ap.add_argument("--print-command", action="store_true", help="print the pgjobq work command and exit")
     ap.add_argument("--burst", action="store_true",
                     help="run what is due, then exit 0 once nothing due is left (tests; pgjobq work --burst)")
@@ -134,9 +187,13 @@ def main(argv: List[str]) -> int:
     if args.burst and args.reload:
         ap.error("--burst and --reload do not go together")
 
+    # SIGTERM or SIGINT before the engine runs (while the App is imported, or the database is down)
+    # stops it with status 0, as it stops the engine before it started.
+    signal.signal(signal.SIGTERM, _stop_quietly)
+    signal.signal(signal.SIGINT, _stop_quietly)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    app = load_app(args.app)
+    app = load_app_or_exit(args.app, "pgjobq worker")
     pgjobq = find_pgjobq(args.pgjobq)
     cmd = build_command(args, app, pgjobq, extra)
     if args.print_command:
@@ -144,13 +201,13 @@ def main(argv: List[str]) -> int:
         return 0
 
     env = dict(os.environ)
-    if args.db:
-        # Not on the command line, where ps shows it; a SQLAlchemy URL's +driver is for SQLAlchemy only.
-        env["PGJOBQ_DATABASE_URL"] = default_url(args.db)
+    # The engine's database, and the App's in the tasks unless it names one: not on the command line,
+    # where ps shows it, and as libpq reads it (a SQLAlchemy URL's +driver is for SQLAlchemy only).
+    url = database_url(pgjobq, args.db, app)
+    env["PGJOBQ_DATABASE_URL"] = url
     if (app.periodics or app.name) and not args.no_sync_schedules:
-        url = database_url(pgjobq, args.db)
         try:
-            n = app.sync_schedules(url)
+            n = sync_schedules_when_reachable(app, url)
         except PgjobqError as e:
             print(f"pgjobq worker: could not write the App's schedules ({e}); going on without "
                   "(run with a role that has pgjobq_admin, or --no-sync-schedules)", file=sys.stderr)
@@ -163,6 +220,8 @@ def main(argv: List[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     sys.stdout.flush()
     sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if args.reload:
         from ._reload import run as run_reloading
 

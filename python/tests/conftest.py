@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Callable, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -77,19 +77,27 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, log: str =
 
 
 class Worker:
-    """`python3 -m pgjobq worker` (which becomes `pgjobq work --coproc ...`), stopped by its pid."""
+    """`python3 -m pgjobq worker APP` (which becomes `pgjobq work --coproc ...`), stopped by its pid.
+    env: variables to set (None: to remove) over the test's, where PGJOBQ_DATABASE_URL is the test
+    database's."""
 
-    def __init__(self, args: List[str], log: str) -> None:
+    def __init__(self, args: List[str], log: str, app: str = "py_tasks:app",
+                 env: Optional[Dict[str, Optional[str]]] = None) -> None:
         if not CLI:
             raise pytest.UsageError("PGJOBQ_CLI is not set (the pgjobq command; make check sets it)")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([PYDIR, HERE])
-        env["PGJOBQ_DATABASE_URL"] = URL
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        environ = dict(os.environ)
+        environ["PYTHONPATH"] = os.pathsep.join([PYDIR, HERE])
+        environ["PGJOBQ_DATABASE_URL"] = URL
+        environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        for k, v in (env or {}).items():
+            if v is None:
+                environ.pop(k, None)
+            else:
+                environ[k] = v
         self.log = log
         self.out = open(log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pgjobq", "worker", "py_tasks:app", "--pgjobq", CLI] + args,
-                                     env=env, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pgjobq", "worker", app, "--pgjobq", CLI] + args,
+                                     env=environ, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=HERE)
 
     @property
@@ -115,8 +123,8 @@ class Worker:
 def start_worker(tmp_path) -> Iterator[Callable[..., Worker]]:  # type: ignore[no-untyped-def]
     started: List[Worker] = []
 
-    def start(*args: str) -> Worker:
-        w = Worker(list(args), str(tmp_path / f"worker{len(started)}.log"))
+    def start(*args: str, app: str = "py_tasks:app", env: Optional[Dict[str, Optional[str]]] = None) -> Worker:
+        w = Worker(list(args), str(tmp_path / f"worker{len(started)}.log"), app, env)
         started.append(w)
         return w
 

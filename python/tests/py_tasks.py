@@ -220,3 +220,35 @@ def gathered(ctx, n, d, k):
     if ctx.attempt == 1:
         raise pgjobq.Retry("soon", delay=0)
     return {"n": n}
+
+
+@app.task(pass_context=True)
+def configured(ctx):
+    """The application's own configuration, and the App's database with no setup (test_deploy.py)."""
+    print(f"configured sees {os.environ.get('DATABASE_URL')}")  # a password in it never reaches the log
+    child = add.configure(queue=ctx.queue).defer(a=20, b=22)
+    me = app.get(ctx.id)
+    return {"setting": os.environ.get("APP_SETTING"), "database_url": "DATABASE_URL" in os.environ,
+            "child": child.id, "me": [me.id, me.state]}
+
+
+@app.task(pass_context=True)
+def talk(ctx, d):
+    """Writes to its output and its log, then waits (test_deploy.py: each line is in the worker's log while
+    the task still runs)."""
+    import logging
+    import sys
+
+    print(f"printed by {ctx.kind}")
+    logging.getLogger("shop.tasks").info("an info record")
+    logging.getLogger("shop.tasks").warning("a warning record")
+    print("ERROR: said at error", file=sys.stderr)
+    t0 = time.monotonic()
+    while not os.path.exists(os.path.join(d, "go")) and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    return {"talked": True}
+
+
+@app.task(max_attempts=1)
+def far_retry():
+    raise pgjobq.Retry("much later", delay="4000000d")

@@ -85,8 +85,12 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
     assert 'py_tasks.py", line' in error and "in _deep" in error and 'raise KeyError("missing")' in error
     assert "_runner.py" not in error  # the package's own frames are left out
 
-    state, attempt, result, error, took = wait_finished(unknown.id, worker)
-    assert (state, attempt) == ("failed", 1) and "no task for the kind 'no_such_task'" in error and "add" in error
+    # A kind the App has no task for is handed back untouched (docs/python.md, "Deploying").
+    def handed_back():
+        return scalar("SELECT state = 'queued' AND attempt = 0 AND run_at > now() + interval '50 seconds'"
+                      " AND strpos(last_error, 'no task for the kind ''no_such_task''') > 0 FROM pgjobq.jobs WHERE id = %s",
+                      unknown.id)
+    wait_until(handed_back, 20, f"job {unknown.id} to be handed back", worker.log)
     state, attempt, result, error, took = wait_finished(misfit.id, worker)
     assert state == "failed" and "the payload does not fit add(a, b)" in error
     state, attempt, result, error, took = wait_finished(nonjson.id, worker)
@@ -94,9 +98,7 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
 
     with pytest.raises(pgjobq.JobFailed, match="no such mailbox"):
         app.result(given_up.id, conn=URL)
-    assert worker.alive()
-    with open(worker.log) as f:  # a task's print() goes to the worker's log, not into the protocol
-        assert "add(2, 3) prints" in f.read()
+    assert worker.alive()  # a task's print() went to the worker's log, not into the protocol (test_deploy.py)
 
 
 def test_an_async_task_without_await_runs_at_once_with_the_same_outcomes(worker, queue):

@@ -30,12 +30,14 @@ $$;
 -- anyone may take them over, and such a call cannot take over or remove the live row of a worker that
 -- has one.
 
--- worker_beat(id, host, pid, version, queues, secret): the worker `id` (serving queues
+-- worker_beat(id, host, pid, version, queues, secret, unhealthy): the worker `id` (serving queues
 -- "name:concurrency,...") is alive now; started_at is its first beat (or the first since its pid or
--- its secret changed).  55006 (object_in_use) when the id is another live worker's.  Also forgets
--- workers unseen for a day and tallies older than a day (one caller at a time does that).
+-- its secret changed).  unhealthy: why it claims nothing (NULL while it claims; schema 18), kept with
+-- since when (unhealthy_since, from the first beat that said so).  55006 (object_in_use) when the id
+-- is another live worker's.  Also forgets workers unseen for a day and tallies older than a day (one
+-- caller at a time does that).
 CREATE OR REPLACE FUNCTION pgjobq.worker_beat(id text, host text, pid integer, version text, queues text,
-                                              secret bigint DEFAULT NULL)
+                                              secret bigint DEFAULT NULL, unhealthy text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -44,15 +46,20 @@ DECLARE
     v_hash bytea := sha256(int8send(worker_beat.secret));
     v_row  pgjobq.workers%ROWTYPE;
 BEGIN
-    INSERT INTO pgjobq.workers AS w (id, host, pid, version, queues, started_at, secret_hash)
+    INSERT INTO pgjobq.workers AS w (id, host, pid, version, queues, started_at, secret_hash, unhealthy,
+                                     unhealthy_since)
     VALUES (left(worker_beat.id, 255), left(worker_beat.host, 255), worker_beat.pid, left(worker_beat.version, 64),
-            left(worker_beat.queues, 4096), now(), v_hash)
+            left(worker_beat.queues, 4096), now(), v_hash, left(worker_beat.unhealthy, 4096),
+            CASE WHEN worker_beat.unhealthy IS NOT NULL THEN now() END)
     ON CONFLICT ON CONSTRAINT workers_pkey DO UPDATE
        SET host = excluded.host, pid = excluded.pid, version = excluded.version, queues = excluded.queues,
            started_at = CASE WHEN w.pid = excluded.pid AND w.host = excluded.host
                                   AND w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash
                              THEN w.started_at ELSE now() END,
-           last_seen = now(), secret_hash = excluded.secret_hash
+           last_seen = now(), secret_hash = excluded.secret_hash, unhealthy = excluded.unhealthy,
+           unhealthy_since = CASE WHEN excluded.unhealthy IS NULL THEN NULL
+                                  WHEN w.unhealthy IS NOT NULL AND w.pid = excluded.pid AND w.host = excluded.host
+                                  THEN w.unhealthy_since ELSE now() END
      WHERE w.secret_hash IS NOT DISTINCT FROM excluded.secret_hash OR w.secret_hash IS NULL
         OR w.last_seen <= now() - interval '15 seconds';
     IF NOT FOUND THEN
@@ -361,6 +368,20 @@ AS $$
       LEFT JOIN (SELECT r.worker_id AS id, count(*) AS n FROM pgjobq.leased_now() r GROUP BY 1) r ON r.id = w.id
      WHERE w.last_seen > now() - interval '1 hour'
      ORDER BY 1
+$$;
+
+-- monitor_unhealthy_workers(): the live workers (seen in the last 15 seconds) that claim nothing because
+-- they cannot run jobs (pgjobq_worker_set_unhealthy: a coprocess that cannot start), with why and since
+-- when, oldest first.  `pgjobq health` and the dashboard show them.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_unhealthy_workers()
+RETURNS TABLE (id text, host text, pid integer, queues text, reason text, since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT w.id, w.host, w.pid, w.queues, w.unhealthy, w.unhealthy_since
+      FROM pgjobq.workers w
+     WHERE w.unhealthy IS NOT NULL AND w.last_seen > now() - interval '15 seconds'
+     ORDER BY w.unhealthy_since, w.id
 $$;
 
 -- monitor_finished(since, upto, bounds): the jobs that reached the history in (since, upto], per queue

@@ -355,6 +355,68 @@ BEGIN
 END
 $$;
 
+-- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a kind its worker does
+-- not know yet, a handler that could not start): running -> queued, the attempt given back as
+-- release_many gives it, due after its delay (NULL: backoff(attempt), so that a handler that hands a
+-- job back without a delay does not get it again at once), its reason kept in last_error (the first
+-- 8 KiB).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
+-- Returns one row per input: outcome 'queued', 'cancelled' or 'lost'.  (Schema 16.)
+CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
+                                              delays interval[] DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_nestloop = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_snooze bigint[];
+    v_cancel bigint[];
+    v_queues text[];
+BEGIN
+    IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
+       OR (reasons IS NOT NULL AND cardinality(reasons) <> cardinality(ids))
+       OR (delays IS NOT NULL AND cardinality(delays) <> cardinality(ids)) THEN
+        RAISE EXCEPTION 'pgjobq.snooze_many: the arrays must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- 100 years as the library counts them (36,525 days): an interval of months compares as 30 days each.
+    IF EXISTS (SELECT 1 FROM unnest(delays) AS d WHERE d < interval '0' OR d > interval '3155760000 seconds') THEN
+        RAISE EXCEPTION 'pgjobq: a snooze''s delay must be from 0 to 100 years'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Lock the held rows and decide from their latest versions, then act.
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
+           array_agg(held.id) FILTER (WHERE held.cancel_requested)
+      INTO v_snooze, v_cancel
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
+            SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
+             WHERE j.id = ANY (snooze_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
+               FOR UPDATE OF j) held;
+    IF v_cancel IS NOT NULL THEN
+        PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
+    END IF;
+    WITH input AS (
+        SELECT u.id, left(u.reason, 8192) AS reason, u.delay
+          FROM unnest(ids, reasons, delays) AS u(id, reason, delay)),
+    snoozed AS (
+        UPDATE pgjobq.jobs j
+           SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
+               lease_until = NULL, last_error = coalesce(input.reason, j.last_error)
+          FROM input
+         WHERE j.id = ANY (v_snooze) AND j.id = input.id
+        RETURNING j.queue::text AS queue, j.run_at)
+    SELECT array_agg(DISTINCT snoozed.queue) FILTER (WHERE snoozed.run_at <= now()) INTO v_queues FROM snoozed;
+    PERFORM pgjobq.notify(v_queues);
+    RETURN QUERY
+    SELECT u.id, CASE WHEN u.id = ANY (v_snooze) THEN 'queued' WHEN u.id = ANY (v_cancel) THEN 'cancelled'
+                      ELSE 'lost' END
+      FROM unnest(ids) AS u(id);
+END
+$$;
+
 -- cancel_many: a holder that decides its job should not run at all ends it cancelled (same fencing as
 -- complete_many); its waiting children are cancelled (or run, as they asked).  Returns one row per
 -- input: outcome 'cancelled' or 'lost'.
