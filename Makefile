@@ -47,6 +47,9 @@ TEST_SRC := $(wildcard tests/*.c)
 TEST_OBJ := $(patsubst tests/%.c,$(B)/tests/%.o,$(TEST_SRC))
 SQL      := $(sort $(wildcard sql/[0-9][0-9][0-9]_*.sql))
 SQL_FUNCTIONS := $(sort $(wildcard sql/functions/*.sql))
+# The router database's (`pgjobq migrate --router`): its migrations, its grants, its function files.
+ROUTER_SQL := $(sort $(wildcard sql/router/[0-9][0-9][0-9]_*.sql)) sql/router/roles.sql \
+              $(sort $(wildcard sql/router/functions/*.sql))
 
 LIBA  := $(B)/libpgjobq.a
 LIBSO := $(B)/libpgjobq.so.$(VERSION)
@@ -68,9 +71,10 @@ deps:
 
 # The numbered migrations, the role grants and the function files, as C strings (src/migrate.c).  The
 # directory is a prerequisite too, so that a function file removed or renamed rebuilds it.
-$(B)/src/migrations.c: $(SQL) sql/roles.sql $(SQL_FUNCTIONS) $(wildcard sql/functions) tools/embed-sql.awk | $(DEPS_OK)
+$(B)/src/migrations.c: $(SQL) sql/roles.sql $(SQL_FUNCTIONS) $(wildcard sql/functions) $(ROUTER_SQL) \
+                       $(wildcard sql/router/functions) tools/embed-sql.awk | $(DEPS_OK)
 	@mkdir -p $(@D)
-	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql $(SQL_FUNCTIONS) > $@.tmp && mv $@.tmp $@
+	awk -f tools/embed-sql.awk $(SQL) sql/roles.sql $(SQL_FUNCTIONS) $(ROUTER_SQL) > $@.tmp && mv $@.tmp $@
 
 $(B)/src/%.o: src/%.c src/internal.h src/engine.h include/pgjobq.h | $(DEPS_OK)
 	@mkdir -p $(@D)

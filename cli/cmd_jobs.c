@@ -15,9 +15,11 @@
 #define OPT_LIMIT 'n'
 #define OPT_TAG   't'
 
-#define OPT_ROLES 'r'
+#define OPT_ROLES  'r'
+#define OPT_ROUTER 1003
 const cli_opt migrate_opts[] = {
     {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue"},
+    {"router", OPT_ROUTER, NULL, "make the database a router of a cluster of shards (PL/Proxy), not a shard"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt list_opts[] = {
@@ -124,15 +126,45 @@ static int flag_opt(int key, const char *arg, void *ctx)
     return 0;
 }
 
+#define MIGRATE_ROLES  1
+#define MIGRATE_ROUTER 2
+
+/* migrate's options: flags of MIGRATE_*. */
+static int migrate_opt(int key, const char *arg, void *ctx)
+{
+    (void)arg;
+    *(int *)ctx |= key == OPT_ROUTER ? MIGRATE_ROUTER : MIGRATE_ROLES;
+    return 0;
+}
+
 int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
 {
-    int status, applied = 0, version = 0, rc, roles = 0;
+    int status, applied = 0, version = 0, rc, flags = 0;
     pgjobq_client *c;
 
-    if (parse_simple(cmd, argc, argv, 0, flag_opt, &roles, &status) < 0)
+    if (parse_simple(cmd, argc, argv, 0, migrate_opt, &flags, &status) < 0)
         return status;
+    if (flags == (MIGRATE_ROLES | MIGRATE_ROUTER))
+        return cli_usage_error(cmd, "--roles is for a shard: a router grants its functions to the roles that exist");
     if ((c = cli_connect(1, &status)) == NULL)
         return status;
+    if (flags & MIGRATE_ROUTER) {
+        rc = pgjobq_migrate_router(c, &applied);
+        if (rc != PGJOBQ_OK) {
+            status = cli_fail(c, rc);
+            pgjobq_client_close(c);
+            return status;
+        }
+        if (applied)
+            printf("pgjobq router migrated (%d migration%s applied); install the cluster map with"
+                   " pgjobq.cluster_set(map, NULL)\n",
+                   applied, applied == 1 ? "" : "s");
+        else
+            printf("pgjobq router is up to date\n");
+        pgjobq_client_close(c);
+        return EX_OK;
+    }
+    int roles = (flags & MIGRATE_ROLES) != 0;
     rc = pgjobq_migrate(c, &applied);
     if (rc == PGJOBQ_OK)
         rc = pgjobq_schema_version(c, &version);

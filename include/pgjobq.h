@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 20
+#define PGJOBQ_SCHEMA_VERSION 21
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -276,6 +276,20 @@ PGJOBQ_EXPORT int pgjobq_migrate(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
  * Grant the roles to your login roles yourself.  Returns PGJOBQ_OK, PGJOBQ_EPERM, or an error.
  */
 PGJOBQ_EXPORT int pgjobq_migrate_roles(pgjobq_client *c) PGJOBQ_WUR;
+
+/*
+ * Creates or upgrades a router database (docs/shards.md): the extension plproxy (creating it needs a
+ * superuser, unless it exists), the cluster map's tables, and the PL/Proxy functions that run a shard's
+ * pgjobq.enqueue, pgjobq.enqueue_many, pgjobq.stats and pgjobq.monitor_job on the cluster's shards,
+ * then grants them to the pgjobq roles that exist.  A router holds no jobs: a database with the pgjobq
+ * schema of a shard is refused (PGJOBQ_ESCHEMA), as pgjobq_migrate refuses a router.  Install the map
+ * with pgjobq.cluster_set(map, NULL) afterwards.  Each migration runs in its own transaction under
+ * pgjobq_migrate's advisory lock, then the function files when they differ from those recorded, as
+ * pgjobq_migrate does.  *applied_out (may be NULL) is the number of router migrations applied.  Needs an
+ * owned connection outside a transaction (PGJOBQ_ESTATE otherwise); returns PGJOBQ_OK or an error, and
+ * a failed migration leaves the router at the previous version.
+ */
+PGJOBQ_EXPORT int pgjobq_migrate_router(pgjobq_client *c, int *applied_out) PGJOBQ_WUR;
 
 /* Reads the schema version installed in the database into *version (0 when not installed). */
 PGJOBQ_EXPORT int pgjobq_schema_version(pgjobq_client *c, int *version) PGJOBQ_WUR;

@@ -48,11 +48,12 @@ $$;
 GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text),
+    pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text,
+                   text),
     pgjobq.enqueue_graph(jsonb),
     pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
-                        boolean),
+                        boolean, text[]),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[]),
     pgjobq.levels_add(text[], smallint[]),
@@ -181,3 +182,9 @@ GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_na
 TO pgjobq_admin, pgjobq_monitor;
 -- What the benchmarks start from (sql/functions/admin.sql): removing a queue's jobs, loading history.
 GRANT EXECUTE ON FUNCTION pgjobq.reset_queue(text), pgjobq.load_history(text, bigint) TO pgjobq_admin;
+-- The cluster map (sql/functions/cluster.sql): every role reads it (a client routes by it; the tables
+-- are readable by PUBLIC: the grant of the migration that made them), the admin installs it.
+GRANT EXECUTE ON FUNCTION pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint),
+    pgjobq.cluster_map()
+TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor;
+GRANT EXECUTE ON FUNCTION pgjobq.cluster_set(jsonb, text) TO pgjobq_admin;

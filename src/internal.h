@@ -256,6 +256,10 @@ int pgjobq__check_payload(pgjobq_client *c, const char *what, const char *json, 
     "coalesce(max(version), 0), coalesce(max(coalesce((pg_catalog.to_jsonb(s) ->> 'needs')::integer, version)), 0)"
 #define PGJOBQ__SCHEMA_VERSION_FROM " FROM pgjobq.schema_version s"
 
+/* route.c: FNV-1a, 32 bits, of key[0..len) (its UTF-8 bytes): the SQL's pgjobq.route_hash(key), which
+ * places a job in a cluster of shards (docs/shards.md).  A job's partition is the hash & (P - 1). */
+uint32_t pgjobq__route_hash(const char *key, size_t len);
+
 /* Formats a millisecond count as a PostgreSQL interval literal into buf ("1500 milliseconds"). */
 void pgjobq__ms_interval(char *buf, size_t size, int64_t ms);
 

@@ -27,6 +27,21 @@ extern const int pgjobq__migration_needs[];
 extern const char *const pgjobq__function_files[];
 extern const char *const pgjobq__function_file_names[];
 extern const int pgjobq__function_file_count;
+extern const char *const pgjobq__router_migrations[];
+extern const char *const pgjobq__router_migration_names[];
+extern const int pgjobq__router_migration_count;
+extern const char *const pgjobq__router_function_files[];
+extern const char *const pgjobq__router_function_file_names[];
+extern const int pgjobq__router_function_file_count;
+extern const char *const pgjobq__router_roles_sql;
+
+/* The function files of a shard, or of a router, and what grants their functions once applied. */
+typedef struct function_set {
+    const char *const *files;
+    const char *const *names;
+    const int *count;
+    int (*grant)(pgjobq_client *c);
+} function_set;
 
 /* The first migration whose schema_version row says which libraries can use the database. */
 #define FIRST_WITH_NEEDS 7
@@ -121,14 +136,14 @@ static int checksum_table(pgjobq_client *c)
 /* The checksum of the function files as the library embeds them, computed by the database (the SHA-256
  * of their text, in order, in hex; not md5(), which a server in FIPS mode refuses), into sum (65
  * bytes), and whether it is the one recorded (*same). */
-static int functions_checksum(pgjobq_client *c, char *sum, int *same)
+static int functions_checksum(pgjobq_client *c, const function_set *set, char *sum, int *same)
 {
     pgjobq__buf text = {0};
     PGresult *r = NULL;
     int rc;
 
-    for (int i = 0; i < pgjobq__function_file_count; i++)
-        pgjobq__buf_put(&text, pgjobq__function_files[i], strlen(pgjobq__function_files[i]));
+    for (int i = 0; i < *set->count; i++)
+        pgjobq__buf_put(&text, set->files[i], strlen(set->files[i]));
     pgjobq__buf_put(&text, "", 1);
     if (text.oom) {
         pgjobq__buf_free(&text);
@@ -136,9 +151,9 @@ static int functions_checksum(pgjobq_client *c, char *sum, int *same)
     }
     const char *values[1] = {text.data};
     rc = run_params(c, "function files",
-             "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
-             " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
-             1, values, &r);
+                    "SELECT s.sum, s.sum IN (SELECT f.checksum FROM pgjobq.function_files f) FROM (SELECT"
+                    " pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex') AS sum) s",
+                    1, values, &r);
     pgjobq__buf_free(&text);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -173,35 +188,46 @@ static int regrant_roles(pgjobq_client *c)
     return PGJOBQ_OK;
 }
 
+/* The grants of a router's functions (sql/router/roles.sql: to the roles that exist). */
+static int router_grants(pgjobq_client *c)
+{
+    return simple(c, "router roles", pgjobq__router_roles_sql);
+}
+
+static const function_set shard_functions = {pgjobq__function_files, pgjobq__function_file_names,
+                                             &pgjobq__function_file_count, regrant_roles};
+static const function_set router_functions = {pgjobq__router_function_files, pgjobq__router_function_file_names,
+                                              &pgjobq__router_function_file_count, router_grants};
+
 /* Inside a transaction that holds the lock, on a database at this library's schema version: applies
- * the function files unless their checksum is the one recorded, then what every migration used to end
- * with, and the roles' grants.  Functions are executable by PUBLIC by default; pgjobq's are granted
- * explicitly instead (the owner of the schema always has them). */
-static int apply_functions(pgjobq_client *c)
+ * the function files of the set unless their checksum is the one recorded, then what every migration
+ * used to end with, and the roles' grants.  Functions are executable by PUBLIC by default; pgjobq's are
+ * granted explicitly instead (the owner of the schema always has them). */
+static int apply_functions(pgjobq_client *c, const function_set *set)
 {
     char sum[65], what[160];
     int same = 0, rc;
 
     rc = checksum_table(c);
     if (rc == PGJOBQ_OK)
-        rc = functions_checksum(c, sum, &same);
+        rc = functions_checksum(c, set, sum, &same);
     if (rc != PGJOBQ_OK || same)
         return rc;
-    for (int i = 0; i < pgjobq__function_file_count && rc == PGJOBQ_OK; i++) {
-        snprintf(what, sizeof what, "function file %s", pgjobq__function_file_names[i]);
-        rc = simple(c, what, pgjobq__function_files[i]);
+    for (int i = 0; i < *set->count && rc == PGJOBQ_OK; i++) {
+        snprintf(what, sizeof what, "function file %s", set->names[i]);
+        rc = simple(c, what, set->files[i]);
     }
     if (rc == PGJOBQ_OK)
         rc = simple(c, "function files", "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgjobq FROM PUBLIC");
     if (rc == PGJOBQ_OK)
-        rc = regrant_roles(c);
+        rc = set->grant(c);
     if (rc == PGJOBQ_OK)
         rc = simple(c, "function files", "DELETE FROM pgjobq.function_files");
     if (rc == PGJOBQ_OK) {
         const char *values[2] = {sum, PGJOBQ_VERSION};
         PGresult *r = NULL;
-        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)",
-                        2, values, &r);
+        rc = run_params(c, "function files", "INSERT INTO pgjobq.function_files (checksum, library) VALUES ($1, $2)", 2,
+                        values, &r);
         PQclear(r);
     }
     if (rc == PGJOBQ_OK)
@@ -219,7 +245,7 @@ static int apply_functions_alone(pgjobq_client *c)
     if (rc == PGJOBQ_OK)
         rc = pgjobq__read_version(c, &version, NULL);
     if (rc == PGJOBQ_OK && version == pgjobq__migration_count)
-        rc = apply_functions(c);
+        rc = apply_functions(c, &shard_functions);
     return end_locked(c, "function files", rc);
 }
 
@@ -250,7 +276,7 @@ static int apply_one(pgjobq_client *c, int n, int *applied, int *functions_done)
         if (rc == PGJOBQ_OK)
             rc = simple(c, what, record);
         if (rc == PGJOBQ_OK && n == pgjobq__migration_count) {
-            rc = apply_functions(c);
+            rc = apply_functions(c, &shard_functions);
             *functions_done = 1;
         }
         if (rc == PGJOBQ_OK) {
@@ -259,6 +285,30 @@ static int apply_one(pgjobq_client *c, int n, int *applied, int *functions_done)
         }
     }
     return end_locked(c, what, rc);
+}
+
+/* A shard's migrations must not run in a router database, nor a router's in a shard: each has tables
+ * and functions of the same names as the other's (pgjobq.enqueue is PL/Proxy's in a router).  router:
+ * whether the caller migrates a router. */
+static int refuse_other_kind(pgjobq_client *c, int router)
+{
+    int kinds[2] = {0, 0}; /* a shard's schema, a router's */
+    int rc = ask(c, "migrate",
+                 "SELECT pg_catalog.to_regclass('pgjobq.schema_version') IS NOT NULL,"
+                 " pg_catalog.to_regclass('pgjobq.router_version') IS NOT NULL",
+                 kinds, 2);
+
+    if (rc != PGJOBQ_OK)
+        return rc;
+    if (!router && kinds[1])
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "migrate: this database is a pgjobq router (PL/Proxy), not a shard: migrate it "
+                              "with `pgjobq migrate --router` (pgjobq_migrate_router)");
+    if (router && kinds[0])
+        return pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                              "migrate: this database holds a pgjobq schema (a shard, which holds jobs); a router "
+                              "is a database of its own");
+    return PGJOBQ_OK;
 }
 
 int pgjobq_migrate(pgjobq_client *c, int *applied_out)
@@ -280,6 +330,8 @@ int pgjobq_migrate(pgjobq_client *c, int *applied_out)
                               "migrate: this build embeds %d migrations but declares "
                               "schema version %d",
                               pgjobq__migration_count, PGJOBQ_SCHEMA_VERSION);
+    if ((rc = refuse_other_kind(c, 0)) != PGJOBQ_OK)
+        return rc;
     for (int n = 1; n <= pgjobq__migration_count && rc == PGJOBQ_OK; n++)
         rc = apply_one(c, n, &applied, &functions_done);
     if (rc == PGJOBQ_OK && !functions_done)
@@ -306,4 +358,85 @@ int pgjobq_migrate_roles(pgjobq_client *c)
     if (rc == PGJOBQ_OK)
         rc = simple(c, "roles", pgjobq__roles_sql);
     return end_locked(c, "roles", rc);
+}
+
+/* The router's version: the highest of pgjobq.router_version, 0 when there is none yet. */
+static int router_version(pgjobq_client *c, int *version)
+{
+    int exists = 0;
+    PGresult *r = NULL;
+    int rc = ask(c, "router version", "SELECT pg_catalog.to_regclass('pgjobq.router_version') IS NOT NULL", &exists, 1);
+
+    *version = 0;
+    if (rc != PGJOBQ_OK || !exists)
+        return rc;
+    rc = run(c, "router version", "SELECT coalesce(max(version), 0) FROM pgjobq.router_version", &r);
+    if (rc == PGJOBQ_OK)
+        *version = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
+}
+
+/* Applies router migration n unless the database has it, the last one with the function files; as
+ * apply_one for a shard. */
+static int apply_router_one(pgjobq_client *c, int n, int *applied, int *functions_done)
+{
+    char what[160], record[128];
+    int version, rc;
+
+    snprintf(what, sizeof what, "router migration %s", pgjobq__router_migration_names[n - 1]);
+    rc = begin_locked(c, what);
+    if (rc == PGJOBQ_OK)
+        rc = refuse_other_kind(c, 1);
+    if (rc == PGJOBQ_OK)
+        rc = router_version(c, &version);
+    if (rc == PGJOBQ_OK && version > pgjobq__router_migration_count)
+        rc = pgjobq__seterr(c, PGJOBQ_ESCHEMA,
+                            "the router has pgjobq router version %d, newer than this pgjobq understands "
+                            "(version %d): upgrade pgjobq",
+                            version, pgjobq__router_migration_count);
+    if (rc == PGJOBQ_OK && version < n) {
+        rc = simple(c, what, pgjobq__router_migrations[n - 1]);
+        snprintf(record, sizeof record, "INSERT INTO pgjobq.router_version (version) VALUES (%d)", n);
+        if (rc == PGJOBQ_OK)
+            rc = simple(c, what, record);
+        if (rc == PGJOBQ_OK && n == pgjobq__router_migration_count) {
+            rc = apply_functions(c, &router_functions);
+            *functions_done = 1;
+        }
+        if (rc == PGJOBQ_OK) {
+            (*applied)++;
+            pgjobq__log(c, PGJOBQ_LOG_INFO, "applied %s", what);
+        }
+    }
+    return end_locked(c, what, rc);
+}
+
+int pgjobq_migrate_router(pgjobq_client *c, int *applied_out)
+{
+    int applied = 0, functions_done = 0, version = 0, rc = PGJOBQ_OK;
+
+    if (applied_out)
+        *applied_out = 0;
+    if (c == NULL)
+        return PGJOBQ_EINVAL;
+    pgjobq__clearerr(c);
+    if (c->conn == NULL || PQstatus(c->conn) != CONNECTION_OK)
+        return pgjobq__seterr(c, PGJOBQ_ECONN, "migrate router: not connected");
+    if (PQtransactionStatus(c->conn) != PQTRANS_IDLE)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                              "migrate router: the connection is inside a transaction; migrations run their own");
+    for (int n = 1; n <= pgjobq__router_migration_count && rc == PGJOBQ_OK; n++)
+        rc = apply_router_one(c, n, &applied, &functions_done);
+    if (rc == PGJOBQ_OK && !functions_done) {
+        rc = begin_locked(c, "router function files");
+        if (rc == PGJOBQ_OK)
+            rc = router_version(c, &version);
+        if (rc == PGJOBQ_OK && version == pgjobq__router_migration_count)
+            rc = apply_functions(c, &router_functions);
+        rc = end_locked(c, "router function files", rc);
+    }
+    if (applied_out)
+        *applied_out = applied;
+    return rc;
 }

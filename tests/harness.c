@@ -99,6 +99,39 @@ PGconn *t_pg(void)
     return conn;
 }
 
+char *t_extra_db(const char *suffix, int migrated)
+{
+    PQconninfoOption *opts = PQconninfoParse(t_conninfo(), NULL);
+    char name[128], *out;
+    size_t len = 64;
+
+    if (opts == NULL)
+        t_fail(__FILE__, __LINE__, "cannot parse the test's conninfo");
+    snprintf(name, sizeof name, "%s_%s", t_dbname(), suffix);
+    PGconn *pg = t_pg();
+    PQclear(t_exec(pg, "CREATE DATABASE %s TEMPLATE %s", name, migrated ? "tmpl_migrated" : "tmpl_empty"));
+    PQfinish(pg);
+    for (PQconninfoOption *o = opts; o->keyword; o++)
+        if (o->val && o->val[0] && strcmp(o->keyword, "dbname") != 0)
+            len += strlen(o->keyword) + strlen(o->val) + 2;
+    out = malloc(len + strlen(name));
+    if (out == NULL)
+        t_fail(__FILE__, __LINE__, "out of memory");
+    out[0] = '\0';
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        if (o->val && o->val[0] && strcmp(o->keyword, "dbname") != 0) {
+            strcat(out, o->keyword);
+            strcat(out, "=");
+            strcat(out, o->val);
+            strcat(out, " ");
+        }
+    }
+    strcat(out, "dbname=");
+    strcat(out, name);
+    PQconninfoFree(opts);
+    return out;
+}
+
 static PGresult *vexec(PGconn *conn, const char *fmt, va_list ap)
 {
     char sql[8192];

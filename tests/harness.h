@@ -83,6 +83,12 @@ const char *t_dbname(void);
 pgjobq_client *t_client(void);
 PGconn *t_pg(void);
 
+/* Creates another database in the test's cluster, named after the test's with "_" suffix, migrated
+ * (a copy of the migrated template) or empty, and returns its conninfo (malloc'd): for tests that need
+ * several databases (the shards of tests/test_cluster.c).  (Values with spaces or quotes in the test's
+ * conninfo are not expected: the harness's are a socket directory, a port, a user and a name.) */
+char *t_extra_db(const char *suffix, int migrated);
+
 /* Runs SQL (no parameters) and returns the result, failing the test on an error. */
 PGresult *t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Runs SQL and returns the first column of the first row as an integer (fails if no row). */

@@ -809,6 +809,16 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     free(state);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_workers('running', 'zz', 10) WHERE id = 'w17'"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.monitor_workers('stopped', 'w17', 10) WHERE id = 'w17'"), 0);
+    /* The cluster map's migration: a job's routing key, kept in the history; no map, so no guard and
+     * ids that still step by one. */
+    CHECK_INT(t_int(pg, "SELECT (pgjobq.cluster_map() IS NULL)::int"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 0);
+    int64_t before = t_int(pg, "SELECT pg_sequence_last_value(pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass)");
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'q18', route_key => 'tenant-7')");
+    CHECK_INT(id, before + 1);
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &st));
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND route_key = 'tenant-7'", (long long)id), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

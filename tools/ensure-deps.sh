@@ -6,7 +6,7 @@
 #   --tests    all of the above and the test tools: g++ (the C++ header check), headless Chromium and
 #              promtool (the dashboard and metrics tests), Python with psycopg 3, psycopg2, SQLAlchemy
 #              pytest, pip, wheel and venv (the Python package's tests), Node.js with npm (the client examples),
-#              PgBouncer and pg_auto_failover
+#              PgBouncer, pg_auto_failover and PL/Proxy (the router of a cluster of shards)
 #              (make check, make sanitize, make chaos, make screenshots).
 # As root on Debian/Ubuntu it installs what is missing with apt-get; otherwise it stops and prints the
 # exact command to run.
@@ -69,6 +69,8 @@ if [ $need_tests = 1 ]; then
     { command -v pg_autoctl >/dev/null 2>&1 &&
       [ -f "/usr/share/postgresql/$major/extension/pgautofailover.control" ]; } ||
         missing="$missing postgresql-$major-auto-failover"
+    # PL/Proxy (the router of a cluster of shards, `pgjobq migrate --router`), for the same server.
+    [ -f "/usr/share/postgresql/$major/extension/plproxy.control" ] || missing="$missing postgresql-$major-plproxy"
 fi
 [ -z "$missing" ] && exit 0
 

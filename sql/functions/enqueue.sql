@@ -107,7 +107,8 @@ $$;
 -- violation, so that a bad argument through the SQL API reads "queues[2] ..." rather than a domain's
 -- constraint name and a page of CONTEXT.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_explain(queues text[], kinds text[], payloads jsonb[], priorities smallint[],
-                                       max_attempts integer[], unique_keys text[], concurrency_keys text[])
+                                       max_attempts integer[], unique_keys text[], concurrency_keys text[],
+                                       route_keys text[])
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -149,9 +150,12 @@ BEGIN
                 USING ERRCODE = 'check_violation';
         END IF;
     END LOOP;
-    FOREACH nm IN ARRAY ARRAY['unique_keys', 'concurrency_keys'] LOOP
-        FOR i IN 1 .. coalesce(cardinality(CASE nm WHEN 'unique_keys' THEN unique_keys ELSE concurrency_keys END), 0) LOOP
-            v := (CASE nm WHEN 'unique_keys' THEN unique_keys ELSE concurrency_keys END)[i];
+    FOREACH nm IN ARRAY ARRAY['unique_keys', 'concurrency_keys', 'route_keys'] LOOP
+        FOR i IN 1 .. coalesce(cardinality(CASE nm WHEN 'unique_keys' THEN unique_keys
+                                                   WHEN 'concurrency_keys' THEN concurrency_keys
+                                                   ELSE route_keys END), 0) LOOP
+            v := (CASE nm WHEN 'unique_keys' THEN unique_keys WHEN 'concurrency_keys' THEN concurrency_keys
+                          ELSE route_keys END)[i];
             IF v IS NOT NULL AND length(v) NOT BETWEEN 1 AND 255 THEN
                 RAISE EXCEPTION 'pgjobq.enqueue: %[%] has % characters; a key has 1 to 255', nm, i, length(v)
                     USING ERRCODE = 'check_violation';
@@ -167,7 +171,9 @@ $$;
 -- means NULL for every job).  A job gets run_at when given, else now() + delay.  A job whose unique_key
 -- is already held by a queued or running job of its queue is not inserted: its row comes back with the
 -- existing job's id and duplicate = true.  concurrency_keys (NULL: none) are what a queue's
--- key_concurrency limits.  Returns one row per input element, in input order (ord is 1-based).
+-- key_concurrency limits.  route_keys (NULL: none) are the jobs' routing keys, which place the jobs of
+-- a spread queue in a cluster of shards (docs/shards.md; the shard's guard, cluster.sql, checks them).
+-- Returns one row per input element, in input order (ord is 1-based).
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
 -- commit that carries a NOTIFY holds PostgreSQL's notification lock through its WAL flush, so
@@ -186,7 +192,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
     max_attempts integer[]     DEFAULT NULL,
     unique_keys  text[]        DEFAULT NULL,
     concurrency_keys text[]    DEFAULT NULL,
-    notify       boolean       DEFAULT true)
+    notify       boolean       DEFAULT true,
+    route_keys   text[]        DEFAULT NULL)
 RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -199,7 +206,7 @@ DECLARE
     n          integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
                                    cardinality(priorities), cardinality(run_ats), cardinality(delays),
                                    cardinality(max_attempts), cardinality(unique_keys),
-                                   cardinality(concurrency_keys));
+                                   cardinality(concurrency_keys), cardinality(route_keys));
     v_ids      bigint[];
     v_due      text[];
     v_dup_ords integer[];
@@ -220,7 +227,8 @@ BEGIN
        OR (delays IS NOT NULL AND cardinality(delays) <> n)
        OR (max_attempts IS NOT NULL AND cardinality(max_attempts) <> n)
        OR (unique_keys IS NOT NULL AND cardinality(unique_keys) <> n)
-       OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n) THEN
+       OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
+       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n) THEN
         RAISE EXCEPTION 'pgjobq.enqueue_many: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -244,17 +252,17 @@ BEGIN
                    coalesce(u.priority, 0::smallint) AS priority,
                    coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
                    coalesce(u.max_attempts, 25) AS max_attempts,
-                   u.unique_key, u.concurrency_key
+                   u.unique_key, u.concurrency_key, u.route_key
               FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
-                          concurrency_keys)
+                          concurrency_keys, route_keys)
                    WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
-                                        concurrency_key, ord)),
+                                        concurrency_key, route_key, ord)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                     concurrency_key)
+                                     concurrency_key, route_key)
             OVERRIDING SYSTEM VALUE
             SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
-                   input.max_attempts, input.unique_key, input.concurrency_key
+                   input.max_attempts, input.unique_key, input.concurrency_key, input.route_key
               FROM input ORDER BY input.ord
             ON CONFLICT DO NOTHING
             RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
@@ -270,7 +278,7 @@ BEGIN
         -- Name the argument and the rule rather than the domain.  (The block costs a subtransaction per
         -- call, small beside the commit; the scan of the arrays runs only on this path.)
         PERFORM pgjobq.enqueue_explain(queues, kinds, payloads, priorities, max_attempts, unique_keys,
-                                       concurrency_keys);
+                                       concurrency_keys, route_keys);
         RAISE;
     END;
 
@@ -303,13 +311,13 @@ BEGIN
                     EXIT;
                 END IF;
                 INSERT INTO pgjobq.jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                         concurrency_key)
+                                         concurrency_key, route_key)
                 VALUES (coalesce(queues[v_dup_ords[i]], 'default'), coalesce(kinds[v_dup_ords[i]], 'default'),
                         coalesce(payloads[v_dup_ords[i]], '{}'::jsonb),
                         coalesce(priorities[v_dup_ords[i]], 0::smallint),
                         coalesce(run_ats[v_dup_ords[i]], now() + coalesce(delays[v_dup_ords[i]], interval '0')),
                         coalesce(max_attempts[v_dup_ords[i]], 25), v_dup_keys[i],
-                        concurrency_keys[v_dup_ords[i]])
+                        concurrency_keys[v_dup_ords[i]], route_keys[v_dup_ords[i]])
                 ON CONFLICT DO NOTHING
                 RETURNING pgjobq.jobs.id INTO v_found;
                 IF FOUND THEN
@@ -328,7 +336,7 @@ $$;
 
 -- enqueue: one job.  A thin wrapper over enqueue_many, so both share one INSERT.  A job with `after`
 -- (the ids of the jobs it waits for), `tags` or `on_parent_failure` is enqueued as a graph of one job
--- (enqueue_graph, workflows.sql; no unique key then).
+-- (enqueue_graph, workflows.sql; no unique key then).  route_key: the job's routing key (enqueue_many).
 CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     queue        text        DEFAULT 'default',
     kind         text        DEFAULT 'default',
@@ -342,6 +350,7 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     after        bigint[]    DEFAULT NULL,
     tags         text[]      DEFAULT NULL,
     on_parent_failure text   DEFAULT NULL,
+    route_key    text        DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -352,7 +361,7 @@ BEGIN
         SELECT e.id, e.duplicate INTO id, duplicate
           FROM pgjobq.enqueue_many(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
                                    ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key],
-                                   ARRAY[concurrency_key]) AS e;
+                                   ARRAY[concurrency_key], true, ARRAY[route_key]) AS e;
         RETURN;
     END IF;
     IF pgjobq.enqueue_unique_key_why(unique_key, true) IS NOT NULL THEN
@@ -370,7 +379,7 @@ BEGIN
             ('max_attempts', to_jsonb(max_attempts)), ('concurrency_key', to_jsonb(concurrency_key)),
             ('run_at', to_jsonb(to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
             ('delay', to_jsonb(extract(epoch FROM delay))), ('tags', to_jsonb(tags)), ('after', to_jsonb(after)),
-            ('on_parent_failure', to_jsonb(on_parent_failure))) AS f(k, v)
+            ('on_parent_failure', to_jsonb(on_parent_failure)), ('route_key', to_jsonb(route_key))) AS f(k, v)
           WHERE f.v IS NOT NULL))) AS g;
     duplicate := false;
 END

@@ -56,11 +56,11 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at)
+                                        cancel_requested_at, cancel_told_at, route_key)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                    g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
-                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at
+                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key
               FROM gone g
             RETURNING pgjobq.history.queue),
         tallied AS (
@@ -157,7 +157,8 @@ $$;
 -- enqueue_graph(graph): enqueues the jobs of a graph in one transaction, all or none.  graph is a
 -- JSON array of jobs (or an object whose "jobs" is one).  Each job is an object with any of:
 --   "ref"                a name other jobs of the graph use in "after" (default: its index, "0", "1"...)
---   "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key"   as for enqueue
+--   "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key", "route_key"
+--                        as for enqueue
 --   "run_at" (timestamptz text) or "delay" (seconds, a number), under enqueue_when_why's rule
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
@@ -241,11 +242,11 @@ BEGIN
                  WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
-                                               'on_parent_failure', 'callback'))
+                                               'on_parent_failure', 'callback', 'route_key'))
                    THEN 'has an unknown key: ' || (SELECT string_agg(k, ', ') FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
-                                               'on_parent_failure', 'callback'))
+                                               'on_parent_failure', 'callback', 'route_key'))
                  WHEN e.j ? 'ref' AND (jsonb_typeof(e.j -> 'ref') <> 'string' OR length(e.j ->> 'ref') NOT BETWEEN 1 AND 255)
                    THEN '"ref" must be a string of 1 to 255 characters'
                  WHEN jsonb_typeof(e.j -> 'queue') IS DISTINCT FROM 'string' AND e.j ? 'queue'
@@ -265,6 +266,9 @@ BEGIN
                  WHEN e.j ? 'concurrency_key' AND (jsonb_typeof(e.j -> 'concurrency_key') <> 'string'
                       OR length(e.j ->> 'concurrency_key') NOT BETWEEN 1 AND 255)
                    THEN '"concurrency_key" must be a string of 1 to 255 characters'
+                 WHEN e.j ? 'route_key' AND (jsonb_typeof(e.j -> 'route_key') <> 'string'
+                      OR length(e.j ->> 'route_key') NOT BETWEEN 1 AND 255)
+                   THEN '"route_key" must be a string of 1 to 255 characters'
                  WHEN e.j ? 'delay' AND jsonb_typeof(e.j -> 'delay') <> 'number'
                    THEN '"delay" must be a number of seconds'
                  WHEN e.j ? 'run_at' AND (jsonb_typeof(e.j -> 'run_at') <> 'string' OR NOT rt.run_at_reads)
@@ -465,7 +469,8 @@ BEGIN
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
-                                     concurrency_key, tags, has_children, pending_parents, on_parent_failure)
+                                     concurrency_key, tags, has_children, pending_parents, on_parent_failure,
+                                     route_key)
             OVERRIDING SYSTEM VALUE
             SELECT i.id, coalesce(i.j ->> 'queue', 'default'), coalesce(i.j ->> 'kind', 'default'),
                    coalesce(i.j -> 'payload', '{}'), coalesce((i.j ->> 'priority')::numeric::smallint, 0),
@@ -477,7 +482,8 @@ BEGIN
                    i.has_children, CASE WHEN i.parents > 0 THEN i.parents END,
                    CASE WHEN i.parents = 0 THEN NULL
                         WHEN (i.j -> 'callback') = 'true' THEN 'batch'
-                        ELSE coalesce(i.j ->> 'on_parent_failure', 'cancel') END
+                        ELSE coalesce(i.j ->> 'on_parent_failure', 'cancel') END,
+                   i.j ->> 'route_key'
               FROM input i ORDER BY i.o
             RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.state, pgjobq.jobs.run_at)
         SELECT array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'queued' AND ins.run_at <= now())
