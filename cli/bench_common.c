@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "http.h"
 
 double bench_now(void)
 {

@@ -83,6 +83,11 @@ int cli_exit_status(int code);
 /* Prints the client's last error and returns the matching exit status. */
 int cli_fail(pgjobq_client *c, int code);
 
+/* util.c: the monotonic clock, the command's one clock for intervals and deadlines, in milliseconds,
+ * or in seconds to the nanosecond (benchmarks, the demo's timings). */
+int64_t cli_mono_ms(void);
+double cli_mono_s(void);
+
 /* Parsers for option values; each returns 0, or -1 with a reason in why. */
 int cli_parse_duration_ms(const char *s, int64_t *ms, char *why, size_t why_size);
 int cli_parse_int(const char *s, long long min, long long max, long long *out, char *why, size_t why_size);

@@ -13,7 +13,6 @@
 #include <libpq-fe.h>
 
 #include "cli.h"
-#include "http.h"
 #include "sha256.h"
 
 #define OPT_JOBS 'n'

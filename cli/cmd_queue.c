@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "cli.h"
-#include "http.h" /* cli_mono_ms */
 
 enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
        OPT_JSON = 1101, OPT_CREATE = 1102, OPT_MAX_LEASE = 1103 };

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "coproc.h"
-#include "http.h" /* sbuf */
+#include "sbuf.h"
 #include "spawn.h"
 
 #define BACKOFF_MIN_MS        100

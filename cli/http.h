@@ -1,7 +1,7 @@
 /*
  * http.h - what `pgjobq serve` and `pgjobq work --metrics-listen` share: an HTTP server on
- * libmicrohttpd (no HTTP parsing of our own), the listen address and its rules, credentials, a
- * growable text buffer, and the escapes HTML, URLs and Prometheus labels need.
+ * libmicrohttpd (no HTTP parsing of our own), the listen address and its rules, credentials.  The
+ * text buffer its pages are written into is sbuf.h's.
  */
 #ifndef PGJOBQ_CLI_HTTP_H
 #define PGJOBQ_CLI_HTTP_H
@@ -9,43 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A growable, always NUL-terminated text buffer.  On allocation failure it sets `failed` and keeps
- * what it had; callers check once, at the end. */
-typedef struct sbuf {
-    char *data;
-    size_t len, cap;
-    int failed;
-} sbuf;
-
-/* The monotonic clock: the command's one clock for intervals and deadlines, in milliseconds, or in
- * seconds to the nanosecond (benchmarks, the demo's timings). */
-int64_t cli_mono_ms(void);
-double cli_mono_s(void);
-
-void sb_init(sbuf *b);
-void sb_free(sbuf *b);
-void sb_putn(sbuf *b, const char *s, size_t n);
-void sb_puts(sbuf *b, const char *s);
-void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* v in decimal, as sb_printf's "%lld" would write it, without the cost of a format (a line per job). */
-void sb_int(sbuf *b, int64_t v);
-/* s as HTML text or attribute value: & < > " ' escaped.  NULL appends nothing. */
-void sb_html(sbuf *b, const char *s);
-/* s as a JSON string, quotes included (NULL: null): " and \ escaped, \n \r \t, and every other
- * control character (C0, DEL, and C1 as U+0080..U+009F, which a terminal may act on) as \u00XX.
- * The one JSON string writer of the command. */
-void sb_json(sbuf *b, const char *s);
-/* s percent-encoded for a URL query value (unreserved characters kept). */
-void sb_url(sbuf *b, const char *s);
-/* s as a Prometheus label value: \ " and newline escaped as the text format says; every other
- * control character (C0, DEL, C1) and every byte that is not UTF-8, which the format cannot escape,
- * written as the text \xNN (\u00NN for C1), its backslash escaped: no control character reaches
- * the exposition, and promtool accepts it. */
-void sb_label(sbuf *b, const char *s);
-/* Appends s to b with every control character (C0, DEL, C1) and every byte that is not UTF-8
- * written as an escape (\n, \t, \xNN, \u0085), and a backslash doubled: a line of a log
- * stays one line whatever a client sent. */
-void sb_escape_line(sbuf *b, const char *s);
+#include "sbuf.h"
 
 /* A parsed --listen / --metrics-listen address: IPv4 or [IPv6] and a port. */
 typedef struct http_addr {

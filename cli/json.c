@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "http.h" /* sbuf */
+#include "sbuf.h"
 
 /* Past the string whose opening quote p is at, or NULL when it does not end. */
 static const char *skip_string(const char *p)

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "http.h" /* cli_mono_ms */
 
 
 void progress_init(progress *p, const char *label, int64_t total, int quiet)

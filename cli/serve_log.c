@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "http.h"
+#include "sbuf.h"
 #include "serve_log.h"
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;

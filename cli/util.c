@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "http.h" /* sbuf, sb_json */
+#include "sbuf.h"
 
 /* 100 years: long enough for any schedule, short enough that now() + it cannot overflow. */
 #define DURATION_MAX_MS 3155760000000.0
@@ -258,4 +258,16 @@ const char *tty_cell(char *buf, size_t size, const char *s, size_t width)
     if (size)
         buf[len < size ? len : size - 1] = '\0';
     return buf;
+}
+
+double cli_mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int64_t cli_mono_ms(void)
+{
+    return (int64_t)(cli_mono_s() * 1000);
 }
