@@ -716,56 +716,238 @@ static void cannot_start(coproc *c, pid_t pid, const char *how, pending *held)
          atomic_load(&p->draining) ? "" : " (started again with backoff)");
 }
 
-/* Runs one life of the coprocess: until it exits, breaks the protocol, or the pool stops.  Returns
- * how long it lived (ms); c->broke says whether it ended before it started. */
-static int64_t one_life(coproc *c)
+/* What one life of a coprocess holds: its pipes, what it wrote that is not a whole line yet, and
+ * the answers of one read (delivered together: one wakeup of the worker per read, not per job). */
+typedef struct life {
+    coproc *c;
+    pid_t pid;
+    int out_fd, err_fd;
+    int64_t born, next_scan;
+    int bad;    /* it broke the protocol: it is being killed, and what it writes now is ignored */
+    int graced; /* judged started for having lived a while without saying it is ready */
+    sbuf out, err;
+    reply *batch;
+    pending **taken;
+    size_t nbatch, capbatch;
+    /* The jobs one read ends, for pgjobq_ctx_finish_many: each was in flight, so at most `share`. */
+    pgjobq_ctx **ended;
+    pgjobq_outcome *outcomes;
+} life;
+
+/* Starts a copy and makes it the one jobs go to: 0, or -1 when it could not start (nothing to undo). */
+static int life_start(coproc *c, life *L)
 {
     coproc_pool *p = c->pool;
-    int in_fd = -1, out_fd = -1, err_fd = -1;
-    int64_t born = cli_mono_ms();
-    sbuf out, err;
-    char why[300];
-    int status = 0, bad = 0;
-    reply *batch = NULL;
-    pending **taken = NULL;
-    size_t nbatch = 0, capbatch = 0;
-    int64_t next_scan = 0;
-    /* The jobs one read ends, for pgjobq_ctx_finish_many: each was in flight, so at most `share`. */
-    pgjobq_ctx **ended = malloc((size_t)p->share * sizeof *ended);
-    pgjobq_outcome *outcomes = malloc((size_t)p->share * sizeof *outcomes);
+    int in_fd = -1;
 
-    if (ended == NULL || outcomes == NULL) {
+    memset(L, 0, sizeof *L);
+    L->c = c;
+    L->out_fd = L->err_fd = -1;
+    L->born = cli_mono_ms();
+    L->ended = malloc((size_t)p->share * sizeof *L->ended);
+    L->outcomes = malloc((size_t)p->share * sizeof *L->outcomes);
+    if (L->ended == NULL || L->outcomes == NULL) {
         plog(p, PGJOBQ_LOG_ERROR, "coprocess %d: out of memory before starting it", c->index);
-        free(ended);
-        free(outcomes);
-        return 0;
+        free(L->ended);
+        free(L->outcomes);
+        return -1;
     }
-    pid_t pid = start(c, &in_fd, &out_fd, &err_fd);
-    if (pid < 0) {
-        free(ended);
-        free(outcomes);
-        return 0;
+    L->pid = start(c, &in_fd, &L->out_fd, &L->err_fd);
+    if (L->pid < 0) {
+        free(L->ended);
+        free(L->outcomes);
+        return -1;
     }
     pthread_mutex_lock(&p->mu);
-    c->pid = pid;
+    c->pid = L->pid;
     c->in_fd = in_fd;
     c->retiring = 0;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    plog(p, PGJOBQ_LOG_INFO, "coprocess %d started (pid %d)", c->index, (int)pid);
+    plog(p, PGJOBQ_LOG_INFO, "coprocess %d started (pid %d)", c->index, (int)L->pid);
     c->broke = 0;
     c->answered = 0;
     c->tail_len = 0;
     c->tail[0] = '\0';
-    c->err_window_ms = born;
+    c->err_window_ms = L->born;
     c->err_lines = 0;
     c->err_dropped = 0;
-    int graced = 0;
+    sb_init(&L->out);
+    sb_init(&L->err);
+    return 0;
+}
 
-    sb_init(&out);
-    sb_init(&err);
-    while (out_fd >= 0 || err_fd >= 0) {
-        /* Input: lines the pipe could not take yet; at a stop, its end once all is written. */
+/* The copy broke the protocol: it is killed, and restarted after it is reaped. */
+static void life_break(life *L)
+{
+    coproc_pool *p = L->c->pool;
+
+    pthread_mutex_lock(&p->mu);
+    L->c->retiring = 1;
+    pthread_mutex_unlock(&p->mu);
+    L->bad = 1;
+    kill(-L->pid, SIGKILL);
+}
+
+/* One line the copy wrote on its standard output: an answer (kept for life_deliver), a progress
+ * report, the ready line, or a line that breaks the protocol. */
+static void life_line(life *L, const char *line, size_t len)
+{
+    coproc *c = L->c;
+    coproc_pool *p = c->pool;
+    char why[300];
+    reply r;
+
+    if (len == 0 || L->bad)
+        return;
+    if (parse_reply(line, len, &r, why, sizeof why) != 0) {
+        char q[QUOTE_MAX + 8], msg[600];
+        quote(q, sizeof q, line, len);
+        plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line that is not a valid reply (%s): '%s'; restarting it",
+             c->index, why, q);
+        snprintf(msg, sizeof msg, "the coprocess wrote a malformed reply (%s): '%s'", why, q);
+        /* Retiring before the job it named ends, so that no job goes to it meanwhile. */
+        pthread_mutex_lock(&p->mu);
+        c->retiring = 1;
+        pending *pe = r.have_id ? take_reply(c, r.id) : NULL;
+        pthread_mutex_unlock(&p->mu);
+        if (pe)
+            finish(pe, PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
+        free(r.result);
+        free(r.error);
+        life_break(L);
+        return;
+    }
+    if (!c->answered) {
+        c->answered = 1;
+        if (r.ready) {
+            pthread_mutex_lock(&p->mu);
+            p->ready_seen = 1;
+            pthread_mutex_unlock(&p->mu);
+        }
+        started(c, L->pid, r.ready ? "is ready" : "answered");
+    }
+    if (r.ready)
+        return;
+    if (r.progress) {
+        /* Now, before the answers of this read are delivered (one may end the job). */
+        set_progress(c, r.id, r.progress);
+        free(r.progress);
+        return;
+    }
+    if (L->nbatch == L->capbatch) {
+        size_t cap = L->capbatch ? L->capbatch * 2 : 64;
+        reply *nb = realloc(L->batch, cap * sizeof *nb);
+        if (nb != NULL)
+            L->batch = nb;
+        pending **nt = nb ? realloc(L->taken, cap * sizeof *nt) : NULL;
+        if (nt == NULL) {
+            free(r.result);
+            free(r.error);
+            return; /* its job times out, as if the reply were lost */
+        }
+        L->taken = nt;
+        L->capbatch = cap;
+    }
+    L->batch[L->nbatch++] = r;
+}
+
+/* Ends the jobs the answers of one read name: taken under one lock, then all ended at once without
+ * it (one wakeup of the worker for the read, not one per job). */
+static void life_deliver(life *L)
+{
+    coproc *c = L->c;
+    coproc_pool *p = c->pool;
+    size_t nended = 0;
+
+    if (L->nbatch == 0)
+        return;
+    pthread_mutex_lock(&p->mu);
+    for (size_t k = 0; k < L->nbatch; k++)
+        L->taken[k] = take_reply(c, L->batch[k].id);
+    pthread_mutex_unlock(&p->mu);
+    for (size_t k = 0; k < L->nbatch; k++) {
+        reply *r = &L->batch[k];
+        if (L->taken[k]) {
+            L->ended[nended] = L->taken[k]->ctx;
+            L->outcomes[nended++] = answer(L->taken[k]->ctx, r->outcome, r->result, r->error, r->delay_ms);
+            free(L->taken[k]);
+        } else {
+            plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)", c->index,
+                 (long long)r->id);
+        }
+        free(r->result);
+        free(r->error);
+    }
+    L->nbatch = 0;
+    if (L->bad || c->retiring) {
+        pgjobq_ctx_finish_many(L->ended, L->outcomes, nended);
+        return;
+    }
+    /* The jobs waiting for the slots these free start here, with no handler thread woken; the lines
+     * they queued for this coprocess go out in one write. */
+    (void)pgjobq_ctx_finish_many_and_run(L->ended, L->outcomes, nended, nended);
+    pthread_mutex_lock(&p->mu);
+    if (c->outq.len > 0 && !c->flushing)
+        flush_locked(c);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Reads what the copy wrote on its standard output (f 0) or error (f 1), and handles every whole
+ * line of it; a line longer than the protocol allows breaks it. */
+static void life_read(life *L, int f, int64_t now)
+{
+    coproc *c = L->c;
+    int *fd = f ? &L->err_fd : &L->out_fd;
+    sbuf *b = f ? &L->err : &L->out;
+    char buf[65536];
+    ssize_t n = read(*fd, buf, sizeof buf);
+
+    if (n <= 0) {
+        if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+            close(*fd);
+            *fd = -1;
+        }
+        return;
+    }
+    sb_putn(b, buf, (size_t)n);
+    size_t start = 0;
+    for (size_t i = 0; i < b->len; i++) {
+        if (b->data[i] != '\n')
+            continue;
+        b->data[i] = '\0';
+        if (f)
+            stderr_line(c, b->data + start, i - start, now);
+        else
+            life_line(L, b->data + start, i - start);
+        start = i + 1;
+    }
+    life_deliver(L);
+    if (start > 0) {
+        memmove(b->data, b->data + start, b->len - start);
+        b->len -= start;
+        b->data[b->len] = '\0';
+    }
+    if (b->len > COPROC_LINE_MAX || b->failed) {
+        if (!f && !L->bad) {
+            plog(c->pool, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line longer than %d bytes; restarting it", c->index,
+                 COPROC_LINE_MAX);
+            life_break(L);
+        }
+        b->len = 0;
+        b->failed = 0;
+    }
+}
+
+/* Carries the copy's pipes until it closes both: its input written as the pipe takes it (and closed
+ * at a stop once all is written), its output read, jobs past a stop given up. */
+static void life_pump(life *L)
+{
+    coproc *c = L->c;
+    coproc_pool *p = c->pool;
+    char buf[64];
+
+    while (L->out_fd >= 0 || L->err_fd >= 0) {
         pthread_mutex_lock(&p->mu);
         if (p->stopping && c->in_fd >= 0 && c->outq.len == 0 && !c->flushing) {
             close(c->in_fd);
@@ -773,26 +955,26 @@ static int64_t one_life(coproc *c)
         }
         int want_out = c->in_fd >= 0 && c->outq.len > 0 && !c->flushing ? c->in_fd : -1;
         pthread_mutex_unlock(&p->mu);
-        struct pollfd fds[4] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}, {c->kick[0], POLLIN, 0}};
-        char buf[65536];
+        struct pollfd fds[4] = {
+            {L->out_fd, POLLIN, 0}, {L->err_fd, POLLIN, 0}, {want_out, POLLOUT, 0}, {c->kick[0], POLLIN, 0}};
         if (poll(fds, 4, STOP_SCAN_MS) < 0 && errno != EINTR)
             break;
         int64_t now = cli_mono_ms();
-        if (now >= next_scan) {
+        if (now >= L->next_scan) {
             give_up_stopped(c);
-            next_scan = now + STOP_SCAN_MS;
+            L->next_scan = now + STOP_SCAN_MS;
         }
         /* A coprocess that never says it is ready has started once it has lived a while. */
-        if (!c->answered && !graced && now - born >= START_GRACE_MS) {
-            graced = 1;
+        if (!c->answered && !L->graced && now - L->born >= START_GRACE_MS) {
+            L->graced = 1;
             pthread_mutex_lock(&p->mu);
             int judge_by_ready = p->ready_seen;
             pthread_mutex_unlock(&p->mu);
             if (!judge_by_ready)
-                started(c, pid, "has run for a while without saying it is ready");
+                started(c, L->pid, "has run for a while without saying it is ready");
         }
         if (fds[3].revents) {
-            while (read(c->kick[0], buf, 64) == 64) {
+            while (read(c->kick[0], buf, sizeof buf) == (ssize_t)sizeof buf) {
             }
         }
         if (fds[2].revents || fds[3].revents) {
@@ -802,153 +984,31 @@ static int64_t one_life(coproc *c)
                 flush_locked(c);
             pthread_mutex_unlock(&p->mu);
         }
-        for (int f = 0; f < 2; f++) {
-            int *fd = f ? &err_fd : &out_fd;
-            sbuf *b = f ? &err : &out;
-            if (*fd < 0 || !fds[f].revents)
-                continue;
-            ssize_t n = read(*fd, buf, sizeof buf);
-            if (n <= 0) {
-                if (n < 0 && (errno == EINTR || errno == EAGAIN))
-                    continue;
-                close(*fd);
-                *fd = -1;
-                continue;
-            }
-            sb_putn(b, buf, (size_t)n);
-            /* Every complete line. */
-            size_t start = 0;
-            for (size_t i = 0; i < b->len; i++) {
-                if (b->data[i] != '\n')
-                    continue;
-                b->data[i] = '\0';
-                const char *line = b->data + start;
-                size_t len = i - start;
-                start = i + 1;
-                if (f) {
-                    stderr_line(c, line, len, now);
-                    continue;
-                }
-                if (len == 0 || bad)
-                    continue;
-                reply r;
-                if (parse_reply(line, len, &r, why, sizeof why) != 0) {
-                    char q[QUOTE_MAX + 8], msg[600];
-                    quote(q, sizeof q, line, len);
-                    plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line that is not a valid reply (%s): '%s'; "
-                                              "restarting it",
-                         c->index, why, q);
-                    snprintf(msg, sizeof msg, "the coprocess wrote a malformed reply (%s): '%s'", why, q);
-                    pthread_mutex_lock(&p->mu);
-                    c->retiring = 1;
-                    pending *pe = r.have_id ? take_reply(c, r.id) : NULL;
-                    pthread_mutex_unlock(&p->mu);
-                    if (pe)
-                        finish(pe, PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
-                    free(r.result);
-                    free(r.error);
-                    bad = 1;
-                    kill(-pid, SIGKILL);
-                    continue;
-                }
-                if (!c->answered) {
-                    c->answered = 1;
-                    if (r.ready) {
-                        pthread_mutex_lock(&p->mu);
-                        p->ready_seen = 1;
-                        pthread_mutex_unlock(&p->mu);
-                    }
-                    started(c, pid, r.ready ? "is ready" : "answered");
-                }
-                if (r.ready)
-                    continue;
-                if (r.progress) {
-                    /* Now, before the answers of this read are delivered (one may end the job). */
-                    set_progress(c, r.id, r.progress);
-                    free(r.progress);
-                    continue;
-                }
-                /* Kept, to be delivered with the rest of this read under one lock. */
-                if (nbatch == capbatch) {
-                    size_t cap = capbatch ? capbatch * 2 : 64;
-                    reply *nb = realloc(batch, cap * sizeof *nb);
-                    if (nb != NULL)
-                        batch = nb;
-                    pending **nt = nb ? realloc(taken, cap * sizeof *nt) : NULL;
-                    if (nt == NULL) {
-                        free(r.result);
-                        free(r.error);
-                        continue; /* its job times out, as if the reply were lost */
-                    }
-                    taken = nt;
-                    capbatch = cap;
-                }
-                batch[nbatch++] = r;
-            }
-            if (nbatch) {
-                /* The jobs under one lock; then all ended at once without it (one wakeup of the
-                 * worker for the read, not one per job). */
-                size_t nended = 0;
-                pthread_mutex_lock(&p->mu);
-                for (size_t k = 0; k < nbatch; k++)
-                    taken[k] = take_reply(c, batch[k].id);
-                pthread_mutex_unlock(&p->mu);
-                for (size_t k = 0; k < nbatch; k++) {
-                    if (taken[k]) {
-                        ended[nended] = taken[k]->ctx;
-                        outcomes[nended++] = answer(taken[k]->ctx, batch[k].outcome, batch[k].result, batch[k].error,
-                                                    batch[k].delay_ms);
-                        free(taken[k]);
-                    } else {
-                        plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d answered job %lld, which no longer waits (ignored)",
-                             c->index, (long long)batch[k].id);
-                    }
-                    free(batch[k].result);
-                    free(batch[k].error);
-                }
-                if (bad || c->retiring) {
-                    pgjobq_ctx_finish_many(ended, outcomes, nended);
-                } else {
-                    /* The jobs waiting for the slots these free start here, with no handler thread
-                     * woken; the lines they queued for this coprocess go out in one write. */
-                    (void)pgjobq_ctx_finish_many_and_run(ended, outcomes, nended, nended);
-                    pthread_mutex_lock(&p->mu);
-                    if (c->outq.len > 0 && !c->flushing)
-                        flush_locked(c);
-                    pthread_mutex_unlock(&p->mu);
-                }
-                nbatch = 0;
-            }
-            if (start > 0) {
-                memmove(b->data, b->data + start, b->len - start);
-                b->len -= start;
-                b->data[b->len] = '\0';
-            }
-            if (b->len > COPROC_LINE_MAX || b->failed) {
-                if (!f && !bad) {
-                    plog(p, PGJOBQ_LOG_ERROR, "coprocess %d wrote a line longer than %d bytes; restarting it",
-                         c->index, COPROC_LINE_MAX);
-                    pthread_mutex_lock(&p->mu);
-                    c->retiring = 1;
-                    pthread_mutex_unlock(&p->mu);
-                    bad = 1;
-                    kill(-pid, SIGKILL);
-                }
-                b->len = 0;
-                b->failed = 0;
-            }
-        }
+        for (int f = 0; f < 2; f++)
+            if ((f ? L->err_fd : L->out_fd) >= 0 && fds[f].revents)
+                life_read(L, f, now);
     }
-    if (out_fd >= 0)
-        close(out_fd);
-    if (err_fd >= 0)
-        close(err_fd);
-    sb_free(&out);
-    sb_free(&err);
-    free(batch);
-    free(taken);
-    free(ended);
-    free(outcomes);
+}
+
+/* Closes what is left of the copy, reaps it, and ends the jobs it held: handed back when it never
+ * started, else retried.  Frees the life. */
+static void life_reap(life *L)
+{
+    coproc *c = L->c;
+    coproc_pool *p = c->pool;
+    int status = 0, in_fd;
+    char why[300], how[64];
+
+    if (L->out_fd >= 0)
+        close(L->out_fd);
+    if (L->err_fd >= 0)
+        close(L->err_fd);
+    sb_free(&L->out);
+    sb_free(&L->err);
+    free(L->batch);
+    free(L->taken);
+    free(L->ended);
+    free(L->outcomes);
     /* Its input is closed once no thread is writing to it; lines still queued go nowhere. */
     pthread_mutex_lock(&p->mu);
     in_fd = c->in_fd;
@@ -959,31 +1019,42 @@ static int64_t one_life(coproc *c)
     pthread_mutex_unlock(&p->mu);
     if (in_fd >= 0)
         close(in_fd);
-    kill(-pid, SIGKILL); /* whatever it left in its group */
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    kill(-L->pid, SIGKILL); /* whatever it left in its group */
+    while (waitpid(L->pid, &status, 0) < 0 && errno == EINTR) {
     }
-    char how[64];
     if (WIFEXITED(status))
         snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(status));
     else
         snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(status));
-    snprintf(why, sizeof why, "the coprocess (pid %d) %s before answering", (int)pid, how);
+    snprintf(why, sizeof why, "the coprocess (pid %d) %s before answering", (int)L->pid, how);
     stderr_dropped(c);
     pthread_mutex_lock(&p->mu);
     c->pid = 0;
     pending *held = take_held(c);
     int stopping = p->stopping;
     pthread_mutex_unlock(&p->mu);
-    if (!c->answered && !bad && !stopping) {
+    if (!c->answered && !L->bad && !stopping) {
         c->broke = 1;
-        cannot_start(c, pid, how, held);
+        cannot_start(c, L->pid, how, held);
     } else {
-        finish_all(held, bad ? "the coprocess was restarted after a malformed reply before answering" : why);
+        finish_all(held, L->bad ? "the coprocess was restarted after a malformed reply before answering" : why);
         if (!stopping)
             plog(p, PGJOBQ_LOG_WARN, "%s; %s", why + 4,
                  atomic_load(&p->draining) ? "not started again: the worker is stopping" : "restarting it");
     }
-    return cli_mono_ms() - born;
+}
+
+/* Runs one life of the coprocess: until it exits, breaks the protocol, or the pool stops.  Returns
+ * how long it lived (ms); c->broke says whether it ended before it started. */
+static int64_t one_life(coproc *c)
+{
+    life L;
+
+    if (life_start(c, &L) != 0)
+        return 0;
+    life_pump(&L);
+    life_reap(&L);
+    return cli_mono_ms() - L.born;
 }
 
 static void *supervise(void *arg)
