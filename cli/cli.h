@@ -161,8 +161,10 @@ int cmd_db(const cli_cmd *cmd, int argc, char **argv);
 int cmd_demo(const cli_cmd *cmd, int argc, char **argv);
 int cmd_bench(const cli_cmd *cmd, int argc, char **argv);
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
+int cmd_cluster(const cli_cmd *cmd, int argc, char **argv);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
-    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[];
+    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[],
+    cluster_opts[];
 
 #endif /* PGJOBQ_CLI_H */

@@ -54,6 +54,11 @@ static const cli_cmd commands[] = {
     {"bench", "SCENARIO",
      "Measure: enqueue, drain, drain-exec, drain-coproc, latency, mixed, steady or soak (see bench/README.md).", bench_opts,
      cmd_bench},
+    {"cluster", "init|show|move-queue|move-partitions|add-shard [ARG]",
+     "A cluster of shards (docs/shards.md): init installs a new map in every shard and router, show prints\n"
+     "it, move-queue, move-partitions and add-shard install the next map everywhere, in an order that\n"
+     "keeps every job going to a shard that accepts it.",
+     cluster_opts, cmd_cluster},
     {"db", "start|stop|status|url|psql [PSQL ARGS]",
      "Manage the embedded PostgreSQL that pgjobq uses when no database is configured.", db_opts, cmd_db},
 };
