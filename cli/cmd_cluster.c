@@ -403,40 +403,39 @@ static int open_all(cl_set *s, int may_set)
  * current one's: cluster_change sets it), or NULL after printing why. */
 typedef char *(*change_fn)(const cluster_args *a, cl_set *s, PGconn *pg, const char *cur);
 
-/* Which shards gain work and which lose it from cur to target: STEP_GAINS, STEP_LOSES or STEP_SAME for
- * each shard of the set.  A shard loses work when a partition it owned, or the partition of a queue
- * pinned on it, goes to another. */
-static int sort_steps(cl_set *s, PGconn *pg, const char *cur, const char *target)
+/* When each shard is installed: a shard without a map is new; one with a map gains work or loses it
+ * from its own map to target (it loses work when a partition it owned, or the partition of a queue
+ * pinned on it, goes to another; one that would both gain and lose counts as losing), or neither. */
+static int sort_steps(cl_set *s, PGconn *pg, const char *target)
 {
-    const char *v[2] = {cur, target};
-    PGresult *r = run(pg, "comparing the maps",
-                      "WITH m AS (SELECT $1::jsonb AS c, $2::jsonb AS t),"
-                      " p AS (SELECT (t ->> 'partitions')::int AS n FROM m),"
-                      " moves AS ("
-                      "  SELECT c -> 'owners' ->> i AS was, t -> 'owners' ->> i AS now"
-                      "    FROM m, p, generate_series(0, p.n - 1) i"
-                      "  UNION ALL"
-                      "  SELECT c -> 'owners' ->> coalesce((c -> 'queues' -> q ->> 'partition')::int,"
-                      "                                    (pgjobq.route_hash(q) & (p.n - 1))::int),"
-                      "         t -> 'owners' ->> coalesce((t -> 'queues' -> q ->> 'partition')::int,"
-                      "                                    (pgjobq.route_hash(q) & (p.n - 1))::int)"
-                      "    FROM m, p, (SELECT jsonb_object_keys(c -> 'queues') AS q FROM m"
-                      "                UNION SELECT jsonb_object_keys(t -> 'queues') FROM m) qs)"
-                      " SELECT s, bool_or(s = now), bool_or(s = was)"
-                      "   FROM moves, LATERAL (VALUES (was), (now)) v(s)"
-                      "  WHERE was IS DISTINCT FROM now AND s IS NOT NULL GROUP BY s",
-                      2, v);
-    if (r == NULL)
-        return -1;
-    for (size_t i = 0; i < s->n; i++)
-        if (s->db[i].name)
-            s->db[i].step = s->db[i].map ? STEP_SAME : STEP_NEW;
-    for (int i = 0; i < PQntuples(r); i++) {
-        cl_db *d = set_find(s, PQgetvalue(r, i, 0), NULL);
-        if (d && d->step != STEP_NEW)
-            d->step = PQgetvalue(r, i, 2)[0] == 't' ? STEP_LOSES : STEP_GAINS;
+    for (size_t i = 0; i < s->n; i++) {
+        cl_db *d = &s->db[i];
+        if (!d->name || !d->map) {
+            d->step = d->name ? STEP_NEW : STEP_ROUTER;
+            continue;
+        }
+        const char *v[3] = {d->map, target, d->name};
+        PGresult *r = run(pg, "comparing the maps",
+                          "WITH m AS (SELECT $1::jsonb AS c, $2::jsonb AS t),"
+                          " p AS (SELECT (t ->> 'partitions')::int AS n FROM m),"
+                          " moves AS ("
+                          "  SELECT c -> 'owners' ->> i AS was, t -> 'owners' ->> i AS now"
+                          "    FROM m, p, generate_series(0, p.n - 1) i"
+                          "  UNION ALL"
+                          "  SELECT c -> 'owners' ->> coalesce((c -> 'queues' -> q ->> 'partition')::int,"
+                          "                                    (pgjobq.route_hash(q) & (p.n - 1))::int),"
+                          "         t -> 'owners' ->> coalesce((t -> 'queues' -> q ->> 'partition')::int,"
+                          "                                    (pgjobq.route_hash(q) & (p.n - 1))::int)"
+                          "    FROM m, p, (SELECT jsonb_object_keys(c -> 'queues') AS q FROM m"
+                          "                UNION SELECT jsonb_object_keys(t -> 'queues') FROM m) qs)"
+                          " SELECT coalesce(bool_or(now = $3), false), coalesce(bool_or(was = $3), false)"
+                          "   FROM moves WHERE was IS DISTINCT FROM now",
+                          3, v);
+        if (r == NULL)
+            return -1;
+        d->step = PQgetvalue(r, 0, 1)[0] == 't' ? STEP_LOSES : PQgetvalue(r, 0, 0)[0] == 't' ? STEP_GAINS : STEP_SAME;
+        PQclear(r);
     }
-    PQclear(r);
     return 0;
 }
 
@@ -547,16 +546,12 @@ static int cluster_change(const cluster_args *a, cl_set *s, change_fn change, co
         return EX_DATAERR;
     }
     /* Where it is missing, and in which order it goes there. */
-    if (cur && sort_steps(s, pg, cur, target) != 0) {
+    if (sort_steps(s, pg, target) != 0) {
         free(target);
         return EX_SOFTWARE;
     }
     for (size_t i = 0; i < s->n; i++) {
         cl_db *d = &s->db[i];
-        if (!d->name)
-            d->step = STEP_ROUTER;
-        else if (!cur)
-            d->step = STEP_NEW;
         const char *v[2] = {target, d->map};
         char *in = d->name ? value(pg, "the map", "SELECT ($1::jsonb -> 'shards') ? $2", 2,
                                    (const char *const[]){target, d->name}, &failed)
