@@ -378,3 +378,63 @@ TEST_FULL(cluster_tool_add_shard_then_give_it_partitions, 120, 0)
     free(ci_c);
     two_shards_free(&t);
 }
+
+/* The embedded servers the tour started under this test's directory, stopped whatever happened. */
+static void stop_tour_servers(void)
+{
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "for h in '%s'/tmp.*/a '%s'/tmp.*/b; do [ -d \"$h/data\" ] && PGJOBQ_HOME=\"$h\" '%s' db stop; done; true",
+             t_tmpdir(), t_tmpdir(), getenv("PGJOBQ_CLI"));
+    (void)t_shell(out, sizeof out, cmd);
+}
+
+/* docs/shards.md's tour runs as written: its ```sh blocks, in order, in one shell (as a reader types
+ * them into one terminal), from the source tree; at the end every job is done on its shard, the moved
+ * queue's job on its old owner too. */
+TEST_FULL(cluster_tool_the_tour_of_docs_shards_md_runs, 180, 0)
+{
+    char path[1024], script[600], cmd[4096], bindir[600];
+    const char *cli = getenv("PGJOBQ_CLI");
+
+    CHECK_MSG(cli != NULL && strrchr(cli, '/') != NULL, "PGJOBQ_CLI is not set (run through make check)");
+    snprintf(path, sizeof path, "%s/docs/shards.md", t_srcdir());
+    char *doc = t_read_file(path);
+    const char *tour = strstr(doc, "\n## A tour\n");
+    CHECK_MSG(tour != NULL, "docs/shards.md has no section \"A tour\"");
+    const char *end = strstr(tour + 1, "\n## ");
+    snprintf(script, sizeof script, "%s/tour.sh", t_tmpdir());
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    int blocks = 0;
+    for (const char *p = tour; (p = strstr(p, "\n```sh\n")) != NULL && (end == NULL || p < end); blocks++) {
+        p += strlen("\n```sh\n");
+        const char *stop = strstr(p, "\n```\n");
+        CHECK(stop != NULL);
+        fwrite(p, 1, (size_t)(stop - p) + 1, f);
+        p = stop;
+    }
+    fclose(f);
+    CHECK_MSG(blocks >= 5, "the tour has %d sh blocks", blocks);
+    free(doc);
+
+    t_defer(stop_tour_servers);
+    snprintf(bindir, sizeof bindir, "%.*s", (int)(strrchr(cli, '/') - cli), cli);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && env -u PGJOBQ_DATABASE_URL -u DATABASE_URL TMPDIR='%s' PATH='%s':\"$PATH\" bash -e '%s'",
+             t_srcdir(), t_tmpdir(), bindir, script);
+    static char out[65536];
+    int rc = t_shell(out, sizeof out, cmd);
+    CHECK_MSG(rc == 0, "the tour failed (status %d):\n%s", rc, out);
+    CHECK_MSG(strstr(out, "cluster at epoch 1: cluster \"tour\" of 2 shards and 64 partitions") &&
+                  strstr(out, "cluster at epoch 2: queue mail is on shard \"a\"") &&
+                  strstr(out, " a     | mail    | completed |    1") &&
+                  strstr(out, " b     | mail    | completed |    1") && strstr(out, " a     | tenants | completed |") &&
+                  strstr(out, " b     | tenants | completed |"),
+              "the tour:\n%s", out);
+    /* Nothing was left queued: the last table has only completed jobs. */
+    const char *last = strstr(out, "cluster at epoch 2");
+    CHECK_MSG(strstr(last, "| queued ") == NULL, "the tour:\n%s", out);
+    /* ...and it stopped its servers. */
+    CHECK_MSG(strstr(out, "/a stopped") && strstr(out, "/b stopped"), "the tour:\n%s", out);
+}
