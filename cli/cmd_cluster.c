@@ -70,7 +70,10 @@ typedef struct cluster_args {
     size_t nshards, nrouters, nspread;
     long long partitions, number;
     int json, check;
+    unsigned given; /* the options given: bit (key - OPT_NAME), and OPT_JSON's as GIVEN_JSON */
 } cluster_args;
+
+#define GIVEN_JSON (1u << 31)
 
 /* One database the change touches. */
 typedef struct cl_db {
@@ -88,7 +91,7 @@ enum { STEP_NEW, STEP_GAINS, STEP_SAME, STEP_ROUTER, STEP_LOSES };
 enum { DB_BEHIND, DB_DONE, DB_GONE };
 
 typedef struct cl_set {
-    cl_db db[MAX_LIST + 16];
+    cl_db db[2 * MAX_LIST + 16];
     size_t n;
 } cl_set;
 
@@ -97,6 +100,7 @@ static int cluster_opt(int key, const char *arg, void *ctx)
     cluster_args *a = ctx;
     char why[128];
 
+    a->given |= key == OPT_JSON ? GIVEN_JSON : 1u << (key - OPT_NAME);
     switch (key) {
     case OPT_CLUSTER: a->spec = arg; return 0;
     case OPT_NAME: a->name = arg; return 0;
@@ -194,10 +198,16 @@ static cl_db *set_add(cl_set *s, const char *name, const char *conninfo)
         return d;
     if (s->n >= sizeof s->db / sizeof s->db[0])
         return NULL;
-    d = &s->db[s->n++];
+    d = &s->db[s->n];
     memset(d, 0, sizeof *d);
     d->name = name ? strdup(name) : NULL;
     d->conninfo = strdup(conninfo);
+    if ((name && !d->name) || !d->conninfo) {
+        free(d->name);
+        free(d->conninfo);
+        return NULL;
+    }
+    s->n++;
     return d;
 }
 
@@ -482,6 +492,29 @@ static void report_partial(cl_set *s, cl_db *order[], size_t n, size_t failed_at
     sb_free(&b);
 }
 
+/* A queue's schedules do not move with it: says which schedules each shard has of queues it no longer
+ * owns (their ticks are refused there, PJQ01). */
+static void warn_schedules(cl_set *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        cl_db *d = &s->db[i];
+        if (!d->name || d->state != DB_DONE)
+            continue;
+        const char *v[1] = {d->name};
+        PGresult *r = PQexecParams(d->pg,
+                                   "SELECT string_agg(s.name || ' (queue ' || s.queue || ')', ', ' ORDER BY s.name)"
+                                   "  FROM pgjobq.schedule_list() s"
+                                   "  JOIN pgjobq.cluster_owners o ON o.partition = pgjobq.route_partition(s.queue)"
+                                   " WHERE o.shard <> $1",
+                                   1, NULL, v, NULL, NULL, 0);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && !PQgetisnull(r, 0, 0))
+            cli_err("%s has schedules of queues it no longer owns: %s. Their ticks are refused there (PJQ01): add "
+                    "them on the queue's shard (pgjobq cron add), then remove them here (pgjobq cron rm)",
+                    label(d), PQgetvalue(r, 0, 0));
+        PQclear(r);
+    }
+}
+
 /* The databases behind, in the order they are installed (new shards, gainers, the unchanged, routers,
  * losers; in each, the set's order). */
 static size_t install_order(cl_set *s, cl_db *order[])
@@ -493,6 +526,8 @@ static size_t install_order(cl_set *s, cl_db *order[])
                 order[n++] = &s->db[i];
     return n;
 }
+
+static char *init_map(const cluster_args *a, cl_set *s, PGconn *pg, const char *cur);
 
 /* The change: steps 1 to 3 of the comment at the top.  s holds the databases known from the command
  * line (the spec, routers, new shards); what: a sentence for the report ("queue mail moved to b"). */
@@ -517,6 +552,10 @@ static int cluster_change(const cluster_args *a, cl_set *s, change_fn change, co
     }
     /* 2. The target. */
     PGconn *pg = s->db[0].pg;
+    if (cur == NULL && change != init_map) {
+        cli_err("%s has no cluster map, nor has any database named: `pgjobq cluster init` makes one", label(&s->db[0]));
+        return EX_DATAERR;
+    }
     char *next = change(a, s, pg, cur);
     if (next == NULL)
         return EX_DATAERR;
@@ -593,6 +632,7 @@ static int cluster_change(const cluster_args *a, cl_set *s, change_fn change, co
         printf("%s (%s): the map of epoch %d installed\n", label(order[i]), step_names[order[i]->step], epoch);
     }
     printf("cluster at epoch %d: %s\n", epoch, what);
+    warn_schedules(s);
     free(target);
     return EX_OK;
 }
@@ -1017,6 +1057,36 @@ static int cluster_show(const cluster_args *a, cl_set *s)
     return behind ? EX_TEMPFAIL : EX_OK;
 }
 
+#define GIVEN(opt) (1u << ((opt)-OPT_NAME))
+
+/* An option given to an action it means nothing to is a usage error (not silently ignored). */
+static int options_fit(const cluster_args *a, const char *action)
+{
+    static const struct {
+        const char *action;
+        unsigned allowed;
+    } fits[] = {
+        {"init", GIVEN(OPT_NAME) | GIVEN(OPT_SHARD) | GIVEN(OPT_PARTITIONS) | GIVEN(OPT_ROUTER) | GIVEN(OPT_ID_FLOOR) |
+                     GIVEN(OPT_SPREAD)},
+        {"show", GIVEN(OPT_CLUSTER) | GIVEN(OPT_CHECK) | GIVEN_JSON},
+        {"move-queue", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
+        {"move-partitions", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
+        {"add-shard", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_NUMBER)},
+    };
+    for (size_t i = 0; i < sizeof fits / sizeof fits[0]; i++) {
+        if (strcmp(action, fits[i].action) != 0)
+            continue;
+        for (const cli_opt *o = cluster_opts; o->name; o++) {
+            unsigned bit = o->key == OPT_JSON                          ? GIVEN_JSON
+                           : o->key >= OPT_NAME && o->key <= OPT_CHECK ? GIVEN(o->key)
+                                                                       : 0;
+            if (bit && (a->given & bit) && !(fits[i].allowed & bit))
+                return cli_usage_error(a->cmd, "--%s is not an option of %s", o->name, action), -1;
+        }
+    }
+    return 0;
+}
+
 int cmd_cluster(const cli_cmd *cmd, int argc, char **argv)
 {
     static cl_set s; /* large: not on the stack */
@@ -1035,6 +1105,8 @@ int cmd_cluster(const cli_cmd *cmd, int argc, char **argv)
     const char *operand = operands > 0 ? argv[first + 1] : NULL;
 
     set_free(&s);
+    if (options_fit(&a, action) != 0)
+        return EX_USAGE;
     for (size_t i = 0; i < a.nrouters; i++)
         if (conninfo_ok(cmd, "--router", a.routers[i]) != 0)
             return EX_USAGE;
@@ -1096,8 +1168,12 @@ int cmd_cluster(const cli_cmd *cmd, int argc, char **argv)
             return EX_USAGE;
         a.name = operand;
         change = queue ? move_queue_map : move_partitions_map;
-        snprintf(what, sizeof what, "%s %s %s on shard \"%s\"", queue ? "queue" : "partitions", operand,
-                 queue ? "is" : "are", a.to);
+        int one = queue || strchr(operand, '-') == NULL;
+        snprintf(what, sizeof what, "%s %s %s on shard \"%s\"",
+                 queue ? "queue"
+                 : one ? "partition"
+                       : "partitions",
+                 operand, one ? "is" : "are", a.to);
     } else if (strcmp(action, "add-shard") == 0) {
         const char *eq = operand ? strchr(operand, '=') : NULL;
         char name[80];

@@ -224,8 +224,22 @@ TEST_FULL(cluster_tool_move_queue_leaves_the_old_owner_draining, 120, 0)
         CHECK_ENQUEUE(t.a, q, "");
     CHECK_ENQUEUE(t.b, q, "PJQ01");
 
-    int rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--cluster", t.ci_r);
+    /* A schedule of the queue on its old owner: it does not move, and the command says so. */
+    int rc = t_cli(&out, &err, NULL, 0, "--db", t.ci_a, "cron", "add", "nightly", "--schedule", "0 3 * * *", "--queue",
+                   q, NULL);
+    CHECK_MSG(rc == 0, "cron add: %d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    /* An option of another action is refused. */
+    rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--partitions", "32", "--cluster", t.ci_r);
+    CHECK_MSG(rc == EX_USAGE && strstr(err, "--partitions is not an option of move-queue"), "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+
+    rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--cluster", t.ci_r);
     CHECK_MSG(rc == 0 && strstr(out, "cluster at epoch 2"), "%d %s %s", rc, out, err);
+    CHECK_MSG(strstr(err, "shard \"sa\" has schedules of queues it no longer owns: nightly (queue mail") != NULL, "%s",
+              err);
     /* The order: the new owner, the router, the old owner last. */
     char *gains = strstr(out, "shard \"sb\" (gains work)"), *router = strstr(out, "(a router)"),
          *loses = strstr(out, "shard \"sa\" (loses work)");
