@@ -303,12 +303,23 @@ TEST_FULL(cluster_tool_a_shard_down_or_a_change_half_done, 120, 0)
     two_shards_init(&t, 0);
     queue_on(q, sizeof q, 'a');
     char *dbname_b = t_str(t.b, "SELECT current_database()");
-    PQfinish(t.b);
+
+    /* A router that cannot be reached: nothing changed, and its password (a router is not in the map:
+     * its conninfo may hold one) is not shown. */
+    int rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--cluster", t.ci_a, "--router",
+                     "host=/nonexistent/pgjobq-test dbname=r password=hunter2");
+    CHECK_MSG(rc == EX_UNAVAILABLE && strstr(err, "the router (") && strstr(err, "cannot be reached") &&
+                  strstr(err, "nothing was changed") && !strstr(err, "hunter2"),
+              "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(t.b, "SELECT epoch FROM pgjobq.cluster"), 1);
 
     /* sb down (its database renamed away): nothing changed. */
     PGconn *admin = t_pg();
+    PQfinish(t.b);
     PQclear(t_exec(admin, "ALTER DATABASE \"%s\" RENAME TO \"%s_down\"", dbname_b, dbname_b));
-    int rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--cluster", t.ci_a);
+    rc = CLUSTER(&out, &err, "move-queue", q, "--to", "sb", "--cluster", t.ci_a);
     CHECK_MSG(rc == EX_UNAVAILABLE && strstr(err, "shard \"sb\" cannot be reached") &&
                   strstr(err, "nothing was changed"),
               "%d %s %s", rc, out, err);
