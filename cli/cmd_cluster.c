@@ -618,7 +618,10 @@ static int cluster_change(const cluster_args *a, cl_set *s, change_fn change, co
     }
     size_t n = install_order(s, order);
     if (n == 0) {
-        printf("nothing to do: every shard%s has the map of epoch %d, in which %s\n", s->n > 1 ? " and router" : "",
+        int routers = 0;
+        for (size_t i = 0; i < s->n; i++)
+            routers |= s->db[i].name == NULL;
+        printf("nothing to do: every shard%s has the map of epoch %d, in which %s\n", routers ? " and router" : "",
                epoch, what);
         free(target);
         return EX_OK;
@@ -1137,6 +1140,11 @@ int cmd_cluster(const cli_cmd *cmd, int argc, char **argv)
                 return EX_USAGE;
             if (set_find(&s, name, NULL))
                 return cli_usage_error(cmd, "--shard %s is given twice", name);
+            for (size_t k = 0; k < s.n; k++)
+                if (strcmp(s.db[k].conninfo, eq + 1) == 0)
+                    return cli_usage_error(cmd,
+                                           "--shard %s and %s have the same conninfo: a shard is a database of its own",
+                                           s.db[k].name, name);
             set_add(&s, name, eq + 1);
         }
         for (size_t i = 0; i < a.nrouters; i++)
