@@ -323,13 +323,21 @@ static int db_open(cl_db *d, int may_set)
                 label(d));
         return EX_NOPERM;
     }
-    r = run(d->pg, label(d), "SELECT m::text, m ->> 'epoch' FROM pgjobq.cluster_map() m", 0, NULL);
+    r = run(d->pg, label(d), "SELECT m::text, m ->> 'epoch', m ->> 'self' FROM pgjobq.cluster_map() m", 0, NULL);
     if (r == NULL)
         return EX_UNAVAILABLE;
-    if (!PQgetisnull(r, 0, 0)) {
-        d->map = strdup(PQgetvalue(r, 0, 0));
-        d->epoch = atoi(PQgetvalue(r, 0, 1));
+    /* A conninfo that leads to another shard's database would be refused by cluster_set half-way. */
+    if (!PQgetisnull(r, 0, 0) && d->name && !PQgetisnull(r, 0, 2) && strcmp(PQgetvalue(r, 0, 2), d->name) != 0) {
+        cli_err("%s's conninfo leads to the database of shard \"%s\": correct the conninfo", label(d),
+                PQgetvalue(r, 0, 2));
+        PQclear(r);
+        return EX_CONFIG;
     }
+    if (!PQgetisnull(r, 0, 0) && (d->map = strdup(PQgetvalue(r, 0, 0))) == NULL) {
+        PQclear(r);
+        return EX_OSERR;
+    }
+    d->epoch = d->map ? atoi(PQgetvalue(r, 0, 1)) : 0;
     PQclear(r);
     return 0;
 }
@@ -486,9 +494,13 @@ static void report_partial(cl_set *s, cl_db *order[], size_t n, size_t failed_at
     sb_printf(&b, "%s\n  not installed in:", any ? "" : " none");
     for (size_t i = failed_at; i < n; i++)
         sb_printf(&b, "%s %s (%s)", i > failed_at ? "," : "", label(order[i]), step_names[order[i]->step]);
+    if (order[failed_at]->step != STEP_LOSES)
+        sb_puts(&b, "\nNo shard that loses work has the new map yet: every job still goes to a shard that accepts it.");
+    else
+        sb_puts(&b, "\nThe shards that lose work and have the new map refuse the moved jobs (PJQ01); a producer that "
+                    "reads the map again (from any database that has it) finds the new owner.");
     sb_printf(&b,
-              "\nEvery job still goes to a shard that accepts it (the old owners have not yet been told). Once "
-              "the cause is fixed, run the same command again: it installs the map of epoch %d where it is "
+              " Once the cause is fixed, run the same command again: it installs the map of epoch %d where it is "
               "missing and changes nothing where it is.",
               epoch);
     cli_err("%s", b.failed ? "the change stopped half-way (out of memory)" : b.data);
@@ -646,9 +658,6 @@ static int cluster_change(const cluster_args *a, cl_set *s, change_fn change, co
 /* ------------------------------------------------------------------------------------------------ */
 /* The changes                                                                                       */
 
-/* ------------------------------------------------------------------------------------------------ */
-/* The changes                                                                                       */
-
 /* The highest job id shard d has handed out (its jobs, its history, its sequence); -1 after printing
  * why. */
 static long long highest_id(cl_db *d)
@@ -770,8 +779,8 @@ static char *move_queue_map(const cluster_args *a, cl_set *s, PGconn *pg, const 
     char *why = value(pg, "the queue",
                       "SELECT CASE WHEN NOT ($1::jsonb -> 'shards') ? $3 THEN format('the map has no shard \"%s\"', $3)"
                       "  WHEN $1::jsonb -> 'queues' -> $2 ->> 'placement' = 'spread'"
-                      "    THEN format('queue \"%s\" is spread over the shards by its routing keys: move partitions"
-                      "                 instead (move-partitions)', $2)"
+                      "    THEN format('queue \"%s\" is spread over the shards by its routing keys: ' ||"
+                      "                'move partitions instead (move-partitions)', $2)"
                       "  WHEN NOT $1::jsonb -> 'owners' @> jsonb_build_array($3::text)"
                       "    THEN format('shard \"%s\" owns no partition: give it some first (move-partitions)', $3) END",
                       3, v, &failed);
@@ -1124,6 +1133,12 @@ int cmd_cluster(const cli_cmd *cmd, int argc, char **argv)
             a.partitions = 64;
         if ((size_t)a.partitions < a.nshards)
             return cli_usage_error(cmd, "init: %zu shards need at least as many partitions (--partitions)", a.nshards);
+        if (a.id_floor && strcmp(a.id_floor, "auto") != 0) {
+            char why[128];
+            long long floor;
+            if (cli_parse_int(a.id_floor, 0, 4611686018427387904LL, &floor, why, sizeof why) != 0)
+                return cli_usage_error(cmd, "--id-floor: auto or a number: %s", why);
+        }
         for (size_t i = 0; i < a.nspread; i++)
             if (!is_name(a.spread[i]))
                 return cli_usage_error(cmd, "--spread: '%s' is not a queue name", a.spread[i]);

@@ -180,6 +180,14 @@ TEST_FULL(cluster_tool_init_installs_one_map_everywhere, 120, 0)
     free(err);
     CHECK_INT(t_int(b, "SELECT partitions FROM pgjobq.cluster"), 16);
 
+    /* A spread queue moves with its partitions, not by itself. */
+    rc = CLUSTER(&out, &err, "move-queue", "tenants", "--to", "sb", "--cluster", ci_a);
+    CHECK_MSG(rc == EX_DATAERR && strstr(err, "queue \"tenants\" is spread over the shards") &&
+                  strstr(err, "nothing was changed"),
+              "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
+
     /* show, from the router: the map as text and as JSON. */
     rc = CLUSTER(&out, &err, "show", ci_r);
     CHECK_MSG(rc == 0 && strstr(out, "cluster tool, epoch 1, 16 partitions") &&
