@@ -134,6 +134,19 @@ TEST_FULL(cluster_tool_init_installs_one_map_everywhere, 120, 0)
               "%d %s", rc, err);
     free(out);
     free(err);
+    /* A user who may not install a map (a producer): refused before anything is written. */
+    pgjobq_client *c = NULL;
+    CHECK_OK(c, pgjobq_client_open(&c, ci_a));
+    CHECK_OK(c, pgjobq_migrate_roles(c));
+    pgjobq_client_close(c);
+    PQclear(t_exec(a, "DO $$ BEGIN CREATE ROLE ctool_producer LOGIN IN ROLE pgjobq_producer;"
+                      " EXCEPTION WHEN duplicate_object THEN NULL; END $$"));
+    snprintf(bad, sizeof bad, "sa=%s user=ctool_producer", ci_a);
+    rc = CLUSTER(&out, &err, "init", "--name", "tool", "--shard", bad);
+    CHECK_MSG(rc == EX_NOPERM && strstr(err, "may not run pgjobq.cluster_set") && strstr(err, "nothing was changed"),
+              "%d %s %s", rc, out, err);
+    free(out);
+    free(err);
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.cluster"), 0);
 
     /* The map, in order: sa owns 0-7, sb 8-15; the same everywhere but for self. */
