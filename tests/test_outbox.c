@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "internal.h"
 
 /* Runs sql expecting an error of SQLSTATE want; returns its message (malloc'd). */
 static char *expect_error(PGconn *pg, const char *want, const char *sql)
@@ -138,4 +139,28 @@ TEST(outbox_queue_stays_in_a_shard_that_the_map_would_route_it_away_from)
     free(expect_error(pg, "PJQ01",
                       "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '{\"queue\": \"mail\"}')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.forwarded"), 0);
+}
+
+/* The forwarder reads the job's queue and routing key out of the outbox job's payload: a top-level
+ * string member, its escapes decoded, found past nested values of every kind. */
+TEST(outbox_payload_members_are_read_past_nested_values)
+{
+    const char *doc = "{\"payload\": {\"queue\": \"inner\", \"a\": [1, -2.5e3, true, null, {\"q\": [\"x\\\"]\"]}]},"
+                      " \"n\": null, \"queue\": \"mail\", \"route_key\": \"t\\u00e9\\ud83d\\ude00\\n\\\"\"}";
+    char *v = NULL;
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "queue", &v), 1);
+    CHECK_STR(v, "mail");
+    free(v);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "route_key", &v), 1);
+    CHECK_STR(v, "t\xc3\xa9\xf0\x9f\x98\x80\n\"");
+    free(v);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "n", &v), 0);
+    CHECK(v == NULL);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "absent", &v), 0);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "payload", &v), 0);
+    CHECK_INT(pgjobq__json_get_string("{}", 2, "queue", &v), 0);
+    CHECK_INT(pgjobq__json_get_string("[\"queue\"]", 9, "queue", &v), -1);
+    CHECK_INT(pgjobq__json_get_string("{\"a\": [1, 2}", 12, "queue", &v), -1);
+    CHECK_INT(pgjobq__json_get_string("{\"queue\": \"unterminated", 23, "queue", &v), -1);
+    CHECK(v == NULL);
 }
