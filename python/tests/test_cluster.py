@@ -13,8 +13,12 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgjobq
-from pgjobq import _cluster
 from conftest import CLI, HERE, PYDIR, URL, wait_until
+
+try:
+    from pgjobq import _cluster
+except ImportError:  # a package without clusters: every test below fails on its own account
+    _cluster = None
 
 P = 8
 OWNERS = ["a", "b"] * (P // 2)
@@ -77,9 +81,11 @@ def shards():
 @pytest.fixture(autouse=True)
 def fresh_maps():
     """Each test reads the map anew (the package keeps one per process and spec)."""
-    _cluster._clusters.clear()
+    if _cluster is not None:
+        _cluster._clusters.clear()
     yield
-    _cluster._clusters.clear()
+    if _cluster is not None:
+        _cluster._clusters.clear()
 
 
 def jobs_on(shards):
