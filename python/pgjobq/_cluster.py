@@ -313,9 +313,9 @@ class Cluster:
             self.reload(m)
         except Exception:  # noqa: BLE001 - the PJQ01 is the error to report
             pass
-        out = WrongShard(f"{e.message}. The map of {self.where} was read again; your transaction is aborted: "
-                         "roll it back and run it again (on the job's shard)", e.sqlstate, e.shard, e.connection_shard)
-        return out
+        return WrongShard(f"{e.message}. The cluster's map ({self.where}) was read again: run it again (a "
+                          "transaction of yours it ran in is aborted: roll it back, and run the transaction again)",
+                          e.sqlstate, e.shard, e.connection_shard)
 
 
 _SELF_SQL = "SELECT CAST(c.name AS text), CAST(c.self AS text) FROM pgjobq.cluster c"

@@ -366,14 +366,16 @@ def _here(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
     for i, s in enumerate(specs):
         if not isinstance(s, JobSpec):
             raise InvalidJob(f"enqueue: job {i} is a {type(s).__name__}, not a JobSpec")
-    cl.check_here(target, specs, cl.self_of(target))
+    if not cl.map().single:  # (a cluster of one database: nothing to check, nothing read)
+        cl.check_here(target, specs, cl.self_of(target))
 
 
 async def _ahere(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
     for i, s in enumerate(specs):
         if not isinstance(s, JobSpec):
             raise InvalidJob(f"enqueue: job {i} is a {type(s).__name__}, not a JobSpec")
-    cl.check_here(target, specs, await cl.aself_of(target))
+    if not cl.map().single:
+        cl.check_here(target, specs, await cl.aself_of(target))
 
 
 def _on(cl: Optional["_cluster.Cluster"], target: Any, specs: List[JobSpec], fn: Callable[..., Any], *args: Any) -> Any:

@@ -250,7 +250,8 @@ class Deferrer:
         return Deferrer(self.task, {**self.options, **options})
 
     def spec(self, *args: Any, **kwargs: Any) -> JobSpec:
-        return self._spec(args, kwargs, "spec")
+        d = self._keyed(kwargs)
+        return d._spec(args, kwargs, "spec")
 
     def _spec(self, args: Sequence[Any], kwargs: Dict[str, Any], how: str) -> JobSpec:
         t = self.task

@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgjobq
-from conftest import CLI, HERE, PYDIR, URL, wait_until
+from conftest import CLI, HERE, PYDIR, URL
 
 try:
     from pgjobq import _cluster
@@ -187,7 +187,9 @@ def test_defer_routes_each_job_to_its_owner(shards):
 
 def test_a_batch_over_two_shards_lands_each_job_on_its_owner(shards):
     app, work = make_app(shards)
-    specs = [work.configure(route_key=f"k{i}").spec(tenant=f"k{i}", n=i) for i in range(40)]
+    specs = [work.configure(route_key=f"k{i}").spec(tenant=f"k{i}", n=i) for i in range(20)]
+    specs += [work.spec(tenant=f"k{i}", n=i, route_key=f"k{i}") for i in range(20, 40)]   # the same
+    assert specs[25].route_key == "k25" and specs[25].payload == {"tenant": "k25", "n": 25}
     specs.append(pgjobq.JobSpec(kind="echo", queue=PINNED, payload={"n": 40}))
     got = app.enqueue_many(specs)
     assert len(got) == len(specs) and len({g.id for g in got}) == len(specs)
@@ -195,6 +197,7 @@ def test_a_batch_over_two_shards_lands_each_job_on_its_owner(shards):
     assert set(owners) == {"a", "b"}
     assert shards_of(shards, [g.id for g in got]) == owners
     assert [app.get(g.id).payload for g in got[::7]] == [s.payload for s in specs[::7]]   # input order kept
+    assert [app.get(g.id).route_key for g in got[::7]] == [s.route_key for s in specs[::7]]
     # The module-level function with $PGJOBQ_CLUSTER does the same.
     os.environ["PGJOBQ_CLUSTER"] = shards["b"]
     try:
@@ -269,7 +272,7 @@ def test_a_transactional_defer_to_another_shard_is_refused(shards):
         with pytest.raises(pgjobq.WrongShard) as e:
             work.configure(route_key=key_b).defer(conn, tenant=key_b)
         assert (e.value.shard, e.value.connection_shard, e.value.sqlstate) == ("b", "a", None)
-        assert f'lives on shard "b"' in str(e.value) and 'this connection is to shard "a"' in str(e.value)
+        assert 'lives on shard "b"' in str(e.value) and 'this connection is to shard "a"' in str(e.value)
         assert "nothing was enqueued" in str(e.value)
         with pytest.raises(pgjobq.WrongShard):
             app.enqueue_many([work.configure(route_key=key_a).spec(tenant="x"),
