@@ -458,11 +458,13 @@ def _parts(cl: "_cluster.Cluster", m: "_cluster.Map", specs: List[JobSpec], pend
     return list(parts.items())
 
 
-def _routed_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
-    """The jobs split per shard, each shard's part one statement there, all or none; every part is
-    tried (a shard down or a part refused holds up no other), then the first error is raised with
-    ``partial``: the Enqueued of each job, in input order, None for those not written.  A part that
-    a shard refuses with PJQ01 is routed again by the map read again (once per call)."""
+def _split(cl: "_cluster.Cluster", specs: List[JobSpec]) -> Any:
+    """A batch over a cluster, as a generator: yields (map, shard, indexes) for each shard's part to
+    run, is sent back its outcome (the part's Enqueued, or the exception it raised), and returns the
+    jobs in input order.  Every part is tried (a shard down or a part refused holds up no other), then
+    the first error is raised with ``partial``: the Enqueued of each job, in input order, None for
+    those not written.  The parts a shard refuses with PJQ01 are routed again by the map read again
+    (once per call)."""
     for i, s in enumerate(specs):
         if not isinstance(s, JobSpec):
             raise InvalidJob(f"enqueue_many: job {i} is a {type(s).__name__}, not a JobSpec")
@@ -481,19 +483,14 @@ def _routed_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> L
             break
         stale: List[int] = []
         for shard, idx in parts:
-            try:
-                got = cl.on_shard(m, shard, _run_many, [specs[i] for i in idx], on_dup)
-            except WrongShard as e:
-                if e.sqlstate == "PJQ01" and not reloaded:
-                    stale.extend(idx)
-                else:
-                    errors.append(e)
-                continue
-            except Exception as e:  # noqa: BLE001 - raised below, with what was written
-                errors.append(e)
-                continue
-            for i, r in zip(idx, got):
-                out[i] = r
+            got = yield m, shard, idx
+            if isinstance(got, WrongShard) and got.sqlstate == "PJQ01" and not reloaded:
+                stale.extend(idx)
+            elif isinstance(got, BaseException):
+                errors.append(got)
+            else:
+                for i, r in zip(idx, got):
+                    out[i] = r
         if not stale:
             break
         m = cl.reload(m)
@@ -503,51 +500,35 @@ def _routed_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> L
         e = errors[0]
         e.partial = out  # type: ignore[attr-defined]
         raise e
-    return out  # type: ignore[return-value]
+    return out
+
+
+def _routed_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
+    plan = _split(cl, specs)
+    try:
+        m, shard, idx = next(plan)
+        while True:
+            try:
+                got: Any = cl.on_shard(m, shard, _run_many, [specs[i] for i in idx], on_dup)
+            except Exception as e:  # noqa: BLE001 - _split raises it, with what was written
+                got = e
+            m, shard, idx = plan.send(got)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 async def _arouted_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
-    for i, s in enumerate(specs):
-        if not isinstance(s, JobSpec):
-            raise InvalidJob(f"enqueue_many: job {i} is a {type(s).__name__}, not a JobSpec")
-    out: List[Optional[Enqueued]] = [None] * len(specs)
-    errors: List[BaseException] = []
-    m = cl.map()
-    pending = list(range(len(specs)))
-    reloaded = False
-    while pending:
-        try:
-            parts = _parts(cl, m, specs, pending)
-        except InvalidJob as e:
-            if not reloaded:
-                raise
-            errors.append(e)
-            break
-        stale: List[int] = []
-        for shard, idx in parts:
+    plan = _split(cl, specs)
+    try:
+        m, shard, idx = next(plan)
+        while True:
             try:
-                got = await cl.aon_shard(m, shard, _arun_many, [specs[i] for i in idx], on_dup)
-            except WrongShard as e:
-                if e.sqlstate == "PJQ01" and not reloaded:
-                    stale.extend(idx)
-                else:
-                    errors.append(e)
-                continue
+                got: Any = await cl.aon_shard(m, shard, _arun_many, [specs[i] for i in idx], on_dup)
             except Exception as e:  # noqa: BLE001
-                errors.append(e)
-                continue
-            for i, r in zip(idx, got):
-                out[i] = r
-        if not stale:
-            break
-        m = cl.reload(m)
-        reloaded = True
-        pending = sorted(stale)
-    if errors:
-        e = errors[0]
-        e.partial = out  # type: ignore[attr-defined]
-        raise e
-    return out  # type: ignore[return-value]
+                got = e
+            m, shard, idx = plan.send(got)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def _one(target: Any, spec: JobSpec, on_dup: str, cl: Optional["_cluster.Cluster"]) -> Enqueued:

@@ -198,6 +198,13 @@ def test_a_batch_over_two_shards_lands_each_job_on_its_owner(shards):
     assert shards_of(shards, [g.id for g in got]) == owners
     assert [app.get(g.id).payload for g in got[::7]] == [s.payload for s in specs[::7]]   # input order kept
     assert [app.get(g.id).route_key for g in got[::7]] == [s.route_key for s in specs[::7]]
+    # The async functions the same way.
+    os.environ["PGJOBQ_CLUSTER"] = shards["a"]
+    try:
+        agot = asyncio.run(pgjobq.enqueue_many_async(None, specs[:12]))
+    finally:
+        del os.environ["PGJOBQ_CLUSTER"]
+    assert shards_of(shards, [g.id for g in agot]) == owners[:12]
     # The module-level function with $PGJOBQ_CLUSTER does the same.
     os.environ["PGJOBQ_CLUSTER"] = shards["b"]
     try:
