@@ -317,6 +317,10 @@ def test_a_shard_that_is_down_fails_fast_naming_it(shards, tmp_path):
     path = tmp_path / "map.json"
     path.write_text(json.dumps(the_map(down)))
     app = pgjobq.App(cluster=f"file:{path}")
+    m = _cluster.cluster_for(f"file:{path}").map()
+    assert "connect_timeout=3" in m.urls["b"]                               # the map's, when it gives one
+    if not os.environ.get("PGCONNECT_TIMEOUT"):
+        assert "connect_timeout=5" in m.urls["a"]                           # else 5 s
     with pytest.raises(pgjobq.ShardUnavailable) as e:
         app.enqueue("echo", {}, queue=PINNED)
     assert e.value.shard == "b" and 'shard "b"' in str(e.value) and "127.0.0.1" in str(e.value)
