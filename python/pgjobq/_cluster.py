@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import _sql
 from ._util import redact
-from .errors import InvalidArgument, InvalidJob, PgjobqError, ShardUnavailable, WrongShard
+from .errors import InvalidArgument, InvalidJob, ShardUnavailable, WrongShard
 
 __all__ = ["ENV", "Cluster", "Map", "route_hash", "current", "cluster_for"]
 
@@ -204,8 +204,6 @@ class Cluster:
         url = _sql.libpq_url(spec)
         try:
             rows = _sql.run(url, "SELECT CAST(pgjobq.cluster_map() AS text)", {})
-        except PgjobqError:
-            raise
         except Exception as e:
             if _sql.unreachable(e):
                 raise ShardUnavailable(f"pgjobq: cannot read the cluster map: {redact(url)} cannot be reached: "
@@ -215,9 +213,6 @@ class Cluster:
         return Map(json.loads(text) if text is not None else None, spec, redact(url))
 
     # -- shards ---------------------------------------------------------------------------------
-    def url(self, m: Map, shard: str) -> str:
-        return m.urls[shard]
-
     def down(self, m: Map, shard: str, e: BaseException) -> ShardUnavailable:
         return ShardUnavailable(f"pgjobq: {m.label(shard)} of the cluster ({redact(m.shards[shard][1])}) cannot be "
                                 f"reached: {_first_line(e)}", shard)
@@ -249,11 +244,17 @@ class Cluster:
         if got is None:
             rows = _sql.run(target, _SELF_SQL, {})
             got = (rows[0][0], rows[0][1]) if rows else (None, None)
-            if isinstance(key, str):
-                self._url_selves[key] = got
-            elif key is not None:
-                self._selves[key] = got
+            self._remember(key, got)
         return got
+
+    def _remember(self, key: Any, got: Tuple[Optional[str], Optional[str]]) -> None:
+        if isinstance(key, str):
+            self._url_selves[key] = got
+        elif key is not None:
+            try:
+                self._selves[key] = got
+            except TypeError:  # a connection that takes no weak reference: read each time
+                pass
 
     async def aself_of(self, target: Any) -> Tuple[Optional[str], Optional[str]]:
         kind = _sql.classify(target)
@@ -262,10 +263,7 @@ class Cluster:
         if got is None:
             rows = await _sql.arun(target, _SELF_SQL, {})
             got = (rows[0][0], rows[0][1]) if rows else (None, None)
-            if isinstance(key, str):
-                self._url_selves[key] = got
-            else:
-                self._selves[key] = got
+            self._remember(key, got)
         return got
 
     def owners_of(self, m: Map, specs: Iterable[Any]) -> List[str]:
