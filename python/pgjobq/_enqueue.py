@@ -362,18 +362,21 @@ async def _arun_batch(target: Any, specs: List[JobSpec], callback: JobSpec) -> B
     return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
 
 
-def _here(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
+def _check_specs(specs: List[JobSpec], where: str) -> None:
+    """Before a cluster routes them (by their queue and route_key): JobSpecs."""
     for i, s in enumerate(specs):
         if not isinstance(s, JobSpec):
-            raise InvalidJob(f"enqueue: job {i} is a {type(s).__name__}, not a JobSpec")
+            raise InvalidJob(f"{where}: job {i} is a {type(s).__name__}, not a JobSpec")
+
+
+def _here(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
+    _check_specs(specs, "enqueue")
     if not cl.map().single:  # (a cluster of one database: nothing to check, nothing read)
         cl.check_here(target, specs, cl.self_of(target))
 
 
 async def _ahere(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
-    for i, s in enumerate(specs):
-        if not isinstance(s, JobSpec):
-            raise InvalidJob(f"enqueue: job {i} is a {type(s).__name__}, not a JobSpec")
+    _check_specs(specs, "enqueue")
     if not cl.map().single:
         cl.check_here(target, specs, await cl.aself_of(target))
 
@@ -402,6 +405,7 @@ async def _aon(cl: Optional["_cluster.Cluster"], target: Any, specs: List[JobSpe
 
 def _one_shard(cl: "_cluster.Cluster", m: "_cluster.Map", specs: List[JobSpec], what: str) -> str:
     """The one shard of a graph's or a batch's jobs (one statement, all or none: one shard)."""
+    _check_specs(specs, what)
     owners = cl.owners_of(m, specs) or [m.owners[0]]  # (none: the SQL API says what is wrong)
     for i, o in enumerate(owners):
         if o != owners[0]:
@@ -465,9 +469,7 @@ def _split(cl: "_cluster.Cluster", specs: List[JobSpec]) -> Any:
     the first error is raised with ``partial``: the Enqueued of each job, in input order, None for
     those not written.  The parts a shard refuses with PJQ01 are routed again by the map read again
     (once per call)."""
-    for i, s in enumerate(specs):
-        if not isinstance(s, JobSpec):
-            raise InvalidJob(f"enqueue_many: job {i} is a {type(s).__name__}, not a JobSpec")
+    _check_specs(specs, "enqueue_many")
     out: List[Optional[Enqueued]] = [None] * len(specs)
     errors: List[BaseException] = []
     m = cl.map()

@@ -212,6 +212,10 @@ def test_a_batch_over_two_shards_lands_each_job_on_its_owner(shards):
     finally:
         del os.environ["PGJOBQ_CLUSTER"]
     assert shards_of(shards, [g.id for g in more]) == owners[:10]
+    with pytest.raises(pgjobq.InvalidJob, match="job 1 is a dict, not a JobSpec"):
+        app.enqueue_graph([specs[0], {"kind": "echo"}])
+    with pytest.raises(pgjobq.InvalidJob, match="job 0 is a str, not a JobSpec"):
+        app.enqueue_many(["echo"])
     # A graph is one statement on one shard: its jobs must share one.
     with pytest.raises(pgjobq.InvalidJob, match="one statement on one shard"):
         app.enqueue_graph([specs[owners.index("a")], specs[owners.index("b")]])
