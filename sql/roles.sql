@@ -58,8 +58,13 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.notify(text[]),
     pgjobq.levels_add(text[], smallint[]),
     pgjobq.job_defaults(),
-    pgjobq.enqueue_when_check(timestamptz[], interval[], integer[])
+    pgjobq.enqueue_when_check(timestamptz[], interval[], integer[]),
+    pgjobq.forward(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, text),
+    pgjobq.outbox_queue(),
+    pgjobq.outbox_self()
 TO pgjobq_producer;
+-- (The forwarder, run by workers, writes what producers forwarded to the job's shard.)
+GRANT EXECUTE ON FUNCTION pgjobq.enqueue_forwarded(uuid, bigint, jsonb) TO pgjobq_producer, pgjobq_worker;
 -- (pgjobq_producer is not granted INSERT on pgjobq.jobs: with it, the library would enqueue large
 -- batches with COPY, but a producer could also choose ids the sequence has not issued yet and make
 -- later enqueues fail.  Grant INSERT (id, queue, kind, payload, priority, run_at, max_attempts) ON

@@ -232,6 +232,9 @@ int pgjobq__json_check(const char *s, size_t n, char *why, size_t why_size);
 void pgjobq__json_string(pgjobq__buf *b, const char *s);
 /* Appends the key of an object's member that follows another: ,"key": */
 void pgjobq__json_key(pgjobq__buf *b, const char *key);
+/* The string member key of the JSON object text[0..len) (its escapes decoded, malloc'd, into *out):
+ * 1 found, 0 absent or not a string (*out NULL), -1 not an object, malformed, or out of memory. */
+int pgjobq__json_get_string(const char *text, size_t len, const char *key, char **out);
 /* Copies s[0..n) into a new string that is valid UTF-8 (bad sequences become U+FFFD), has no NUL
  * bytes, and is at most cap bytes (cut on a character boundary).  keep_tail keeps the end instead of
  * the start.  Returns NULL on OOM. */

@@ -387,3 +387,158 @@ void pgjobq__json_key(pgjobq__buf *b, const char *key)
     pgjobq__json_string(b, key);
     pgjobq__buf_put(b, ":", 1);
 }
+
+/* Skips the value at p->i (checked as the checker would), at most depth levels deep. */
+static int skip_value(jp *p, int depth)
+{
+    skip_ws(p);
+    if (p->i >= p->n)
+        return fail(p, "value expected");
+    unsigned char c = p->s[p->i];
+    if (c == '"')
+        return string(p);
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return number(p);
+    if (c == 't' || c == 'f' || c == 'n')
+        return literal(p, c == 't' ? "true" : c == 'f' ? "false" : "null");
+    if (c != '{' && c != '[')
+        return fail(p, "unexpected character");
+    if (depth == 0)
+        return fail(p, "nested too deeply");
+    unsigned char close = c == '{' ? '}' : ']';
+    p->i++;
+    skip_ws(p);
+    if (p->i < p->n && p->s[p->i] == close) {
+        p->i++;
+        return 0;
+    }
+    for (;;) {
+        if (c == '{') {
+            skip_ws(p);
+            if (p->i >= p->n || p->s[p->i] != '"' || string(p) != 0)
+                return fail(p, "object key (a string) expected");
+            skip_ws(p);
+            if (p->i >= p->n || p->s[p->i] != ':')
+                return fail(p, "':' expected after object key");
+            p->i++;
+        }
+        if (skip_value(p, depth - 1) != 0)
+            return -1;
+        skip_ws(p);
+        if (p->i < p->n && p->s[p->i] == ',') {
+            p->i++;
+            continue;
+        }
+        if (p->i < p->n && p->s[p->i] == close) {
+            p->i++;
+            return 0;
+        }
+        return fail(p, "',' or the end of the container expected");
+    }
+}
+
+/* Appends code point cp as UTF-8. */
+static void put_utf8(pgjobq__buf *b, unsigned cp)
+{
+    char u[4];
+    size_t k;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        k = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | cp >> 6);
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        k = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | cp >> 12);
+        u[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        k = 3;
+    } else {
+        u[0] = (char)(0xF0 | cp >> 18);
+        u[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+        u[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        k = 4;
+    }
+    pgjobq__buf_put(b, u, k);
+}
+
+int pgjobq__json_get_string(const char *text, size_t len, const char *key, char **out)
+{
+    jp p = {(const unsigned char *)text, len, 0, NULL, 0};
+    size_t klen = strlen(key);
+
+    *out = NULL;
+    skip_ws(&p);
+    if (p.i >= p.n || p.s[p.i] != '{')
+        return -1;
+    p.i++;
+    skip_ws(&p);
+    if (p.i < p.n && p.s[p.i] == '}')
+        return 0;
+    for (;;) {
+        skip_ws(&p);
+        if (p.i >= p.n || p.s[p.i] != '"')
+            return -1;
+        size_t k0 = p.i + 1;
+        if (string(&p) != 0)
+            return -1;
+        /* (A key with an escape never equals key: the keys looked up are plain names.) */
+        int match = p.i - 1 - k0 == klen && memcmp(p.s + k0, key, klen) == 0;
+        skip_ws(&p);
+        if (p.i >= p.n || p.s[p.i] != ':')
+            return -1;
+        p.i++;
+        skip_ws(&p);
+        if (match && p.i < p.n && p.s[p.i] == '"') {
+            size_t v0 = p.i + 1;
+            if (string(&p) != 0)
+                return -1;
+            pgjobq__buf b = {NULL, 0, 0, 0};
+            for (size_t i = v0; i < p.i - 1;) {
+                unsigned char c = p.s[i];
+                if (c != '\\') {
+                    pgjobq__buf_put(&b, (const char *)p.s + i, 1);
+                    i++;
+                    continue;
+                }
+                c = p.s[i + 1];
+                i += 2;
+                if (c != 'u') {
+                    char e = c == 'b' ? '\b' : c == 'f' ? '\f' : c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : (char)c;
+                    pgjobq__buf_put(&b, &e, 1);
+                    continue;
+                }
+                jp h = {p.s, p.n, i, NULL, 0};
+                unsigned cp = 0, lo = 0;
+                (void)hex4(&h, &cp); /* (string() checked every escape) */
+                i += 4;
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    h.i = i + 2;
+                    (void)hex4(&h, &lo);
+                    i += 6;
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                }
+                put_utf8(&b, cp);
+            }
+            pgjobq__buf_put(&b, "", 1);
+            if (b.oom) {
+                pgjobq__buf_free(&b);
+                return -1;
+            }
+            *out = b.data;
+            return 1;
+        }
+        if (skip_value(&p, JSON_MAX_DEPTH) != 0)
+            return -1;
+        if (match)
+            return 0; /* present, not a string (null: none) */
+        skip_ws(&p);
+        if (p.i < p.n && p.s[p.i] == ',') {
+            p.i++;
+            continue;
+        }
+        return p.i < p.n && p.s[p.i] == '}' ? 0 : -1;
+    }
+}

@@ -42,7 +42,9 @@ from .errors import (
     ResultTimeout,
     Retry,
     SchemaMissing,
+    ShardUnavailable,
     TransactionConflict,
+    WrongShard,
 )
 from ._jobs import (
     JobInfo,
@@ -71,7 +73,7 @@ __all__ = [
     "JobInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
     "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
-    "TransactionConflict", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
+    "TransactionConflict", "WrongShard", "ShardUnavailable", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
     "Retry", "Fail", "TransactionWarning",
     "__version__",
 ]

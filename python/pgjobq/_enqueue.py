@@ -13,9 +13,9 @@ import dataclasses
 import datetime as _dt
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
-from . import _sql
+from . import _cluster, _sql
 from ._util import Duration, check_json, dumps, seconds, timestamp
-from .errors import DuplicateJob, InvalidJob, PgjobqError
+from .errors import DuplicateJob, InvalidJob, PgjobqError, WrongShard
 
 __all__ = [
     "JobSpec",
@@ -73,6 +73,9 @@ class JobSpec:
     - ``after``: parents, job ids (or refs of jobs of the same graph); the job waits until they have
       all completed.  ``on_parent_failure``: ``"cancel"`` (default) or ``"run"``.
     - ``tags``: 1 to 20 strings.  ``ref``: the job's name within a graph.
+    - ``route_key``: the job's routing key in a cluster of shards (1 to 255 characters): a job of a
+      *spread* queue lives on the shard its key hashes to (a tenant, an account); other jobs live
+      on their queue's shard (docs/python.md, "Shards").  Stored with the job in any database.
     Jobs with ``after``, ``tags`` or ``on_parent_failure`` cannot have a unique key.
     """
 
@@ -89,6 +92,7 @@ class JobSpec:
     tags: Optional[Sequence[str]] = None
     on_parent_failure: Optional[str] = None
     ref: Optional[str] = None
+    route_key: Optional[str] = None
 
     def replace(self, **changes: Any) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -98,7 +102,7 @@ class JobSpec:
         """The job's fields as JSON-ready values (only those given), checked."""
         w = f"{where}: job {i}" if i is not None else where
         out: Dict[str, Any] = {}
-        for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref"):
+        for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref", "route_key"):
             v = getattr(self, name)
             if v is not None:
                 if not isinstance(v, str):
@@ -165,6 +169,7 @@ _ONE_ARGS = {
     "after": "ARRAY(SELECT CAST(a.v AS bigint) FROM jsonb_array_elements_text(CAST(:after AS jsonb)) AS a(v))",
     "tags": "ARRAY(SELECT t.v FROM jsonb_array_elements_text(CAST(:tags AS jsonb)) AS t(v))",
     "on_parent_failure": "CAST(:on_parent_failure AS text)",
+    "route_key": "CAST(:route_key AS text)",
 }
 
 
@@ -204,6 +209,8 @@ _MANY_ARRAYS = (
     ("unique_keys", "text", "x.j ->> 'unique_key'", "unique_key"),
     ("concurrency_keys", "text", "x.j ->> 'concurrency_key'", "concurrency_key"),
 )
+# Passed by name (enqueue_many's `notify` comes before it), and only when a job of the call has one.
+_ROUTE_KEYS = ("route_keys", "text", "x.j ->> 'route_key'", "route_key")
 
 
 def _many_sql(used: Set[str]) -> str:
@@ -212,6 +219,9 @@ def _many_sql(used: Set[str]) -> str:
         else f"CAST(NULL AS {typ}[]) AS {name}"
         for name, typ, expr, field in _MANY_ARRAYS)
     args = ", ".join(f"a.{name}" for name, _, _, _ in _MANY_ARRAYS)
+    if "route_key" in used:
+        cols += f",\n               array_agg({_ROUTE_KEYS[2]} ORDER BY x.o) AS {_ROUTE_KEYS[0]}"
+        args += ", route_keys => a.route_keys"
     return f"""
 SELECT string_agg(e.id::text || CASE WHEN e.duplicate THEN '+' ELSE '' END, ',' ORDER BY e.ord)
   FROM (SELECT {cols}
@@ -303,7 +313,290 @@ def _many_result(rows: _sql.Rows, graph: bool, n: int) -> List[Enqueued]:
 
 
 # ------------------------------------------------------------------------------------------------
+# On one database (target), or routed over a cluster's shards (docs/python.md, "Shards")
+#
+# Each takes the cluster (None: one database, as without a cluster: nothing more is done).  With a
+# cluster, a target of None routes each job to its shard, on the package's own connection to it; a
+# caller's connection, session or URL is checked first to be the shard of every job (Cluster.check_here).
+
+
+def _run_one(target: Any, spec: JobSpec, on_dup: str) -> Enqueued:
+    sql, params, _ = _plan_one(spec)
+    return _one_result(_sql.run(target, sql, params, check=_check_one(spec, on_dup), enqueue=True))
+
+
+async def _arun_one(target: Any, spec: JobSpec, on_dup: str) -> Enqueued:
+    sql, params, _ = _plan_one(spec)
+    return _one_result(await _sql.arun(target, sql, params, check=_check_one(spec, on_dup), enqueue=True))
+
+
+def _run_many(target: Any, specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
+    (sql, params, _), graph = _plan_many(specs)
+    rows = _sql.run(target, sql, params, check=_check_many(specs, on_dup, graph), enqueue=True)
+    return _many_result(rows, graph, len(specs))
+
+
+async def _arun_many(target: Any, specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
+    (sql, params, _), graph = _plan_many(specs)
+    rows = await _sql.arun(target, sql, params, check=_check_many(specs, on_dup, graph), enqueue=True)
+    return _many_result(rows, graph, len(specs))
+
+
+def _run_graph(target: Any, specs: List[JobSpec]) -> Dict[str, int]:
+    rows = _sql.run(target, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def _arun_graph(target: Any, specs: List[JobSpec]) -> Dict[str, int]:
+    rows = await _sql.arun(target, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _run_batch(target: Any, specs: List[JobSpec], callback: JobSpec) -> Batch:
+    rows = _sql.run(target, _BATCH_SQL, _batch_params(specs, callback), enqueue=True)
+    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
+
+
+async def _arun_batch(target: Any, specs: List[JobSpec], callback: JobSpec) -> Batch:
+    rows = await _sql.arun(target, _BATCH_SQL, _batch_params(specs, callback), enqueue=True)
+    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
+
+
+def _check_specs(specs: List[JobSpec], where: str) -> None:
+    """Before a cluster routes them (by their queue and route_key): JobSpecs."""
+    for i, s in enumerate(specs):
+        if not isinstance(s, JobSpec):
+            raise InvalidJob(f"{where}: job {i} is a {type(s).__name__}, not a JobSpec")
+
+
+def _here(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
+    _check_specs(specs, "enqueue")
+    if not cl.map().single:  # (a cluster of one database: nothing to check, nothing read)
+        cl.check_here(target, specs, cl.self_of(target))
+
+
+async def _ahere(cl: "_cluster.Cluster", target: Any, specs: List[JobSpec]) -> None:
+    _check_specs(specs, "enqueue")
+    if not cl.map().single:
+        cl.check_here(target, specs, await cl.aself_of(target))
+
+
+def _on(cl: Optional["_cluster.Cluster"], target: Any, specs: List[JobSpec], fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(target, specs, *args) on a caller's target (checked to be the jobs' shard in a cluster)."""
+    if cl is None:
+        return fn(target, specs, *args)
+    _here(cl, target, specs)
+    try:
+        return fn(target, specs, *args)
+    except WrongShard as e:  # the shard's guard: its map is newer than ours
+        raise cl.stale(e) from e
+
+
+async def _aon(cl: Optional["_cluster.Cluster"], target: Any, specs: List[JobSpec], fn: Callable[..., Any],
+               *args: Any) -> Any:
+    if cl is None:
+        return await fn(target, specs, *args)
+    await _ahere(cl, target, specs)
+    try:
+        return await fn(target, specs, *args)
+    except WrongShard as e:
+        raise cl.stale(e) from e
+
+
+def _one_shard(cl: "_cluster.Cluster", m: "_cluster.Map", specs: List[JobSpec], what: str) -> str:
+    """The one shard of a graph's or a batch's jobs (one statement, all or none: one shard)."""
+    _check_specs(specs, what)
+    owners = cl.owners_of(m, specs) or [m.owners[0]]  # (none: the SQL API says what is wrong)
+    for i, o in enumerate(owners):
+        if o != owners[0]:
+            raise InvalidJob(f"{what}: job 0 lives on shard \"{owners[0]}\" and job {i} on shard \"{o}\": "
+                             f"{what} is one statement on one shard, all or none; route its jobs to one shard "
+                             "(one pinned queue, or one route_key of a spread queue)")
+    return owners[0]
+
+
+def _routed_single(cl: "_cluster.Cluster", specs: List[JobSpec], what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(url, specs, *args) on the shard of every job (_one_shard); after a PJQ01, the map is read
+    again and the jobs routed again, once."""
+    m = cl.map()
+    for again in (True, False):
+        shard = _one_shard(cl, m, specs, what)
+        try:
+            return cl.on_shard(m, shard, fn, specs, *args)
+        except WrongShard as e:
+            if not again or e.sqlstate != "PJQ01":
+                raise
+            m = cl.reload(m)
+    raise AssertionError("unreachable")
+
+
+async def _arouted_single(cl: "_cluster.Cluster", specs: List[JobSpec], what: str, fn: Callable[..., Any],
+                          *args: Any) -> Any:
+    m = cl.map()
+    for again in (True, False):
+        shard = _one_shard(cl, m, specs, what)
+        try:
+            return await cl.aon_shard(m, shard, fn, specs, *args)
+        except WrongShard as e:
+            if not again or e.sqlstate != "PJQ01":
+                raise
+            m = cl.reload(m)
+    raise AssertionError("unreachable")
+
+
+def _parts(cl: "_cluster.Cluster", m: "_cluster.Map", specs: List[JobSpec], pending: List[int]) -> List[Tuple[str, List[int]]]:
+    """The jobs (indexes) per shard, shards in the order of their first job; a job's parents must be on
+    its shard (InvalidJob otherwise: a ref of the call, or an id, which names its shard)."""
+    owner = {i: m.owner(specs[i].queue, specs[i].route_key) for i in pending}
+    refs = {specs[i].ref: owner[i] for i in pending if specs[i].ref is not None}
+    for i in pending:
+        for p in specs[i].after or ():
+            pid = p.id if isinstance(p, Enqueued) else p
+            there = refs.get(pid) if isinstance(pid, str) else (m.shard_of_id(pid) if isinstance(pid, int) else None)
+            if there is not None and there != owner[i]:
+                raise InvalidJob(f"enqueue_many: job {i} (on shard \"{owner[i]}\") waits for {pid!r}, which is on shard "
+                                 f"\"{there}\": a job's parents must be on its shard")
+    parts: Dict[str, List[int]] = {}
+    for i in pending:
+        parts.setdefault(owner[i], []).append(i)
+    return list(parts.items())
+
+
+def _split(cl: "_cluster.Cluster", specs: List[JobSpec]) -> Any:
+    """A batch over a cluster, as a generator: yields (map, shard, indexes) for each shard's part to
+    run, is sent back its outcome (the part's Enqueued, or the exception it raised), and returns the
+    jobs in input order.  Every part is tried (a shard down or a part refused holds up no other), then
+    the first error is raised with ``partial``: the Enqueued of each job, in input order, None for
+    those not written.  The parts a shard refuses with PJQ01 are routed again by the map read again
+    (once per call)."""
+    _check_specs(specs, "enqueue_many")
+    out: List[Optional[Enqueued]] = [None] * len(specs)
+    errors: List[BaseException] = []
+    m = cl.map()
+    pending = list(range(len(specs)))
+    reloaded = False
+    while pending:
+        try:
+            parts = _parts(cl, m, specs, pending)
+        except InvalidJob as e:
+            if not reloaded:
+                raise  # nothing sent yet
+            errors.append(e)
+            break
+        stale: List[int] = []
+        for shard, idx in parts:
+            got = yield m, shard, idx
+            if isinstance(got, WrongShard) and got.sqlstate == "PJQ01" and not reloaded:
+                stale.extend(idx)
+            elif isinstance(got, BaseException):
+                errors.append(got)
+            else:
+                for i, r in zip(idx, got):
+                    out[i] = r
+        if not stale:
+            break
+        m = cl.reload(m)
+        reloaded = True
+        pending = sorted(stale)
+    if errors:
+        e = errors[0]
+        e.partial = out  # type: ignore[attr-defined]
+        raise e
+    return out
+
+
+def _routed_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
+    plan = _split(cl, specs)
+    try:
+        m, shard, idx = next(plan)
+        while True:
+            try:
+                got: Any = cl.on_shard(m, shard, _run_many, [specs[i] for i in idx], on_dup)
+            except Exception as e:  # noqa: BLE001 - _split raises it, with what was written
+                got = e
+            m, shard, idx = plan.send(got)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def _arouted_many(cl: "_cluster.Cluster", specs: List[JobSpec], on_dup: str) -> List[Enqueued]:
+    plan = _split(cl, specs)
+    try:
+        m, shard, idx = next(plan)
+        while True:
+            try:
+                got: Any = await cl.aon_shard(m, shard, _arun_many, [specs[i] for i in idx], on_dup)
+            except Exception as e:  # noqa: BLE001
+                got = e
+            m, shard, idx = plan.send(got)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _one(target: Any, spec: JobSpec, on_dup: str, cl: Optional["_cluster.Cluster"]) -> Enqueued:
+    if cl is not None and target is None:
+        return _routed_single(cl, [spec], "enqueue", lambda url, specs, d: _run_one(url, specs[0], d), on_dup)
+    return _on(cl, target, [spec], lambda t, specs, d: _run_one(t, specs[0], d), on_dup)
+
+
+async def _aone(target: Any, spec: JobSpec, on_dup: str, cl: Optional["_cluster.Cluster"]) -> Enqueued:
+    async def run(t: Any, specs: List[JobSpec], d: str) -> Enqueued:
+        return await _arun_one(t, specs[0], d)
+
+    if cl is not None and target is None:
+        return await _arouted_single(cl, [spec], "enqueue", run, on_dup)
+    return await _aon(cl, target, [spec], run, on_dup)
+
+
+def _many(target: Any, specs: List[JobSpec], on_dup: str, cl: Optional["_cluster.Cluster"]) -> List[Enqueued]:
+    if not specs:
+        return []
+    if cl is not None and target is None:
+        return _routed_many(cl, specs, on_dup)
+    return _on(cl, target, specs, _run_many, on_dup)  # type: ignore[no-any-return]
+
+
+async def _amany(target: Any, specs: List[JobSpec], on_dup: str, cl: Optional["_cluster.Cluster"]) -> List[Enqueued]:
+    if not specs:
+        return []
+    if cl is not None and target is None:
+        return await _arouted_many(cl, specs, on_dup)
+    return await _aon(cl, target, specs, _arun_many, on_dup)  # type: ignore[no-any-return]
+
+
+def _graph(target: Any, specs: List[JobSpec], cl: Optional["_cluster.Cluster"]) -> Dict[str, int]:
+    if cl is not None and target is None:
+        return _routed_single(cl, specs, "enqueue_graph", _run_graph)  # type: ignore[no-any-return]
+    return _on(cl, target, specs, _run_graph)  # type: ignore[no-any-return]
+
+
+async def _agraph(target: Any, specs: List[JobSpec], cl: Optional["_cluster.Cluster"]) -> Dict[str, int]:
+    if cl is not None and target is None:
+        return await _arouted_single(cl, specs, "enqueue_graph", _arun_graph)  # type: ignore[no-any-return]
+    return await _aon(cl, target, specs, _arun_graph)  # type: ignore[no-any-return]
+
+
+def _batch(target: Any, specs: List[JobSpec], callback: JobSpec, cl: Optional["_cluster.Cluster"]) -> Batch:
+    if cl is not None and target is None:
+        return _routed_single(cl, specs + [callback], "enqueue_batch",  # type: ignore[no-any-return]
+                              lambda url, sc: _run_batch(url, sc[:-1], sc[-1]))
+    return _on(cl, target, specs + [callback], lambda t, sc: _run_batch(t, sc[:-1], sc[-1]))  # type: ignore[no-any-return]
+
+
+async def _abatch(target: Any, specs: List[JobSpec], callback: JobSpec, cl: Optional["_cluster.Cluster"]) -> Batch:
+    async def run(t: Any, sc: List[JobSpec]) -> Batch:
+        return await _arun_batch(t, sc[:-1], sc[-1])
+
+    if cl is not None and target is None:
+        return await _arouted_single(cl, specs + [callback], "enqueue_batch", run)  # type: ignore[no-any-return]
+    return await _aon(cl, target, specs + [callback], run)  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------------------------
 # The functions
+#
+# conn None: the configured database ($PGJOBQ_DATABASE_URL, $DATABASE_URL), or, with $PGJOBQ_CLUSTER
+# set, each job's shard of that cluster.
 
 
 def enqueue(conn: Any, kind: Optional[str] = None, payload: Any = None, *, on_duplicate: str = "return",
@@ -312,57 +605,41 @@ def enqueue(conn: Any, kind: Optional[str] = None, payload: Any = None, *, on_du
     session joins its transaction, never committed here; a URL or None opens a connection of its own
     and commits).  ``options`` are JobSpec's fields.  With ``on_duplicate="raise"``, a unique key
     already held raises ``DuplicateJob`` (carrying the holder's id) instead of returning
-    ``Enqueued(holder, duplicate=True)``."""
+    ``Enqueued(holder, duplicate=True)``.  In a cluster ($PGJOBQ_CLUSTER), None enqueues on the job's
+    shard, and a connection must be the job's shard (``WrongShard`` otherwise)."""
     spec = _spec(kind, payload, options)
-    sql, params, _ = _plan_one(spec)
-    rows = _sql.run(conn, sql, params, check=_check_one(spec, _on_dup(on_duplicate)), enqueue=True)
-    return _one_result(rows)
+    return _one(conn, spec, _on_dup(on_duplicate), _cluster.current())
 
 
 async def enqueue_async(conn: Any, kind: Optional[str] = None, payload: Any = None, *, on_duplicate: str = "return",
                         **options: Any) -> Enqueued:
     """enqueue() on a psycopg AsyncConnection (or a URL)."""
     spec = _spec(kind, payload, options)
-    sql, params, _ = _plan_one(spec)
-    rows = await _sql.arun(conn, sql, params, check=_check_one(spec, _on_dup(on_duplicate)), enqueue=True)
-    return _one_result(rows)
+    return await _aone(conn, spec, _on_dup(on_duplicate), _cluster.current())
 
 
 def enqueue_many(conn: Any, jobs: Iterable[JobSpec], *, on_duplicate: str = "return") -> List[Enqueued]:
     """Enqueues many jobs in one statement, all or none, and returns them in input order.  Jobs
     with ``after``, ``tags``, ``on_parent_failure`` or ``ref`` go through ``pgjobq.enqueue_graph``
-    (no unique keys there); the others through ``pgjobq.enqueue_many``."""
-    specs = list(jobs)
-    if not specs:
-        return []
-    (sql, params, _), graph = _plan_many(specs)
-    rows = _sql.run(conn, sql, params, check=_check_many(specs, _on_dup(on_duplicate), graph), enqueue=True)
-    return _many_result(rows, graph, len(specs))
+    (no unique keys there); the others through ``pgjobq.enqueue_many``.  In a cluster, with conn
+    None, one statement per shard, each all or none (docs/python.md, "Shards")."""
+    return _many(conn, list(jobs), _on_dup(on_duplicate), _cluster.current())
 
 
 async def enqueue_many_async(conn: Any, jobs: Iterable[JobSpec], *, on_duplicate: str = "return") -> List[Enqueued]:
-    specs = list(jobs)
-    if not specs:
-        return []
-    (sql, params, _), graph = _plan_many(specs)
-    rows = await _sql.arun(conn, sql, params, check=_check_many(specs, _on_dup(on_duplicate), graph), enqueue=True)
-    return _many_result(rows, graph, len(specs))
+    return await _amany(conn, list(jobs), _on_dup(on_duplicate), _cluster.current())
 
 
 def enqueue_graph(conn: Any, jobs: Sequence[JobSpec]) -> Dict[str, int]:
     """Enqueues a graph of jobs in one statement, all or none (``pgjobq.enqueue_graph``): each job's
     ``after`` names refs of jobs of the graph (str) or ids of jobs already enqueued (int).  Cycles,
     unknown refs and parents are refused.  Returns {ref: id} in input order (a job without a ref is
-    named by its index, "0", "1", ...)."""
-    specs = list(jobs)
-    rows = _sql.run(conn, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
-    return {str(r[0]): int(r[1]) for r in rows}
+    named by its index, "0", "1", ...).  In a cluster, its jobs must live on one shard."""
+    return _graph(conn, list(jobs), _cluster.current())
 
 
 async def enqueue_graph_async(conn: Any, jobs: Sequence[JobSpec]) -> Dict[str, int]:
-    specs = list(jobs)
-    rows = await _sql.arun(conn, _GRAPH_SQL, {"graph": _graph_json(specs, "enqueue_graph")}, enqueue=True)
-    return {str(r[0]): int(r[1]) for r in rows}
+    return await _agraph(conn, list(jobs), _cluster.current())
 
 
 def _batch_params(jobs: Sequence[JobSpec], callback: JobSpec) -> Dict[str, Any]:
@@ -375,11 +652,14 @@ def _batch_params(jobs: Sequence[JobSpec], callback: JobSpec) -> Dict[str, Any]:
 def enqueue_batch(conn: Any, jobs: Sequence[JobSpec], callback: JobSpec) -> Batch:
     """Enqueues the jobs and a callback job that runs once every one of them has finished, however
     it ended, with ``{"batch": {"id", "jobs", "completed", "failed", "cancelled"}}`` added to its
-    payload (``pgjobq.enqueue_batch``)."""
-    rows = _sql.run(conn, _BATCH_SQL, _batch_params(jobs, callback), enqueue=True)
-    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
+    payload (``pgjobq.enqueue_batch``).  In a cluster, the jobs and the callback must live on one
+    shard."""
+    if not isinstance(callback, JobSpec):
+        raise InvalidJob("enqueue_batch: callback must be a JobSpec")
+    return _batch(conn, list(jobs), callback, _cluster.current())
 
 
 async def enqueue_batch_async(conn: Any, jobs: Sequence[JobSpec], callback: JobSpec) -> Batch:
-    rows = await _sql.arun(conn, _BATCH_SQL, _batch_params(jobs, callback), enqueue=True)
-    return Batch(int(rows[0][0]), [int(x) for x in rows[0][1]])
+    if not isinstance(callback, JobSpec):
+        raise InvalidJob("enqueue_batch: callback must be a JobSpec")
+    return await _abatch(conn, list(jobs), callback, _cluster.current())

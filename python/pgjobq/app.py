@@ -10,10 +10,10 @@ import random
 import types
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, overload
 
-from . import _enqueue as _enq, _jobs, _sql
+from . import _cluster, _enqueue as _enq, _jobs, _sql
 from ._util import Duration, check_json, delay_seconds, dumps, is_name, seconds
 from ._enqueue import Batch, Enqueued, JobSpec
-from .errors import InvalidArgument, InvalidJob
+from .errors import InvalidArgument, InvalidJob, JobNotFound
 from ._jobs import UNSET, JobInfo, QueueInfo
 
 __all__ = ["App", "Task", "Periodic", "exponential_backoff"]
@@ -29,7 +29,7 @@ DEFAULT_MAX_ATTEMPTS = 10
 
 # What .configure() and .spec() accept besides the payload.
 _JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "concurrency_key", "after",
-                "tags", "on_parent_failure", "ref")
+                "tags", "on_parent_failure", "ref", "route_key")
 
 
 def exponential_backoff(first: Duration = 1.0, factor: float = 2.0, max: Duration = 3600.0,
@@ -250,7 +250,8 @@ class Deferrer:
         return Deferrer(self.task, {**self.options, **options})
 
     def spec(self, *args: Any, **kwargs: Any) -> JobSpec:
-        return self._spec(args, kwargs, "spec")
+        d = self._keyed(kwargs)
+        return d._spec(args, kwargs, "spec")
 
     def _spec(self, args: Sequence[Any], kwargs: Dict[str, Any], how: str) -> JobSpec:
         t = self.task
@@ -272,19 +273,30 @@ class Deferrer:
                             f"not {_short(conn)}: pass the task's arguments after it, or use {t.name}.delay(...) "
                             f"on the App's own connection (the task is {t.name}{t._payload_sig})")
 
+    def _keyed(self, kwargs: Dict[str, Any]) -> "Deferrer":
+        """``route_key=`` among defer's keyword arguments is the job's routing key (docs/python.md,
+        "Shards"), unless the function has a parameter of that name (then it is that argument, and
+        ``configure(route_key=...)`` gives the job's)."""
+        if "route_key" not in kwargs or "route_key" in self.task._payload_sig.parameters:
+            return self
+        return self.configure(route_key=kwargs.pop("route_key"))
+
     def defer(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
         self._where(conn)
-        spec = self._spec(args, kwargs, "defer")
-        return self.task.app._enqueue_spec(conn, spec, self.options.get("on_duplicate", "return"))
+        d = self._keyed(kwargs)
+        spec = d._spec(args, kwargs, "defer")
+        return self.task.app._enqueue_spec(conn, spec, d.options.get("on_duplicate", "return"))
 
     def delay(self, *args: Any, **kwargs: Any) -> Enqueued:
-        spec = self._spec(args, kwargs, "delay")
-        return self.task.app._enqueue_spec(None, spec, self.options.get("on_duplicate", "return"))
+        d = self._keyed(kwargs)
+        spec = d._spec(args, kwargs, "delay")
+        return self.task.app._enqueue_spec(None, spec, d.options.get("on_duplicate", "return"))
 
     async def defer_async(self, conn: Any = None, /, *args: Any, **kwargs: Any) -> Enqueued:
         self._where(conn)
-        spec = self._spec(args, kwargs, "defer_async")
-        return await self.task.app._enqueue_spec_async(conn, spec, self.options.get("on_duplicate", "return"))
+        d = self._keyed(kwargs)
+        spec = d._spec(args, kwargs, "defer_async")
+        return await self.task.app._enqueue_spec_async(conn, spec, d.options.get("on_duplicate", "return"))
 
 
 @dataclasses.dataclass
@@ -340,10 +352,19 @@ class App:
     ``$DATABASE_URL``, read when needed).  ``name`` prefixes the names of the App's schedules
     (``name:task``) and lets ``sync_schedules`` delete the ones the App no longer has.  ``queue`` is
     the queue of tasks that name none; ``max_attempts`` the attempts of tasks that name none (10:
-    ``DEFAULT_MAX_ATTEMPTS``)."""
+    ``DEFAULT_MAX_ATTEMPTS``).
+
+    ``cluster`` (else ``$PGJOBQ_CLUSTER``, read when needed): a cluster of shards, as a conninfo or URL
+    of any shard or of its router, or a JSON map file (docs/python.md, "Shards").  Then a job
+    enqueued without a connection goes to its shard, a connection given must be the job's shard,
+    and ``get``, ``result``, ``cancel`` and ``retry`` go to the shard an id names."""
 
     def __init__(self, database_url: Optional[str] = None, *, name: Optional[str] = None,
-                 queue: str = "default", max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+                 queue: str = "default", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 cluster: Optional[str] = None) -> None:
+        if cluster is not None and (not isinstance(cluster, str) or not cluster.strip()):
+            raise InvalidArgument(f"App(cluster=...) is a conninfo, a URL or a map file's path, not {cluster!r}")
+        self.cluster = cluster
         self.database_url = database_url
         self.name = _check_name(name, "App name") if name is not None else None
         self.queue = _check_name(queue, "queue")
@@ -428,8 +449,21 @@ class App:
         missing ones, replaces the changed ones (their next run is recomputed), leaves the
         unchanged ones as they are (their next run, and an operator's ``enabled = false``), and,
         when the App has a name, deletes schedules named ``name:...`` that the App no longer has.
-        Returns how many it created, changed or deleted.  Needs the pgjobq_admin role."""
+        Returns how many it created, changed or deleted.  Needs the pgjobq_admin role.  In a cluster
+        (without ``conn``), each schedule goes to its queue's shard (where its ticks are allowed), one
+        transaction per shard, and a schedule whose queue moved is deleted from its old shard."""
         wanted = {p.schedule_name(self): p.row(self) for p in self.periodics}
+        cl = self._cl()
+        if cl is None or conn is not None:
+            return self._sync_on(conn, wanted)
+        m = cl.map()
+        changes = 0
+        for shard in sorted(m.shards, key=lambda s: m.shards[s][0]):
+            mine = {n: r for n, r in wanted.items() if m.owner(r["queue"], None) == shard}
+            changes += cl.on_shard(m, shard, self._sync_on, mine)
+        return changes
+
+    def _sync_on(self, conn: Any, wanted: Dict[str, Dict[str, Any]]) -> int:
         changes = 0
         with _sql.transaction(conn, self.database_url) as db:
             have = {r[0]: r for r in _sql.run(db, _SCHEDULES_SQL, {})}
@@ -455,42 +489,99 @@ class App:
     def _target(self, conn: Any) -> Any:
         return self.database_url if conn is None else conn
 
+    def _cl(self) -> Optional["_cluster.Cluster"]:
+        return _cluster.current(self.cluster)
+
+    def _where(self, conn: Any) -> Any:
+        """(target, cluster): in a cluster, None (each job to its shard) when no connection is given."""
+        cl = self._cl()
+        return (None if cl is not None and conn is None else self._target(conn)), cl
+
     def _enqueue_spec(self, conn: Any, spec: JobSpec, on_duplicate: str) -> Enqueued:
-        return _enq.enqueue(self._target(conn), on_duplicate=on_duplicate, **_spec_options(spec))
+        target, cl = self._where(conn)
+        return _enq._one(target, spec, _enq._on_dup(on_duplicate), cl)
 
     async def _enqueue_spec_async(self, conn: Any, spec: JobSpec, on_duplicate: str) -> Enqueued:
-        return await _enq.enqueue_async(self._target(conn), on_duplicate=on_duplicate, **_spec_options(spec))
+        target, cl = self._where(conn)
+        return await _enq._aone(target, spec, _enq._on_dup(on_duplicate), cl)
 
     def enqueue(self, kind: Optional[str] = None, payload: Any = None, *, conn: Any = None,
                 on_duplicate: str = "return", **options: Any) -> Enqueued:
-        """pgjobq.enqueue() with the App's database when ``conn`` is None."""
+        """pgjobq.enqueue() with the App's database (or, in a cluster, the job's shard) when ``conn``
+        is None."""
         options.setdefault("queue", self.queue)
-        return _enq.enqueue(self._target(conn), kind, payload, on_duplicate=on_duplicate, **options)
+        return self._enqueue_spec(conn, _enq._spec(kind, payload, options), on_duplicate)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Any = None, on_duplicate: str = "return") -> List[Enqueued]:
-        return _enq.enqueue_many(self._target(conn), jobs, on_duplicate=on_duplicate)
+        """pgjobq.enqueue_many(); in a cluster without ``conn``, one statement per shard, each all or
+        none: a failure raises the first error with ``e.partial`` (the jobs written, None for the others)."""
+        target, cl = self._where(conn)
+        return _enq._many(target, list(jobs), _enq._on_dup(on_duplicate), cl)
 
     def enqueue_graph(self, jobs: Sequence[JobSpec], *, conn: Any = None) -> Dict[str, int]:
-        return _enq.enqueue_graph(self._target(conn), jobs)
+        target, cl = self._where(conn)
+        return _enq._graph(target, list(jobs), cl)
 
     def enqueue_batch(self, jobs: Sequence[JobSpec], callback: JobSpec, *, conn: Any = None) -> Batch:
-        return _enq.enqueue_batch(self._target(conn), jobs, callback)
+        if not isinstance(callback, JobSpec):
+            raise InvalidJob("enqueue_batch: callback must be a JobSpec")
+        target, cl = self._where(conn)
+        return _enq._batch(target, list(jobs), callback, cl)
 
     # -- looking and acting ---------------------------------------------------------------------------
+    def _by_id(self, conn: Any, job_id: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(target, job_id, ...) on the App's database, or, in a cluster without ``conn``, on the
+        shard the id names (id % 1024 is its number); an id that names none (at most the map's
+        id_floor: from before the cluster) is looked for on every shard."""
+        cl = self._cl()
+        if cl is None or conn is not None:
+            return fn(self._target(conn), job_id, *args, **kwargs)
+        m = cl.map()
+        shard = m.shard_of_id(int(job_id))
+        if shard is None:
+            shard = self._holder(cl, m, int(job_id))
+        return cl.on_shard(m, shard, fn, job_id, *args, **kwargs)
+
+    def _holder(self, cl: "_cluster.Cluster", m: "_cluster.Map", job_id: int) -> str:
+        """The shard that has a job whose id names no shard: the first that has it.  JobNotFound when
+        none has it, the first shard out of reach's error when one could not be asked."""
+        down: Optional[BaseException] = None
+        for shard in sorted(m.shards, key=lambda s: m.shards[s][0]):
+            try:
+                if cl.on_shard(m, shard, _jobs.get, job_id) is not None:
+                    return shard
+            except Exception as e:  # noqa: BLE001 - another shard may have it
+                down = down or e
+        if down is not None:
+            raise down
+        raise JobNotFound(f"no job has the id {job_id} on any shard of the cluster")
+
     def get(self, job_id: int, *, conn: Any = None) -> Optional[JobInfo]:
-        return _jobs.get(self._target(conn), job_id)
+        try:
+            return self._by_id(conn, job_id, _jobs.get)  # type: ignore[no-any-return]
+        except JobNotFound:
+            return None
 
     def result(self, job_id: int, timeout: Optional[Duration] = 30.0, *, conn: Any = None, poll: Duration = 0.5) -> Any:
-        return _jobs.result(self._target(conn), job_id, timeout, poll=poll)
+        return self._by_id(conn, job_id, _jobs.result, timeout, poll=poll)
 
     def cancel(self, job_id: int, *, conn: Any = None) -> str:
-        return _jobs.cancel(self._target(conn), job_id)
+        try:
+            return self._by_id(conn, job_id, _jobs.cancel)  # type: ignore[no-any-return]
+        except JobNotFound:
+            return "not_found"
 
     def retry(self, job_id: int, *, conn: Any = None) -> str:
-        return _jobs.retry(self._target(conn), job_id)
+        try:
+            return self._by_id(conn, job_id, _jobs.retry)  # type: ignore[no-any-return]
+        except JobNotFound:
+            return "not_found"
 
     def retry_running(self, job_id: int, *, conn: Any = None) -> str:
-        return _jobs.retry_running(self._target(conn), job_id)
+        try:
+            return self._by_id(conn, job_id, _jobs.retry_running)  # type: ignore[no-any-return]
+        except JobNotFound:
+            return "not_found"
 
     def retry_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
                     dry_run: bool = False, conn: Any = None) -> Dict[str, int]:
@@ -536,7 +627,3 @@ def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
 
-
-def _spec_options(spec: JobSpec) -> Dict[str, Any]:
-    d = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    return {k: v for k, v in d.items() if v is not None}

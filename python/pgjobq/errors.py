@@ -9,6 +9,7 @@ in the same module but are not errors of the package.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,6 +23,8 @@ __all__ = [
     "PermissionDenied",
     "SchemaMissing",
     "TransactionConflict",
+    "WrongShard",
+    "ShardUnavailable",
     "JobNotFound",
     "JobFailed",
     "JobCancelled",
@@ -76,6 +79,32 @@ class SchemaMissing(PgjobqError):
 class TransactionConflict(PgjobqError):
     """SQLSTATE 40001 or 40P01 (serialization failure, deadlock): nothing changed; run the
     transaction again."""
+
+
+class WrongShard(PgjobqError):
+    """A job that lives on another shard of the cluster than the database it was sent to
+    (docs/python.md, "Shards"): refused by the package before anything is sent (a transactional
+    defer on a connection to another shard; ``sqlstate`` None), or by the shard's guard (SQLSTATE
+    PJQ01: the map the job was routed by is older than the shard's; nothing of the statement was
+    written).  ``shard``: the shard the job lives on, ``connection_shard``: the one it was sent to
+    (None when not known)."""
+
+    def __init__(self, message: str, sqlstate: Optional[str] = "PJQ01", shard: Optional[str] = None,
+                 connection_shard: Optional[str] = None) -> None:
+        super().__init__(message, sqlstate)
+        self.shard = shard
+        self.connection_shard = connection_shard
+
+
+class ShardUnavailable(PgjobqError, ConnectionError):
+    """A shard of the cluster (``shard``, None for the database the map is read from) cannot be
+    reached: refused, down, or no answer within the connect timeout.  The jobs routed to it were not
+    enqueued; the other shards are not held up.  The driver's exception is ``__cause__``.  A batch
+    over several shards carries ``partial`` (see ``enqueue_many``)."""
+
+    def __init__(self, message: str, shard: Optional[str] = None) -> None:
+        super().__init__(message, None)
+        self.shard = shard
 
 
 class JobNotFound(PgjobqError, LookupError):
@@ -170,6 +199,10 @@ def message_of(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+# The shard's guard's message (sql/functions/cluster.sql, cluster_guard): the owner, and the shard it ran on.
+_GUARD = re.compile(r'which shard "([^"]+)" owns .* not this shard \("([^"]+)"\)')
+
+
 def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqError]:
     """The pgjobq exception for a driver's exception, or None when it carries no SQLSTATE (a lost
     connection, a driver's own error): those are raised as they are.  The C library maps SQLSTATEs to
@@ -187,6 +220,9 @@ def translate(exc: BaseException, *, enqueue: bool = False) -> Optional[PgjobqEr
         return SchemaMissing(msg + " (is the pgjobq schema installed? run `pgjobq migrate`)", code)
     if code in ("40001", "40P01"):
         return TransactionConflict(msg, code)
+    if code == "PJQ01":
+        m = _GUARD.search(msg)
+        return WrongShard(msg, code, m.group(1) if m else None, m.group(2) if m else None)
     if code.startswith("22") or code.startswith("23"):
         return (InvalidJob if enqueue else InvalidArgument)(msg, code)
     return PgjobqError(msg, code)

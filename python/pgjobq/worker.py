@@ -12,7 +12,9 @@ so that the process you started *is* the worker: SIGTERM drains it, its exit sta
 worker's.  The engine claims, leases, heartbeats, times out, retries and fences; Python only runs
 the tasks, in the environment the worker was started with (``--keep-env``), with
 ``$PGJOBQ_DATABASE_URL`` set to the worker's database so that a task's ``defer()`` and ``app.get()``
-need nothing more.
+need nothing more.  A cluster of shards (``--cluster``, the App's ``cluster``, ``$PGJOBQ_CLUSTER``)
+goes to ``pgjobq work`` and to the tasks as ``$PGJOBQ_CLUSTER`` (not on the command line, where ps
+shows it): the engine serves the shards, and a task's ``defer()`` routes each job to its shard.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import time
 from typing import Any, List, Optional, Tuple
 
+from ._cluster import ENV as CLUSTER_ENV
 from ._engine import engine_defaults
 from ._runner import load_app_or_exit
 from ._sql import configured_url, libpq_url, unreachable
@@ -80,20 +83,22 @@ def _has_option(args: List[str], *names: str) -> bool:
     return any(a == n or a.startswith(n + "=") for a in args for n in names)
 
 
-def database_url(pgjobq: str, db: Any, app: Optional[App] = None) -> str:
+def database_url(pgjobq: str, db: Any, app: Optional[App] = None, cluster: Optional[str] = None) -> Optional[str]:
     """The URL the worker will use, as libpq reads it: --db, the App's ``database_url``,
     $PGJOBQ_DATABASE_URL, $DATABASE_URL (SQLAlchemy's forms too), else the embedded database's
-    (``pgjobq db url``)."""
+    (``pgjobq db url``); in a cluster, none but those given (the cluster names the shards)."""
     url = db or (app.database_url if app is not None else None) or configured_url()
     if url:
         return libpq_url(url)
+    if cluster:
+        return None
     r = subprocess.run([pgjobq, "db", "url"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"pgjobq worker: no database configured and `pgjobq db url` failed: {r.stderr.strip()}")
     return r.stdout.strip()
 
 
-def sync_schedules_when_reachable(app: App, url: str) -> int:
+def sync_schedules_when_reachable(app: App, url: Optional[str]) -> int:
     """App.sync_schedules, waiting (as the engine does: a line each try, 1 s doubling to 30 s) while
     the database cannot be reached; SIGTERM or SIGINT meanwhile exits 0, as the engine does when
     stopped before it started."""
@@ -167,6 +172,10 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--db", metavar="URL",
                     help="the database (default: the App's database_url, $PGJOBQ_DATABASE_URL, $DATABASE_URL, the "
                          "embedded one; SQLAlchemy's URL forms too)")
+    ap.add_argument("--cluster", metavar="SPEC",
+                    help="a cluster of shards: a conninfo or URL of any shard or of the router, or a JSON map "
+                         "file (default: the App's cluster, $PGJOBQ_CLUSTER); given to pgjobq work and to the "
+                         "tasks as $PGJOBQ_CLUSTER")
     ap.add_argument("--pgjobq", metavar="PATH", help="the pgjobq command (default: $PGJOBQ_BIN, else PATH)")
     ap.add_argument("--no-sync-schedules", action="store_true",
                     help="do not write the App's @app.periodic schedules at start")
@@ -196,18 +205,23 @@ def main(argv: List[str]) -> int:
     app = load_app_or_exit(args.app, "pgjobq worker")
     pgjobq = find_pgjobq(args.pgjobq)
     cmd = build_command(args, app, pgjobq, extra)
+    cluster = args.cluster or app.cluster or os.environ.get(CLUSTER_ENV) or None
     if args.print_command:
-        print(shlex.join(cmd))
+        print((f"{CLUSTER_ENV}={shlex.quote(redact(cluster))} " if cluster else "") + shlex.join(cmd))
         return 0
 
     env = dict(os.environ)
     # The engine's database, and the App's in the tasks unless it names one: not on the command line,
     # where ps shows it, and as libpq reads it (a SQLAlchemy URL's +driver is for SQLAlchemy only).
-    url = database_url(pgjobq, args.db, app)
-    env["PGJOBQ_DATABASE_URL"] = url
+    # Likewise the cluster, for the engine and for the tasks' defer() (and this process's schedules).
+    url = database_url(pgjobq, args.db, app, cluster)
+    if url is not None:
+        env["PGJOBQ_DATABASE_URL"] = url
+    if cluster:
+        env[CLUSTER_ENV] = os.environ[CLUSTER_ENV] = cluster
     if (app.periodics or app.name) and not args.no_sync_schedules:
         try:
-            n = sync_schedules_when_reachable(app, url)
+            n = sync_schedules_when_reachable(app, None if cluster else url)
         except PgjobqError as e:
             print(f"pgjobq worker: could not write the App's schedules ({e}); going on without "
                   "(run with a role that has pgjobq_admin, or --no-sync-schedules)", file=sys.stderr)

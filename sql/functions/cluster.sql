@@ -361,7 +361,8 @@ $$;
 -- it reads the map again (cluster_map()) and routes again.  A statement of one queue whose jobs all
 -- live on the queue's partition (a pinned queue, or jobs without a key: nearly every statement) costs
 -- one pass over its rows and three indexed reads; otherwise the partitions are computed once per
--- distinct queue (pinned) or routing key (spread).
+-- distinct queue (pinned) or routing key (spread).  The outbox's queue (outbox.sql) is this database's
+-- whatever the map says of its name.
 CREATE OR REPLACE FUNCTION pgjobq.cluster_guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -378,8 +379,8 @@ DECLARE
     v_bad   boolean := false;
 BEGIN
     SELECT min(j.queue), max(j.queue), bool_or(j.route_key IS NOT NULL) INTO v_first, v_last, v_keys FROM new_jobs j;
-    IF v_first IS NULL THEN
-        RETURN NULL;
+    IF v_first IS NULL OR v_first = v_last AND v_first = pgjobq.outbox_queue() THEN
+        RETURN NULL;  -- (the outbox's jobs never leave their database: outbox.sql)
     END IF;
     SELECT * INTO v_c FROM pgjobq.cluster;
     IF v_first = v_last THEN
@@ -400,7 +401,7 @@ BEGIN
                                q.partition AS pinned_to
                           FROM new_jobs j LEFT JOIN pgjobq.cluster_queues q ON q.queue = j.queue) x) n
           LEFT JOIN pgjobq.cluster_owners o ON o.partition = n.part
-         WHERE o.shard IS DISTINCT FROM v_c.self
+         WHERE o.shard IS DISTINCT FROM v_c.self AND n.queue <> pgjobq.outbox_queue()
          LIMIT 1;
         v_bad := FOUND;
     END IF;

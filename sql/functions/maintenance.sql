@@ -140,7 +140,8 @@ $$;
 -- (completions need the same lock) and is otherwise left for the next call.  Returns how many jobs
 -- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
 -- when it was never analyzed); call again while it returns max_jobs or more.  Also reclaims the levels of
--- queues that have had no job for an hour (levels_reclaim).
+-- queues that have had no job for an hour (levels_reclaim), and forgets the outbox's jobs forwarded
+-- here more than 30 days ago (forwarded_prune, outbox.sql).
 CREATE OR REPLACE FUNCTION pgjobq.prune(
     completed_age interval DEFAULT NULL,
     failed_age    interval DEFAULT NULL,
@@ -246,6 +247,7 @@ BEGIN
        AND EXISTS (SELECT 1 FROM pgjobq.lows n WHERE n.queue = l.queue AND n.priority = l.priority AND n.at > l.at);
     -- The levels of queues without jobs for an hour, and their frontiers.
     PERFORM pgjobq.levels_reclaim(interval '1 hour');
+    PERFORM pgjobq.forwarded_prune(interval '30 days', max_jobs);
     RETURN v_count;
 END
 $$;

@@ -1,0 +1,208 @@
+#!/bin/sh
+# bench/shards.sh - issue 39's figures for a cluster of shards (docs/shards.md), run by `make bench`
+# after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n).
+#
+# Two PostgreSQL clusters on this machine, each on a Unix socket of its own and held to one core
+# with taskset (shard a on CPU 0, shard b on CPU 1), each with its producer and workers on the same
+# core, as two hosts of one core each would be.  Three figures, medians of REPS alternating rounds:
+#
+#   scale          enqueue + drain (`pgjobq bench mixed` at a rate neither core keeps up with) on a
+#                  and b at once, against a alone: the sum over the one.  Target >= 1.8.
+#   routing cost   `pgjobq enqueue --file` of BULK jobs through a cluster of one shard (--cluster)
+#                  against the same command straight to the database: target >= 0.95; and the
+#                  PL/Proxy router's enqueue_many against a shard's own (reported).
+#   blast radius   a's `mixed` at half of what it drains, with b running its own load, then with b
+#                  stopped (-m immediate): a's throughput (target >= 0.95) and pickup p99 (target
+#                  <= 1.2x); and how long an enqueue for one of b's queues takes to fail while b is
+#                  down (within the connect timeout, with the shard named).
+#
+# Prints a table with each target met or missed, and appends every run to
+# bench/results/shards.jsonl.  Needs taskset (util-linux), and PL/Proxy for the router's figure
+# (skipped without it).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(dirname "$here")
+pgjobq=${PGJOBQ:-$top/build/pgjobq}
+quick=${QUICK:-0}
+if [ "$quick" = 1 ]; then
+    reps=${REPS:-1}; secs=10; bulk=20000
+else
+    reps=${REPS:-3}; secs=20; bulk=100000
+fi
+rate=${SHARD_RATE:-40000}    # offered per shard in the scale runs: more than one core drains
+results="$here/results"
+mkdir -p "$results"
+runs="$results/shards.jsonl"
+: > "$runs"
+[ "$(nproc)" -ge 2 ] || { echo "bench/shards.sh: needs 2 CPUs" >&2; exit 69; }
+command -v taskset >/dev/null 2>&1 || { echo "bench/shards.sh: needs taskset (util-linux)" >&2; exit 69; }
+
+bindir=${PGJOBQ_PG_BINDIR:-}
+if [ -z "$bindir" ]; then
+    for d in $(pg_config --bindir 2>/dev/null) $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        if [ -x "$d/initdb" ]; then bindir=$d; break; fi
+    done
+fi
+[ -n "$bindir" ] || { echo "bench/shards.sh: PostgreSQL's server programs not found" >&2; exit 69; }
+as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+top_dir=$(mktemp -d /tmp/pgjobq-shards-XXXXXX)
+[ "$(id -u)" = 0 ] && chown postgres "$top_dir"
+cleanup() {
+    for s in a b; do
+        [ -d "$top_dir/$s/data" ] && as_owner "$bindir/pg_ctl" -D "$top_dir/$s/data" -m immediate stop >/dev/null 2>&1
+    done
+    rm -rf "$top_dir"
+}
+trap cleanup EXIT INT TERM
+
+cpu_of() { if [ "$1" = a ]; then echo 0; else echo 1; fi; }
+start() { # start SHARD: its server, held to its core
+    as_owner "$bindir/pg_ctl" -D "$top_dir/$1/data" -l "$top_dir/$1/server.log" -w \
+        -o "-c listen_addresses=''" start >/dev/null
+    pid=$(head -n 1 "$top_dir/$1/data/postmaster.pid")
+    # The postmaster's children inherit its core; those it already has are moved too.
+    for p in $pid $(pgrep -P "$pid" 2>/dev/null || true); do taskset -pc "$(cpu_of "$1")" "$p" >/dev/null; done
+}
+stop() { as_owner "$bindir/pg_ctl" -D "$top_dir/$1/data" -m "${2:-fast}" stop >/dev/null; }
+for s in a b; do
+    mkdir -p "$top_dir/$s"
+    [ "$(id -u)" = 0 ] && chown postgres "$top_dir/$s"
+    as_owner "$bindir/initdb" -D "$top_dir/$s/data" -A trust -U postgres -E UTF8 --locale=C >/dev/null
+    cat >> "$top_dir/$s/data/postgresql.conf" <<EOF
+unix_socket_directories = '$top_dir/$s'
+max_connections = 200
+shared_buffers = 256MB
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+fsync = on
+synchronous_commit = on
+EOF
+    start "$s"
+    "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE jobs"
+done
+A="host=$top_dir/a user=postgres dbname=jobs"
+B="host=$top_dir/b user=postgres dbname=jobs"
+"$pgjobq" --db "$A" migrate >/dev/null
+"$pgjobq" --db "$B" migrate >/dev/null
+
+echo "# pgjobq bench shards: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $reps rounds, medians"
+field() { sed -n "s/.*\"$1\":\\([0-9.]*\\).*/\\1/p" | tail -n 1; }
+mixed() { # mixed SHARD RATE -> the JSON line of a `pgjobq bench mixed` on that shard's core
+    db=$A; [ "$1" = b ] && db=$B
+    taskset -c "$(cpu_of "$1")" "$pgjobq" bench mixed --db "$db" --rate "$2" --seconds "$secs" \
+        --processes 1 --concurrency 32 --json
+}
+record() { echo "{\"name\":\"$1\",\"round\":$2,${3#\{}" >> "$runs"; }
+median() { sort -n | awk '{ v[n++] = $1 } END { if (n == 0) print "nan"; else print (n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
+verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=" ? v >= t : v <= t); print (v == "nan" ? "no figure" : ok ? "met" : "MISSED") }'; }
+
+# --- scale -----------------------------------------------------------------------------------------
+r=1
+while [ "$r" -le "$reps" ]; do
+    one=$(mixed a "$rate")
+    record scale_one "$r" "$one"
+    mixed a "$rate" > "$top_dir/ma" & pa=$!
+    mixed b "$rate" > "$top_dir/mb" & pb=$!
+    wait "$pa" "$pb"
+    record scale_two_a "$r" "$(cat "$top_dir/ma")"
+    record scale_two_b "$r" "$(cat "$top_dir/mb")"
+    v1=$(echo "$one" | field jobs_per_s)
+    v2=$(awk -v a="$(field jobs_per_s < "$top_dir/ma")" -v b="$(field jobs_per_s < "$top_dir/mb")" 'BEGIN { print a + b }')
+    echo "$v1 $v2" >> "$top_dir/scale"
+    echo "scale round $r: one shard $v1 jobs/s, two shards $v2 jobs/s"
+    r=$((r + 1))
+done
+one_m=$(cut -d' ' -f1 "$top_dir/scale" | median)
+two_m=$(cut -d' ' -f2 "$top_dir/scale" | median)
+scale=$(ratio "$two_m" "$one_m")
+
+# --- routing cost ----------------------------------------------------------------------------------
+seq 1 "$bulk" | awk '{ printf "{\"n\": %d}\n", $1 }' > "$top_dir/jobs.jsonl"
+routed_ok=1
+"$pgjobq" --db "$A" enqueue --help 2>&1 | grep -q -- '--cluster' || routed_ok=0
+r=1
+while [ "$r" -le "$reps" ] && [ "$routed_ok" = 1 ]; do
+    for how in direct routed; do
+        t0=$(date +%s.%N)
+        if [ "$how" = direct ]; then
+            taskset -c 0 "$pgjobq" --db "$A" enqueue -q bulk --file "$top_dir/jobs.jsonl" >/dev/null
+        else
+            taskset -c 0 "$pgjobq" --cluster "$A" enqueue -q bulk --file "$top_dir/jobs.jsonl" >/dev/null
+        fi
+        t1=$(date +%s.%N)
+        v=$(awk -v n="$bulk" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }')
+        echo "{\"name\":\"routing_$how\",\"round\":$r,\"jobs_per_s\":$v}" >> "$runs"
+        echo "$how $v" >> "$top_dir/routing"
+        "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.reset_queue('bulk')" >/dev/null
+    done
+    r=$((r + 1))
+done
+direct_m=$(awk '$1 == "direct" { print $2 }' "$top_dir/routing" 2>/dev/null | median)
+routed_m=$(awk '$1 == "routed" { print $2 }' "$top_dir/routing" 2>/dev/null | median)
+routing=$(ratio "${routed_m:-0}" "${direct_m:-0}")
+
+# The router (PL/Proxy), when installed: enqueue_many of 1,000 jobs through it against the shard's own.
+router=nan
+if "$bindir/psql" -X -q "$A" -Atc "SELECT 1 FROM pg_available_extensions WHERE name = 'plproxy'" | grep -q 1; then
+    "$bindir/psql" -X -q -h "$top_dir/a" -U postgres -d postgres -c "CREATE DATABASE router"
+    R="host=$top_dir/a user=postgres dbname=router"
+    "$pgjobq" --db "$R" migrate --router >/dev/null
+    map="{\"name\": \"bench\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$A\"}}, \"owners\": [\"a\"]}"
+    "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.cluster_set('$map', 'a')" >/dev/null
+    "$bindir/psql" -X -q "$R" -c "SELECT pgjobq.cluster_set('$map', NULL)" >/dev/null
+    q="SELECT count(*) FROM pgjobq.enqueue_many(ARRAY(SELECT 'viarouter' FROM generate_series(1, 1000)), NULL, NULL)"
+    for i in 1 2 3 4 5; do
+        for how in direct router; do
+            db=$A; [ "$how" = router ] && db=$R
+            t0=$(date +%s.%N)
+            "$bindir/psql" -X -q "$db" -Atc "$q" >/dev/null
+            t1=$(date +%s.%N)
+            echo "$how $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", 1000 / (b - a) }')" >> "$top_dir/router"
+        done
+    done
+    router=$(ratio "$(awk '$1 == "router" { print $2 }' "$top_dir/router" | median)" \
+                   "$(awk '$1 == "direct" { print $2 }' "$top_dir/router" | median)")
+    "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.reset_queue('viarouter')" >/dev/null
+fi
+
+# --- blast radius ----------------------------------------------------------------------------------
+half=$(awk -v v="$one_m" 'BEGIN { printf "%d", v / 2 }')
+r=1
+while [ "$r" -le "$reps" ]; do
+    mixed a "$half" > "$top_dir/ba" & pa=$!
+    mixed b "$half" > "$top_dir/bb" & pb=$!
+    wait "$pa" "$pb"
+    record blast_both "$r" "$(cat "$top_dir/ba")"
+    stop b immediate
+    down=$(mixed a "$half")
+    record blast_b_down "$r" "$down"
+    echo "$(field jobs_per_s < "$top_dir/ba") $(field p99_ms < "$top_dir/ba") $(echo "$down" | field jobs_per_s) $(echo "$down" | field p99_ms)" >> "$top_dir/blast"
+    start b
+    r=$((r + 1))
+done
+tp=$(ratio "$(cut -d' ' -f3 "$top_dir/blast" | median)" "$(cut -d' ' -f1 "$top_dir/blast" | median)")
+p99=$(ratio "$(cut -d' ' -f4 "$top_dir/blast" | median)" "$(cut -d' ' -f2 "$top_dir/blast" | median)")
+# An enqueue for b's queue while b is down, through a cluster of a and b (the client's connect timeout).
+fail_s=nan fail_msg=
+if [ "$routed_ok" = 1 ]; then
+    map="{\"name\": \"blast\", \"epoch\": 2, \"partitions\": 2, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$A\"}, \"b\": {\"number\": 1, \"conninfo\": \"$B\"}}, \"owners\": [\"a\", \"b\"], \"queues\": {\"ofb\": {\"placement\": \"pinned\", \"partition\": 1}}}"
+    "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.cluster_set('$map', 'a')" >/dev/null
+    stop b immediate
+    t0=$(date +%s.%N)
+    fail_msg=$("$pgjobq" --cluster "$A" enqueue -q ofb '{}' 2>&1 >/dev/null | head -n 1 || true)
+    t1=$(date +%s.%N)
+    fail_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+    start b
+fi
+
+echo
+echo "| figure | value | target | |"
+echo "|---|---|---|---|"
+echo "| scale: 2 shards / 1 (a core each; $one_m and $two_m jobs/s) | $scale | >= 1.8 | $(verdict "$scale" ">=" 1.8) |"
+echo "| routing cost: \`enqueue --file\` of $bulk, routed (1 shard) / direct | $routing | >= 0.95 | $(verdict "$routing" ">=" 0.95) |"
+echo "| the router's enqueue_many of 1,000 / a shard's own | $router | reported | |"
+echo "| blast radius: a's throughput, b stopped / b running | $tp | >= 0.95 | $(verdict "$tp" ">=" 0.95) |"
+echo "| blast radius: a's pickup p99, b stopped / b running | $p99 | <= 1.2 | $(verdict "$p99" "<=" 1.2) |"
+echo "| an enqueue for b while b is down fails in (s) | $fail_s | the connect timeout | $fail_msg |"

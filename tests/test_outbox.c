@@ -1,0 +1,166 @@
+/*
+ * test_outbox.c - the outbox (docs/shards.md, "The outbox"): a job enqueued in the producer's own
+ * transaction at its source (pgjobq.forward) and written to its shard exactly once
+ * (pgjobq.enqueue_forwarded), whatever the number of forwarders and of attempts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "internal.h"
+
+/* Runs sql expecting an error of SQLSTATE want; returns its message (malloc'd). */
+static char *expect_error(PGconn *pg, const char *want, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR && state && strcmp(state, want) == 0,
+              "%s: expected SQLSTATE %s, got %s: %s", sql, want, state ? state : "none", PQerrorMessage(pg));
+    char *msg = strdup(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    PQclear(r);
+    return msg;
+}
+
+/* A forwarded job is checked by enqueue's judges when it is forwarded, in the producer's transaction:
+ * what its shard would refuse is refused to the producer, and a rolled-back transaction forwards
+ * nothing. */
+TEST(outbox_forward_is_judged_like_an_enqueue_and_joins_the_callers_transaction)
+{
+    PGconn *pg = t_pg();
+    char *msg;
+
+    msg = expect_error(pg, "23514", "SELECT pgjobq.forward('no spaces')");
+    CHECK_MSG(strstr(msg, "is not a queue name"), "%s", msg);
+    free(msg);
+    msg = expect_error(pg, "22023", "SELECT pgjobq.forward('mail', run_at => '1901-01-01')");
+    CHECK_MSG(strstr(msg, "within 100 years"), "%s", msg);
+    free(msg);
+    free(expect_error(pg, "22023", "SELECT pgjobq.forward('mail', delay => '-1 s')"));
+    free(expect_error(pg, "22023", "SELECT pgjobq.forward('pgjobq.outbox')"));
+    free(expect_error(pg, "23514", "SELECT pgjobq.forward('mail', max_attempts => 0)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+
+    PQclear(t_exec(pg, "BEGIN"));
+    t_int(pg, "SELECT pgjobq.forward('mail', 'send', '{\"to\": \"a\"}')");
+    PQclear(t_exec(pg, "ROLLBACK"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
+
+    PQclear(t_exec(pg, "BEGIN"));
+    long long id = t_int(pg, "SELECT pgjobq.forward('mail', 'send', '{\"to\": \"a\"}', 3::smallint,"
+                             " delay => '1 hour', route_key => 'tenant-7', max_attempts => 4)");
+    PQclear(t_exec(pg, "COMMIT"));
+    /* One job of the outbox's queue, its payload the job to write at the shard (a delay became run_at). */
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND queue = pgjobq.outbox_queue()"
+                    " AND kind = 'pgjobq.forward' AND run_at <= now() AND payload->>'queue' = 'mail'"
+                    " AND payload->>'kind' = 'send' AND payload->'payload' = '{\"to\": \"a\"}'"
+                    " AND (payload->>'priority')::int = 3 AND (payload->>'max_attempts')::int = 4"
+                    " AND payload->>'route_key' = 'tenant-7'"
+                    " AND (payload->>'run_at')::timestamptz BETWEEN now() + interval '59 minutes'"
+                    "                                         AND now() + interval '61 minutes'"
+                    " AND (payload->>'source')::uuid = pgjobq.outbox_self()",
+                    id),
+              1);
+}
+
+struct waiter {
+    PGconn *pg;
+    int pid;
+};
+
+static int waits_for_a_lock(void *arg)
+{
+    struct waiter *w = arg;
+    return t_int(w->pg, "SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND wait_event_type = 'Lock'", w->pid) > 0;
+}
+
+/* enqueue_forwarded makes one job per (source, source id): again, it returns that job; at the same
+ * time from another session, the second waits for the first and returns its job; rolled back, it
+ * leaves nothing and may be done again. */
+TEST(outbox_enqueue_forwarded_makes_one_job_per_source_job)
+{
+    PGconn *a = t_pg(), *b = t_pg();
+    const char *src = "'7a4c3e8e-1111-4a4a-9c9c-000000000001'::uuid";
+    const char *spec = "'{\"queue\": \"mail\", \"kind\": \"send\", \"payload\": {\"n\": 1}, \"priority\": 2,"
+                       " \"max_attempts\": 5, \"route_key\": \"r1\"}'::jsonb";
+
+    long long id = t_int(a, "SELECT id FROM pgjobq.enqueue_forwarded(%s, 42, %s)", src, spec);
+    CHECK_INT(t_int(a, "SELECT duplicate::int FROM pgjobq.enqueue_forwarded(%s, 42, %s)", src, spec), 1);
+    CHECK_INT(t_int(a, "SELECT id FROM pgjobq.enqueue_forwarded(%s, 42, %s)", src, spec), id);
+    CHECK_INT(t_int(a,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'mail' AND kind = 'send' AND payload = '{\"n\": 1}'"
+                    " AND priority = 2 AND max_attempts = 5 AND route_key = 'r1'"),
+              1);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded WHERE id = %lld", id), 1);
+
+    /* Rolled back: nothing, and the next call makes it. */
+    PQclear(t_exec(a, "BEGIN"));
+    t_int(a, "SELECT id FROM pgjobq.enqueue_forwarded(%s, 43, %s)", src, spec);
+    PQclear(t_exec(a, "ROLLBACK"));
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded WHERE source_id = 43"), 0);
+
+    /* Two at once: b waits for a's transaction, then returns a's job. */
+    PQclear(t_exec(a, "BEGIN"));
+    long long first = t_int(a, "SELECT id FROM pgjobq.enqueue_forwarded(%s, 43, %s)", src, spec);
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT id, duplicate::int FROM pgjobq.enqueue_forwarded(%s, 43, %s)", src, spec);
+    CHECK(PQsendQuery(b, sql) == 1);
+    struct waiter w = {a, PQbackendPID(b)};
+    CHECK_MSG(t_wait_until(waits_for_a_lock, &w, 30000), "the second call never waited for the first");
+    PQclear(t_exec(a, "COMMIT"));
+    PGresult *r = PQgetResult(b);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(b));
+    CHECK_INT(atoll(PQgetvalue(r, 0, 0)), first);
+    CHECK_INT(atoll(PQgetvalue(r, 0, 1)), 1);
+    PQclear(r);
+    while ((r = PQgetResult(b)) != NULL)
+        PQclear(r);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'mail'"), 2);
+
+    /* A bad call is refused clearly. */
+    free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(NULL, 1, '{}')"));
+    free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '[]')"));
+}
+
+/* In a shard, the outbox's queue is the shard's own whatever partition the map gives its name, while
+ * a job forwarded to it is guarded as any job (PJQ01 when another shard owns it). */
+TEST(outbox_queue_stays_in_a_shard_that_the_map_would_route_it_away_from)
+{
+    PGconn *pg = t_pg();
+    /* Every partition is the other shard's: this shard owns none. */
+    PQclear(t_exec(pg, "SELECT pgjobq.cluster_set('{\"name\": \"t\", \"epoch\": 1, \"partitions\": 1, \"shards\": {"
+                       "\"sa\": {\"number\": 0, \"conninfo\": \"host=/nowhere dbname=a\"},"
+                       " \"sb\": {\"number\": 1, \"conninfo\": \"host=/nowhere dbname=b\"}}, \"owners\": [\"sb\"]}',"
+                       " 'sa')"));
+    free(expect_error(pg, "PJQ01", "SELECT pgjobq.enqueue('mail')"));
+    long long id = t_int(pg, "SELECT pgjobq.forward('mail', 'send')");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld", id), 1);
+    free(expect_error(pg, "PJQ01",
+                      "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '{\"queue\": \"mail\"}')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.forwarded"), 0);
+}
+
+/* The forwarder reads the job's queue and routing key out of the outbox job's payload: a top-level
+ * string member, its escapes decoded, found past nested values of every kind. */
+TEST(outbox_payload_members_are_read_past_nested_values)
+{
+    const char *doc = "{\"payload\": {\"queue\": \"inner\", \"a\": [1, -2.5e3, true, null, {\"q\": [\"x\\\"]\"]}]},"
+                      " \"n\": null, \"queue\": \"mail\", \"route_key\": \"t\\u00e9\\ud83d\\ude00\\n\\\"\"}";
+    char *v = NULL;
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "queue", &v), 1);
+    CHECK_STR(v, "mail");
+    free(v);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "route_key", &v), 1);
+    CHECK_STR(v, "t\xc3\xa9\xf0\x9f\x98\x80\n\"");
+    free(v);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "n", &v), 0);
+    CHECK(v == NULL);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "absent", &v), 0);
+    CHECK_INT(pgjobq__json_get_string(doc, strlen(doc), "payload", &v), 0);
+    CHECK_INT(pgjobq__json_get_string("{}", 2, "queue", &v), 0);
+    CHECK_INT(pgjobq__json_get_string("[\"queue\"]", 9, "queue", &v), -1);
+    CHECK_INT(pgjobq__json_get_string("{\"a\": [1, 2}", 12, "queue", &v), -1);
+    CHECK_INT(pgjobq__json_get_string("{\"queue\": \"unterminated", 23, "queue", &v), -1);
+    CHECK(v == NULL);
+}
