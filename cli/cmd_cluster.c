@@ -70,6 +70,7 @@ typedef struct cluster_args {
     const char *shards[MAX_LIST], *routers[MAX_LIST], *spread[MAX_LIST];
     size_t nshards, nrouters, nspread;
     long long partitions, number;
+    long long from, upto; /* move-partitions FROM-TO */
     int json, check;
     unsigned given; /* the options given: bit (key - OPT_NAME), and OPT_JSON's as GIVEN_JSON */
 } cluster_args;
@@ -816,8 +817,8 @@ static char *move_partitions_map(const cluster_args *a, cl_set *s, PGconn *pg, c
     char from[24], to[24];
     int failed = 0;
     (void)s;
-    snprintf(from, sizeof from, "%lld", a->partitions);
-    snprintf(to, sizeof to, "%lld", a->number);
+    snprintf(from, sizeof from, "%lld", a->from);
+    snprintf(to, sizeof to, "%lld", a->upto);
     const char *v[4] = {cur, from, to, a->to};
     char *why = value(pg, "the partitions",
                       "SELECT CASE WHEN NOT ($1::jsonb -> 'shards') ? $4 THEN format('the map has no shard \"%s\"', $4)"
@@ -936,8 +937,7 @@ static int open_spec(const cluster_args *a, cl_set *s, const char *spec)
     return 0;
 }
 
-/* "a,b" -> the partitions FROM-TO into a->partitions and a->number (reused: move-partitions has
- * neither option). */
+/* move-partitions' operand, FROM-TO or one partition, into a->from and a->upto. */
 static int parse_range(cluster_args *a, const char *s)
 {
     char buf[64], why[128];
@@ -947,8 +947,8 @@ static int parse_range(cluster_args *a, const char *s)
     if (cli_parse_int(buf, 0, 4095, &lo, why, sizeof why) != 0 ||
         cli_parse_int(dash ? dash + 1 : buf, 0, 4095, &hi, why, sizeof why) != 0 || hi < lo)
         return cli_usage_error(a->cmd, "partitions: FROM-TO (0-15) or one partition (7), not '%s'", s);
-    a->partitions = lo;
-    a->number = hi;
+    a->from = lo;
+    a->upto = hi;
     return 0;
 }
 
