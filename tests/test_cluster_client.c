@@ -458,3 +458,120 @@ TEST(cluster_client_a_database_without_a_map_is_a_direct_client)
     pgjobq_client_close(c);
     PQfinish(pg);
 }
+
+/* The command over a cluster (--cluster, $PGJOBQ_CLUSTER): enqueue (one job, a --file) writes to the
+ * owner; show, cancel and retry find the job on its shard from its id; stats and list span the
+ * shards with a shard column; a shard that is down is reported as down while the others answer, and
+ * exit status 69 only when none answers. */
+TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *out = NULL, *err = NULL;
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    char qa[16], qb[16];
+
+    install(a, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sa");
+    install(b, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sb");
+    queue_of_partition(qa, sizeof qa, 4, 0);
+    queue_of_partition(qb, sizeof qb, 4, 3);
+
+    /* One job, to sb, through sa's map. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--cluster", ci_a, "--queue", qb, "{\"x\": 1}", NULL), 0);
+    long long id_b = strtoll(out, NULL, 10);
+    CHECK_MSG(id_b % 1024 == 1, "%s %s", out, err);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND queue = '%s'", id_b, qb), 1);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    free(out);
+    free(err);
+    /* A spread queue's job by its key; $PGJOBQ_CLUSTER instead of the option. */
+    char key[16];
+    for (int i = 0;; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        if ((pgjobq__route_hash(key, strlen(key)) & 3) < 2)
+            break;
+    }
+    CHECK(setenv("PGJOBQ_CLUSTER", ci_b, 1) == 0);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--queue", "t", "--route-key", key, NULL), 0);
+    CHECK_INT(
+        t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND route_key = '%s'", strtoll(out, NULL, 10), key),
+        1);
+    free(out);
+    free(err);
+    CHECK(unsetenv("PGJOBQ_CLUSTER") == 0);
+    /* A file of jobs: to the queue's shard, ids in order. */
+    const char *lines = "{\"n\": 1}\n{\"n\": 2}\n{\"n\": 3}\n";
+    CHECK_INT(t_cli(&out, &err, lines, strlen(lines), "enqueue", "--cluster", ci_b, "--queue", qa, "--file", "-", NULL),
+              0);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", qa), 3);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", qa), 0);
+    long long id_a = strtoll(out, NULL, 10);
+    CHECK_INT(id_a % 1024, 0);
+    free(out);
+    free(err);
+
+    /* show and cancel by id, each on its shard. */
+    char id_s[32];
+    snprintf(id_s, sizeof id_s, "%lld", id_b);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, id_s, NULL), 0);
+    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1"), "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, id_s, NULL), 0);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'cancelled'", id_s), 1);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--cluster", ci_a, id_s, NULL), 0);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = %s AND state = 'queued'", id_s), 1);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "99999", NULL), 65); /* 99999 % 1024: no shard */
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", NULL), 64);
+    free(out);
+    free(err);
+
+    /* stats and list span both shards. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--cluster", ci_a, NULL), 0);
+    CHECK_MSG(strstr(out, "SHARD") && strstr(out, "sa ") && strstr(out, "sb ") && strstr(out, qa) && strstr(out, qb),
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", "--cluster", ci_a, NULL), 0);
+    CHECK_MSG(strstr(out, "\"shard\":\"sb\",\"queue\":\"") && strstr(out, "\"total\":{\"queued\":5,"), "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--cluster", ci_a, "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"shard\":\"sa\"") && strstr(out, "\"shard\":\"sb\""), "%s", out);
+    free(out);
+    free(err);
+
+    /* sb down (an address nothing listens on): stats and list print sa's and say sb is down. */
+    install(a, map_of(2, ci_a, "host=127.0.0.1 port=1 dbname=b", "aabb", ""), "sa");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--cluster", ci_a, NULL), 0);
+    CHECK_MSG(strstr(out, qa) && !strstr(out, qb) && strstr(err, "shard sb: down ("), "%s / %s", out, err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "list", "--cluster", ci_a, NULL), 0);
+    CHECK_MSG(strstr(out, qa) && strstr(err, "shard sb: down ("), "%s / %s", out, err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--cluster", ci_a, "--queue", qb, NULL), 69);
+    CHECK_MSG(strstr(err, "shard sb: "), "%s", err);
+    free(out);
+    free(err);
+    /* Every shard down: 69. */
+    char path[4096],
+        *json = t_str(a, "SELECT replace(pgjobq.cluster_map()::text, '%s', 'host=127.0.0.1 port=1')", ci_a);
+    snprintf(path, sizeof path, "%s/down.json", t_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(json, f) >= 0 && fclose(f) == 0);
+    free(json);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--cluster", path, NULL), 69);
+    CHECK_MSG(strstr(err, "shard sa: down (") && strstr(err, "shard sb: down ("), "%s", err);
+    free(out);
+    free(err);
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
+}
