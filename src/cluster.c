@@ -828,8 +828,8 @@ int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs,
             return cl_err(cl, PGJOBQ_EINVAL, "job %zu: queue \"%.100s\" is not a valid name", i, jobs[i].opts.queue);
 
     /* One shard for the whole batch (a database without a map, one pinned queue, one key): as is. */
-    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i;
-    for (i = 1; i < n && cl->map.mapped; i++)
+    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i = cl->map.mapped ? 1 : n;
+    for (; i < n; i++)
         if (route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key) != s0)
             break;
     if (i == n) {
