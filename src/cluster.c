@@ -823,7 +823,7 @@ int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs,
         return PGJOBQ_OK;
     if (jobs == NULL)
         return cl_err(cl, PGJOBQ_EINVAL, "enqueue: no jobs given");
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n && cl->map.mapped; i++) /* (one shard: its own check names the job as well) */
         if (jobs[i].opts.queue && pgjobq_name_check(jobs[i].opts.queue) != PGJOBQ_OK)
             return cl_err(cl, PGJOBQ_EINVAL, "job %zu: queue \"%.100s\" is not a valid name", i, jobs[i].opts.queue);
 

@@ -575,3 +575,44 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     free(ci_a);
     free(ci_b);
 }
+
+/* `pgjobq bench enqueue --cluster SPEC` routes its jobs through the cluster client (a smoke run of a
+ * few hundred jobs, on a cluster of one shard and on two), and says so; other scenarios refuse it. */
+TEST(cluster_client_bench_enqueue_through_the_cluster)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *out = NULL, *err = NULL;
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+
+    /* A database without a map: a cluster of one shard, this one. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "enqueue", "--jobs", "300", "--batch", "100", "--json", "--cluster",
+                    t_conninfo(), NULL),
+              0);
+    CHECK_MSG(strstr(out, "\"jobs\":300,") && strstr(out, "\"path\":\"cluster\",\"shards\":1}"), "%s %s", out, err);
+    free(out);
+    free(err);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'"), 300);
+    PQfinish(pg);
+    /* Two shards: queue "bench" lives on its owner. */
+    char owners[5];
+    for (int p = 0; p < 4; p++)
+        owners[p] = (pgjobq__route_hash("bench", 5) & 3) == (uint32_t)p ? 'b' : 'a';
+    owners[4] = '\0';
+    install(a, map_of(1, ci_a, ci_b, owners, ""), "sa");
+    install(b, map_of(1, ci_a, ci_b, owners, ""), "sb");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci_b, "bench", "enqueue", "--jobs", "200", "--batch", "50",
+                    "--cluster", ci_a, NULL),
+              0);
+    CHECK_MSG(strstr(out, "routed by the cluster client"), "%s %s", out, err);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'"), 200);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "drain", "--cluster", ci_a, NULL), 64);
+    free(out);
+    free(err);
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
+}
