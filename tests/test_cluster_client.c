@@ -328,6 +328,36 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
     CHECK_OK(NULL, pgjobq_cluster_route(cl, qa, NULL, &s));
     CHECK_STR(pgjobq_cluster_shard_name(cl, s), "sa");
     pgjobq_cluster_close(cl);
+
+    /* Opened on a router that holds an older map (epoch 3: the spread key's partition on sb, the
+     * shards now at 5 with it on sa): the job goes to sb, is refused there (PJQ01), and the map read
+     * from sb (epoch 5) sends it to sa. */
+    char *ci_r = t_extra_db("router", 0);
+    pgjobq_client *rc = NULL;
+    CHECK_RC(rc, pgjobq_client_open(&rc, ci_r), PGJOBQ_ESCHEMA);
+    CHECK_OK(rc, pgjobq_migrate_router(rc, NULL));
+    pgjobq_client_close(rc);
+    PGconn *r = connect_to(ci_r);
+    const char *values[1] = {map_of(3, ci_a, ci_b, "abbb", queues)};
+    PGresult *res = PQexecParams(r, "SELECT pgjobq.cluster_set($1::jsonb, NULL)", 1, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(res) == PGRES_TUPLES_OK, "router: %s", PQerrorMessage(r));
+    PQclear(res);
+    install(a, map_of(5, ci_a, ci_b, "aaaa", queues), "sa");
+    install(b, map_of(5, ci_a, ci_b, "aaaa", queues), "sb");
+    cl = NULL;
+    CHECK_MSG(pgjobq_cluster_open(&cl, ci_r) == PGJOBQ_OK, "open the router: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_INT(pgjobq_cluster_epoch(cl), 3);
+    CHECK_INT(pgjobq_cluster_shards(cl), 2);
+    o.queue = "t";
+    o.route_key = key;
+    CHECK_MSG(pgjobq_cluster_enqueue(cl, "{}", &o, &id) == PGJOBQ_OK, "enqueue: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_INT(pgjobq_cluster_epoch(cl), 5);
+    CHECK_INT(id % 1024, 0);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND route_key = '%s'", (long long)id, key), 1);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"), 3); /* the batch's, nothing more */
+    pgjobq_cluster_close(cl);
+    PQfinish(r);
+    free(ci_r);
     PQfinish(a);
     PQfinish(b);
     free(ci_a);
