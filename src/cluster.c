@@ -488,22 +488,13 @@ static void map_install(pgjobq_cluster *cl, cl_map *m)
     memset(m, 0, sizeof *m);
 }
 
-/* Reads the map again from src (a client of the cluster's; NULL: the file or the home connection)
- * and takes it unless it is older.  A database with no map keeps the map held. */
-static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_name)
+/* Takes the map json (read from src_name) unless it is older than the one held. */
+static int take_map(pgjobq_cluster *cl, const char *json, const char *src_name)
 {
-    char *json = NULL, why[512];
+    char why[512];
     cl_map m;
-    int rc;
+    int rc = map_parse(json, &m, why, sizeof why);
 
-    if (src == NULL && cl->file)
-        rc = read_file(cl, &json);
-    else if ((rc = read_map(src ? src : cl->home, &json)) != PGJOBQ_OK)
-        return shard_err(cl, src_name, src ? src : cl->home, rc);
-    if (rc != PGJOBQ_OK || json == NULL)
-        return rc;
-    rc = map_parse(json, &m, why, sizeof why);
-    free(json);
     if (rc != PGJOBQ_OK)
         return cl_err(cl, rc, "cluster map from %s: %s", src_name, why);
     if (cl->map.mapped && m.epoch < cl->map.epoch) {
@@ -512,6 +503,24 @@ static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_nam
     }
     map_install(cl, &m);
     return PGJOBQ_OK;
+}
+
+/* Reads the map again from src (a client of the cluster's; NULL: the file or the home connection)
+ * and takes it unless it is older.  A database with no map keeps the map held. */
+static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_name)
+{
+    char *json = NULL;
+    int rc;
+
+    if (src == NULL && cl->file)
+        rc = read_file(cl, &json);
+    else if ((rc = read_map(src ? src : cl->home, &json)) != PGJOBQ_OK)
+        return shard_err(cl, src_name, src ? src : cl->home, rc);
+    if (rc != PGJOBQ_OK || json == NULL)
+        return rc;
+    rc = take_map(cl, json, src_name);
+    free(json);
+    return rc;
 }
 
 /* ---- connections ------------------------------------------------------------------------------------ */
@@ -599,8 +608,9 @@ int pgjobq_cluster_open(pgjobq_cluster **out, const char *spec)
         cl->map = m;
         return PGJOBQ_OK;
     }
+    rc = take_map(cl, json, "the database");
     free(json);
-    return load_from(cl, NULL, "the database");
+    return rc;
 }
 
 void pgjobq_cluster_close(pgjobq_cluster *cl)
