@@ -385,7 +385,8 @@ static int map_parse(const char *json, cl_map *m, char *why, size_t why_size)
             if (!ok)
                 BAD("queue \"%s\": \"placement\" must be \"pinned\" or \"spread\"", q->name);
         }
-        qsort(m->queues, m->nqueues, sizeof *m->queues, queue_cmp);
+        if (m->nqueues > 1)
+            qsort(m->queues, m->nqueues, sizeof *m->queues, queue_cmp);
     }
     m->mapped = 1;
     return PGJOBQ_OK;
