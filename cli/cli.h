@@ -39,8 +39,19 @@ typedef struct cli_cmd {
     {"db", OPT_DB, "URL", "database to use (else $PGJOBQ_DATABASE_URL, $DATABASE_URL, the embedded one)"},             \
         {"help", OPT_HELP, NULL, "show this help and exit"}
 
+/* The cluster of shards to route over (docs/shards.md): the commands that take it list this option
+ * and read it with cli_cluster_spec(); cli_parse sets cli_cluster_arg. */
+#define OPT_CLUSTER 1100
+#define CLI_CLUSTER_OPT                                                                                 \
+    {"cluster", OPT_CLUSTER, "SPEC",                                                                    \
+     "a cluster of shards to route over: a shard's or the router's URL, or a JSON map file (else "      \
+     "$PGJOBQ_CLUSTER; else --db's database alone)"}
+
 /* config.c: what this run was told. */
-extern const char *cli_db_url; /* --db, when given */
+extern const char *cli_db_url;       /* --db, when given */
+extern const char *cli_cluster_arg;  /* --cluster, when given */
+/* The cluster to route over: --cluster, else $PGJOBQ_CLUSTER; NULL: none (the database of --db). */
+const char *cli_cluster_spec(void);
 /* This program as hints should name it: argv[0] when it was run by a path (build/pgjobq), else
  * "pgjobq". */
 extern const char *cli_self;
@@ -76,6 +87,19 @@ char *cli_redact(const char *msg);
  * returns NULL with *status set to the exit status.  allow_unmigrated lets `migrate` through on an
  * empty database. */
 pgjobq_client *cli_connect(int allow_unmigrated, int *status);
+
+/* connect.c: a cluster of shards (cli_cluster_spec).  Opens it; on failure prints why and returns
+ * NULL with *status set. */
+pgjobq_cluster *cli_cluster_open(int *status);
+/* The client of the shard that holds job id: with no cluster configured, cli_connect's; else the
+ * id's shard's (pgjobq_cluster_route_job), or for an id from before the cluster the first shard that
+ * has the job (any shard when none has it, for the command to say so).  On failure prints why and
+ * returns NULL with *status set. */
+pgjobq_client *cli_connect_for_id(int64_t id, int *status);
+/* Closes a client cli_connect or cli_connect_for_id returned (a shard's client: its cluster). */
+void cli_close(pgjobq_client *c);
+/* Prints the cluster's last error and returns the matching exit status. */
+int cli_cluster_fail(pgjobq_cluster *cl, int code);
 
 /* The sysexits.h status for a library result code. */
 int cli_exit_status(int code);

@@ -29,20 +29,20 @@
 #include "cli.h"
 #include "sbuf.h"
 
-#define OPT_NAME       1100
-#define OPT_SHARD      1101
-#define OPT_PARTITIONS 1102
-#define OPT_ROUTER     1103
-#define OPT_ID_FLOOR   1104
-#define OPT_TO         1105
-#define OPT_CLUSTER    1106
-#define OPT_SPREAD     1107
-#define OPT_NUMBER     1108
-#define OPT_CHECK      1109
+#define OPT_NAME       1110
+#define OPT_SHARD      1111
+#define OPT_PARTITIONS 1112
+#define OPT_ROUTER     1113
+#define OPT_ID_FLOOR   1114
+#define OPT_TO         1115
+#define OPT_MAP_FROM   1116
+#define OPT_SPREAD     1117
+#define OPT_NUMBER     1118
+#define OPT_CHECK      1119
 #define OPT_JSON       'j'
 
 const cli_opt cluster_opts[] = {
-    {"cluster", OPT_CLUSTER, "CONNINFO",
+    {"cluster", OPT_MAP_FROM, "CONNINFO",
      "a shard or router to read the map from (else $PGJOBQ_CLUSTER, else the database: --db ...)"},
     {"name", OPT_NAME, "NAME", "init: the cluster's name"},
     {"shard", OPT_SHARD, "NAME=CONNINFO",
@@ -104,7 +104,7 @@ static int cluster_opt(int key, const char *arg, void *ctx)
 
     a->given |= key == OPT_JSON ? GIVEN_JSON : 1u << (key - OPT_NAME);
     switch (key) {
-    case OPT_CLUSTER: a->spec = arg; return 0;
+    case OPT_MAP_FROM: a->spec = arg; return 0;
     case OPT_NAME: a->name = arg; return 0;
     case OPT_TO: a->to = arg; return 0;
     case OPT_ID_FLOOR: a->id_floor = arg; return 0;
@@ -1083,10 +1083,10 @@ static int options_fit(const cluster_args *a, const char *action)
     } fits[] = {
         {"init", GIVEN(OPT_NAME) | GIVEN(OPT_SHARD) | GIVEN(OPT_PARTITIONS) | GIVEN(OPT_ROUTER) | GIVEN(OPT_ID_FLOOR) |
                      GIVEN(OPT_SPREAD)},
-        {"show", GIVEN(OPT_CLUSTER) | GIVEN(OPT_CHECK) | GIVEN_JSON},
-        {"move-queue", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
-        {"move-partitions", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
-        {"add-shard", GIVEN(OPT_CLUSTER) | GIVEN(OPT_ROUTER) | GIVEN(OPT_NUMBER)},
+        {"show", GIVEN(OPT_MAP_FROM) | GIVEN(OPT_CHECK) | GIVEN_JSON},
+        {"move-queue", GIVEN(OPT_MAP_FROM) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
+        {"move-partitions", GIVEN(OPT_MAP_FROM) | GIVEN(OPT_ROUTER) | GIVEN(OPT_TO)},
+        {"add-shard", GIVEN(OPT_MAP_FROM) | GIVEN(OPT_ROUTER) | GIVEN(OPT_NUMBER)},
     };
     for (size_t i = 0; i < sizeof fits / sizeof fits[0]; i++) {
         if (strcmp(action, fits[i].action) != 0)

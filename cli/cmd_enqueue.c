@@ -29,6 +29,7 @@
 #define OPT_TAG          1007
 #define OPT_ON_PARENT    1008
 #define OPT_GRAPH        1009
+#define OPT_ROUTE_KEY    1010
 
 #define MAX_TAGS  20
 #define MAX_AFTER 10000
@@ -42,6 +43,7 @@ const cli_opt enqueue_opts[] = {
     {"max-attempts", OPT_MAX_ATTEMPTS, "N", "attempts before the job fails for good, 1..1000 (default 25)"},
     {"unique-key", OPT_UNIQUE_KEY, "KEY", "skip the job if a queued or running job holds KEY"},
     {"concurrency-key", OPT_CONC_KEY, "KEY", "limit running jobs per KEY (with `pgjobq queue set --key-concurrency`)"},
+    {"route-key", OPT_ROUTE_KEY, "KEY", "the job's routing key: where a spread queue's job lives in a cluster of shards"},
     {"after", OPT_AFTER, "ID[,ID...]", "wait (state waiting) until these jobs have completed; repeatable"},
     {"on-parent-failure", OPT_ON_PARENT, "WHAT", "with --after: cancel (default) or run when a parent fails for good"},
     {"tag", OPT_TAG, "TAG", "tag the job (1 to 64 characters; repeatable, at most 20); `list --tag` finds it"},
@@ -49,6 +51,7 @@ const cli_opt enqueue_opts[] = {
     {"file", OPT_FILE, "FILE", "one JSON payload per line of FILE ('-' for stdin); all or none"},
     {"batch", OPT_BATCH, "N", "with --file, jobs per round trip, 1..10000 (default 1000)"},
     {"quiet", OPT_QUIET, NULL, "print nothing on success"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -108,6 +111,7 @@ static int enqueue_opt(int key, const char *arg, void *ctx)
     case OPT_RUN_AT: a->opts.run_at = arg; return 0;
     case OPT_UNIQUE_KEY: a->opts.unique_key = arg; return 0;
     case OPT_CONC_KEY: a->opts.concurrency_key = arg; return 0;
+    case OPT_ROUTE_KEY: a->opts.route_key = arg; return 0;
     case OPT_FILE: a->file = arg; return 0;
     case OPT_GRAPH: a->graph = arg; return 0;
     case OPT_AFTER:
@@ -457,6 +461,62 @@ static void note_if_paused(pgjobq_client *c, const char *queue)
     pgjobq_queue_list_free(q);
 }
 
+/* enqueue over a cluster of shards: one job routed by the client (a stale map read again); a file's
+ * jobs, which share their options (queue, routing key), to their one shard, all or none as without a
+ * cluster. */
+static int enqueue_cluster(enqueue_args *a, const char *payload)
+{
+    pgjobq_cluster *cl;
+    pgjobq_client *c;
+    int64_t id = 0;
+    size_t s;
+    int status, rc;
+
+    if (a->graph)
+        return cli_usage_error(a->cmd, "--graph with a cluster: a graph's jobs must share a shard; give --db that "
+                                       "shard's URL");
+    if ((cl = cli_cluster_open(&status)) == NULL)
+        return status;
+    if (a->file) {
+        if ((rc = pgjobq_cluster_route(cl, a->opts.queue, a->opts.route_key, &s)) != PGJOBQ_OK ||
+            (rc = pgjobq_cluster_client(cl, s, &c)) != PGJOBQ_OK) {
+            status = cli_cluster_fail(cl, rc);
+            pgjobq_cluster_close(cl);
+            return status;
+        }
+        status = enqueue_file(a, c);
+        if (status != EX_OK && strcmp(pgjobq_sqlstate(c), "PJQ01") == 0)
+            cli_err("the cluster's map changed while %s was sent (its queue moved to another shard): run the "
+                    "command again",
+                    a->file);
+        else if (status == EX_OK)
+            note_if_paused(c, a->opts.queue ? a->opts.queue : "default");
+        pgjobq_cluster_close(cl);
+        return status;
+    }
+    rc = pgjobq_cluster_enqueue(cl, payload, &a->opts, &id);
+    if (rc == PGJOBQ_EDUPLICATE) {
+        if (!a->quiet) {
+            printf("%lld\n", (long long)id);
+            cli_err("not enqueued: job %lld already holds unique key \"%s\"", (long long)id, a->opts.unique_key);
+        }
+        pgjobq_cluster_close(cl);
+        return EX_OK;
+    }
+    if (rc != PGJOBQ_OK) {
+        status = cli_cluster_fail(cl, rc);
+        pgjobq_cluster_close(cl);
+        return status;
+    }
+    if (!a->quiet)
+        printf("%lld\n", (long long)id);
+    if (pgjobq_cluster_route_job(cl, id, &s) == PGJOBQ_OK && s != PGJOBQ_SHARD_ANY &&
+        pgjobq_cluster_client(cl, s, &c) == PGJOBQ_OK)
+        note_if_paused(c, a->opts.queue ? a->opts.queue : "default");
+    pgjobq_cluster_close(cl);
+    return EX_OK;
+}
+
 /* Everything after the options are parsed; a->after is freed by the caller. */
 static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
 {
@@ -477,11 +537,13 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     if ((payload != NULL) + (a->file != NULL) + (a->graph != NULL) > 1)
         return cli_usage_error(a->cmd, "give a PAYLOAD, --file or --graph, not both");
     if (a->graph && (a->opts.after || a->opts.tags || a->opts.queue || a->opts.kind || a->opts.unique_key ||
-                     a->opts.concurrency_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
+                     a->opts.concurrency_key || a->opts.route_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
                      a->opts.max_attempts))
         return cli_usage_error(a->cmd, "with --graph, give each job's options in the graph");
     if (a->opts.on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL && a->opts.after == NULL)
         return cli_usage_error(a->cmd, "--on-parent-failure needs --after");
+    if (cli_cluster_spec() != NULL)
+        return enqueue_cluster(a, payload);
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
     if (a->file || a->graph) {

@@ -28,15 +28,18 @@ const cli_opt list_opts[] = {
     {"tag", OPT_TAG, "TAG", "only jobs tagged TAG"},
     {"limit", OPT_LIMIT, "N", "at most N jobs (1..100000, default 100)"},
     {"json", OPT_JSON, NULL, "print a JSON array of job objects"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt show_opts[] = {
-    {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+    {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt graph_opts[] = {
     {"json", OPT_JSON, NULL, "print a JSON array: id, depth, state, queue, kind, parents"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
-const cli_opt stats_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt stats_opts[] = {
+    {"json", OPT_JSON, NULL, "print a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt health_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 #define OPT_KIND    'k'
 #define OPT_SINCE   1001
@@ -49,6 +52,7 @@ const cli_opt cancel_opts[] = {
     {"since", OPT_SINCE, "DURATION", "without ID: only jobs created within the last DURATION (30s, 10m, 2h, 1d)"},
     {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
     {"json", OPT_JSON, NULL, "print the count as a JSON object"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 const cli_opt retry_opts[] = {
@@ -62,6 +66,7 @@ const cli_opt retry_opts[] = {
     {"running", OPT_RUNNING, NULL, "with ID: end a running job's lease now and queue it to run again (its "
                                    "worker's writes are then refused; the attempt counts)"},
     {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -114,7 +119,7 @@ static pgjobq_client *open_for_id(const cli_cmd *cmd, int argc, char **argv, int
         return NULL;
     if ((*status = parse_id(cmd, argv[first], id)) != EX_OK)
         return NULL;
-    return cli_connect(0, status);
+    return cli_connect_for_id(*id, status);
 }
 
 /* For commands whose only option of their own is one flag: sets *ctx. */
@@ -327,6 +332,183 @@ static void field(const char *name, const char *value)
     putchar('\n');
 }
 
+/* A cluster's shards, each asked in turn (list, stats): a shard that does not answer is reported as
+ * down ("pgjobq: shard b: down (why)" on stderr, and in --json) and the others' answers printed.  Exit
+ * status EX_OK when at least one shard answered, else EX_UNAVAILABLE. */
+typedef struct shard_answer {
+    const char *name;
+    pgjobq_client *client; /* NULL: down */
+    char why[1024];
+} shard_answer;
+
+/* Opens the cluster and connects to every shard, into *out (malloc'd, *n of them); NULL with *status
+ * set when the cluster cannot be opened. */
+static pgjobq_cluster *cluster_shards(shard_answer **out, size_t *n, int *status)
+{
+    pgjobq_cluster *cl = cli_cluster_open(status);
+    if (cl == NULL)
+        return NULL;
+    *n = pgjobq_cluster_shards(cl);
+    if ((*out = calloc(*n, sizeof **out)) == NULL) {
+        cli_err("out of memory");
+        pgjobq_cluster_close(cl);
+        *status = EX_OSERR;
+        return NULL;
+    }
+    for (size_t s = 0; s < *n; s++) {
+        shard_answer *a = &(*out)[s];
+        a->name = pgjobq_cluster_shard_name(cl, s);
+        if (pgjobq_cluster_client(cl, s, &a->client) != PGJOBQ_OK)
+            snprintf(a->why, sizeof a->why, "%s", pgjobq_cluster_errmsg(cl));
+    }
+    return cl;
+}
+
+/* A shard whose call failed: down, with why (its client's message). */
+static void shard_down(shard_answer *a, const char *why)
+{
+    snprintf(a->why, sizeof a->why, "shard %s: %s", a->name, why);
+    a->client = NULL;
+}
+
+/* Reports the shards that are down; returns the exit status (EX_UNAVAILABLE when none answered). */
+static int report_down(const shard_answer *sh, size_t n, int json)
+{
+    size_t down = 0;
+    for (size_t s = 0; s < n; s++) {
+        if (sh[s].client)
+            continue;
+        down++;
+        const char *why = sh[s].why;
+        size_t skip = strlen("shard ") + strlen(sh[s].name) + 2; /* "shard NAME: " */
+        cli_err("shard %s: down (%s)", sh[s].name, strncmp(why, "shard ", 6) == 0 && strlen(why) > skip ? why + skip : why);
+    }
+    if (json)
+        return down == n ? EX_UNAVAILABLE : EX_OK;
+    if (down == n)
+        cli_err("no shard of the cluster answered");
+    return down == n ? EX_UNAVAILABLE : EX_OK;
+}
+
+/* --json: ,"shards":[{"shard":NAME,"up":BOOL[,"error":WHY]}...] */
+static void print_shards_json(const shard_answer *sh, size_t n)
+{
+    fputs("\"shards\":[", stdout);
+    for (size_t s = 0; s < n; s++) {
+        printf("%s{\"shard\":", s ? "," : "");
+        json_str(stdout, sh[s].name);
+        printf(",\"up\":%s", sh[s].client ? "true" : "false");
+        if (!sh[s].client) {
+            fputs(",\"error\":", stdout);
+            json_str(stdout, sh[s].why);
+        }
+        fputc('}', stdout);
+    }
+    fputc(']', stdout);
+}
+
+typedef struct shard_job {
+    const pgjobq_job *job;
+    const char *shard;
+} shard_job;
+
+/* Newest first across shards: by created_at, then id. */
+static int shard_job_cmp(const void *x, const void *y)
+{
+    const pgjobq_job *a = ((const shard_job *)x)->job, *b = ((const shard_job *)y)->job;
+    if (a->created_at != b->created_at)
+        return a->created_at < b->created_at ? 1 : -1;
+    return a->id < b->id ? 1 : a->id > b->id ? -1 : 0;
+}
+
+/* list over a cluster: each shard's newest jobs, merged newest first, with a SHARD column ("shard" in
+ * --json). */
+static int list_cluster(list_args *a)
+{
+    shard_answer *sh = NULL;
+    size_t nsh = 0, total = 0, k = 0;
+    int status;
+    pgjobq_cluster *cl = cluster_shards(&sh, &nsh, &status);
+    if (cl == NULL)
+        return status;
+    int limit = a->opts.limit ? a->opts.limit : 100, more = 0;
+    if (limit < 100000)
+        a->opts.limit = limit + 1;
+    pgjobq_job **jobs = calloc(nsh, sizeof *jobs);
+    size_t *njobs = calloc(nsh, sizeof *njobs);
+    if (jobs == NULL || njobs == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    for (size_t s = 0; s < nsh; s++) {
+        int rc;
+        if (sh[s].client && (rc = pgjobq_job_list(sh[s].client, &a->opts, &jobs[s], &njobs[s])) != PGJOBQ_OK) {
+            if (rc != PGJOBQ_ECONN) {
+                status = cli_fail(sh[s].client, rc);
+                goto out;
+            }
+            shard_down(&sh[s], pgjobq_errmsg(sh[s].client));
+        }
+        total += njobs[s];
+    }
+    shard_job *all = calloc(total ? total : 1, sizeof *all);
+    if (all == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    for (size_t s = 0; s < nsh; s++)
+        for (size_t i = 0; i < njobs[s]; i++)
+            all[k++] = (shard_job){&jobs[s][i], sh[s].name};
+    qsort(all, total, sizeof *all, shard_job_cmp);
+    if (total > (size_t)limit || (limit == 100000 && total == (size_t)limit)) {
+        more = 1;
+        total = (size_t)limit;
+    }
+    if (a->json) {
+        fputc('[', stdout);
+        for (size_t i = 0; i < total; i++) {
+            if (i)
+                fputc(',', stdout);
+            print_job_fields(stdout, all[i].job);
+            fputs(",\"shard\":", stdout);
+            json_str(stdout, all[i].shard);
+            fputc('}', stdout);
+        }
+        fputs("]\n", stdout);
+    } else if (total > 0) {
+        printf("%-10s %-10s %-10s %-16s %-16s %4s %8s  %-24s %s\n", "SHARD", "ID", "STATE", "QUEUE", "KIND", "PRIO",
+               "ATTEMPT", "RUN_AT", "LAST_ERROR");
+        for (size_t i = 0; i < total; i++) {
+            char run_at[48], err[200], attempts[24], queue[300], kind[300], shard[300];
+            const pgjobq_job *j = all[i].job;
+            format_time(run_at, sizeof run_at, j->run_at);
+            cell(err, sizeof err, j->last_error, 40);
+            tty_cell(queue, sizeof queue, j->queue, 64);
+            tty_cell(kind, sizeof kind, j->kind, 64);
+            tty_cell(shard, sizeof shard, all[i].shard, 64);
+            snprintf(attempts, sizeof attempts, "%d/%d", j->attempt, j->max_attempts);
+            printf("%-10s %-10lld %-10s %-16s %-16s %4d %8s  %-24s %s\n", shard, (long long)j->id,
+                   pgjobq_state_name(j->state), queue, kind, j->priority, attempts, run_at, err);
+        }
+    } else {
+        fprintf(stderr, "no jobs\n");
+    }
+    free(all);
+    if (more)
+        fprintf(stderr, "pgjobq: the newest %d jobs shown; there are more (--limit N shows up to 100000)\n", limit);
+    status = report_down(sh, nsh, 0);
+out:
+    for (size_t s = 0; jobs && s < nsh; s++)
+        pgjobq_jobs_free(jobs[s]);
+    free(jobs);
+    free(njobs);
+    free(sh);
+    pgjobq_cluster_close(cl);
+    return status;
+}
+
 int cmd_list(const cli_cmd *cmd, int argc, char **argv)
 {
     list_args a = {cmd, PGJOBQ_LIST_OPTS_INIT, 0};
@@ -337,6 +519,8 @@ int cmd_list(const cli_cmd *cmd, int argc, char **argv)
 
     if (parse_simple(cmd, argc, argv, 0, list_opt, &a, &status) < 0)
         return status;
+    if (cli_cluster_spec() != NULL)
+        return list_cluster(&a);
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
     /* One more than asked, to know whether the limit cut the list short (and say so). */
@@ -461,7 +645,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     rc = pgjobq_job_get(c, id, &j);
     if (rc != PGJOBQ_OK) {
         status = cli_fail(c, rc);
-        pgjobq_client_close(c);
+        cli_close(c);
         return status;
     }
     if (json) {
@@ -502,10 +686,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         fputs("}\n", stdout);
     pgjobq_jobs_free(j);
     if (status != EX_OK) {
-        pgjobq_client_close(c);
+        cli_close(c);
         return status;
     }
-    pgjobq_client_close(c);
+    cli_close(c);
     return EX_OK;
 }
 
@@ -527,7 +711,7 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         cli_err("graph: %s", PQresultErrorMessage(r));
         PQclear(r);
-        pgjobq_client_close(c);
+        cli_close(c);
         return EX_SOFTWARE;
     }
     int n = PQntuples(r);
@@ -535,7 +719,7 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
     if (n == 1 && strcmp(PQgetvalue(r, 0, 2), "pruned") == 0) {
         cli_err("no job %lld", (long long)id);
         PQclear(r);
-        pgjobq_client_close(c);
+        cli_close(c);
         return EX_DATAERR; /* as show: an unknown id is bad input */
     }
     if (json)
@@ -574,8 +758,105 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
     if (json)
         fputs("]\n", stdout);
     PQclear(r);
-    pgjobq_client_close(c);
+    cli_close(c);
     return EX_OK;
+}
+
+/* stats over a cluster: a line per shard and queue (SHARD column; "shard" in --json), and the total
+ * of the shards that answered. */
+static int stats_cluster(int json)
+{
+    shard_answer *sh = NULL;
+    size_t nsh = 0, nl = 0;
+    int status;
+    pgjobq_cluster *cl = cluster_shards(&sh, &nsh, &status);
+    if (cl == NULL)
+        return status;
+    pgjobq_stat **rows = calloc(nsh, sizeof *rows);
+    size_t *nrows = calloc(nsh, sizeof *nrows), cap = 0;
+    struct line {
+        const char *shard, *queue;
+        int64_t k[6];
+    } *lines = NULL;
+    int64_t total[6] = {0};
+    if (rows == NULL || nrows == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    for (size_t s = 0; s < nsh; s++) {
+        int rc;
+        if (sh[s].client && (rc = pgjobq_stats(sh[s].client, &rows[s], &nrows[s])) != PGJOBQ_OK) {
+            if (rc != PGJOBQ_ECONN) {
+                status = cli_fail(sh[s].client, rc);
+                goto out;
+            }
+            shard_down(&sh[s], pgjobq_errmsg(sh[s].client));
+        }
+        cap += nrows[s];
+    }
+    if ((lines = calloc(cap ? cap : 1, sizeof *lines)) == NULL) {
+        cli_err("out of memory");
+        status = EX_OSERR;
+        goto out;
+    }
+    for (size_t s = 0; s < nsh; s++) {
+        for (size_t i = 0; i < nrows[s]; i++) {
+            const pgjobq_stat *r = &rows[s][i];
+            if ((unsigned)r->state > PGJOBQ_WAITING)
+                continue;
+            if (nl == 0 || lines[nl - 1].shard != sh[s].name || strcmp(lines[nl - 1].queue, r->queue) != 0)
+                lines[nl++] = (struct line){sh[s].name, r->queue, {0}};
+            lines[nl - 1].k[r->state] += r->jobs;
+            total[r->state] += r->jobs;
+        }
+    }
+    if (json) {
+        fputs("{\"queues\":[", stdout);
+        for (size_t q = 0; q <= nl; q++) {
+            const int64_t *k = q < nl ? lines[q].k : total;
+            if (q == nl)
+                fputs("],\"total\":", stdout);
+            else if (q)
+                fputc(',', stdout);
+            fputc('{', stdout);
+            if (q < nl) {
+                fputs("\"shard\":", stdout);
+                json_str(stdout, lines[q].shard);
+                fputs(",\"queue\":", stdout);
+                json_str(stdout, lines[q].queue);
+                fputc(',', stdout);
+            }
+            printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
+                   "\"waiting\":%lld}",
+                   (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
+                   (long long)k[5]);
+        }
+        fputc(',', stdout);
+        print_shards_json(sh, nsh);
+        fputs("}\n", stdout);
+    } else {
+        printf("%-10s %-24s %10s %10s %10s %10s %10s %10s\n", "SHARD", "QUEUE", "QUEUED", "RUNNING", "COMPLETED",
+               "FAILED", "CANCELLED", "WAITING");
+        for (size_t q = 0; q <= nl; q++) {
+            const int64_t *k = q < nl ? lines[q].k : total;
+            char name[300], shard[300];
+            tty_cell(name, sizeof name, q < nl ? lines[q].queue : "(all)", 64);
+            tty_cell(shard, sizeof shard, q < nl ? lines[q].shard : "(all)", 64);
+            printf("%-10s %-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", shard, name, (long long)k[0],
+                   (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+        }
+    }
+    status = report_down(sh, nsh, json);
+out:
+    for (size_t s = 0; rows && s < nsh; s++)
+        pgjobq_stats_free(rows[s]);
+    free(rows);
+    free(nrows);
+    free(lines);
+    free(sh);
+    pgjobq_cluster_close(cl);
+    return status;
 }
 
 int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
@@ -587,6 +868,8 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
 
     if (parse_simple(cmd, argc, argv, 0, flag_opt, &json, &status) < 0)
         return status;
+    if (cli_cluster_spec() != NULL)
+        return stats_cluster(json);
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
     rc = pgjobq_stats(c, &rows, &n);
@@ -920,6 +1203,19 @@ static int parse_bulk(const cli_cmd *cmd, int argc, char **argv, bulk_args *a, i
     return 0;
 }
 
+/* cancel's and retry's client: the job's shard (one job, with a cluster), or the database. */
+static pgjobq_client *connect_bulk(const cli_cmd *cmd, int one, int64_t id, int *status)
+{
+    if (one)
+        return cli_connect_for_id(id, status);
+    if (cli_cluster_spec() != NULL) {
+        *status = cli_usage_error(cmd, "with a cluster (--cluster, $PGJOBQ_CLUSTER), give a job ID: a filter acts "
+                                       "on one database (--db a shard's URL)");
+        return NULL;
+    }
+    return cli_connect(0, status);
+}
+
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
 {
     int status, rc, one;
@@ -933,7 +1229,7 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
     if (!one && a.filter.state != PGJOBQ_QUEUED && a.filter.state != PGJOBQ_RUNNING)
         return cli_usage_error(cmd, "--state %s: only queued or running jobs can be cancelled",
                                pgjobq_state_name(a.filter.state));
-    if ((c = cli_connect(0, &status)) == NULL)
+    if ((c = connect_bulk(cmd, one, id, &status)) == NULL)
         return status;
     if (one) {
         rc = pgjobq_job_cancel(c, id, &st);
@@ -958,7 +1254,7 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
                    n == 1 ? "" : "s", a.filter.queue);
     }
     status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
-    pgjobq_client_close(c);
+    cli_close(c);
     return status;
 }
 
@@ -976,7 +1272,7 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
                                     "expires (retry --running ID ends one job's lease now)");
     if (!one && a.running)
         return cli_usage_error(cmd, "--running goes with a job ID");
-    if ((c = cli_connect(0, &status)) == NULL)
+    if ((c = connect_bulk(cmd, one, id, &status)) == NULL)
         return status;
     if (one && a.running) {
         pgjobq_state st = PGJOBQ_QUEUED;
@@ -1009,6 +1305,6 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
         }
     }
     status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
-    pgjobq_client_close(c);
+    cli_close(c);
     return status;
 }

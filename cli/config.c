@@ -7,6 +7,7 @@
 #include "cli.h"
 
 const char *cli_db_url;
+const char *cli_cluster_arg;
 const char *cli_self = "pgjobq";
 
 /* Which database: --db, then $PGJOBQ_DATABASE_URL, then $DATABASE_URL. */
@@ -31,4 +32,14 @@ const char *cli_database_source(void)
     if ((v = getenv("PGJOBQ_DATABASE_URL")) != NULL && v[0])
         return "$PGJOBQ_DATABASE_URL";
     return "$DATABASE_URL";
+}
+
+const char *cli_cluster_spec(void)
+{
+    const char *v;
+    if (cli_cluster_arg)
+        return cli_cluster_arg;
+    if ((v = getenv("PGJOBQ_CLUSTER")) != NULL && v[0])
+        return v;
+    return NULL;
 }

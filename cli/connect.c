@@ -102,3 +102,103 @@ pgjobq_client *cli_connect(int allow_unmigrated, int *status)
     pgjobq_client_close(c);
     return NULL;
 }
+
+/* The cluster a shard's client handed out by cli_connect_for_id belongs to: closed with it. */
+static pgjobq_cluster *owner_cluster;
+static pgjobq_client *owner_client;
+
+int cli_cluster_fail(pgjobq_cluster *cl, int code)
+{
+    const char *msg = pgjobq_cluster_errmsg(cl);
+    cli_err("%s", msg && msg[0] ? msg : pgjobq_strerror(code));
+    return cli_exit_status(code);
+}
+
+pgjobq_cluster *cli_cluster_open(int *status)
+{
+    const char *spec = cli_cluster_spec();
+    pgjobq_cluster *cl = NULL;
+    int rc = pgjobq_cluster_open(&cl, spec ? spec : "");
+
+    if (rc == PGJOBQ_OK) {
+        *status = EX_OK;
+        return cl;
+    }
+    if (cl == NULL)
+        cli_err("out of memory");
+    else
+        cli_err("the cluster (%s): %s", cli_cluster_arg ? "--cluster" : "$PGJOBQ_CLUSTER",
+                pgjobq_cluster_errmsg(cl)[0] ? pgjobq_cluster_errmsg(cl) : pgjobq_strerror(rc));
+    *status = rc == PGJOBQ_EINVAL ? EX_CONFIG : cli_exit_status(rc);
+    pgjobq_cluster_close(cl);
+    return NULL;
+}
+
+pgjobq_client *cli_connect_for_id(int64_t id, int *status)
+{
+    pgjobq_cluster *cl;
+    pgjobq_client *c = NULL;
+    size_t s;
+    int rc;
+
+    if (cli_cluster_spec() == NULL)
+        return cli_connect(0, status);
+    if ((cl = cli_cluster_open(status)) == NULL)
+        return NULL;
+    rc = pgjobq_cluster_route_job(cl, id, &s);
+    if (rc == PGJOBQ_ENOTFOUND) {
+        cli_err("no job %lld: its id names shard number %lld, which the cluster's map does not have", (long long)id,
+                (long long)(id % 1024));
+        *status = EX_DATAERR;
+    } else if (rc != PGJOBQ_OK) {
+        *status = cli_cluster_fail(cl, rc);
+    } else if (s != PGJOBQ_SHARD_ANY) {
+        if ((rc = pgjobq_cluster_client(cl, s, &c)) != PGJOBQ_OK)
+            *status = cli_cluster_fail(cl, rc);
+    } else {
+        /* An id from before the cluster: any shard may hold it; the first that does. */
+        size_t down = 0, n = pgjobq_cluster_shards(cl);
+        pgjobq_client *any = NULL;
+        for (s = 0; s < n && c == NULL; s++) {
+            pgjobq_client *sc;
+            pgjobq_job *j = NULL;
+            if (pgjobq_cluster_client(cl, s, &sc) != PGJOBQ_OK) {
+                cli_err("%s: down", pgjobq_cluster_errmsg(cl));
+                down++;
+                continue;
+            }
+            if (any == NULL)
+                any = sc;
+            if (pgjobq_job_get(sc, id, &j) == PGJOBQ_OK)
+                c = sc;
+            pgjobq_jobs_free(j);
+        }
+        if (c == NULL && down == n) {
+            cli_err("no shard of the cluster answered");
+            *status = EX_UNAVAILABLE;
+        } else if (c == NULL) {
+            c = any; /* no shard has it: the command says so */
+            if (down)
+                cli_err("note: job %lld may be on a shard that is down", (long long)id);
+        }
+    }
+    if (c == NULL) {
+        pgjobq_cluster_close(cl);
+        return NULL;
+    }
+    owner_cluster = cl;
+    owner_client = c;
+    *status = EX_OK;
+    return c;
+}
+
+void cli_close(pgjobq_client *c)
+{
+    if (c != NULL && c == owner_client) {
+        pgjobq_cluster_close(owner_cluster);
+        owner_cluster = NULL;
+        owner_client = NULL;
+        return;
+    }
+    pgjobq_client_close(c);
+}

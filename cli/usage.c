@@ -142,6 +142,10 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv, int (*on_opt)(int key, 
             cli_db_url = optarg;
             continue;
         }
+        if (key == OPT_CLUSTER) {
+            cli_cluster_arg = optarg;
+            continue;
+        }
         if (on_opt && on_opt(key, optarg, ctx) != 0)
             return -1;
     }

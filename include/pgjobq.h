@@ -331,7 +331,13 @@ typedef struct pgjobq_enqueue_opts {
                                   that fails for good or is cancelled cancels this job) or
                                   PGJOBQ_PARENT_FAILURE_RUN (it runs once every parent has finished) */
     uint32_t pgjobq_reserved32;  /* zero */
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    union {
+        /* NULL: none.  The job's routing key in a cluster of shards (docs/shards.md): the jobs of a
+           spread queue are placed by it (a tenant, an account); stored with the job (jobs.route_key)
+           and ignored for routing by a pinned queue.  pgjobq_cluster_enqueue routes by it. */
+        const char *route_key;
+        uint64_t pgjobq_slot2_;
+    };
 } pgjobq_enqueue_opts;
 
 /* pgjobq_enqueue_opts.on_parent_failure */
@@ -1034,6 +1040,132 @@ PGJOBQ_EXPORT const char *pgjobq_worker_errmsg(const pgjobq_worker *w);
 
 /* Frees a worker that is not running (run returned, or was never called).  Accepts NULL. */
 PGJOBQ_EXPORT void pgjobq_worker_free(pgjobq_worker *w);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Clusters of shards (docs/shards.md)                                                              */
+
+/*
+ * A cluster: N pgjobq databases (shards) and the map that says which shard owns each job.  A handle
+ * reads the map once, then routes each job without asking a database: a pinned queue (the default,
+ * and any queue the map does not list) goes to the owner of its partition (the map's, else
+ * route_hash(queue) & (P - 1)); a spread queue's job with a route_key (pgjobq_enqueue_opts.route_key)
+ * to the owner of route_hash(route_key) & (P - 1), one without to the queue's own partition: exactly
+ * pgjobq.route_partition's rule.  A job id names its shard (id % 1024 is the shard's number).
+ *
+ * A database without a map is a cluster of one shard, that database: its one client is the
+ * connection the cluster was opened on, and a call costs what the same call on a pgjobq_client does
+ * (no extra statement).  One handle, one thread, like a client; the shards' clients it hands out are
+ * its own (never close them).
+ */
+typedef struct pgjobq_cluster pgjobq_cluster;
+
+/* What pgjobq_cluster_route_job gives for an id at most the map's id_floor (a job from before the
+ * cluster, which any shard may hold: ask every shard). */
+#define PGJOBQ_SHARD_ANY ((size_t)-1)
+
+/* The connect_timeout, in seconds, the cluster gives a shard's connection (and the one it is opened
+ * on) whose conninfo sets none (nor $PGCONNECT_TIMEOUT): a shard that is down fails within it. */
+#define PGJOBQ_CLUSTER_CONNECT_TIMEOUT_S 5
+
+/*
+ * Opens a cluster.  spec is either
+ *   - a conninfo or postgresql:// URL of any shard or of the router database: the map is read there
+ *     (pgjobq.cluster_map()); the connection stays open, to read the map again, and serves as that
+ *     shard's client.  A database with no map (or a schema older than the map's) is a cluster of one
+ *     shard: that database, named as the database is (PQdb);
+ *   - a JSON map file, what pgjobq.cluster_map() returns (docs/shards.md, "The map"): a path that
+ *     starts with '/' or "./", or "file:PATH".
+ * Like pgjobq_client_open, *out is set whenever a handle could be allocated, even on error, so that
+ * pgjobq_cluster_errmsg() explains it; close it in every case.  Returns PGJOBQ_OK; PGJOBQ_ECONN (the
+ * database of spec is unreachable: within PGJOBQ_CLUSTER_CONNECT_TIMEOUT_S unless spec sets its own
+ * connect_timeout); PGJOBQ_ESCHEMA (a database with neither a map nor a usable pgjobq schema);
+ * PGJOBQ_EINVAL (a file that cannot be read, or a map that is not one: the reason); PGJOBQ_ENOMEM.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_open(pgjobq_cluster **out, const char *spec) PGJOBQ_WUR;
+
+/* Closes the cluster and every connection it opened.  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_cluster_close(pgjobq_cluster *cl);
+
+/* The last error on the cluster, one line, naming the shard it comes from ("shard b: ..."); "" after
+ * a call that succeeded.  Valid until the next call on the cluster.  Passwords never appear in it. */
+PGJOBQ_EXPORT const char *pgjobq_cluster_errmsg(const pgjobq_cluster *cl);
+
+/* The SQLSTATE behind the last error ("PJQ01", ...), or "". */
+PGJOBQ_EXPORT const char *pgjobq_cluster_sqlstate(const pgjobq_cluster *cl);
+
+/*
+ * Reads the map again: from the database the cluster was opened on (or the file), else from any
+ * shard it is connected to.  A map of a lower epoch than the one held is not taken (PGJOBQ_OK, the
+ * map unchanged).  Shard indexes may change (a shard added or removed); a shard whose name and
+ * conninfo stay keeps its connection.  The clients of shards that left the map are closed.  Returns
+ * PGJOBQ_OK or the error (the map held is kept).  The enqueue functions call it themselves when a shard
+ * refuses a job with SQLSTATE PJQ01 (its map is newer): reading then from that shard.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_reload(pgjobq_cluster *cl) PGJOBQ_WUR;
+
+/* The epoch of the map held; 0 for a database without a map. */
+PGJOBQ_EXPORT int64_t pgjobq_cluster_epoch(const pgjobq_cluster *cl);
+
+/* The number of shards (1 for a database without a map); 0 for NULL. */
+PGJOBQ_EXPORT size_t pgjobq_cluster_shards(const pgjobq_cluster *cl);
+
+/* Shard i's name, and its conninfo as the map gives it (never a password; for a database without a
+ * map, spec as given to pgjobq_cluster_open).  NULL when i is out of range. */
+PGJOBQ_EXPORT const char *pgjobq_cluster_shard_name(const pgjobq_cluster *cl, size_t i);
+PGJOBQ_EXPORT const char *pgjobq_cluster_shard_conninfo(const pgjobq_cluster *cl, size_t i);
+
+/* Shard i's number in the map (job ids end in it: id % 1024); 0 for a database without a map, -1 when
+ * i is out of range. */
+PGJOBQ_EXPORT int pgjobq_cluster_shard_number(const pgjobq_cluster *cl, size_t i);
+
+/*
+ * Shard i's client, connected at the first call (with PGJOBQ_CLUSTER_CONNECT_TIMEOUT_S as its
+ * connect_timeout unless the conninfo sets one) and kept: use it for anything a client does on that
+ * shard (claims, reads, cancel).  Owned by the cluster: do not close it; valid until
+ * pgjobq_cluster_close, or a reload that drops the shard.  On failure *out is NULL, the error
+ * (PGJOBQ_ECONN, PGJOBQ_ESCHEMA, PGJOBQ_EINVAL for i out of range) names the shard, and the next call
+ * tries again.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_client(pgjobq_cluster *cl, size_t i, pgjobq_client **out) PGJOBQ_WUR;
+
+/* The index of the shard that owns a job of queue (NULL: "default") with routing key route_key (may
+ * be NULL), by the map held, into *shard_out: pgjobq.route_partition's rule (above).  PGJOBQ_OK, or
+ * PGJOBQ_EINVAL for a bad queue name.  Asks no database. */
+PGJOBQ_EXPORT int pgjobq_cluster_route(const pgjobq_cluster *cl, const char *queue, const char *route_key,
+                                       size_t *shard_out) PGJOBQ_WUR;
+
+/* The index of the shard that holds job id, into *shard_out: the shard whose number is id % 1024, or
+ * PGJOBQ_SHARD_ANY for an id at most the map's id_floor (a job from before the cluster: look on every
+ * shard).  Always 0 for a database without a map.  PGJOBQ_OK; PGJOBQ_EINVAL for an id below 1;
+ * PGJOBQ_ENOTFOUND when no shard of the map has the id's number.  Asks no database. */
+PGJOBQ_EXPORT int pgjobq_cluster_route_job(const pgjobq_cluster *cl, int64_t id, size_t *shard_out) PGJOBQ_WUR;
+
+/*
+ * pgjobq_enqueue on the shard that owns the job (pgjobq_cluster_route).  When that shard refuses it
+ * with SQLSTATE PJQ01 (its map is newer than the one held: the partition moved), the map is read
+ * again from that shard and the job routed again, once; it is never written to a shard that does not
+ * own it.  The result codes and *id_out are pgjobq_enqueue's; an error names the shard.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_enqueue(pgjobq_cluster *cl, const char *payload, const pgjobq_enqueue_opts *opts,
+                                         int64_t *id_out) PGJOBQ_WUR;
+
+/*
+ * pgjobq_enqueue_many over the cluster: the jobs are routed one by one, and each shard's part is
+ * written with one pgjobq_enqueue_many on that shard, all of it or none of it (one transaction per
+ * shard), the parts one shard after another.  What is promised across shards: nothing beyond each
+ * part.  When a part fails (a bad job, named as pgjobq_enqueue_many names it, by its index in that shard's
+ * part; a shard that is down; PJQ01 twice),
+ * the other parts are still written (a shard that is down costs at most its connect timeout, and the
+ * shards already connected go first), the first error is returned, and pgjobq_cluster_errmsg names
+ * every shard whose part failed ("shard b: ...").  ids_out (may be NULL) then holds the ids of the
+ * jobs written and 0 for the jobs of the failed parts (dup_out, may be NULL, 0 for them too): a caller
+ * may send again exactly the jobs whose id is 0.  PJQ01 on a part: the map is read again from that
+ * shard and that part's jobs routed again, once per call.  A batch that must be all or none goes to
+ * one shard: one pinned queue, or one routing key.  Jobs with parents (after) must be on their
+ * parents' shard.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs, size_t n,
+                                              int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Validation helpers (the same checks the library applies before writing)                           */

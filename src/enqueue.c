@@ -109,6 +109,8 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique key is not valid UTF-8", label);
     if (o->concurrency_key && !pgjobq__utf8_valid(o->concurrency_key, strlen(o->concurrency_key)))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: concurrency key is not valid UTF-8", label);
+    if (o->route_key && !pgjobq__utf8_valid(o->route_key, strlen(o->route_key)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: route key is not valid UTF-8", label);
     /* The flag's two values are all the graph can be told (and it is told only with after). */
     if (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL &&
         (o->on_parent_failure != PGJOBQ_PARENT_FAILURE_RUN || o->after == NULL))
@@ -250,6 +252,10 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
             pgjobq__json_key(b, "concurrency_key");
             pgjobq__json_string(b, o->concurrency_key);
         }
+        if (o->route_key) {
+            pgjobq__json_key(b, "route_key");
+            pgjobq__json_string(b, o->route_key);
+        }
         if (o->unique_key) { /* which the graph refuses: its rule is the database's */
             pgjobq__json_key(b, "unique_key");
             pgjobq__json_string(b, o->unique_key);
@@ -356,16 +362,17 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
     return rc;
 }
 
-/* The nine parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
- * sent as a NULL parameter instead.  Its tenth parameter, notify, follows them (A_NOTIFY). */
-enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_COUNT };
+/* The parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
+ * sent as a NULL parameter instead.  Its tenth parameter, notify, comes before the last array, the
+ * routing keys (A_NOTIFY, A_ROUTE). */
+enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE, A_COUNT };
 enum { A_NOTIFY = A_COUNT };
 
-static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
-                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
-                                               OID_TEXT_ARRAY, OID_BOOL};
-static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT,     OID_JSONB, OID_INT2,
-                                          OID_TEXT, OID_INTERVAL, OID_INT4,  OID_TEXT, OID_TEXT};
+static const Oid enqueue_types[A_COUNT + 1] = {
+    OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_JSONB_ARRAY, OID_INT2_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY,
+    OID_INT4_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY,  OID_TEXT_ARRAY, OID_BOOL};
+static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_TEXT,
+                                          OID_INTERVAL, OID_INT4, OID_TEXT, OID_TEXT, OID_TEXT};
 
 static int field_used(const pgjobq_job_spec *j, int f)
 {
@@ -379,6 +386,7 @@ static int field_used(const pgjobq_job_spec *j, int f)
     case A_MAX_ATTEMPTS: return j->opts.max_attempts != 0;
     case A_UNIQUE: return j->opts.unique_key != NULL;
     case A_KEY: return j->opts.concurrency_key != NULL;
+    case A_ROUTE: return j->opts.route_key != NULL;
     }
     return 0;
 }
@@ -399,6 +407,7 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     case A_MAX_ATTEMPTS: pgjobq__array_int4(a, j->opts.max_attempts); break;
     case A_UNIQUE: pgjobq__array_text(a, j->opts.unique_key, strlen(j->opts.unique_key)); break;
     case A_KEY: pgjobq__array_text(a, j->opts.concurrency_key, strlen(j->opts.concurrency_key)); break;
+    case A_ROUTE: pgjobq__array_text(a, j->opts.route_key, strlen(j->opts.route_key)); break;
     }
 }
 
@@ -434,7 +443,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
                         int *any_dup)
 {
     static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $10)";
+                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $11, $10)";
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT + 1];
     int lengths[A_COUNT + 1], formats[A_COUNT + 1];
@@ -554,7 +563,7 @@ static int copy_allowed(pgjobq_client *c)
     return c->copy_state == 1;
 }
 
-/* Whether a batch can be written with COPY: no unique key, no concurrency key, no delay, run_at on
+/* Whether a batch can be written with COPY: no unique key, no concurrency or route key, no delay, run_at on
  * every job or none. */
 static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
 {
@@ -562,7 +571,8 @@ static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
     if (n < COPY_MIN_JOBS || n > 1000000) /* reserve_ids hands out at most 1,000,000 at once */
         return 0;
     for (size_t i = 0; i < n; i++) {
-        if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.delay_ms != 0)
+        if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.route_key ||
+            jobs[i].opts.delay_ms != 0)
             return 0;
         with_run_at += jobs[i].opts.run_at != NULL;
     }

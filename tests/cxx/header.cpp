@@ -13,7 +13,7 @@ int main()
     pgjobq_worker_opts w = PGJOBQ_WORKER_OPTS_INIT;
     std::printf("%s %s %d\n", pgjobq_version(), pgjobq_state_name(f.state), PGJOBQ_SCHEMA_VERSION);
     /* The defaults the macros promise. */
-    int ok = f.state == PGJOBQ_FAILED && l.state == -1 && e.queue == NULL && e.after == NULL && e.tags == NULL && e.pgjobq_reserved[0] == 0 &&
+    int ok = f.state == PGJOBQ_FAILED && l.state == -1 && e.queue == NULL && e.after == NULL && e.tags == NULL && e.route_key == NULL &&
              l.tag == NULL &&
              w.lease_ms == 0 && s.tz == NULL;
     return ok && pgjobq_errname(PGJOBQ_EINVAL)[0] == 'P' ? 0 : 1;
