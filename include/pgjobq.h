@@ -1168,6 +1168,40 @@ PGJOBQ_EXPORT int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_j
                                               int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
+/* The outbox's forwarder (docs/shards.md, "The outbox")                                              */
+
+/* The queue of the outbox jobs that pgjobq.forward() enqueues, in the producer's own database and
+ * transaction: each is a job to be written to the shard that owns it. */
+#define PGJOBQ_OUTBOX_QUEUE "pgjobq.outbox"
+
+/* A forwarder: what moves outbox jobs to their shards.  Its handler's threads share it. */
+typedef struct pgjobq_forwarder pgjobq_forwarder;
+
+/*
+ * Creates a forwarder to the cluster cluster_spec (what pgjobq_cluster_open takes).  The cluster is
+ * opened at the first job, not here, so that a cluster that cannot be reached at start costs time,
+ * not the worker.  PGJOBQ_OK; PGJOBQ_EINVAL (no spec); PGJOBQ_ENOMEM.  Free it after the workers that
+ * use it.
+ */
+PGJOBQ_EXPORT int pgjobq_forwarder_new(pgjobq_forwarder **out, const char *cluster_spec) PGJOBQ_WUR;
+
+/* Frees a forwarder and closes its cluster.  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_forwarder_free(pgjobq_forwarder *f);
+
+/*
+ * The forwarder's handler, for the outbox's queue of the database a worker serves:
+ *
+ *     pgjobq_worker_handle(w, PGJOBQ_OUTBOX_QUEUE, NULL, 4, pgjobq_forward_handler, forwarder);
+ *
+ * For each outbox job it writes the job to its shard with pgjobq.enqueue_forwarded (once per outbox
+ * job, however often it is forwarded) and completes the outbox job with the result
+ * {"shard": NAME, "id": ID, "duplicate": BOOL}.  A shard that cannot be reached, or a map that cannot
+ * be read, snoozes the outbox job for 5 s (no attempt used); PJQ01 reads the map again and routes
+ * again; a job its shard refuses uses an attempt, with the shard's message.
+ */
+PGJOBQ_EXPORT pgjobq_outcome pgjobq_forward_handler(pgjobq_ctx *ctx, void *forwarder);
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Validation helpers (the same checks the library applies before writing)                           */
 
 /* Returns PGJOBQ_OK if name is a valid queue or kind name, else PGJOBQ_EINVAL. */

@@ -164,3 +164,95 @@ TEST(outbox_payload_members_are_read_past_nested_values)
     CHECK_INT(pgjobq__json_get_string("{\"queue\": \"unterminated", 23, "queue", &v), -1);
     CHECK(v == NULL);
 }
+
+/* ---- the forwarder --------------------------------------------------------------------------- */
+
+/* A map of two shards "sa" (number 0, partitions 0-3) and "sb" (1, 4-7), the queue "t" spread. */
+static const char *two_shards(int epoch, const char *ci_a, const char *ci_b)
+{
+    static char buf[2048];
+    snprintf(buf, sizeof buf,
+             "{\"name\": \"ob\", \"epoch\": %d, \"partitions\": 8, \"shards\": {"
+             "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"}},"
+             " \"owners\": [\"sa\", \"sa\", \"sa\", \"sa\", \"sb\", \"sb\", \"sb\", \"sb\"],"
+             " \"queues\": {\"t\": {\"placement\": \"spread\"}}}",
+             epoch, ci_a, ci_b);
+    return buf;
+}
+
+static void install_map(PGconn *pg, const char *map, const char *self)
+{
+    const char *values[2] = {map, self};
+    PGresult *r = PQexecParams(pg, "SELECT pgjobq.cluster_set($1::jsonb, $2)", 2, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cluster_set: %s", PQerrorMessage(pg));
+    PQclear(r);
+}
+
+static PGconn *connect_to(const char *conninfo)
+{
+    PGconn *pg = PQconnectdb(conninfo);
+    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
+    PQclear(t_exec(pg, "SET client_min_messages = warning"));
+    return pg;
+}
+
+/* Jobs forwarded from a database outside the cluster (the application's) land each on its owner,
+ * once, the outbox jobs completed with where they went; one whose job a forwarder had already made
+ * before it died (enqueue_forwarded done, the outbox job not completed) is not made again. */
+TEST_FULL(outbox_forwarder_moves_each_job_to_its_shard_once, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
+    PGconn *src = t_pg(), *a = connect_to(ci_a), *b = connect_to(ci_b);
+    install_map(a, two_shards(1, ci_a, ci_b), "sa");
+    install_map(b, two_shards(1, ci_a, ci_b), "sb");
+
+    PQclear(t_exec(src, "BEGIN"));
+    PQclear(t_exec(src, "SELECT pgjobq.forward('t', 'k', jsonb_build_object('g', g), route_key => 'tenant-' || g)"
+                        " FROM generate_series(1, 200) g"));
+    PQclear(t_exec(src, "SELECT pgjobq.forward('mail', 'send', jsonb_build_object('g', g)) FROM generate_series(1, 20) g"));
+    PQclear(t_exec(src, "COMMIT"));
+    /* The first outbox job was forwarded by a forwarder that died before it could complete it. */
+    long long first = t_int(src, "SELECT min(id) FROM pgjobq.jobs WHERE queue = pgjobq.outbox_queue()");
+    char *spec = t_str(src, "SELECT payload::text FROM pgjobq.jobs WHERE id = %lld", first);
+    char *source = t_str(src, "SELECT pgjobq.outbox_self()::text");
+    PGconn *owner = t_int(a, "SELECT (pgjobq.route_partition('t', '%s') < 4)::int", "tenant-1") ? a : b;
+    long long made = t_int(owner, "SELECT id FROM pgjobq.enqueue_forwarded('%s', %lld, '%s')", source, first, spec);
+
+    pgjobq_forwarder *f = NULL;
+    CHECK_RC(NULL, pgjobq_forwarder_new(&f, ci_a), PGJOBQ_OK);
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    o.burst = 1;
+    o.worker_id = "forwarder";
+    CHECK_RC(NULL, pgjobq_worker_new(&w, t_conninfo(), &o), PGJOBQ_OK);
+    CHECK_MSG(pgjobq_worker_handle(w, PGJOBQ_OUTBOX_QUEUE, NULL, 4, pgjobq_forward_handler, f) == PGJOBQ_OK, "%s",
+              pgjobq_worker_errmsg(w));
+    CHECK_MSG(pgjobq_worker_run(w) == PGJOBQ_OK, "%s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_free(w);
+    pgjobq_forwarder_free(f);
+
+    /* At the source: every outbox job completed, its result naming the shard and the job's id. */
+    CHECK_INT(t_int(src, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    CHECK_INT(t_int(src,
+                    "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND state = 'completed'"
+                    " AND result->>'shard' IN ('sa', 'sb') AND (result->>'id')::bigint > 0"),
+              220);
+    CHECK_INT(t_int(src, "SELECT (result->>'id')::bigint FROM pgjobq.history WHERE id = %lld", first), made);
+    CHECK_INT(t_int(src, "SELECT (result->>'duplicate')::boolean::int FROM pgjobq.history WHERE id = %lld", first), 1);
+    /* At the shards: 220 jobs, each once (by its payload), each on the shard its result names. */
+    long long on_a = t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')");
+    long long on_b = t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')");
+    CHECK_INT(on_a + on_b, 220);
+    CHECK_INT(t_int(a, "SELECT count(DISTINCT (queue, payload)) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')"), on_a);
+    CHECK_INT(t_int(b, "SELECT count(DISTINCT (queue, payload)) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')"), on_b);
+    CHECK_MSG(on_a > 0 && on_b > 0, "the spread queue's jobs went to one shard only (%lld, %lld)", on_a, on_b);
+    CHECK_INT(t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND result->>'shard' = 'sa'"),
+              on_a);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded") + t_int(b, "SELECT count(*) FROM pgjobq.forwarded"), 220);
+    free(spec);
+    free(source);
+    free(ci_a);
+    free(ci_b);
+    PQfinish(a);
+    PQfinish(b);
+}
