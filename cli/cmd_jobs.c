@@ -655,6 +655,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             told = PGJOBQ_TIME_NONE;
         fputs(",\"cancel_told_at\":", stdout);
         json_time(stdout, told);
+        if (cli_shard_of(c)) {
+            fputs(",\"shard\":", stdout);
+            json_str(stdout, cli_shard_of(c));
+        }
     } else {
         char t[5][48];
         format_time(t[0], sizeof t[0], j->run_at);
@@ -663,6 +667,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         format_time(t[3], sizeof t[3], j->finished_at);
         format_time(t[4], sizeof t[4], j->lease_until);
         printf("id:            %lld\n", (long long)j->id);
+        if (cli_shard_of(c))
+            field("shard:", cli_shard_of(c));
         field("queue:", j->queue);
         field("kind:", j->kind);
         printf("state:         %s%s\npriority:      %d\nattempt:       %d of %d\n", pgjobq_state_name(j->state),

@@ -542,7 +542,7 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     char id_s[32];
     snprintf(id_s, sizeof id_s, "%lld", id_b);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, id_s, NULL), 0);
-    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1"), "%s", out);
+    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1") && strstr(out, "\nshard:         sb\n"), "%s", out);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, id_s, NULL), 0);
