@@ -102,6 +102,8 @@ void cli_close(pgjobq_client *c);
 const char *cli_shard_of(const pgjobq_client *c);
 /* Prints the cluster's last error and returns the matching exit status. */
 int cli_cluster_fail(pgjobq_cluster *cl, int code);
+/* Prints "pgjobq: shard NAME: down (why)"; why may start with "shard NAME: " (a cluster's message). */
+void cli_shard_down(const char *name, const char *why);
 
 /* The sysexits.h status for a library result code. */
 int cli_exit_status(int code);

@@ -379,9 +379,7 @@ static int report_down(const shard_answer *sh, size_t n, int json)
         if (sh[s].client)
             continue;
         down++;
-        const char *why = sh[s].why;
-        size_t skip = strlen("shard ") + strlen(sh[s].name) + 2; /* "shard NAME: " */
-        cli_err("shard %s: down (%s)", sh[s].name, strncmp(why, "shard ", 6) == 0 && strlen(why) > skip ? why + skip : why);
+        cli_shard_down(sh[s].name, sh[s].why);
     }
     if (json)
         return down == n ? EX_UNAVAILABLE : EX_OK;

@@ -108,6 +108,14 @@ static pgjobq_cluster *owner_cluster;
 static pgjobq_client *owner_client;
 static size_t owner_shard;
 
+void cli_shard_down(const char *name, const char *why)
+{
+    size_t len = strlen(name);
+    if (strncmp(why, "shard ", 6) == 0 && strncmp(why + 6, name, len) == 0 && strncmp(why + 6 + len, ": ", 2) == 0)
+        why += 6 + len + 2;
+    cli_err("shard %s: down (%s)", name, why);
+}
+
 int cli_cluster_fail(pgjobq_cluster *cl, int code)
 {
     const char *msg = pgjobq_cluster_errmsg(cl);
@@ -164,7 +172,7 @@ pgjobq_client *cli_connect_for_id(int64_t id, int *status)
             pgjobq_client *sc;
             pgjobq_job *j = NULL;
             if (pgjobq_cluster_client(cl, i, &sc) != PGJOBQ_OK) {
-                cli_err("%s: down", pgjobq_cluster_errmsg(cl));
+                cli_shard_down(pgjobq_cluster_shard_name(cl, i), pgjobq_cluster_errmsg(cl));
                 down++;
                 continue;
             }

@@ -545,6 +545,13 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1") && strstr(out, "\nshard:         sb\n"), "%s", out);
     free(out);
     free(err);
+    /* An id at most the map's floor (from before the cluster) is looked for on every shard. */
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 1000000"));
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "--json", id_s, NULL), 0);
+    CHECK_MSG(strstr(out, "\"shard\":\"sb\"") && strstr(out, qb), "%s", out);
+    free(out);
+    free(err);
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 0"));
     CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, id_s, NULL), 0);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'cancelled'", id_s), 1);
     free(out);
