@@ -542,9 +542,16 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     char id_s[32];
     snprintf(id_s, sizeof id_s, "%lld", id_b);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, id_s, NULL), 0);
-    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1"), "%s", out);
+    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1") && strstr(out, "\nshard:         sb\n"), "%s", out);
     free(out);
     free(err);
+    /* An id at most the map's floor (from before the cluster) is looked for on every shard. */
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 1000000"));
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "--json", id_s, NULL), 0);
+    CHECK_MSG(strstr(out, "\"shard\":\"sb\"") && strstr(out, qb), "%s", out);
+    free(out);
+    free(err);
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 0"));
     CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, id_s, NULL), 0);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'cancelled'", id_s), 1);
     free(out);
@@ -556,7 +563,17 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "99999", NULL), 65); /* 99999 % 1024: no shard */
     free(out);
     free(err);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", NULL), 64);
+    /* A filter acts on every shard, the counts summed. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", NULL), 0);
+    CHECK_MSG(strstr(out, "cancelled 3 queued jobs of queue"), "%s %s", out, err);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = '%s' AND state = 'cancelled'", qa), 3);
+    free(out);
+    free(err);
+    CHECK_INT(
+        t_cli(&out, &err, NULL, 0, "retry", "--cluster", ci_a, "--queue", qa, "--state", "cancelled", "--json", NULL),
+        0);
+    CHECK_STR(out, "{\"retried\":3,\"skipped\":0,\"dry_run\":false}\n");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND state = 'queued'", qa), 3);
     free(out);
     free(err);
 
@@ -587,6 +604,13 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "enqueue", "--cluster", ci_a, "--queue", qb, NULL), 69);
     CHECK_MSG(strstr(err, "shard sb: "), "%s", err);
+    free(out);
+    free(err);
+    /* A change by filter while a shard is down: the others' counts, then 69 (not every shard was told). */
+    CHECK_INT(
+        t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", "--dry-run", NULL),
+        69);
+    CHECK_MSG(strstr(out, "would cancel 3 queued jobs") && strstr(err, "shard sb: down ("), "%s / %s", out, err);
     free(out);
     free(err);
     /* Every shard down: 69. */
