@@ -27,6 +27,8 @@ from ._enqueue import (
     enqueue_graph_async,
     enqueue_many,
     enqueue_many_async,
+    forward,
+    forward_async,
 )
 from ._txn import TransactionWarning
 from .errors import (
@@ -68,7 +70,7 @@ __all__ = [
     "App", "Task", "Deferrer", "Periodic", "exponential_backoff",
     "Context", "ParentResult", "Cancelled",
     "JobSpec", "Enqueued", "Batch",
-    "enqueue", "enqueue_many", "enqueue_graph", "enqueue_batch",
+    "enqueue", "enqueue_many", "enqueue_graph", "enqueue_batch", "forward", "forward_async",
     "enqueue_async", "enqueue_many_async", "enqueue_graph_async", "enqueue_batch_async",
     "JobInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
     "pause", "resume", "set_limits", "queues",

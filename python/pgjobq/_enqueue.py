@@ -618,6 +618,38 @@ async def enqueue_async(conn: Any, kind: Optional[str] = None, payload: Any = No
     return await _aone(conn, spec, _on_dup(on_duplicate), _cluster.current())
 
 
+def _plan_forward(spec: JobSpec) -> Plan:
+    f = spec._fields(where="forward")
+    for name in ("after", "tags", "on_parent_failure", "ref"):
+        if name in f:
+            raise InvalidJob(f"forward: {name}: a forwarded job's parents must be on its shard; enqueue "
+                             "a workflow on the shard where it runs")
+    sql, params, _ = _plan_one(spec)
+    sql = sql.replace("SELECT e.id, e.duplicate FROM pgjobq.enqueue(", "SELECT pgjobq.forward(", 1)
+    sql = sql[: sql.rindex(") AS e")] + ")"
+    return sql, params, f
+
+
+def forward(conn: Any, kind: Optional[str] = None, payload: Any = None, **options: Any) -> int:
+    """Enqueues, in ``conn``'s transaction, a job for the outbox (``pgjobq.forward``: docs/shards.md,
+    "The outbox"): the database of ``conn`` keeps it in its queue ``pgjobq.outbox`` until a forwarder
+    (``pgjobq work --forward-to CLUSTER``) writes it to the shard that owns it, exactly once.  For a
+    job whose shard is not the database of the application's data, in the same transaction as that
+    data.  ``options`` are JobSpec's fields but after, tags and on_parent_failure.  Judged as an
+    enqueue now (the same errors).  Returns the outbox job's id; its result, once forwarded, is
+    {"shard": ..., "id": ...}."""
+    sql, params, _ = _plan_forward(_spec(kind, payload, options))
+    (id_,), = _sql.run(conn, sql, params, enqueue=True)
+    return int(id_)
+
+
+async def forward_async(conn: Any, kind: Optional[str] = None, payload: Any = None, **options: Any) -> int:
+    """forward() on a psycopg AsyncConnection (or a URL)."""
+    sql, params, _ = _plan_forward(_spec(kind, payload, options))
+    (id_,), = await _sql.arun(conn, sql, params, enqueue=True)
+    return int(id_)
+
+
 def enqueue_many(conn: Any, jobs: Iterable[JobSpec], *, on_duplicate: str = "return") -> List[Enqueued]:
     """Enqueues many jobs in one statement, all or none, and returns them in input order.  Jobs
     with ``after``, ``tags``, ``on_parent_failure`` or ``ref`` go through ``pgjobq.enqueue_graph``

@@ -407,3 +407,33 @@ def test_the_worker_passes_the_cluster_on(shards, start_worker, tmp_path):
     assert shard_of(shards, deferred) == "b"
     assert app.get(deferred).payload == {"tenant": key_b}
     w.stop()
+
+
+def test_forward_moves_a_job_to_its_shard_with_the_applications_transaction(shards):
+    """pgjobq.forward(): a job of shard b enqueued in shard a's transaction (the application's data is
+    there) through the outbox, and a forwarder that writes it to b once."""
+    key = key_on(shards, "b", "fw")
+    with psycopg.connect(shards["a"]) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_orders (n int)")
+        c.execute("INSERT INTO public.pyc_orders VALUES (1)")
+        pgjobq.forward(c, "echo", {"order": 1}, queue=SPREAD, route_key=key)
+        c.rollback()                       # the data rolled back: no job either
+        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_orders (n int)")
+        c.execute("INSERT INTO public.pyc_orders VALUES (2)")
+        outbox_id = pgjobq.forward(c, "echo", {"order": 2}, queue=SPREAD, route_key=key)
+        c.commit()
+    with pytest.raises(pgjobq.InvalidJob, match="parents must be on its shard"):
+        pgjobq.forward(shards["a"], "echo", {}, queue=SPREAD, after=[1])
+    with pytest.raises(pgjobq.PgjobqError, match="not a queue name"):
+        pgjobq.forward(shards["a"], "echo", {}, queue="no spaces")
+    with psycopg.connect(shards["a"], autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgjobq.jobs WHERE queue = pgjobq.outbox_queue()").fetchone()[0] == 1
+    subprocess.run([CLI, "work", "--db", shards["a"], "--forward-to", shards["a"], "--burst", "--log-level", "warn"],
+                   check=True, timeout=60)
+    with psycopg.connect(shards["a"], autocommit=True) as c:
+        result = c.execute("SELECT result FROM pgjobq.history WHERE id = %s", (outbox_id,)).fetchone()[0]
+    assert result["shard"] == "b" and result["duplicate"] is False
+    with psycopg.connect(shards["b"], autocommit=True) as c:
+        rows = c.execute("SELECT id, payload FROM pgjobq.jobs WHERE queue = %s AND kind = 'echo' AND route_key = %s",
+                         (SPREAD, key)).fetchall()
+    assert rows == [(result["id"], {"order": 2})]
