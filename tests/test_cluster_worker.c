@@ -20,16 +20,28 @@
 #include "internal.h"
 
 /* A map of shards "sa" (number 0) and "sb" (number 1) over 4 partitions, 0-1 owned by sa and 2-3 by
- * sb.  Static buffer. */
-static const char *map_of(const char *ci_a, const char *ci_b)
+ * sb; or, without ci_b, of sa alone.  Static buffer. */
+static const char *map_at(int epoch, const char *ci_a, const char *ci_b)
 {
     static char buf[4096];
-    snprintf(buf, sizeof buf,
-             "{\"name\": \"test\", \"epoch\": 1, \"partitions\": 4, \"shards\": {"
-             "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"}},"
-             " \"owners\": [\"sa\", \"sa\", \"sb\", \"sb\"], \"queues\": {}}",
-             ci_a, ci_b);
+    if (ci_b == NULL)
+        snprintf(buf, sizeof buf,
+                 "{\"name\": \"test\", \"epoch\": %d, \"partitions\": 4, \"shards\": {"
+                 "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}}, \"owners\": [\"sa\", \"sa\", \"sa\", \"sa\"], "
+                 "\"queues\": {}}",
+                 epoch, ci_a);
+    else
+        snprintf(buf, sizeof buf,
+                 "{\"name\": \"test\", \"epoch\": %d, \"partitions\": 4, \"shards\": {"
+                 "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"}},"
+                 " \"owners\": [\"sa\", \"sa\", \"sb\", \"sb\"], \"queues\": {}}",
+                 epoch, ci_a, ci_b);
     return buf;
+}
+
+static const char *map_of(const char *ci_a, const char *ci_b)
+{
+    return map_at(1, ci_a, ci_b);
 }
 
 static PGconn *connect_to(const char *conninfo)
@@ -213,6 +225,13 @@ TEST_FULL(cluster_worker_serves_every_shard_and_drains_on_sigterm, 120, 0)
         }
         usleep(10000);
     }
+    /* Each shard sees the worker's engine hold at most three connections (the map was read on a
+     * connection closed at once). */
+    for (int s = 0; s < 2; s++) {
+        long long n = t_int(s ? b : a, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                       " AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
+        CHECK_MSG(n >= 2 && n <= 3, "shard %s: %lld connections", s ? "sb" : "sa", n);
+    }
     CHECK(kill(worker, SIGTERM) == 0);
     int st = t_wait_exit(worker, 60000);
     if (st != 0)
@@ -345,4 +364,62 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     PQfinish(a);
     PQfinish(b);
     free(ci_a);
+}
+
+/* The map changes while the worker runs (--map-reload 1s): a shard that joins it gets an engine, whose
+ * jobs are completed without a restart; when it leaves the map again, its engine drains and stops
+ * (said in the log), and the worker goes on with the shard that stays. */
+TEST_FULL(cluster_worker_follows_the_map_as_shards_join_and_leave, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), qa[16], qb[16];
+    const char *log = t_log_path("worker");
+
+    install(ci_a, map_at(1, ci_a, NULL), "sa");
+    queue_of_partition(qa, sizeof qa, 0);
+    queue_of_partition(qb, sizeof qb, 3);
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+
+    worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--exec", handler(),
+                     "--map-reload", "1s", "--worker-id", "cw-3", NULL);
+    t_defer(stop_worker);
+    enqueue_on(ci_a, qa, "{}", 3, NULL);
+    wait_completed(a, qa, 3, log, 60000);
+
+    /* sb joins (epoch 2): its jobs are run by the same process. */
+    install(ci_b, map_at(2, ci_a, ci_b), "sb");
+    install(ci_a, map_at(2, ci_a, ci_b), "sa");
+    enqueue_on(ci_b, qb, "{}", 3, NULL);
+    wait_completed(b, qb, 3, log, 60000);
+    CHECK_INT(t_wait_exit(worker, 0), -1);
+
+    /* sb leaves (epoch 3): its engine drains and stops; sa's goes on. */
+    install(ci_a, map_at(3, ci_a, NULL), "sa");
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        char *text = t_read_file(log);
+        int left = strstr(text, "shard sb left the cluster map") && strstr(text, "shard sb: worker cw-3 stopped");
+        free(text);
+        if (left && t_int(b, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                             " AND pid <> pg_backend_pid() AND backend_type = 'client backend'") == 0)
+            break;
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            CHECK_MSG(0, "shard sb's engine did not stop after sb left the map");
+        }
+        usleep(20000);
+    }
+    enqueue_on(ci_a, qa, "{}", 3, NULL);
+    wait_completed(a, qa, 6, log, 60000);
+    CHECK_INT(t_wait_exit(worker, 0), -1);
+
+    CHECK(kill(worker, SIGTERM) == 0);
+    int st = t_wait_exit(worker, 60000);
+    if (st != 0)
+        t_show_log(log);
+    CHECK_INT(st, 0);
+    worker = -1;
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
 }
