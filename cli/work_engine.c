@@ -224,15 +224,21 @@ static int engine_start(cluster_run *r, const char *name, const char *conninfo)
 /* Reads the map (spec) and makes the engines match it: an engine for each shard it names (by name and
  * conninfo), the engines of shards it no longer names stopped (they drain; reaped when done).
  * Returns EX_OK, or the exit status of a map that cannot be read (first: nothing was started). */
-static int engines_sync(cluster_run *r, int first)
+static int engines_sync(cluster_run *r, int first, int *rc_out)
 {
     pgjobq_cluster *cl = NULL;
     int rc = pgjobq_cluster_open(&cl, r->spec);
     int status = EX_OK;
 
+    *rc_out = rc;
     if (rc != PGJOBQ_OK) {
         const char *why = cl && pgjobq_cluster_errmsg(cl)[0] ? pgjobq_cluster_errmsg(cl) : pgjobq_strerror(rc);
-        if (first) {
+        if (first && rc == PGJOBQ_ECONN) {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "cannot read the cluster map yet (trying again): %s", why);
+            work_log((void *)&r->cfg->log, PGJOBQ_LOG_WARN, msg);
+            status = EX_UNAVAILABLE;
+        } else if (first) {
             cli_err("the cluster (%s): %s", cli_cluster_arg ? "--cluster" : "$PGJOBQ_CLUSTER", why);
             status = rc == PGJOBQ_EINVAL ? EX_CONFIG : cli_exit_status(rc);
         } else {
@@ -311,7 +317,24 @@ int work_cluster_run(const work_engine_cfg *cfg, const cli_cmd *cmd, const char 
     }
     if ((status = work_signals_install()) != EX_OK)
         goto out;
-    if ((status = engines_sync(r, 1)) != EX_OK)
+    /* The map's database may be down at start, as a database may be for a worker of one: read it
+     * again with backoff (1 s doubling to 30 s) until it answers or a signal comes. */
+    for (int64_t backoff = 1000;; backoff = backoff * 2 > 30000 ? 30000 : backoff * 2) {
+        int rc;
+        status = engines_sync(r, 1, &rc);
+        if (status == EX_OK || rc != PGJOBQ_ECONN || sig_stopping)
+            break;
+        struct pollfd pfd = {wake_pipe[0], POLLIN, 0};
+        if (poll(&pfd, 1, (int)backoff) < 0 && errno != EINTR) {
+            cli_err("poll: %s", strerror(errno));
+            break;
+        }
+        if (sig_stopping) {
+            status = EX_OK; /* stopped before it started: nothing to do, nothing lost */
+            break;
+        }
+    }
+    if (status != EX_OK || sig_stopping)
         goto stop;
 
     int64_t next_reload = now_ms() + reload_ms;
@@ -362,7 +385,7 @@ int work_cluster_run(const work_engine_cfg *cfg, const cli_cmd *cmd, const char 
         if (live == 0)
             break;
         if (!stopping && !cfg->opts.burst && now_ms() >= next_reload) {
-            int st = engines_sync(r, 0);
+            int rc, st = engines_sync(r, 0, &rc);
             if (st != EX_OK && status == EX_OK)
                 status = st;
             next_reload = now_ms() + reload_ms;

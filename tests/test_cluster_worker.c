@@ -151,6 +151,26 @@ static int exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* Waits until the log at path has needle (60 s at most). */
+static void wait_log(const char *path, const char *needle)
+{
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        if (exists(path)) {
+            char *text = t_read_file(path);
+            int found = strstr(text, needle) != NULL;
+            free(text);
+            if (found)
+                return;
+        }
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(path);
+            CHECK_MSG(0, "the log has no '%s'", needle);
+        }
+        usleep(20000);
+    }
+}
+
 /* Two shards (two databases of the test's server), 20 jobs on each; one worker runs all 40, each
  * once, each completed in its own shard (id % 1024 is the shard's number, attempt 1); each shard's
  * pgjobq.workers has the worker; then a slow job on each shard
@@ -422,4 +442,85 @@ TEST_FULL(cluster_worker_follows_the_map_as_shards_join_and_leave, 120, 0)
     PQfinish(b);
     free(ci_a);
     free(ci_b);
+}
+
+/* --coproc with --cluster: each shard's engine runs its own coprocesses (examples/coproc.py), and
+ * every job of both shards is completed once with the coprocess's result, in its own shard. */
+TEST_FULL(cluster_worker_runs_coprocesses_per_shard, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), qa[16], qb[16], command[1024];
+    const char *log = t_log_path("worker");
+
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 1);
+    queue_of_partition(qb, sizeof qb, 2);
+    enqueue_on(ci_a, qa, "{\"n\": 1}", 30, NULL);
+    enqueue_on(ci_b, qb, "{\"n\": 2}", 30, NULL);
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    snprintf(command, sizeof command, "/usr/bin/python3 %s/examples/coproc.py", t_srcdir());
+    worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--coproc", command,
+                     "--coprocs", "2", NULL);
+    t_defer(stop_worker);
+    wait_completed(a, qa, 30, log, 60000);
+    wait_completed(b, qb, 30, log, 60000);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed' AND attempt = 1"
+                       " AND (result->'echo'->>'n')::int = 1 AND id %% 1024 = 0"),
+              30);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed' AND attempt = 1"
+                       " AND (result->'echo'->>'n')::int = 2 AND id %% 1024 = 1"),
+              30);
+    CHECK(kill(worker, SIGTERM) == 0);
+    int st = t_wait_exit(worker, 60000);
+    if (st != 0)
+        t_show_log(log);
+    CHECK_INT(st, 0);
+    worker = -1;
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
+}
+
+/* The database the map is read from is down when the worker starts: the worker says so and tries
+ * again (as a worker of one database waits for its database), and serves every shard once it answers;
+ * a signal before then stops it with exit 0. */
+TEST_FULL(cluster_worker_waits_for_the_maps_database_at_start, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), ci_b[800], qa[16], qb[16];
+    const char *log = t_log_path("worker"), *early = t_log_path("early");
+
+    b_start(ci_b, sizeof ci_b);
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 0);
+    queue_of_partition(qb, sizeof qb, 3);
+    CHECK_INT(b_ctl("-m", "immediate", "stop"), 0);
+
+    /* Stopped while it waits: exit 0. */
+    worker = t_spawn(early, NULL, "work", "--cluster", ci_b, "--exec", handler(), NULL);
+    t_defer(stop_worker);
+    wait_log(early, "cannot read the cluster map yet");
+    CHECK(kill(worker, SIGTERM) == 0);
+    CHECK_INT(t_wait_exit(worker, 30000), 0);
+
+    /* Started while sb is down, with the map to read on sb: it serves both once sb is back. */
+    worker = t_spawn(log, NULL, "work", "--cluster", ci_b, "--queue", qa, "--queue", qb, "--exec", handler(), NULL);
+    wait_log(log, "cannot read the cluster map yet");
+    CHECK_INT(t_wait_exit(worker, 0), -1);
+    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    enqueue_on(ci_a, qa, "{}", 5, NULL);
+    enqueue_on(ci_b, qb, "{}", 5, NULL);
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    wait_completed(a, qa, 5, log, 90000);
+    wait_completed(b, qb, 5, log, 90000);
+    CHECK(kill(worker, SIGTERM) == 0);
+    int st = t_wait_exit(worker, 60000);
+    if (st != 0)
+        t_show_log(log);
+    CHECK_INT(st, 0);
+    worker = -1;
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
 }
