@@ -98,8 +98,12 @@ pgjobq_cluster *cli_cluster_open(int *status);
 pgjobq_client *cli_connect_for_id(int64_t id, int *status);
 /* Closes a client cli_connect or cli_connect_for_id returned (a shard's client: its cluster). */
 void cli_close(pgjobq_client *c);
+/* The name of the shard whose client cli_connect_for_id returned; NULL without a cluster. */
+const char *cli_shard_of(const pgjobq_client *c);
 /* Prints the cluster's last error and returns the matching exit status. */
 int cli_cluster_fail(pgjobq_cluster *cl, int code);
+/* Prints "pgjobq: shard NAME: down (why)"; why may start with "shard NAME: " (a cluster's message). */
+void cli_shard_down(const char *name, const char *why);
 
 /* The sysexits.h status for a library result code. */
 int cli_exit_status(int code);

@@ -3,6 +3,7 @@
  * against any database.  Each prints one JSON object (or a line of text).
  *
  *   enqueue     N jobs through pgjobq_enqueue_many (COPY for large batches)              jobs_per_s
+ *               (--cluster SPEC: through pgjobq_cluster_enqueue_many, routed by the client)
  *   drain       N preloaded no-op jobs, P worker processes x C threads (in-process)      jobs_per_s
  *   drain-exec  the same with `pgjobq work --exec /bin/true` (or --handler)               jobs_per_s
  *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
@@ -70,6 +71,9 @@ const cli_opt bench_opts[] = {
     {"window", OPT_WINDOW, "S", "steady: seconds per measurement window (default 60; a third of the run when shorter than 3 minutes)"},
     {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate; soak: refilling (default 2)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
+    {"cluster", OPT_CLUSTER, "SPEC",
+     "enqueue: route the jobs through the cluster SPEC (pgjobq_cluster_enqueue_many), to compare with the "
+     "direct path: on a cluster of one shard, --db that shard (not read from $PGJOBQ_CLUSTER)"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -251,7 +255,8 @@ out:
 /* ------------------------------------------------------------------------------------------------ */
 /* Enqueue, latency, mixed                                                                           */
 
-static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
+/* enqueue: through the client c, or routed by the cluster cl (not NULL: --cluster). */
+static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c, pgjobq_cluster *cl)
 {
     enum { MAXB = 100000 };
     int b = a->batch ? (a->batch > MAXB ? MAXB : a->batch) : 10000;
@@ -272,18 +277,20 @@ static int bench_enqueue(bench_args *a, PGconn *ctl, pgjobq_client *c)
     double t0 = bench_now();
     for (long long done = 0; done < a->jobs && rc == PGJOBQ_OK;) {
         size_t k = (size_t)(a->jobs - done < b ? a->jobs - done : b);
-        rc = pgjobq_enqueue_many(c, specs, k, NULL, NULL);
+        rc = cl ? pgjobq_cluster_enqueue_many(cl, specs, k, NULL, NULL) : pgjobq_enqueue_many(c, specs, k, NULL, NULL);
         done += (long long)k;
     }
     double secs = bench_now() - t0;
     free(specs);
     if (rc != PGJOBQ_OK)
-        return cli_fail(c, rc);
+        return cl ? cli_cluster_fail(cl, rc) : cli_fail(c, rc);
     if (a->json)
-        printf("{\"scenario\":\"enqueue\",\"jobs\":%lld,\"batch\":%d,\"seconds\":%.3f,\"jobs_per_s\":%.1f}\n",
-               a->jobs, b, secs, (double)a->jobs / secs);
+        printf("{\"scenario\":\"enqueue\",\"jobs\":%lld,\"batch\":%d,\"seconds\":%.3f,\"jobs_per_s\":%.1f,"
+               "\"path\":\"%s\",\"shards\":%zu}\n",
+               a->jobs, b, secs, (double)a->jobs / secs, cl ? "cluster" : "direct", cl ? pgjobq_cluster_shards(cl) : 1);
     else
-        printf("enqueue: %lld jobs in batches of %d: %.0f jobs/s (%.2f s)\n", a->jobs, b, (double)a->jobs / secs, secs);
+        printf("enqueue: %lld jobs in batches of %d%s: %.0f jobs/s (%.2f s)\n", a->jobs, b,
+               cl ? ", routed by the cluster client" : "", (double)a->jobs / secs, secs);
     return EX_OK;
 }
 
@@ -777,6 +784,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         known |= strcmp(scenario, scenarios[i]) == 0;
     if (!known) /* before any database is reached, or the embedded one started */
         return cli_usage_error(cmd, "unknown scenario '%s'", scenario);
+    if (cli_cluster_arg && strcmp(scenario, "enqueue") != 0)
+        return cli_usage_error(cmd, "--cluster goes with the enqueue scenario");
     if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
         return cli_usage_error(cmd, "drain-coproc needs --handler 'CMD ARGS' (e.g. 'python3 examples/coproc.py')");
     if ((strcmp(scenario, "mixed") == 0 || strcmp(scenario, "steady") == 0) && a.rate == 0)
@@ -798,8 +807,13 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return EX_UNAVAILABLE;
     }
     signal(SIGPIPE, SIG_IGN);
-    if (strcmp(scenario, "enqueue") == 0)
-        status = bench_enqueue(&a, ctl, c);
+    if (strcmp(scenario, "enqueue") == 0 && cli_cluster_arg) {
+        pgjobq_cluster *cl = cli_cluster_open(&status);
+        if (cl)
+            status = bench_enqueue(&a, ctl, c, cl);
+        pgjobq_cluster_close(cl);
+    } else if (strcmp(scenario, "enqueue") == 0)
+        status = bench_enqueue(&a, ctl, c, NULL);
     else if (strcmp(scenario, "drain") == 0)
         status = bench_drain(url, &a, 0, ctl, c);
     else if (strcmp(scenario, "drain-exec") == 0)

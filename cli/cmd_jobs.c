@@ -379,9 +379,7 @@ static int report_down(const shard_answer *sh, size_t n, int json)
         if (sh[s].client)
             continue;
         down++;
-        const char *why = sh[s].why;
-        size_t skip = strlen("shard ") + strlen(sh[s].name) + 2; /* "shard NAME: " */
-        cli_err("shard %s: down (%s)", sh[s].name, strncmp(why, "shard ", 6) == 0 && strlen(why) > skip ? why + skip : why);
+        cli_shard_down(sh[s].name, sh[s].why);
     }
     if (json)
         return down == n ? EX_UNAVAILABLE : EX_OK;
@@ -655,6 +653,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             told = PGJOBQ_TIME_NONE;
         fputs(",\"cancel_told_at\":", stdout);
         json_time(stdout, told);
+        if (cli_shard_of(c)) {
+            fputs(",\"shard\":", stdout);
+            json_str(stdout, cli_shard_of(c));
+        }
     } else {
         char t[5][48];
         format_time(t[0], sizeof t[0], j->run_at);
@@ -663,6 +665,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         format_time(t[3], sizeof t[3], j->finished_at);
         format_time(t[4], sizeof t[4], j->lease_until);
         printf("id:            %lld\n", (long long)j->id);
+        if (cli_shard_of(c))
+            field("shard:", cli_shard_of(c));
         field("queue:", j->queue);
         field("kind:", j->kind);
         printf("state:         %s%s\npriority:      %d\nattempt:       %d of %d\n", pgjobq_state_name(j->state),
@@ -1203,17 +1207,67 @@ static int parse_bulk(const cli_cmd *cmd, int argc, char **argv, bulk_args *a, i
     return 0;
 }
 
-/* cancel's and retry's client: the job's shard (one job, with a cluster), or the database. */
-static pgjobq_client *connect_bulk(const cli_cmd *cmd, int one, int64_t id, int *status)
+/* cancel's and retry's client: the job's shard (one job, with a cluster), or the database; NULL with
+ * *status EX_OK for a filter over a cluster (run_where connects to the shards). */
+static pgjobq_client *connect_bulk(int one, int64_t id, int *status)
 {
     if (one)
         return cli_connect_for_id(id, status);
     if (cli_cluster_spec() != NULL) {
-        *status = cli_usage_error(cmd, "with a cluster (--cluster, $PGJOBQ_CLUSTER), give a job ID: a filter acts "
-                                       "on one database (--db a shard's URL)");
+        *status = EX_OK;
         return NULL;
     }
     return cli_connect(0, status);
+}
+
+/* The filter's cancel (retry 0) or retry (1) on c; over a cluster (c NULL), on every shard, each
+ * shard's jobs in one statement there (all or none per shard, nothing more across shards), the counts
+ * summed.  Over a cluster, *cl_status is set, errors are printed here naming their shard, and a shard
+ * that does not answer makes it EX_UNAVAILABLE after the others' counts (the command prints them: the
+ * return is PGJOBQ_OK when at least one shard answered); else *cl_status is -1. */
+static int run_where(pgjobq_client *c, const bulk_args *a, int retry, int64_t *n, int64_t *skipped, int *cl_status)
+{
+    int flags = a->dry_run ? PGJOBQ_DRY_RUN : 0, answered = 0;
+
+    *cl_status = -1;
+    if (c)
+        return retry ? pgjobq_retry_where(c, &a->filter, flags, n, skipped) : pgjobq_cancel_where(c, &a->filter, flags, n);
+    shard_answer *sh = NULL;
+    size_t nsh = 0;
+    pgjobq_cluster *cl = cluster_shards(&sh, &nsh, cl_status);
+    if (cl == NULL)
+        return PGJOBQ_ECONN;
+    *n = 0;
+    if (skipped)
+        *skipped = 0;
+    for (size_t s = 0; s < nsh; s++) {
+        int64_t k = 0, sk = 0;
+        int rc;
+        if (sh[s].client == NULL)
+            continue;
+        rc = retry ? pgjobq_retry_where(sh[s].client, &a->filter, flags, &k, &sk)
+                   : pgjobq_cancel_where(sh[s].client, &a->filter, flags, &k);
+        if (rc == PGJOBQ_ECONN) {
+            shard_down(&sh[s], pgjobq_errmsg(sh[s].client));
+        } else if (rc != PGJOBQ_OK) {
+            cli_err("shard %s: %s", sh[s].name, pgjobq_errmsg(sh[s].client));
+            *cl_status = cli_exit_status(rc);
+        } else {
+            answered++;
+            *n += k;
+            if (skipped)
+                *skipped += sk;
+        }
+    }
+    int down = report_down(sh, nsh, 0);
+    size_t ndown = 0;
+    for (size_t s = 0; s < nsh; s++)
+        ndown += sh[s].client == NULL;
+    if (*cl_status == EX_OK)
+        *cl_status = ndown ? EX_UNAVAILABLE : down;
+    free(sh);
+    pgjobq_cluster_close(cl);
+    return answered ? PGJOBQ_OK : PGJOBQ_ECONN;
 }
 
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
@@ -1229,7 +1283,8 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
     if (!one && a.filter.state != PGJOBQ_QUEUED && a.filter.state != PGJOBQ_RUNNING)
         return cli_usage_error(cmd, "--state %s: only queued or running jobs can be cancelled",
                                pgjobq_state_name(a.filter.state));
-    if ((c = connect_bulk(cmd, one, id, &status)) == NULL)
+    int cl_status = -1;
+    if ((c = connect_bulk(one, id, &status)) == NULL && status != EX_OK)
         return status;
     if (one) {
         rc = pgjobq_job_cancel(c, id, &st);
@@ -1240,7 +1295,7 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
         else if (rc == PGJOBQ_OK)
             printf("job %lld cancelled\n", (long long)id);
     } else {
-        rc = pgjobq_cancel_where(c, &a.filter, a.dry_run ? PGJOBQ_DRY_RUN : 0, &n);
+        rc = run_where(c, &a, 0, &n, NULL, &cl_status);
         if (rc == PGJOBQ_OK && a.json)
             printf("{\"%s\":%lld,\"dry_run\":%s}\n",
                    a.filter.state == PGJOBQ_RUNNING ? "cancel_requested" : "cancelled", (long long)n,
@@ -1253,7 +1308,7 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
             printf("%s %lld queued job%s of queue %s\n", a.dry_run ? "would cancel" : "cancelled", (long long)n,
                    n == 1 ? "" : "s", a.filter.queue);
     }
-    status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+    status = cl_status >= 0 ? cl_status : rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
     cli_close(c);
     return status;
 }
@@ -1272,7 +1327,8 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
                                     "expires (retry --running ID ends one job's lease now)");
     if (!one && a.running)
         return cli_usage_error(cmd, "--running goes with a job ID");
-    if ((c = connect_bulk(cmd, one, id, &status)) == NULL)
+    int cl_status = -1;
+    if ((c = connect_bulk(one, id, &status)) == NULL && status != EX_OK)
         return status;
     if (one && a.running) {
         pgjobq_state st = PGJOBQ_QUEUED;
@@ -1288,7 +1344,7 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
         if (rc == PGJOBQ_OK)
             printf("job %lld queued to run again now\n", (long long)id);
     } else {
-        rc = pgjobq_retry_where(c, &a.filter, a.dry_run ? PGJOBQ_DRY_RUN : 0, &n, &skipped);
+        rc = run_where(c, &a, 1, &n, &skipped, &cl_status);
         if (rc == PGJOBQ_OK && a.json) {
             printf("{\"retried\":%lld,\"skipped\":%lld,\"dry_run\":%s}\n", (long long)n, (long long)skipped,
                    a.dry_run ? "true" : "false");
@@ -1304,7 +1360,7 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
                        (long long)skipped, skipped == 1 ? "its" : "their");
         }
     }
-    status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+    status = cl_status >= 0 ? cl_status : rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
     cli_close(c);
     return status;
 }

@@ -106,6 +106,15 @@ pgjobq_client *cli_connect(int allow_unmigrated, int *status)
 /* The cluster a shard's client handed out by cli_connect_for_id belongs to: closed with it. */
 static pgjobq_cluster *owner_cluster;
 static pgjobq_client *owner_client;
+static size_t owner_shard;
+
+void cli_shard_down(const char *name, const char *why)
+{
+    size_t len = strlen(name);
+    if (strncmp(why, "shard ", 6) == 0 && strncmp(why + 6, name, len) == 0 && strncmp(why + 6 + len, ": ", 2) == 0)
+        why += 6 + len + 2;
+    cli_err("shard %s: down (%s)", name, why);
+}
 
 int cli_cluster_fail(pgjobq_cluster *cl, int code)
 {
@@ -159,18 +168,22 @@ pgjobq_client *cli_connect_for_id(int64_t id, int *status)
         /* An id from before the cluster: any shard may hold it; the first that does. */
         size_t down = 0, n = pgjobq_cluster_shards(cl);
         pgjobq_client *any = NULL;
-        for (s = 0; s < n && c == NULL; s++) {
+        for (size_t i = 0; i < n && c == NULL; i++) {
             pgjobq_client *sc;
             pgjobq_job *j = NULL;
-            if (pgjobq_cluster_client(cl, s, &sc) != PGJOBQ_OK) {
-                cli_err("%s: down", pgjobq_cluster_errmsg(cl));
+            if (pgjobq_cluster_client(cl, i, &sc) != PGJOBQ_OK) {
+                cli_shard_down(pgjobq_cluster_shard_name(cl, i), pgjobq_cluster_errmsg(cl));
                 down++;
                 continue;
             }
-            if (any == NULL)
+            if (any == NULL) {
                 any = sc;
-            if (pgjobq_job_get(sc, id, &j) == PGJOBQ_OK)
+                s = i;
+            }
+            if (pgjobq_job_get(sc, id, &j) == PGJOBQ_OK) {
                 c = sc;
+                s = i;
+            }
             pgjobq_jobs_free(j);
         }
         if (c == NULL && down == n) {
@@ -188,6 +201,7 @@ pgjobq_client *cli_connect_for_id(int64_t id, int *status)
     }
     owner_cluster = cl;
     owner_client = c;
+    owner_shard = s;
     *status = EX_OK;
     return c;
 }
@@ -201,4 +215,9 @@ void cli_close(pgjobq_client *c)
         return;
     }
     pgjobq_client_close(c);
+}
+
+const char *cli_shard_of(const pgjobq_client *c)
+{
+    return c != NULL && c == owner_client ? pgjobq_cluster_shard_name(owner_cluster, owner_shard) : NULL;
 }

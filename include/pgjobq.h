@@ -334,7 +334,8 @@ typedef struct pgjobq_enqueue_opts {
     union {
         /* NULL: none.  The job's routing key in a cluster of shards (docs/shards.md): the jobs of a
            spread queue are placed by it (a tenant, an account); stored with the job (jobs.route_key)
-           and ignored for routing by a pinned queue.  pgjobq_cluster_enqueue routes by it. */
+           and ignored for routing by a pinned queue.  pgjobq_cluster_enqueue routes by it.  (In
+           place of the last reserved field.) */
         const char *route_key;
         uint64_t pgjobq_slot2_;
     };

@@ -385,7 +385,8 @@ static int map_parse(const char *json, cl_map *m, char *why, size_t why_size)
             if (!ok)
                 BAD("queue \"%s\": \"placement\" must be \"pinned\" or \"spread\"", q->name);
         }
-        qsort(m->queues, m->nqueues, sizeof *m->queues, queue_cmp);
+        if (m->nqueues > 1)
+            qsort(m->queues, m->nqueues, sizeof *m->queues, queue_cmp);
     }
     m->mapped = 1;
     return PGJOBQ_OK;
@@ -488,22 +489,13 @@ static void map_install(pgjobq_cluster *cl, cl_map *m)
     memset(m, 0, sizeof *m);
 }
 
-/* Reads the map again from src (a client of the cluster's; NULL: the file or the home connection)
- * and takes it unless it is older.  A database with no map keeps the map held. */
-static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_name)
+/* Takes the map json (read from src_name) unless it is older than the one held. */
+static int take_map(pgjobq_cluster *cl, const char *json, const char *src_name)
 {
-    char *json = NULL, why[512];
+    char why[512];
     cl_map m;
-    int rc;
+    int rc = map_parse(json, &m, why, sizeof why);
 
-    if (src == NULL && cl->file)
-        rc = read_file(cl, &json);
-    else if ((rc = read_map(src ? src : cl->home, &json)) != PGJOBQ_OK)
-        return shard_err(cl, src_name, src ? src : cl->home, rc);
-    if (rc != PGJOBQ_OK || json == NULL)
-        return rc;
-    rc = map_parse(json, &m, why, sizeof why);
-    free(json);
     if (rc != PGJOBQ_OK)
         return cl_err(cl, rc, "cluster map from %s: %s", src_name, why);
     if (cl->map.mapped && m.epoch < cl->map.epoch) {
@@ -512,6 +504,24 @@ static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_nam
     }
     map_install(cl, &m);
     return PGJOBQ_OK;
+}
+
+/* Reads the map again from src (a client of the cluster's; NULL: the file or the home connection)
+ * and takes it unless it is older.  A database with no map keeps the map held. */
+static int load_from(pgjobq_cluster *cl, pgjobq_client *src, const char *src_name)
+{
+    char *json = NULL;
+    int rc;
+
+    if (src == NULL && cl->file)
+        rc = read_file(cl, &json);
+    else if ((rc = read_map(src ? src : cl->home, &json)) != PGJOBQ_OK)
+        return shard_err(cl, src_name, src ? src : cl->home, rc);
+    if (rc != PGJOBQ_OK || json == NULL)
+        return rc;
+    rc = take_map(cl, json, src_name);
+    free(json);
+    return rc;
 }
 
 /* ---- connections ------------------------------------------------------------------------------------ */
@@ -599,8 +609,9 @@ int pgjobq_cluster_open(pgjobq_cluster **out, const char *spec)
         cl->map = m;
         return PGJOBQ_OK;
     }
+    rc = take_map(cl, json, "the database");
     free(json);
-    return load_from(cl, NULL, "the database");
+    return rc;
 }
 
 void pgjobq_cluster_close(pgjobq_cluster *cl)
@@ -823,13 +834,13 @@ int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs,
         return PGJOBQ_OK;
     if (jobs == NULL)
         return cl_err(cl, PGJOBQ_EINVAL, "enqueue: no jobs given");
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n && cl->map.mapped; i++) /* (one shard: its own check names the job as well) */
         if (jobs[i].opts.queue && pgjobq_name_check(jobs[i].opts.queue) != PGJOBQ_OK)
             return cl_err(cl, PGJOBQ_EINVAL, "job %zu: queue \"%.100s\" is not a valid name", i, jobs[i].opts.queue);
 
     /* One shard for the whole batch (a database without a map, one pinned queue, one key): as is. */
-    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i;
-    for (i = 1; i < n && cl->map.mapped; i++)
+    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i = cl->map.mapped ? 1 : n;
+    for (; i < n; i++)
         if (route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key) != s0)
             break;
     if (i == n) {

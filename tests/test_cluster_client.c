@@ -328,6 +328,36 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
     CHECK_OK(NULL, pgjobq_cluster_route(cl, qa, NULL, &s));
     CHECK_STR(pgjobq_cluster_shard_name(cl, s), "sa");
     pgjobq_cluster_close(cl);
+
+    /* Opened on a router that holds an older map (epoch 3: the spread key's partition on sb, the
+     * shards now at 5 with it on sa): the job goes to sb, is refused there (PJQ01), and the map read
+     * from sb (epoch 5) sends it to sa. */
+    char *ci_r = t_extra_db("router", 0);
+    pgjobq_client *rc = NULL;
+    CHECK_RC(rc, pgjobq_client_open(&rc, ci_r), PGJOBQ_ESCHEMA);
+    CHECK_OK(rc, pgjobq_migrate_router(rc, NULL));
+    pgjobq_client_close(rc);
+    PGconn *r = connect_to(ci_r);
+    const char *values[1] = {map_of(3, ci_a, ci_b, "abbb", queues)};
+    PGresult *res = PQexecParams(r, "SELECT pgjobq.cluster_set($1::jsonb, NULL)", 1, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(res) == PGRES_TUPLES_OK, "router: %s", PQerrorMessage(r));
+    PQclear(res);
+    install(a, map_of(5, ci_a, ci_b, "aaaa", queues), "sa");
+    install(b, map_of(5, ci_a, ci_b, "aaaa", queues), "sb");
+    cl = NULL;
+    CHECK_MSG(pgjobq_cluster_open(&cl, ci_r) == PGJOBQ_OK, "open the router: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_INT(pgjobq_cluster_epoch(cl), 3);
+    CHECK_INT(pgjobq_cluster_shards(cl), 2);
+    o.queue = "t";
+    o.route_key = key;
+    CHECK_MSG(pgjobq_cluster_enqueue(cl, "{}", &o, &id) == PGJOBQ_OK, "enqueue: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_INT(pgjobq_cluster_epoch(cl), 5);
+    CHECK_INT(id % 1024, 0);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND route_key = '%s'", (long long)id, key), 1);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"), 3); /* the batch's, nothing more */
+    pgjobq_cluster_close(cl);
+    PQfinish(r);
+    free(ci_r);
     PQfinish(a);
     PQfinish(b);
     free(ci_a);
@@ -512,9 +542,16 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     char id_s[32];
     snprintf(id_s, sizeof id_s, "%lld", id_b);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, id_s, NULL), 0);
-    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1"), "%s", out);
+    CHECK_MSG(strstr(out, qb) && strstr(out, "\"x\": 1") && strstr(out, "\nshard:         sb\n"), "%s", out);
     free(out);
     free(err);
+    /* An id at most the map's floor (from before the cluster) is looked for on every shard. */
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 1000000"));
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "--json", id_s, NULL), 0);
+    CHECK_MSG(strstr(out, "\"shard\":\"sb\"") && strstr(out, qb), "%s", out);
+    free(out);
+    free(err);
+    PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 0"));
     CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, id_s, NULL), 0);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %s AND state = 'cancelled'", id_s), 1);
     free(out);
@@ -526,7 +563,17 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--cluster", ci_a, "99999", NULL), 65); /* 99999 % 1024: no shard */
     free(out);
     free(err);
-    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", NULL), 64);
+    /* A filter acts on every shard, the counts summed. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", NULL), 0);
+    CHECK_MSG(strstr(out, "cancelled 3 queued jobs of queue"), "%s %s", out, err);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = '%s' AND state = 'cancelled'", qa), 3);
+    free(out);
+    free(err);
+    CHECK_INT(
+        t_cli(&out, &err, NULL, 0, "retry", "--cluster", ci_a, "--queue", qa, "--state", "cancelled", "--json", NULL),
+        0);
+    CHECK_STR(out, "{\"retried\":3,\"skipped\":0,\"dry_run\":false}\n");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND state = 'queued'", qa), 3);
     free(out);
     free(err);
 
@@ -559,6 +606,13 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     CHECK_MSG(strstr(err, "shard sb: "), "%s", err);
     free(out);
     free(err);
+    /* A change by filter while a shard is down: the others' counts, then 69 (not every shard was told). */
+    CHECK_INT(
+        t_cli(&out, &err, NULL, 0, "cancel", "--cluster", ci_a, "--queue", qa, "--state", "queued", "--dry-run", NULL),
+        69);
+    CHECK_MSG(strstr(out, "would cancel 3 queued jobs") && strstr(err, "shard sb: down ("), "%s / %s", out, err);
+    free(out);
+    free(err);
     /* Every shard down: 69. */
     char path[4096],
         *json = t_str(a, "SELECT replace(pgjobq.cluster_map()::text, '%s', 'host=127.0.0.1 port=1')", ci_a);
@@ -568,6 +622,47 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     free(json);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--cluster", path, NULL), 69);
     CHECK_MSG(strstr(err, "shard sa: down (") && strstr(err, "shard sb: down ("), "%s", err);
+    free(out);
+    free(err);
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
+}
+
+/* `pgjobq bench enqueue --cluster SPEC` routes its jobs through the cluster client (a smoke run of a
+ * few hundred jobs, on a cluster of one shard and on two), and says so; other scenarios refuse it. */
+TEST(cluster_client_bench_enqueue_through_the_cluster)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *out = NULL, *err = NULL;
+    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+
+    /* A database without a map: a cluster of one shard, this one. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "enqueue", "--jobs", "300", "--batch", "100", "--json", "--cluster",
+                    t_conninfo(), NULL),
+              0);
+    CHECK_MSG(strstr(out, "\"jobs\":300,") && strstr(out, "\"path\":\"cluster\",\"shards\":1}"), "%s %s", out, err);
+    free(out);
+    free(err);
+    PGconn *pg = t_pg();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'"), 300);
+    PQfinish(pg);
+    /* Two shards: queue "bench" lives on its owner. */
+    char owners[5];
+    for (int p = 0; p < 4; p++)
+        owners[p] = (pgjobq__route_hash("bench", 5) & 3) == (uint32_t)p ? 'b' : 'a';
+    owners[4] = '\0';
+    install(a, map_of(1, ci_a, ci_b, owners, ""), "sa");
+    install(b, map_of(1, ci_a, ci_b, owners, ""), "sb");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci_b, "bench", "enqueue", "--jobs", "200", "--batch", "50",
+                    "--cluster", ci_a, NULL),
+              0);
+    CHECK_MSG(strstr(out, "routed by the cluster client"), "%s %s", out, err);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'bench'"), 200);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs"), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "drain", "--cluster", ci_a, NULL), 64);
     free(out);
     free(err);
     PQfinish(a);
