@@ -363,6 +363,21 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     wait_completed(a, qa, 15, log, 60000);
     CHECK_INT(t_wait_exit(worker, 0), -1);
 
+    /* `pgjobq health --cluster` shows sa, and sb as down; exit 0 (a shard answered). */
+    char *out = NULL, *err = NULL;
+    int st = t_cli(&out, &err, NULL, 0, "health", "--cluster", ci_a, NULL);
+    CHECK_MSG(st == 0 && strstr(out, "shard          sa\npgjobq.jobs") && strstr(out, "shard          sb\ndown  ") &&
+                  strstr(err, "shard sb: down ("),
+              "health --cluster (exit %d): %s / %s", st, out, err);
+    free(out);
+    free(err);
+    st = t_cli(&out, &err, NULL, 0, "health", "--cluster", ci_a, "--json", NULL);
+    CHECK_MSG(st == 0 && strstr(out, "{\"shards\":[{\"shard\":\"sa\",\"up\":true,\"jobs_bytes\":") &&
+                  strstr(out, "{\"shard\":\"sb\",\"up\":false,\"error\":\"shard sb: "),
+              "health --cluster --json (exit %d): %s / %s", st, out, err);
+    free(out);
+    free(err);
+
     /* sb back: its waiting jobs, and new ones, are completed. */
     CHECK_INT(b_ctl("start", NULL, NULL), 0);
     enqueue_on(ci_b, qb, "{}", 5, NULL);
@@ -376,7 +391,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     CHECK_INT(t_wait_exit(worker, 0), -1);
 
     CHECK(kill(worker, SIGTERM) == 0);
-    int st = t_wait_exit(worker, 60000);
+    st = t_wait_exit(worker, 60000);
     if (st != 0)
         t_show_log(log);
     CHECK_INT(st, 0);
