@@ -2,8 +2,9 @@
  * cmd_work.c - pgjobq work: a worker whose handler runs a command given on the worker's own command
  * line (never one taken from a job row), once per job (--exec, work_exec.c) or as long-lived
  * coprocesses (--coproc, coproc.c).  This file reads the options and runs the worker until a signal
- * stops it; its log is work_log.c's, --metrics-listen work_metrics.c's, and starting a handler
- * process spawn.c's.
+ * stops it: one engine on this thread, or with --cluster one per shard (work_engine.c, which also
+ * holds the signal handler); its log is work_log.c's, --metrics-listen work_metrics.c's, and
+ * starting a handler process spawn.c's.
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
