@@ -15,41 +15,38 @@
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */
-#include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "coproc.h"
 #include "spawn.h"
 #include "work.h"
 
-#define OPT_QUEUE            'q'
-#define OPT_EXEC             'e'
-#define OPT_SHELL            2001
-#define OPT_LEASE            2002
-#define OPT_HEARTBEAT        2003
-#define OPT_TIMEOUT          2004
-#define OPT_POLL             2005
-#define OPT_POLL_ONLY        2006
-#define OPT_SHUTDOWN         2007
-#define OPT_WORKER_ID        2008
-#define OPT_LOG_FORMAT       2009
-#define OPT_LOG_LEVEL        2010
-#define OPT_BATCH            2011
-#define OPT_MAX_OUTPUT       2012
+#define OPT_QUEUE 'q'
+#define OPT_EXEC 'e'
+#define OPT_SHELL 2001
+#define OPT_LEASE 2002
+#define OPT_HEARTBEAT 2003
+#define OPT_TIMEOUT 2004
+#define OPT_POLL 2005
+#define OPT_POLL_ONLY 2006
+#define OPT_SHUTDOWN 2007
+#define OPT_WORKER_ID 2008
+#define OPT_LOG_FORMAT 2009
+#define OPT_LOG_LEVEL 2010
+#define OPT_BATCH 2011
+#define OPT_MAX_OUTPUT 2012
 #define OPT_RETAIN_COMPLETED 2013
-#define OPT_RETAIN_FAILED    2014
-#define OPT_NO_MAINTENANCE   2015
-#define OPT_METRICS_LISTEN   2016
-#define OPT_COPROC           2017
-#define OPT_COPROCS          2018
-#define OPT_BURST            2019
-#define OPT_PRINT_DEFAULTS   2020
-#define OPT_PASS_ENV         2021
-#define OPT_KEEP_ENV         2022
-#define OPT_MAP_RELOAD       2023
+#define OPT_RETAIN_FAILED 2014
+#define OPT_NO_MAINTENANCE 2015
+#define OPT_METRICS_LISTEN 2016
+#define OPT_COPROC 2017
+#define OPT_COPROCS 2018
+#define OPT_BURST 2019
+#define OPT_PRINT_DEFAULTS 2020
+#define OPT_PASS_ENV 2021
+#define OPT_KEEP_ENV 2022
+#define OPT_MAP_RELOAD 2023
 
 #define PASS_ENV_MAX 64
 
@@ -357,7 +354,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         cfg->kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
     }
     if (cluster) {
-        status = work_cluster_run(&a.eng, cmd, cluster, a.map_reload_ms);
+        status = work_cluster_run(&a.eng, cluster, a.map_reload_ms);
         goto out;
     }
     if ((url = cli_resolve_db(&status)) == NULL)

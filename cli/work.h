@@ -107,6 +107,6 @@ void work_signals_set(size_t i, work_engine *e);
  * again every reload_ms: an engine starts for a shard that joined it; the engine of a shard that
  * left drains and stops.  Returns the exit status: EX_OK after a clean drain, EX_TEMPFAIL when an
  * engine handed jobs back, else the first engine's error (which stops the others). */
-int work_cluster_run(const work_engine_cfg *cfg, const cli_cmd *cmd, const char *spec, int64_t reload_ms);
+int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms);
 
 #endif /* PGJOBQ_CLI_WORK_H */

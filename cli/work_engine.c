@@ -287,13 +287,12 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int work_cluster_run(const work_engine_cfg *cfg, const cli_cmd *cmd, const char *spec, int64_t reload_ms)
+int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms)
 {
     cluster_run *r = calloc(1, sizeof *r);
     int status = EX_OK, stopping = 0;
     char host[256] = "localhost";
 
-    (void)cmd;
     if (r == NULL) {
         cli_err("out of memory");
         return EX_OSERR;
