@@ -267,7 +267,9 @@ static int engines_sync(cluster_run *r, int first, int *rc_out)
             pgjobq_worker_stop(e->w);
         }
     }
-    for (size_t j = 0; j < n && status == EX_OK; j++) {
+    /* At start, the first engine that cannot be made stops the command; later, one that cannot (a
+     * new shard's conninfo libpq cannot parse) is said and tried again at the next reading. */
+    for (size_t j = 0; j < n && (status == EX_OK || !first); j++) {
         const char *name = pgjobq_cluster_shard_name(cl, j), *conninfo = pgjobq_cluster_shard_conninfo(cl, j);
         int have = 0;
         for (size_t i = 0; i < ENGINES_MAX && !have; i++)
@@ -384,9 +386,8 @@ int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reloa
         if (live == 0)
             break;
         if (!stopping && !cfg->opts.burst && now_ms() >= next_reload) {
-            int rc, st = engines_sync(r, 0, &rc);
-            if (st != EX_OK && status == EX_OK)
-                status = st;
+            int rc;
+            (void)engines_sync(r, 0, &rc); /* what failed is in the log; the engines go on */
             next_reload = now_ms() + reload_ms;
         }
     }
