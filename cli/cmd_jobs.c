@@ -40,7 +40,8 @@ const cli_opt graph_opts[] = {
     {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {
     {"json", OPT_JSON, NULL, "print a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
-const cli_opt health_opts[] = {{"json", OPT_JSON, NULL, "print a JSON object"}, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
+const cli_opt health_opts[] = {
+    {"json", OPT_JSON, NULL, "print a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 #define OPT_KIND    'k'
 #define OPT_SINCE   1001
 #define OPT_DRY_RUN 1002
@@ -1010,26 +1011,20 @@ static void print_unhealthy(const PGresult *u)
     }
 }
 
-int cmd_health(const cli_cmd *cmd, int argc, char **argv)
+/* One database's health, printed (shard: its name in a cluster, printed first; NULL: none). */
+static void health_print(const pgjobq_health *hp, PGresult *unhealthy, int json, const char *shard)
 {
-    int json = 0, status, rc;
-    pgjobq_health h;
-    pgjobq_client *c;
+    pgjobq_health h = *hp;
     char t1[48], t2[48], size[32];
 
-    if (parse_simple(cmd, argc, argv, 0, flag_opt, &json, &status) < 0)
-        return status;
-    if ((c = cli_connect(0, &status)) == NULL)
-        return status;
-    if ((rc = pgjobq_health_get(c, &h)) != PGJOBQ_OK) {
-        status = cli_fail(c, rc);
-        pgjobq_client_close(c);
-        return status;
-    }
-    PGresult *unhealthy = unhealthy_workers(c);
-    pgjobq_client_close(c);
     if (json) {
-        printf("{\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
+        fputc('{', stdout);
+        if (shard) {
+            fputs("\"shard\":", stdout);
+            json_str(stdout, shard);
+            fputs(",\"up\":true,", stdout);
+        }
+        printf("\"jobs_bytes\":%lld,\"jobs_live\":%lld,\"jobs_dead\":%lld,\"vacuums\":%lld,\"last_vacuum\":",
                (long long)h.jobs_bytes, (long long)h.jobs_live, (long long)h.jobs_dead, (long long)h.vacuums);
         json_time(stdout, h.last_vacuum);
         fputs(",\"autovacuum_paused_since\":", stdout);
@@ -1059,10 +1054,11 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         fputc('}', stdout);
     json_end:
         print_unhealthy_json(unhealthy);
-        fputs("}\n", stdout);
-        PQclear(unhealthy);
-        return EX_OK;
+        fputs(shard ? "}" : "}\n", stdout);
+        return;
     }
+    if (shard)
+        printf("shard          %s\n", shard);
     format_bytes(size, sizeof size, h.jobs_bytes);
     format_time(t1, sizeof t1, h.last_vacuum);
     printf("pgjobq.jobs    %s, %lld live rows, %lld dead rows (estimates)\n", size, (long long)h.jobs_live,
@@ -1098,8 +1094,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
         tty_put(stdout, h.holder_state, 0);
         fputc(')', stdout);
     }
-    printf(", for %.1f s (xid age %lld), since %s\n", (double)h.horizon_age_ms / 1000,
-           (long long)h.horizon_xids, t2);
+    printf(", for %.1f s (xid age %lld), since %s\n", (double)h.horizon_age_ms / 1000, (long long)h.horizon_xids, t2);
     if (h.holder_query[0])
         field("  query", h.holder_query);
     else if (strcmp(h.holder_kind, "session") == 0)
@@ -1110,6 +1105,76 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
                "docs/deploy.md, \"Snapshots held open\".\n");
 text_end:
     print_unhealthy(unhealthy);
+}
+
+/* --cluster: each shard's health, one after another (text: a block per shard; --json: {"shards":[...]}
+ * with "up" and, for a shard that is down, "error"); a shard that does not answer is reported as down. */
+static int health_cluster(int json)
+{
+    shard_answer *sh = NULL;
+    size_t n = 0;
+    int status;
+    pgjobq_cluster *cl = cluster_shards(&sh, &n, &status);
+
+    if (cl == NULL)
+        return status;
+    if (json)
+        fputs("{\"shards\":[", stdout);
+    for (size_t s = 0; s < n; s++) {
+        pgjobq_health h;
+        int rc = sh[s].client ? pgjobq_health_get(sh[s].client, &h) : PGJOBQ_ECONN;
+        if (sh[s].client && rc != PGJOBQ_OK)
+            shard_down(&sh[s], pgjobq_errmsg(sh[s].client));
+        if (json && s)
+            fputc(',', stdout);
+        else if (!json && s)
+            fputc('\n', stdout);
+        if (sh[s].client == NULL) {
+            if (json) {
+                fputs("{\"shard\":", stdout);
+                json_str(stdout, sh[s].name);
+                fputs(",\"up\":false,\"error\":", stdout);
+                json_str(stdout, sh[s].why);
+                fputc('}', stdout);
+            } else {
+                printf("shard          %s\ndown           ", sh[s].name);
+                tty_put(stdout, sh[s].why, 0);
+                fputc('\n', stdout);
+            }
+            continue;
+        }
+        PGresult *unhealthy = unhealthy_workers(sh[s].client);
+        health_print(&h, unhealthy, json, sh[s].name);
+        PQclear(unhealthy);
+    }
+    if (json)
+        fputs("]}\n", stdout);
+    status = report_down(sh, n, json);
+    free(sh);
+    pgjobq_cluster_close(cl);
+    return status;
+}
+
+int cmd_health(const cli_cmd *cmd, int argc, char **argv)
+{
+    int json = 0, status, rc;
+    pgjobq_health h;
+    pgjobq_client *c;
+
+    if (parse_simple(cmd, argc, argv, 0, flag_opt, &json, &status) < 0)
+        return status;
+    if (cli_cluster_spec())
+        return health_cluster(json);
+    if ((c = cli_connect(0, &status)) == NULL)
+        return status;
+    if ((rc = pgjobq_health_get(c, &h)) != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_client_close(c);
+        return status;
+    }
+    PGresult *unhealthy = unhealthy_workers(c);
+    pgjobq_client_close(c);
+    health_print(&h, unhealthy, json, NULL);
     PQclear(unhealthy);
     return EX_OK;
 }

@@ -2,8 +2,9 @@
  * cmd_work.c - pgjobq work: a worker whose handler runs a command given on the worker's own command
  * line (never one taken from a job row), once per job (--exec, work_exec.c) or as long-lived
  * coprocesses (--coproc, coproc.c).  This file reads the options and runs the worker until a signal
- * stops it; its log is work_log.c's, --metrics-listen work_metrics.c's, and starting a handler
- * process spawn.c's.
+ * stops it: one engine on this thread, or with --cluster one per shard (work_engine.c, which also
+ * holds the signal handler); its log is work_log.c's, --metrics-listen work_metrics.c's, and
+ * starting a handler process spawn.c's.
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
@@ -14,13 +15,10 @@
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */
-#include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "coproc.h"
 #include "spawn.h"
 #include "work.h"
 
@@ -48,6 +46,7 @@
 #define OPT_PRINT_DEFAULTS 2020
 #define OPT_PASS_ENV 2021
 #define OPT_KEEP_ENV 2022
+#define OPT_MAP_RELOAD 2023
 
 #define PASS_ENV_MAX 64
 
@@ -87,45 +86,27 @@ const cli_opt work_opts[] = {
     {"log-level", OPT_LOG_LEVEL, "LEVEL", "debug, info, warn or error (default info)"},
     {"print-defaults", OPT_PRINT_DEFAULTS, NULL,
      "print the worker's settings as JSON (the library's defaults, with the options given) and exit"},
+    CLI_CLUSTER_OPT,
+    {"map-reload", OPT_MAP_RELOAD, "DURATION",
+     "with --cluster: read the map again this often, starting an engine for a shard that joined it and "
+     "draining the engine of one that left (default 30s)"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
 typedef struct work_args {
     const cli_cmd *cmd;
-    pgjobq_worker_opts opts;
-    work_queue queues[64];
-    int nqueues;
+    work_engine_cfg eng;
     const char *exec;
     int shell;
     long long max_output;
-    work_log_cfg log;
     const char *metrics_listen;
     const char *coproc;
-    int coprocs;
     int print_defaults;
     int keep_env;
+    int64_t map_reload_ms;
     char *pass_env[PASS_ENV_MAX]; /* --pass-env names, each malloc'd */
     size_t npass_env;
 } work_args;
-
-static pgjobq_worker *volatile the_worker;
-static coproc_pool *volatile the_pool;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    coproc_drain(the_pool);
-    if (the_worker)
-        pgjobq_worker_stop(the_worker);
-}
-
-/* A coprocess cannot start (problem: why), or has started again (NULL): the worker claims nothing
- * meanwhile, and says why in pgjobq.workers. */
-static void coproc_health(void *arg, const char *problem)
-{
-    if (pgjobq_worker_set_unhealthy(arg, problem) != PGJOBQ_OK)
-        cli_err("out of memory: the worker could not be marked %s", problem ? "unhealthy" : "healthy again");
-}
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Options                                                                                           */
@@ -152,10 +133,10 @@ static int work_opt(int key, const char *arg, void *ctx)
 
     switch (key) {
     case OPT_QUEUE: {
-        work_queue *q = &a->queues[a->nqueues];
+        work_queue *q = &a->eng.queues[a->eng.nqueues];
         /* The concurrency is what follows the last ':'. */
         const char *colon = strrchr(arg, ':');
-        if (a->nqueues == 64) {
+        if (a->eng.nqueues == 64) {
             cli_usage_error(a->cmd, "at most 64 --queue options");
             return -1;
         }
@@ -185,7 +166,7 @@ static int work_opt(int key, const char *arg, void *ctx)
             cli_usage_error(a->cmd, "--queue: invalid queue name in '%s'", arg);
             return -1;
         }
-        a->nqueues++;
+        a->eng.nqueues++;
         return 0;
     }
     case OPT_EXEC: a->exec = arg; return 0;
@@ -195,7 +176,7 @@ static int work_opt(int key, const char *arg, void *ctx)
             cli_usage_error(a->cmd, "--coprocs: %s", why);
             return -1;
         }
-        a->coprocs = (int)v;
+        a->eng.coprocs = (int)v;
         return 0;
     case OPT_SHELL: a->shell = 1; return 0;
     case OPT_PRINT_DEFAULTS: a->print_defaults = 1; return 0;
@@ -219,24 +200,25 @@ static int work_opt(int key, const char *arg, void *ctx)
                 return 0;
             p += len + 1;
         }
-    case OPT_LEASE: return duration_opt(a, "lease", arg, &a->opts.lease_ms);
-    case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->opts.heartbeat_ms);
-    case OPT_TIMEOUT: return duration_opt(a, "timeout", arg, &a->opts.timeout_ms);
-    case OPT_POLL: return duration_opt(a, "poll", arg, &a->opts.poll_ms);
-    case OPT_SHUTDOWN: return duration_opt(a, "shutdown-timeout", arg, &a->opts.shutdown_timeout_ms);
-    case OPT_RETAIN_COMPLETED: return duration_opt(a, "retain-completed", arg, &a->opts.retain_completed_ms);
-    case OPT_RETAIN_FAILED: return duration_opt(a, "retain-failed", arg, &a->opts.retain_failed_ms);
-    case OPT_POLL_ONLY: a->opts.poll_only = 1; return 0;
-    case OPT_NO_MAINTENANCE: a->opts.no_maintenance = 1; return 0;
-    case OPT_BURST: a->opts.burst = 1; return 0;
+    case OPT_LEASE: return duration_opt(a, "lease", arg, &a->eng.opts.lease_ms);
+    case OPT_HEARTBEAT: return duration_opt(a, "heartbeat", arg, &a->eng.opts.heartbeat_ms);
+    case OPT_TIMEOUT: return duration_opt(a, "timeout", arg, &a->eng.opts.timeout_ms);
+    case OPT_POLL: return duration_opt(a, "poll", arg, &a->eng.opts.poll_ms);
+    case OPT_SHUTDOWN: return duration_opt(a, "shutdown-timeout", arg, &a->eng.opts.shutdown_timeout_ms);
+    case OPT_RETAIN_COMPLETED: return duration_opt(a, "retain-completed", arg, &a->eng.opts.retain_completed_ms);
+    case OPT_MAP_RELOAD: return duration_opt(a, "map-reload", arg, &a->map_reload_ms);
+    case OPT_RETAIN_FAILED: return duration_opt(a, "retain-failed", arg, &a->eng.opts.retain_failed_ms);
+    case OPT_POLL_ONLY: a->eng.opts.poll_only = 1; return 0;
+    case OPT_NO_MAINTENANCE: a->eng.opts.no_maintenance = 1; return 0;
+    case OPT_BURST: a->eng.opts.burst = 1; return 0;
     case OPT_METRICS_LISTEN: a->metrics_listen = arg; return 0;
-    case OPT_WORKER_ID: a->opts.worker_id = arg; return 0;
+    case OPT_WORKER_ID: a->eng.opts.worker_id = arg; return 0;
     case OPT_BATCH:
         if (cli_parse_int(arg, 1, PGJOBQ_BATCH_MAX, &v, why, sizeof why) != 0) {
             cli_usage_error(a->cmd, "--batch: %s", why);
             return -1;
         }
-        a->opts.batch_max = (int)v;
+        a->eng.opts.batch_max = (int)v;
         return 0;
     case OPT_MAX_OUTPUT:
         if (cli_parse_int(arg, 0, PGJOBQ_PAYLOAD_MAX, &v, why, sizeof why) != 0) {
@@ -250,13 +232,13 @@ static int work_opt(int key, const char *arg, void *ctx)
             cli_usage_error(a->cmd, "--log-format must be text or json, not '%s'", arg);
             return -1;
         }
-        a->log.json = strcmp(arg, "json") == 0;
+        a->eng.log.json = strcmp(arg, "json") == 0;
         return 0;
     case OPT_LOG_LEVEL: {
         static const char *const names[] = {"debug", "info", "warn", "error"};
         for (int i = 0; i < 4; i++)
             if (strcmp(arg, names[i]) == 0) {
-                a->log.level = i;
+                a->eng.log.level = i;
                 return 0;
             }
         cli_usage_error(a->cmd, "--log-level must be debug, info, warn or error, not '%s'", arg);
@@ -285,18 +267,22 @@ static int print_defaults(const pgjobq_worker_opts *given)
 int cmd_work(const cli_cmd *cmd, int argc, char **argv)
 {
     work_args a;
-    exec_cfg cfg = {NULL, NULL, 1048576, 5000};
-    pgjobq_worker *w = NULL;
-    const char *url;
+    exec_cfg *cfg;
+    work_engine e;
+    const char *url, *cluster;
     char why[160];
-    int first, rc, status = EX_OK;
+    int first, status = EX_OK;
     work_metrics metrics = {NULL, NULL, 0, NULL};
-    coproc_pool *pool = NULL;
 
     memset(&a, 0, sizeof a);
+    memset(&e, 0, sizeof e);
     a.cmd = cmd;
     a.max_output = -1;
-    a.log.level = PGJOBQ_LOG_INFO;
+    a.map_reload_ms = 30000;
+    a.eng.log.level = PGJOBQ_LOG_INFO;
+    cfg = &a.eng.exec;
+    cfg->max_output = 1048576;
+    cfg->kill_grace_ms = 5000;
     first = cli_parse(cmd, argc, argv, work_opt, &a);
     if (first == -2)
         goto out;
@@ -304,136 +290,99 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         status = EX_USAGE;
         goto out;
     }
+    cluster = cli_cluster_spec();
     if (first < argc)
         status = cli_usage_error(cmd, "unexpected argument '%s'", argv[first]);
     else if (a.print_defaults) {
-        status = print_defaults(&a.opts);
+        status = print_defaults(&a.eng.opts);
         goto out;
     } else if (a.exec == NULL && a.coproc == NULL)
         status = cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
                                       "handler) is required");
     else if (a.exec && a.coproc)
         status = cli_usage_error(cmd, "give --exec or --coproc, not both");
-    else if (a.coprocs && !a.coproc)
+    else if (a.eng.coprocs && !a.coproc)
         status = cli_usage_error(cmd, "--coprocs goes with --coproc");
+    else if (cluster && a.metrics_listen)
+        status = cli_usage_error(cmd, "--metrics-listen is not served with --cluster yet: read each shard's "
+                                      "pgjobq.workers (pgjobq health, pgjobq serve)");
     if (status != EX_OK)
         goto out;
     const char *command = a.exec ? a.exec : a.coproc;
-    if (a.nqueues == 0) {
-        snprintf(a.queues[0].name, sizeof a.queues[0].name, "default");
-        a.queues[0].concurrency = PGJOBQ_DEFAULT_CONCURRENCY;
-        a.nqueues = 1;
+    if (a.eng.nqueues == 0) {
+        snprintf(a.eng.queues[0].name, sizeof a.eng.queues[0].name, "default");
+        a.eng.queues[0].concurrency = PGJOBQ_DEFAULT_CONCURRENCY;
+        a.eng.nqueues = 1;
     }
+    a.eng.coproc = a.coproc != NULL;
     if (a.max_output >= 0)
-        cfg.max_output = (size_t)a.max_output;
+        cfg->max_output = (size_t)a.max_output;
     if (a.shell) {
-        cfg.argv = calloc(4, sizeof *cfg.argv);
-        if (cfg.argv) {
-            cfg.argv[0] = strdup("/bin/sh");
-            cfg.argv[1] = strdup("-c");
-            cfg.argv[2] = strdup(command);
+        cfg->argv = calloc(4, sizeof *cfg->argv);
+        if (cfg->argv) {
+            cfg->argv[0] = strdup("/bin/sh");
+            cfg->argv[1] = strdup("-c");
+            cfg->argv[2] = strdup(command);
         }
     } else {
-        cfg.argv = spawn_split_words(command, why, sizeof why);
-        if (cfg.argv == NULL) {
+        cfg->argv = spawn_split_words(command, why, sizeof why);
+        if (cfg->argv == NULL) {
             status = cli_usage_error(cmd, "--%s: %s", a.exec ? "exec" : "coproc", why);
             goto out;
         }
     }
     /* A coprocess is told which protocol the worker speaks. */
     static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=2", NULL};
-    cfg.env =
+    cfg->env =
         spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env, a.coproc ? coproc_vars : NULL);
-    if (cfg.argv == NULL || cfg.env == NULL || (a.shell && (!cfg.argv[0] || !cfg.argv[1] || !cfg.argv[2]))) {
+    if (cfg->argv == NULL || cfg->env == NULL || (a.shell && (!cfg->argv[0] || !cfg->argv[1] || !cfg->argv[2]))) {
         cli_err("out of memory");
         status = EX_OSERR;
         goto out;
     }
     /* A handler that cannot be run would fail every job: say so now, not once per attempt. */
-    if (!a.shell && !spawn_runnable(cfg.argv[0])) {
-        status = cli_usage_error(cmd, "--%s: %s is not an executable file%s", a.exec ? "exec" : "coproc", cfg.argv[0],
-                                 strchr(cfg.argv[0], '/') ? "" : " on PATH");
-        goto out;
-    }
-    if ((url = cli_resolve_db(&status)) == NULL)
-        goto out;
-    a.opts.log_fn = work_log;
-    a.opts.log_arg = &a.log;
-    a.opts.log_level = a.log.level;
-    rc = pgjobq_worker_new(&w, url, &a.opts);
-    if (rc != PGJOBQ_OK) {
-        cli_err("%s", pgjobq_worker_errmsg(w));
-        status = rc == PGJOBQ_EINVAL ? EX_USAGE : EX_OSERR;
+    if (!a.shell && !spawn_runnable(cfg->argv[0])) {
+        status = cli_usage_error(cmd, "--%s: %s is not an executable file%s", a.exec ? "exec" : "coproc", cfg->argv[0],
+                                 strchr(cfg->argv[0], '/') ? "" : " on PATH");
         goto out;
     }
     {
         /* The grace between SIGTERM and SIGKILL must fit in the time the lease leaves after the timeout. */
-        pgjobq_worker_opts eff = a.opts;
+        pgjobq_worker_opts eff = a.eng.opts;
         pgjobq_worker_opts_defaults(&eff);
         int64_t room = (eff.lease_ms - eff.timeout_ms) / 2;
-        cfg.kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
+        cfg->kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
     }
-    if (a.coproc) {
-        /* Each copy takes its share of all the slots. */
-        int k = a.coprocs ? a.coprocs : 1, slots = 0;
-        for (int i = 0; i < a.nqueues; i++)
-            slots += a.queues[i].concurrency;
-        if ((pool = coproc_start(cfg.argv, cfg.env, k, (slots + k - 1) / k, work_log, &a.log, coproc_health, w)) ==
-            NULL) {
-            cli_err("cannot start the coprocesses' supervisor: out of memory");
-            status = EX_OSERR;
-            goto out;
-        }
-    }
-    for (int i = 0; i < a.nqueues; i++) {
-        rc = pgjobq_worker_handle(w, a.queues[i].name, NULL, a.queues[i].concurrency,
-                                  pool ? coproc_handler : exec_handler, pool ? (void *)pool : (void *)&cfg);
-        if (rc != PGJOBQ_OK) {
-            cli_err("%s", pgjobq_worker_errmsg(w));
-            status = EX_USAGE;
-            goto out;
-        }
-    }
-    if (a.metrics_listen) {
-        metrics.w = w;
-        metrics.queues = a.queues;
-        metrics.nqueues = a.nqueues;
-        if ((status = work_metrics_start(&metrics, cmd, a.metrics_listen, &a.log)) != EX_OK)
-            goto out;
-    }
-    the_worker = w;
-    the_pool = pool;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 || signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
-        cli_err("cannot install the signal handlers: %s", strerror(errno));
-        status = EX_OSERR;
-        the_worker = NULL;
-        the_pool = NULL;
+    if (cluster) {
+        status = work_cluster_run(&a.eng, cluster, a.map_reload_ms);
         goto out;
     }
-    rc = pgjobq_worker_run(w);
-    the_worker = NULL;
-    the_pool = NULL;
-    if (rc == PGJOBQ_ESTOPPED) {
-        status = EX_OK; /* stopped by a signal before it started: nothing to do, nothing lost */
-    } else if (rc == PGJOBQ_ETIMEOUT) {
-        cli_err("%s", pgjobq_worker_errmsg(w));
-        status = EX_TEMPFAIL;
-    } else if (rc != PGJOBQ_OK) {
-        cli_err("%s", pgjobq_worker_errmsg(w));
-        status = cli_exit_status(rc);
+    if ((url = cli_resolve_db(&status)) == NULL)
+        goto out;
+    if ((status = work_engine_new(&e, &a.eng, NULL, url, NULL)) != EX_OK)
+        goto out;
+    if (a.metrics_listen) {
+        metrics.w = e.w;
+        metrics.queues = a.eng.queues;
+        metrics.nqueues = a.eng.nqueues;
+        if ((status = work_metrics_start(&metrics, cmd, a.metrics_listen, &a.eng.log)) != EX_OK)
+            goto out;
     }
+    work_signals_set(0, &e);
+    if ((status = work_signals_install()) != EX_OK) {
+        work_signals_set(0, NULL);
+        goto out;
+    }
+    e.rc = pgjobq_worker_run(e.w);
+    work_signals_set(0, NULL);
+    status = work_engine_status(&e);
 out:
     work_metrics_stop(&metrics);
-    coproc_stop(pool, 5000);
-    pgjobq_worker_free(w);
-    for (char **p = cfg.argv; p && *p; p++)
+    work_engine_free(&e);
+    for (char **p = cfg->argv; p && *p; p++)
         free(*p);
-    free(cfg.argv);
-    free(cfg.env);
+    free(cfg->argv);
+    free(cfg->env);
     for (size_t i = 0; i < a.npass_env; i++)
         free(a.pass_env[i]);
     return status;

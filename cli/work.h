@@ -9,6 +9,10 @@
 #include "cli.h"
 #include "http.h"
 
+#include <pthread.h>
+
+typedef struct coproc_pool coproc_pool;
+
 /* One --queue: a queue and how many of its jobs run at once. */
 typedef struct work_queue {
     char name[PGJOBQ_NAME_MAX + 1];
@@ -51,5 +55,58 @@ typedef struct exec_cfg {
 /* The worker's handler for --exec (arg: an exec_cfg): runs the command for the job and judges its
  * exit (the contract is at the top of cmd_work.c). */
 pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Engines (work_engine.c): a pgjobq_worker with the command's handler.  Without --cluster, one, run
+ * on the command's thread; with it, one per shard of the map, each on a thread of its own and its
+ * own shard's connections (at most three), so that a shard that is down is retried by its engine
+ * alone while the others work. */
+
+/* What every engine of the command is made from. */
+typedef struct work_engine_cfg {
+    pgjobq_worker_opts opts; /* log_fn and log_arg are the engine's own */
+    work_queue queues[64];
+    int nqueues;
+    work_log_cfg log;
+    int coproc;  /* nonzero: the handler is a coprocess pool (exec's argv and env), one per engine */
+    int coprocs; /* --coprocs (0: 1) */
+    exec_cfg exec;
+} work_engine_cfg;
+
+/* One engine.  Zero it, then work_engine_new. */
+typedef struct work_engine {
+    const work_engine_cfg *cfg;
+    char *shard;    /* the shard's name (NULL without --cluster): prefixed to its log lines */
+    char *conninfo; /* the shard's (without --cluster, NULL: the worker was given the URL) */
+    pgjobq_worker *w;
+    coproc_pool *pool;
+    pthread_t thread;
+    int threaded; /* the thread was started (and is joined by work_engine_free) */
+    int rc;       /* what pgjobq_worker_run returned */
+    _Atomic int done;
+    int leaving; /* its shard left the map: stopped on purpose */
+} work_engine;
+
+/* Makes e's worker for conninfo (worker_id: NULL for the library's), its coprocesses and its
+ * handlers.  Returns EX_OK, or the exit status after printing why. */
+int work_engine_new(work_engine *e, const work_engine_cfg *cfg, const char *shard, const char *conninfo,
+                    const char *worker_id);
+/* Joins its thread (if any), stops its coprocesses, frees its worker; e is zeroed. */
+void work_engine_free(work_engine *e);
+/* The exit status for what pgjobq_worker_run returned (printing the worker's error if any). */
+int work_engine_status(const work_engine *e);
+
+/* Installs the SIGTERM/SIGINT handler that drains every engine registered (and SIGPIPE ignored).
+ * Returns EX_OK or the exit status after printing why. */
+int work_signals_install(void);
+/* Registers e with the signal handler (slot i), or unregisters the slot (e NULL). */
+void work_signals_set(size_t i, work_engine *e);
+
+/* `pgjobq work --cluster SPEC`: one engine per shard of SPEC's map, each on its own thread, until a
+ * signal drains them all (or, with opts.burst, until every one found nothing due).  The map is read
+ * again every reload_ms: an engine starts for a shard that joined it; the engine of a shard that
+ * left drains and stops.  Returns the exit status: EX_OK after a clean drain, EX_TEMPFAIL when an
+ * engine handed jobs back, else the first engine's error (which stops the others). */
+int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms);
 
 #endif /* PGJOBQ_CLI_WORK_H */
