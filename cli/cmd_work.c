@@ -47,6 +47,7 @@
 #define OPT_PASS_ENV 2021
 #define OPT_KEEP_ENV 2022
 #define OPT_MAP_RELOAD 2023
+#define OPT_FORWARD_TO 2024
 
 #define PASS_ENV_MAX 64
 
@@ -87,6 +88,9 @@ const cli_opt work_opts[] = {
     {"print-defaults", OPT_PRINT_DEFAULTS, NULL,
      "print the worker's settings as JSON (the library's defaults, with the options given) and exit"},
     CLI_CLUSTER_OPT,
+    {"forward-to", OPT_FORWARD_TO, "SPEC",
+     "also serve this database's outbox (the queue pgjobq.outbox: jobs of pgjobq.forward()), writing each "
+     "job to its shard of the cluster SPEC exactly once (docs/shards.md, \"The outbox\")"},
     {"map-reload", OPT_MAP_RELOAD, "DURATION",
      "with --cluster: read the map again this often, starting an engine for a shard that joined it and "
      "draining the engine of one that left (default 30s)"},
@@ -101,6 +105,7 @@ typedef struct work_args {
     long long max_output;
     const char *metrics_listen;
     const char *coproc;
+    const char *forward_to;
     int print_defaults;
     int keep_env;
     int64_t map_reload_ms;
@@ -171,6 +176,7 @@ static int work_opt(int key, const char *arg, void *ctx)
     }
     case OPT_EXEC: a->exec = arg; return 0;
     case OPT_COPROC: a->coproc = arg; return 0;
+    case OPT_FORWARD_TO: a->forward_to = arg; return 0;
     case OPT_COPROCS:
         if (cli_parse_int(arg, 1, 256, &v, why, sizeof why) != 0) {
             cli_usage_error(a->cmd, "--coprocs: %s", why);
@@ -296,9 +302,11 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     else if (a.print_defaults) {
         status = print_defaults(&a.eng.opts);
         goto out;
-    } else if (a.exec == NULL && a.coproc == NULL)
+    } else if (a.exec == NULL && a.coproc == NULL && a.forward_to == NULL)
         status = cli_usage_error(cmd, "--exec 'CMD ARGS' (a command per job) or --coproc 'CMD ARGS' (a long-lived "
-                                      "handler) is required");
+                                      "handler) is required (or --forward-to alone: a forwarder)");
+    else if (a.exec == NULL && a.coproc == NULL && a.eng.nqueues > 0)
+        status = cli_usage_error(cmd, "--queue needs --exec or --coproc to run its jobs");
     else if (a.exec && a.coproc)
         status = cli_usage_error(cmd, "give --exec or --coproc, not both");
     else if (a.eng.coprocs && !a.coproc)
@@ -308,6 +316,15 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
                                       "pgjobq.workers (pgjobq health, pgjobq serve)");
     if (status != EX_OK)
         goto out;
+    if (a.forward_to) {
+        int rc = pgjobq_forwarder_new(&a.eng.forwarder, a.forward_to);
+        if (rc != PGJOBQ_OK) {
+            status = rc == PGJOBQ_ENOMEM ? EX_OSERR : cli_usage_error(cmd, "--forward-to: a cluster is needed");
+            goto out;
+        }
+        if (a.exec == NULL && a.coproc == NULL)
+            goto engines; /* a forwarder only: no command to run */
+    }
     const char *command = a.exec ? a.exec : a.coproc;
     if (a.eng.nqueues == 0) {
         snprintf(a.eng.queues[0].name, sizeof a.eng.queues[0].name, "default");
@@ -353,6 +370,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         int64_t room = (eff.lease_ms - eff.timeout_ms) / 2;
         cfg->kill_grace_ms = room < 5000 ? (room > 100 ? room : 100) : 5000;
     }
+engines:
     if (cluster) {
         status = work_cluster_run(&a.eng, cluster, a.map_reload_ms);
         goto out;
@@ -379,6 +397,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
 out:
     work_metrics_stop(&metrics);
     work_engine_free(&e);
+    pgjobq_forwarder_free(a.eng.forwarder); /* (after every engine that used it) */
     for (char **p = cfg->argv; p && *p; p++)
         free(*p);
     free(cfg->argv);

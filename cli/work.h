@@ -62,6 +62,10 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg);
  * own shard's connections (at most three), so that a shard that is down is retried by its engine
  * alone while the others work. */
 
+/* The outbox jobs a --forward-to engine forwards at once (its forwarder's connections are shared
+ * under a mutex: a forward is one short statement on its shard). */
+#define WORK_FORWARD_SLOTS 4
+
 /* What every engine of the command is made from. */
 typedef struct work_engine_cfg {
     pgjobq_worker_opts opts; /* log_fn and log_arg are the engine's own */
@@ -71,6 +75,7 @@ typedef struct work_engine_cfg {
     int coproc;  /* nonzero: the handler is a coprocess pool (exec's argv and env), one per engine */
     int coprocs; /* --coprocs (0: 1) */
     exec_cfg exec;
+    pgjobq_forwarder *forwarder; /* --forward-to: every engine also serves its database's outbox */
 } work_engine_cfg;
 
 /* One engine.  Zero it, then work_engine_new. */

@@ -135,6 +135,12 @@ int work_engine_new(work_engine *e, const work_engine_cfg *cfg, const char *shar
             return EX_USAGE;
         }
     }
+    if (cfg->forwarder &&
+        pgjobq_worker_handle(e->w, PGJOBQ_OUTBOX_QUEUE, NULL, WORK_FORWARD_SLOTS, pgjobq_forward_handler,
+                             cfg->forwarder) != PGJOBQ_OK) {
+        cli_err("%s", pgjobq_worker_errmsg(e->w));
+        return EX_USAGE;
+    }
     return EX_OK;
 }
 

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <time.h>
 
 #include "harness.h"
 #include "internal.h"
@@ -251,6 +253,70 @@ TEST_FULL(outbox_forwarder_moves_each_job_to_its_shard_once, 120, 0)
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded") + t_int(b, "SELECT count(*) FROM pgjobq.forwarded"), 220);
     free(spec);
     free(source);
+    free(ci_a);
+    free(ci_b);
+    PQfinish(a);
+    PQfinish(b);
+}
+
+struct drained {
+    PGconn *pg;
+};
+
+static int outbox_empty(void *arg)
+{
+    struct drained *d = arg;
+    return t_int(d->pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = pgjobq.outbox_queue()") == 0 &&
+           t_int(d->pg, "SELECT count(*) FROM pgjobq.workers WHERE id = 'last-forwarder'") == 1;
+}
+
+/* pgjobq work --forward-to, killed with SIGKILL again and again while it forwards (between a job's
+ * write at its shard and its completion at the source, among other moments): every job ends on its
+ * shard exactly once, and every outbox job completed. */
+TEST_FULL(outbox_forwarder_killed_again_and_again_forwards_each_job_exactly_once, 240, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
+    PGconn *src = t_pg(), *a = connect_to(ci_a), *b = connect_to(ci_b);
+    install_map(a, two_shards(1, ci_a, ci_b), "sa");
+    install_map(b, two_shards(1, ci_a, ci_b), "sb");
+    PQclear(t_exec(src, "SELECT pgjobq.forward('t', 'k', jsonb_build_object('g', g), route_key => 'tenant-' || g)"
+                        " FROM generate_series(1, 1500) g"));
+
+    const char *log = t_log_path("forwarder");
+    for (int round = 0; round < 12; round++) {
+        pid_t pid = t_spawn(log, NULL, "work", "--forward-to", ci_a, "--lease", "2s", "--log-level", "warn", NULL);
+        /* Killed at a different moment of its work each round: 150 to 700 ms after it starts. */
+        struct timespec ts = {0, (150 + 50 * round) * 1000000L};
+        nanosleep(&ts, NULL);
+        CHECK(kill(pid, SIGKILL) == 0);
+        CHECK_INT(t_wait_exit(pid, 10000), 128 + SIGKILL);
+    }
+    long long left = t_int(src, "SELECT count(*) FROM pgjobq.jobs WHERE queue = pgjobq.outbox_queue()");
+    /* The last one runs until every outbox job is done (those the killed ones held come back when
+     * their leases end: the rescue) and it has registered (a SIGTERM before it has its handler would
+     * kill it). */
+    pid_t pid = t_spawn(log, NULL, "work", "--forward-to", ci_a, "--lease", "2s", "--log-level", "warn",
+                        "--worker-id", "last-forwarder", NULL);
+    struct drained d = {src};
+    int done = t_wait_until(outbox_empty, &d, 120000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    if (!done)
+        t_show_log(log);
+    CHECK_MSG(done, "outbox jobs left: %lld", t_int(src, "SELECT count(*) FROM pgjobq.jobs"));
+    CHECK_MSG(left < 1500, "the killed forwarders forwarded nothing (%lld left)", left);
+
+    long long on_a = t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'");
+    long long on_b = t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'");
+    CHECK_INT(on_a + on_b, 1500);
+    CHECK_INT(t_int(a, "SELECT count(DISTINCT payload) FROM pgjobq.jobs WHERE queue = 't'"), on_a);
+    CHECK_INT(t_int(b, "SELECT count(DISTINCT payload) FROM pgjobq.jobs WHERE queue = 't'"), on_b);
+    CHECK_INT(t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND state = 'completed'"),
+              1500);
+    /* Forwarded again after a kill: found, not made again. */
+    printf("  forwarded again after a kill (duplicate): %lld of 1500\n",
+           t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue()"
+                      " AND (result->>'duplicate')::boolean"));
     free(ci_a);
     free(ci_b);
     PQfinish(a);
