@@ -414,12 +414,12 @@ def test_forward_moves_a_job_to_its_shard_with_the_applications_transaction(shar
     there) through the outbox, and a forwarder that writes it to b once."""
     key = key_on(shards, "b", "fw")
     with psycopg.connect(shards["a"]) as c:
-        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_orders (n int)")
-        c.execute("INSERT INTO public.pyc_orders VALUES (1)")
+        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_fw_orders (n int)")
+        c.execute("INSERT INTO public.pyc_fw_orders VALUES (1)")
         pgjobq.forward(c, "echo", {"order": 1}, queue=SPREAD, route_key=key)
         c.rollback()                       # the data rolled back: no job either
-        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_orders (n int)")
-        c.execute("INSERT INTO public.pyc_orders VALUES (2)")
+        c.execute("CREATE TABLE IF NOT EXISTS public.pyc_fw_orders (n int)")
+        c.execute("INSERT INTO public.pyc_fw_orders VALUES (2)")
         outbox_id = pgjobq.forward(c, "echo", {"order": 2}, queue=SPREAD, route_key=key)
         c.commit()
     with pytest.raises(pgjobq.InvalidJob, match="parents must be on its shard"):
