@@ -41,7 +41,7 @@ typedef struct cli_cmd {
 
 /* The cluster of shards to route over (docs/shards.md): the commands that take it list this option
  * and read it with cli_cluster_spec(); cli_parse sets cli_cluster_arg. */
-#define OPT_CLUSTER 1100
+#define OPT_CLUSTER 999 /* (below 1000, as OPT_DB: the commands number their own options from 1001) */
 #define CLI_CLUSTER_OPT                                                                                 \
     {"cluster", OPT_CLUSTER, "SPEC",                                                                    \
      "a cluster of shards to route over: a shard's or the router's URL, or a JSON map file (else "      \
