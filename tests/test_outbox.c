@@ -64,6 +64,7 @@ TEST(outbox_forward_is_judged_like_an_enqueue_and_joins_the_callers_transaction)
                     " AND (payload->>'source')::uuid = pgjobq.outbox_self()",
                     id),
               1);
+    PQfinish(pg);
 }
 
 struct waiter {
@@ -123,6 +124,8 @@ TEST(outbox_enqueue_forwarded_makes_one_job_per_source_job)
     /* A bad call is refused clearly. */
     free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(NULL, 1, '{}')"));
     free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '[]')"));
+    PQfinish(a);
+    PQfinish(b);
 }
 
 /* In a shard, the outbox's queue is the shard's own whatever partition the map gives its name, while
@@ -141,6 +144,7 @@ TEST(outbox_queue_stays_in_a_shard_that_the_map_would_route_it_away_from)
     free(expect_error(pg, "PJQ01",
                       "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '{\"queue\": \"mail\"}')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.forwarded"), 0);
+    PQfinish(pg);
 }
 
 /* The forwarder reads the job's queue and routing key out of the outbox job's payload: a top-level
@@ -257,6 +261,7 @@ TEST_FULL(outbox_forwarder_moves_each_job_to_its_shard_once, 120, 0)
     free(ci_b);
     PQfinish(a);
     PQfinish(b);
+    PQfinish(src);
 }
 
 struct drained {
@@ -321,4 +326,5 @@ TEST_FULL(outbox_forwarder_killed_again_and_again_forwards_each_job_exactly_once
     free(ci_b);
     PQfinish(a);
     PQfinish(b);
+    PQfinish(src);
 }
