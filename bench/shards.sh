@@ -126,7 +126,8 @@ scale=$(ratio "$two_m" "$one_m")
 "$bindir/psql" -X -q -h "$top_dir/a" -U postgres -d postgres -c "CREATE DATABASE one"
 ONE="host=$top_dir/a user=postgres dbname=one"
 "$pgjobq" --db "$ONE" migrate >/dev/null
-"$bindir/psql" -X -q "$ONE" -c "SELECT pgjobq.cluster_set('{\"name\": \"one\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"one\": {\"number\": 0, \"conninfo\": \"$ONE\"}}, \"owners\": [\"one\"]}', 'one')" >/dev/null
+map_one="{\"name\": \"one\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"one\": {\"number\": 0, \"conninfo\": \"$ONE\"}}, \"owners\": [\"one\"]}"
+"$bindir/psql" -X -q "$ONE" -c "SELECT pgjobq.cluster_set('$map_one', 'one')" >/dev/null
 r=1
 while [ "$r" -le "$reps" ]; do
     for how in direct routed; do
@@ -144,19 +145,18 @@ direct_m=$(awk '$1 == "direct" { print $2 }' "$top_dir/routing" 2>/dev/null | me
 routed_m=$(awk '$1 == "routed" { print $2 }' "$top_dir/routing" 2>/dev/null | median)
 routing=$(ratio "${routed_m:-0}" "${direct_m:-0}")
 
-# The router (PL/Proxy), when installed: enqueue_many of 1,000 jobs through it against the shard's own.
+# The router (PL/Proxy), when installed: enqueue_many of 1,000 jobs through it (to the shard "one")
+# against the shard's own.
 router=nan
 if "$bindir/psql" -X -q "$A" -Atc "SELECT 1 FROM pg_available_extensions WHERE name = 'plproxy'" | grep -q 1; then
     "$bindir/psql" -X -q -h "$top_dir/a" -U postgres -d postgres -c "CREATE DATABASE router"
     R="host=$top_dir/a user=postgres dbname=router"
     "$pgjobq" --db "$R" migrate --router >/dev/null
-    map="{\"name\": \"bench\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$A\"}}, \"owners\": [\"a\"]}"
-    "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.cluster_set('$map', 'a')" >/dev/null
-    "$bindir/psql" -X -q "$R" -c "SELECT pgjobq.cluster_set('$map', NULL)" >/dev/null
+    "$bindir/psql" -X -q "$R" -c "SELECT pgjobq.cluster_set('$map_one', NULL)" >/dev/null
     q="SELECT count(*) FROM pgjobq.enqueue_many(ARRAY(SELECT 'viarouter' FROM generate_series(1, 1000)), NULL, NULL)"
     for i in 1 2 3 4 5; do
         for how in direct router; do
-            db=$A; [ "$how" = router ] && db=$R
+            db=$ONE; [ "$how" = router ] && db=$R
             t0=$(date +%s.%N)
             "$bindir/psql" -X -q "$db" -Atc "$q" >/dev/null
             t1=$(date +%s.%N)
@@ -165,7 +165,6 @@ if "$bindir/psql" -X -q "$A" -Atc "SELECT 1 FROM pg_available_extensions WHERE n
     done
     router=$(ratio "$(awk '$1 == "router" { print $2 }' "$top_dir/router" | median)" \
                    "$(awk '$1 == "direct" { print $2 }' "$top_dir/router" | median)")
-    "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.reset_queue('viarouter')" >/dev/null
 fi
 
 # --- blast radius ----------------------------------------------------------------------------------
@@ -188,7 +187,7 @@ p99=$(ratio "$(cut -d' ' -f4 "$top_dir/blast" | median)" "$(cut -d' ' -f2 "$top_
 # An enqueue for b's queue while b is down, through a cluster of a and b (the client's connect timeout).
 fail_s=nan fail_msg=
 if true; then
-    map="{\"name\": \"blast\", \"epoch\": 2, \"partitions\": 2, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$A\"}, \"b\": {\"number\": 1, \"conninfo\": \"$B\"}}, \"owners\": [\"a\", \"b\"], \"queues\": {\"ofb\": {\"placement\": \"pinned\", \"partition\": 1}}}"
+    map="{\"name\": \"blast\", \"epoch\": 1, \"id_floor\": 4000000000000, \"partitions\": 2, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$A\"}, \"b\": {\"number\": 1, \"conninfo\": \"$B\"}}, \"owners\": [\"a\", \"b\"], \"queues\": {\"ofb\": {\"placement\": \"pinned\", \"partition\": 1}}}"
     "$bindir/psql" -X -q "$A" -c "SELECT pgjobq.cluster_set('$map', 'a')" >/dev/null
     stop b immediate
     t0=$(date +%s.%N)
