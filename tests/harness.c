@@ -603,3 +603,30 @@ void t_auto_explain(PGconn *pg, PQnoticeProcessor collect, int analyze)
     PQclear(t_exec(pg, "SET auto_explain.log_level = 'notice'"));
     PQclear(t_exec(pg, "SET client_min_messages = 'notice'"));
 }
+
+PGconn *t_connect(const char *conninfo)
+{
+    PGconn *pg = PQconnectdb(conninfo);
+    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
+    PQclear(t_exec(pg, "SET client_min_messages = warning"));
+    return pg;
+}
+
+void t_cluster_install(PGconn *pg, const char *map, const char *self)
+{
+    const char *values[2] = {map, self};
+    PGresult *r = PQexecParams(pg, "SELECT pgjobq.cluster_set($1::jsonb, $2)", 2, NULL, values, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cluster_set(%s): %s", self ? self : "NULL", PQerrorMessage(pg));
+    PQclear(r);
+}
+
+char *t_expect_error(PGconn *pg, const char *want, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR && state && strcmp(state, want) == 0,
+              "%s: expected SQLSTATE %s, got %s: %s", sql, want, state ? state : "none", PQerrorMessage(pg));
+    char *msg = strdup(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    PQclear(r);
+    return msg;
+}

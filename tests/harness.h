@@ -88,6 +88,14 @@ PGconn *t_pg(void);
  * several databases (the shards of tests/test_cluster.c).  (Values with spaces or quotes in the test's
  * conninfo are not expected: the harness's are a socket directory, a port, a user and a name.) */
 char *t_extra_db(const char *suffix, int migrated);
+/* A raw libpq connection to conninfo (another database: t_extra_db's), with warnings only; fails the
+ * test when it cannot connect. */
+PGconn *t_connect(const char *conninfo);
+/* Installs a cluster map with pgjobq.cluster_set(map, self) (self NULL: a router), failing the test
+ * with the server's message when it is refused. */
+void t_cluster_install(PGconn *pg, const char *map, const char *self);
+/* Runs sql expecting an error of SQLSTATE want; returns its primary message (malloc'd). */
+char *t_expect_error(PGconn *pg, const char *want, const char *sql);
 
 /* Runs SQL (no parameters) and returns the result, failing the test on an error. */
 PGresult *t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

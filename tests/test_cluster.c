@@ -53,34 +53,6 @@ static char *cluster_set(PGconn *pg, const char *map, const char *self, char **m
     return out;
 }
 
-static void install(PGconn *pg, const char *map, const char *self)
-{
-    char *msg, *state = cluster_set(pg, map, self, &msg);
-    CHECK_MSG(state[0] == '\0', "cluster_set(%s): %s %s", self ? self : "NULL", state, msg);
-    free(state);
-    free(msg);
-}
-
-/* Runs sql on pg expecting an error of SQLSTATE want; returns its message (malloc'd). */
-static char *expect_error(PGconn *pg, const char *want, const char *sql)
-{
-    PGresult *r = PQexec(pg, sql);
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR && state && strcmp(state, want) == 0,
-              "%s: expected SQLSTATE %s, got %s: %s", sql, want, state ? state : "none", PQerrorMessage(pg));
-    char *msg = strdup(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
-    PQclear(r);
-    return msg;
-}
-
-static PGconn *connect_to(const char *conninfo)
-{
-    PGconn *pg = PQconnectdb(conninfo);
-    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
-    PQclear(t_exec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
 /* A queue name whose pinned partition (route_hash & (p - 1)) is `want`, into buf. */
 static void queue_of_partition(char *buf, size_t size, int p, uint32_t want)
 {
@@ -149,8 +121,8 @@ TEST(cluster_a_database_without_a_map_is_unchanged)
     int64_t b = t_int(pg, "SELECT id FROM pgjobq.enqueue('q')");
     CHECK_INT(b, a + 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE route_key = 'tenant-1'"), 1);
-    free(expect_error(pg, "55000", "SELECT pgjobq.route_partition('q')"));
-    free(expect_error(pg, "55000", "SELECT pgjobq.route_job(1)"));
+    free(t_expect_error(pg, "55000", "SELECT pgjobq.route_partition('q')"));
+    free(t_expect_error(pg, "55000", "SELECT pgjobq.route_job(1)"));
     PQfinish(pg);
 }
 
@@ -228,7 +200,7 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
 
     /* Installed; then against it: the epoch grows, the name, self and a shard's number stay, the
      * id floor does not go down. */
-    install(pg, map_of(1, ci, ci, "ab", "\"id_floor\": 100"), "sa");
+    t_cluster_install(pg, map_of(1, ci, ci, "ab", "\"id_floor\": 100"), "sa");
     CHECK_SQL_STR(pg, "sa", "SELECT pgjobq.cluster_map() ->> 'self'");
     CHECK_INT(t_int(pg, "SELECT jsonb_array_length(pgjobq.cluster_map() -> 'owners')"), 2);
     static const struct {
@@ -267,7 +239,8 @@ TEST(cluster_set_refuses_a_bad_map_and_changes_nothing)
     CHECK_INT(t_int(pg, "SELECT epoch FROM pgjobq.cluster"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.cluster_shards"), 2);
     /* A new map that grows the epoch replaces the old one. */
-    install(pg, map_of(5, ci, ci, "bbbb", "\"id_floor\": 100, \"queues\": {\"t\": {\"placement\": \"spread\"}}"), "sa");
+    t_cluster_install(
+        pg, map_of(5, ci, ci, "bbbb", "\"id_floor\": 100, \"queues\": {\"t\": {\"placement\": \"spread\"}}"), "sa");
     CHECK_INT(t_int(pg, "SELECT epoch * 100 + partitions FROM pgjobq.cluster"), 504);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.cluster_owners WHERE shard = 'sb'"), 4);
     CHECK_SQL_STR(pg, "{\"placement\": \"spread\"}", "SELECT pgjobq.cluster_map() -> 'queues' ->> 't'");
@@ -290,11 +263,11 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
     int64_t old = t_int(pg, "SELECT id FROM pgjobq.enqueue('%s')", theirs);
     PQclear(t_exec(pg, "SELECT pgjobq.cancel(%lld)", (long long)old));
     PQclear(t_exec(pg, "SELECT pgjobq.schedule_set('tick', '* * * * *', 'UTC', '%s')", theirs));
-    install(pg,
-            map_of(3, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, 4),
-                   "\"id_floor\": 1000, \"queues\": {\"t\": {\"placement\": \"spread\"}, \"pinned6\":"
-                   " {\"placement\": \"pinned\", \"partition\": 6}}"),
-            "sa");
+    t_cluster_install(pg,
+                      map_of(3, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, 4),
+                             "\"id_floor\": 1000, \"queues\": {\"t\": {\"placement\": \"spread\"}, \"pinned6\":"
+                             " {\"placement\": \"pinned\", \"partition\": 6}}"),
+                      "sa");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 1);
     long long before = t_int(pg, "SELECT count(*) FROM pgjobq.jobs");
 
@@ -302,19 +275,19 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
              "a job of queue \"%s\" is of partition 6, which shard \"sb\" owns in the map of epoch 3", theirs);
     /* enqueue, enqueue_many (a batch with a job of this shard's too: nothing of it), enqueue_graph. */
     snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('%s')", theirs);
-    msg = expect_error(pg, "PJQ01", sql);
+    msg = t_expect_error(pg, "PJQ01", sql);
     CHECK_MSG(strstr(msg, want) && strstr(msg, "this shard (\"sa\")"), "%s", msg);
     free(msg);
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue_many(ARRAY['%s', '%s'], NULL, NULL)", mine, theirs);
-    msg = expect_error(pg, "PJQ01", sql);
+    msg = t_expect_error(pg, "PJQ01", sql);
     CHECK_MSG(strstr(msg, want), "%s", msg);
     free(msg);
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue_graph('[{\"queue\": \"%s\"}, {\"queue\": \"%s\"}]')", mine,
              theirs);
-    free(expect_error(pg, "PJQ01", sql));
+    free(t_expect_error(pg, "PJQ01", sql));
     /* A queue pinned by the map to another shard's partition; a spread queue by its key (a key of
      * partition 6), and without a key (its own partition, as a pinned queue's). */
-    free(expect_error(pg, "PJQ01", "SELECT pgjobq.enqueue('pinned6')"));
+    free(t_expect_error(pg, "PJQ01", "SELECT pgjobq.enqueue('pinned6')"));
     char key[16];
     for (int i = 0;; i++) {
         snprintf(key, sizeof key, "k%d", i);
@@ -322,12 +295,12 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
             break;
     }
     snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('t', route_key => '%s')", key);
-    free(expect_error(pg, "PJQ01", sql));
+    free(t_expect_error(pg, "PJQ01", sql));
     CHECK_INT(t_int(pg, "SELECT (pgjobq.route_partition('t', '%s') >= 4)::int", key), 1);
     /* The retry of a finished job, and a schedule's tick. */
     snprintf(sql, sizeof sql, "SELECT pgjobq.retry(%lld)", (long long)old);
-    free(expect_error(pg, "PJQ01", sql));
-    free(expect_error(pg, "PJQ01", "SELECT pgjobq.schedule_trigger('tick')"));
+    free(t_expect_error(pg, "PJQ01", sql));
+    free(t_expect_error(pg, "PJQ01", "SELECT pgjobq.schedule_trigger('tick')"));
     /* COPY (the C library's path for large batches), 500 jobs of which one is another shard's. */
     pgjobq_job_spec *specs = calloc(600, sizeof *specs);
     int64_t *ids = calloc(600, sizeof *ids);
@@ -367,7 +340,7 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
 TEST(cluster_ids_name_their_shard_and_never_meet)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *msg, *state;
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     pgjobq_client *ca = NULL;
     const char *owners = split_at(4, 2);
 
@@ -380,11 +353,11 @@ TEST(cluster_ids_name_their_shard_and_never_meet)
     CHECK_INT(t_int(a, "SELECT seqincrement FROM pg_sequence"
                        " WHERE seqrelid = pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass"),
               1);
-    install(a, map_of(1, ci_a, ci_b, owners, "\"id_floor\": 5"), "sa");
-    install(b, map_of(1, ci_a, ci_b, owners, "\"id_floor\": 5"), "sb");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, owners, "\"id_floor\": 5"), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, owners, "\"id_floor\": 5"), "sb");
     /* Installing a later map leaves the ids as they are. */
-    install(a, map_of(2, ci_a, ci_b, owners, "\"id_floor\": 5"), "sa");
-    install(b, map_of(2, ci_a, ci_b, owners, "\"id_floor\": 5"), "sb");
+    t_cluster_install(a, map_of(2, ci_a, ci_b, owners, "\"id_floor\": 5"), "sa");
+    t_cluster_install(b, map_of(2, ci_a, ci_b, owners, "\"id_floor\": 5"), "sb");
 
     char qa[16], qb[16];
     queue_of_partition(qa, sizeof qa, 4, 0);
@@ -439,7 +412,7 @@ TEST(cluster_ids_name_their_shard_and_never_meet)
 TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *ci_r = t_extra_db("router", 0);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     pgjobq_client *c = NULL;
     int applied = -1;
     const int p = 64;
@@ -458,7 +431,7 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     CHECK_RC(c, pgjobq_client_open(&c, ci_a), PGJOBQ_OK);
     CHECK_RC(c, pgjobq_migrate_router(c, NULL), PGJOBQ_ESCHEMA);
     pgjobq_client_close(c);
-    PGconn *r = connect_to(ci_r);
+    PGconn *r = t_connect(ci_r);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgjobq'"), 1);
     CHECK_INT(
         t_int(r, "SELECT (to_regclass('pgjobq.jobs') IS NULL AND to_regclass('pgjobq.schema_version') IS NULL)::int"),
@@ -481,9 +454,9 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     free(router_tables);
 
     /* The map: partitions 0-31 on sa, 32-63 on sb, and a spread queue t. */
-    install(a, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sa");
-    install(b, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sb");
-    install(r, map_of(1, ci_a, ci_b, split_at(p, 32), queues), NULL);
+    t_cluster_install(a, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, split_at(p, 32), queues), "sb");
+    t_cluster_install(r, map_of(1, ci_a, ci_b, split_at(p, 32), queues), NULL);
     CHECK_SQL_STR(r, "none", "SELECT coalesce(pgjobq.cluster_map() ->> 'self', 'none')");
 
     /* One job of each of 40 queues, and 40 of the spread queue by key, one at a time. */
@@ -542,22 +515,22 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     queue_of_partition(qm, sizeof qm, p, 5);
     memcpy(moved, split_at(p, 32), sizeof moved);
     moved[5] = 'b';
-    install(a, map_of(2, ci_a, ci_b, moved, queues), "sa");
-    install(b, map_of(2, ci_a, ci_b, moved, queues), "sb");
+    t_cluster_install(a, map_of(2, ci_a, ci_b, moved, queues), "sa");
+    t_cluster_install(b, map_of(2, ci_a, ci_b, moved, queues), "sb");
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue('%s')", qm);
-    char *msg = expect_error(r, "PJQ01", sql);
+    char *msg = t_expect_error(r, "PJQ01", sql);
     snprintf(want, sizeof want,
              "a job of queue \"%s\" is of partition 5, which shard \"sb\" owns in the map of epoch 2", qm);
     CHECK_MSG(strstr(msg, want) != NULL, "%s", msg);
     free(msg);
     snprintf(sql, sizeof sql, "SELECT * FROM pgjobq.enqueue_many(ARRAY['%s', '%s'], NULL, NULL)", qm, qm);
-    free(expect_error(r, "PJQ01", sql));
+    free(t_expect_error(r, "PJQ01", sql));
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", qm), 0);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", qm), 0);
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs") + t_int(b, "SELECT count(*) FROM pgjobq.jobs"), 280);
     /* The router learns the map: the same call lands on sb. */
-    install(r, map_of(2, ci_a, ci_b, moved, queues), NULL);
+    t_cluster_install(r, map_of(2, ci_a, ci_b, moved, queues), NULL);
     long long id = t_int(r, "SELECT id FROM pgjobq.enqueue('%s')", qm);
     CHECK_INT(id % 1024, 1);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND id = %lld", qm, id), 1);

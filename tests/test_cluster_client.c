@@ -34,22 +34,6 @@ static const char *map_of(int epoch, const char *ci_a, const char *ci_b, const c
     return buf;
 }
 
-static void install(PGconn *pg, const char *map, const char *self)
-{
-    const char *values[2] = {map, self};
-    PGresult *r = PQexecParams(pg, "SELECT pgjobq.cluster_set($1::jsonb, $2)", 2, NULL, values, NULL, NULL, 0);
-    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cluster_set(%s): %s", self, PQerrorMessage(pg));
-    PQclear(r);
-}
-
-static PGconn *connect_to(const char *conninfo)
-{
-    PGconn *pg = PQconnectdb(conninfo);
-    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
-    PQclear(t_exec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
 /* A queue name whose pinned partition is `want` of p, into buf. */
 static void queue_of_partition(char *buf, size_t size, int p, uint32_t want)
 {
@@ -111,14 +95,15 @@ static void check_routes_as_sql(pgjobq_cluster *cl, PGconn *pg)
 TEST(cluster_client_routes_as_route_partition)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
-    PGconn *a = connect_to(ci_a);
+    PGconn *a = t_connect(ci_a);
     pgjobq_cluster *cl = NULL;
     const char *owners = "aabbabbbaaaabbab";
 
-    install(a,
-            map_of(4, ci_a, ci_b, owners,
-                   "\"spread1\": {\"placement\": \"spread\"}, \"pin3\": {\"placement\": \"pinned\", \"partition\": 3}"),
-            "sa");
+    t_cluster_install(
+        a,
+        map_of(4, ci_a, ci_b, owners,
+               "\"spread1\": {\"placement\": \"spread\"}, \"pin3\": {\"placement\": \"pinned\", \"partition\": 3}"),
+        "sa");
     PQclear(t_exec(a, "UPDATE pgjobq.cluster SET id_floor = 100"));
     CHECK_MSG(pgjobq_cluster_open(&cl, ci_a) == PGJOBQ_OK, "open: %s", pgjobq_cluster_errmsg(cl));
     CHECK_INT(pgjobq_cluster_epoch(cl), 4);
@@ -187,7 +172,7 @@ TEST(cluster_client_routes_as_route_partition)
 TEST(cluster_client_batch_lands_each_job_on_its_owner)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     const char *owners = "aaaabbbb";
     const char *queues = "\"t\": {\"placement\": \"spread\"}";
     pgjobq_cluster *cl = NULL;
@@ -197,8 +182,8 @@ TEST(cluster_client_batch_lands_each_job_on_its_owner)
     int64_t ids[N];
     unsigned char dups[N];
 
-    install(a, map_of(1, ci_a, ci_b, owners, queues), "sa");
-    install(b, map_of(1, ci_a, ci_b, owners, queues), "sb");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, owners, queues), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, owners, queues), "sb");
     CHECK_MSG(pgjobq_cluster_open(&cl, ci_b) == PGJOBQ_OK, "open: %s", pgjobq_cluster_errmsg(cl));
     for (int i = 0; i < N; i++) {
         snprintf(keys[i], sizeof keys[i], "tenant%d", i % 37);
@@ -270,7 +255,7 @@ TEST(cluster_client_batch_lands_each_job_on_its_owner)
 TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     pgjobq_cluster *cl = NULL;
     const char *queues = "\"t\": {\"placement\": \"spread\"}";
     char qa[16], qc[16], key[16];
@@ -282,15 +267,15 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
         if ((pgjobq__route_hash(key, strlen(key)) & 3) == 2)
             break;
     }
-    install(a, map_of(1, ci_a, ci_b, "aaab", queues), "sa");
-    install(b, map_of(1, ci_a, ci_b, "aaab", queues), "sb");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aaab", queues), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, "aaab", queues), "sb");
     CHECK_MSG(pgjobq_cluster_open(&cl, ci_a) == PGJOBQ_OK, "open: %s", pgjobq_cluster_errmsg(cl));
     CHECK_INT(pgjobq_cluster_epoch(cl), 1);
     pgjobq_client *ca;
     CHECK_OK(NULL, pgjobq_cluster_client(cl, 0, &ca)); /* sa connected: it is asked first */
 
-    install(b, map_of(2, ci_a, ci_b, "abab", queues), "sb");
-    install(a, map_of(2, ci_a, ci_b, "abab", queues), "sa");
+    t_cluster_install(b, map_of(2, ci_a, ci_b, "abab", queues), "sb");
+    t_cluster_install(a, map_of(2, ci_a, ci_b, "abab", queues), "sa");
     pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
     o.queue = qa;
     int64_t id;
@@ -301,8 +286,8 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs"), 0);
 
     /* A batch: sa's part stays (qc), the moved part (a spread queue's key) is refused and goes to sb. */
-    install(b, map_of(3, ci_a, ci_b, "abbb", queues), "sb");
-    install(a, map_of(3, ci_a, ci_b, "abbb", queues), "sa");
+    t_cluster_install(b, map_of(3, ci_a, ci_b, "abbb", queues), "sb");
+    t_cluster_install(a, map_of(3, ci_a, ci_b, "abbb", queues), "sa");
     pgjobq_job_spec specs[6];
     int64_t ids[6];
     memset(specs, 0, sizeof specs);
@@ -321,7 +306,7 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs"), 3);
 
     /* pgjobq_cluster_reload reads the map again itself; a map of a lower epoch is not taken. */
-    install(a, map_of(4, ci_a, ci_b, "aaaa", queues), "sa");
+    t_cluster_install(a, map_of(4, ci_a, ci_b, "aaaa", queues), "sa");
     CHECK_OK(NULL, pgjobq_cluster_reload(cl));
     CHECK_INT(pgjobq_cluster_epoch(cl), 4);
     size_t s;
@@ -337,13 +322,13 @@ TEST(cluster_client_reads_a_stale_map_again_on_pjq01)
     CHECK_RC(rc, pgjobq_client_open(&rc, ci_r), PGJOBQ_ESCHEMA);
     CHECK_OK(rc, pgjobq_migrate_router(rc, NULL));
     pgjobq_client_close(rc);
-    PGconn *r = connect_to(ci_r);
+    PGconn *r = t_connect(ci_r);
     const char *values[1] = {map_of(3, ci_a, ci_b, "abbb", queues)};
     PGresult *res = PQexecParams(r, "SELECT pgjobq.cluster_set($1::jsonb, NULL)", 1, NULL, values, NULL, NULL, 0);
     CHECK_MSG(PQresultStatus(res) == PGRES_TUPLES_OK, "router: %s", PQerrorMessage(r));
     PQclear(res);
-    install(a, map_of(5, ci_a, ci_b, "aaaa", queues), "sa");
-    install(b, map_of(5, ci_a, ci_b, "aaaa", queues), "sb");
+    t_cluster_install(a, map_of(5, ci_a, ci_b, "aaaa", queues), "sa");
+    t_cluster_install(b, map_of(5, ci_a, ci_b, "aaaa", queues), "sb");
     cl = NULL;
     CHECK_MSG(pgjobq_cluster_open(&cl, ci_r) == PGJOBQ_OK, "open the router: %s", pgjobq_cluster_errmsg(cl));
     CHECK_INT(pgjobq_cluster_epoch(cl), 3);
@@ -380,7 +365,7 @@ static void close_listener(void)
 TEST_FULL(cluster_client_a_shard_that_is_down_fails_alone, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), ci_b[128];
-    PGconn *a = connect_to(ci_a);
+    PGconn *a = t_connect(ci_a);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof addr;
     char qa[16], qb[16];
@@ -392,7 +377,7 @@ TEST_FULL(cluster_client_a_shard_that_is_down_fails_alone, 120, 0)
     CHECK(listen(listener, 64) == 0);
     CHECK(getsockname(listener, (struct sockaddr *)&addr, &len) == 0);
     snprintf(ci_b, sizeof ci_b, "host=127.0.0.1 port=%d dbname=b sslmode=disable", ntohs(addr.sin_port));
-    install(a, map_of(1, ci_a, ci_b, "aabb", ""), "sa");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aabb", ""), "sa");
     queue_of_partition(qa, sizeof qa, 4, 0);
     queue_of_partition(qb, sizeof qb, 4, 3);
 
@@ -496,11 +481,11 @@ TEST(cluster_client_a_database_without_a_map_is_a_direct_client)
 TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *out = NULL, *err = NULL;
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     char qa[16], qb[16];
 
-    install(a, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sa");
-    install(b, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sb");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, "aabb", "\"t\": {\"placement\": \"spread\"}"), "sb");
     queue_of_partition(qa, sizeof qa, 4, 0);
     queue_of_partition(qb, sizeof qb, 4, 3);
 
@@ -593,7 +578,7 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
     free(err);
 
     /* sb down (an address nothing listens on): stats and list print sa's and say sb is down. */
-    install(a, map_of(2, ci_a, "host=127.0.0.1 port=1 dbname=b", "aabb", ""), "sa");
+    t_cluster_install(a, map_of(2, ci_a, "host=127.0.0.1 port=1 dbname=b", "aabb", ""), "sa");
     CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--cluster", ci_a, NULL), 0);
     CHECK_MSG(strstr(out, qa) && !strstr(out, qb) && strstr(err, "shard sb: down ("), "%s / %s", out, err);
     free(out);
@@ -635,7 +620,7 @@ TEST_FULL(cluster_client_cli_routes_over_the_shards, 120, 0)
 TEST(cluster_client_bench_enqueue_through_the_cluster)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *out = NULL, *err = NULL;
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
 
     /* A database without a map: a cluster of one shard, this one. */
     CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "enqueue", "--jobs", "300", "--batch", "100", "--json", "--cluster",
@@ -652,8 +637,8 @@ TEST(cluster_client_bench_enqueue_through_the_cluster)
     for (int p = 0; p < 4; p++)
         owners[p] = (pgjobq__route_hash("bench", 5) & 3) == (uint32_t)p ? 'b' : 'a';
     owners[4] = '\0';
-    install(a, map_of(1, ci_a, ci_b, owners, ""), "sa");
-    install(b, map_of(1, ci_a, ci_b, owners, ""), "sb");
+    t_cluster_install(a, map_of(1, ci_a, ci_b, owners, ""), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, owners, ""), "sb");
     CHECK_INT(t_cli(&out, &err, NULL, 0, "--db", ci_b, "bench", "enqueue", "--jobs", "200", "--batch", "50",
                     "--cluster", ci_a, NULL),
               0);

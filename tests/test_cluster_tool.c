@@ -15,14 +15,6 @@
 #include "harness.h"
 #include "internal.h"
 
-static PGconn *connect_to(const char *conninfo)
-{
-    PGconn *pg = PQconnectdb(conninfo);
-    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
-    PQclear(t_exec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
 /* Runs `pgjobq cluster ARGS...`; returns its exit status, with its output in *out and *err (malloc'd). */
 #define CLUSTER(out, err, ...) t_cli(out, err, NULL, 0, "cluster", __VA_ARGS__, NULL)
 
@@ -73,8 +65,8 @@ static void two_shards_init(two_shards *t, int with_router)
     CHECK_MSG(rc == 0, "cluster init: %d %s %s", rc, out, err);
     free(out);
     free(err);
-    t->a = connect_to(t->ci_a);
-    t->b = connect_to(t->ci_b);
+    t->a = t_connect(t->ci_a);
+    t->b = t_connect(t->ci_b);
 }
 
 static void two_shards_free(two_shards *t)
@@ -105,7 +97,7 @@ TEST_FULL(cluster_tool_init_installs_one_map_everywhere, 120, 0)
     char *out, *err, sa[1200], sb[1200], bad[1200];
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *ci_empty = t_extra_db("empty", 0);
     char *ci_r = t_extra_db("router", 0);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b), *r = connect_to(ci_r);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b), *r = t_connect(ci_r);
     int rc;
 
     rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
@@ -273,7 +265,7 @@ TEST_FULL(cluster_tool_move_queue_leaves_the_old_owner_draining, 120, 0)
               1);
     CHECK_ENQUEUE(t.a, q, "PJQ01");
     CHECK_ENQUEUE(t.b, q, "");
-    PGconn *r = connect_to(t.ci_r);
+    PGconn *r = t_connect(t.ci_r);
     CHECK_INT(t_int(r, "SELECT id %% 1024 FROM pgjobq.enqueue('%s')", q), 1);
     PQfinish(r);
     CHECK_INT(t_int(t.b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", q), 2);
@@ -348,7 +340,7 @@ TEST_FULL(cluster_tool_a_shard_down_or_a_change_half_done, 120, 0)
     free(err);
     CHECK_INT(t_int(t.a, "SELECT epoch FROM pgjobq.cluster"), 1);
     PQclear(t_exec(admin, "ALTER DATABASE \"%s_down\" RENAME TO \"%s\"", dbname_b, dbname_b));
-    t.b = connect_to(t.ci_b);
+    t.b = t_connect(t.ci_b);
 
     /* The old owner's map held by another transaction: sb gets epoch 2, sa does not. */
     PQclear(t_exec(t.a, "BEGIN"));
@@ -409,7 +401,7 @@ TEST_FULL(cluster_tool_add_shard_then_give_it_partitions, 120, 0)
     CHECK_MSG(rc == 0 && strstr(out, "cluster at epoch 3"), "%d %s %s", rc, out, err);
     free(out);
     free(err);
-    PGconn *c = connect_to(ci_c);
+    PGconn *c = t_connect(ci_c);
     CHECK_INT(t_int(c, "SELECT number FROM pgjobq.cluster_shards WHERE name = 'sc'"), 2);
     CHECK_INT(t_int(c, "SELECT count(*) FROM pgjobq.cluster_owners WHERE shard = 'sc' AND partition = 15"), 1);
     char q[32];

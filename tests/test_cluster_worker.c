@@ -44,17 +44,9 @@ static const char *map_of(const char *ci_a, const char *ci_b)
     return map_at(1, ci_a, ci_b);
 }
 
-static PGconn *connect_to(const char *conninfo)
-{
-    PGconn *pg = PQconnectdb(conninfo);
-    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
-    PQclear(t_exec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
 static void install(const char *conninfo, const char *map, const char *self)
 {
-    PGconn *pg = connect_to(conninfo);
+    PGconn *pg = t_connect(conninfo);
     const char *values[2] = {map, self};
     PGresult *r = PQexecParams(pg, "SELECT pgjobq.cluster_set($1::jsonb, $2)", 2, NULL, values, NULL, NULL, 0);
     CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cluster_set(%s): %s", self, PQerrorMessage(pg));
@@ -188,7 +180,7 @@ TEST_FULL(cluster_worker_serves_every_shard_and_drains_on_sigterm, 120, 0)
     queue_of_partition(qb, sizeof qb, 3);
     enqueue_on(ci_a, qa, "{}", 20, ids_a);
     enqueue_on(ci_b, qb, "{}", 20, ids_b);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     snprintf(ran, sizeof ran, "%s/ran.log", t_tmpdir());
 
     char qa_opt[32], qb_opt[32];
@@ -333,7 +325,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     install(ci_b, map_of(ci_a, ci_b), "sb");
     queue_of_partition(qa, sizeof qa, 1);
     queue_of_partition(qb, sizeof qb, 2);
-    PGconn *a = connect_to(ci_a);
+    PGconn *a = t_connect(ci_a);
 
     worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--exec", handler(), "--lease",
                      "5s", NULL);
@@ -341,7 +333,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     enqueue_on(ci_a, qa, "{}", 5, NULL);
     enqueue_on(ci_b, qb, "{}", 5, ids_b);
     wait_completed(a, qa, 5, log, 60000);
-    PGconn *b = connect_to(ci_b);
+    PGconn *b = t_connect(ci_b);
     wait_completed(b, qb, 5, log, 60000);
     PQfinish(b);
 
@@ -381,7 +373,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     /* sb back: its waiting jobs, and new ones, are completed. */
     CHECK_INT(b_ctl("start", NULL, NULL), 0);
     enqueue_on(ci_b, qb, "{}", 5, NULL);
-    b = connect_to(ci_b);
+    b = t_connect(ci_b);
     wait_completed(b, qb, 15, log, 90000);
     for (int i = 0; i < 10; i++)
         CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.history WHERE state = 'completed' AND id = %lld",
@@ -412,7 +404,7 @@ TEST_FULL(cluster_worker_follows_the_map_as_shards_join_and_leave, 120, 0)
     install(ci_a, map_at(1, ci_a, NULL), "sa");
     queue_of_partition(qa, sizeof qa, 0);
     queue_of_partition(qb, sizeof qb, 3);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
 
     worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--exec", handler(),
                      "--map-reload", "1s", "--worker-id", "cw-3", NULL);
@@ -472,7 +464,7 @@ TEST_FULL(cluster_worker_runs_coprocesses_per_shard, 120, 0)
     queue_of_partition(qb, sizeof qb, 2);
     enqueue_on(ci_a, qa, "{\"n\": 1}", 30, NULL);
     enqueue_on(ci_b, qb, "{\"n\": 2}", 30, NULL);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     snprintf(command, sizeof command, "/usr/bin/python3 %s/examples/coproc.py", t_srcdir());
     worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--coproc", command,
                      "--coprocs", "2", NULL);
@@ -526,7 +518,7 @@ TEST_FULL(cluster_worker_waits_for_the_maps_database_at_start, 120, 0)
     CHECK_INT(b_ctl("start", NULL, NULL), 0);
     enqueue_on(ci_a, qa, "{}", 5, NULL);
     enqueue_on(ci_b, qb, "{}", 5, NULL);
-    PGconn *a = connect_to(ci_a), *b = connect_to(ci_b);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
     wait_completed(a, qa, 5, log, 90000);
     wait_completed(b, qb, 5, log, 90000);
     CHECK(kill(worker, SIGTERM) == 0);

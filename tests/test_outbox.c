@@ -12,18 +12,6 @@
 #include "harness.h"
 #include "internal.h"
 
-/* Runs sql expecting an error of SQLSTATE want; returns its message (malloc'd). */
-static char *expect_error(PGconn *pg, const char *want, const char *sql)
-{
-    PGresult *r = PQexec(pg, sql);
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    CHECK_MSG(PQresultStatus(r) == PGRES_FATAL_ERROR && state && strcmp(state, want) == 0,
-              "%s: expected SQLSTATE %s, got %s: %s", sql, want, state ? state : "none", PQerrorMessage(pg));
-    char *msg = strdup(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
-    PQclear(r);
-    return msg;
-}
-
 /* A forwarded job is checked by enqueue's judges when it is forwarded, in the producer's transaction:
  * what its shard would refuse is refused to the producer, and a rolled-back transaction forwards
  * nothing. */
@@ -32,15 +20,15 @@ TEST(outbox_forward_is_judged_like_an_enqueue_and_joins_the_callers_transaction)
     PGconn *pg = t_pg();
     char *msg;
 
-    msg = expect_error(pg, "23514", "SELECT pgjobq.forward('no spaces')");
+    msg = t_expect_error(pg, "23514", "SELECT pgjobq.forward('no spaces')");
     CHECK_MSG(strstr(msg, "is not a queue name"), "%s", msg);
     free(msg);
-    msg = expect_error(pg, "22023", "SELECT pgjobq.forward('mail', run_at => '1901-01-01')");
+    msg = t_expect_error(pg, "22023", "SELECT pgjobq.forward('mail', run_at => '1901-01-01')");
     CHECK_MSG(strstr(msg, "within 100 years"), "%s", msg);
     free(msg);
-    free(expect_error(pg, "22023", "SELECT pgjobq.forward('mail', delay => '-1 s')"));
-    free(expect_error(pg, "22023", "SELECT pgjobq.forward('pgjobq.outbox')"));
-    free(expect_error(pg, "23514", "SELECT pgjobq.forward('mail', max_attempts => 0)"));
+    free(t_expect_error(pg, "22023", "SELECT pgjobq.forward('mail', delay => '-1 s')"));
+    free(t_expect_error(pg, "22023", "SELECT pgjobq.forward('pgjobq.outbox')"));
+    free(t_expect_error(pg, "23514", "SELECT pgjobq.forward('mail', max_attempts => 0)"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), 0);
 
     PQclear(t_exec(pg, "BEGIN"));
@@ -75,7 +63,8 @@ struct waiter {
 static int waits_for_a_lock(void *arg)
 {
     struct waiter *w = arg;
-    return t_int(w->pg, "SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND wait_event_type = 'Lock'", w->pid) > 0;
+    return t_int(w->pg, "SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND wait_event_type = 'Lock'", w->pid) >
+           0;
 }
 
 /* enqueue_forwarded makes one job per (source, source id): again, it returns that job; at the same
@@ -122,8 +111,8 @@ TEST(outbox_enqueue_forwarded_makes_one_job_per_source_job)
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'mail'"), 2);
 
     /* A bad call is refused clearly. */
-    free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(NULL, 1, '{}')"));
-    free(expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '[]')"));
+    free(t_expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(NULL, 1, '{}')"));
+    free(t_expect_error(a, "22023", "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '[]')"));
     PQfinish(a);
     PQfinish(b);
 }
@@ -138,11 +127,11 @@ TEST(outbox_queue_stays_in_a_shard_that_the_map_would_route_it_away_from)
                        "\"sa\": {\"number\": 0, \"conninfo\": \"host=/nowhere dbname=a\"},"
                        " \"sb\": {\"number\": 1, \"conninfo\": \"host=/nowhere dbname=b\"}}, \"owners\": [\"sb\"]}',"
                        " 'sa')"));
-    free(expect_error(pg, "PJQ01", "SELECT pgjobq.enqueue('mail')"));
+    free(t_expect_error(pg, "PJQ01", "SELECT pgjobq.enqueue('mail')"));
     long long id = t_int(pg, "SELECT pgjobq.forward('mail', 'send')");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld", id), 1);
-    free(expect_error(pg, "PJQ01",
-                      "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '{\"queue\": \"mail\"}')"));
+    free(t_expect_error(pg, "PJQ01",
+                        "SELECT * FROM pgjobq.enqueue_forwarded(gen_random_uuid(), 1, '{\"queue\": \"mail\"}')"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.forwarded"), 0);
     PQfinish(pg);
 }
@@ -186,36 +175,21 @@ static const char *two_shards(int epoch, const char *ci_a, const char *ci_b)
     return buf;
 }
 
-static void install_map(PGconn *pg, const char *map, const char *self)
-{
-    const char *values[2] = {map, self};
-    PGresult *r = PQexecParams(pg, "SELECT pgjobq.cluster_set($1::jsonb, $2)", 2, NULL, values, NULL, NULL, 0);
-    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "cluster_set: %s", PQerrorMessage(pg));
-    PQclear(r);
-}
-
-static PGconn *connect_to(const char *conninfo)
-{
-    PGconn *pg = PQconnectdb(conninfo);
-    CHECK_MSG(PQstatus(pg) == CONNECTION_OK, "connect: %s", PQerrorMessage(pg));
-    PQclear(t_exec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
 /* Jobs forwarded from a database outside the cluster (the application's) land each on its owner,
  * once, the outbox jobs completed with where they went; one whose job a forwarder had already made
  * before it died (enqueue_forwarded done, the outbox job not completed) is not made again. */
 TEST_FULL(outbox_forwarder_moves_each_job_to_its_shard_once, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
-    PGconn *src = t_pg(), *a = connect_to(ci_a), *b = connect_to(ci_b);
-    install_map(a, two_shards(1, ci_a, ci_b), "sa");
-    install_map(b, two_shards(1, ci_a, ci_b), "sb");
+    PGconn *src = t_pg(), *a = t_connect(ci_a), *b = t_connect(ci_b);
+    t_cluster_install(a, two_shards(1, ci_a, ci_b), "sa");
+    t_cluster_install(b, two_shards(1, ci_a, ci_b), "sb");
 
     PQclear(t_exec(src, "BEGIN"));
     PQclear(t_exec(src, "SELECT pgjobq.forward('t', 'k', jsonb_build_object('g', g), route_key => 'tenant-' || g)"
                         " FROM generate_series(1, 200) g"));
-    PQclear(t_exec(src, "SELECT pgjobq.forward('mail', 'send', jsonb_build_object('g', g)) FROM generate_series(1, 20) g"));
+    PQclear(
+        t_exec(src, "SELECT pgjobq.forward('mail', 'send', jsonb_build_object('g', g)) FROM generate_series(1, 20) g"));
     PQclear(t_exec(src, "COMMIT"));
     /* The first outbox job was forwarded by a forwarder that died before it could complete it. */
     long long first = t_int(src, "SELECT min(id) FROM pgjobq.jobs WHERE queue = pgjobq.outbox_queue()");
@@ -252,9 +226,12 @@ TEST_FULL(outbox_forwarder_moves_each_job_to_its_shard_once, 120, 0)
     CHECK_INT(t_int(a, "SELECT count(DISTINCT (queue, payload)) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')"), on_a);
     CHECK_INT(t_int(b, "SELECT count(DISTINCT (queue, payload)) FROM pgjobq.jobs WHERE queue IN ('t', 'mail')"), on_b);
     CHECK_MSG(on_a > 0 && on_b > 0, "the spread queue's jobs went to one shard only (%lld, %lld)", on_a, on_b);
-    CHECK_INT(t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND result->>'shard' = 'sa'"),
-              on_a);
-    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded") + t_int(b, "SELECT count(*) FROM pgjobq.forwarded"), 220);
+    CHECK_INT(
+        t_int(src,
+              "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND result->>'shard' = 'sa'"),
+        on_a);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.forwarded") + t_int(b, "SELECT count(*) FROM pgjobq.forwarded"),
+              220);
     free(spec);
     free(source);
     free(ci_a);
@@ -281,9 +258,9 @@ static int outbox_empty(void *arg)
 TEST_FULL(outbox_forwarder_killed_again_and_again_forwards_each_job_exactly_once, 240, 0)
 {
     char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
-    PGconn *src = t_pg(), *a = connect_to(ci_a), *b = connect_to(ci_b);
-    install_map(a, two_shards(1, ci_a, ci_b), "sa");
-    install_map(b, two_shards(1, ci_a, ci_b), "sb");
+    PGconn *src = t_pg(), *a = t_connect(ci_a), *b = t_connect(ci_b);
+    t_cluster_install(a, two_shards(1, ci_a, ci_b), "sa");
+    t_cluster_install(b, two_shards(1, ci_a, ci_b), "sb");
     PQclear(t_exec(src, "SELECT pgjobq.forward('t', 'k', jsonb_build_object('g', g), route_key => 'tenant-' || g)"
                         " FROM generate_series(1, 1500) g"));
 
@@ -300,8 +277,8 @@ TEST_FULL(outbox_forwarder_killed_again_and_again_forwards_each_job_exactly_once
     /* The last one runs until every outbox job is done (those the killed ones held come back when
      * their leases end: the rescue) and it has registered (a SIGTERM before it has its handler would
      * kill it). */
-    pid_t pid = t_spawn(log, NULL, "work", "--forward-to", ci_a, "--lease", "2s", "--log-level", "warn",
-                        "--worker-id", "last-forwarder", NULL);
+    pid_t pid = t_spawn(log, NULL, "work", "--forward-to", ci_a, "--lease", "2s", "--log-level", "warn", "--worker-id",
+                        "last-forwarder", NULL);
     struct drained d = {src};
     int done = t_wait_until(outbox_empty, &d, 120000);
     kill(pid, SIGTERM);
@@ -316,8 +293,9 @@ TEST_FULL(outbox_forwarder_killed_again_and_again_forwards_each_job_exactly_once
     CHECK_INT(on_a + on_b, 1500);
     CHECK_INT(t_int(a, "SELECT count(DISTINCT payload) FROM pgjobq.jobs WHERE queue = 't'"), on_a);
     CHECK_INT(t_int(b, "SELECT count(DISTINCT payload) FROM pgjobq.jobs WHERE queue = 't'"), on_b);
-    CHECK_INT(t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND state = 'completed'"),
-              1500);
+    CHECK_INT(
+        t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue() AND state = 'completed'"),
+        1500);
     /* Forwarded again after a kill: found, not made again. */
     printf("  forwarded again after a kill (duplicate): %lld of 1500\n",
            t_int(src, "SELECT count(*) FROM pgjobq.history WHERE queue = pgjobq.outbox_queue()"
