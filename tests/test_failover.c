@@ -917,6 +917,51 @@ static long long monitor_count(PGconn *mon, const char *states)
                       " AND goalstate = reportedstate", states);
 }
 
+/* Prints the monitor's events from after_event on (every one when after_event is 0). */
+static void print_monitor_events(PGconn *mon, long long after_event)
+{
+    PGresult *ev = t_exec(mon, "SELECT to_char(eventtime, 'HH24:MI:SS.MS') || ' ' || nodename || ' ' || reportedstate"
+                               " || ' -> ' || goalstate || ': ' || left(description, 160)"
+                               " FROM pgautofailover.event WHERE eventid > %lld ORDER BY eventid LIMIT 200",
+                          after_event);
+    for (int i = 0; i < PQntuples(ev); i++)
+        printf("    %s\n", PQgetvalue(ev, i, 0));
+    PQclear(ev);
+}
+
+/* Replication is synchronous now: the monitor has n1 primary and n2 secondary (each at its goal), and
+ * n1 itself names a synchronous standby (synchronous_standby_names set, pg_stat_replication's
+ * sync_state sync or quorum) that is streaming. In wait_primary (a secondary the monitor thinks
+ * unhealthy, as on a loaded machine) pg_auto_failover turns synchronous replication off, and an
+ * enqueue acknowledged then may be lost by a failover: the load must not start, and the failover
+ * must not be asked, before this holds. Waits up to timeout_ms; the monitor's events on failure. */
+static void wait_synchronous(PGconn *mon, const node *primary, int timeout_ms)
+{
+    int64_t t = t_now_ms();
+    for (;;) {
+        int ok = t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE nodename = 'n1'"
+                            " AND reportedstate = 'primary' AND goalstate = 'primary'") == 1 &&
+                 t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE nodename = 'n2'"
+                            " AND reportedstate = 'secondary' AND goalstate = 'secondary'") == 1;
+        if (ok) {
+            PGconn *pc = connect_node(primary, "postgres");
+            ok = t_int(pc, "SELECT (current_setting('synchronous_standby_names') <> '')::int") == 1 &&
+                 t_int(pc, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+                           " AND sync_state IN ('sync', 'quorum')") >= 1;
+            PQfinish(pc);
+        }
+        if (ok)
+            return;
+        if (t_now_ms() - t > timeout_ms) {
+            printf("monitor events:\n");
+            print_monitor_events(mon, 0);
+            t_fail(__FILE__, __LINE__, "replication did not become synchronous (n1 primary, n2 secondary) in %d s",
+                   timeout_ms / 1000);
+        }
+        pause_ms(200);
+    }
+}
+
 TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300, 0)
 {
     static node mon, n1, n2;
@@ -1011,9 +1056,14 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     t_audit_install(pc);
     PQfinish(pc);
 
+    wait_synchronous(m, &n1, 60000);
     start_load(threads);
     pause_ms(4000);
     CHECK_MSG(atomic_load(&load.ndone) > 0, "no completion before the failover");
+    /* Under load the monitor may have found n2 lagging and turned synchronous replication off
+     * (wait_primary): a failover asked then could lose what n1 acknowledged alone. Ask it once
+     * replication is synchronous again. */
+    wait_synchronous(m, &n1, 90000);
     int enq_before = atomic_load(&load.nenq), done_before = atomic_load(&load.ndone);
     int64_t asked = t_now_ms(), asked_wall = wall_ms();
     atomic_store(&load.mark_ms, asked_wall);
@@ -1043,12 +1093,9 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     verdict v = check_new_primary(nc, asked_wall);
     printf("monitor events after the failover (primary at the end: %s):\n",
            final_port == n2.port ? "n2" : final_port == n1.port ? "n1" : "?");
-    PGresult *ev = t_exec(m, "SELECT to_char(eventtime, 'HH24:MI:SS.MS') || ' ' || nodename || ' ' || reportedstate"
-                             " || ' -> ' || goalstate || ': ' || left(description, 120)"
-                             " FROM pgautofailover.event WHERE eventid > %lld ORDER BY eventid LIMIT 40", last_event);
-    for (int i = 0; i < PQntuples(ev); i++)
-        printf("    %s\n", PQgetvalue(ev, i, 0));
-    PQclear(ev);
+    /* Every event when something acknowledged was lost (how the failover went: a demotion that timed
+     * out, a second failover), only those after it otherwise. */
+    print_monitor_events(m, v.enq_lost || v.done_lost || v.stale || v.claims_in_valid ? 0 : last_event);
     PQfinish(m);
     int64_t first = atomic_load(&load.first_done_after_ms);
     char port[32];
