@@ -9,7 +9,9 @@
  * Jobs are enqueued directly on each shard (pgjobq_enqueue), not through the cluster client, so that
  * these tests depend on the worker alone.
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -527,6 +529,167 @@ TEST_FULL(cluster_worker_waits_for_the_maps_database_at_start, 120, 0)
         t_show_log(log);
     CHECK_INT(st, 0);
     worker = -1;
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Chaos over two shards: producers routing through the map and `pgjobq work --cluster` workers run  */
+/* while a pinned queue moves live from sa to sb (pgjobq cluster move-queue) and sb's server stops   */
+/* (-m immediate) and starts again (the failover form without pg_auto_failover).                      */
+
+enum { CHAOS_ACKED = 100000, CHAOS_PRODUCERS = 2 };
+static struct {
+    int64_t id[CHAOS_ACKED], mark[CHAOS_ACKED];
+    _Atomic int n, errors;
+    _Atomic int64_t next_mark;
+    _Atomic int stop;
+    const char *spec, *queue;
+} cq;
+
+static void *chaos_producer(void *arg)
+{
+    pgjobq_cluster *cl = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    (void)arg;
+    o.queue = cq.queue;
+    o.max_attempts = 1000;
+    if (pgjobq_cluster_open(&cl, cq.spec) != PGJOBQ_OK)
+        return NULL;
+    while (!atomic_load(&cq.stop)) {
+        int64_t id = 0, mark = atomic_fetch_add(&cq.next_mark, 1);
+        char payload[48];
+        snprintf(payload, sizeof payload, "{\"mark\": %lld}", (long long)mark);
+        if (pgjobq_cluster_enqueue(cl, payload, &o, &id) == PGJOBQ_OK) {
+            int k = atomic_fetch_add(&cq.n, 1);
+            if (k < CHAOS_ACKED) {
+                cq.id[k] = id;
+                cq.mark[k] = mark;
+            }
+        } else {
+            atomic_fetch_add(&cq.errors, 1); /* indeterminate (sb down): never counted as acknowledged */
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    pgjobq_cluster_close(cl);
+    return NULL;
+}
+
+struct chaos_drain {
+    const char *ci_a, *ci_b, *queue;
+};
+
+static int chaos_drained(void *arg)
+{
+    struct chaos_drain *d = arg;
+    const char *ci[2] = {d->ci_a, d->ci_b};
+    for (int i = 0; i < 2; i++) {
+        PGconn *pg = PQconnectdb(ci[i]);
+        int ok = PQstatus(pg) == CONNECTION_OK &&
+                 t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('queued', 'running')") == 0;
+        PQfinish(pg);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+TEST_FULL(chaos_two_shards_queue_moved_and_shard_restarted_loses_nothing, 300, 0)
+{
+    const char *secs = getenv("PGJOBQ_CHAOS_SECONDS");
+    int seconds = secs && atoi(secs) > 0 ? atoi(secs) : 20;
+    if (seconds > 120)
+        seconds = 120; /* bounded: the long form of make chaos runs two minutes of this */
+    char *ci_a = t_extra_db("sa", 1), ci_b[800], q[16];
+    const char *log0 = t_log_path("cw0"), *log1 = t_log_path("cw1");
+
+    b_start(ci_b, sizeof ci_b);
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(q, sizeof q, 1); /* pinned, on sa's partition 1 */
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
+    t_audit_install(a);
+    t_audit_install(b);
+    PQfinish(b);
+
+    pid_t w[2];
+    w[0] = t_spawn(log0, NULL, "work", "--cluster", ci_a, "--queue", q, "--exec", "/bin/true", "--lease", "3s",
+                   "--map-reload", "1s", "--worker-id", "cw0", NULL);
+    w[1] = t_spawn(log1, NULL, "work", "--cluster", ci_a, "--queue", q, "--exec", "/bin/true", "--lease", "3s",
+                   "--map-reload", "1s", "--worker-id", "cw1", NULL);
+    memset(&cq, 0, sizeof cq);
+    cq.spec = ci_a;
+    cq.queue = q;
+    pthread_t th[CHAOS_PRODUCERS];
+    for (int i = 0; i < CHAOS_PRODUCERS; i++)
+        CHECK(pthread_create(&th[i], NULL, chaos_producer, NULL) == 0);
+    int64_t start = t_now_ms();
+    struct timespec quarter = {seconds / 4, (seconds % 4) * 250000000L};
+
+    /* (a) the queue moves to sb live. */
+    nanosleep(&quarter, NULL);
+    char *out = NULL, *err = NULL;
+    int st = t_cli(&out, &err, NULL, 0, "cluster", "move-queue", q, "--to", "sb", "--cluster", ci_a, NULL);
+    CHECK_MSG(st == 0, "move-queue (exit %d): %s / %s", st, out, err);
+    free(out);
+    free(err);
+    long long last_on_a = t_int(a, "SELECT coalesce(max(id), 0) FROM pgjobq.all_jobs WHERE queue = '%s'", q);
+    /* A producer with the old map: sa refuses the queue's job with PJQ01, and writes nothing. */
+    char sql[200];
+    snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('%s', 'stale', '{}')", q);
+    free(t_expect_error(a, "PJQ01", sql));
+
+    /* (b) sb's server stops (-m immediate) and starts again while everything runs. */
+    nanosleep(&quarter, NULL);
+    CHECK_INT(b_ctl("-m", "immediate", "stop"), 0);
+    nanosleep(&quarter, NULL);
+    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    nanosleep(&quarter, NULL);
+
+    atomic_store(&cq.stop, 1);
+    for (int i = 0; i < CHAOS_PRODUCERS; i++)
+        pthread_join(th[i], NULL);
+    struct chaos_drain d = {ci_a, ci_b, q};
+    int drained = t_wait_until(chaos_drained, &d, 120000);
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT(t_wait_exit(w[i], 0), -1); /* the workers stayed up */
+        kill(w[i], SIGTERM);
+        int ws = t_wait_exit(w[i], 60000);
+        if (ws != 0 && ws != 75)
+            t_show_log(i ? log1 : log0);
+        CHECK_MSG(ws == 0 || ws == 75, "worker cw%d exit %d", i, ws);
+    }
+    CHECK_MSG(drained, "jobs left queued or running after the drain");
+
+    b = t_connect(ci_b);
+    int n = atomic_load(&cq.n);
+    CHECK(n <= CHAOS_ACKED);
+    long long lost = 0, twice = 0;
+    for (int k = 0; k < n; k++) {
+        long long on_a = t_int(a, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND payload->>'mark' = '%lld'",
+                               (long long)cq.id[k], (long long)cq.mark[k]);
+        long long on_b = t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND payload->>'mark' = '%lld'",
+                               (long long)cq.id[k], (long long)cq.mark[k]);
+        lost += on_a + on_b == 0;
+        twice += on_a + on_b > 1;
+    }
+    long long stale = t_audit_stale_writes(a) + t_audit_stale_writes(b);
+    long long stuck = t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('queued', 'running')") +
+                      t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('queued', 'running')");
+    long long wrong = t_int(a, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = '%s' AND id > %lld", q, last_on_a);
+    long long on_sb = t_int(b, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = '%s'", q);
+    printf("  two shards, %d s: %d enqueues acknowledged (%d failed: sb down), %lld on sb after the move\n", seconds,
+           n, atomic_load(&cq.errors), on_sb);
+    printf("  lost %lld, twice %lld, stale writes %lld, stuck %lld, written on sa after the move %lld (%.1f s)\n",
+           lost, twice, stale, stuck, wrong, (t_now_ms() - start) / 1000.0);
+    CHECK_INT(lost, 0);
+    CHECK_INT(twice, 0);
+    CHECK_INT(stale, 0);
+    CHECK_INT(stuck, 0);
+    CHECK_INT(wrong, 0);
+    CHECK_MSG(on_sb > 0, "no job of the moved queue reached sb");
     PQfinish(a);
     PQfinish(b);
     free(ci_a);
