@@ -329,6 +329,20 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('t', route_key => '%s')", key));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), before + 600 + 3 + 3);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't' AND route_key = '%s'", key), 1);
+
+    /* A map that gives this shard every partition has nothing to refuse: the guard goes (its
+     * statements cost what a database in no cluster's do), and comes back with the next map that gives
+     * a partition to another shard. */
+    t_cluster_install(
+        pg, map_of(4, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, p), "\"id_floor\": 1000"), "sa");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 0);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('%s')", theirs));
+    t_cluster_install(
+        pg, map_of(5, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, 4), "\"id_floor\": 1000"), "sa");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 1);
+    snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('%s')", theirs);
+    free(t_expect_error(pg, "PJQ01", sql));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", theirs), 1);
     free(specs);
     free(ids);
     pgjobq_client_close(c);
