@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/shards.sh - issue 39's figures for a cluster of shards (docs/shards.md), run by `make bench`
-# after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n).
+# after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n;
+# SHARD_SYNC=off runs both servers with synchronous_commit off, to see what the shared disk costs).
 #
 # Two PostgreSQL clusters on this machine, each on a Unix socket of its own and held to one core
 # with taskset (shard a on CPU 0, shard b on CPU 1), each with its producer and workers on the same
@@ -79,7 +80,7 @@ shared_buffers = 256MB
 max_wal_size = 4GB
 checkpoint_timeout = 30min
 fsync = on
-synchronous_commit = on
+synchronous_commit = ${SHARD_SYNC:-on}
 EOF
     start "$s"
     "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE jobs"
