@@ -15,6 +15,8 @@
 #                  against the direct path on a database without a map, and B2 (an in-process drain)
 #                  on each: target >= 0.95; and the PL/Proxy router's enqueue_many against a shard's
 #                  own (reported).
+#   locality       a spread queue's jobs over both shards, through the cluster client and one
+#                  `pgjobq work --cluster`: each shard's pg_stat_statements shows its own jobs only.
 #   blast radius   a's `mixed` at half of what it drains, with b running its own load, then with b
 #                  stopped (-m immediate): a's throughput (target >= 0.95) and pickup p99 (target
 #                  <= 1.2x); and how long an enqueue for one of b's queues takes to fail while b is
@@ -81,6 +83,7 @@ max_wal_size = 4GB
 checkpoint_timeout = 30min
 fsync = on
 synchronous_commit = ${SHARD_SYNC:-on}
+shared_preload_libraries = 'pg_stat_statements'
 EOF
     start "$s"
     "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE jobs"
@@ -224,10 +227,52 @@ if true; then
     start b
 fi
 
+# --- locality ----------------------------------------------------------------------------------------
+# A spread queue over both shards (a map of two, half of the partitions each), jobs enqueued one by one
+# through the cluster client (`pgjobq enqueue --cluster`, a routing key each) and drained by one
+# `pgjobq work --cluster`; then each shard's pg_stat_statements: the rows its enqueue and completion
+# statements returned must be its own jobs (a claim's rows are its jobs and where it got to: shown), and the two shards' jobs all the jobs: no job
+# touched the other shard.
+loc_n=$([ "$quick" = 1 ] && echo 100 || echo 400)
+for s in a b; do
+    "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE loc"
+done
+LA="host=$top_dir/a user=postgres dbname=loc"
+LB="host=$top_dir/b user=postgres dbname=loc"
+owners=$(awk 'BEGIN { for (i = 0; i < 64; i++) printf "%s\"%s\"", i ? ", " : "", i < 32 ? "a" : "b" }')
+map_loc="{\"name\": \"loc\", \"epoch\": 1, \"partitions\": 64, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$LA\"}, \"b\": {\"number\": 1, \"conninfo\": \"$LB\"}}, \"owners\": [$owners], \"queues\": {\"loc\": {\"placement\": \"spread\"}}}"
+for s in a b; do
+    db=$LA; [ "$s" = b ] && db=$LB
+    "$pgjobq" --db "$db" migrate >/dev/null
+    "$bindir/psql" -X -q "$db" -c "SELECT pgjobq.cluster_set('$map_loc', '$s')" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+        -c "SELECT pg_stat_statements_reset()" >/dev/null
+done
+i=1
+while [ "$i" -le "$loc_n" ]; do
+    "$pgjobq" enqueue --cluster "$LA" -q loc --route-key "tenant-$i" "{\"n\": $i}" >/dev/null
+    i=$((i + 1))
+done
+"$pgjobq" work --cluster "$LA" -q loc --burst --exec /bin/true >/dev/null 2>&1
+loc_ok=met loc_sum=0 loc_rows=
+for s in a b; do
+    db=$LA; [ "$s" = b ] && db=$LB
+    row=$("$bindir/psql" -X -q "$db" -Atc "SELECT (SELECT count(*) FROM pgjobq.history WHERE queue = 'loc' AND state = 'completed')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.enqueue')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.claim_next')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.complete_many')")
+    set -- $row
+    loc_rows="$loc_rows $s: $1 jobs, enqueue $2, complete $4 rows (claim $3: with the rows that say where it got to);"
+    loc_sum=$((loc_sum + $1))
+    [ "$1" -gt 0 ] && [ "$1" = "$2" ] && [ "$1" = "$4" ] || loc_ok=MISSED
+done
+[ "$loc_sum" = "$loc_n" ] || loc_ok=MISSED
+echo "{\"name\":\"locality\",\"round\":1,\"jobs\":$loc_n,\"completed\":$loc_sum,\"verdict\":\"$loc_ok\",\"per_shard\":\"${loc_rows# }\"}" >> "$runs"
+
 echo
 echo "| figure | value | target | |"
 echo "|---|---|---|---|"
 echo "| scale: 2 shards / 1 (a core each; $one_m and $two_m jobs/s) | $scale | >= 1.8 | $(verdict "$scale" ">=" 1.8) |"
+echo "| locality: $loc_n jobs of a spread queue over 2 shards, each shard's statements (pg_stat_statements) | $loc_sum completed;$loc_rows | each job on one shard only | $loc_ok |"
 echo "| the other core's use during the one-shard run (kernel, disk) | $other_core | reported | |"
 echo "| routing cost: B1 of $bulk jobs, routed (a cluster of 1 shard) / direct ($routed_m and $direct_m jobs/s) | $routing | >= 0.95 | $(verdict "$routing" ">=" 0.95) |"
 echo "| routing cost: B2 drain of $bulk jobs, a shard of a cluster of 1 / a database without a map ($drain_routed_m and $drain_direct_m jobs/s) | $routing_drain | >= 0.95 | $(verdict "$routing_drain" ">=" 0.95) |"
