@@ -541,6 +541,53 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* Exit 99 snoozes the job: handed back untouched, no attempt used, due after the duration on stdout
+ * (none: the backoff), stderr kept as the reason; a stdout that is no duration is a failed attempt. */
+TEST_FULL(work_exec_exit_99_snoozes_without_using_an_attempt, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t later, backoff, bad;
+    char sql[320];
+
+    const char *handler = t_script("h.sh", "payload=$(cat)\n"
+                                           "case \"$payload\" in\n"
+                                           "  *later*) echo 'waiting for the bank' >&2; echo 1h; exit 99;;\n"
+                                           "  *backoff*) exit 99;;\n"
+                                           "  *bad*) echo soon; exit 99;;\n"
+                                           "esac");
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "\"later\"", &o, &later));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"backoff\"", &o, &backoff));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"bad\"", &o, &bad));
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--poll", "100ms", NULL);
+    /* An hour on stdout: queued again for an hour from now, its attempt given back (one attempt in all:
+     * a failed attempt would have ended it failed), stderr as the reason. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+             " AND run_at > now() + interval '55 minutes'"
+             " AND last_error = 'snoozed by the handler (exit status 99): waiting for the bank'",
+             (long long)later);
+    wait_sql(pg, sql, 1, 30000);
+    /* Nothing on stdout: the backoff; still no attempt used, and it comes back and snoozes again. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+             " AND last_error = 'snoozed by the handler (exit status 99)'",
+             (long long)backoff);
+    wait_sql(pg, sql, 1, 30000);
+    /* Not a duration: a failed attempt that says so (the only one: failed for good). */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'failed'"
+             " AND last_error LIKE 'exit status 99 asks for a snooze, but its standard output (''soon'') is not a duration%%'",
+             (long long)bad);
+    wait_sql(pg, sql, 1, 30000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
 TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
 {
     PGconn *pg = t_pg();
