@@ -617,7 +617,7 @@ class App:
         due before the queues run dry.  A job of a kind the App has no task for is handed back
         untouched.  ``queues``: those of the App's tasks by default.  Returns how many attempts
         ended each way (``completed``, ``retried``, ``failed``, ``cancelled``, ``lost``,
-        ``handed_back``), e.g. ``{"completed": 2}``."""
+        ``snoozed``, ``handed_back``), e.g. ``{"completed": 2}``."""
         from ._inline import run_inline
 
         return run_inline(self, self._target(conn), queues, max_jobs)
