@@ -66,6 +66,8 @@ class JobInfo:
     cancel_told_at: Optional[_dt.datetime] = None
     # The job's routing key in a cluster of shards (docs/python.md, "Shards"), None when it has none.
     route_key: Optional[str] = None
+    # How many times it was snoozed (pgjobq.Snooze: no attempt used), against pgjobq.snooze_cap().
+    snoozes: int = 0
 
     @property
     def finished(self) -> bool:
@@ -75,7 +77,7 @@ class JobInfo:
 _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
-       cancel_requested, cancel_requested_at, cancel_told_at, route_key
+       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes
   FROM pgjobq.all_jobs WHERE id = CAST(:id AS bigint)
 """
 
@@ -83,11 +85,11 @@ SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_att
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
-                   cancel_requested_at, cancel_told_at, route_key)
+                   cancel_requested_at, cancel_told_at, route_key, int(snoozes))
 
 
 def get(conn: Any, job_id: int) -> Optional[JobInfo]:
