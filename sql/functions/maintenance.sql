@@ -141,7 +141,7 @@ $$;
 -- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
 -- when it was never analyzed); call again while it returns max_jobs or more.  Also reclaims the levels of
 -- queues that have had no job for an hour (levels_reclaim), and forgets the outbox's jobs forwarded
--- here more than 30 days ago (forwarded_prune, outbox.sql).
+-- here more than 30 days ago (forwarded_prune, outbox.sql), and the waits of sessions gone (await.sql).
 CREATE OR REPLACE FUNCTION pgjobq.prune(
     completed_age interval DEFAULT NULL,
     failed_age    interval DEFAULT NULL,
@@ -248,6 +248,8 @@ BEGIN
     -- The levels of queues without jobs for an hour, and their frontiers.
     PERFORM pgjobq.levels_reclaim(interval '1 hour');
     PERFORM pgjobq.forwarded_prune(interval '30 days', max_jobs);
+    -- Waits whose session is gone (killed before its await_end: await.sql).
+    DELETE FROM pgjobq.awaited a WHERE NOT EXISTS (SELECT FROM pg_stat_activity s WHERE s.pid = a.pid);
     RETURN v_count;
 END
 $$;
