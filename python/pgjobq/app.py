@@ -562,7 +562,8 @@ class App:
         except JobNotFound:
             return None
 
-    def result(self, job_id: int, timeout: Optional[Duration] = 30.0, *, conn: Any = None, poll: Duration = 0.5) -> Any:
+    def result(self, job_id: int, timeout: Optional[Duration] = 30.0, *, conn: Any = None,
+               poll: Optional[Duration] = None) -> Any:
         return self._by_id(conn, job_id, _jobs.result, timeout, poll=poll)
 
     def cancel(self, job_id: int, *, conn: Any = None) -> str:
