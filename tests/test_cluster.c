@@ -523,6 +523,26 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a), 1);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a + 1024 * 1000), 0);
 
+    /* cancel and retry of one job, on the shard that holds it, with the shard's answers; of a filter,
+     * on every shard, summed. */
+    CHECK_SQL_STR(r, "cancelled", "SELECT pgjobq.cancel(%lld)", id_b);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", id_b), 1);
+    CHECK_SQL_STR(r, "already_cancelled", "SELECT pgjobq.cancel(%lld)", id_b);
+    CHECK_SQL_STR(r, "queued", "SELECT pgjobq.retry(%lld)", id_b);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", id_b), 1);
+    CHECK_SQL_STR(r, "not_found", "SELECT pgjobq.cancel(%lld)", id_a + 1024 * 1000);
+    CHECK_SQL_STR(r, "not_found", "SELECT pgjobq.retry(%lld)", id_a + 1024 * 1000);
+    CHECK_INT(t_int(r, "SELECT pgjobq.cancel_where('t', 'queued', dry_run => true)"), 140);
+    CHECK_INT(t_int(r, "SELECT pgjobq.cancel_where('t', 'queued')"), 140);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"),
+              0);
+    CHECK_SQL_STR(r, "140 0", "SELECT retried || ' ' || skipped FROM pgjobq.retry_where('t', 'cancelled')");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"),
+              140);
+    free(t_expect_error(r, "22023", "SELECT pgjobq.cancel_where('t', 'completed')"));
+
     /* The map moves the partition of queue qm from sa to sb: epoch 2 on the shards, not yet on the
      * router, whose enqueue goes to sa, which refuses it: nothing written on either shard. */
     char qm[16], moved[65], want[200];
