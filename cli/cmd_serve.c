@@ -33,6 +33,7 @@ const cli_opt serve_opts[] = {
      "also answer to this host name (repeatable), e.g. a proxy's public name; pages on it may POST actions"},
     {"query-timeout", OPT_QTIMEOUT, "DURATION",
      "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -86,8 +87,9 @@ static void handle(void *arg, const http_req *req, http_resp *out)
             serve_action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
         return;
     }
-    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 || strncmp(req->path, "/jobs/", 6) == 0 ||
-                strcmp(req->path, "/queues") == 0 || strcmp(req->path, "/workers") == 0;
+    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 ||
+                strncmp(req->path, "/jobs/", 6) == 0 || strcmp(req->path, "/queues") == 0 ||
+                strcmp(req->path, "/workers") == 0;
     if (!known) {
         out->status = 404;
         html_page_begin(s, &out->body, "not found", 0);
@@ -184,6 +186,8 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     unsigned char rnd[32];
     int first, status = EX_OK;
     serve s;
+    const char **conninfos = NULL, **shard_names = NULL;
+    size_t nshards = 0;
 
     first = cli_parse(cmd, argc, argv, serve_opt, &a);
     if (first == -2)
@@ -228,17 +232,41 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(s.csrf + 2 * i, 3, "%02x", rnd[i]);
-    if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
-        free(token);
-        return status;
+    if (cli_cluster_spec() != NULL) {
+        /* Every shard of the map: one that is down now is shown down, not refused. */
+        if ((s.cluster = cli_cluster_open(&status)) == NULL) {
+            free(token);
+            return status;
+        }
+        nshards = pgjobq_cluster_shards(s.cluster);
+        conninfos = calloc(nshards, sizeof *conninfos);
+        shard_names = calloc(nshards, sizeof *shard_names);
+        if (conninfos == NULL || shard_names == NULL) {
+            cli_err("out of memory");
+            free(conninfos);
+            free(shard_names);
+            pgjobq_cluster_close(s.cluster);
+            free(token);
+            return EX_OSERR;
+        }
+        for (size_t i = 0; i < nshards; i++) {
+            conninfos[i] = pgjobq_cluster_shard_conninfo(s.cluster, i);
+            shard_names[i] = pgjobq_cluster_shard_name(s.cluster, i);
+        }
+        s.conninfo = conninfos[0];
+    } else {
+        if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
+            free(token);
+            return status;
+        }
+        /* Check the database once before serving: a wrong URL is an error now, not a page later. */
+        pgjobq_client *probe = cli_connect(0, &status);
+        if (probe == NULL) {
+            free(token);
+            return status;
+        }
+        pgjobq_client_close(probe);
     }
-    /* Check the database once before serving: a wrong URL is an error now, not a page later. */
-    pgjobq_client *probe = cli_connect(0, &status);
-    if (probe == NULL) {
-        free(token);
-        return status;
-    }
-    pgjobq_client_close(probe);
     if (serve_pool_init(&s) != 0) {
         cli_err("serve: cannot make the page connections' lock");
         free(token);
@@ -252,7 +280,8 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    if ((s.metrics = serve_metrics_start(s.conninfo, a.interval_ms)) == NULL) {
+    if ((s.metrics = s.cluster ? serve_metrics_start(conninfos, shard_names, nshards, a.interval_ms)
+                               : serve_metrics_start(&s.conninfo, NULL, 1, a.interval_ms)) == NULL) {
         cli_err("serve: cannot start the metrics collector");
         status = EX_OSERR;
         goto out;
@@ -283,6 +312,9 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 out:
     serve_metrics_stop(s.metrics);
     serve_pool_close(&s);
+    pgjobq_cluster_close(s.cluster);
+    free(conninfos);
+    free(shard_names);
     free(token);
     return status;
 }

@@ -14,6 +14,7 @@
 
 typedef struct serve {
     const char *conninfo;
+    pgjobq_cluster *cluster; /* --cluster (its map as read at start); NULL: the one database of conninfo */
     int allow_actions, hide_payloads;
     int64_t query_timeout_ms;
     char csrf[65];

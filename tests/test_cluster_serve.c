@@ -1,0 +1,372 @@
+/*
+ * test_cluster_serve.c - `pgjobq serve --cluster SPEC` (docs/shards.md, "Seeing it"; docs/serve.md):
+ * /metrics over every shard of a map, each series labelled shard="NAME", pgjobq_shard_up per shard;
+ * a shard whose server is stopped (-m immediate) shows pgjobq_shard_up 0 and nothing else, while the
+ * other shard's series go on and the scrape answers 200; the shard's series come back with its server.
+ * Without --cluster the exposition has no shard label at all.
+ *
+ * Two shards are two databases of the test's server, or (for the stopped shard) a second server.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "internal.h"
+
+/* A map of shards "sa" (number 0) and "sb" (number 1) over 4 partitions, 0-1 owned by sa and 2-3 by
+ * sb.  Static buffer. */
+static const char *map_of(const char *ci_a, const char *ci_b)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{\"name\": \"test\", \"epoch\": 1, \"partitions\": 4, \"shards\": {"
+             "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"}},"
+             " \"owners\": [\"sa\", \"sa\", \"sb\", \"sb\"], \"queues\": {}}",
+             ci_a, ci_b);
+    return buf;
+}
+
+static void install(const char *conninfo, const char *map, const char *self)
+{
+    PGconn *pg = t_connect(conninfo);
+    t_cluster_install(pg, map, self);
+    PQfinish(pg);
+}
+
+/* A queue name whose pinned partition (of 4) is `want`, into buf. */
+static void queue_of_partition(char *buf, size_t size, uint32_t want)
+{
+    for (int i = 0;; i++) {
+        snprintf(buf, size, "q%d", i);
+        if ((pgjobq__route_hash(buf, strlen(buf)) & 3u) == want)
+            return;
+    }
+}
+
+/* Enqueues n jobs of queue on the shard at conninfo, directly. */
+static void enqueue_on(const char *conninfo, const char *queue, int n)
+{
+    pgjobq_client *c = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id;
+
+    CHECK_MSG(pgjobq_client_open(&c, conninfo) == PGJOBQ_OK, "open: %s", pgjobq_errmsg(c));
+    o.queue = queue;
+    for (int i = 0; i < n; i++)
+        CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The server under test and HTTP. */
+
+static pid_t server = -1;
+static const char *server_log;
+
+static void stop_server(void)
+{
+    if (server > 0) {
+        pid_t pid = server;
+        server = -1;
+        kill(pid, SIGTERM);
+        int status = t_wait_exit(pid, 10000);
+        if (status == -1)
+            kill(pid, SIGKILL);
+        if (status != 0) {
+            t_show_log(server_log);
+            t_fail(__FILE__, __LINE__, "pgjobq serve ended with status %d after SIGTERM", status);
+        }
+    }
+}
+
+/* Starts `pgjobq serve --listen 127.0.0.1:0 --interval 200ms` with env (may be NULL) and up to two
+ * more arguments; returns the port it prints. */
+static int serve_start(const char *env, const char *a1, const char *a2)
+{
+    static int n;
+    char name[32];
+    snprintf(name, sizeof name, "serve%d", n++);
+    stop_server();
+    server_log = t_log_path(name);
+    server = t_spawn(server_log, env, "serve", "--listen", "127.0.0.1:0", "--interval", "200ms", a1, a2, NULL);
+    t_defer(stop_server);
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        struct stat st;
+        if (stat(server_log, &st) == 0) {
+            char *log = t_read_file(server_log);
+            const char *p = strstr(log, "listening on http://127.0.0.1:");
+            int port = p ? atoi(p + strlen("listening on http://127.0.0.1:")) : 0;
+            free(log);
+            if (port > 0)
+                return port;
+        }
+        if (t_now_ms() - t0 > 15000) {
+            t_show_log(server_log);
+            t_fail(__FILE__, __LINE__, "pgjobq serve did not start");
+        }
+        usleep(50000);
+    }
+}
+
+/* GET path over HTTP/1.0; returns the status, the body in *body (malloc'd). */
+static int get(int port, const char *path, char **body)
+{
+    struct sockaddr_in sa;
+    char req[512];
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    CHECK(fd >= 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_MSG(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d", port);
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+    CHECK(write(fd, req, (size_t)n) == n);
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    CHECK(buf != NULL);
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            CHECK(buf != NULL);
+        }
+        ssize_t k = read(fd, buf + len, cap - len - 1);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    buf[len] = '\0';
+    close(fd);
+    int status = 0;
+    CHECK_MSG(sscanf(buf, "HTTP/%*s %d", &status) == 1, "no status line in: %.200s", buf);
+    char *b = strstr(buf, "\r\n\r\n");
+    *body = strdup(b ? b + 4 : "");
+    free(buf);
+    return status;
+}
+
+/* The value of a series (exact name and labels), or -1 when absent. */
+static double metric(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}
+
+/* Waits until the series has the value want (15 s at most); returns the last scrape (malloc'd). */
+static char *wait_metric(int port, const char *series, double want)
+{
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        char *body = NULL;
+        int status = get(port, "/metrics", &body);
+        CHECK_MSG(status == 200, "/metrics answered %d: %.300s", status, body);
+        double have = metric(body, series);
+        if (have == want)
+            return body;
+        free(body);
+        if (t_now_ms() - t0 > 15000) {
+            t_show_log(server_log);
+            t_fail(__FILE__, __LINE__, "%s is %g after 15 s, expected %g", series, have, want);
+        }
+        usleep(100000);
+    }
+}
+
+/* Every series line of text: how many there are, and how many carry no shard label first. */
+static void count_series(const char *text, int *series, int *unlabelled)
+{
+    *series = *unlabelled = 0;
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (*p == '#' || *p == '\n')
+            continue;
+        (*series)++;
+        const char *brace = strchr(p, '{'), *space = strchr(p, ' ');
+        if (brace == NULL || (space && space < brace) || strncmp(brace, "{shard=\"", 8) != 0)
+            (*unlabelled)++;
+    }
+}
+
+/* How many series lines of text carry the label shard="name". */
+static int series_of_shard(const char *text, const char *name)
+{
+    char want[64];
+    int n = 0;
+    snprintf(want, sizeof want, "{shard=\"%s\"", name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        const char *end = strchr(p, '\n');
+        const char *at = strstr(p, want);
+        if (*p != '#' && at && (end == NULL || at < end))
+            n++;
+    }
+    return n;
+}
+
+static void promtool_check(const char *text)
+{
+    char path[512], cmd[1100];
+    snprintf(path, sizeof path, "%s/metrics.txt", t_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s.out 2>&1", path, path);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "%s.out", path);
+        t_show_log(cmd);
+    }
+    CHECK_MSG(rc == 0, "promtool check metrics failed (status %d)", rc);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Two shards of one server: each one's queues under its own label, every series labelled, the
+ * exposition valid for promtool; the same database served without --cluster has no shard label. */
+TEST_FULL(cluster_serve_metrics_label_every_series_by_shard, 90, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), qa[16], qb[16], series[128];
+    int n, unlabelled;
+
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 1);
+    queue_of_partition(qb, sizeof qb, 2);
+    enqueue_on(ci_a, qa, 3);
+    enqueue_on(ci_b, qb, 2);
+
+    int port = serve_start(NULL, "--cluster", ci_a);
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sa\",queue=\"%s\",state=\"queued\"}", qa);
+    free(wait_metric(port, series, 3));
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
+    char *text = wait_metric(port, series, 2);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sa\"}") == 1);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sb\"}") == 1);
+    CHECK(metric(text, "pgjobq_up{shard=\"sb\"}") == 1);
+    /* Each queue on its own shard only. */
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sa\",queue=\"%s\",state=\"queued\"}", qb);
+    CHECK(metric(text, series) == -1);
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qa);
+    CHECK(metric(text, series) == -1);
+    count_series(text, &n, &unlabelled);
+    CHECK_MSG(n > 20 && unlabelled == 0, "%d of %d series without a shard label:\n%s", unlabelled, n, text);
+    promtool_check(text);
+    free(text);
+
+    /* One database, no cluster: no shard label, no pgjobq_shard_up. */
+    char db[900];
+    snprintf(db, sizeof db, "PGJOBQ_DATABASE_URL=%s", ci_b);
+    port = serve_start(db, NULL, NULL);
+    snprintf(series, sizeof series, "pgjobq_jobs{queue=\"%s\",state=\"queued\"}", qb);
+    text = wait_metric(port, series, 2);
+    CHECK(strstr(text, "shard") == NULL);
+    CHECK(metric(text, "pgjobq_up") == 1);
+    free(text);
+    stop_server();
+    free(ci_a);
+    free(ci_b);
+}
+
+/* A second server, for the shard that is stopped. */
+
+static char b_dir[600], b_data[700];
+
+static int b_ctl(const char *a1, const char *a2, const char *a3)
+{
+    char pg_ctl[700], log[700];
+    snprintf(pg_ctl, sizeof pg_ctl, "%s/pg_ctl", t_bindir());
+    snprintf(log, sizeof log, "%s/server.log", b_dir);
+    const char *argv[] = {pg_ctl, "-D", b_data, "-l", log, "-w", "-t", "60", a1, a2, a3, NULL};
+    return harness_run_as_owner(argv, NULL);
+}
+
+static void b_stop(void)
+{
+    b_ctl("-m", "immediate", "stop");
+}
+
+/* Starts the second server on a Unix socket in its own directory, migrated; its conninfo into ci. */
+static void b_start(char *ci, size_t size)
+{
+    char initdb[700], conf[800], cmd[900];
+    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID"), *gid = getenv("PGJOBQ_TEST_OWNER_GID");
+
+    snprintf(b_dir, sizeof b_dir, "%s/shard_b", t_tmpdir());
+    snprintf(b_data, sizeof b_data, "%s/data", b_dir);
+    CHECK(mkdir(b_dir, 0755) == 0);
+    if (geteuid() == 0 && uid && gid) {
+        snprintf(cmd, sizeof cmd, "chown %s:%s '%s'", uid, gid, b_dir);
+        CHECK(system(cmd) == 0);
+    }
+    snprintf(initdb, sizeof initdb, "%s/initdb", t_bindir());
+    const char *init_argv[] = {initdb, "-D", b_data, "-A", "trust", "-U", "postgres", "--no-sync", NULL};
+    CHECK_INT(harness_run_as_owner(init_argv, NULL), 0);
+    t_defer(b_stop);
+    snprintf(conf, sizeof conf, "%s/postgresql.conf", b_data);
+    FILE *f = fopen(conf, "a");
+    CHECK(f != NULL);
+    fprintf(f, "listen_addresses = ''\nport = 5432\nunix_socket_directories = '%s'\nfsync = off\n", b_dir);
+    fclose(f);
+    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    snprintf(ci, size, "host=%s port=5432 user=postgres dbname=postgres", b_dir);
+    pgjobq_client *c = NULL;
+    int rc = pgjobq_client_open(&c, ci), applied = 0;
+    CHECK_MSG(c != NULL && (rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA), "open: %s", pgjobq_errmsg(c));
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    pgjobq_client_close(c);
+}
+
+/* Shard sb's server stopped (-m immediate) under `serve` ($PGJOBQ_CLUSTER): pgjobq_shard_up{shard="sb"}
+ * 0 and no other sb series, sa's series still there and counting, every scrape 200; sb's series come
+ * back once its server is back. */
+TEST_FULL(cluster_serve_metrics_show_a_stopped_shard_as_down, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), ci_b[800], qa[16], qb[16], series[128], env[900];
+
+    b_start(ci_b, sizeof ci_b);
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 1);
+    queue_of_partition(qb, sizeof qb, 2);
+    enqueue_on(ci_a, qa, 1);
+    enqueue_on(ci_b, qb, 2);
+
+    snprintf(env, sizeof env, "PGJOBQ_CLUSTER=%s", ci_a);
+    int port = serve_start(env, NULL, NULL);
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
+    free(wait_metric(port, series, 2));
+
+    b_stop();
+    char *text = wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 0);
+    CHECK_MSG(series_of_shard(text, "sb") == 1, "shard sb is down, yet:\n%s", text);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sa\"}") == 1);
+    free(text);
+    /* sa goes on: a job enqueued there now is counted. */
+    enqueue_on(ci_a, qa, 1);
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sa\",queue=\"%s\",state=\"queued\"}", qa);
+    text = wait_metric(port, series, 2);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sb\"}") == 0);
+    CHECK(series_of_shard(text, "sb") == 1);
+    promtool_check(text);
+    free(text);
+
+    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    free(wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 1));
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
+    free(wait_metric(port, series, 2));
+    stop_server();
+    free(ci_a);
+}
