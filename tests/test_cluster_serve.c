@@ -87,16 +87,16 @@ static void stop_server(void)
     }
 }
 
-/* Starts `pgjobq serve --listen 127.0.0.1:0 --interval 200ms` with env (may be NULL) and up to two
+/* Starts `pgjobq serve --listen 127.0.0.1:0 --interval 200ms` with env (may be NULL) and up to three
  * more arguments; returns the port it prints. */
-static int serve_start(const char *env, const char *a1, const char *a2)
+static int serve_start(const char *env, const char *a1, const char *a2, const char *a3)
 {
     static int n;
     char name[32];
     snprintf(name, sizeof name, "serve%d", n++);
     stop_server();
     server_log = t_log_path(name);
-    server = t_spawn(server_log, env, "serve", "--listen", "127.0.0.1:0", "--interval", "200ms", a1, a2, NULL);
+    server = t_spawn(server_log, env, "serve", "--listen", "127.0.0.1:0", "--interval", "200ms", a1, a2, a3, NULL);
     t_defer(stop_server);
     int64_t t0 = t_now_ms();
     for (;;) {
@@ -117,11 +117,12 @@ static int serve_start(const char *env, const char *a1, const char *a2)
     }
 }
 
-/* GET path over HTTP/1.0; returns the status, the body in *body (malloc'd). */
-static int get(int port, const char *path, char **body)
+/* A request over HTTP/1.0 (form: a POST of it, from this server's own page); returns the status, the
+ * body in *body (malloc'd). */
+static int request(int port, const char *path, const char *form, char **body)
 {
     struct sockaddr_in sa;
-    char req[512];
+    char req[2048];
     int fd = socket(AF_INET, SOCK_STREAM, 0);
 
     CHECK(fd >= 0);
@@ -130,7 +131,12 @@ static int get(int port, const char *path, char **body)
     sa.sin_port = htons((uint16_t)port);
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK_MSG(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d", port);
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+    int n = form ? snprintf(req, sizeof req,
+                            "POST %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nOrigin: http://127.0.0.1:%d\r\n"
+                            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %zu\r\n\r\n%s",
+                            path, port, port, strlen(form), form)
+                 : snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+    CHECK(n > 0 && (size_t)n < sizeof req);
     CHECK(write(fd, req, (size_t)n) == n);
     size_t cap = 65536, len = 0;
     char *buf = malloc(cap);
@@ -154,6 +160,11 @@ static int get(int port, const char *path, char **body)
     *body = strdup(b ? b + 4 : "");
     free(buf);
     return status;
+}
+
+static int get(int port, const char *path, char **body)
+{
+    return request(port, path, NULL, body);
 }
 
 /* The value of a series (exact name and labels), or -1 when absent. */
@@ -248,7 +259,7 @@ TEST_FULL(cluster_serve_metrics_label_every_series_by_shard, 90, 0)
     enqueue_on(ci_a, qa, 3);
     enqueue_on(ci_b, qb, 2);
 
-    int port = serve_start(NULL, "--cluster", ci_a);
+    int port = serve_start(NULL, "--cluster", ci_a, NULL);
     snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sa\",queue=\"%s\",state=\"queued\"}", qa);
     free(wait_metric(port, series, 3));
     snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
@@ -269,12 +280,92 @@ TEST_FULL(cluster_serve_metrics_label_every_series_by_shard, 90, 0)
     /* One database, no cluster: no shard label, no pgjobq_shard_up. */
     char db[900];
     snprintf(db, sizeof db, "PGJOBQ_DATABASE_URL=%s", ci_b);
-    port = serve_start(db, NULL, NULL);
+    port = serve_start(db, NULL, NULL, NULL);
     snprintf(series, sizeof series, "pgjobq_jobs{queue=\"%s\",state=\"queued\"}", qb);
     text = wait_metric(port, series, 2);
     CHECK(strstr(text, "shard") == NULL);
     CHECK(metric(text, "pgjobq_up") == 1);
     free(text);
+    stop_server();
+    free(ci_a);
+    free(ci_b);
+}
+
+/* Enqueues one job of queue on the shard at conninfo, directly; returns its id. */
+static int64_t one_on(const char *conninfo, const char *queue)
+{
+    pgjobq_client *c = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id = 0;
+
+    CHECK_MSG(pgjobq_client_open(&c, conninfo) == PGJOBQ_OK, "open: %s", pgjobq_errmsg(c));
+    o.queue = queue;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    pgjobq_client_close(c);
+    return id;
+}
+
+/* The dashboard over two shards: the overview lists each queue with its shard; a job's page is found
+ * on its shard by id; a shard's page (?shard=) shows that shard's jobs and keeps the shard in its
+ * links; an unknown shard is 404; an action goes to the shard holding the job. */
+TEST_FULL(cluster_serve_dashboard_spans_every_shard, 90, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), qa[16], qb[16], path[128], want[256];
+    char *body = NULL;
+
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 1);
+    queue_of_partition(qb, sizeof qb, 2);
+    int64_t id_a = one_on(ci_a, qa), id_b = one_on(ci_b, qb);
+    CHECK_INT(id_a % 1024, 0);
+    CHECK_INT(id_b % 1024, 1);
+
+    int port = serve_start(NULL, "--cluster", ci_a, NULL);
+    CHECK_INT(get(port, "/", &body), 200);
+    snprintf(want, sizeof want, "data-shard=\"sa\" data-queue=\"%s\"", qa);
+    CHECK_MSG(strstr(body, want) != NULL, "no row of %s on sa in:\n%s", qa, body);
+    snprintf(want, sizeof want, "data-shard=\"sb\" data-queue=\"%s\"", qb);
+    CHECK_MSG(strstr(body, want) != NULL, "no row of %s on sb in:\n%s", qb, body);
+    CHECK(strstr(body, "shards-down") == NULL);
+    free(body);
+
+    /* A job's page, by id, on its shard. */
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id_b);
+    CHECK_INT(get(port, path, &body), 200);
+    CHECK_MSG(strstr(body, qb) != NULL, "job %lld's page does not name its queue %s:\n%s", (long long)id_b, qb, body);
+    free(body);
+
+    /* A shard's jobs page. */
+    CHECK_INT(get(port, "/jobs?shard=sb", &body), 200);
+    snprintf(want, sizeof want, "href=\"/jobs/%lld\"", (long long)id_b);
+    CHECK_MSG(strstr(body, want) != NULL, "sb's jobs page has no link to job %lld:\n%s", (long long)id_b, body);
+    snprintf(want, sizeof want, "href=\"/jobs/%lld\"", (long long)id_a);
+    CHECK(strstr(body, want) == NULL);
+    CHECK(strstr(body, "href=\"/queues?shard=sb\"") != NULL);
+    CHECK(strstr(body, "name=\"shard\" value=\"sb\"") != NULL);
+    free(body);
+    CHECK_INT(get(port, "/queues?shard=nope", &body), 404);
+    free(body);
+    stop_server();
+
+    /* Cancel sb's job from its page: done on sb. */
+    port = serve_start(NULL, "--allow-actions", "--cluster", ci_a);
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id_b);
+    CHECK_INT(get(port, path, &body), 200);
+    const char *at = strstr(body, "name=\"csrf\" value=\"");
+    CHECK_MSG(at != NULL, "no action form on job %lld's page:\n%s", (long long)id_b, body);
+    char csrf[65], form[256];
+    snprintf(csrf, sizeof csrf, "%.64s", at + strlen("name=\"csrf\" value=\""));
+    free(body);
+    snprintf(form, sizeof form, "csrf=%s&op=cancel&id=%lld&back=%%2Fjobs", csrf, (long long)id_b);
+    int status = request(port, "/actions", form, &body);
+    CHECK_MSG(status == 303, "cancel answered %d: %s", status, body);
+    free(body);
+    PGconn *b = t_connect(ci_b);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)id_b),
+              1);
+    PQfinish(b);
     stop_server();
     free(ci_a);
     free(ci_b);
@@ -330,9 +421,10 @@ static void b_start(char *ci, size_t size)
 }
 
 /* Shard sb's server stopped (-m immediate) under `serve` ($PGJOBQ_CLUSTER): pgjobq_shard_up{shard="sb"}
- * 0 and no other sb series, sa's series still there and counting, every scrape 200; sb's series come
- * back once its server is back. */
-TEST_FULL(cluster_serve_metrics_show_a_stopped_shard_as_down, 120, 0)
+ * 0 and no other sb series, sa's series still there and counting, every scrape 200; the overview
+ * names sb as down and still shows sa's queues, sb's pages say it is down; sb's series come back once
+ * its server is back. */
+TEST_FULL(cluster_serve_shows_a_stopped_shard_as_down, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), ci_b[800], qa[16], qb[16], series[128], env[900];
 
@@ -345,7 +437,7 @@ TEST_FULL(cluster_serve_metrics_show_a_stopped_shard_as_down, 120, 0)
     enqueue_on(ci_b, qb, 2);
 
     snprintf(env, sizeof env, "PGJOBQ_CLUSTER=%s", ci_a);
-    int port = serve_start(env, NULL, NULL);
+    int port = serve_start(env, NULL, NULL, NULL);
     snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
     free(wait_metric(port, series, 2));
 
@@ -362,6 +454,20 @@ TEST_FULL(cluster_serve_metrics_show_a_stopped_shard_as_down, 120, 0)
     CHECK(series_of_shard(text, "sb") == 1);
     promtool_check(text);
     free(text);
+
+    /* The dashboard: the overview names sb as down and shows sa's queue; sb's own pages say it is down. */
+    char *body = NULL, want[128];
+    CHECK_INT(get(port, "/", &body), 200);
+    CHECK_MSG(strstr(body, "data-shard-down=\"sb\"") && strstr(body, "id=\"shards-down\""),
+              "the overview does not show sb down:\n%s", body);
+    snprintf(want, sizeof want, "data-shard=\"sa\" data-queue=\"%s\"", qa);
+    CHECK_MSG(strstr(body, want) != NULL, "no row of %s on sa in:\n%s", qa, body);
+    free(body);
+    CHECK_INT(get(port, "/jobs?shard=sb", &body), 503);
+    CHECK_MSG(strstr(body, "id=\"shard-down\" data-shard=\"sb\"") != NULL, "sb's page:\n%s", body);
+    free(body);
+    CHECK_INT(get(port, "/jobs?shard=sa", &body), 200);
+    free(body);
 
     CHECK_INT(b_ctl("start", NULL, NULL), 0);
     free(wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 1));
