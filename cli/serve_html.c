@@ -53,8 +53,8 @@ void html_page_begin(serve *s, sbuf *b, const char *title, int refresh_s)
     sb_puts(b, "<link rel=\"stylesheet\" href=\"/static/style.css\"></head><body><header>"
                "<a class=\"brand\" href=\"/\">pgjobq</a><nav><a href=\"/\">Overview</a><a href=\"/jobs\">Jobs</a>"
                "<a href=\"/queues\">Queues</a><a href=\"/workers\">Workers</a><a href=\"/metrics\">Metrics</a></nav>");
-    sb_printf(b, "<span class=\"mode\">%s%s</span></header><main>", s->allow_actions ? "actions enabled" : "read-only",
-              s->hide_payloads ? ", payloads hidden" : "");
+    sb_printf(b, "<span class=\"mode\">%s%s</span></header><main>",
+              s->allow_actions ? "actions enabled" : "read-only", s->hide_payloads ? ", payloads hidden" : "");
     if (s->cluster) {
         /* The shard selector: this page on each shard (?shard=NAME), or the overview of them all. */
         sb_puts(b, "<nav id=\"shards\" class=\"card\">Shard: <a href=\"/\"");
@@ -125,13 +125,12 @@ void html_tr(sbuf *b, const char *name, const char *value)
 }
 
 /* An action button: a POST form with the CSRF token, the operation, its fields and where to go back. */
-void html_action_form(serve *s, sbuf *b, const char *op, const char *label, const char *const *fields, const char *back,
-                      int danger)
+void html_action_form(serve *s, sbuf *b, const char *op, const char *label, const char *const *fields,
+                        const char *back, int danger)
 {
     if (!s->allow_actions)
         return;
-    sb_puts(b,
-            "<form class=\"inline\" method=\"post\" action=\"/actions\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    sb_puts(b, "<form class=\"inline\" method=\"post\" action=\"/actions\"><input type=\"hidden\" name=\"csrf\" value=\"");
     sb_html(b, s->csrf);
     sb_puts(b, "\"><input type=\"hidden\" name=\"op\" value=\"");
     sb_html(b, op);

@@ -9,10 +9,10 @@
 
 #include "serve_dashboard.h"
 
-#define PAGE_ROWS   50  /* jobs per page */
+#define PAGE_ROWS 50 /* jobs per page */
 #define WORKER_ROWS 100 /* workers per page (20,000 rows of workers made one page of 102 MB) */
-#define TS(x)       "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
-#define V(r, i, k)  PQgetvalue((r), (i), (k))
+#define TS(x) "coalesce(to_char(" x " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '')"
+#define V(r, i, k) PQgetvalue((r), (i), (k))
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Overview                                                                                          */
@@ -154,9 +154,9 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th><th>Failed (1 h)</th>"
                "</tr></thead><tbody>");
     r = serve_query(c, out,
-                    "SELECT queue, paused::int, due, scheduled, running, coalesce(round(lag_s, 1)::text, ''),"
-                    " completed_1h, failed_1h FROM pgjobq.monitor_overview()",
-                    0, NULL);
+              "SELECT queue, paused::int, due, scheduled, running, coalesce(round(lag_s, 1)::text, ''),"
+              " completed_1h, failed_1h FROM pgjobq.monitor_overview()",
+              0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             html_tr(b, "queue", V(r, i, 0));
@@ -181,14 +181,14 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
      * left out with --hide-payloads: it is another session's text, as a payload is a producer's. */
     const char *hide[1] = {s->hide_payloads ? "true" : "false"};
     r = serve_query(c, out,
-                    "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
-                    " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
-                    " coalesce(holder_state, ''), CASE WHEN $1 THEN '' ELSE coalesce(left(holder_query, 120), '') END,"
-                    " (coalesce(horizon_age_s, 0) >= 300)::int,"
-                    " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), ''),"
-                    " coalesce(holder_role, '')"
-                    " FROM pgjobq.health()",
-                    1, hide);
+              "SELECT pg_size_pretty(jobs_bytes), jobs_dead, coalesce(round(horizon_age_s)::text, ''),"
+              " coalesce(holder_kind, ''), coalesce(holder_pid::text, ''), coalesce(holder_application, ''),"
+              " coalesce(holder_state, ''), CASE WHEN $1 THEN '' ELSE coalesce(left(holder_query, 120), '') END,"
+              " (coalesce(horizon_age_s, 0) >= 300)::int,"
+              " coalesce(to_char(autovacuum_paused_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), ''),"
+              " coalesce(holder_role, '')"
+              " FROM pgjobq.health()",
+              1, hide);
     if (r && PQntuples(r) == 1) {
         int warn = atoi(V(r, 0, 8));
         sb_printf(b, "<p id=\"health\" class=\"%s\">pgjobq.jobs: ", warn ? "error" : "muted");
@@ -237,7 +237,9 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
     }
     PQclear(r);
     sb_puts(b, "<h2>Jobs finished per minute, last hour</h2><div class=\"card\">");
-    r = serve_query(c, out, "SELECT minutes_ago, completed, failed FROM pgjobq.monitor_finished_per_minute()", 0, NULL);
+    r = serve_query(c, out,
+              "SELECT minutes_ago, completed, failed FROM pgjobq.monitor_finished_per_minute()",
+              0, NULL);
     if (r) {
         chart(b, r);
         PQclear(r);
@@ -245,9 +247,9 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "</div><h2>Failures, last hour</h2><table id=\"failures\"><thead><tr><th>Job</th><th>Queue</th>"
                "<th>Kind</th><th>Finished (UTC)</th><th>Error</th></tr></thead><tbody>");
     r = serve_query(c, out,
-                    "SELECT id, queue, kind, " TS("finished_at") ", left(coalesce(last_error, ''), 200)"
-                                                                 " FROM pgjobq.monitor_failures(10)",
-                    0, NULL);
+              "SELECT id, queue, kind, " TS("finished_at") ", left(coalesce(last_error, ''), 200)"
+              " FROM pgjobq.monitor_failures(10)",
+              0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             sb_puts(b, "<tr>");
@@ -415,8 +417,7 @@ void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp 
     static const char *const states[] = {"waiting", "queued", "running", "completed", "failed", "cancelled"};
     sbuf *b = &out->body;
     const char *state = serve_param(req, "state"), *queue = serve_param(req, "queue"), *kind = serve_param(req, "kind"),
-               *text = serve_param(req, "q"), *worker = serve_param(req, "worker"),
-               *before = serve_param(req, "before");
+               *text = serve_param(req, "q"), *worker = serve_param(req, "worker"), *before = serve_param(req, "before");
     char before_s[24] = "";
 
     if (before) {
@@ -429,9 +430,8 @@ void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp 
             snprintf(before_s, sizeof before_s, "%lld", v);
     }
     html_page_begin(s, b, "jobs", 0);
-    sb_puts(b,
-            "<h1>Jobs</h1><form class=\"filters\" method=\"get\" action=\"/jobs\"><label>State <select name=\"state\">"
-            "<option value=\"\">any</option>");
+    sb_puts(b, "<h1>Jobs</h1><form class=\"filters\" method=\"get\" action=\"/jobs\"><label>State <select name=\"state\">"
+               "<option value=\"\">any</option>");
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         sb_printf(b, "<option%s>%s</option>", state && strcmp(state, states[i]) == 0 ? " selected" : "", states[i]);
     sb_puts(b, "</select></label>");
@@ -471,18 +471,12 @@ void serve_page_jobs(serve *s, pgjobq_client *c, const http_req *req, http_resp 
     values[6] = limit;
     PGresult *r = serve_query(
         c, out,
-        "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS(
-            "a.created_at") ", " TS("a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, "
-                                                     "''), " TS("a.run_at") ","
-                                                                            " coalesce(to_char(a.run_at AT TIME ZONE "
-                                                                            "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "
-                                                                            "''),"
-                                                                            " coalesce(round(extract(epoch FROM "
-                                                                            "a.run_at - now()))::bigint, 0),"
-                                                                            " (a.state = 'queued' AND a.run_at > "
-                                                                            "now())::int"
-                                                                            " FROM pgjobq.monitor_jobs($1, $2, $3, $4, "
-                                                                            "$5::bigint, $6, $7::int) a",
+        "SELECT a.id, a.queue, a.kind, a.state::text, a.attempt, a.max_attempts, " TS("a.created_at") ", " TS(
+            "a.finished_at") ", left(coalesce(a.last_error, ''), 140), coalesce(a.worker_id, ''), " TS("a.run_at") ","
+                             " coalesce(to_char(a.run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ''),"
+                             " coalesce(round(extract(epoch FROM a.run_at - now()))::bigint, 0),"
+                             " (a.state = 'queued' AND a.run_at > now())::int"
+                             " FROM pgjobq.monitor_jobs($1, $2, $3, $4, $5::bigint, $6, $7::int) a",
         7, values);
     if (r) {
         int n = PQntuples(r);
@@ -582,20 +576,17 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
     snprintf(idbuf, sizeof idbuf, "%lld", id);
     const char *values[2] = {idbuf, s->hide_payloads ? "1" : "0"};
     html_page_begin(s, b, idbuf, 0);
-    PGresult *r = serve_query(
-        c, out,
-        "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
-        " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS(
-            "a.finished_at") ","
-                             " " TS("a.lease_until") ", coalesce(a.worker_id, ''),"
-                                                     " coalesce(a.unique_key, ''), a.cancel_requested::text,"
-                                                     " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.payload) END,"
-                                                     " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, "
-                                                     "a.last_error,"
-                                                     " coalesce(array_to_string(a.tags, ', '), ''),"
-                                                     " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END"
-                                                     " FROM pgjobq.monitor_job($1::bigint) a",
-        2, values);
+    PGresult *r = serve_query(c, out,
+                        "SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts,"
+                        " " TS("a.run_at") ", " TS("a.created_at") ", " TS("a.started_at") ", " TS("a.finished_at") ","
+                        " " TS("a.lease_until") ", coalesce(a.worker_id, ''),"
+                        " coalesce(a.unique_key, ''), a.cancel_requested::text,"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.payload) END,"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
+                        " coalesce(array_to_string(a.tags, ', '), ''),"
+                        " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END"
+                        " FROM pgjobq.monitor_job($1::bigint) a",
+                        2, values);
     if (r && PQntuples(r) == 0) {
         out->status = 404;
         sb_printf(b, "<h1>Job %lld</h1><p>No such job (it may have been pruned).</p>", id);
@@ -604,20 +595,9 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
         sb_printf(b, "<h1>Job %lld ", id);
         html_state_badge(b, state);
         sb_puts(b, "</h1><dl id=\"job\">");
-        static const char *const names[] = {NULL,
-                                            "queue",
-                                            "kind",
-                                            NULL,
-                                            "priority",
-                                            NULL,
-                                            NULL,
-                                            "run at (UTC)",
-                                            "created (UTC)",
-                                            "started (UTC)",
-                                            "finished (UTC)",
-                                            "lease until (UTC)",
-                                            "worker",
-                                            "unique key",
+        static const char *const names[] = {NULL,         "queue",      "kind",       NULL,        "priority",
+                                            NULL,         NULL,         "run at (UTC)", "created (UTC)", "started (UTC)",
+                                            "finished (UTC)", "lease until (UTC)", "worker", "unique key",
                                             "cancel requested"};
         for (int k = 1; k < 15; k++) {
             if (names[k] == NULL)
@@ -667,9 +647,9 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
         }
         /* Its place in a workflow: parents and children, linked. */
         PGresult *rel = serve_query(c, out,
-                                    "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"
-                                    " SELECT 'child', k.id::text, k.state FROM pgjobq.children($1::bigint) k",
-                                    1, values);
+                              "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"
+                              " SELECT 'child', k.id::text, k.state FROM pgjobq.children($1::bigint) k",
+                              1, values);
         if (rel && PQntuples(rel) > 0) {
             sb_puts(b, "<h2>Workflow</h2><table id=\"relatives\"><thead><tr><th></th><th>Job</th><th>State</th>"
                        "</tr></thead><tbody>");
@@ -714,13 +694,12 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
                "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Max lease</th><th>Due</th><th>Scheduled</th>"
                "<th>Running</th><th>Expired</th><th></th></tr></thead><tbody>");
-    r = serve_query(
-        c, out,
-        "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
-        " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
-        " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
-        " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
-        0, NULL);
+    r = serve_query(c, out,
+              "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
+              " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
+              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
+              " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
+              0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
@@ -743,8 +722,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
                 html_td(b, "n", V(r, i, k));
             sb_puts(b, "<td>");
             const char *fields[] = {"queue", V(r, i, 0), NULL};
-            html_action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues",
-                             !paused);
+            html_action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)
@@ -755,9 +733,9 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
                "<th>Time zone</th><th>Queue</th><th>Kind</th><th>Enabled</th><th>Next run (UTC)</th>"
                "<th>Last run (UTC)</th><th></th></tr></thead><tbody>");
     r = serve_query(c, out,
-                    "SELECT name::text, cron, tz, queue::text, kind::text, enabled::int, " TS("next_run") ", " TS(
-                        "last_run") " FROM pgjobq.schedule_list()",
-                    0, NULL);
+              "SELECT name::text, cron, tz, queue::text, kind::text, enabled::int, " TS("next_run") ", " TS(
+                  "last_run") " FROM pgjobq.schedule_list()",
+              0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int enabled = atoi(V(r, i, 5));
@@ -766,8 +744,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
                 html_td(b, NULL, k == 5 ? (enabled ? "yes" : "no") : V(r, i, k));
             sb_puts(b, "<td>");
             const char *fields[] = {"name", V(r, i, 0), NULL};
-            html_action_form(s, b, enabled ? "disable" : "enable", enabled ? "Disable" : "Enable", fields, "/queues",
-                             0);
+            html_action_form(s, b, enabled ? "disable" : "enable", enabled ? "Disable" : "Enable", fields, "/queues", 0);
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)

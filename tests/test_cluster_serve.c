@@ -371,6 +371,69 @@ TEST_FULL(cluster_serve_dashboard_spans_every_shard, 90, 0)
     free(ci_b);
 }
 
+static pid_t worker = -1;
+
+static void stop_worker(void)
+{
+    if (worker > 0) {
+        kill(worker, SIGKILL);
+        t_wait_exit(worker, 10000);
+        worker = -1;
+    }
+}
+
+/* `pgjobq work --cluster --metrics-listen`: every engine's counters, each labelled with its shard,
+ * counting that shard's jobs. */
+TEST_FULL(cluster_work_metrics_listen_labels_each_engine_by_shard, 90, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), qa[16], qb[16];
+    const char *log = t_log_path("worker");
+    const char *handler = t_script("handler.sh", "#!/bin/sh\ncat > /dev/null\n");
+    int n, unlabelled, port = 0;
+
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    queue_of_partition(qa, sizeof qa, 1);
+    queue_of_partition(qb, sizeof qb, 2);
+    worker = t_spawn(log, NULL, "work", "--cluster", ci_a, "--queue", qa, "--queue", qb, "--exec", handler,
+                     "--metrics-listen", "127.0.0.1:0", NULL);
+    t_defer(stop_worker);
+    server_log = log;
+    for (int64_t t0 = t_now_ms(); port == 0;) {
+        struct stat st;
+        if (stat(log, &st) == 0) {
+            char *text = t_read_file(log);
+            const char *p = strstr(text, "metrics at http://127.0.0.1:");
+            port = p ? atoi(p + strlen("metrics at http://127.0.0.1:")) : 0;
+            free(text);
+        }
+        if (port == 0 && t_now_ms() - t0 > 15000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the worker did not say where its metrics are");
+        }
+        if (port == 0)
+            usleep(50000);
+    }
+    enqueue_on(ci_a, qa, 3);
+    enqueue_on(ci_b, qb, 2);
+    free(wait_metric(port, "pgjobq_worker_completed_total{shard=\"sa\"}", 3));
+    char *text = wait_metric(port, "pgjobq_worker_completed_total{shard=\"sb\"}", 2);
+    CHECK(metric(text, "pgjobq_worker_completed_total{shard=\"sa\"}") == 3);
+    CHECK(metric(text, "pgjobq_worker_claimed_total{shard=\"sb\"}") == 2);
+    char series[128];
+    snprintf(series, sizeof series, "pgjobq_worker_slots{shard=\"sb\",queue=\"%s\"}", qa);
+    CHECK(metric(text, series) >= 1);
+    count_series(text, &n, &unlabelled);
+    CHECK_MSG(n > 20 && unlabelled == 0, "%d of %d series without a shard label:\n%s", unlabelled, n, text);
+    promtool_check(text);
+    free(text);
+    kill(worker, SIGTERM);
+    CHECK_INT(t_wait_exit(worker, 30000), 0);
+    worker = -1;
+    free(ci_a);
+    free(ci_b);
+}
+
 /* A second server, for the shard that is stopped. */
 
 static char b_dir[600], b_data[700];
