@@ -191,9 +191,8 @@ static void handle(void *arg, const http_req *req, http_resp *out)
             serve_action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
         return;
     }
-    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 ||
-                strncmp(req->path, "/jobs/", 6) == 0 || strcmp(req->path, "/queues") == 0 ||
-                strcmp(req->path, "/workers") == 0;
+    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 || strncmp(req->path, "/jobs/", 6) == 0 ||
+                strcmp(req->path, "/queues") == 0 || strcmp(req->path, "/workers") == 0;
     if (!known) {
         out->status = 404;
         html_page_begin(s, &out->body, "not found", 0);

@@ -111,14 +111,12 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
 
     if (!s->allow_actions) {
         serve_log("refused %s from %s: actions are not enabled (--allow-actions)", what, req->peer);
-        serve_action_result(s, out, 403, "Refused",
-                            "Actions are not enabled on this server (pgjobq serve --allow-actions).");
+        serve_action_result(s, out, 403, "Refused", "Actions are not enabled on this server (pgjobq serve --allow-actions).");
         return;
     }
     if (token == NULL || !http_secret_equal(token, s->csrf)) {
         serve_log("refused %s from %s: missing or wrong CSRF token", what, req->peer);
-        serve_action_result(s, out, 403, "Refused",
-                            "The form's token is missing or stale: reload the page and try again.");
+        serve_action_result(s, out, 403, "Refused", "The form's token is missing or stale: reload the page and try again.");
         return;
     }
     switch (op) {

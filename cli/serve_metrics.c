@@ -22,18 +22,18 @@
 
 /* Histogram bounds (seconds) of the wait and duration histograms. */
 static const double bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600};
-#define NB         ((int)(sizeof bounds / sizeof bounds[0]))
+#define NB ((int)(sizeof bounds / sizeof bounds[0]))
 /* The same bounds negated, ascending, as width_bucket wants them (pgjobq.monitor_finished). */
 #define NEG_BOUNDS "{-3600,-900,-300,-60,-30,-10,-5,-2.5,-1,-0.5,-0.25,-0.1,-0.05,-0.025,-0.01,-0.005}"
 
-#define SETTLE          "interval '2 seconds'"
-#define FINISHED_EVERY  12 /* collections between counts of the history per state (a scan): a minute at 5 s */
+#define SETTLE "interval '2 seconds'"
+#define FINISHED_EVERY 12 /* collections between counts of the history per state (a scan): a minute at 5 s */
 /* The count of the history is a scan of every row it holds (a second per million or so): it runs under
  * a timeout of its own, longer than the collection's 2 s, and once it is slow, at most 1/HELD_SHARE of
  * the time, so that a big history neither loses its gauges nor keeps a core busy. */
-#define HELD_TIMEOUT    "60s"
+#define HELD_TIMEOUT "60s"
 #define HELD_TIMEOUT_MS 60000
-#define HELD_SHARE      20
+#define HELD_SHARE 20
 
 enum { F_COMPLETED, F_FAILED, F_CANCELLED, NFIN };
 static const char *const fin_names[NFIN] = {"completed", "failed", "cancelled"};
@@ -46,13 +46,13 @@ typedef struct hist {
 
 typedef struct qm {
     char name[80];
-    int live; /* seen in this collection's live counts or settings */
+    int live;                       /* seen in this collection's live counts or settings */
     int64_t queued, scheduled, running, waiting;
     double lag;
     int paused;
-    int64_t held[NFIN]; /* rows in history, refreshed every FINISHED_EVERY collections */
+    int64_t held[NFIN];             /* rows in history, refreshed every FINISHED_EVERY collections */
     int held_known;
-    int64_t fin[NFIN]; /* counters */
+    int64_t fin[NFIN];              /* counters */
     int64_t retried, lost;
     hist wait, dur;
 } qm;
@@ -78,7 +78,7 @@ typedef struct dbm {
     size_t nw;
     /* pgjobq.health(): the live table's size and what holds vacuum back. */
     int64_t jobs_bytes, jobs_dead, vacuums;
-    double horizon_age_s;  /* 0: nothing holds */
+    double horizon_age_s; /* 0: nothing holds */
     int autovacuum_paused; /* pgjobq paused autovacuum of pgjobq.jobs under the holder */
     char holder_kind[16], holder_app[64];
     int holder_pid;
@@ -207,8 +207,7 @@ static int collect(dbm *m)
             m->c = NULL;
             return -1;
         }
-        r = PQexec(pgjobq_client_conn(m->c),
-                   "SET statement_timeout = '2s'; SET application_name = 'pgjobq serve (metrics)'");
+        r = PQexec(pgjobq_client_conn(m->c), "SET statement_timeout = '2s'; SET application_name = 'pgjobq serve (metrics)'");
         PQclear(r);
     }
     if ((r = run(m, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL)) == NULL)
@@ -221,9 +220,8 @@ static int collect(dbm *m)
                     1, from)) == NULL)
         goto out;
     const char *win[2] = {m->watermark[0] ? m->watermark : PQgetvalue(upto, 0, 0), PQgetvalue(upto, 0, 0)};
-    live =
-        run(m, "SELECT queue, due, scheduled, running, coalesce(lag_s, 0), waiting FROM pgjobq.monitor_queue_counts()",
-            0, NULL);
+    live = run(m, "SELECT queue, due, scheduled, running, coalesce(lag_s, 0), waiting FROM pgjobq.monitor_queue_counts()",
+               0, NULL);
     paused = run(m, "SELECT queue, paused::int FROM pgjobq.monitor_queue_names()", 0, NULL);
     const char *hist_args[3] = {win[0], win[1], NEG_BOUNDS};
     d.hist = run(m,
@@ -246,12 +244,10 @@ static int collect(dbm *m)
         PGresult *set = run(m, "SET LOCAL statement_timeout = '" HELD_TIMEOUT "'", 0, NULL);
         int set_ok = set != NULL;
         PQclear(set);
-        if (set_ok &&
-            (held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL)) == NULL) {
+        if (set_ok && (held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL)) == NULL) {
             if (!m->held_failed)
                 serve_log("metrics: counting the history failed (above); its gauges keep their last values, and the"
-                          " count is tried again in %d minutes",
-                          HELD_SHARE * HELD_TIMEOUT_MS / 60000);
+                          " count is tried again in %d minutes", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
             m->held_failed = 1;
         } else if (held != NULL) {
             m->held_failed = 0;
