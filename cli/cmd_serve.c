@@ -397,6 +397,9 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     }
     if (serve_pool_init(&s) != 0) {
         cli_err("serve: cannot make the page connections' lock");
+        pgjobq_cluster_close(s.cluster);
+        free(conninfos);
+        free(shard_names);
         free(token);
         return EX_OSERR;
     }

@@ -277,6 +277,13 @@ TEST_FULL(cluster_serve_metrics_label_every_series_by_shard, 90, 0)
     promtool_check(text);
     free(text);
 
+    /* A map that cannot be read: refused at start, saying why. */
+    char *o = NULL, *e = NULL;
+    int rc = t_cli(&o, &e, NULL, 0, "serve", "--listen", "127.0.0.1:0", "--cluster", "/nonexistent/map.json", NULL);
+    CHECK_MSG(rc != 0 && strstr(e, "cluster") != NULL, "status %d, stderr: %s", rc, e);
+    free(o);
+    free(e);
+
     /* One database, no cluster: no shard label, no pgjobq_shard_up. */
     char db[900];
     snprintf(db, sizeof db, "PGJOBQ_DATABASE_URL=%s", ci_b);
