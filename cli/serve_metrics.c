@@ -246,8 +246,9 @@ static int collect(dbm *m)
         PQclear(set);
         if (set_ok && (held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL)) == NULL) {
             if (!m->held_failed)
-                serve_log("metrics: counting the history failed (above); its gauges keep their last values, and the"
-                          " count is tried again in %d minutes", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
+                serve_log("metrics%s%s: counting the history failed (above); its gauges keep their last values, and"
+                          " the count is tried again in %d minutes",
+                          m->shard ? " of shard " : "", m->shard ? m->shard : "", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
             m->held_failed = 1;
         } else if (held != NULL) {
             m->held_failed = 0;
