@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/shards.sh - issue 39's figures for a cluster of shards (docs/shards.md), run by `make bench`
-# after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n).
+# after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n;
+# SHARD_SYNC=off runs both servers with synchronous_commit off, to see what the shared disk costs).
 #
 # Two PostgreSQL clusters on this machine, each on a Unix socket of its own and held to one core
 # with taskset (shard a on CPU 0, shard b on CPU 1), each with its producer and workers on the same
@@ -8,11 +9,14 @@
 #
 #   scale          enqueue + drain (`pgjobq bench mixed` at a rate neither core keeps up with) on a
 #                  and b at once, against a alone: the sum over the one.  Target >= 1.8.
+#                  Reported with it: how busy the other core was during the one-shard run.
 #   routing cost   B1 (`pgjobq bench enqueue`, batches of 10,000) through a cluster of one shard
-#                  (--cluster: pgjobq_cluster_enqueue_many, on a database with a map of one shard and
-#                  so its guard) against the direct path on a database without a map: target >= 0.95;
-#                  and the
-#                  PL/Proxy router's enqueue_many against a shard's own (reported).
+#                  (--cluster: pgjobq_cluster_enqueue_many, on a database with a map of one shard)
+#                  against the direct path on a database without a map, and B2 (an in-process drain)
+#                  on each: target >= 0.95; and the PL/Proxy router's enqueue_many against a shard's
+#                  own (reported).
+#   locality       a spread queue's jobs over both shards, through the cluster client and one
+#                  `pgjobq work --cluster`: each shard's pg_stat_statements shows its own jobs only.
 #   blast radius   a's `mixed` at half of what it drains, with b running its own load, then with b
 #                  stopped (-m immediate): a's throughput (target >= 0.95) and pickup p99 (target
 #                  <= 1.2x); and how long an enqueue for one of b's queues takes to fail while b is
@@ -78,7 +82,8 @@ shared_buffers = 256MB
 max_wal_size = 4GB
 checkpoint_timeout = 30min
 fsync = on
-synchronous_commit = on
+synchronous_commit = ${SHARD_SYNC:-on}
+shared_preload_libraries = 'pg_stat_statements'
 EOF
     start "$s"
     "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE jobs"
@@ -100,11 +105,20 @@ median() { sort -n | awk '{ v[n++] = $1 } END { if (n == 0) print "nan"; else pr
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=" ? v >= t : v <= t); print (v == "nan" ? "no figure" : ok ? "met" : "MISSED") }'; }
 
+cpu_busy() { # cpu_busy N -> "busy total" jiffies of CPU N so far (/proc/stat)
+    awk -v c="cpu$1" '$1 == c { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
+}
+
 # --- scale -----------------------------------------------------------------------------------------
 r=1
 while [ "$r" -le "$reps" ]; do
+    c0=$(cpu_busy 1)
     one=$(mixed a "$rate")
+    c1=$(cpu_busy 1)
     record scale_one "$r" "$one"
+    # How busy core 1 (no shard's) was meanwhile: the kernel's and the disk's share that the one-shard
+    # run borrows from it, and the two-shard run must find on its own cores.
+    awk -v a="$c0" -v b="$c1" 'BEGIN { split(a, x, " "); split(b, y, " "); t = y[2] - x[2]; if (t > 0) printf "%.3f\n", (y[1] - x[1]) / t }' >> "$top_dir/other_core"
     mixed a "$rate" > "$top_dir/ma" & pa=$!
     mixed b "$rate" > "$top_dir/mb" & pb=$!
     wait "$pa" "$pb"
@@ -119,31 +133,47 @@ done
 one_m=$(cut -d' ' -f1 "$top_dir/scale" | median)
 two_m=$(cut -d' ' -f2 "$top_dir/scale" | median)
 scale=$(ratio "$two_m" "$one_m")
+other_core=$(median < "$top_dir/other_core")
 
 # --- routing cost ----------------------------------------------------------------------------------
-# The routed side: a database of its own beside a's, with a map of one shard (its guard included),
-# against a's, which has no map (today's direct path).
-"$bindir/psql" -X -q -h "$top_dir/a" -U postgres -d postgres -c "CREATE DATABASE one"
+# Two fresh databases of a's server, side by side: "none" without a map (today's direct path) and "one"
+# with a map of one shard (which gives it every partition: no guard), alternating.  B1 goes through
+# the cluster client (--cluster) on one, directly on none; B2 (an in-process drain, 1 process x 32) on
+# each: a worker over a cluster of one shard is one engine on that database.
+for db in none one; do
+    "$bindir/psql" -X -q -h "$top_dir/a" -U postgres -d postgres -c "CREATE DATABASE $db"
+done
+NONE="host=$top_dir/a user=postgres dbname=none"
 ONE="host=$top_dir/a user=postgres dbname=one"
+"$pgjobq" --db "$NONE" migrate >/dev/null
 "$pgjobq" --db "$ONE" migrate >/dev/null
 map_one="{\"name\": \"one\", \"epoch\": 1, \"partitions\": 1, \"shards\": {\"one\": {\"number\": 0, \"conninfo\": \"$ONE\"}}, \"owners\": [\"one\"]}"
 "$bindir/psql" -X -q "$ONE" -c "SELECT pgjobq.cluster_set('$map_one', 'one')" >/dev/null
+# Three rounds for each of the others' (a round is a few seconds, and the two sides run the same
+# code but for the routing: what differs is mostly noise), each side first in turn.
 r=1
-while [ "$r" -le "$reps" ]; do
-    for how in direct routed; do
+while [ "$r" -le $((reps * 3)) ]; do
+    order="direct routed"; [ $((r % 2)) = 0 ] && order="routed direct"
+    for how in $order; do
         if [ "$how" = direct ]; then
-            out=$(taskset -c 0 "$pgjobq" bench enqueue --db "$A" --jobs "$bulk" --batch 10000 --json)
+            out=$(taskset -c 0 "$pgjobq" bench enqueue --db "$NONE" --jobs "$bulk" --batch 10000 --json)
+            dr=$(taskset -c 0 "$pgjobq" bench drain --db "$NONE" --jobs "$bulk" --processes 1 --concurrency 32 --json)
         else
             out=$(taskset -c 0 "$pgjobq" bench enqueue --db "$ONE" --cluster "$ONE" --jobs "$bulk" --batch 10000 --json)
+            dr=$(taskset -c 0 "$pgjobq" bench drain --db "$ONE" --jobs "$bulk" --processes 1 --concurrency 32 --json)
         fi
         record "routing_$how" "$r" "$out"
-        echo "$how $(echo "$out" | field jobs_per_s)" >> "$top_dir/routing"
+        record "routing_drain_$how" "$r" "$dr"
+        echo "$how $(echo "$out" | field jobs_per_s) $(echo "$dr" | field jobs_per_s)" >> "$top_dir/routing"
     done
     r=$((r + 1))
 done
 direct_m=$(awk '$1 == "direct" { print $2 }' "$top_dir/routing" 2>/dev/null | median)
 routed_m=$(awk '$1 == "routed" { print $2 }' "$top_dir/routing" 2>/dev/null | median)
 routing=$(ratio "${routed_m:-0}" "${direct_m:-0}")
+drain_direct_m=$(awk '$1 == "direct" { print $3 }' "$top_dir/routing" 2>/dev/null | median)
+drain_routed_m=$(awk '$1 == "routed" { print $3 }' "$top_dir/routing" 2>/dev/null | median)
+routing_drain=$(ratio "${drain_routed_m:-0}" "${drain_direct_m:-0}")
 
 # The router (PL/Proxy), when installed: enqueue_many of 1,000 jobs through it (to the shard "one")
 # against the shard's own.
@@ -197,11 +227,55 @@ if true; then
     start b
 fi
 
+# --- locality ----------------------------------------------------------------------------------------
+# A spread queue over both shards (a map of two, half of the partitions each), jobs enqueued one by one
+# through the cluster client (`pgjobq enqueue --cluster`, a routing key each) and drained by one
+# `pgjobq work --cluster`; then each shard's pg_stat_statements: the rows its enqueue and completion
+# statements returned must be its own jobs (a claim's rows are its jobs and where it got to: shown), and the two shards' jobs all the jobs: no job
+# touched the other shard.
+loc_n=$([ "$quick" = 1 ] && echo 100 || echo 400)
+for s in a b; do
+    "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE loc"
+done
+LA="host=$top_dir/a user=postgres dbname=loc"
+LB="host=$top_dir/b user=postgres dbname=loc"
+owners=$(awk 'BEGIN { for (i = 0; i < 64; i++) printf "%s\"%s\"", i ? ", " : "", i < 32 ? "a" : "b" }')
+map_loc="{\"name\": \"loc\", \"epoch\": 1, \"partitions\": 64, \"shards\": {\"a\": {\"number\": 0, \"conninfo\": \"$LA\"}, \"b\": {\"number\": 1, \"conninfo\": \"$LB\"}}, \"owners\": [$owners], \"queues\": {\"loc\": {\"placement\": \"spread\"}}}"
+for s in a b; do
+    db=$LA; [ "$s" = b ] && db=$LB
+    "$pgjobq" --db "$db" migrate >/dev/null
+    "$bindir/psql" -X -q "$db" -c "SELECT pgjobq.cluster_set('$map_loc', '$s')" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+        -c "SELECT pg_stat_statements_reset()" >/dev/null
+done
+i=1
+while [ "$i" -le "$loc_n" ]; do
+    "$pgjobq" enqueue --cluster "$LA" -q loc --route-key "tenant-$i" "{\"n\": $i}" >/dev/null
+    i=$((i + 1))
+done
+"$pgjobq" work --cluster "$LA" -q loc --burst --exec /bin/true >/dev/null 2>&1
+loc_ok=met loc_sum=0 loc_rows=
+for s in a b; do
+    db=$LA; [ "$s" = b ] && db=$LB
+    row=$("$bindir/psql" -X -q "$db" -Atc "SELECT (SELECT count(*) FROM pgjobq.history WHERE queue = 'loc' AND state = 'completed')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.enqueue')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.claim_next')
+        || ' ' || (SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ~ 'pgjobq\.complete_many')")
+    set -- $row
+    loc_rows="$loc_rows $s: $1 jobs, enqueue $2, complete $4 rows (claim $3: with the rows that say where it got to);"
+    loc_sum=$((loc_sum + $1))
+    [ "$1" -gt 0 ] && [ "$1" = "$2" ] && [ "$1" = "$4" ] || loc_ok=MISSED
+done
+[ "$loc_sum" = "$loc_n" ] || loc_ok=MISSED
+echo "{\"name\":\"locality\",\"round\":1,\"jobs\":$loc_n,\"completed\":$loc_sum,\"verdict\":\"$loc_ok\",\"per_shard\":\"${loc_rows# }\"}" >> "$runs"
+
 echo
 echo "| figure | value | target | |"
 echo "|---|---|---|---|"
 echo "| scale: 2 shards / 1 (a core each; $one_m and $two_m jobs/s) | $scale | >= 1.8 | $(verdict "$scale" ">=" 1.8) |"
-echo "| routing cost: B1 of $bulk jobs, routed (a cluster of 1 shard) / direct | $routing | >= 0.95 | $(verdict "$routing" ">=" 0.95) |"
+echo "| locality: $loc_n jobs of a spread queue over 2 shards, each shard's statements (pg_stat_statements) | $loc_sum completed;$loc_rows | each job on one shard only | $loc_ok |"
+echo "| the other core's use during the one-shard run (kernel, disk) | $other_core | reported | |"
+echo "| routing cost: B1 of $bulk jobs, routed (a cluster of 1 shard) / direct ($routed_m and $direct_m jobs/s) | $routing | >= 0.95 | $(verdict "$routing" ">=" 0.95) |"
+echo "| routing cost: B2 drain of $bulk jobs, a shard of a cluster of 1 / a database without a map ($drain_routed_m and $drain_direct_m jobs/s) | $routing_drain | >= 0.95 | $(verdict "$routing_drain" ">=" 0.95) |"
 echo "| the router's enqueue_many of 1,000 / a shard's own | $router | reported | |"
 echo "| blast radius: a's throughput, b stopped / b running | $tp | >= 0.95 | $(verdict "$tp" ">=" 0.95) |"
 echo "| blast radius: a's pickup p99, b stopped / b running | $p99 | <= 1.2 | $(verdict "$p99" "<=" 1.2) |"

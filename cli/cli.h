@@ -177,6 +177,7 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv);
 int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv);
 int cmd_list(const cli_cmd *cmd, int argc, char **argv);
 int cmd_show(const cli_cmd *cmd, int argc, char **argv);
+int cmd_wait(const cli_cmd *cmd, int argc, char **argv);
 int cmd_graph(const cli_cmd *cmd, int argc, char **argv);
 int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
 int cmd_health(const cli_cmd *cmd, int argc, char **argv);
@@ -191,7 +192,7 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv);
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cluster(const cli_cmd *cmd, int argc, char **argv);
 
-extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
+extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], wait_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
     retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[],
     cluster_opts[];
 

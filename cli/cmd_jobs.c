@@ -18,7 +18,8 @@
 #define OPT_ROLES  'r'
 #define OPT_ROUTER 1003
 const cli_opt migrate_opts[] = {
-    {"roles", OPT_ROLES, NULL, "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue"},
+    {"roles", OPT_ROLES, NULL,
+     "also create the roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue"},
     {"router", OPT_ROUTER, NULL, "make the database a router of a cluster of shards (PL/Proxy), not a shard"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
@@ -31,13 +32,21 @@ const cli_opt list_opts[] = {
     CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
-const cli_opt show_opts[] = {
-    {"json", OPT_JSON, NULL, "print the job as a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
-const cli_opt graph_opts[] = {
-    {"json", OPT_JSON, NULL, "print a JSON array: id, depth, state, queue, kind, parents"},
-    CLI_CLUSTER_OPT,
-    CLI_COMMON_OPTS,
-    {NULL, 0, NULL, NULL}};
+const cli_opt show_opts[] = {{"json", OPT_JSON, NULL, "print the job as a JSON object"},
+                             CLI_CLUSTER_OPT,
+                             CLI_COMMON_OPTS,
+                             {NULL, 0, NULL, NULL}};
+#define OPT_WAIT_TIMEOUT 1130
+const cli_opt wait_opts[] = {{"timeout", OPT_WAIT_TIMEOUT, "DURATION",
+                              "give up after DURATION (e.g. 30s, 5m) with exit status 75 (default: wait)"},
+                             {"json", OPT_JSON, NULL, "print the finished job as a JSON object (as show --json does)"},
+                             CLI_CLUSTER_OPT,
+                             CLI_COMMON_OPTS,
+                             {NULL, 0, NULL, NULL}};
+const cli_opt graph_opts[] = {{"json", OPT_JSON, NULL, "print a JSON array: id, depth, state, queue, kind, parents"},
+                              CLI_CLUSTER_OPT,
+                              CLI_COMMON_OPTS,
+                              {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {
     {"json", OPT_JSON, NULL, "print a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt health_opts[] = {
@@ -56,20 +65,22 @@ const cli_opt cancel_opts[] = {
     CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
-const cli_opt retry_opts[] = {
-    {"queue", OPT_QUEUE, "QUEUE", "without ID: retry the jobs of QUEUE (with --state)"},
-    {"state", OPT_STATE, "STATE", "without ID: failed, cancelled or completed (finished jobs), or queued (make "
-                                  "scheduled jobs due now)"},
-    {"kind", OPT_KIND, "KIND", "without ID: only jobs of KIND"},
-    {"since", OPT_SINCE, "DURATION", "without ID: only jobs that finished (queued: were created) within the last "
-                                     "DURATION"},
-    {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
-    {"running", OPT_RUNNING, NULL, "with ID: end a running job's lease now and queue it to run again (its "
-                                   "worker's writes are then refused; the attempt counts)"},
-    {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
-    CLI_CLUSTER_OPT,
-    CLI_COMMON_OPTS,
-    {NULL, 0, NULL, NULL}};
+const cli_opt retry_opts[] = {{"queue", OPT_QUEUE, "QUEUE", "without ID: retry the jobs of QUEUE (with --state)"},
+                              {"state", OPT_STATE, "STATE",
+                               "without ID: failed, cancelled or completed (finished jobs), or queued (make "
+                               "scheduled jobs due now)"},
+                              {"kind", OPT_KIND, "KIND", "without ID: only jobs of KIND"},
+                              {"since", OPT_SINCE, "DURATION",
+                               "without ID: only jobs that finished (queued: were created) within the last "
+                               "DURATION"},
+                              {"dry-run", OPT_DRY_RUN, NULL, "count the jobs, change nothing"},
+                              {"running", OPT_RUNNING, NULL,
+                               "with ID: end a running job's lease now and queue it to run again (its "
+                               "worker's writes are then refused; the attempt counts)"},
+                              {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
+                              CLI_CLUSTER_OPT,
+                              CLI_COMMON_OPTS,
+                              {NULL, 0, NULL, NULL}};
 
 typedef struct list_args {
     const cli_cmd *cmd;
@@ -187,7 +198,8 @@ int cmd_migrate(const cli_cmd *cmd, int argc, char **argv)
     else
         printf("pgjobq schema is up to date (version %d)\n", version);
     if (roles)
-        printf("roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue are in place\n");
+        printf(
+            "roles pgjobq_producer, pgjobq_worker, pgjobq_admin, pgjobq_monitor and pgjobq_cross_queue are in place\n");
     pgjobq_client_close(c);
     return EX_OK;
 }
@@ -202,8 +214,7 @@ static int list_opt(int key, const char *arg, void *ctx)
     switch (key) {
     case OPT_STATE:
         if (pgjobq_state_parse(arg, &st) != PGJOBQ_OK) {
-            cli_usage_error(a->cmd, "unknown state '%s' (waiting, queued, running, completed, failed, cancelled)",
-                            arg);
+            cli_usage_error(a->cmd, "unknown state '%s' (waiting, queued, running, completed, failed, cancelled)", arg);
             return -1;
         }
         a->opts.state = (int)st;
@@ -614,8 +625,8 @@ static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
         fputc(']', stdout);
     } else {
         for (size_t i = 0; i < np; i++) {
-            printf("%-15s%lld %s%s", i ? "" : "parents:", (long long)parents[i].id,
-                   pgjobq_state_name(parents[i].state), parents[i].result ? " result " : "");
+            printf("%-15s%lld %s%s", i ? "" : "parents:", (long long)parents[i].id, pgjobq_state_name(parents[i].state),
+                   parents[i].result ? " result " : "");
             tty_put(stdout, parents[i].result, 0);
             putchar('\n');
         }
@@ -630,6 +641,62 @@ static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
     PQclear(kids);
     pgjobq_jobs_free(parents);
     return EX_OK;
+}
+
+/* wait's options. */
+typedef struct wait_args {
+    int json;
+    int64_t timeout_ms; /* -1: no limit */
+    const cli_cmd *cmd;
+} wait_args;
+
+static int wait_opt(int key, const char *arg, void *ctx)
+{
+    wait_args *a = ctx;
+    char why[160];
+
+    if (key == OPT_JSON) {
+        a->json = 1;
+        return 0;
+    }
+    if (cli_parse_duration_ms(arg, &a->timeout_ms, why, sizeof why) != 0) {
+        cli_usage_error(a->cmd, "--timeout: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_wait(const cli_cmd *cmd, int argc, char **argv)
+{
+    wait_args a = {0, -1, cmd};
+    int status, rc;
+    pgjobq_job *j = NULL;
+    pgjobq_client *c;
+    int64_t id = 0;
+
+    if ((c = open_for_id(cmd, argc, argv, wait_opt, &a, &id, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_wait(c, id, a.timeout_ms, &j);
+    if (rc != PGJOBQ_OK) {
+        status = cli_fail(c, rc);
+        pgjobq_jobs_free(j);
+        cli_close(c);
+        return status;
+    }
+    if (a.json) {
+        print_job_fields(stdout, j);
+        fputs("}\n", stdout);
+    } else if (j->state == PGJOBQ_COMPLETED && j->result) {
+        printf("%s\n", j->result);
+    }
+    if (j->state != PGJOBQ_COMPLETED)
+        cli_err("job %lld %s (attempt %d of %d)%s%s", (long long)id,
+                j->state == PGJOBQ_FAILED ? "failed" : "was cancelled", j->attempt, j->max_attempts,
+                j->last_error ? ": " : "", j->last_error ? j->last_error : "");
+    status = j->state == PGJOBQ_COMPLETED ? EX_OK : j->state == PGJOBQ_FAILED ? 1 : 2;
+    pgjobq_jobs_free(j);
+    cli_close(c);
+    return status;
 }
 
 int cmd_show(const cli_cmd *cmd, int argc, char **argv)
@@ -930,8 +997,8 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
             const int64_t *k = q < nq ? counts[q] : total;
             char name[300];
             tty_cell(name, sizeof name, q < nq ? queues[q] : "(all)", 64);
-            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", name, (long long)k[0],
-                   (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", name, (long long)k[0], (long long)k[1],
+                   (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
         }
     }
     free(queues);
@@ -1296,7 +1363,8 @@ static int run_where(pgjobq_client *c, const bulk_args *a, int retry, int64_t *n
 
     *cl_status = -1;
     if (c)
-        return retry ? pgjobq_retry_where(c, &a->filter, flags, n, skipped) : pgjobq_cancel_where(c, &a->filter, flags, n);
+        return retry ? pgjobq_retry_where(c, &a->filter, flags, n, skipped)
+                     : pgjobq_cancel_where(c, &a->filter, flags, n);
     shard_answer *sh = NULL;
     size_t nsh = 0;
     pgjobq_cluster *cl = cluster_shards(&sh, &nsh, cl_status);

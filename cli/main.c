@@ -18,6 +18,10 @@ static const cli_cmd commands[] = {
     {"list", "", "List jobs, newest first.", list_opts, cmd_list},
     {"show", "ID", "Show every field of one job, its parents (with their results) and its children.", show_opts,
      cmd_show},
+    {"wait", "ID",
+     "Wait until a job has finished (woken when it does), print its result; the exit status says how it\n"
+     "ended: 0 completed, 1 failed, 2 cancelled, 65 no such job, 75 --timeout passed.",
+     wait_opts, cmd_wait},
     {"graph", "ID", "Print the workflow a job belongs to: every job connected to it, by depth, with its parents.",
      graph_opts, cmd_graph},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},
@@ -41,19 +45,17 @@ static const cli_cmd commands[] = {
      "Cron schedules in the database: every worker ticks them, and each fire time enqueues its job once.\n"
      "sync FILE makes the schedules exactly those of FILE (one JSON object per line).",
      schedule_opts, cmd_schedule},
-    {"work", "",
-     "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
+    {"work", "", "Run jobs: claim them, run --exec CMD once per job, record the outcome; stop cleanly on SIGTERM.",
      work_opts, cmd_work},
     {"serve", "",
      "Serve Prometheus metrics (/metrics) and a web dashboard (/) over HTTP; read-only unless\n"
      "--allow-actions.",
      serve_opts, cmd_serve},
-    {"demo", "",
-     "Enqueue many jobs and run them with an in-process worker pool, live, then summarise.", demo_opts,
+    {"demo", "", "Enqueue many jobs and run them with an in-process worker pool, live, then summarise.", demo_opts,
      cmd_demo},
     {"bench", "SCENARIO",
-     "Measure: enqueue, drain, drain-exec, drain-coproc, latency, mixed, steady or soak (see bench/README.md).", bench_opts,
-     cmd_bench},
+     "Measure: enqueue, drain, drain-exec, drain-coproc, latency, mixed, steady or soak (see bench/README.md).",
+     bench_opts, cmd_bench},
     {"cluster", "init|show|move-queue|move-partitions|add-shard [ARG]",
      "A cluster of shards (docs/shards.md): init installs a new map in every shard and router, show prints\n"
      "it, move-queue, move-partitions and add-shard install the next map everywhere, in an order that\n"

@@ -57,6 +57,11 @@ typedef struct exec_cfg {
     int64_t kill_grace_ms;
 } exec_cfg;
 
+/* The --exec exit status that snoozes the job: handed back untouched, no attempt used, due after the
+ * duration on the command's standard output ("30", "90s", "5m": cli_parse_duration_ms; nothing: the
+ * backoff).  Outside sysexits.h's 64-78 and the shell's 126-255, as no tool's own status. */
+#define WORK_EXIT_SNOOZE 99
+
 /* The worker's handler for --exec (arg: an exec_cfg): runs the command for the job and judges its
  * exit (the contract is at the top of cmd_work.c). */
 pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg);

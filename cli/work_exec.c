@@ -113,6 +113,44 @@ static void set_result(pgjobq_ctx *ctx, output *out)
     free(clean);
 }
 
+/* Exit WORK_EXIT_SNOOZE: the job is snoozed for the duration on standard output (none: the backoff),
+ * with standard error's tail as the reason; a standard output that is no duration is a failed attempt
+ * that says so (msg: the caller's buffer). */
+static pgjobq_outcome snooze(pgjobq_ctx *ctx, output *out, const output *err, char *msg, size_t msg_size)
+{
+    size_t len = out->len, start = 0;
+    int64_t ms;
+    char why[160];
+
+    while (len > 0 && (out->data[len - 1] == '\n' || out->data[len - 1] == '\r' || out->data[len - 1] == ' '))
+        len--;
+    while (start < len && (out->data[start] == ' ' || out->data[start] == '\n'))
+        start++;
+    out->data[len] = '\0';
+    if (start < len) {
+        if (out->total != out->len || memchr(out->data + start, '\0', len - start) != NULL ||
+            cli_parse_duration_ms(out->data + start, &ms, why, sizeof why) != 0) {
+            for (size_t i = start; i < len; i++)
+                if (out->data[i] == '\0')
+                    out->data[i] = ' ';
+            snprintf(msg, msg_size,
+                     "exit status %d asks for a snooze, but its standard output ('%.60s') is not a duration "
+                     "(e.g. 30, 90s, 5m); stderr: %s",
+                     WORK_EXIT_SNOOZE, out->data + start, err->data);
+            pgjobq_ctx_set_error(ctx, msg);
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+        pgjobq_ctx_set_retry_delay(ctx, ms);
+    }
+    int elen = (int)strlen(err->data); /* (its tail, without the last line's end) */
+    while (elen > 0 && (err->data[elen - 1] == '\n' || err->data[elen - 1] == '\r'))
+        elen--;
+    snprintf(msg, msg_size, "snoozed by the handler (exit status %d)%s%.*s", WORK_EXIT_SNOOZE, elen ? ": " : "", elen,
+             err->data);
+    pgjobq_ctx_set_error(ctx, msg);
+    return PGJOBQ_OUTCOME_SNOOZE;
+}
+
 pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
 {
     const exec_cfg *cfg = arg;
@@ -239,6 +277,14 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         free(env);
         free(parents_var);
         return PGJOBQ_OUTCOME_COMPLETE;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == WORK_EXIT_SNOOZE) {
+        pgjobq_outcome o = snooze(ctx, &out, &err, msg, sizeof msg);
+        free(out.data);
+        free(err.data);
+        free(env);
+        free(parents_var);
+        return o;
     }
     if (WIFEXITED(status))
         snprintf(msg, sizeof msg, "%s (exit status %d); stderr: %s",

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 22
+#define PGJOBQ_SCHEMA_VERSION 24
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -552,6 +552,18 @@ PGJOBQ_EXPORT int pgjobq_cancel_where(pgjobq_client *c, const pgjobq_filter *fil
 /* Reads one job with all its fields.  On PGJOBQ_OK *job_out is a one-element array to release with
  * pgjobq_jobs_free().  Returns PGJOBQ_ENOTFOUND for an unknown id. */
 PGJOBQ_EXPORT int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out) PGJOBQ_WUR;
+
+/* Waits until job id has finished (completed, failed or cancelled), at most timeout_ms (negative: no
+ * limit; 0: look once), and reads it: on PGJOBQ_OK *job_out is the finished job (its state, result
+ * and last_error), a one-element array to release with pgjobq_jobs_free().  Woken by a notification
+ * sent in the transaction that finishes the job (LISTEN pgjobq_done; a job nobody waits for sends
+ * none), with a read every 10 s as the fallback; a job finished long ago (in the history) is answered
+ * at once.  Returns PGJOBQ_ENOTFOUND for an id no job has (never, or pruned by retention),
+ * PGJOBQ_ETIMEOUT when the job has not finished by then (*job_out is the job as it is: release it too),
+ * PGJOBQ_EINVAL when the connection is in a transaction (it would hold the notification back).  The
+ * client is busy for the wait: use a client of its own to wait while doing other work.  Needs the
+ * pgjobq_monitor or pgjobq_admin role (docs/durable.md, "Awaiting a result"). */
+PGJOBQ_EXPORT int pgjobq_job_wait(pgjobq_client *c, int64_t id, int64_t timeout_ms, pgjobq_job **job_out) PGJOBQ_WUR;
 
 /* Filter for pgjobq_job_list. */
 typedef struct pgjobq_list_opts {

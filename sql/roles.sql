@@ -185,6 +185,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_na
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
     pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
 TO pgjobq_admin, pgjobq_monitor;
+-- Waiting for a job to finish (sql/functions/await.sql): to who may read the job.
+GRANT EXECUTE ON FUNCTION pgjobq.await_begin(bigint), pgjobq.await_end(bigint) TO pgjobq_admin, pgjobq_monitor;
 -- What the benchmarks start from (sql/functions/admin.sql): removing a queue's jobs, loading history.
 GRANT EXECUTE ON FUNCTION pgjobq.reset_queue(text), pgjobq.load_history(text, bigint) TO pgjobq_admin;
 -- The cluster map (sql/functions/cluster.sql): every role reads it (a client routes by it; the tables

@@ -736,6 +736,18 @@ static size_t route(const cl_map *m, const char *queue, const char *route_key)
     return m->owners[part];
 }
 
+/* Whether job i goes where job i - 1 does, by their queues and keys alone (a batch is mostly runs of
+ * one queue and one key, or none: routed once per run). */
+static int route_same(const pgjobq_job_spec *jobs, size_t i)
+{
+    const char *q0 = jobs[i - 1].opts.queue, *q1 = jobs[i].opts.queue;
+    const char *k0 = jobs[i - 1].opts.route_key, *k1 = jobs[i].opts.route_key;
+
+    if (q0 != q1 && (q0 == NULL || q1 == NULL || strcmp(q0, q1) != 0))
+        return 0;
+    return k0 == k1 || (k0 && k1 && strcmp(k0, k1) == 0);
+}
+
 int pgjobq_cluster_route(const pgjobq_cluster *cl, const char *queue, const char *route_key, size_t *shard_out)
 {
     if (cl == NULL || shard_out == NULL || (queue && pgjobq_name_check(queue) != PGJOBQ_OK))
@@ -834,14 +846,14 @@ int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs,
         return PGJOBQ_OK;
     if (jobs == NULL)
         return cl_err(cl, PGJOBQ_EINVAL, "enqueue: no jobs given");
-    for (size_t i = 0; i < n && cl->map.mapped; i++) /* (one shard: its own check names the job as well) */
+    for (size_t i = 0; i < n && cl->map.nshards > 1; i++) /* (one shard: its own check names the job as well) */
         if (jobs[i].opts.queue && pgjobq_name_check(jobs[i].opts.queue) != PGJOBQ_OK)
             return cl_err(cl, PGJOBQ_EINVAL, "job %zu: queue \"%.100s\" is not a valid name", i, jobs[i].opts.queue);
 
-    /* One shard for the whole batch (a database without a map, one pinned queue, one key): as is. */
-    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i = cl->map.mapped ? 1 : n;
+    /* One shard for the whole batch (a cluster of one shard, one pinned queue, one key): as is. */
+    size_t s0 = route(&cl->map, jobs[0].opts.queue, jobs[0].opts.route_key), i = cl->map.nshards > 1 ? 1 : n;
     for (; i < n; i++)
-        if (route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key) != s0)
+        if (!route_same(jobs, i) && route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key) != s0)
             break;
     if (i == n) {
         const char *name = cl->map.shards[s0].name;
@@ -871,7 +883,8 @@ int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs,
         reloaded = 1;
     }
     for (i = 0; i < n; i++)
-        shard[i] = route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key);
+        shard[i] =
+            i && route_same(jobs, i) ? shard[i - 1] : route(&cl->map, jobs[i].opts.queue, jobs[i].opts.route_key);
 
     for (;;) {
         /* The next shard with jobs to write: one connected already first, so that a shard that is down

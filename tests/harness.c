@@ -1,6 +1,7 @@
 /*
  * harness.c - helpers used inside tests, and running programs as the cluster's owner.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -545,7 +546,7 @@ int t_shell(char *out, size_t size, const char *cmd)
 
 void t_show_log(const char *path)
 {
-    char cmd[600];
+    char cmd[4200];
     snprintf(cmd, sizeof cmd, "tail -n 60 '%s' >&2", path);
     if (system(cmd) != 0)
         fprintf(stderr, "(no log at %s)\n", path);
@@ -629,4 +630,128 @@ char *t_expect_error(PGconn *pg, const char *want, const char *sql)
     char *msg = strdup(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
     PQclear(r);
     return msg;
+}
+
+/* ---- a second server ------------------------------------------------------------------------------ */
+
+static char server2_dir[600], server2_data[700];
+
+int t_server2_ctl(const char *a1, const char *a2, const char *a3)
+{
+    char pg_ctl[700], log[700];
+    snprintf(pg_ctl, sizeof pg_ctl, "%s/pg_ctl", t_bindir());
+    snprintf(log, sizeof log, "%s/server.log", server2_dir);
+    const char *argv[] = {pg_ctl, "-D", server2_data, "-l", log, "-w", "-t", "60", a1, a2, a3, NULL};
+    int rc = harness_run_as_owner(argv, NULL);
+    if (rc != 0 && strcmp(a1, "start") == 0)
+        t_show_log(log);
+    return rc;
+}
+
+static void server2_stop(void)
+{
+    t_server2_ctl("-m", "immediate", "stop");
+}
+
+void t_server2_start(char *ci, size_t size)
+{
+    char initdb[700], conf[800], cmd[900];
+    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID"), *gid = getenv("PGJOBQ_TEST_OWNER_GID");
+
+    snprintf(server2_dir, sizeof server2_dir, "%s/server2", t_tmpdir());
+    snprintf(server2_data, sizeof server2_data, "%s/data", server2_dir);
+    CHECK(mkdir(server2_dir, 0755) == 0);
+    if (geteuid() == 0 && uid && gid) {
+        snprintf(cmd, sizeof cmd, "chown %s:%s '%s'", uid, gid, server2_dir);
+        CHECK(system(cmd) == 0);
+    }
+    snprintf(initdb, sizeof initdb, "%s/initdb", t_bindir());
+    const char *init_argv[] = {initdb, "-D", server2_data, "-A", "trust", "-U", "postgres", "--no-sync", NULL};
+    CHECK_INT(harness_run_as_owner(init_argv, NULL), 0);
+    t_defer(server2_stop);
+    snprintf(conf, sizeof conf, "%s/postgresql.conf", server2_data);
+    FILE *f = fopen(conf, "a");
+    CHECK(f != NULL);
+    fprintf(f, "listen_addresses = ''\nport = 5432\nunix_socket_directories = '%s'\nfsync = off\n", server2_dir);
+    fclose(f);
+    CHECK_INT(t_server2_ctl("start", NULL, NULL), 0);
+    snprintf(ci, size, "host=%s port=5432 user=postgres dbname=postgres", server2_dir);
+    pgjobq_client *c = NULL;
+    int rc = pgjobq_client_open(&c, ci), applied = 0;
+    CHECK_MSG(c != NULL && (rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA), "open: %s", pgjobq_errmsg(c));
+    CHECK_OK(c, pgjobq_migrate(c, &applied));
+    pgjobq_client_close(c);
+}
+
+/* The state letter and parent of process p from /proc (0 when it does not exist). */
+static char proc_state(pid_t p, int *parent)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const char *close_paren = strrchr(buf, ')');
+    char state = 0;
+    if (close_paren == NULL || sscanf(close_paren + 1, " %c %d", &state, parent) != 2)
+        return 0;
+    return state;
+}
+
+/* The pids whose parent is ppid, at most max; returns how many. */
+static int children_of(pid_t ppid, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0, parent;
+
+    CHECK(d != NULL);
+    while ((e = readdir(d)) != NULL && n < max) {
+        char *end;
+        long p = strtol(e->d_name, &end, 10);
+        if (*end == '\0' && p > 1 && proc_state((pid_t)p, &parent) && parent == ppid)
+            out[n++] = (pid_t)p;
+    }
+    closedir(d);
+    return n;
+}
+
+void t_server2_crash(void)
+{
+    char path[800];
+    snprintf(path, sizeof path, "%s/postmaster.pid", server2_data);
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "the second server is not running (%s)", path);
+    int pm = 0;
+    CHECK(fscanf(f, "%d", &pm) == 1 && pm > 1);
+    fclose(f);
+    pid_t kids[256];
+    int n = children_of(pm, kids, 256);
+    CHECK(kill(pm, SIGKILL) == 0);
+    for (int i = 0; i < n; i++)
+        kill(kids[i], SIGKILL); /* (one may have ended meanwhile) */
+    /* Gone, every one: a new postmaster refuses shared memory that an old process still holds. */
+    int64_t deadline = t_now_ms() + 30000;
+    for (int i = -1; i < n; i++) {
+        pid_t p = i < 0 ? pm : kids[i];
+        int parent;
+        char st;
+        while ((st = proc_state(p, &parent)) != 0 && st != 'Z' && t_now_ms() < deadline) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        CHECK_MSG(st == 0 || st == 'Z', "process %d of the second server outlived SIGKILL", (int)p);
+    }
+    /* A dead postmaster that nobody has reaped yet (an init that does not reap, as in some containers)
+     * still answers kill(pid, 0), which a new postmaster takes for a live one: its lock files go. */
+    int parent;
+    if (proc_state(pm, &parent) == 'Z') {
+        char sock[800];
+        snprintf(sock, sizeof sock, "%s/.s.PGSQL.5432.lock", server2_dir);
+        CHECK(unlink(path) == 0 || errno == ENOENT);
+        CHECK(unlink(sock) == 0 || errno == ENOENT); /* (its socket's lock file names it too) */
+    }
 }

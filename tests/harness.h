@@ -172,6 +172,16 @@ const char *t_bindir(void);
 /* Runs pg_ctl with the given arguments (NULL-terminated) as the cluster's owner; returns its status. */
 int t_pg_ctl(const char *arg, ...);
 
+/* A second PostgreSQL server of this test (a shard that a test stops or crashes while another runs):
+ * t_server2_start initialises and starts it on a Unix socket of its own (fsync off), stopped when the
+ * test ends, and writes its conninfo (database postgres, migrated) into ci; t_server2_ctl runs pg_ctl
+ * on it ("start", or "-m", "immediate", "stop"), returning pg_ctl's status; t_server2_crash kills its
+ * postmaster and every process of it with SIGKILL (a crash: no shutdown, recovery at the next start)
+ * and waits until they are gone. */
+void t_server2_start(char *ci, size_t size);
+int t_server2_ctl(const char *a1, const char *a2, const char *a3);
+void t_server2_crash(void);
+
 /* Shared with runner.c: run a program as the cluster owner (root drops to that user). */
 int harness_run_as_owner(const char *const argv[], const char *log_path);
 

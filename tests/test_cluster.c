@@ -329,6 +329,20 @@ TEST(cluster_guard_refuses_a_job_of_a_partition_owned_elsewhere)
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('t', route_key => '%s')", key));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs"), before + 600 + 3 + 3);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't' AND route_key = '%s'", key), 1);
+
+    /* A map that gives this shard every partition has nothing to refuse: the guard goes (its
+     * statements cost what a database in no cluster's do), and comes back with the next map that gives
+     * a partition to another shard. */
+    t_cluster_install(
+        pg, map_of(4, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, p), "\"id_floor\": 1000"), "sa");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 0);
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('%s')", theirs));
+    t_cluster_install(
+        pg, map_of(5, "host=/nowhere dbname=a", "host=/nowhere dbname=b", split_at(p, 4), "\"id_floor\": 1000"), "sa");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_cluster_guard'"), 1);
+    snprintf(sql, sizeof sql, "SELECT pgjobq.enqueue('%s')", theirs);
+    free(t_expect_error(pg, "PJQ01", sql));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s'", theirs), 1);
     free(specs);
     free(ids);
     pgjobq_client_close(c);
@@ -508,6 +522,26 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     free(job_b);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a), 1);
     CHECK_INT(t_int(r, "SELECT count(*) FROM pgjobq.monitor_job(%lld)", id_a + 1024 * 1000), 0);
+
+    /* cancel and retry of one job, on the shard that holds it, with the shard's answers; of a filter,
+     * on every shard, summed. */
+    CHECK_SQL_STR(r, "cancelled", "SELECT pgjobq.cancel(%lld)", id_b);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", id_b), 1);
+    CHECK_SQL_STR(r, "already_cancelled", "SELECT pgjobq.cancel(%lld)", id_b);
+    CHECK_SQL_STR(r, "queued", "SELECT pgjobq.retry(%lld)", id_b);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued'", id_b), 1);
+    CHECK_SQL_STR(r, "not_found", "SELECT pgjobq.cancel(%lld)", id_a + 1024 * 1000);
+    CHECK_SQL_STR(r, "not_found", "SELECT pgjobq.retry(%lld)", id_a + 1024 * 1000);
+    CHECK_INT(t_int(r, "SELECT pgjobq.cancel_where('t', 'queued', dry_run => true)"), 140);
+    CHECK_INT(t_int(r, "SELECT pgjobq.cancel_where('t', 'queued')"), 140);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"),
+              0);
+    CHECK_SQL_STR(r, "140 0", "SELECT retried || ' ' || skipped FROM pgjobq.retry_where('t', 'cancelled')");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't'"),
+              140);
+    free(t_expect_error(r, "22023", "SELECT pgjobq.cancel_where('t', 'completed')"));
 
     /* The map moves the partition of queue qm from sa to sb: epoch 2 on the shards, not yet on the
      * router, whose enqueue goes to sa, which refuses it: nothing written on either shard. */

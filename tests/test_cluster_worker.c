@@ -260,56 +260,6 @@ TEST_FULL(cluster_worker_serves_every_shard_and_drains_on_sigterm, 120, 0)
     free(ci_b);
 }
 
-/* ------------------------------------------------------------------------------------------------ */
-/* A second server, for the shard that is stopped. */
-
-static char b_dir[600], b_data[700];
-
-static int b_ctl(const char *a1, const char *a2, const char *a3)
-{
-    char pg_ctl[700], log[700];
-    snprintf(pg_ctl, sizeof pg_ctl, "%s/pg_ctl", t_bindir());
-    snprintf(log, sizeof log, "%s/server.log", b_dir);
-    const char *argv[] = {pg_ctl, "-D", b_data, "-l", log, "-w", "-t", "60", a1, a2, a3, NULL};
-    return harness_run_as_owner(argv, NULL);
-}
-
-static void b_stop(void)
-{
-    b_ctl("-m", "immediate", "stop");
-}
-
-/* Starts the second server on a Unix socket in its own directory; its conninfo into ci. */
-static void b_start(char *ci, size_t size)
-{
-    char initdb[700], conf[800], cmd[900];
-    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID"), *gid = getenv("PGJOBQ_TEST_OWNER_GID");
-
-    snprintf(b_dir, sizeof b_dir, "%s/shard_b", t_tmpdir());
-    snprintf(b_data, sizeof b_data, "%s/data", b_dir);
-    CHECK(mkdir(b_dir, 0755) == 0);
-    if (geteuid() == 0 && uid && gid) {
-        snprintf(cmd, sizeof cmd, "chown %s:%s '%s'", uid, gid, b_dir);
-        CHECK(system(cmd) == 0);
-    }
-    snprintf(initdb, sizeof initdb, "%s/initdb", t_bindir());
-    const char *init_argv[] = {initdb, "-D", b_data, "-A", "trust", "-U", "postgres", "--no-sync", NULL};
-    CHECK_INT(harness_run_as_owner(init_argv, NULL), 0);
-    t_defer(b_stop);
-    snprintf(conf, sizeof conf, "%s/postgresql.conf", b_data);
-    FILE *f = fopen(conf, "a");
-    CHECK(f != NULL);
-    fprintf(f, "listen_addresses = ''\nport = 5432\nunix_socket_directories = '%s'\nfsync = off\n", b_dir);
-    fclose(f);
-    CHECK_INT(b_ctl("start", NULL, NULL), 0);
-    snprintf(ci, size, "host=%s port=5432 user=postgres dbname=postgres", b_dir);
-    pgjobq_client *c = NULL;
-    int rc = pgjobq_client_open(&c, ci), applied = 0;
-    CHECK_MSG(c != NULL && (rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA), "open: %s", pgjobq_errmsg(c));
-    CHECK_OK(c, pgjobq_migrate(c, &applied));
-    pgjobq_client_close(c);
-}
-
 /* Shard sb's server is stopped (-m immediate) while the worker runs, with jobs of its own waiting:
  * sa's jobs enqueued meanwhile are completed, the worker does not exit; once sb's server is back,
  * every sb job is completed, the ones enqueued before the stop and after the restart (nothing lost).
@@ -320,7 +270,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     const char *log = t_log_path("worker");
     int64_t ids_b[10];
 
-    b_start(ci_b, sizeof ci_b);
+    t_server2_start(ci_b, sizeof ci_b);
     install(ci_a, map_of(ci_a, ci_b), "sa");
     install(ci_b, map_of(ci_a, ci_b), "sb");
     queue_of_partition(qa, sizeof qa, 1);
@@ -348,7 +298,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
             CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &ids_b[i]));
         pgjobq_client_close(c);
     }
-    CHECK_INT(b_ctl("-m", "immediate", "stop"), 0);
+    CHECK_INT(t_server2_ctl("-m", "immediate", "stop"), 0);
 
     /* sa goes on: jobs enqueued now are completed while sb is down, and the worker runs on. */
     enqueue_on(ci_a, qa, "{}", 10, NULL);
@@ -371,7 +321,7 @@ TEST_FULL(cluster_worker_a_stopped_shard_stops_only_its_own_jobs, 180, 0)
     free(err);
 
     /* sb back: its waiting jobs, and new ones, are completed. */
-    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    CHECK_INT(t_server2_ctl("start", NULL, NULL), 0);
     enqueue_on(ci_b, qb, "{}", 5, NULL);
     b = t_connect(ci_b);
     wait_completed(b, qb, 15, log, 90000);
@@ -497,12 +447,12 @@ TEST_FULL(cluster_worker_waits_for_the_maps_database_at_start, 120, 0)
     char *ci_a = t_extra_db("sa", 1), ci_b[800], qa[16], qb[16];
     const char *log = t_log_path("worker"), *early = t_log_path("early");
 
-    b_start(ci_b, sizeof ci_b);
+    t_server2_start(ci_b, sizeof ci_b);
     install(ci_a, map_of(ci_a, ci_b), "sa");
     install(ci_b, map_of(ci_a, ci_b), "sb");
     queue_of_partition(qa, sizeof qa, 0);
     queue_of_partition(qb, sizeof qb, 3);
-    CHECK_INT(b_ctl("-m", "immediate", "stop"), 0);
+    CHECK_INT(t_server2_ctl("-m", "immediate", "stop"), 0);
 
     /* Stopped while it waits: exit 0. */
     worker = t_spawn(early, NULL, "work", "--cluster", ci_b, "--exec", handler(), NULL);
@@ -515,7 +465,7 @@ TEST_FULL(cluster_worker_waits_for_the_maps_database_at_start, 120, 0)
     worker = t_spawn(log, NULL, "work", "--cluster", ci_b, "--queue", qa, "--queue", qb, "--exec", handler(), NULL);
     wait_log(log, "cannot read the cluster map yet");
     CHECK_INT(t_wait_exit(worker, 0), -1);
-    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    CHECK_INT(t_server2_ctl("start", NULL, NULL), 0);
     enqueue_on(ci_a, qa, "{}", 5, NULL);
     enqueue_on(ci_b, qb, "{}", 5, NULL);
     PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);

@@ -819,6 +819,9 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_OK(c, pgjobq_job_cancel(c, id, &st));
     CHECK_INT(
         t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND route_key = 'tenant-7'", (long long)id), 1);
+    /* The snoozes' migration (23): every job upgraded has none, live or finished. */
+    CHECK(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs") > 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE snoozes <> 0"), 0);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -541,6 +541,83 @@ TEST_FULL(work_exec_failures_timeouts_and_exit_75, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* Exit 99 snoozes the job: handed back untouched, no attempt used, due after the duration on stdout
+ * (none: the backoff), stderr kept as the reason; a stdout that is no duration is a failed attempt. */
+TEST_FULL(work_exec_exit_99_snoozes_without_using_an_attempt, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t later, backoff, bad;
+    char sql[320];
+
+    const char *handler = t_script("h.sh", "payload=$(cat)\n"
+                                           "case \"$payload\" in\n"
+                                           "  *later*) echo 'waiting for the bank' >&2; echo 1h; exit 99;;\n"
+                                           "  *backoff*) exit 99;;\n"
+                                           "  *bad*) echo soon; exit 99;;\n"
+                                           "esac");
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "\"later\"", &o, &later));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"backoff\"", &o, &backoff));
+    CHECK_OK(c, pgjobq_enqueue(c, "\"bad\"", &o, &bad));
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--poll", "100ms", NULL);
+    /* An hour on stdout: queued again for an hour from now, its attempt given back (one attempt in all:
+     * a failed attempt would have ended it failed), stderr as the reason. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+             " AND run_at > now() + interval '55 minutes'"
+             " AND last_error = 'snoozed by the handler (exit status 99): waiting for the bank'",
+             (long long)later);
+    wait_sql(pg, sql, 1, 30000);
+    /* Nothing on stdout: the backoff; still no attempt used, and it comes back and snoozes again. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+             " AND last_error = 'snoozed by the handler (exit status 99)'",
+             (long long)backoff);
+    wait_sql(pg, sql, 1, 30000);
+    /* Not a duration: a failed attempt that says so (the only one: failed for good). */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'failed'"
+             " AND last_error LIKE 'exit status 99 asks for a snooze, but its standard output (''soon'') is not a duration%%'",
+             (long long)bad);
+    wait_sql(pg, sql, 1, 30000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* At pgjobq.snooze_cap() snoozes, a snooze is a failed attempt instead, which says so: a handler that
+ * snoozes for ever ends as its attempts say.  Below it, each snooze is counted and uses no attempt. */
+TEST_FULL(work_snoozes_past_the_cap_are_failed_attempts, 120, 0)
+{
+    PGconn *pg = t_pg();
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id;
+    char sql[400];
+
+    CHECK_INT(t_int(pg, "SELECT pgjobq.snooze_cap()"), 1000);
+    const char *handler = t_script("h.sh", "cat >/dev/null; echo 'not yet' >&2; echo 0; exit 99");
+    o.max_attempts = 2;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET snoozes = 998 WHERE id = %lld", (long long)id));
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--poll", "100ms", NULL);
+    /* Snoozes 999 and 1000 give the attempt back; the next two are failed attempts, the second the
+     * last one it had. */
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'failed' AND attempt = 2"
+             " AND snoozes = 1000 AND last_error = 'snoozed 1000 times, the cap (pgjobq.snooze_cap()): this snooze is"
+             " a failed attempt; snoozed by the handler (exit status 99): not yet'",
+             (long long)id);
+    wait_sql(pg, sql, 1, 60000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
 TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
 {
     PGconn *pg = t_pg();
@@ -582,7 +659,7 @@ TEST_FULL(work_sigterm_drains_then_hands_back_unfinished_jobs, 120, 0)
     CHECK_INT(status, EX_TEMPFAIL);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'completed'", (long long)quick), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
-                        " AND run_at <= now() AND last_error LIKE 'handed back%%'",
+                        " AND run_at <= now() AND last_error LIKE 'handed back%%' AND snoozes = 0",
                     (long long)slow),
               1);
 

@@ -44,6 +44,7 @@ from .errors import (
     ResultTimeout,
     Retry,
     SchemaMissing,
+    Snooze,
     ShardUnavailable,
     TransactionConflict,
     WrongShard,
@@ -76,6 +77,6 @@ __all__ = [
     "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
     "TransactionConflict", "WrongShard", "ShardUnavailable", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
-    "Retry", "Fail", "TransactionWarning",
+    "Retry", "Snooze", "Fail", "TransactionWarning",
     "__version__",
 ]

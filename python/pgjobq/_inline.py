@@ -44,13 +44,19 @@ SELECT m.outcome FROM pgjobq.fail_many(ARRAY[CAST(:id AS bigint)], ARRAY[CAST(:t
                                        ARRAY[make_interval(secs => CAST(:delay AS double precision))],
                                        ARRAY[CAST(:permanent AS boolean)]) AS m
 """
+_SNOOZE_SQL = """
+SELECT m.outcome FROM pgjobq.snooze_many(ARRAY[CAST(:id AS bigint)], ARRAY[CAST(:token AS bigint)],
+                                         ARRAY[CAST(:reason AS text)],
+                                         ARRAY[make_interval(secs => CAST(:delay AS double precision))]) AS m
+"""
 _RELEASE_SQL = """
 SELECT m.outcome FROM pgjobq.release_many(ARRAY[CAST(:id AS bigint)], ARRAY[CAST(:token AS bigint)],
                                           CAST(:reason AS text)) AS m
 """
 
 # What the database answers, as run_inline counts it.
-_COUNT = {"completed": "completed", "queued": "retried", "failed": "failed", "cancelled": "cancelled", "lost": "lost"}
+_COUNT = {"completed": "completed", "queued": "retried", "snoozed": "snoozed", "failed": "failed", "cancelled": "cancelled",
+          "lost": "lost"}
 
 
 class _Outcomes(Runner):
@@ -119,6 +125,12 @@ def _write(target: Any, job_id: int, token: int, status: str, fields: Dict[str, 
         params: Dict[str, Any] = {"id": job_id, "token": token,
                                   "result": None if result is None else dumps(result, "the result", limit=False)}
         rows = _sql.run(target, _COMPLETE_SQL, params)
+    elif status == "snooze":
+        delay = fields.get("delay_ms")
+        rows = _sql.run(target, _SNOOZE_SQL, {"id": job_id, "token": token,
+                                              "reason": str(fields.get("reason", "")).replace("\x00", "\\0"),
+                                              "delay": None if delay is None else delay / 1000.0})
+        return "snoozed" if rows and rows[0][0] == "queued" else (str(rows[0][0]) if rows else "lost")
     else:
         delay = fields.get("delay_ms")
         params = {"id": job_id, "token": token, "error": str(fields.get("error", "")).replace("\x00", "\\0"),

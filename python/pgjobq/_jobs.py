@@ -66,6 +66,8 @@ class JobInfo:
     cancel_told_at: Optional[_dt.datetime] = None
     # The job's routing key in a cluster of shards (docs/python.md, "Shards"), None when it has none.
     route_key: Optional[str] = None
+    # How many times it was snoozed (pgjobq.Snooze: no attempt used), against pgjobq.snooze_cap().
+    snoozes: int = 0
 
     @property
     def finished(self) -> bool:
@@ -75,7 +77,7 @@ class JobInfo:
 _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
-       cancel_requested, cancel_requested_at, cancel_told_at, route_key
+       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes
   FROM pgjobq.all_jobs WHERE id = CAST(:id AS bigint)
 """
 
@@ -83,11 +85,11 @@ SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_att
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
-                   cancel_requested_at, cancel_told_at, route_key)
+                   cancel_requested_at, cancel_told_at, route_key, int(snoozes))
 
 
 def get(conn: Any, job_id: int) -> Optional[JobInfo]:
@@ -113,20 +115,75 @@ def _own_polling_connection(conn: Any) -> Any:
         return c
 
 
-def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: Duration = 0.5) -> Any:
+# A wait on a connection of its own reads the job again this often even when no notification came
+# (one can be missed in a short window: a job that finished while the wait was being registered).
+WAIT_FALLBACK_S = 10.0
+
+
+class _Listener:
+    """A wait's LISTEN on its own autocommit connection (psycopg or psycopg2): ``woken()`` says whether
+    a notification came since the last call (what came during a query included), ``wait(s)`` blocks
+    until the socket has something or s seconds pass.  None of it when the database has no
+    pgjobq.await_begin (schema < 24): then the wait polls."""
+
+    def __init__(self, own: Any, job_id: int) -> None:
+        self.own, self.job_id, self.seen = own, job_id, False
+        self.psycopg3 = hasattr(own, "add_notify_handler")
+        if self.psycopg3:
+            own.add_notify_handler(self._notify)
+        _sql.run(own, "LISTEN pgjobq_done", {})
+        _sql.run(own, "SELECT state FROM pgjobq.await_begin(CAST(:id AS bigint))", {"id": job_id})
+
+    def _notify(self, n: Any) -> None:
+        if n.channel == "pgjobq_done" and (not n.payload or str(self.job_id) in n.payload.split(",")):
+            self.seen = True
+
+    def woken(self) -> bool:
+        if not self.psycopg3:
+            for n in self.own.notifies:
+                self._notify(n)
+            del self.own.notifies[:]
+        seen, self.seen = self.seen, False
+        return seen
+
+    def wait(self, s: float) -> None:
+        import select
+
+        ready, _, _ = select.select([self.own.fileno()], [], [], max(s, 0.0))
+        if ready and not self.psycopg3:
+            self.own.poll()
+
+    def end(self) -> None:
+        try:
+            _sql.run(self.own, "SELECT pgjobq.await_end(CAST(:id AS bigint))", {"id": self.job_id})
+        except Exception:  # noqa: BLE001 - the connection closes next, which ends the wait anyway
+            pass
+
+
+def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: Optional[Duration] = None) -> Any:
     """Waits until the job has finished and returns its result (None when it stored none).  Raises
     ``JobFailed`` or ``JobCancelled`` (with the job) when it ended so, ``JobNotFound``, or
-    ``ResultTimeout`` after ``timeout`` seconds (None: no limit).  Polls ``pgjobq.all_jobs`` with a
-    backoff from 10 ms to ``poll``.  On a connection of the caller's that is not in autocommit mode,
-    each look runs in the caller's open transaction; pass a URL (or None for the App's) to wait on
-    a connection of its own, outside any transaction."""
+    ``ResultTimeout`` after ``timeout`` seconds (None: no limit).  Given a URL (or None for the App's)
+    it waits on a connection of its own, outside any transaction, woken by a notification sent in the
+    transaction that finishes the job (docs/durable.md, "Awaiting a result"), and reads it every
+    ``poll`` seconds (default 10) in case one was missed.  On a connection of the caller's it polls
+    ``pgjobq.all_jobs`` with a backoff from 10 ms to ``poll`` (default 0.5 s); one not in autocommit
+    mode runs each look in the caller's open transaction."""
     limit = None if timeout is None else seconds(timeout, "timeout")
-    cap = max(seconds(poll, "poll"), 0.01)
     own = _own_polling_connection(conn)
     target = own if own is not None else conn
+    listener: Optional[_Listener] = None
+    if own is not None:
+        try:
+            listener = _Listener(own, int(job_id))
+        except Exception:  # noqa: BLE001 - a database without await_begin (schema < 24): poll
+            own.close()
+            own = _own_polling_connection(conn)
+            target = own
+    cap = max(seconds(poll, "poll"), 0.01) if poll is not None else WAIT_FALLBACK_S if listener else 0.5
     try:
         start = time.monotonic()
-        pause = 0.01
+        pause = 0.01 if listener is None else cap
         while True:
             rows = _sql.run(target, _GET_SQL, {"id": int(job_id)})
             if not rows:
@@ -142,9 +199,18 @@ def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: 
             if limit is not None and waited >= limit:
                 raise ResultTimeout(int(job_id), limit, job.state)
             step = pause if limit is None else min(pause, max(limit - waited, 0.001))
-            time.sleep(step)
-            pause = min(pause * 2, cap)
+            if listener is None:
+                time.sleep(step)
+                pause = min(pause * 2, cap)
+            elif not listener.woken():  # (one that came during the read: read again at once)
+                until = time.monotonic() + step
+                while not listener.woken() and time.monotonic() < until:
+                    listener.wait(until - time.monotonic())
+                    if listener.psycopg3:
+                        _sql.run(own, "SELECT 1", {})  # (psycopg hands notifications over during a query)
     finally:
+        if listener is not None:
+            listener.end()
         if own is not None:
             own.close()
 

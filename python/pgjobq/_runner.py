@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ._util import check_json, delay_seconds
 from .app import App, Task
 from .context import Context, ParentResult
-from .errors import Fail, InvalidJob, Retry
+from .errors import Fail, InvalidJob, Retry, Snooze
 
 _decode = json.JSONDecoder().raw_decode
 ERROR_MAX = 4000  # characters of an error kept (the table keeps 16 KiB)
@@ -475,12 +475,25 @@ class Runner:
             return "retry", self._retry_fields(task, ctx.attempt, f"timed out after {timeout:g} s (the task's timeout)")
         if isinstance(e, Retry):
             return "retry", self._retry_fields(task, ctx.attempt, e.message, e.delay)
+        if isinstance(e, Snooze):
+            return self._snooze(e)
         if isinstance(e, Fail):
             return "failed", {"error": e.message}
         why = task._gives_up(e)  # retry_on, fail_on
         if why is not None:
             return "failed", {"error": f"{describe(e)}\n({why})"}
         return "retry", self._retry_fields(task, ctx.attempt, describe(e))
+
+    def _snooze(self, e: Snooze) -> Tuple[str, Dict[str, Any]]:
+        """The answer for a task that raised Snooze: the job handed back, no attempt used (a worker of
+        protocol 1 knows no snooze: a retry after the same delay, which uses one)."""
+        fields: Dict[str, Any] = {"reason": str(e.reason)}
+        if e.delay is not None:
+            fields["delay_ms"] = int(round(delay_seconds(e.delay, "Snooze(delay=...)") * 1000))
+        if getattr(self, "protocol", 2) < 2:
+            fields["error"] = fields.pop("reason") + " (a snooze, run as a retry by a worker without snoozes)"
+            return "retry", fields
+        return "snooze", fields
 
     def _returned(self, ctx: Context, task: Task, value: Any) -> Tuple[str, Dict[str, Any]]:
         if value is None:

@@ -562,7 +562,8 @@ class App:
         except JobNotFound:
             return None
 
-    def result(self, job_id: int, timeout: Optional[Duration] = 30.0, *, conn: Any = None, poll: Duration = 0.5) -> Any:
+    def result(self, job_id: int, timeout: Optional[Duration] = 30.0, *, conn: Any = None,
+               poll: Optional[Duration] = None) -> Any:
         return self._by_id(conn, job_id, _jobs.result, timeout, poll=poll)
 
     def cancel(self, job_id: int, *, conn: Any = None) -> str:
@@ -617,7 +618,7 @@ class App:
         due before the queues run dry.  A job of a kind the App has no task for is handed back
         untouched.  ``queues``: those of the App's tasks by default.  Returns how many attempts
         ended each way (``completed``, ``retried``, ``failed``, ``cancelled``, ``lost``,
-        ``handed_back``), e.g. ``{"completed": 2}``."""
+        ``snoozed``, ``handed_back``), e.g. ``{"completed": 2}``."""
         from ._inline import run_inline
 
         return run_inline(self, self._target(conn), queues, max_jobs)

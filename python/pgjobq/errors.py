@@ -157,6 +157,25 @@ class Retry(Exception):
         self.delay = delay
 
 
+class Snooze(Exception):
+    """Raise in a task to hand its job back untouched and run it again after ``delay`` (seconds, a
+    ``timedelta`` or a duration such as ``"5m"``; None: the backoff of its attempt, a few seconds):
+    **no attempt is used**, for a job that cannot run yet rather than one that failed (a remote side's
+    rate, a resource not ready).  ``reason`` is kept as the job's ``last_error``.  A cancellation
+    requested meanwhile ends the job cancelled.  A delay that is not a duration, or more than 100
+    years, is refused here (``InvalidArgument``).  (River's ``JobSnooze``, Oban's ``{:snooze, n}``;
+    docs/durable.md.)"""
+
+    def __init__(self, delay: Union[None, float, str, _dt.timedelta] = None, reason: str = "snoozed by the task") -> None:
+        if delay is not None:
+            from ._util import delay_seconds
+
+            delay_seconds(delay, "Snooze(delay=...)")
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
 class Fail(Exception):
     """Raise in a task to end the job failed for good, whatever attempts remain."""
 

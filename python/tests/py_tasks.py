@@ -45,6 +45,14 @@ async def retry_later(ctx, delay, d):
     return {"attempt": ctx.attempt}
 
 
+@app.task(pass_context=True, max_attempts=1)
+def snooze_once(ctx, d):
+    mark(d, "snooze_once.times", f"{time.time()}\n")
+    if len(open(os.path.join(d, "snooze_once.times")).read().split()) == 1:
+        raise pgjobq.Snooze(0.5, "the bank is closed")
+    return {"attempt": ctx.attempt}
+
+
 @app.task(max_attempts=5)
 def give_up():
     raise pgjobq.Fail("no such mailbox")

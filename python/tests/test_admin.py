@@ -45,6 +45,30 @@ def test_get_cancel_retry(queue):
     assert app.cancel(10 ** 15) == "not_found"
 
 
+def test_result_is_woken_by_the_jobs_end_not_by_polling(queue):
+    # With the fallback read 60 s away, only the notification can wake the wait within the test.
+    app = pgjobq.App(URL, queue=queue)
+    job = app.enqueue("work", {"n": 1})
+    got = {}
+
+    def wait():
+        got["result"] = app.result(job.id, timeout=120, poll=60)
+        got["at"] = time.monotonic()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    deadline = time.monotonic() + 30
+    while scalar("SELECT count(*) FROM pgjobq.awaited WHERE job_id = %s", job.id) == 0:
+        assert time.monotonic() < deadline, "the wait was not registered"
+        time.sleep(0.02)
+    jid, token = claim(queue)
+    done = time.monotonic()
+    complete(jid, token, '{"done": true}')
+    t.join(60)
+    assert got["result"] == {"done": True} and got["at"] - done < 30, got
+    assert scalar("SELECT count(*) FROM pgjobq.awaited") == 0  # the wait removed its registration
+
+
 def test_result_waits_for_the_job(queue):
     app = pgjobq.App(URL, queue=queue)
     job = app.enqueue("work", {"n": 1})

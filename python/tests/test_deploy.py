@@ -56,6 +56,9 @@ def test_a_retry_delay_beyond_100_years_is_a_clear_error(start_worker, queue):
     with pytest.raises(pgjobq.InvalidArgument, match=r"Retry\(delay=...\): '4000000d' is more than 100 years"):
         pgjobq.Retry("x", delay="4000000d")
     assert pgjobq.Retry("x", delay="36500d").delay == "36500d"
+    with pytest.raises(pgjobq.InvalidArgument, match=r"Snooze\(delay=...\): '4000000d' is more than 100 years"):
+        pgjobq.Snooze("4000000d")
+    assert pgjobq.Snooze("5m").delay == "5m" and pgjobq.Snooze().reason == "snoozed by the task"
     # In a task: the attempt fails with that error (where the task raised it), like any exception.
     w = start_worker("--queue", f"{queue}:2", *FAST)
     job = py_tasks.far_retry.configure(queue=queue).defer(URL)

@@ -111,15 +111,22 @@ def test_run_inline_runs_the_due_jobs_with_the_workers_rules(queue):
     def child(ctx):
         return {"parent": [p.result for p in ctx.parents]}
 
+    @app.task(max_attempts=1)
+    def not_yet():
+        raise pgjobq.Snooze("1h", "not yet")
+
     a = flaky.delay(7)
     b = strict.delay(1)
     c = double.delay(21)
     kid = child.configure(after=[c]).delay()
     stranger = app.enqueue("not_ours", {"x": 1})
     later = double.configure(delay="1h").delay(1)
+    snoozer = not_yet.delay()
 
     counts = app.run_inline()
-    assert counts == {"completed": 3, "retried": 1, "failed": 1, "handed_back": 1}, counts
+    assert counts == {"completed": 3, "retried": 1, "failed": 1, "snoozed": 1, "handed_back": 1}, counts
+    assert scalar("SELECT state = 'queued' AND attempt = 0 AND run_at > now() + interval '55 minutes'"
+                  " AND last_error = 'not yet' FROM pgjobq.jobs WHERE id = %s", snoozer.id)
     assert app.result(a.id) == {"n": 7, "attempt": 2} and seen == [("flaky", 1), ("flaky", 2)]
     assert job_row(b.id)[:2] == ("failed", 1) and "not in the task's retry_on" in job_row(b.id)[5]
     assert app.result(c.id) == 42

@@ -51,6 +51,7 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
     d = str(tmp_path)
     flaky = on(queue, py_tasks.flaky).defer(URL, until=3, d=d)
     later = on(queue, py_tasks.retry_later).defer(URL, delay=0.5, d=d)
+    snoozed = on(queue, py_tasks.snooze_once).defer(URL, d=d)
     given_up = on(queue, py_tasks.give_up).defer(URL)
     broken = on(queue, py_tasks.broken).defer(URL)
     unknown = app.enqueue("no_such_task", {}, queue=queue, conn=URL)
@@ -72,6 +73,13 @@ def test_results_retries_and_failures(worker, queue, tmp_path):
     state, attempt, result, error, took = wait_finished(later.id, worker)
     assert (state, attempt, result) == ("completed", 2, {"attempt": 2})
     times = attempt_times(d, "retry_later")
+    assert len(times) == 2 and times[1] - times[0] >= 0.49, times
+
+    # Snooze(0.5): run again at least half a second later, no attempt used (one attempt in all: a
+    # failed attempt would have ended it failed), its reason kept meanwhile.
+    state, attempt, result, error, took = wait_finished(snoozed.id, worker)
+    assert (state, attempt, result) == ("completed", 1, {"attempt": 1}), (state, attempt, result, error)
+    times = attempt_times(d, "snooze_once")
     assert len(times) == 2 and times[1] - times[0] >= 0.49, times
 
     # Fail: failed for good at the first attempt, whatever attempts remain.

@@ -84,11 +84,12 @@ BEGIN
         WITH gone AS (DELETE FROM pgjobq.history h WHERE h.id = retry.id RETURNING h.*)
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key)
+                                 tags, progress, concurrency_key, route_key, snoozes)
         OVERRIDING SYSTEM VALUE
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
-               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
+               0  -- (a retry by hand starts its snoozes again: the cap counts from it)
           FROM gone g
         RETURNING queue, priority INTO v_queue, v_priority;
         IF NOT FOUND THEN
@@ -268,11 +269,12 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key)
+                                 tags, progress, concurrency_key, route_key, snoozes)
         OVERRIDING SYSTEM VALUE
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
-               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key
+               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
+               0  -- (a retry by hand starts its snoozes again: the cap counts from it)
           FROM gone g
         RETURNING pgjobq.jobs.priority)
     SELECT count(*), array_agg(DISTINCT moved.priority) INTO v_moved, v_priorities FROM moved;

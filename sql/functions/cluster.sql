@@ -243,9 +243,10 @@ $$;
 --     in a claim), and reserve_ids and COPY take theirs from the same sequence.  The ids this database
 --     handed out before must all be at most the map's id_floor (else it is refused, naming the highest),
 --     so that no other shard's new ids meet them;
---   - installs the guard: the statement trigger jobs_cluster_guard (cluster_guard, below).
+--   - installs the guard, the statement trigger jobs_cluster_guard (cluster_guard, below), when the map
+--     gives a partition to another shard; a map that gives this shard every partition drops it.
 -- Both wait at most 10 seconds for the locks they need (lock_timeout: 55P03), rather than holding up the
--- claims behind them; they are taken once, with the first map.
+-- claims behind them: the ids' with the first map, the guard's when it comes or goes.
 CREATE OR REPLACE FUNCTION pgjobq.cluster_set(map jsonb, self text) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -263,6 +264,7 @@ DECLARE
     v_start  bigint;
     v_last   bigint;
     v_next   bigint;
+    v_guard  boolean;
 BEGIN
     IF v_why IS NOT NULL THEN
         RAISE EXCEPTION 'pgjobq.cluster_set: %', v_why USING ERRCODE = 'invalid_parameter_value';
@@ -340,13 +342,18 @@ BEGIN
     ON CONFLICT (one) DO UPDATE SET epoch = EXCLUDED.epoch, partitions = EXCLUDED.partitions,
                                     id_floor = EXCLUDED.id_floor, installed_at = EXCLUDED.installed_at;
 
-    -- The guard, made with the first map (a database in no cluster has no trigger, and pays nothing).
-    -- (Nested: the name pgjobq.jobs is looked up when the statement is planned, which a router cannot.)
+    -- The guard, there while the map gives a partition to another shard: a shard that owns them all
+    -- (a cluster of one shard, or a shard before the first move) has nothing to refuse and no trigger,
+    -- and pays nothing, as a database in no cluster.  (Nested: the name pgjobq.jobs is looked up when
+    -- the statement is planned, which a router cannot.)
     IF v_shard THEN
-        IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'pgjobq.jobs'::regclass
-                                                   AND t.tgname = 'jobs_cluster_guard') THEN
+        v_guard := EXISTS (SELECT FROM pgjobq.cluster_owners o WHERE o.shard <> cluster_set.self);
+        IF v_guard AND NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'pgjobq.jobs'::regclass
+                                                              AND t.tgname = 'jobs_cluster_guard') THEN
             CREATE TRIGGER jobs_cluster_guard AFTER INSERT ON pgjobq.jobs REFERENCING NEW TABLE AS new_jobs
                 FOR EACH STATEMENT EXECUTE FUNCTION pgjobq.cluster_guard();
+        ELSIF NOT v_guard THEN
+            DROP TRIGGER IF EXISTS jobs_cluster_guard ON pgjobq.jobs;
         END IF;
     END IF;
     RETURN pgjobq.cluster_map();

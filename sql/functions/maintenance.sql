@@ -62,7 +62,7 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                    CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                    g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
@@ -70,7 +70,7 @@ BEGIN
                    format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its connection)',
                           g.lease_until, coalesce(g.worker_id, '?')),
                    g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key, g.cancel_requested_at,
-                   g.cancel_told_at, g.route_key
+                   g.cancel_told_at, g.route_key, g.snoozes
               FROM gone g
             RETURNING pgjobq.history.queue, pgjobq.history.state)
         INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, m.state::text, count(*) FROM moved m GROUP BY 1, 2;
@@ -141,7 +141,7 @@ $$;
 -- were removed (a dropped partition counts its estimated rows from the statistics, or counts them
 -- when it was never analyzed); call again while it returns max_jobs or more.  Also reclaims the levels of
 -- queues that have had no job for an hour (levels_reclaim), and forgets the outbox's jobs forwarded
--- here more than 30 days ago (forwarded_prune, outbox.sql).
+-- here more than 30 days ago (forwarded_prune, outbox.sql), and the waits of sessions gone (await.sql).
 CREATE OR REPLACE FUNCTION pgjobq.prune(
     completed_age interval DEFAULT NULL,
     failed_age    interval DEFAULT NULL,
@@ -248,6 +248,8 @@ BEGIN
     -- The levels of queues without jobs for an hour, and their frontiers.
     PERFORM pgjobq.levels_reclaim(interval '1 hour');
     PERFORM pgjobq.forwarded_prune(interval '30 days', max_jobs);
+    -- Waits whose session is gone (killed before its await_end: await.sql).
+    DELETE FROM pgjobq.awaited a WHERE NOT EXISTS (SELECT FROM pg_stat_activity s WHERE s.pid = a.pid);
     RETURN v_count;
 END
 $$;

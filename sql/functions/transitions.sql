@@ -80,11 +80,11 @@ BEGIN
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes
           FROM gone g
         RETURNING pgjobq.history.queue),
     tallied AS (
@@ -130,18 +130,18 @@ BEGIN
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
                   j.tags, j.progress, j.concurrency_key, j.has_children, input.result, j.cancel_requested_at,
-                  j.cancel_told_at, j.route_key),
+                  j.cancel_told_at, j.route_key, j.snoozes),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state
                     ELSE 'completed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     tallied AS (
@@ -214,17 +214,17 @@ BEGIN
         DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final)
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.unique_key, j.tags,
-                  j.progress, j.concurrency_key, j.cancel_requested_at, j.cancel_told_at, j.route_key),
+                  j.progress, j.concurrency_key, j.cancel_requested_at, j.cancel_told_at, j.route_key, j.snoozes),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes
           FROM gone g JOIN input ON input.id = g.id
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     retried AS (
@@ -369,12 +369,22 @@ BEGIN
 END
 $$;
 
+-- snooze_cap(): how many times a job may be snoozed (jobs.snoozes, schema 23) before a snooze is a
+-- failed attempt instead: 1,000 (a handler that snoozes for ever ends as its attempts say; at the
+-- Python runner's minute for a kind it does not know, about 17 hours of a rolling deploy).
+CREATE OR REPLACE FUNCTION pgjobq.snooze_cap() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
 -- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a kind its worker does
--- not know yet, a handler that could not start): running -> queued, the attempt given back as
--- release_many gives it, due after its delay (NULL: backoff(attempt), so that a handler that hands a
--- job back without a delay does not get it again at once), its reason kept in last_error (the first
--- 8 KiB).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
--- Returns one row per input: outcome 'queued', 'cancelled' or 'lost'.  (Schema 16.)
+-- not know yet, a handler that could not start, one that asks to run later): running -> queued, the
+-- attempt given back as release_many gives it, its snoozes counted, due after its delay (NULL:
+-- backoff(attempt), so that a handler that hands a job back without a delay does not get it again at
+-- once), its reason kept in last_error (the first 8 KiB).  A job snoozed snooze_cap() times already
+-- gets a failed attempt instead (fail_many, with the reason in the error: retried while attempts
+-- remain).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
+-- Returns one row per input: outcome 'queued', 'cancelled', 'lost', or fail_many's for a job at the
+-- cap ('queued' or 'failed').  (Schema 16; the cap, 23.)
 CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
                                               delays interval[] DEFAULT NULL)
 RETURNS TABLE (id bigint, outcome text)
@@ -386,9 +396,11 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_snooze bigint[];
-    v_cancel bigint[];
-    v_queues text[];
+    v_snooze   bigint[];
+    v_cancel   bigint[];
+    v_over     bigint[];
+    v_over_out text[];
+    v_queues   text[];
 BEGIN
     IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
        OR (reasons IS NOT NULL AND cardinality(reasons) <> cardinality(ids))
@@ -402,15 +414,27 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Lock the held rows and decide from their latest versions, then act.
-    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested),
-           array_agg(held.id) FILTER (WHERE held.cancel_requested)
-      INTO v_snooze, v_cancel
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND held.snoozes < pgjobq.snooze_cap()),
+           array_agg(held.id) FILTER (WHERE held.cancel_requested),
+           array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND held.snoozes >= pgjobq.snooze_cap())
+      INTO v_snooze, v_cancel, v_over
       FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
-            SELECT j.id, j.cancel_requested FROM u JOIN pgjobq.jobs j ON j.id = u.id
+            SELECT j.id, j.cancel_requested, j.snoozes FROM u JOIN pgjobq.jobs j ON j.id = u.id
              WHERE j.id = ANY (snooze_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     IF v_cancel IS NOT NULL THEN
         PERFORM pgjobq.history_move_cancelled(v_cancel, NULL);
+    END IF;
+    IF v_over IS NOT NULL THEN
+        -- At the cap: a failed attempt, which fail_many writes (and fences again: the same lease).
+        SELECT array_agg(f.id ORDER BY f.id), array_agg(f.outcome ORDER BY f.id) INTO v_over, v_over_out
+          FROM (SELECT array_agg(u.id ORDER BY u.id) AS ids, array_agg(u.token ORDER BY u.id) AS tokens,
+                       array_agg(format('snoozed %s times, the cap (pgjobq.snooze_cap()): this snooze is a failed attempt; %s',
+                                        pgjobq.snooze_cap(), coalesce(u.reason, 'no reason given'))
+                                 ORDER BY u.id) AS errors
+                  FROM unnest(ids, tokens, reasons) AS u(id, token, reason)
+                 WHERE u.id = ANY (v_over)) o,
+               pgjobq.fail_many(o.ids, o.tokens, o.errors) AS f;
     END IF;
     WITH input AS (
         SELECT u.id, left(u.reason, 8192) AS reason, u.delay
@@ -418,7 +442,7 @@ BEGIN
     snoozed AS (
         UPDATE pgjobq.jobs j
            SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
-               lease_until = NULL, last_error = coalesce(input.reason, j.last_error)
+               lease_until = NULL, last_error = coalesce(input.reason, j.last_error), snoozes = j.snoozes + 1
           FROM input
          WHERE j.id = ANY (v_snooze) AND j.id = input.id
         RETURNING j.queue::text AS queue, j.run_at)
@@ -426,6 +450,7 @@ BEGIN
     PERFORM pgjobq.notify(v_queues);
     RETURN QUERY
     SELECT u.id, CASE WHEN u.id = ANY (v_snooze) THEN 'queued' WHEN u.id = ANY (v_cancel) THEN 'cancelled'
+                      WHEN u.id = ANY (v_over) THEN v_over_out[array_position(v_over, u.id)]
                       ELSE 'lost' END
       FROM unnest(ids) AS u(id);
 END
@@ -462,11 +487,11 @@ BEGIN
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
-               g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key
+               g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.queue),
     tallied AS (

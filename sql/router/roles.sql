@@ -24,7 +24,12 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_admin') THEN
         GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.shard_stats(), pgjobq.monitor_job(bigint),
-            pgjobq.job_partitions(bigint), pgjobq.cluster_set(jsonb, text)
+            pgjobq.job_partitions(bigint), pgjobq.cluster_set(jsonb, text),
+            pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.shard_cancel(bigint), pgjobq.shard_retry(bigint),
+            pgjobq.cancel_where(text, text, text, interval, boolean),
+            pgjobq.retry_where(text, text, text, interval, boolean),
+            pgjobq.shard_cancel_where(text, text, text, interval, boolean),
+            pgjobq.shard_retry_where(text, text, text, interval, boolean)
         TO pgjobq_admin;
     END IF;
 END

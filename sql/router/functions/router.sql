@@ -207,3 +207,81 @@ AS $$
     CLUSTER 'pgjobq';
     RUN ON pgjobq.job_partitions(job_id);
 $$;
+
+-- shard_cancel(id), shard_retry(id): a shard's pgjobq.cancel and pgjobq.retry, run where job id can be
+-- (job_partitions: its shard, or every shard for an id from before the cluster), one answer each.
+CREATE OR REPLACE FUNCTION pgjobq.shard_cancel(id bigint) RETURNS SETOF text
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON pgjobq.job_partitions(id);
+    SELECT pgjobq.cancel(id);
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.shard_retry(id bigint) RETURNS SETOF text
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON pgjobq.job_partitions(id);
+    SELECT pgjobq.retry(id);
+$$;
+
+-- cancel(id), retry(id): a shard's, the same argument and answer, on the shard holding the job: what
+-- the shard that has it answers ('not_found' when none has it).
+CREATE OR REPLACE FUNCTION pgjobq.cancel(id bigint) RETURNS text
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT s FROM pgjobq.shard_cancel(cancel.id) AS s WHERE s <> 'not_found' LIMIT 1), 'not_found')
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.retry(id bigint) RETURNS text
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT s FROM pgjobq.shard_retry(retry.id) AS s WHERE s <> 'not_found' LIMIT 1), 'not_found')
+$$;
+
+-- shard_cancel_where(...), shard_retry_where(...): a shard's cancel_where and retry_where on every shard
+-- (RUN ON ALL), one row each.
+CREATE OR REPLACE FUNCTION pgjobq.shard_cancel_where(queue text, state text, kind text, since interval,
+                                                     dry_run boolean)
+RETURNS SETOF bigint
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON ALL;
+    SELECT pgjobq.cancel_where(queue, state, kind, since, dry_run);
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.shard_retry_where(queue text, state text, kind text, since interval,
+                                                    dry_run boolean)
+RETURNS TABLE (retried bigint, skipped bigint)
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON ALL;
+    SELECT r.retried, r.skipped FROM pgjobq.retry_where(queue, state, kind, since, dry_run) AS r;
+$$;
+
+-- cancel_where(...), retry_where(...): a shard's, the same arguments and answer, summed over the shards
+-- (a spread queue's jobs are on each; a pinned queue's on one, the others answer 0).  Each shard acts
+-- in a transaction of its own: a shard that fails fails the call, and the others may have acted.
+CREATE OR REPLACE FUNCTION pgjobq.cancel_where(queue text, state text, kind text DEFAULT NULL,
+                                               since interval DEFAULT NULL, dry_run boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(n), 0)::bigint FROM pgjobq.shard_cancel_where(queue, state, kind, since, dry_run) AS n
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobq.retry_where(queue text, state text, kind text DEFAULT NULL,
+                                              since interval DEFAULT NULL, dry_run boolean DEFAULT false)
+RETURNS TABLE (retried bigint, skipped bigint)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(r.retried), 0)::bigint, coalesce(sum(r.skipped), 0)::bigint
+      FROM pgjobq.shard_retry_where(queue, state, kind, since, dry_run) AS r
+$$;
