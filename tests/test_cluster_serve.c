@@ -441,55 +441,6 @@ TEST_FULL(cluster_work_metrics_listen_labels_each_engine_by_shard, 90, 0)
     free(ci_b);
 }
 
-/* A second server, for the shard that is stopped. */
-
-static char b_dir[600], b_data[700];
-
-static int b_ctl(const char *a1, const char *a2, const char *a3)
-{
-    char pg_ctl[700], log[700];
-    snprintf(pg_ctl, sizeof pg_ctl, "%s/pg_ctl", t_bindir());
-    snprintf(log, sizeof log, "%s/server.log", b_dir);
-    const char *argv[] = {pg_ctl, "-D", b_data, "-l", log, "-w", "-t", "60", a1, a2, a3, NULL};
-    return harness_run_as_owner(argv, NULL);
-}
-
-static void b_stop(void)
-{
-    b_ctl("-m", "immediate", "stop");
-}
-
-/* Starts the second server on a Unix socket in its own directory, migrated; its conninfo into ci. */
-static void b_start(char *ci, size_t size)
-{
-    char initdb[700], conf[800], cmd[900];
-    const char *uid = getenv("PGJOBQ_TEST_OWNER_UID"), *gid = getenv("PGJOBQ_TEST_OWNER_GID");
-
-    snprintf(b_dir, sizeof b_dir, "%s/shard_b", t_tmpdir());
-    snprintf(b_data, sizeof b_data, "%s/data", b_dir);
-    CHECK(mkdir(b_dir, 0755) == 0);
-    if (geteuid() == 0 && uid && gid) {
-        snprintf(cmd, sizeof cmd, "chown %s:%s '%s'", uid, gid, b_dir);
-        CHECK(system(cmd) == 0);
-    }
-    snprintf(initdb, sizeof initdb, "%s/initdb", t_bindir());
-    const char *init_argv[] = {initdb, "-D", b_data, "-A", "trust", "-U", "postgres", "--no-sync", NULL};
-    CHECK_INT(harness_run_as_owner(init_argv, NULL), 0);
-    t_defer(b_stop);
-    snprintf(conf, sizeof conf, "%s/postgresql.conf", b_data);
-    FILE *f = fopen(conf, "a");
-    CHECK(f != NULL);
-    fprintf(f, "listen_addresses = ''\nport = 5432\nunix_socket_directories = '%s'\nfsync = off\n", b_dir);
-    fclose(f);
-    CHECK_INT(b_ctl("start", NULL, NULL), 0);
-    snprintf(ci, size, "host=%s port=5432 user=postgres dbname=postgres", b_dir);
-    pgjobq_client *c = NULL;
-    int rc = pgjobq_client_open(&c, ci), applied = 0;
-    CHECK_MSG(c != NULL && (rc == PGJOBQ_OK || rc == PGJOBQ_ESCHEMA), "open: %s", pgjobq_errmsg(c));
-    CHECK_OK(c, pgjobq_migrate(c, &applied));
-    pgjobq_client_close(c);
-}
-
 /* Shard sb's server stopped (-m immediate) under `serve` ($PGJOBQ_CLUSTER): pgjobq_shard_up{shard="sb"}
  * 0 and no other sb series, sa's series still there and counting, every scrape 200; the overview
  * names sb as down and still shows sa's queues, sb's pages say it is down; sb's series come back once
@@ -498,7 +449,7 @@ TEST_FULL(cluster_serve_shows_a_stopped_shard_as_down, 120, 0)
 {
     char *ci_a = t_extra_db("sa", 1), ci_b[800], qa[16], qb[16], series[128], env[900];
 
-    b_start(ci_b, sizeof ci_b);
+    t_server2_start(ci_b, sizeof ci_b);
     install(ci_a, map_of(ci_a, ci_b), "sa");
     install(ci_b, map_of(ci_a, ci_b), "sb");
     queue_of_partition(qa, sizeof qa, 1);
@@ -511,7 +462,7 @@ TEST_FULL(cluster_serve_shows_a_stopped_shard_as_down, 120, 0)
     snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
     free(wait_metric(port, series, 2));
 
-    b_stop();
+    CHECK_INT(t_server2_ctl("-m", "immediate", "stop"), 0);
     char *text = wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 0);
     CHECK_MSG(series_of_shard(text, "sb") == 1, "shard sb is down, yet:\n%s", text);
     CHECK(metric(text, "pgjobq_shard_up{shard=\"sa\"}") == 1);
@@ -539,7 +490,7 @@ TEST_FULL(cluster_serve_shows_a_stopped_shard_as_down, 120, 0)
     CHECK_INT(get(port, "/jobs?shard=sa", &body), 200);
     free(body);
 
-    CHECK_INT(b_ctl("start", NULL, NULL), 0);
+    CHECK_INT(t_server2_ctl("start", NULL, NULL), 0);
     free(wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 1));
     snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sb\",queue=\"%s\",state=\"queued\"}", qb);
     free(wait_metric(port, series, 2));
