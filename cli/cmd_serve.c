@@ -33,6 +33,7 @@ const cli_opt serve_opts[] = {
      "also answer to this host name (repeatable), e.g. a proxy's public name; pages on it may POST actions"},
     {"query-timeout", OPT_QTIMEOUT, "DURATION",
      "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
+    CLI_CLUSTER_OPT,
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -40,6 +41,108 @@ const cli_opt serve_opts[] = {
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Routing                                                                                           */
+
+/* With --cluster, a page shows one shard: its links and forms keep it (?shard=NAME, a hidden field). */
+static void links_on_shard(sbuf *body, const char *shard)
+{
+    static const char *const from[] = {"href=\"/jobs?",      "href=\"/jobs\"",    "href=\"/queues\"",
+                                       "href=\"/workers?",   "href=\"/workers\"", "value=\"/jobs?",
+                                       "value=\"/jobs\"",    "value=\"/queues\"", "value=\"/workers?",
+                                       "value=\"/workers\"", "action=\"/jobs\">", "action=\"/actions\">"};
+    sbuf b;
+    if (body->data == NULL)
+        return;
+    sb_init(&b);
+    for (const char *p = body->data; *p;) {
+        size_t k, n = sizeof from / sizeof from[0];
+        for (k = 0; k < n; k++)
+            if (strncmp(p, from[k], strlen(from[k])) == 0)
+                break;
+        if (k == n) {
+            sb_putn(&b, p, 1);
+            p++;
+            continue;
+        }
+        const char *f = from[k];
+        size_t len = strlen(f);
+        if (f[len - 1] == '>') {
+            sb_puts(&b, f);
+            sb_puts(&b, "<input type=\"hidden\" name=\"shard\" value=\"");
+            sb_html(&b, shard);
+            sb_puts(&b, "\">");
+        } else {
+            sb_putn(&b, f, len - 1);
+            sb_puts(&b, "?shard=");
+            sb_url(&b, shard);
+            sb_puts(&b, f[len - 1] == '?' ? "&amp;" : "\"");
+        }
+        p += len;
+    }
+    if (!b.failed) {
+        sb_free(body);
+        *body = b;
+    } else {
+        sb_free(&b);
+    }
+}
+
+/* With --cluster: the shard a page shows, in *shard: a job's page on the shard its id names (an id
+ * from before the cluster: the first shard that has it), else ?shard=NAME, else the first.  0 after
+ * answering (an unknown shard). */
+static int cluster_shard_of(serve *s, const http_req *req, http_resp *out, size_t *shard)
+{
+    const char *name = serve_param(req, "shard");
+    long long id = 0;
+    char why[128];
+
+    *shard = 0;
+    if (strncmp(req->path, "/jobs/", 6) == 0 && req->path[6] >= '0' && req->path[6] <= '9' &&
+        cli_parse_int(req->path + 6, 1, INT64_MAX, &id, why, sizeof why) == 0) {
+        size_t at;
+        int rc = pgjobq_cluster_route_job(s->cluster, id, &at);
+        if (rc == PGJOBQ_OK && at != PGJOBQ_SHARD_ANY) {
+            *shard = at;
+            return 1;
+        }
+        if (rc == PGJOBQ_OK) {
+            for (size_t i = 0; i < pgjobq_cluster_shards(s->cluster); i++) {
+                int slot;
+                pgjobq_client *c = serve_pool_get_shard(s, i, &slot);
+                if (c == NULL)
+                    continue;
+                char ids[24];
+                snprintf(ids, sizeof ids, "%lld", id);
+                const char *v[1] = {ids};
+                PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT 1 FROM pgjobq.monitor_job($1::bigint)", 1,
+                                           NULL, v, NULL, NULL, 0);
+                int found = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0;
+                PQclear(r);
+                serve_pool_put(s, slot);
+                if (found) {
+                    *shard = i;
+                    return 1;
+                }
+            }
+        }
+        /* No shard has it (or its number is no shard's): the first shard's page says so. */
+        return 1;
+    }
+    if (name == NULL)
+        return 1;
+    int i = serve_shard_of(s, name);
+    if (i < 0) {
+        out->status = 404;
+        serve_page_shard = NULL;
+        html_page_begin(s, &out->body, "not found", 0);
+        sb_puts(&out->body, "<h1>Not found</h1><p>The cluster's map has no shard ");
+        sb_html(&out->body, name);
+        sb_puts(&out->body, ".</p>");
+        html_page_end(&out->body);
+        return 0;
+    }
+    *shard = (size_t)i;
+    return 1;
+}
 
 /* Called first on a thread that reads connections (req->may_block 0): /healthz, /metrics (from the
  * collector's last text), the stylesheet and refusals are answered there at once, so that pages
@@ -49,6 +152,8 @@ static void handle(void *arg, const http_req *req, http_resp *out)
 {
     serve *s = arg;
     int slot;
+
+    serve_page_shard = NULL;
 
     if (strcmp(req->path, "/healthz") == 0) {
         out->content_type = "text/plain; charset=utf-8";
@@ -99,7 +204,29 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         out->defer = 1;
         return;
     }
-    pgjobq_client *c = serve_pool_get(s, &slot);
+    size_t shard = 0;
+    if (s->cluster && strcmp(req->path, "/") == 0 && serve_param(req, "shard") == NULL) {
+        serve_page_shard = NULL;
+        serve_page_cluster_overview(s, out);
+        return;
+    }
+    if (s->cluster && !cluster_shard_of(s, req, out, &shard))
+        return;
+    pgjobq_client *c = serve_pool_get_shard(s, shard, &slot);
+    if (c == NULL && s->cluster) {
+        const char *name = pgjobq_cluster_shard_name(s->cluster, shard);
+        out->status = 503;
+        serve_page_shard = name;
+        html_page_begin(s, &out->body, "shard down", 10);
+        sb_puts(&out->body, "<h1>Shard down</h1><p class=\"error\" id=\"shard-down\" data-shard=\"");
+        sb_html(&out->body, name);
+        sb_puts(&out->body, "\">Shard <strong>");
+        sb_html(&out->body, name);
+        sb_puts(&out->body, "</strong> is down: it cannot be reached. This page retries every 10 seconds; the other "
+                            "shards are shown as usual.</p>");
+        html_page_end(&out->body);
+        return;
+    }
     if (c == NULL) {
         out->status = 503;
         html_page_begin(s, &out->body, "database unavailable", 10);
@@ -108,6 +235,7 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         html_page_end(&out->body);
         return;
     }
+    serve_page_shard = s->cluster ? pgjobq_cluster_shard_name(s->cluster, shard) : NULL;
     if (strcmp(req->path, "/") == 0)
         serve_page_overview(s, c, out);
     else if (strcmp(req->path, "/jobs") == 0)
@@ -119,6 +247,8 @@ static void handle(void *arg, const http_req *req, http_resp *out)
     else
         serve_page_workers(s, c, req, out);
     serve_pool_put(s, slot);
+    if (s->cluster)
+        links_on_shard(&out->body, serve_page_shard);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -184,6 +314,8 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     unsigned char rnd[32];
     int first, status = EX_OK;
     serve s;
+    const char **conninfos = NULL, **shard_names = NULL;
+    size_t nshards = 0;
 
     first = cli_parse(cmd, argc, argv, serve_opt, &a);
     if (first == -2)
@@ -228,19 +360,46 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(s.csrf + 2 * i, 3, "%02x", rnd[i]);
-    if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
-        free(token);
-        return status;
+    if (cli_cluster_spec() != NULL) {
+        /* Every shard of the map: one that is down now is shown down, not refused. */
+        if ((s.cluster = cli_cluster_open(&status)) == NULL) {
+            free(token);
+            return status;
+        }
+        nshards = pgjobq_cluster_shards(s.cluster);
+        conninfos = calloc(nshards, sizeof *conninfos);
+        shard_names = calloc(nshards, sizeof *shard_names);
+        if (conninfos == NULL || shard_names == NULL) {
+            cli_err("out of memory");
+            free(conninfos);
+            free(shard_names);
+            pgjobq_cluster_close(s.cluster);
+            free(token);
+            return EX_OSERR;
+        }
+        for (size_t i = 0; i < nshards; i++) {
+            conninfos[i] = pgjobq_cluster_shard_conninfo(s.cluster, i);
+            shard_names[i] = pgjobq_cluster_shard_name(s.cluster, i);
+        }
+        s.conninfo = conninfos[0];
+    } else {
+        if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
+            free(token);
+            return status;
+        }
+        /* Check the database once before serving: a wrong URL is an error now, not a page later. */
+        pgjobq_client *probe = cli_connect(0, &status);
+        if (probe == NULL) {
+            free(token);
+            return status;
+        }
+        pgjobq_client_close(probe);
     }
-    /* Check the database once before serving: a wrong URL is an error now, not a page later. */
-    pgjobq_client *probe = cli_connect(0, &status);
-    if (probe == NULL) {
-        free(token);
-        return status;
-    }
-    pgjobq_client_close(probe);
     if (serve_pool_init(&s) != 0) {
         cli_err("serve: cannot make the page connections' lock");
+        pgjobq_cluster_close(s.cluster);
+        free(conninfos);
+        free(shard_names);
         free(token);
         return EX_OSERR;
     }
@@ -252,7 +411,8 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    if ((s.metrics = serve_metrics_start(s.conninfo, a.interval_ms)) == NULL) {
+    if ((s.metrics = s.cluster ? serve_metrics_start(conninfos, shard_names, nshards, a.interval_ms)
+                               : serve_metrics_start(&s.conninfo, NULL, 1, a.interval_ms)) == NULL) {
         cli_err("serve: cannot start the metrics collector");
         status = EX_OSERR;
         goto out;
@@ -283,6 +443,9 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 out:
     serve_metrics_stop(s.metrics);
     serve_pool_close(&s);
+    pgjobq_cluster_close(s.cluster);
+    free(conninfos);
+    free(shard_names);
     free(token);
     return status;
 }

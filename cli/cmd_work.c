@@ -279,7 +279,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     const char *url, *cluster;
     char why[160];
     int first, status = EX_OK;
-    work_metrics metrics = {NULL, NULL, 0, NULL};
+    work_metrics metrics = {NULL, NULL, 0, NULL, NULL, 0, NULL};
 
     memset(&a, 0, sizeof a);
     memset(&e, 0, sizeof e);
@@ -312,9 +312,6 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         status = cli_usage_error(cmd, "give --exec or --coproc, not both");
     else if (a.eng.coprocs && !a.coproc)
         status = cli_usage_error(cmd, "--coprocs goes with --coproc");
-    else if (cluster && a.metrics_listen)
-        status = cli_usage_error(cmd, "--metrics-listen is not served with --cluster yet: read each shard's "
-                                      "pgjobq.workers (pgjobq health, pgjobq serve)");
     if (status != EX_OK)
         goto out;
     if (a.forward_to) {
@@ -373,7 +370,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
     }
 engines:
     if (cluster) {
-        status = work_cluster_run(&a.eng, cluster, a.map_reload_ms);
+        status = work_cluster_run(&a.eng, cluster, a.map_reload_ms, cmd, a.metrics_listen);
         goto out;
     }
     if ((url = cli_resolve_db(&status)) == NULL)

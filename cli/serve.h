@@ -13,9 +13,12 @@
 
 typedef struct serve_metrics serve_metrics;
 
-/* Starts the collector thread: it connects to conninfo (which must outlive it) and collects every
- * interval_ms.  NULL when the thread cannot start. */
-serve_metrics *serve_metrics_start(const char *conninfo, int64_t interval_ms);
+/* Starts the collector thread: it connects to each of the n conninfos (which must outlive it) and
+ * collects from each every interval_ms.  shards NULL: one database (n is 1), series as they always
+ * were; else the n shards' names (outliving it too): every series gets a label shard="NAME", and
+ * pgjobq_shard_up says which shards answered.  NULL when the thread cannot start. */
+serve_metrics *serve_metrics_start(const char *const *conninfos, const char *const *shards, size_t n,
+                                   int64_t interval_ms);
 
 /* A malloc'd copy of the latest Prometheus exposition; waits up to wait_first_ms for the first one.
  * NULL when there is none yet. */

@@ -154,9 +154,27 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
         serve_action_result(s, out, 400, "Bad request", bad);
         return;
     }
-    pgjobq_client *c = serve_pool_get(s, &slot);
+    /* With --cluster: a job's action goes to the shard its id names; the others (and a job from before
+     * the cluster) to the page's shard, the form's field shard. */
+    size_t shard = 0;
+    if (s->cluster) {
+        const char *shard_name = serve_param(req, "shard");
+        int named = serve_shard_of(s, shard_name);
+        size_t at;
+        if (shard_name && named < 0) {
+            serve_log("refused %s from %s: no shard %s in the map", what, req->peer, shard_name);
+            serve_action_result(s, out, 400, "Bad request", "The cluster's map has no such shard.");
+            return;
+        }
+        if (named >= 0)
+            shard = (size_t)named;
+        if (id > 0 && pgjobq_cluster_route_job(s->cluster, id, &at) == PGJOBQ_OK && at != PGJOBQ_SHARD_ANY)
+            shard = at;
+    }
+    pgjobq_client *c = serve_pool_get_shard(s, shard, &slot);
     if (c == NULL) {
-        serve_action_result(s, out, 503, "Database unavailable", "The database cannot be reached.");
+        serve_action_result(s, out, 503, s->cluster ? "Shard unavailable" : "Database unavailable",
+                            s->cluster ? "The shard cannot be reached." : "The database cannot be reached.");
         return;
     }
     switch (op) {

@@ -14,6 +14,7 @@
 
 typedef struct serve {
     const char *conninfo;
+    pgjobq_cluster *cluster; /* --cluster (its map as read at start); NULL: the one database of conninfo */
     int allow_actions, hide_payloads;
     int64_t query_timeout_ms;
     char csrf[65];
@@ -22,6 +23,7 @@ typedef struct serve {
     pthread_cond_t pool_cv;
     pgjobq_client *pool[POOL];
     int pool_busy[POOL];
+    size_t pool_shard[POOL]; /* the shard (of cluster) each connection is on */
 } serve;
 
 /* A field of the query string or form: NULL when absent or empty. */
@@ -41,6 +43,11 @@ void serve_pool_close(serve *s);
 /* A connection for one request, in *slot; NULL after logging why (the page then says the database is
  * down).  Waits while every connection is taken.  Give it back with serve_pool_put. */
 pgjobq_client *serve_pool_get(serve *s, int *slot);
+/* The same, on shard i of s->cluster (serve_pool_get: shard 0, or the one database).  A free
+ * connection already on that shard is taken first. */
+pgjobq_client *serve_pool_get_shard(serve *s, size_t shard, int *slot);
+/* With --cluster: the number of the shard named name, or -1 when the map has none. */
+int serve_shard_of(const serve *s, const char *name);
 void serve_pool_put(serve *s, int slot);
 /* Runs a read query of a page; on error returns NULL, puts the database's message (escaped) on the
  * page and makes its status 503 (a timeout, a lock not granted in time, a lost connection: try
@@ -51,6 +58,12 @@ PGresult *serve_query(pgjobq_client *c, http_resp *out, const char *sql, int n, 
 
 extern const char serve_css[]; /* /static/style.css */
 void html_page_begin(serve *s, sbuf *b, const char *title, int refresh_s);
+/* With --cluster, the shard the page in progress on this thread shows (set by the request's router
+ * in cmd_serve.c; NULL: the overview of every shard): html_page_begin shows it with a selector. */
+extern _Thread_local const char *serve_page_shard;
+/* With --cluster: the overview of every shard, each queue with its shard, a shard that is down as a
+ * row naming it. */
+void serve_page_cluster_overview(serve *s, http_resp *out);
 void html_page_end(sbuf *b);
 void html_state_badge(sbuf *b, const char *state);
 /* A table cell holding text (escaped); cls may be NULL. */

@@ -3,6 +3,8 @@
  * cells, rows, badges and action buttons the pages are made of.  Every value is HTML-escaped; no page
  * runs a script (the Content-Security-Policy forbids it as a second line).
  */
+#include <string.h>
+
 #include "serve_dashboard.h"
 
 const char serve_css[] =
@@ -53,7 +55,26 @@ void html_page_begin(serve *s, sbuf *b, const char *title, int refresh_s)
                "<a href=\"/queues\">Queues</a><a href=\"/workers\">Workers</a><a href=\"/metrics\">Metrics</a></nav>");
     sb_printf(b, "<span class=\"mode\">%s%s</span></header><main>",
               s->allow_actions ? "actions enabled" : "read-only", s->hide_payloads ? ", payloads hidden" : "");
+    if (s->cluster) {
+        /* The shard selector: this page on each shard (?shard=NAME), or the overview of them all. */
+        sb_puts(b, "<nav id=\"shards\" class=\"card\">Shard: <a href=\"/\"");
+        sb_puts(b, serve_page_shard ? ">all</a>" : " class=\"current\">all</a>");
+        for (size_t i = 0; i < pgjobq_cluster_shards(s->cluster); i++) {
+            const char *name = pgjobq_cluster_shard_name(s->cluster, i);
+            int current = serve_page_shard && strcmp(serve_page_shard, name) == 0;
+            sb_puts(b, " <a href=\"?shard=");
+            sb_url(b, name);
+            sb_printf(b, "\"%s data-shard=\"", current ? " class=\"current\"" : "");
+            sb_html(b, name);
+            sb_puts(b, "\">");
+            sb_html(b, name);
+            sb_puts(b, "</a>");
+        }
+        sb_puts(b, "</nav>");
+    }
 }
+
+_Thread_local const char *serve_page_shard;
 
 void html_page_end(sbuf *b)
 {

@@ -63,16 +63,11 @@ typedef struct wm {
     int64_t jobs;
 } wm;
 
-struct serve_metrics {
-    pthread_t thread;
-    int started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop;
+/* What is collected from one database: the one of --db, or one shard of --cluster. */
+typedef struct dbm {
     const char *conninfo;
+    const char *shard; /* the shard's name (label shard="..."); NULL without --cluster */
     int64_t interval_ms;
-    char *text; /* the rendered exposition, under mu */
-    /* Collector-only state. */
     pgjobq_client *c;
     char watermark[64];
     int64_t held_due_ms; /* when the next count of the history is due (cli_mono_ms; 0: at once) */
@@ -91,10 +86,22 @@ struct serve_metrics {
     double collect_s;
     int64_t errors;
     int64_t collections;
+} dbm;
+
+struct serve_metrics {
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    int64_t interval_ms;
+    char *text; /* the rendered exposition, under mu */
+    dbm *db;    /* collector-only state, one per database (one without --cluster) */
+    size_t ndb;
+    int cluster; /* --cluster: every series has a shard label, and pgjobq_shard_up is given */
 };
 
-
-static qm *queue_of(serve_metrics *m, const char *name)
+static qm *queue_of(dbm *m, const char *name)
 {
     for (size_t i = 0; i < m->nq; i++)
         if (strcmp(m->q[i].name, name) == 0)
@@ -113,7 +120,7 @@ static qm *queue_of(serve_metrics *m, const char *name)
     return q;
 }
 
-static void workers_free(serve_metrics *m)
+static void workers_free(dbm *m)
 {
     for (size_t i = 0; i < m->nw; i++) {
         free(m->w[i].id);
@@ -125,12 +132,12 @@ static void workers_free(serve_metrics *m)
 }
 
 /* Runs one statement of the collection; NULL after logging why. */
-static PGresult *run(serve_metrics *m, const char *sql, int n, const char *const *values)
+static PGresult *run(dbm *m, const char *sql, int n, const char *const *values)
 {
     PGresult *r = PQexecParams(pgjobq_client_conn(m->c), sql, n, NULL, values, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-        serve_log("metrics: %s", PQresultErrorMessage(r));
+        serve_log("metrics%s%s: %s", m->shard ? " of shard " : "", m->shard ? m->shard : "", PQresultErrorMessage(r));
         PQclear(r);
         return NULL;
     }
@@ -143,7 +150,7 @@ typedef struct delta {
     PGresult *hist, *tallies;
 } delta;
 
-static void apply_delta(serve_metrics *m, const delta *d)
+static void apply_delta(dbm *m, const delta *d)
 {
     for (int i = 0; i < PQntuples(d->hist); i++) {
         qm *q = queue_of(m, PQgetvalue(d->hist, i, 0));
@@ -182,7 +189,7 @@ static void apply_delta(serve_metrics *m, const delta *d)
     }
 }
 
-static int collect(serve_metrics *m)
+static int collect(dbm *m)
 {
     PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
     delta d = {NULL, NULL};
@@ -194,7 +201,8 @@ static int collect(serve_metrics *m)
         m->c = NULL;
         int rc = pgjobq_client_open(&m->c, m->conninfo);
         if (rc != PGJOBQ_OK) {
-            serve_log("metrics: cannot connect: %s", m->c ? pgjobq_errmsg(m->c) : pgjobq_strerror(rc));
+            serve_log("metrics%s%s: cannot connect: %s", m->shard ? " of shard " : "", m->shard ? m->shard : "",
+                      m->c ? pgjobq_errmsg(m->c) : pgjobq_strerror(rc));
             pgjobq_client_close(m->c);
             m->c = NULL;
             return -1;
@@ -238,8 +246,9 @@ static int collect(serve_metrics *m)
         PQclear(set);
         if (set_ok && (held = run(m, "SELECT queue, state, jobs FROM pgjobq.monitor_history_counts()", 0, NULL)) == NULL) {
             if (!m->held_failed)
-                serve_log("metrics: counting the history failed (above); its gauges keep their last values, and the"
-                          " count is tried again in %d minutes", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
+                serve_log("metrics%s%s: counting the history failed (above); its gauges keep their last values, and"
+                          " the count is tried again in %d minutes",
+                          m->shard ? " of shard " : "", m->shard ? m->shard : "", HELD_SHARE * HELD_TIMEOUT_MS / 60000);
             m->held_failed = 1;
         } else if (held != NULL) {
             m->held_failed = 0;
@@ -341,38 +350,134 @@ static void family(sbuf *b, const char *name, const char *type, const char *help
     sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* Begins a series of d: `name{` with d's shard label first when there is one, then the caller's
+ * labels (begin them with lsep(d)) and `} value`. */
+static void series(sbuf *b, const dbm *d, const char *name)
+{
+    sb_printf(b, "%s{", name);
+    if (d->shard) {
+        sb_puts(b, "shard=\"");
+        sb_label(b, d->shard);
+        sb_puts(b, "\"");
+    }
+}
+
+/* What goes before the caller's first label. */
+static const char *lsep(const dbm *d)
+{
+    return d->shard ? "," : "";
+}
+
+/* A series without labels of its own: `name value` alone, or `name{shard="..."} value`. */
+static void plain(sbuf *b, const dbm *d, const char *name)
+{
+    if (d->shard) {
+        series(b, d, name);
+        sb_puts(b, "}");
+    } else {
+        sb_puts(b, name);
+    }
+}
+
+/* With --cluster, a shard whose last collection failed shows only pgjobq_shard_up 0. */
+static int shown(const serve_metrics *m, const dbm *d)
+{
+    return !m->cluster || d->up;
+}
+
 static void render_hist(sbuf *b, const serve_metrics *m, const char *name, int which)
 {
-    for (size_t i = 0; i < m->nq; i++) {
-        const hist *h = which ? &m->q[i].dur : &m->q[i].wait;
-        int64_t cum = 0;
-        for (int k = 0; k < NB; k++) {
-            cum += h->b[k];
-            sb_printf(b, "%s_bucket{queue=\"", name);
-            sb_label(b, m->q[i].name);
-            sb_printf(b, "\",le=\"%g\"} %lld\n", bounds[k], (long long)cum);
+    char bucket[128], sum[128], count[128];
+    snprintf(bucket, sizeof bucket, "%s_bucket", name);
+    snprintf(sum, sizeof sum, "%s_sum", name);
+    snprintf(count, sizeof count, "%s_count", name);
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        if (!shown(m, d))
+            continue;
+        for (size_t i = 0; i < d->nq; i++) {
+            const hist *h = which ? &d->q[i].dur : &d->q[i].wait;
+            int64_t cum = 0;
+            for (int k = 0; k < NB; k++) {
+                cum += h->b[k];
+                series(b, d, bucket);
+                sb_printf(b, "%squeue=\"", lsep(d));
+                sb_label(b, d->q[i].name);
+                sb_printf(b, "\",le=\"%g\"} %lld\n", bounds[k], (long long)cum);
+            }
+            series(b, d, bucket);
+            sb_printf(b, "%squeue=\"", lsep(d));
+            sb_label(b, d->q[i].name);
+            sb_printf(b, "\",le=\"+Inf\"} %lld\n", (long long)h->n);
+            series(b, d, sum);
+            sb_printf(b, "%squeue=\"", lsep(d));
+            sb_label(b, d->q[i].name);
+            sb_printf(b, "\"} %.6f\n", h->sum);
+            series(b, d, count);
+            sb_printf(b, "%squeue=\"", lsep(d));
+            sb_label(b, d->q[i].name);
+            sb_printf(b, "\"} %lld\n", (long long)h->n);
         }
-        sb_printf(b, "%s_bucket{queue=\"", name);
-        sb_label(b, m->q[i].name);
-        sb_printf(b, "\",le=\"+Inf\"} %lld\n", (long long)h->n);
-        sb_printf(b, "%s_sum{queue=\"", name);
-        sb_label(b, m->q[i].name);
-        sb_printf(b, "\"} %.6f\n", h->sum);
-        sb_printf(b, "%s_count{queue=\"", name);
-        sb_label(b, m->q[i].name);
-        sb_printf(b, "\"} %lld\n", (long long)h->n);
+    }
+}
+
+/* Kinds of per-queue series, for render_queue. */
+enum { Q_FIN0, Q_RETRIED = NFIN, Q_LOST, Q_SCHEDULED, Q_LAG, Q_PAUSED };
+
+static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int what)
+{
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        if (!shown(m, d))
+            continue;
+        for (size_t i = 0; i < d->nq; i++) {
+            const qm *q = &d->q[i];
+            series(b, d, name);
+            sb_printf(b, "%squeue=\"", lsep(d));
+            sb_label(b, q->name);
+            sb_puts(b, "\"} ");
+            if (what < NFIN)
+                sb_printf(b, "%lld\n", (long long)q->fin[what]);
+            else if (what == Q_RETRIED || what == Q_LOST || what == Q_SCHEDULED)
+                sb_printf(b, "%lld\n",
+                          (long long)(what == Q_RETRIED ? q->retried
+                                      : what == Q_LOST  ? q->lost
+                                                        : q->scheduled));
+            else if (what == Q_LAG)
+                sb_printf(b, "%.3f\n", q->lag);
+            else
+                sb_printf(b, "%d\n", q->paused);
+        }
     }
 }
 
 static void render_counter(sbuf *b, const serve_metrics *m, const char *name, const char *help, int what)
 {
     family(b, name, "counter", help);
-    for (size_t i = 0; i < m->nq; i++) {
-        const qm *q = &m->q[i];
-        int64_t v = what < NFIN ? q->fin[what] : what == NFIN ? q->retried : q->lost;
-        sb_printf(b, "%s{queue=\"", name);
-        sb_label(b, q->name);
-        sb_printf(b, "\"} %lld\n", (long long)v);
+    render_queue(b, m, name, what);
+}
+
+/* Kinds of per-database series without labels of their own, for render_db. */
+enum { D_UP, D_COLLECT_S, D_ERRORS, D_BYTES, D_DEAD, D_VACUUMS, D_HORIZON, D_AV_PAUSED };
+
+static void render_db(sbuf *b, const serve_metrics *m, const char *name, const char *type, const char *help, int what)
+{
+    family(b, name, type, help);
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        if (!shown(m, d))
+            continue;
+        plain(b, d, name);
+        switch (what) {
+        case D_UP: sb_printf(b, " %d\n", d->up); break;
+        case D_COLLECT_S: sb_printf(b, " %.6f\n", d->collect_s); break;
+        case D_ERRORS: sb_printf(b, " %lld\n", (long long)d->errors); break;
+        case D_BYTES: sb_printf(b, " %lld\n", (long long)d->jobs_bytes); break;
+        case D_DEAD: sb_printf(b, " %lld\n", (long long)d->jobs_dead); break;
+        case D_VACUUMS: sb_printf(b, " %lld\n", (long long)d->vacuums); break;
+        case D_HORIZON: sb_printf(b, " %.3f\n", d->horizon_age_s); break;
+        default: sb_printf(b, " %d\n", d->autovacuum_paused); break;
+        }
     }
 }
 
@@ -381,83 +486,81 @@ static char *render(const serve_metrics *m)
     sbuf b;
 
     sb_init(&b);
-    family(&b, "pgjobq_up", "gauge", "1 when the last collection from the database succeeded.");
-    sb_printf(&b, "pgjobq_up %d\n", m->up);
-    family(&b, "pgjobq_collect_duration_seconds", "gauge", "How long the last collection took.");
-    sb_printf(&b, "pgjobq_collect_duration_seconds %.6f\n", m->collect_s);
-    family(&b, "pgjobq_collect_errors_total", "counter", "Collections that failed.");
-    sb_printf(&b, "pgjobq_collect_errors_total %lld\n", (long long)m->errors);
-
-    family(&b, "pgjobq_jobs_table_bytes", "gauge", "Size of pgjobq.jobs with its indexes and TOAST.");
-    sb_printf(&b, "pgjobq_jobs_table_bytes %lld\n", (long long)m->jobs_bytes);
-    family(&b, "pgjobq_jobs_table_dead_rows", "gauge",
-           "Dead rows in pgjobq.jobs (the statistics' estimate): what vacuum has yet to remove.");
-    sb_printf(&b, "pgjobq_jobs_table_dead_rows %lld\n", (long long)m->jobs_dead);
-    family(&b, "pgjobq_jobs_table_vacuums_total", "counter", "Vacuums and autovacuums of pgjobq.jobs.");
-    sb_printf(&b, "pgjobq_jobs_table_vacuums_total %lld\n", (long long)m->vacuums);
-    family(&b, "pgjobq_vacuum_horizon_age_seconds", "gauge",
-           "How long the oldest snapshot, slot or prepared transaction has held vacuum back (0: none).");
-    sb_printf(&b, "pgjobq_vacuum_horizon_age_seconds %.3f\n", m->horizon_age_s);
-    family(&b, "pgjobq_jobs_table_autovacuum_paused", "gauge",
-           "1 while pgjobq has autovacuum of pgjobq.jobs off: a pass could remove nothing while the oldest snapshot "
-           "holds (docs/deploy.md).");
-    sb_printf(&b, "pgjobq_jobs_table_autovacuum_paused %d\n", m->autovacuum_paused);
+    if (m->cluster) {
+        family(&b, "pgjobq_shard_up", "gauge",
+               "1 when the last collection from the shard succeeded; 0: the shard is down, and its other series "
+               "are absent.");
+        for (size_t s = 0; s < m->ndb; s++) {
+            plain(&b, &m->db[s], "pgjobq_shard_up");
+            sb_printf(&b, " %d\n", m->db[s].up);
+        }
+    }
+    render_db(&b, m, "pgjobq_up", "gauge", "1 when the last collection from the database succeeded.", D_UP);
+    render_db(&b, m, "pgjobq_collect_duration_seconds", "gauge", "How long the last collection took.", D_COLLECT_S);
+    render_db(&b, m, "pgjobq_collect_errors_total", "counter", "Collections that failed.", D_ERRORS);
+    render_db(&b, m, "pgjobq_jobs_table_bytes", "gauge", "Size of pgjobq.jobs with its indexes and TOAST.", D_BYTES);
+    render_db(&b, m, "pgjobq_jobs_table_dead_rows", "gauge",
+              "Dead rows in pgjobq.jobs (the statistics' estimate): what vacuum has yet to remove.", D_DEAD);
+    render_db(&b, m, "pgjobq_jobs_table_vacuums_total", "counter", "Vacuums and autovacuums of pgjobq.jobs.",
+              D_VACUUMS);
+    render_db(&b, m, "pgjobq_vacuum_horizon_age_seconds", "gauge",
+              "How long the oldest snapshot, slot or prepared transaction has held vacuum back (0: none).", D_HORIZON);
+    render_db(&b, m, "pgjobq_jobs_table_autovacuum_paused", "gauge",
+              "1 while pgjobq has autovacuum of pgjobq.jobs off: a pass could remove nothing while the oldest "
+              "snapshot holds (docs/deploy.md).",
+              D_AV_PAUSED);
     family(&b, "pgjobq_vacuum_horizon_holder", "gauge",
            "1 for what holds vacuum back the longest: kind session, standby, slot or prepared.");
-    if (m->holder_kind[0]) {
-        sb_printf(&b, "pgjobq_vacuum_horizon_holder{kind=\"%s\",pid=\"%d\",application=\"", m->holder_kind,
-                  m->holder_pid);
-        sb_label(&b, m->holder_app);
-        sb_puts(&b, "\"} 1\n");
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        if (shown(m, d) && d->holder_kind[0]) {
+            series(&b, d, "pgjobq_vacuum_horizon_holder");
+            sb_printf(&b, "%skind=\"%s\",pid=\"%d\",application=\"", lsep(d), d->holder_kind, d->holder_pid);
+            sb_label(&b, d->holder_app);
+            sb_puts(&b, "\"} 1\n");
+        }
     }
 
     family(&b, "pgjobq_jobs", "gauge",
            "Jobs by queue and state: waiting, queued and running now; completed, failed and cancelled jobs held "
            "in the history (counted every 12 collections, or less often when that is slow).");
-    for (size_t i = 0; i < m->nq; i++) {
-        const qm *q = &m->q[i];
-        const char *st[3] = {"queued", "running", "waiting"};
-        int64_t v[3] = {q->queued, q->running, q->waiting};
-        for (int k = 0; k < 3; k++) {
-            sb_puts(&b, "pgjobq_jobs{queue=\"");
-            sb_label(&b, q->name);
-            sb_printf(&b, "\",state=\"%s\"} %lld\n", st[k], (long long)v[k]);
-        }
-        for (int f = 0; f < NFIN && q->held_known; f++) {
-            sb_puts(&b, "pgjobq_jobs{queue=\"");
-            sb_label(&b, q->name);
-            sb_printf(&b, "\",state=\"%s\"} %lld\n", fin_names[f], (long long)q->held[f]);
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        for (size_t i = 0; i < d->nq && shown(m, d); i++) {
+            const qm *q = &d->q[i];
+            const char *st[3] = {"queued", "running", "waiting"};
+            int64_t v[3] = {q->queued, q->running, q->waiting};
+            for (int k = 0; k < 3; k++) {
+                series(&b, d, "pgjobq_jobs");
+                sb_printf(&b, "%squeue=\"", lsep(d));
+                sb_label(&b, q->name);
+                sb_printf(&b, "\",state=\"%s\"} %lld\n", st[k], (long long)v[k]);
+            }
+            for (int f = 0; f < NFIN && q->held_known; f++) {
+                series(&b, d, "pgjobq_jobs");
+                sb_printf(&b, "%squeue=\"", lsep(d));
+                sb_label(&b, q->name);
+                sb_printf(&b, "\",state=\"%s\"} %lld\n", fin_names[f], (long long)q->held[f]);
+            }
         }
     }
     family(&b, "pgjobq_jobs_scheduled", "gauge", "Queued jobs whose run_at is still ahead (part of state=queued).");
-    for (size_t i = 0; i < m->nq; i++) {
-        sb_puts(&b, "pgjobq_jobs_scheduled{queue=\"");
-        sb_label(&b, m->q[i].name);
-        sb_printf(&b, "\"} %lld\n", (long long)m->q[i].scheduled);
-    }
+    render_queue(&b, m, "pgjobq_jobs_scheduled", Q_SCHEDULED);
     family(&b, "pgjobq_queue_lag_seconds", "gauge", "Age of the oldest job that is due and not running (0: none).");
-    for (size_t i = 0; i < m->nq; i++) {
-        sb_puts(&b, "pgjobq_queue_lag_seconds{queue=\"");
-        sb_label(&b, m->q[i].name);
-        sb_printf(&b, "\"} %.3f\n", m->q[i].lag);
-    }
+    render_queue(&b, m, "pgjobq_queue_lag_seconds", Q_LAG);
     family(&b, "pgjobq_queue_paused", "gauge", "1 when the queue is paused.");
-    for (size_t i = 0; i < m->nq; i++) {
-        sb_puts(&b, "pgjobq_queue_paused{queue=\"");
-        sb_label(&b, m->q[i].name);
-        sb_printf(&b, "\"} %d\n", m->q[i].paused);
-    }
+    render_queue(&b, m, "pgjobq_queue_paused", Q_PAUSED);
     render_counter(&b, m, "pgjobq_jobs_completed_total", "Jobs that completed, since this server started.",
                    F_COMPLETED);
     render_counter(&b, m, "pgjobq_jobs_failed_total", "Jobs that ended failed, since this server started.", F_FAILED);
     render_counter(&b, m, "pgjobq_jobs_cancelled_total", "Jobs that ended cancelled, since this server started.",
                    F_CANCELLED);
     render_counter(&b, m, "pgjobq_jobs_retried_total",
-                   "Failed attempts queued again for a retry, since this server started.", NFIN);
+                   "Failed attempts queued again for a retry, since this server started.", Q_RETRIED);
     render_counter(&b, m, "pgjobq_jobs_lost_total",
                    "Leases that expired and were rescued (the worker crashed, stalled or was cut off), since this "
                    "server started.",
-                   NFIN + 1);
+                   Q_LOST);
     family(&b, "pgjobq_job_wait_seconds", "histogram",
            "From when a finished job was due (run_at) to its last start, since this server started.");
     render_hist(&b, m, "pgjobq_job_wait_seconds", 0);
@@ -466,18 +569,26 @@ static char *render(const serve_metrics *m)
     render_hist(&b, m, "pgjobq_job_duration_seconds", 1);
     family(&b, "pgjobq_worker_up", "gauge",
            "1 for a worker seen in the last 15 seconds, 0 for one seen in the last hour that did not stop cleanly.");
-    for (size_t i = 0; i < m->nw; i++) {
-        sb_puts(&b, "pgjobq_worker_up{worker=\"");
-        sb_label(&b, m->w[i].id);
-        sb_puts(&b, "\",host=\"");
-        sb_label(&b, m->w[i].host);
-        sb_printf(&b, "\"} %d\n", m->w[i].alive);
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        for (size_t i = 0; i < d->nw && shown(m, d); i++) {
+            series(&b, d, "pgjobq_worker_up");
+            sb_printf(&b, "%sworker=\"", lsep(d));
+            sb_label(&b, d->w[i].id);
+            sb_puts(&b, "\",host=\"");
+            sb_label(&b, d->w[i].host);
+            sb_printf(&b, "\"} %d\n", d->w[i].alive);
+        }
     }
     family(&b, "pgjobq_worker_jobs", "gauge", "Jobs a worker holds (running, under its lease).");
-    for (size_t i = 0; i < m->nw; i++) {
-        sb_puts(&b, "pgjobq_worker_jobs{worker=\"");
-        sb_label(&b, m->w[i].id);
-        sb_printf(&b, "\"} %lld\n", (long long)m->w[i].jobs);
+    for (size_t s = 0; s < m->ndb; s++) {
+        const dbm *d = &m->db[s];
+        for (size_t i = 0; i < d->nw && shown(m, d); i++) {
+            series(&b, d, "pgjobq_worker_jobs");
+            sb_printf(&b, "%sworker=\"", lsep(d));
+            sb_label(&b, d->w[i].id);
+            sb_printf(&b, "\"} %lld\n", (long long)d->w[i].jobs);
+        }
     }
     if (b.failed) {
         sb_free(&b);
@@ -493,14 +604,17 @@ static void *collector(void *arg)
     pthread_mutex_lock(&m->mu);
     while (!m->stop) {
         pthread_mutex_unlock(&m->mu);
-        int64_t t0 = cli_mono_ms();
-        int rc = collect(m);
-        m->up = rc == 0;
-        if (rc != 0)
-            m->errors++;
-        else
-            m->collections++;
-        m->collect_s = (double)(cli_mono_ms() - t0) / 1000.0;
+        for (size_t s = 0; s < m->ndb; s++) {
+            dbm *d = &m->db[s];
+            int64_t t0 = cli_mono_ms();
+            int rc = collect(d);
+            d->up = rc == 0;
+            if (rc != 0)
+                d->errors++;
+            else
+                d->collections++;
+            d->collect_s = (double)(cli_mono_ms() - t0) / 1000.0;
+        }
         char *text = render(m);
         pthread_mutex_lock(&m->mu);
         if (text) {
@@ -520,19 +634,32 @@ static void *collector(void *arg)
     return NULL;
 }
 
-serve_metrics *serve_metrics_start(const char *conninfo, int64_t interval_ms)
+serve_metrics *serve_metrics_start(const char *const *conninfos, const char *const *shards, size_t n,
+                                   int64_t interval_ms)
 {
     serve_metrics *m = calloc(1, sizeof *m);
     if (m == NULL)
         return NULL;
-    m->conninfo = conninfo;
+    if ((m->db = calloc(n ? n : 1, sizeof *m->db)) == NULL) {
+        free(m);
+        return NULL;
+    }
+    m->ndb = n;
+    m->cluster = shards != NULL;
     m->interval_ms = interval_ms;
+    for (size_t i = 0; i < n; i++) {
+        m->db[i].conninfo = conninfos[i];
+        m->db[i].shard = shards ? shards[i] : NULL;
+        m->db[i].interval_ms = interval_ms;
+    }
     if (pthread_mutex_init(&m->mu, NULL) != 0) {
+        free(m->db);
         free(m);
         return NULL;
     }
     if (pthread_cond_init(&m->cv, NULL) != 0) {
         pthread_mutex_destroy(&m->mu);
+        free(m->db);
         free(m);
         return NULL;
     }
@@ -572,9 +699,12 @@ void serve_metrics_stop(serve_metrics *m)
     pthread_mutex_unlock(&m->mu);
     if (m->started)
         pthread_join(m->thread, NULL);
-    pgjobq_client_close(m->c);
-    workers_free(m);
-    free(m->q);
+    for (size_t i = 0; i < m->ndb; i++) {
+        pgjobq_client_close(m->db[i].c);
+        workers_free(&m->db[i]);
+        free(m->db[i].q);
+    }
+    free(m->db);
     free(m->text);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->cv);

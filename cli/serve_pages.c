@@ -266,6 +266,97 @@ void serve_page_overview(serve *s, pgjobq_client *c, http_resp *out)
     html_page_end(b);
 }
 
+/* With --cluster: every shard's queues in one table, each with its shard; a shard that cannot be
+ * reached, or whose query fails, is a row (and a line above the table) naming it, and the page is
+ * still the overview. */
+void serve_page_cluster_overview(serve *s, http_resp *out)
+{
+    sbuf *b = &out->body, rows, down;
+    size_t n = pgjobq_cluster_shards(s->cluster), ndown = 0;
+
+    sb_init(&rows);
+    sb_init(&down);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = pgjobq_cluster_shard_name(s->cluster, i);
+        int slot;
+        pgjobq_client *c = serve_pool_get_shard(s, i, &slot);
+        PGresult *r = NULL;
+        http_resp one;
+        memset(&one, 0, sizeof one);
+        sb_init(&one.body);
+        if (c) {
+            r = serve_query(c, &one,
+                            "SELECT queue, paused::int, due, scheduled, running, coalesce(round(lag_s, 1)::text, ''),"
+                            " completed_1h, failed_1h FROM pgjobq.monitor_overview()",
+                            0, NULL);
+            serve_pool_put(s, slot);
+        }
+        if (r == NULL) {
+            ndown++;
+            sb_puts(&rows, "<tr class=\"down\" data-shard-down=\"");
+            sb_html(&rows, name);
+            sb_puts(&rows, "\"><td>");
+            sb_html(&rows, name);
+            sb_puts(&rows, "</td><td colspan=\"8\" class=\"error\">down: ");
+            sb_puts(&rows, c ? "its query failed" : "it cannot be reached");
+            sb_puts(&rows, "</td></tr>");
+            sb_puts(&down, ndown > 1 ? ", " : "");
+            sb_html(&down, name);
+            sb_free(&one.body);
+            continue;
+        }
+        sb_free(&one.body);
+        for (int k = 0; k < PQntuples(r); k++) {
+            sb_puts(&rows, "<tr data-shard=\"");
+            sb_html(&rows, name);
+            sb_puts(&rows, "\" data-queue=\"");
+            sb_html(&rows, V(r, k, 0));
+            sb_puts(&rows, "\"><td><a href=\"/?shard=");
+            sb_url(&rows, name);
+            sb_puts(&rows, "\">");
+            sb_html(&rows, name);
+            sb_puts(&rows, "</a></td><td><a href=\"/jobs?shard=");
+            sb_url(&rows, name);
+            sb_puts(&rows, "&amp;queue=");
+            sb_url(&rows, V(r, k, 0));
+            sb_puts(&rows, "\">");
+            sb_html(&rows, V(r, k, 0));
+            sb_puts(&rows, "</a></td><td>");
+            html_state_badge(&rows, atoi(V(r, k, 1)) ? "paused" : "active");
+            sb_puts(&rows, "</td>");
+            for (int col = 2; col < 8; col++) {
+                sb_printf(&rows, "<td class=\"n\" data-col=\"%d\">", col);
+                sb_html(&rows, V(r, k, col));
+                sb_puts(&rows, col == 5 && V(r, k, col)[0] ? " s</td>" : "</td>");
+            }
+            sb_puts(&rows, "</tr>");
+        }
+        if (PQntuples(r) == 0) {
+            sb_puts(&rows, "<tr data-shard=\"");
+            sb_html(&rows, name);
+            sb_puts(&rows, "\"><td>");
+            sb_html(&rows, name);
+            sb_puts(&rows, "</td><td colspan=\"8\" class=\"muted\">No jobs yet.</td></tr>");
+        }
+        PQclear(r);
+    }
+    html_page_begin(s, b, "overview", 10);
+    if (ndown) {
+        sb_printf(b, "<p class=\"error\" id=\"shards-down\">Shard%s down: ", ndown == 1 ? "" : "s");
+        sb_putn(b, down.data ? down.data : "", down.len);
+        sb_puts(b, ". The other shards are shown.</p>");
+    }
+    sb_puts(b, "<h1>Overview</h1><table id=\"queues\"><thead><tr><th>Shard</th><th>Queue</th><th>State</th>"
+               "<th>Due</th><th>Scheduled</th><th>Running</th><th>Lag</th><th>Completed (1 h)</th>"
+               "<th>Failed (1 h)</th></tr></thead><tbody>");
+    sb_putn(b, rows.data ? rows.data : "", rows.len);
+    sb_puts(b, "</tbody></table><p class=\"muted\">A shard's own overview (its chart, failures and table "
+               "health): choose it above. This page refreshes every 10 seconds.</p>");
+    html_page_end(b);
+    sb_free(&rows);
+    sb_free(&down);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Jobs                                                                                              */
 

@@ -31,30 +31,56 @@ void serve_pool_close(serve *s)
 /* A connection for one request; NULL after logging why (the page then says the database is down). */
 pgjobq_client *serve_pool_get(serve *s, int *slot)
 {
+    return serve_pool_get_shard(s, 0, slot);
+}
+
+int serve_shard_of(const serve *s, const char *name)
+{
+    for (size_t i = 0; s->cluster && name && i < pgjobq_cluster_shards(s->cluster); i++)
+        if (strcmp(pgjobq_cluster_shard_name(s->cluster, i), name) == 0)
+            return (int)i;
+    return -1;
+}
+
+pgjobq_client *serve_pool_get_shard(serve *s, size_t shard, int *slot)
+{
     pgjobq_client *c = NULL;
 
     pthread_mutex_lock(&s->pool_mu);
     for (;;) {
+        int any = -1;
         for (int i = 0; i < POOL; i++) {
-            if (!s->pool_busy[i]) {
-                *slot = i;
-                s->pool_busy[i] = 1;
-                goto got;
+            if (!s->pool_busy[i] && s->pool[i] && s->pool_shard[i] == shard) {
+                any = i;
+                break;
             }
+            if (!s->pool_busy[i] && (any < 0 || s->pool[any] != NULL))
+                any = i;
+        }
+        if (any >= 0) {
+            *slot = any;
+            s->pool_busy[any] = 1;
+            break;
         }
         pthread_cond_wait(&s->pool_cv, &s->pool_mu);
     }
-got:
     c = s->pool[*slot];
+    s->pool[*slot] = NULL;
     pthread_mutex_unlock(&s->pool_mu);
-    if (c && PQstatus(pgjobq_client_conn(c)) != CONNECTION_OK) {
+    if (c && (s->pool_shard[*slot] != shard || PQstatus(pgjobq_client_conn(c)) != CONNECTION_OK)) {
         pgjobq_client_close(c);
         c = NULL;
     }
+    s->pool_shard[*slot] = shard;
     if (c == NULL) {
-        int rc = pgjobq_client_open(&c, s->conninfo);
+        const char *conninfo = s->cluster ? pgjobq_cluster_shard_conninfo(s->cluster, shard) : s->conninfo;
+        int rc = pgjobq_client_open(&c, conninfo);
         if (rc != PGJOBQ_OK) {
-            serve_log("cannot connect: %s", c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
+            if (s->cluster)
+                serve_log("shard %s: cannot connect: %s", pgjobq_cluster_shard_name(s->cluster, shard),
+                          c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
+            else
+                serve_log("cannot connect: %s", c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
             pgjobq_client_close(c);
             c = NULL;
         } else {

@@ -35,11 +35,16 @@ typedef struct work_metrics {
     const work_queue *queues; /* for the slots per queue */
     int nqueues;
     http_server *http; /* NULL until started */
+    /* With --cluster (w NULL): the engines' slots (NULL: none), read under mu; each engine's series
+     * carry the label shard="NAME". */
+    struct work_engine *const *engines;
+    size_t nengines;
+    pthread_mutex_t *mu;
 } work_metrics;
 
-/* Serves m->w's counters at http://listen/metrics (and /healthz), logging where; off loopback only
- * with $PGJOBQ_SERVE_TOKEN (16+ characters) as credentials.  m must outlive the server.  Returns
- * EX_OK, or the exit status after printing why. */
+/* Serves m->w's counters (or every engine's of m->engines) at http://listen/metrics (and /healthz), logging where; off
+ * loopback only with $PGJOBQ_SERVE_TOKEN (16+ characters) as credentials.  m must outlive the server.  Returns EX_OK,
+ * or the exit status after printing why. */
 int work_metrics_start(work_metrics *m, const cli_cmd *cmd, const char *listen, work_log_cfg *log);
 /* Stops the server, if it was started. */
 void work_metrics_stop(work_metrics *m);
@@ -116,7 +121,9 @@ void work_signals_set(size_t i, work_engine *e);
  * signal drains them all (or, with opts.burst, until every one found nothing due).  The map is read
  * again every reload_ms: an engine starts for a shard that joined it; the engine of a shard that
  * left drains and stops.  Returns the exit status: EX_OK after a clean drain, EX_TEMPFAIL when an
- * engine handed jobs back, else the first engine's error (which stops the others). */
-int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms);
+ * engine handed jobs back, else the first engine's error (which stops the others).  metrics_listen
+ * (may be NULL): --metrics-listen, every engine's counters labelled by its shard. */
+int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms, const cli_cmd *cmd,
+                     const char *metrics_listen);
 
 #endif /* PGJOBQ_CLI_WORK_H */

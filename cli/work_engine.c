@@ -135,9 +135,8 @@ int work_engine_new(work_engine *e, const work_engine_cfg *cfg, const char *shar
             return EX_USAGE;
         }
     }
-    if (cfg->forwarder &&
-        pgjobq_worker_handle(e->w, PGJOBQ_OUTBOX_QUEUE, NULL, WORK_FORWARD_SLOTS, pgjobq_forward_handler,
-                             cfg->forwarder) != PGJOBQ_OK) {
+    if (cfg->forwarder && pgjobq_worker_handle(e->w, PGJOBQ_OUTBOX_QUEUE, NULL, WORK_FORWARD_SLOTS,
+                                               pgjobq_forward_handler, cfg->forwarder) != PGJOBQ_OK) {
         cli_err("%s", pgjobq_worker_errmsg(e->w));
         return EX_USAGE;
     }
@@ -173,8 +172,20 @@ typedef struct cluster_run {
     const work_engine_cfg *cfg;
     const char *spec;
     char worker_id[300];
-    work_engine *engines[ENGINES_MAX]; /* slot i: engine or NULL */
+    work_engine *engines[ENGINES_MAX]; /* slot i: engine or NULL; set and cleared under mu */
+    pthread_mutex_t mu;                /* against --metrics-listen's reads of engines */
 } cluster_run;
+
+/* Empties slot i (under r->mu, so that --metrics-listen no longer reads it) and frees its engine. */
+static void engine_drop(cluster_run *r, size_t i)
+{
+    work_engine *e = r->engines[i];
+    pthread_mutex_lock(&r->mu);
+    r->engines[i] = NULL;
+    pthread_mutex_unlock(&r->mu);
+    work_engine_free(e);
+    free(e);
+}
 
 static void *engine_thread(void *arg)
 {
@@ -217,7 +228,9 @@ static int engine_start(cluster_run *r, const char *name, const char *conninfo)
         free(e);
         return status;
     }
+    pthread_mutex_lock(&r->mu);
     r->engines[slot] = e;
+    pthread_mutex_unlock(&r->mu);
     work_signals_set(slot, e);
     if (sig_stopping) /* a signal came while it started */
         pgjobq_worker_stop(e->w);
@@ -295,18 +308,39 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms)
+int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reload_ms, const cli_cmd *cmd,
+                     const char *metrics_listen)
 {
     cluster_run *r = calloc(1, sizeof *r);
     int status = EX_OK, stopping = 0;
     char host[256] = "localhost";
+    work_metrics metrics;
 
+    memset(&metrics, 0, sizeof metrics);
     if (r == NULL) {
         cli_err("out of memory");
         return EX_OSERR;
     }
+    if (pthread_mutex_init(&r->mu, NULL) != 0) {
+        cli_err("cannot make a lock");
+        free(r);
+        return EX_OSERR;
+    }
     r->cfg = cfg;
     r->spec = spec;
+    if (metrics_listen) {
+        /* Every engine's counters, each labelled with its shard. */
+        metrics.queues = cfg->queues;
+        metrics.nqueues = cfg->nqueues;
+        metrics.engines = r->engines;
+        metrics.nengines = ENGINES_MAX;
+        metrics.mu = &r->mu;
+        if ((status = work_metrics_start(&metrics, cmd, metrics_listen, (work_log_cfg *)&cfg->log)) != EX_OK) {
+            pthread_mutex_destroy(&r->mu);
+            free(r);
+            return status;
+        }
+    }
     /* One id on every shard (each shard's pgjobq.workers is its own): the one given, else hostname:pid. */
     if (cfg->opts.worker_id) {
         snprintf(r->worker_id, sizeof r->worker_id, "%s", cfg->opts.worker_id);
@@ -385,9 +419,7 @@ int work_cluster_run(const work_engine_cfg *cfg, const char *spec, int64_t reloa
                     if (r->engines[k])
                         pgjobq_worker_stop(r->engines[k]->w);
             }
-            work_engine_free(e);
-            free(e);
-            r->engines[i] = NULL;
+            engine_drop(r, i);
         }
         if (live == 0)
             break;
@@ -404,10 +436,11 @@ stop:
             continue;
         pgjobq_worker_stop(e->w);
         work_signals_set(i, NULL);
-        work_engine_free(e);
-        free(e);
+        engine_drop(r, i);
     }
 out:
+    work_metrics_stop(&metrics);
+    pthread_mutex_destroy(&r->mu);
     for (int i = 0; i < 2; i++) {
         if (wake_pipe[i] >= 0)
             close(wake_pipe[i]);

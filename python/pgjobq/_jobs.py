@@ -323,10 +323,20 @@ class QueueInfo:
     running: int
     expired: int
     max_lease: _dt.timedelta  # the longest lease a claim may take: the queue's, or the default (a day)
+    shard: Optional[str] = None  # in a cluster: the shard these settings and counts are of
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
+
+
+class QueueList(List[QueueInfo]):
+    """``App.queues()``: the rows, and in a cluster ``down``: the shards that could not be read (name ->
+    why), whose queues are not in the list."""
+
+    def __init__(self, rows: Any = ()) -> None:
+        super().__init__(rows)
+        self.down: Dict[str, str] = {}
 
 
 def queues(conn: Any) -> List[QueueInfo]:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Seq
 from . import _cluster, _enqueue as _enq, _jobs, _sql
 from ._util import Duration, check_json, delay_seconds, dumps, is_name, seconds
 from ._enqueue import Batch, Enqueued, JobSpec
-from .errors import InvalidArgument, InvalidJob, JobNotFound
+from .errors import InvalidArgument, InvalidJob, JobNotFound, ShardUnavailable
 from ._jobs import UNSET, JobInfo, QueueInfo
 
 __all__ = ["App", "Task", "Periodic", "exponential_backoff"]
@@ -584,28 +584,64 @@ class App:
         except JobNotFound:
             return "not_found"
 
+    # In a cluster without ``conn``: a queue's settings (pause, limits) are written on the shard that
+    # owns the queue (pinned), or on every shard (spread); the filters act on every shard, summed; a
+    # shard out of reach raises ShardUnavailable naming it (what reached the others stays done).
+    # queues() reads every shard that answers: each row with its shard, the others in ``.down``.
+    def _queue_shards(self, m: "_cluster.Map", queue: str) -> List[str]:
+        if m.queues.get(queue, ("pinned", None))[0] == "spread":
+            return sorted(m.shards, key=lambda s: m.shards[s][0])
+        return [m.owner(queue, None)]
+
+    def _each(self, conn: Any, shards: Optional[Callable[["_cluster.Map"], List[str]]], fn: Callable[..., Any],
+              *args: Any, **kwargs: Any) -> List[Any]:
+        """[fn(target, ...)] on the App's database (or conn), or, in a cluster without conn, on each
+        shard that shards(map) names (None: every shard)."""
+        cl = self._cl()
+        if cl is None or conn is not None:
+            return [fn(self._target(conn), *args, **kwargs)]
+        m = cl.map()
+        names = shards(m) if shards is not None else sorted(m.shards, key=lambda s: m.shards[s][0])
+        return [cl.on_shard(m, shard, fn, *args, **kwargs) for shard in names]
+
     def retry_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
                     dry_run: bool = False, conn: Any = None) -> Dict[str, int]:
-        return _jobs.retry_where(self._target(conn), queue, state, kind=kind, since=since, dry_run=dry_run)
+        got = self._each(conn, None, _jobs.retry_where, queue, state, kind=kind, since=since, dry_run=dry_run)
+        return {k: sum(int(g[k]) for g in got) for k in got[0]}
 
     def cancel_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
                      dry_run: bool = False, conn: Any = None) -> int:
-        return _jobs.cancel_where(self._target(conn), queue, state, kind=kind, since=since, dry_run=dry_run)
+        return sum(self._each(conn, None, _jobs.cancel_where, queue, state, kind=kind, since=since, dry_run=dry_run))
 
     def pause(self, queue: str, reason: Optional[str] = None, *, conn: Any = None) -> bool:
-        return _jobs.pause(self._target(conn), queue, reason)
+        return any(self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.pause, queue, reason))
 
     def resume(self, queue: str, *, conn: Any = None) -> bool:
-        return _jobs.resume(self._target(conn), queue)
+        return any(self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.resume, queue))
 
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                    max_lease: Optional[Duration] = UNSET, conn: Any = None) -> None:
-        _jobs.set_limits(self._target(conn), queue, concurrency=concurrency, key_concurrency=key_concurrency,
-                         rate_limit=rate_limit, rate_period=rate_period, max_lease=max_lease)
+        self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
+                   key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
+                   max_lease=max_lease)
 
-    def queues(self, *, conn: Any = None) -> List[QueueInfo]:
-        return _jobs.queues(self._target(conn))
+    def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
+        """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with
+        its name in ``shard``; a shard out of reach is left out and named in ``.down`` (shard -> why)."""
+        cl = self._cl()
+        if cl is None or conn is not None:
+            return _jobs.QueueList(_jobs.queues(self._target(conn)))
+        m = cl.map()
+        out = _jobs.QueueList()
+        for shard in sorted(m.shards, key=lambda s: m.shards[s][0]):
+            try:
+                rows = cl.on_shard(m, shard, _jobs.queues)
+            except ShardUnavailable as e:
+                out.down[shard] = str(e)
+                continue
+            out.extend(dataclasses.replace(q, shard=shard) for q in rows)
+        return out
 
     # -- testing -------------------------------------------------------------------------------------
     def run_inline(self, queues: Optional[Iterable[str]] = None, *, conn: Any = None,

@@ -272,6 +272,48 @@ def test_get_result_cancel_find_jobs_on_both_shards(shards):
         app.result(7, timeout=1)                                    # at most the floor, on no shard
 
 
+def test_admin_calls_act_on_the_shards_that_hold_the_queue(shards, tmp_path):
+    app, work = make_app(shards)
+    key_a, key_b = key_on(shards, "a", "adm"), key_on(shards, "b", "adm")
+    jobs = [work.configure(route_key=k).delay(tenant=k) for k in (key_a, key_b, key_a, key_b)]
+    assert sorted(shards_of(shards, [j.id for j in jobs])) == ["a", "a", "b", "b"]
+    # A filter acts on every shard, summed.
+    assert app.cancel_where(SPREAD, "queued", dry_run=True) >= 4
+    n = app.cancel_where(SPREAD, "queued")
+    assert n >= 4 and all(app.get(j.id).state == "cancelled" for j in jobs)
+    assert app.retry_where(SPREAD, "cancelled")["retried"] >= n  # (and those other tests cancelled)
+    assert all(app.get(j.id).state == "queued" for j in jobs)
+    # A pinned queue's settings go to its owner (b); a spread queue's to every shard.
+    assert app.pause(PINNED, "maintenance") is True
+    app.set_limits(SPREAD, concurrency=7)
+
+    def setting(shard, queue, col):
+        with psycopg.connect(shards[shard], autocommit=True) as c:
+            row = c.execute(f"SELECT {col} FROM pgjobq.queue_list() WHERE queue = %s", (queue,)).fetchone()
+            return row[0] if row else None
+    assert setting("b", PINNED, "paused_at") is not None and setting("a", PINNED, "paused_at") is None
+    assert setting("a", SPREAD, "concurrency") == 7 and setting("b", SPREAD, "concurrency") == 7
+    rows = app.queues()
+    assert {(q.shard, q.queue) for q in rows} >= {("a", SPREAD), ("b", SPREAD), ("b", PINNED)}
+    assert rows.down == {} and next(q for q in rows if (q.shard, q.queue) == ("b", PINNED)).paused
+    assert app.resume(PINNED) is True and setting("b", PINNED, "paused_at") is None
+    app.set_limits(SPREAD, concurrency=None)
+    # A shard out of reach: a read goes on with the others and names it; a write that needs it raises.
+    down = dict(shards)
+    down["b"] = "host=127.0.0.1 port=9 dbname=nowhere connect_timeout=3"
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(the_map(down)))
+    app_down = pgjobq.App(cluster=f"file:{path}")
+    rows = app_down.queues()
+    assert set(rows.down) == {"b"} and 'shard "b"' in rows.down["b"]
+    assert {q.shard for q in rows} == {"a"}
+    with pytest.raises(pgjobq.ShardUnavailable) as e:
+        app_down.pause(PINNED)
+    assert e.value.shard == "b"
+    with pytest.raises(pgjobq.ShardUnavailable):
+        app_down.cancel_where(SPREAD, "queued", dry_run=True)
+
+
 def test_a_transactional_defer_to_another_shard_is_refused(shards):
     app, work = make_app(shards)
     key_a = key_on(shards, "a", "r")
