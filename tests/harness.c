@@ -621,6 +621,32 @@ void t_cluster_install(PGconn *pg, const char *map, const char *self)
     PQclear(r);
 }
 
+long long t_acked_found(PGconn *pg, const int64_t *id, const int64_t *mark, int n)
+{
+    char *ids = malloc((size_t)n * 24 + 3), *marks = malloc((size_t)n * 24 + 3);
+    size_t li = 0, lm = 0;
+    CHECK(ids != NULL && marks != NULL);
+    ids[li++] = '{';
+    marks[lm++] = '{';
+    for (int k = 0; k < n; k++) {
+        li += (size_t)sprintf(ids + li, "%s%lld", k ? "," : "", (long long)id[k]);
+        lm += (size_t)sprintf(marks + lm, "%s%lld", k ? "," : "", (long long)mark[k]);
+    }
+    strcpy(ids + li, "}");
+    strcpy(marks + lm, "}");
+    const char *params[2] = {ids, marks};
+    PGresult *r = PQexecParams(pg,
+                               "SELECT count(*) FROM unnest($1::bigint[], $2::bigint[]) u(id, mark)"
+                               " JOIN pgjobq.all_jobs j ON j.id = u.id AND j.payload->>'mark' = u.mark::text",
+                               2, NULL, params, NULL, NULL, 0);
+    CHECK_MSG(PQresultStatus(r) == PGRES_TUPLES_OK, "counting the acknowledged: %s", PQerrorMessage(pg));
+    long long found = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    free(ids);
+    free(marks);
+    return found;
+}
+
 char *t_expect_error(PGconn *pg, const char *want, const char *sql)
 {
     PGresult *r = PQexec(pg, sql);

@@ -94,6 +94,9 @@ PGconn *t_connect(const char *conninfo);
 /* Installs a cluster map with pgjobq.cluster_set(map, self) (self NULL: a router), failing the test
  * with the server's message when it is refused. */
 void t_cluster_install(PGconn *pg, const char *map, const char *self);
+/* How many of the n acknowledged jobs (id[k], with {"mark": mark[k]} in its payload) pg's pgjobq.all_jobs
+ * holds, both arrays bound as parameters: a chaos check's "nothing acknowledged lost". */
+long long t_acked_found(PGconn *pg, const int64_t *id, const int64_t *mark, int n);
 /* Runs sql expecting an error of SQLSTATE want; returns its primary message (malloc'd). */
 char *t_expect_error(PGconn *pg, const char *want, const char *sql);
 

@@ -10,9 +10,11 @@
  *                  `pgjobq work`), and with an asynchronous standby the loss window: acknowledged jobs
  *                  that did not survive, and the replication lag just before the crash
  *
- * The third test does the same through a real HA manager, pg_auto_failover (a monitor, a primary and
- * a secondary; `pg_autoctl perform failover` while workers run), with the workers on the URL that
- * `pg_autoctl show uri` prints.
+ * The pg_auto_failover test does the same through a real HA manager (a monitor, a primary and a
+ * secondary; `pg_autoctl perform failover` while workers run), with the workers on the URL that
+ * `pg_autoctl show uri` prints, and that formation is one shard of a cluster of two (docs/shards.md):
+ * the other shard keeps its producer and a `pgjobq work --cluster` worker running through the
+ * failover, and the checker runs on both.
  *
  * The clusters are this test's own (initdb, pg_basebackup), run by the harness's cluster owner, and
  * stopped by pid file (pg_ctl) when the test ends, passed or failed.
@@ -455,8 +457,8 @@ static void drain_and_stop(pthread_t *threads, PGconn *conn)
         pthread_join(threads[i], NULL);
     int64_t t = t_now_ms();
     long long left;
-    while ((left = t_int(conn, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'fo' AND state IN ('queued', 'running')")) >
-           0) {
+    while ((left = t_int(
+                conn, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'fo' AND state IN ('queued', 'running')")) > 0) {
         if (t_now_ms() - t > 90000) {
             t_show_log(t_log_path("cli0"));
             t_fail(__FILE__, __LINE__, "the queue did not drain on the new primary within 90 s (%lld left)", left);
@@ -508,7 +510,7 @@ static void load_acks(PGconn *conn)
 
 typedef struct verdict {
     long long enq_stall, done_stall; /* acknowledged while the standby was detached */
-    long long max_gap_ms; /* the longest time without a completion: what the workers saw of the failover */
+    long long max_gap_ms;            /* the longest time without a completion: what the workers saw of the failover */
     long long enq_lost, ids_reused, done_lost, claims_in_valid, stale, stuck, cli_first_ms;
 } verdict;
 
@@ -563,8 +565,9 @@ static verdict crash_and_promote(node *primary, node *standby, int sync, int sta
 
     /* The standby is attached (and synchronous when asked) before the load starts. */
     int64_t t = t_now_ms();
-    while (t_int(pc, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'"
-                     " AND sync_state = '%s'",
+    while (t_int(pc,
+                 "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'"
+                 " AND sync_state = '%s'",
                  sync ? "sync" : "async") < 1) {
         CHECK_MSG(t_now_ms() - t < 60000, "the standby did not start streaming");
         pause_ms(50);
@@ -639,12 +642,13 @@ static verdict crash_and_promote(node *primary, node *standby, int sync, int sta
         printf("  %-60s %8d / %d\n", "enqueues / completions acknowledged while the standby was detached", enq_stall,
                done_stall);
     printf("  %-60s %5lld ms\n", "crash to promoted", (long long)(promoted - crash));
-    printf("  %-60s %5lld ms\n", "promoted to first completion (C API)", first ? (long long)(first - promoted_wall) : -1LL);
+    printf("  %-60s %5lld ms\n", "promoted to first completion (C API)",
+           first ? (long long)(first - promoted_wall) : -1LL);
     printf("  %-60s %5lld ms\n", "promoted to first completion (pgjobq work)", v.cli_first_ms);
     printf("  %-60s %5lld ms\n", "longest time without a completion", v.max_gap_ms);
     printf("  %-60s %8s\n", "`pgjobq work` logs name the new primary", reconnected ? "yes" : "no");
-    printf("  %-60s %8d / %d\n", "enqueue / completion calls that failed (indeterminate)", atomic_load(&load.enq_errors),
-           atomic_load(&load.done_errors));
+    printf("  %-60s %8d / %d\n", "enqueue / completion calls that failed (indeterminate)",
+           atomic_load(&load.enq_errors), atomic_load(&load.done_errors));
 
     CHECK_INT(v.claims_in_valid, 0);
     CHECK_INT(v.stale, 0);
@@ -830,8 +834,8 @@ TEST_FULL(worker_on_a_standby_says_read_only_and_runs_jobs_after_promotion, 120,
 
     snprintf(u, sizeof u, "postgresql://postgres@127.0.0.1:%d/fo", standby.port);
     const char *log = t_log_path("standby");
-    pid_t w = t_spawn(log, NULL, "--db", u, "work", "--queue", "default", "--exec", "/bin/true", "--log-level",
-                      "info", "--shutdown-timeout", "3s", NULL);
+    pid_t w = t_spawn(log, NULL, "--db", u, "work", "--queue", "default", "--exec", "/bin/true", "--log-level", "info",
+                      "--shutdown-timeout", "3s", NULL);
     track_pid(w);
     wait_log(log, "is read-only", 20000);
     CHECK_MSG(waitpid(w, NULL, WNOHANG) == 0, "the worker exited on a read-only server");
@@ -849,6 +853,56 @@ TEST_FULL(worker_on_a_standby_says_read_only_and_runs_jobs_after_promotion, 120,
     kill(w, SIGTERM);
     CHECK_INT(t_wait_exit(w, 20000), 0);
     PQfinish(cond_conn);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* A cluster of two shards around the pg_auto_failover formation (shard sb): shard sa, a database of   */
+/* the harness's own server, with a queue of its own (qa), fed by a producer through the cluster      */
+/* client, and a `pgjobq work --cluster` worker serving qa on sa and fo on sb.                         */
+
+static struct {
+    int64_t id[MAX_ACKED], mark[MAX_ACKED];
+    _Atomic int n, errors;
+    _Atomic int stop;
+    char spec[600];
+} sa_load;
+
+static void *sa_producer(void *arg)
+{
+    pgjobq_cluster *cl = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    (void)arg;
+    o.queue = "qa";
+    if (pgjobq_cluster_open(&cl, sa_load.spec) != PGJOBQ_OK) {
+        atomic_fetch_add(&sa_load.errors, 1);
+        return NULL;
+    }
+    for (int64_t mark = 0; !atomic_load(&sa_load.stop); mark++) {
+        int64_t id = 0;
+        char payload[48];
+        snprintf(payload, sizeof payload, "{\"mark\": %lld}", (long long)mark);
+        if (pgjobq_cluster_enqueue(cl, payload, &o, &id) == PGJOBQ_OK) {
+            int k = atomic_fetch_add(&sa_load.n, 1);
+            if (k < MAX_ACKED) {
+                sa_load.id[k] = id;
+                sa_load.mark[k] = mark;
+            }
+        } else
+            atomic_fetch_add(&sa_load.errors, 1); /* sa never fails here: counted and checked */
+        pause_ms(10);
+    }
+    pgjobq_cluster_close(cl);
+    return NULL;
+}
+
+/* Shard sa's completions of qa whose finished_at is in [from_ms, to_ms) of the wall clock (one machine:
+ * the servers' clock is the test's). */
+static long long sa_completed_between(PGconn *a, int64_t from_ms, int64_t to_ms)
+{
+    return t_int(a,
+                 "SELECT count(*) FROM pgjobq.history WHERE queue = 'qa' AND state = 'completed'"
+                 " AND finished_at >= to_timestamp(%lld / 1000.0) AND finished_at < to_timestamp(%lld / 1000.0)",
+                 (long long)from_ms, (long long)to_ms);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -913,16 +967,19 @@ static int autoctl(const char *out, const char *a1, const char *a2, const char *
 
 static long long monitor_count(PGconn *mon, const char *states)
 {
-    return t_int(mon, "SELECT count(*) FROM pgautofailover.node WHERE reportedstate::text = ANY ('{%s}')"
-                      " AND goalstate = reportedstate", states);
+    return t_int(mon,
+                 "SELECT count(*) FROM pgautofailover.node WHERE reportedstate::text = ANY ('{%s}')"
+                 " AND goalstate = reportedstate",
+                 states);
 }
 
 /* Prints the monitor's events from after_event on (every one when after_event is 0). */
 static void print_monitor_events(PGconn *mon, long long after_event)
 {
-    PGresult *ev = t_exec(mon, "SELECT to_char(eventtime, 'HH24:MI:SS.MS') || ' ' || nodename || ' ' || reportedstate"
-                               " || ' -> ' || goalstate || ': ' || left(description, 160)"
-                               " FROM pgautofailover.event WHERE eventid > %lld ORDER BY eventid LIMIT 200",
+    PGresult *ev = t_exec(mon,
+                          "SELECT to_char(eventtime, 'HH24:MI:SS.MS') || ' ' || nodename || ' ' || reportedstate"
+                          " || ' -> ' || goalstate || ': ' || left(description, 160)"
+                          " FROM pgautofailover.event WHERE eventid > %lld ORDER BY eventid LIMIT 200",
                           after_event);
     for (int i = 0; i < PQntuples(ev); i++)
         printf("    %s\n", PQgetvalue(ev, i, 0));
@@ -962,7 +1019,7 @@ static void wait_synchronous(PGconn *mon, const node *primary, int timeout_ms)
     }
 }
 
-TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300, 0)
+TEST_FULL(failover_of_one_shard_by_pg_auto_failover_loses_nothing_and_the_other_shard_runs_on, 300, 0)
 {
     static node mon, n1, n2;
     pthread_t threads[PRODUCERS + API_WORKERS];
@@ -1054,10 +1111,34 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     pgjobq_client_close(c);
     PGconn *pc = connect_node(&n1, "fo");
     t_audit_install(pc);
+
+    /* The formation is shard sb of a cluster of two, under the URL pg_autoctl printed; shard sa is a
+     * database of the harness's server. fo is pinned on sb's partition 2, qa on sa's partition 0. */
+    char *ci_a = t_extra_db("sa", 1), map[2048];
+    snprintf(map, sizeof map,
+             "{\"name\": \"fo\", \"epoch\": 1, \"partitions\": 4, \"shards\": {"
+             "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"}},"
+             " \"owners\": [\"sa\", \"sa\", \"sb\", \"sb\"], \"queues\": {"
+             "\"fo\": {\"placement\": \"pinned\", \"partition\": 2}, \"qa\": {\"placement\": \"pinned\", "
+             "\"partition\": 0}}}",
+             ci_a, url);
+    PGconn *a = t_connect(ci_a);
+    t_cluster_install(a, map, "sa");
+    t_cluster_install(pc, map, "sb");
+    t_audit_install(a);
     PQfinish(pc);
 
     wait_synchronous(m, &n1, 60000);
     start_load(threads);
+    memset(&sa_load, 0, sizeof sa_load);
+    snprintf(sa_load.spec, sizeof sa_load.spec, "%s", ci_a);
+    pthread_t sa_thread;
+    int64_t sa_start_wall = wall_ms();
+    CHECK(pthread_create(&sa_thread, NULL, sa_producer, NULL) == 0);
+    pid_t cw = t_spawn(t_log_path("cw"), NULL, "work", "--cluster", ci_a, "--queue", "qa", "--queue", "fo", "--exec",
+                       "/bin/true", "--lease", "3s", "--map-reload", "1s", "--worker-id", "cw", "--shutdown-timeout",
+                       "3s", NULL);
+    track_pid(cw);
     pause_ms(4000);
     CHECK_MSG(atomic_load(&load.ndone) > 0, "no completion before the failover");
     /* Under load the monitor may have found n2 lagging and turned synchronous replication off
@@ -1078,7 +1159,7 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
         pause_ms(500);
     }
     CHECK_INT(rc, 0);
-    int64_t done = t_now_ms();
+    int64_t done = t_now_ms(), done_wall = wall_ms();
     CHECK_INT(t_int(m, "SELECT count(*) FROM pgautofailover.node WHERE nodename = 'n2' AND reportedstate = 'primary'"),
               1);
     long long last_event = t_int(m, "SELECT max(eventid) FROM pgautofailover.event");
@@ -1089,10 +1170,26 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     PGconn *nc = PQconnectdb(url);
     CHECK_MSG(PQstatus(nc) == CONNECTION_OK, "%s", PQerrorMessage(nc));
     drain_and_stop(threads, nc);
+    atomic_store(&sa_load.stop, 1);
+    pthread_join(sa_thread, NULL);
+    t = t_now_ms();
+    while (t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('queued', 'running')") > 0) {
+        if (t_now_ms() - t > 60000) {
+            t_show_log(t_log_path("cw"));
+            t_fail(__FILE__, __LINE__, "shard sa's queue did not drain within 60 s");
+        }
+        pause_ms(100);
+    }
+    kill(cw, SIGTERM);
+    int cw_status = t_wait_exit(cw, 30000);
+    if (cw_status != 0 && cw_status != 75)
+        t_show_log(t_log_path("cw"));
+    CHECK_MSG(cw_status == 0 || cw_status == 75, "the cluster worker did not stop cleanly (status %d)", cw_status);
     int final_port = atoi(PQport(nc));
     verdict v = check_new_primary(nc, asked_wall);
-    printf("monitor events after the failover (primary at the end: %s):\n",
-           final_port == n2.port ? "n2" : final_port == n1.port ? "n1" : "?");
+    printf("monitor events after the failover (primary at the end: %s):\n", final_port == n2.port   ? "n2"
+                                                                            : final_port == n1.port ? "n1"
+                                                                                                    : "?");
     /* Every event when something acknowledged was lost (how the failover went: a demotion that timed
      * out, a second failover), only those after it otherwise. */
     print_monitor_events(m, v.enq_lost || v.done_lost || v.stale || v.claims_in_valid ? 0 : last_event);
@@ -1111,6 +1208,43 @@ TEST_FULL(failover_performed_by_pg_auto_failover_loses_nothing_acknowledged, 300
     printf("  %-60s %5lld ms\n", "pg_autoctl perform failover took", (long long)(done - asked));
     printf("  %-60s %5lld ms\n", "longest time without a completion", v.max_gap_ms);
     printf("  %-60s %8s\n", "`pgjobq work` logs name the new primary", reconnected ? "yes" : "no");
+    /* The other shard, sa, through sb's failover: every enqueue acknowledged, none failed, all run once,
+     * and its completions went on while sb failed over (a ratio to as long a window just before). */
+    int sa_n = atomic_load(&sa_load.n);
+    CHECK(sa_n <= MAX_ACKED);
+    long long sa_lost = sa_n - t_acked_found(a, sa_load.id, sa_load.mark, sa_n);
+    long long sa_twice =
+        t_int(a, "SELECT count(*) - count(DISTINCT payload->>'mark') FROM pgjobq.all_jobs WHERE queue = 'qa'");
+    long long sa_stale = t_audit_stale_writes(a), sa_claims_in_valid = t_audit_claims_in_valid_lease(a);
+    long long sa_stuck = t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE state IN ('queued', 'running')");
+    long long sa_during = sa_completed_between(a, asked_wall, done_wall);
+    long long sa_before = sa_completed_between(a, sa_start_wall, asked_wall);
+    double rate_during = (double)sa_during * 1000.0 / (double)(done_wall - asked_wall + 1),
+           rate_before = (double)sa_before * 1000.0 / (double)(asked_wall - sa_start_wall + 1);
+    long long fo_on_sa = t_int(a, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'fo'");
+    printf("shard sa (not failed over): %d enqueues acknowledged, %d failed\n", sa_n, atomic_load(&sa_load.errors));
+    printf("  %-60s %8lld\n", "acknowledged enqueues missing", sa_lost);
+    printf("  %-60s %8lld\n", "jobs written twice", sa_twice);
+    printf("  %-60s %8lld\n", "claims while another lease was valid", sa_claims_in_valid);
+    printf("  %-60s %8lld\n", "stale writes accepted", sa_stale);
+    printf("  %-60s %8lld\n", "stuck after the drain", sa_stuck);
+    printf("  %-60s %8lld\n", "sb's queue written on sa", fo_on_sa);
+    printf("  %-60s %.0f / %.0f a second (%.2f)\n", "completions during sb's failover / before it", rate_during,
+           rate_before, rate_before > 0 ? rate_during / rate_before : 0.0);
+    CHECK_INT(sa_lost, 0);
+    CHECK_INT(sa_twice, 0);
+    CHECK_INT(sa_claims_in_valid, 0);
+    CHECK_INT(sa_stale, 0);
+    CHECK_INT(sa_stuck, 0);
+    CHECK_INT(fo_on_sa, 0);
+    CHECK_MSG(atomic_load(&sa_load.errors) == 0, "%d enqueues to shard sa failed while sb failed over",
+              atomic_load(&sa_load.errors));
+    /* Not a timing assertion: a failover of at least 2 s with no completion on sa would mean sa stopped
+     * with sb (on this machine sa completes about 50 jobs a second). */
+    CHECK_MSG(done_wall - asked_wall < 2000 || sa_during > 0, "shard sa completed nothing during sb's %lld ms failover",
+              (long long)(done_wall - asked_wall));
+    PQfinish(a);
+    free(ci_a);
     CHECK_INT(v.enq_lost, 0);
     CHECK_INT(v.done_lost, 0);
     CHECK_INT(v.claims_in_valid, 0);
