@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench/shards.sh - issue 39's figures for a cluster of shards (docs/shards.md), run by `make bench`
 # after bench/run.sh (or alone: `sh bench/shards.sh`; QUICK=1 for a short version, REPS=n;
-# SHARD_SYNC=off runs both servers with synchronous_commit off, to see what the shared disk costs).
+# SHARD_SYNC=off runs both servers with synchronous_commit off, to see what the shared disk costs;
+# SHARD_ONLY=scale stops after the scale figure and its pgbench ceiling).
 #
 # Two PostgreSQL clusters on this machine, each on a Unix socket of its own and held to one core
 # with taskset (shard a on CPU 0, shard b on CPU 1), each with its producer and workers on the same
@@ -134,6 +135,46 @@ one_m=$(cut -d' ' -f1 "$top_dir/scale" | median)
 two_m=$(cut -d' ' -f2 "$top_dir/scale" | median)
 scale=$(ratio "$two_m" "$one_m")
 other_core=$(median < "$top_dir/other_core")
+
+# --- what the machine gives PostgreSQL itself: pgbench, the same shape ---------------------------------
+# The same servers and cores, pgbench instead of pgjobq: select-only (-S: CPU and memory, no disk) and
+# simple-update (-N: a commit, its WAL flush, per transaction), one shard alone against both at once.
+# The ceiling of the scale figure on this machine: what two one-core PostgreSQL servers get over one
+# when pgjobq is not involved at all.
+pgb_tps() { # pgb_tps SHARD MODE -> tps of a pgbench on that shard's core
+    taskset -c "$(cpu_of "$1")" "$bindir/pgbench" -h "$top_dir/$1" -U postgres -n "$2" -c 8 -j 1 -T "$pgb_secs" pgb 2>/dev/null |
+        sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n 1
+}
+pgb_secs=$([ "$quick" = 1 ] && echo 5 || echo 10)
+for s in a b; do
+    "$bindir/psql" -X -q -h "$top_dir/$s" -U postgres -d postgres -c "CREATE DATABASE pgb"
+    "$bindir/pgbench" -q -i -s 10 -h "$top_dir/$s" -U postgres pgb >/dev/null 2>&1
+done
+r=1
+while [ "$r" -le "$reps" ]; do
+    for mode in -S -N; do
+        one=$(pgb_tps a "$mode")
+        pgb_tps a "$mode" > "$top_dir/pa" & pa=$!
+        pgb_tps b "$mode" > "$top_dir/pb" & pb=$!
+        wait "$pa" "$pb"
+        two=$(awk -v a="$(cat "$top_dir/pa")" -v b="$(cat "$top_dir/pb")" 'BEGIN { print a + b }')
+        echo "{\"name\":\"pgbench$mode\",\"round\":$r,\"one\":${one:-0},\"two\":$two}" >> "$runs"
+        echo "$(ratio "$two" "${one:-0}")" >> "$top_dir/pgb$mode"
+        echo "pgbench $mode round $r: one server $one tps, two servers $two tps"
+    done
+    r=$((r + 1))
+done
+pgb_read=$(median < "$top_dir/pgb-S")
+pgb_write=$(median < "$top_dir/pgb-N")
+scale_rel=$(ratio "$scale" "$pgb_write")
+if [ "${SHARD_ONLY:-}" = scale ]; then
+    echo
+    echo "| scale: 2 shards / 1 (a core each; $one_m and $two_m jobs/s) | $scale | >= 1.8 | $(verdict "$scale" ">=" 1.8) |"
+    echo "| the same for pgbench -S (no disk) / -N (a commit each) | $pgb_read / $pgb_write | the machine's ceiling | |"
+    echo "| scale / pgbench -N's | $scale_rel | reported | |"
+    echo "| the other core's use during the one-shard run (kernel, disk) | $other_core | reported | |"
+    exit 0
+fi
 
 # --- routing cost ----------------------------------------------------------------------------------
 # Two fresh databases of a's server, side by side: "none" without a map (today's direct path) and "one"
@@ -273,6 +314,8 @@ echo "| figure | value | target | |"
 echo "|---|---|---|---|"
 echo "| scale: 2 shards / 1 (a core each; $one_m and $two_m jobs/s) | $scale | >= 1.8 | $(verdict "$scale" ">=" 1.8) |"
 echo "| locality: $loc_n jobs of a spread queue over 2 shards, each shard's statements (pg_stat_statements) | $loc_sum completed;$loc_rows | each job on one shard only | $loc_ok |"
+echo "| the same for pgbench -S (no disk) / -N (a commit each): the machine's ceiling | $pgb_read / $pgb_write | reported | |"
+echo "| scale / pgbench -N's | $scale_rel | reported | |"
 echo "| the other core's use during the one-shard run (kernel, disk) | $other_core | reported | |"
 echo "| routing cost: B1 of $bulk jobs, routed (a cluster of 1 shard) / direct ($routed_m and $direct_m jobs/s) | $routing | >= 0.95 | $(verdict "$routing" ">=" 0.95) |"
 echo "| routing cost: B2 drain of $bulk jobs, a shard of a cluster of 1 / a database without a map ($drain_routed_m and $drain_direct_m jobs/s) | $routing_drain | >= 0.95 | $(verdict "$routing_drain" ">=" 0.95) |"
