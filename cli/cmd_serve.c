@@ -13,13 +13,14 @@
 #include "serve_dashboard.h"
 #include "serve_log.h"
 
-#define OPT_LISTEN   'l'
-#define OPT_AUTH     1001
-#define OPT_ACTIONS  1002
-#define OPT_HIDE     1003
-#define OPT_INTERVAL 1004
-#define OPT_HOST     1005
-#define OPT_QTIMEOUT 1006
+#define OPT_LISTEN    'l'
+#define OPT_AUTH      1001
+#define OPT_ACTIONS   1002
+#define OPT_HIDE      1003
+#define OPT_INTERVAL  1004
+#define OPT_HOST      1005
+#define OPT_QTIMEOUT  1006
+#define OPT_MAPRELOAD 1007
 
 const cli_opt serve_opts[] = {
     {"listen", OPT_LISTEN, "ADDR", "address and port to serve on (default 127.0.0.1:9464; port 0: any free one)"},
@@ -34,6 +35,9 @@ const cli_opt serve_opts[] = {
     {"query-timeout", OPT_QTIMEOUT, "DURATION",
      "a page's query, lock waits included, gives up after this and the page answers 503 (default 5s)"},
     CLI_CLUSTER_OPT,
+    {"map-reload", OPT_MAPRELOAD, "DURATION",
+     "with --cluster: read the map again this often (default 30s); a shard that joins is served, one that "
+     "leaves is not"},
     CLI_COMMON_OPTS,
     {NULL, 0, NULL, NULL}};
 
@@ -148,9 +152,8 @@ static int cluster_shard_of(serve *s, const http_req *req, http_resp *out, size_
  * collector's last text), the stylesheet and refusals are answered there at once, so that pages
  * waiting for the database never delay them.  Everything that queries the database is deferred to
  * a worker (may_block 1), which takes a page connection from the pool. */
-static void handle(void *arg, const http_req *req, http_resp *out)
+static void handle_request(serve *s, const http_req *req, http_resp *out)
 {
-    serve *s = arg;
     int slot;
 
     serve_page_shard = NULL;
@@ -191,8 +194,9 @@ static void handle(void *arg, const http_req *req, http_resp *out)
             serve_action_result(s, out, 405, "Not allowed", "Only /actions accepts a POST.");
         return;
     }
-    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 || strncmp(req->path, "/jobs/", 6) == 0 ||
-                strcmp(req->path, "/queues") == 0 || strcmp(req->path, "/workers") == 0;
+    int known = strcmp(req->path, "/") == 0 || strcmp(req->path, "/jobs") == 0 ||
+                strncmp(req->path, "/jobs/", 6) == 0 || strcmp(req->path, "/queues") == 0 ||
+                strcmp(req->path, "/workers") == 0;
     if (!known) {
         out->status = 404;
         html_page_begin(s, &out->body, "not found", 0);
@@ -251,6 +255,159 @@ static void handle(void *arg, const http_req *req, http_resp *out)
         links_on_shard(&out->body, serve_page_shard);
 }
 
+/* With --cluster a request reads one map from its start to its end: the reload swaps maps between
+ * requests, never during one. */
+static void handle(void *arg, const http_req *req, http_resp *out)
+{
+    serve *s = arg;
+    if (!s->clustered) {
+        handle_request(s, req, out);
+        return;
+    }
+    pthread_rwlock_rdlock(&s->map_lock);
+    handle_request(s, req, out);
+    pthread_rwlock_unlock(&s->map_lock);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The map, read again while serving (--cluster)                                                     */
+
+/* The shards the metrics collector and the pages work on: copies of the map's names and conninfos,
+ * owned here, so that a map read again elsewhere never frees what the collector still reads. */
+typedef struct shard_set {
+    char **conninfos, **names;
+    size_t n;
+} shard_set;
+
+static void shard_set_free(shard_set *set)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        free(set->conninfos[i]);
+        free(set->names[i]);
+    }
+    free(set->conninfos);
+    free(set->names);
+    memset(set, 0, sizeof *set);
+}
+
+/* The shards of cl's map into *set (0), or -1 when out of memory (set empty). */
+static int shard_set_of(const pgjobq_cluster *cl, shard_set *set)
+{
+    size_t n = pgjobq_cluster_shards(cl);
+    memset(set, 0, sizeof *set);
+    set->conninfos = calloc(n ? n : 1, sizeof *set->conninfos);
+    set->names = calloc(n ? n : 1, sizeof *set->names);
+    if (set->conninfos == NULL || set->names == NULL) {
+        free(set->conninfos);
+        free(set->names);
+        set->conninfos = set->names = NULL;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        set->conninfos[i] = strdup(pgjobq_cluster_shard_conninfo(cl, i));
+        set->names[i] = strdup(pgjobq_cluster_shard_name(cl, i));
+        set->n = i + 1;
+        if (set->conninfos[i] == NULL || set->names[i] == NULL) {
+            shard_set_free(set);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int shard_set_equal(const shard_set *a, const shard_set *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (strcmp(a->names[i], b->names[i]) != 0 || strcmp(a->conninfos[i], b->conninfos[i]) != 0)
+            return 0;
+    return 1;
+}
+
+static serve_metrics *metrics_on(const shard_set *set, int64_t interval_ms)
+{
+    return serve_metrics_start((const char *const *)set->conninfos, (const char *const *)set->names, set->n,
+                               interval_ms);
+}
+
+/*
+ * Reads the map again on *probe (the reloader's own handle of the cluster: the pages' is never read
+ * while they use it) and, when its epoch is newer than the one served, swaps it in under the map
+ * lock: *probe then holds the old map, to be read again next time.  When the shards changed (one
+ * joined or left, a conninfo changed), the metrics collector starts anew on the new shards and the
+ * page connections are closed (they are opened again as pages need them).  A map that cannot be
+ * read keeps the one served, said once in the log until it can be read again.
+ */
+static void map_reload(serve *s, pgjobq_cluster **probe, shard_set *cur, int64_t interval_ms, int *failing)
+{
+    int rc;
+    if (*probe == NULL) {
+        rc = pgjobq_cluster_open(probe, cli_cluster_spec());
+        if (rc != PGJOBQ_OK) {
+            if (!*failing)
+                serve_log("the cluster's map cannot be read again (%s); serving epoch %lld",
+                          *probe ? pgjobq_cluster_errmsg(*probe) : pgjobq_strerror(rc),
+                          (long long)pgjobq_cluster_epoch(s->cluster));
+            *failing = 1;
+            pgjobq_cluster_close(*probe);
+            *probe = NULL;
+            return;
+        }
+    } else if ((rc = pgjobq_cluster_reload(*probe)) != PGJOBQ_OK) {
+        if (!*failing)
+            serve_log("the cluster's map cannot be read again (%s); serving epoch %lld",
+                      pgjobq_cluster_errmsg(*probe)[0] ? pgjobq_cluster_errmsg(*probe) : pgjobq_strerror(rc),
+                      (long long)pgjobq_cluster_epoch(s->cluster));
+        *failing = 1;
+        return;
+    }
+    if (*failing)
+        serve_log("the cluster's map can be read again");
+    *failing = 0;
+    int64_t was = pgjobq_cluster_epoch(s->cluster), now = pgjobq_cluster_epoch(*probe);
+    if (now <= was)
+        return;
+
+    shard_set next;
+    serve_metrics *m = NULL;
+    if (shard_set_of(*probe, &next) != 0) {
+        serve_log("the cluster's map of epoch %lld: out of memory; serving epoch %lld", (long long)now, (long long)was);
+        return;
+    }
+    int same = shard_set_equal(&next, cur);
+    if (!same && (m = metrics_on(&next, interval_ms)) == NULL) {
+        serve_log("the cluster's map of epoch %lld: cannot start its metrics collector; serving epoch %lld",
+                  (long long)now, (long long)was);
+        shard_set_free(&next);
+        return;
+    }
+
+    pthread_rwlock_wrlock(&s->map_lock);
+    pgjobq_cluster *old = s->cluster;
+    s->cluster = *probe;
+    *probe = old;
+    serve_metrics *old_m = NULL;
+    shard_set gone = next;
+    if (!same) {
+        old_m = s->metrics;
+        s->metrics = m;
+        gone = *cur;
+        *cur = next;
+        s->conninfo = cur->conninfos[0];
+        for (int i = 0; i < POOL; i++) { /* no request runs: every connection is free */
+            pgjobq_client_close(s->pool[i]);
+            s->pool[i] = NULL;
+        }
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+
+    serve_metrics_stop(old_m);
+    shard_set_free(&gone);
+    serve_log("the cluster's map: epoch %lld (was %lld), %zu shards%s", (long long)now, (long long)was, cur->n,
+              same ? "" : ", the shards changed");
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* The command                                                                                       */
 
@@ -258,7 +415,7 @@ typedef struct serve_args {
     const cli_cmd *cmd;
     const char *listen, *auth_file;
     int allow_actions, hide_payloads;
-    int64_t interval_ms, query_timeout_ms;
+    int64_t interval_ms, query_timeout_ms, map_reload_ms;
     const char *hosts[MAX_HOSTS + 1]; /* --allow-host, NULL-terminated */
     int nhosts;
 } serve_args;
@@ -288,6 +445,13 @@ static int serve_opt(int key, const char *arg, void *ctx)
             return -1;
         }
         return 0;
+    case OPT_MAPRELOAD:
+        if (cli_parse_duration_ms(arg, &a->map_reload_ms, why, sizeof why) != 0 || a->map_reload_ms < 100 ||
+            a->map_reload_ms > 86400000) {
+            cli_usage_error(a->cmd, "--map-reload: %s", a->map_reload_ms ? "must be between 100ms and 1d" : why);
+            return -1;
+        }
+        return 0;
     case OPT_HOST: {
         char host[256];
         if (http_host_parse(arg, host, sizeof host) != 0) {
@@ -307,15 +471,16 @@ static int serve_opt(int key, const char *arg, void *ctx)
 
 int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
 {
-    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000, {NULL}, 0};
+    serve_args a = {cmd, "127.0.0.1:9464", NULL, 0, 0, 5000, 5000, 30000, {NULL}, 0};
     http_addr addr;
     char why[256];
     char *token = NULL;
     unsigned char rnd[32];
     int first, status = EX_OK;
     serve s;
-    const char **conninfos = NULL, **shard_names = NULL;
-    size_t nshards = 0;
+    shard_set shards = {NULL, NULL, 0};
+    pgjobq_cluster *map_probe = NULL; /* --cluster: the map's handle that the reload reads */
+    int map_failing = 0;
 
     first = cli_parse(cmd, argc, argv, serve_opt, &a);
     if (first == -2)
@@ -366,22 +531,14 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
             free(token);
             return status;
         }
-        nshards = pgjobq_cluster_shards(s.cluster);
-        conninfos = calloc(nshards, sizeof *conninfos);
-        shard_names = calloc(nshards, sizeof *shard_names);
-        if (conninfos == NULL || shard_names == NULL) {
+        if (shard_set_of(s.cluster, &shards) != 0) {
             cli_err("out of memory");
-            free(conninfos);
-            free(shard_names);
             pgjobq_cluster_close(s.cluster);
             free(token);
             return EX_OSERR;
         }
-        for (size_t i = 0; i < nshards; i++) {
-            conninfos[i] = pgjobq_cluster_shard_conninfo(s.cluster, i);
-            shard_names[i] = pgjobq_cluster_shard_name(s.cluster, i);
-        }
-        s.conninfo = conninfos[0];
+        s.conninfo = shards.conninfos[0];
+        s.clustered = 1;
     } else {
         if ((s.conninfo = cli_resolve_db(&status)) == NULL) {
             free(token);
@@ -395,11 +552,10 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
         }
         pgjobq_client_close(probe);
     }
-    if (serve_pool_init(&s) != 0) {
+    if (serve_pool_init(&s) != 0 || pthread_rwlock_init(&s.map_lock, NULL) != 0) {
         cli_err("serve: cannot make the page connections' lock");
         pgjobq_cluster_close(s.cluster);
-        free(conninfos);
-        free(shard_names);
+        shard_set_free(&shards);
         free(token);
         return EX_OSERR;
     }
@@ -411,7 +567,7 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    if ((s.metrics = s.cluster ? serve_metrics_start(conninfos, shard_names, nshards, a.interval_ms)
+    if ((s.metrics = s.cluster ? metrics_on(&shards, a.interval_ms)
                                : serve_metrics_start(&s.conninfo, NULL, 1, a.interval_ms)) == NULL) {
         cli_err("serve: cannot start the metrics collector");
         status = EX_OSERR;
@@ -437,15 +593,23 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv)
               strchr(addr.host, ':') ? "]" : "", http_port(srv), s.allow_actions ? "actions enabled" : "read-only",
               token ? ", credentials required" : "", s.hide_payloads ? ", payloads hidden" : "");
     int sig = 0;
-    sigwait(&sigs, &sig);
+    if (s.clustered) {
+        /* Between signals, the map is read again every --map-reload. */
+        struct timespec every = {(time_t)(a.map_reload_ms / 1000), (long)(a.map_reload_ms % 1000) * 1000000L};
+        while ((sig = sigtimedwait(&sigs, NULL, &every)) < 0)
+            map_reload(&s, &map_probe, &shards, a.interval_ms, &map_failing);
+    } else {
+        sigwait(&sigs, &sig);
+    }
     serve_log("stopping (signal %d)", sig);
     http_stop(srv);
 out:
     serve_metrics_stop(s.metrics);
     serve_pool_close(&s);
+    pthread_rwlock_destroy(&s.map_lock);
     pgjobq_cluster_close(s.cluster);
-    free(conninfos);
-    free(shard_names);
+    pgjobq_cluster_close(map_probe);
+    shard_set_free(&shards);
     free(token);
     return status;
 }

@@ -14,7 +14,9 @@
 
 typedef struct serve {
     const char *conninfo;
-    pgjobq_cluster *cluster; /* --cluster (its map as read at start); NULL: the one database of conninfo */
+    pgjobq_cluster *cluster;   /* --cluster (its map, read again every --map-reload); NULL: the one database */
+    int clustered;             /* cluster is set: a request holds map_lock (read) while it runs */
+    pthread_rwlock_t map_lock; /* written only to swap in a map of a new epoch (cmd_serve.c) */
     int allow_actions, hide_payloads;
     int64_t query_timeout_ms;
     char csrf[65];

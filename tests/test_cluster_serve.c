@@ -497,3 +497,57 @@ TEST_FULL(cluster_serve_shows_a_stopped_shard_as_down, 120, 0)
     stop_server();
     free(ci_a);
 }
+
+/* The map read again while serving (--map-reload): a shard that joins the cluster (epoch 2, a third
+ * database) gets its series in /metrics, its queues on the overview and its jobs' pages, without a
+ * restart; the log says the epoch. */
+TEST_FULL(cluster_serve_follows_the_map_as_a_shard_joins, 90, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1), *ci_c = t_extra_db("sc", 1);
+    char qc[16], series[128], want[256], path[64], env[1000], *body = NULL;
+
+    install(ci_a, map_of(ci_a, ci_b), "sa");
+    install(ci_b, map_of(ci_a, ci_b), "sb");
+    snprintf(env, sizeof env, "PGJOBQ_CLUSTER=%s", ci_a);
+    int port = serve_start(env, "--map-reload", "300ms", NULL);
+    free(wait_metric(port, "pgjobq_shard_up{shard=\"sb\"}", 1));
+    CHECK_INT(get(port, "/queues?shard=sc", &body), 404);
+    free(body);
+
+    /* Epoch 2: sc joins and takes partition 3. */
+    static char map2[4096];
+    snprintf(map2, sizeof map2,
+             "{\"name\": \"test\", \"epoch\": 2, \"partitions\": 4, \"shards\": {"
+             "\"sa\": {\"number\": 0, \"conninfo\": \"%s\"}, \"sb\": {\"number\": 1, \"conninfo\": \"%s\"},"
+             " \"sc\": {\"number\": 2, \"conninfo\": \"%s\"}}, \"owners\": [\"sa\", \"sa\", \"sb\", \"sc\"],"
+             " \"queues\": {}}",
+             ci_a, ci_b, ci_c);
+    install(ci_a, map2, "sa");
+    install(ci_b, map2, "sb");
+    install(ci_c, map2, "sc");
+    queue_of_partition(qc, sizeof qc, 3);
+    int64_t id_c = one_on(ci_c, qc);
+    one_on(ci_c, qc);
+    CHECK_INT(id_c % 1024, 2);
+
+    snprintf(series, sizeof series, "pgjobq_jobs{shard=\"sc\",queue=\"%s\",state=\"queued\"}", qc);
+    char *text = wait_metric(port, series, 2);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sa\"}") == 1);
+    CHECK(metric(text, "pgjobq_shard_up{shard=\"sc\"}") == 1);
+    free(text);
+    CHECK_INT(get(port, "/", &body), 200);
+    snprintf(want, sizeof want, "data-shard=\"sc\" data-queue=\"%s\"", qc);
+    CHECK_MSG(strstr(body, want) != NULL, "no row of %s on sc in:\n%s", qc, body);
+    free(body);
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id_c);
+    CHECK_INT(get(port, path, &body), 200);
+    CHECK_MSG(strstr(body, qc) != NULL, "job %lld's page does not name its queue %s:\n%s", (long long)id_c, qc, body);
+    free(body);
+    stop_server();
+    char *log = t_read_file(server_log);
+    CHECK_MSG(strstr(log, "epoch 2 (was 1), 3 shards, the shards changed") != NULL, "the log:\n%s", log);
+    free(log);
+    free(ci_a);
+    free(ci_b);
+    free(ci_c);
+}
