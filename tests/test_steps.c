@@ -1,0 +1,370 @@
+/*
+ * test_steps.c - durable execution (docs/durable.md): steps stored once, fenced by the lease, and
+ * read by later attempts; a late holder's step refused with its effects; steps that go with their
+ * job; durable sleeps and waits for events that park a job and resume it.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static pgjobq_job *claim_one(pgjobq_client *c, const char *queue)
+{
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_claim(c, queue, 1, 60000, "w", &jobs, &n));
+    CHECK_INT(n, 1);
+    return jobs;
+}
+
+static int64_t enqueue_one(pgjobq_client *c, const char *queue, const char *kind)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id;
+    o.queue = queue;
+    o.kind = kind;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    return id;
+}
+
+/* Makes a running job's lease expire now (as a worker that stalled past it would see). */
+static void expire(PGconn *pg, int64_t id)
+{
+    PQclear(
+        t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %lld", (long long)id));
+}
+
+TEST(steps_are_stored_once_fenced_by_the_lease_and_read_by_later_attempts)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    char *got = NULL;
+
+    int64_t id = enqueue_one(c, "s", "k");
+    pgjobq_job *j = claim_one(c, "s");
+    CHECK_RC(c, pgjobq_step_get(c, id, j->lease_token, "charge", &got), PGJOBQ_ENOTFOUND);
+    CHECK(got == NULL);
+    CHECK_OK(c, pgjobq_step_put(c, id, j->lease_token, "charge", "{\"charged\": 42}", NULL));
+    CHECK_OK(c, pgjobq_step_get(c, id, j->lease_token, "charge", &got));
+    CHECK_STR(got, "{\"charged\": 42}");
+    pgjobq_free(got);
+    /* Stored once: a second store of the step keeps the first, and says so with it. */
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token, "charge", "{\"charged\": 43}", &got), PGJOBQ_EDUPLICATE);
+    CHECK_STR(got, "{\"charged\": 42}");
+    pgjobq_free(got);
+    /* A step with no result is JSON null; a bad name or result is refused, nothing stored. */
+    CHECK_OK(c, pgjobq_step_put(c, id, j->lease_token, "nothing", NULL, NULL));
+    CHECK_OK(c, pgjobq_step_get(c, id, j->lease_token, "nothing", &got));
+    CHECK_STR(got, "null");
+    pgjobq_free(got);
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token, "", "1", NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token, "bad", "{nope", NULL), PGJOBQ_EINVAL);
+    char *long_name = t_str(pg, "SELECT repeat('n', 256)");
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token, long_name, "1", NULL), PGJOBQ_EINVAL);
+    free(long_name);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)id), 2);
+    /* Another token stores and reads nothing. */
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token + 1, "other", "1", NULL), PGJOBQ_ELEASE);
+    CHECK_RC(c, pgjobq_step_get(c, id, j->lease_token + 1, "charge", &got), PGJOBQ_ELEASE);
+
+    /* The attempt fails; the next one reads the stored step, and the old token reads nothing. */
+    CHECK_OK(c, pgjobq_job_fail(c, id, j->lease_token, "boom", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_QUEUED);
+    int64_t old_token = j->lease_token;
+    pgjobq_jobs_free(j);
+    j = claim_one(c, "s");
+    CHECK_INT(j->attempt, 2);
+    CHECK_RC(c, pgjobq_step_get(c, id, old_token, "charge", &got), PGJOBQ_ELEASE);
+    CHECK_OK(c, pgjobq_step_get(c, id, j->lease_token, "charge", &got));
+    CHECK_STR(got, "{\"charged\": 42}");
+    pgjobq_free(got);
+    CHECK_OK(c, pgjobq_step_put(c, id, j->lease_token, "ship", "\"sent\"", NULL));
+
+    /* What `pgjobq show` lists: name, the attempt that stored it, when, its size. */
+    pgjobq_step_info *steps = NULL;
+    size_t n = 0;
+    CHECK_OK(c, pgjobq_job_steps(c, id, &steps, &n));
+    CHECK_INT(n, 3);
+    CHECK_STR(steps[0].name, "charge");
+    CHECK_INT(steps[0].attempt, 1);
+    CHECK_INT(steps[0].result_bytes, (long long)strlen("{\"charged\": 42}"));
+    CHECK_STR(steps[2].name, "ship");
+    CHECK_INT(steps[2].attempt, 2);
+    CHECK(steps[2].stored_at >= steps[0].stored_at);
+    pgjobq_steps_free(steps);
+
+    /* The job completes: its steps stay with it in the history. */
+    CHECK_OK(c, pgjobq_job_complete(c, id, j->lease_token, NULL));
+    CHECK_RC(c, pgjobq_step_put(c, id, j->lease_token, "late", "1", NULL), PGJOBQ_ELEASE);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.steps(%lld)", (long long)id), 3);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* The race the lease's fence is for: a worker whose lease expired while its step ran (with effects
+ * in its transaction), the rescue gave the job to another worker, which runs the step; the late
+ * worker's store is refused and its transaction rolled back, effects and all: the effect is there
+ * once. */
+TEST(steps_a_late_holders_store_is_refused_and_its_effects_rolled_back)
+{
+    pgjobq_client *a = t_client(), *b = t_client(), *m = t_client();
+    PGconn *pg = t_pg();
+    int rescued = 0;
+    char *got = NULL;
+
+    PQclear(t_exec(pg, "CREATE TABLE ledger (job bigint, who text)"));
+    int64_t id = enqueue_one(m, "s", "k");
+    pgjobq_job *ja = claim_one(a, "s");
+
+    /* Worker a: its step's effect, in its transaction; then it stalls past its lease. */
+    CHECK_OK(a, pgjobq_begin(a));
+    PQclear(t_exec(pgjobq_client_conn(a), "INSERT INTO ledger VALUES (%lld, 'a')", (long long)id));
+    expire(pg, id);
+    CHECK_OK(m, pgjobq_rescue_expired(m, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    pgjobq_job *jb = claim_one(b, "s");
+    CHECK_INT(jb->attempt, 2);
+
+    /* Worker b runs the step, effect and store in one transaction. */
+    CHECK_RC(b, pgjobq_step_get(b, id, jb->lease_token, "pay", &got), PGJOBQ_ENOTFOUND);
+    CHECK_OK(b, pgjobq_begin(b));
+    PQclear(t_exec(pgjobq_client_conn(b), "INSERT INTO ledger VALUES (%lld, 'b')", (long long)id));
+    CHECK_OK(b, pgjobq_step_put(b, id, jb->lease_token, "pay", "{\"by\": \"b\"}", NULL));
+    CHECK_OK(b, pgjobq_commit(b));
+
+    /* Worker a wakes: its store is refused, it rolls back. */
+    CHECK_RC(a, pgjobq_step_put(a, id, ja->lease_token, "pay", "{\"by\": \"a\"}", NULL), PGJOBQ_ELEASE);
+    CHECK_OK(a, pgjobq_rollback(a));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger WHERE who = 'b'"), 1);
+    CHECK_OK(b, pgjobq_step_get(b, id, jb->lease_token, "pay", &got));
+    CHECK_STR(got, "{\"by\": \"b\"}");
+    pgjobq_free(got);
+    pgjobq_jobs_free(ja);
+    pgjobq_jobs_free(jb);
+    PQfinish(pg);
+    pgjobq_client_close(a);
+    pgjobq_client_close(b);
+    pgjobq_client_close(m);
+}
+
+/* The other order: a step stored under a valid lease, its transaction still open when the lease
+ * passes.  The rescue cannot take the job before that transaction ends (the store locks the job's
+ * row), so the next holder finds the step stored and does not run it again. */
+TEST(steps_a_store_under_a_valid_lease_holds_the_rescue_until_it_commits)
+{
+    pgjobq_client *a = t_client(), *b = t_client(), *m = t_client();
+    PGconn *pg = t_pg();
+    int rescued = -1;
+    char *got = NULL;
+
+    PQclear(t_exec(pg, "CREATE TABLE ledger (job bigint, who text)"));
+    int64_t id = enqueue_one(m, "s", "k");
+    pgjobq_job *ja = claim_one(a, "s");
+    CHECK_OK(a, pgjobq_begin(a));
+    PQclear(t_exec(pgjobq_client_conn(a), "INSERT INTO ledger VALUES (%lld, 'a')", (long long)id));
+    CHECK_OK(a, pgjobq_step_put(a, id, ja->lease_token, "pay", "{\"by\": \"a\"}", NULL));
+    expire(pg, id);
+    CHECK_OK(m, pgjobq_rescue_expired(m, 100, &rescued));
+    CHECK_INT(rescued, 0); /* the row is a's until its transaction ends */
+    CHECK_OK(a, pgjobq_commit(a));
+    CHECK_OK(m, pgjobq_rescue_expired(m, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    pgjobq_job *jb = claim_one(b, "s");
+    CHECK_OK(b, pgjobq_step_get(b, id, jb->lease_token, "pay", &got));
+    CHECK_STR(got, "{\"by\": \"a\"}");
+    pgjobq_free(got);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger"), 1);
+    pgjobq_jobs_free(ja);
+    pgjobq_jobs_free(jb);
+    PQfinish(pg);
+    pgjobq_client_close(a);
+    pgjobq_client_close(b);
+    pgjobq_client_close(m);
+}
+
+/* A job's steps go when retention prunes it (a failed job row by row, a completed one with its hour's
+ * partition); a retry by hand of a completed job starts it over, of a failed one resumes it. */
+TEST(steps_go_with_their_job_at_retention_and_a_retry_of_a_completed_job_starts_over)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    int deleted = 0;
+
+    int64_t failed = enqueue_one(c, "f", "k");
+    pgjobq_job *j = claim_one(c, "f");
+    CHECK_OK(c, pgjobq_step_put(c, failed, j->lease_token, "one", "1", NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, failed, j->lease_token, "for good", 0, 1, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    pgjobq_jobs_free(j);
+
+    int64_t done = enqueue_one(c, "d", "k");
+    j = claim_one(c, "d");
+    CHECK_OK(c, pgjobq_step_put(c, done, j->lease_token, "one", "1", NULL));
+    CHECK_OK(c, pgjobq_job_complete(c, done, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+
+    int64_t other = enqueue_one(c, "o", "k");
+    j = claim_one(c, "o");
+    CHECK_OK(c, pgjobq_step_put(c, other, j->lease_token, "one", "1", NULL));
+    CHECK_OK(c, pgjobq_job_complete(c, other, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+
+    /* A retry by hand: the failed job resumes with its step, the completed one starts over. */
+    CHECK_OK(c, pgjobq_job_retry(c, failed));
+    CHECK_OK(c, pgjobq_job_retry(c, done));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)failed), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)done), 0);
+    j = claim_one(c, "f");
+    CHECK_OK(c, pgjobq_job_fail(c, failed, j->lease_token, "for good again", 0, 1, &st));
+    pgjobq_jobs_free(j);
+
+    /* Retention: the failed job (deleted row by row) and the completed one, moved to a past hour's
+     * partition, which prune drops. */
+    PQclear(t_exec(pg, "SELECT pgjobq.history_partition_create(now() - interval '3 hours')"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.history SET finished_at = now() - interval '3 hours' WHERE id = %lld",
+                   (long long)other));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history_done_default WHERE id = %lld", (long long)other), 0);
+    CHECK_OK(c, pgjobq_prune(c, 3600 * 1000, 0, 1000, &deleted));
+    CHECK(deleted >= 2);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id IN (%lld, %lld)", (long long)failed, (long long)other),
+        0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps"), 0);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The handler's context, in a worker                                                                */
+
+typedef struct run_arg {
+    pgjobq_worker *w;
+    int rc;
+} run_arg;
+
+static void *run_thread(void *arg)
+{
+    run_arg *r = arg;
+    r->rc = pgjobq_worker_run(r->w);
+    return NULL;
+}
+
+static _Atomic int ran_plain, ran_tx, ran_failing;
+
+static int plain_step(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result_out)
+{
+    char buf[64];
+    (void)arg;
+    if (tx != NULL)
+        return PGJOBQ_EINVAL;
+    atomic_fetch_add(&ran_plain, 1);
+    snprintf(buf, sizeof buf, "{\"a\": %lld}", (long long)pgjobq_ctx_job(ctx)->id);
+    *result_out = strdup(buf);
+    return *result_out ? PGJOBQ_OK : PGJOBQ_ENOMEM;
+}
+
+/* Its effect, a row of the ledger, in the transaction that stores its result. */
+static int tx_step(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result_out)
+{
+    char id_s[24];
+    const char *values[1] = {id_s};
+    (void)arg;
+    atomic_fetch_add(&ran_tx, 1);
+    snprintf(id_s, sizeof id_s, "%lld", (long long)pgjobq_ctx_job(ctx)->id);
+    PGresult *r = PQexecParams(pgjobq_client_conn(tx), "INSERT INTO ledger VALUES ($1::bigint, 'b')", 1, NULL, values,
+                               NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    *result_out = strdup("\"b\"");
+    return ok && *result_out ? PGJOBQ_OK : PGJOBQ_EDB;
+}
+
+/* Writes its effect, then fails: the effect must not stay, nor a result be stored. */
+static int failing_step(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result_out)
+{
+    char id_s[24];
+    const char *values[1] = {id_s};
+    (void)arg;
+    (void)result_out;
+    atomic_fetch_add(&ran_failing, 1);
+    snprintf(id_s, sizeof id_s, "%lld", (long long)pgjobq_ctx_job(ctx)->id);
+    PQclear(PQexecParams(pgjobq_client_conn(tx), "INSERT INTO ledger VALUES ($1::bigint, 'failing')", 1, NULL, values,
+                         NULL, NULL, 0));
+    return 1000;
+}
+
+static pgjobq_outcome flow_handler(pgjobq_ctx *ctx, void *arg)
+{
+    char *a = NULL, *b = NULL, result[256];
+    (void)arg;
+    if (pgjobq_ctx_step(ctx, "a", plain_step, NULL, &a) != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    if (pgjobq_ctx_step_tx(ctx, "b", tx_step, NULL, &b) != PGJOBQ_OK) {
+        pgjobq_free(a);
+        return PGJOBQ_OUTCOME_FAIL;
+    }
+    int failed = pgjobq_ctx_step_tx(ctx, "c", failing_step, NULL, NULL);
+    snprintf(result, sizeof result, "{\"a\": %s, \"b\": %s, \"c\": %d}", a, b, failed);
+    pgjobq_free(a);
+    pgjobq_free(b);
+    if (pgjobq_ctx_job(ctx)->attempt == 1) {
+        /* The first attempt fails after its steps: the second replays them. */
+        pgjobq_ctx_set_retry_delay(ctx, 0);
+        return PGJOBQ_OUTCOME_RETRY;
+    }
+    return pgjobq_ctx_set_result(ctx, result) == PGJOBQ_OK ? PGJOBQ_OUTCOME_COMPLETE : PGJOBQ_OUTCOME_FAIL;
+}
+
+static int all_done(void *arg)
+{
+    return t_int(arg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'flow'") == 40;
+}
+
+TEST_FULL(steps_a_handlers_steps_run_once_and_replay_from_storage_in_its_next_attempt, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    run_arg r;
+    pthread_t th;
+
+    PQclear(t_exec(pg, "CREATE TABLE ledger (job bigint, what text)"));
+    for (int i = 0; i < 40; i++)
+        enqueue_one(c, "flow", "flow");
+    o.lease_ms = 10000;
+    o.poll_ms = 100;
+    CHECK_OK(NULL, pgjobq_worker_new(&w, t_conninfo(), &o));
+    CHECK_MSG(pgjobq_worker_handle(w, "flow", NULL, 4, flow_handler, NULL) == PGJOBQ_OK, "%s", pgjobq_worker_errmsg(w));
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    CHECK_MSG(t_wait_until(all_done, pg, 60000), "not all 40 jobs finished");
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_free(w);
+
+    /* Two attempts each, each step run once per job (the failing one each attempt: nothing stored). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'flow' AND state = 'completed'"
+                        " AND attempt = 2 AND result = jsonb_build_object('a', jsonb_build_object('a', id), 'b', 'b',"
+                        " 'c', 1000)"),
+              40);
+    CHECK_INT(atomic_load(&ran_plain), 40);
+    CHECK_INT(atomic_load(&ran_tx), 40);
+    CHECK_INT(atomic_load(&ran_failing), 80);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger WHERE what = 'b'"), 40);
+    CHECK_INT(t_int(pg, "SELECT count(DISTINCT job) FROM ledger WHERE what = 'b'"), 40);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger WHERE what = 'failing'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE name = 'c'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps s JOIN pgjobq.history h ON h.id = s.job_id"
+                        " WHERE h.queue = 'flow' AND s.attempt = 1"),
+              80);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
