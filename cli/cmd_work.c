@@ -347,7 +347,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         }
     }
     /* A coprocess is told which protocol the worker speaks. */
-    static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=2", NULL};
+    static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=3", NULL};
     cfg->env =
         spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env, a.coproc ? coproc_vars : NULL);
     if (cfg->argv == NULL || cfg->env == NULL || (a.shell && (!cfg->argv[0] || !cfg->argv[1] || !cfg->argv[2]))) {

@@ -836,10 +836,11 @@ typedef enum pgjobq_outcome {
                                     does not know yet (a rolling deploy), a handler that could not
                                     start.  A job whose cancellation was requested ends cancelled */
     PGJOBQ_OUTCOME_PARKED = 7    /* the handler parked the job (pgjobq_ctx_sleep or pgjobq_ctx_wait_event
-                                    returned PGJOBQ_PARKED): it is queued again already, and the worker
-                                    writes nothing.  (A job parked is never written, whatever its
-                                    handler returns; PARKED from a handler that did not park is a
-                                    failed attempt that says so.) */
+                                    returned PGJOBQ_PARKED, or pgjobq_job_sleep on a connection of its
+                                    own): it is queued again already, and the worker writes nothing.
+                                    A job parked through its context is never written, whatever its
+                                    handler returns; return PARKED only for a job parked (one that was
+                                    not keeps its lease until it expires, and runs again after that) */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */

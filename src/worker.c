@@ -216,8 +216,9 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
     int kind;
 
-    if (atomic_load(&ctx->parked)) {
-        /* A sleep or a wait parked it (steps.c): the database ended this attempt already. */
+    if (atomic_load(&ctx->parked) || (ctx->outcome == PGJOBQ_OUTCOME_PARKED && !ctx->ended)) {
+        /* A sleep or a wait parked it (steps.c, or the handler's own connection: an --exec handler's
+         * `pgjobq sleep`): the database ended this attempt already. */
         atomic_fetch_add(&w->st_parked, 1);
         running_drop(w, ctx);
         return;
@@ -228,12 +229,6 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
             atomic_fetch_add(&w->st_completed, 1);
         running_drop(w, ctx);
         return;
-    }
-    if (ctx->outcome == PGJOBQ_OUTCOME_PARKED) {
-        ctx->outcome = PGJOBQ_OUTCOME_RETRY;
-        if (ctx->error == NULL)
-            pgjobq_ctx_set_error(ctx, "the handler returned PGJOBQ_OUTCOME_PARKED without parking the job (no sleep "
-                                      "or wait returned PGJOBQ_PARKED)");
     }
     if (atomic_load(&ctx->stop) == PGJOBQ_STOP_SHUTDOWN && ctx->outcome != PGJOBQ_OUTCOME_COMPLETE)
         kind = PGJOBQ__W_RELEASE;
