@@ -12,7 +12,8 @@
  * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL,
  * unless named with --pass-env (or all kept with --keep-env: a handler that is the application's own).  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
- * exit 99 (WORK_EXIT_SNOOZE) snoozes the job, using no attempt, for the duration on stdout;
+ * exit 99 (WORK_EXIT_SNOOZE) snoozes the job, using no attempt, for the duration on stdout; exit 98
+ * (WORK_EXIT_PARKED) says `pgjobq step --sleep` or --wait-event parked the job: nothing is written;
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */

@@ -4,6 +4,7 @@
  * job; durable sleeps and waits for events that park a job and resume it.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,6 +366,121 @@ TEST_FULL(steps_a_handlers_steps_run_once_and_replay_from_storage_in_its_next_at
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps s JOIN pgjobq.history h ON h.id = s.job_id"
                         " WHERE h.queue = 'flow' AND s.attempt = 1"),
               80);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The command: an --exec handler's steps, sleep and wait (`pgjobq step`), `pgjobq send-event`, show  */
+
+static int parked_waiting(void *arg)
+{
+    return t_int(arg, "SELECT coalesce(sum(waiting), 0) FROM pgjobq.monitor_parked() WHERE queue = 'ex'") == 5;
+}
+
+static int ex_done(void *arg)
+{
+    return t_int(arg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'ex'") == 5;
+}
+
+static pid_t ex_worker;
+
+static void stop_ex_worker(void)
+{
+    if (ex_worker > 0) {
+        kill(ex_worker, SIGTERM);
+        t_wait_exit(ex_worker, 20000);
+        ex_worker = 0;
+    }
+}
+
+TEST_FULL(steps_an_exec_handler_runs_its_steps_sleeps_and_waits_with_pgjobq_step, 120, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char script[4096], *out = NULL, *err = NULL;
+    const char *cli = getenv("PGJOBQ_CLI"), *log = t_log_path("ex");
+    int64_t ids[5];
+
+    CHECK(cli != NULL);
+    /* Step a appends to a ledger (at most once a job), a sleep of 300 ms, a wait for the event "go"
+     * keyed by the job's id; the result gathers them. */
+    snprintf(script, sizeof script,
+             "a=$(%s step a -- sh -c 'echo $PGJOBQ_JOB_ID >> %s/ledger; echo \"{\\\"n\\\": 7}\"') || exit $?\n"
+             "%s step nap --sleep 300ms || exit $?\n"
+             "ev=$(%s step w --wait-event go --key \"$PGJOBQ_JOB_ID\" --timeout 60s) || exit $?\n"
+             "echo \"{\\\"a\\\": $a, \\\"event\\\": $ev}\"\n",
+             cli, t_tmpdir(), cli, cli);
+    for (int i = 0; i < 5; i++)
+        ids[i] = enqueue_one(c, "ex", "k");
+    ex_worker = t_spawn(log, NULL, "work", "--queue", "ex:4", "--exec", script, "--shell", "--pass-env",
+                        "PGJOBQ_DATABASE_URL", "--poll", "100ms", NULL);
+    t_defer(stop_ex_worker);
+    if (!t_wait_until(parked_waiting, pg, 60000)) {
+        t_show_log(log);
+        t_fail(__FILE__, __LINE__, "the 5 jobs did not all come to wait for their event");
+    }
+    /* Parked: queued, no lease, and `pgjobq show` says so, with the steps stored. */
+    char id_s[24];
+    snprintf(id_s, sizeof id_s, "%lld", (long long)ids[0]);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", id_s, NULL), 0);
+    CHECK_MSG(strstr(out, "state:         queued") && strstr(out, "parked:        waiting in w for the event go key") &&
+                  strstr(out, "steps:         a  (attempt 1,") && strstr(out, "nap  (attempt 1,"),
+              "show says:\n%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", "--json", id_s, NULL), 0);
+    CHECK_MSG(strstr(out, "\"parked\":{\"why\":\"waiting\",\"step\":\"w\"") && strstr(out, "\"steps\":[{\"name\":\"a\""),
+              "show --json says:\n%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'ex' AND state = 'queued'"
+                        " AND lease_until IS NULL AND attempt = 0"),
+              5);
+    /* The events resume them, each with its payload. */
+    for (int i = 0; i < 5; i++) {
+        char key[24], payload[64];
+        snprintf(key, sizeof key, "%lld", (long long)ids[i]);
+        snprintf(payload, sizeof payload, "{\"ok\": %d}", i);
+        CHECK_INT(t_cli(&out, &err, NULL, 0, "send-event", "go", key, "--payload", payload, NULL), 0);
+        CHECK_STR(out, "1\n");
+        free(out);
+        free(err);
+    }
+    if (!t_wait_until(ex_done, pg, 60000)) {
+        t_show_log(log);
+        t_fail(__FILE__, __LINE__, "the 5 jobs did not all finish");
+    }
+    stop_ex_worker();
+    for (int i = 0; i < 5; i++)
+        CHECK_INT(t_int(pg,
+                        "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed' AND attempt = 1"
+                        " AND result = jsonb_build_object('a', jsonb_build_object('n', 7), 'event',"
+                        " jsonb_build_object('ok', %d))",
+                        (long long)ids[i], i),
+                  1);
+    char path[600];
+    snprintf(path, sizeof path, "%s/ledger", t_tmpdir());
+    char *ledger = t_read_file(path);
+    int lines = 0;
+    for (char *p = ledger; *p; p++)
+        lines += *p == '\n';
+    CHECK_INT(lines, 5);
+    free(ledger);
+
+    /* Bad input: a step outside a handler, an event without a name or with a payload that is no JSON. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "step", "a", "--", "true", NULL), 64);
+    CHECK_MSG(strstr(err, "PGJOBQ_JOB_ID and PGJOBQ_LEASE_TOKEN are not set"), "%s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "send-event", "go", "k", "--payload", "{nope", NULL), 64);
+    free(out);
+    free(err);
+    CHECK(t_cli(&out, &err, NULL, 0, "send-event", "", NULL) != 0);
+    CHECK_MSG(strstr(err, "an event's name"), "%s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.events"), 5);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
