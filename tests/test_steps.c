@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 
@@ -481,6 +482,170 @@ TEST_FULL(steps_an_exec_handler_runs_its_steps_sleeps_and_waits_with_pgjobq_step
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.events"), 5);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Durable sleeps                                                                                    */
+
+static int claim_within(pgjobq_client *c, const char *queue, pgjobq_job **out, int timeout_ms)
+{
+    int64_t t0 = t_now_ms();
+    for (;;) {
+        size_t n = 0;
+        CHECK_OK(c, pgjobq_claim(c, queue, 1, 60000, "w", out, &n));
+        if (n == 1)
+            return 1;
+        pgjobq_jobs_free(*out);
+        *out = NULL;
+        if (t_now_ms() - t0 > timeout_ms)
+            return 0;
+        struct timespec pause = {0, 20 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* A sleep ends the attempt without using it (a job of one attempt sleeps and runs again) and without
+ * counting a snooze; the job is seen sleeping until its end, holds no lease, and its replay goes on
+ * past the sleep; a retry by hand wakes it; a cancel requested meanwhile ends it cancelled. */
+TEST(sleeps_park_the_job_without_using_an_attempt_and_resume_it_at_their_end)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_park_info park;
+    pgjobq_job *j = NULL, *none = NULL;
+    int64_t id, until = 0;
+    size_t n = 9;
+
+    o.queue = "nap";
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    j = claim_one(c, "nap");
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "long", 3600000, &until), PGJOBQ_PARKED);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 0"
+                        " AND snoozes = 0 AND lease_until IS NULL AND run_at BETWEEN now() + interval '59 minutes'"
+                        " AND now() + interval '61 minutes'"
+                        " AND (extract(epoch FROM run_at) * 1000000)::bigint = %lld",
+                    (long long)id, (long long)until),
+              1);
+    CHECK_OK(c, pgjobq_job_park(c, id, &park));
+    CHECK_INT(park.parked, PGJOBQ_PARK_SLEEP);
+    CHECK_STR(park.step, "long");
+    CHECK_INT(park.until, until);
+    CHECK_INT(t_int(pg, "SELECT sleeping FROM pgjobq.monitor_parked() WHERE queue = 'nap'"), 1);
+    /* The attempt is over: its token writes nothing, and nothing is due. */
+    CHECK_RC(c, pgjobq_job_complete(c, id, j->lease_token, NULL), PGJOBQ_ELEASE);
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "long", 3600000, NULL), PGJOBQ_ELEASE);
+    CHECK_OK(c, pgjobq_claim(c, "nap", 1, 60000, "w", &none, &n));
+    CHECK_INT(n, 0);
+    pgjobq_jobs_free(j);
+
+    /* A retry by hand wakes it: the replay passes the sleep, which is no longer a park. */
+    CHECK_OK(c, pgjobq_job_retry(c, id));
+    j = claim_one(c, "nap");
+    CHECK_INT(j->attempt, 1);
+    CHECK_OK(c, pgjobq_job_sleep(c, id, j->lease_token, "long", 3600000, NULL));
+    CHECK_OK(c, pgjobq_job_park(c, id, &park));
+    CHECK_INT(park.parked, PGJOBQ_PARK_NONE);
+    /* A sleep of nothing is over at once; a short one parks the job until its end, then goes on. */
+    CHECK_OK(c, pgjobq_job_sleep(c, id, j->lease_token, "none", 0, NULL));
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "short", 200, NULL), PGJOBQ_PARKED);
+    pgjobq_jobs_free(j);
+    CHECK(claim_within(c, "nap", &j, 30000));
+    CHECK_INT(j->attempt, 1);
+    CHECK_OK(c, pgjobq_job_sleep(c, id, j->lease_token, "long", 3600000, NULL));
+    CHECK_OK(c, pgjobq_job_sleep(c, id, j->lease_token, "short", 200, NULL));
+    CHECK_OK(c, pgjobq_job_complete(c, id, j->lease_token, "{\"slept\": true}"));
+    pgjobq_jobs_free(j);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed' AND attempt = 1"
+                        " AND snoozes = 0",
+                    (long long)id),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_park_of(%lld)", (long long)id), 0);
+
+    /* Bad input refused, nothing parked; a cancel requested while it runs ends it cancelled. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    j = claim_one(c, "nap");
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "neg", -1, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "", 10, NULL), PGJOBQ_EINVAL);
+    CHECK_OK(c, pgjobq_step_put(c, id, j->lease_token, "notasleep", "1", NULL));
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "notasleep", 10, NULL), PGJOBQ_EINVAL);
+    pgjobq_state st;
+    CHECK_OK(c, pgjobq_job_cancel(c, id, &st));
+    CHECK_INT(st, PGJOBQ_RUNNING);
+    CHECK_RC(c, pgjobq_job_sleep(c, id, j->lease_token, "nap", 60000, NULL), PGJOBQ_ECANCELLED);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)id),
+              1);
+    pgjobq_jobs_free(j);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+}
+
+static _Atomic int ran_nap_step;
+
+static int nap_step(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result_out)
+{
+    (void)ctx;
+    (void)tx;
+    (void)arg;
+    atomic_fetch_add(&ran_nap_step, 1);
+    *result_out = NULL;
+    return PGJOBQ_OK;
+}
+
+static pgjobq_outcome nap_handler(pgjobq_ctx *ctx, void *arg)
+{
+    int rc;
+    (void)arg;
+    if (pgjobq_ctx_step(ctx, "before", nap_step, NULL, NULL) != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_FAIL;
+    if ((rc = pgjobq_ctx_sleep(ctx, NULL, 200)) != PGJOBQ_OK)
+        return rc == PGJOBQ_PARKED ? PGJOBQ_OUTCOME_PARKED : PGJOBQ_OUTCOME_RETRY;
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static int naps_done(void *arg)
+{
+    return t_int(arg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'naps'") == 20;
+}
+
+TEST_FULL(sleeps_a_handlers_sleep_frees_its_slot_and_resumes_the_job_with_its_steps, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    pgjobq_worker *w = NULL;
+    pgjobq_worker_stats st;
+    run_arg r;
+    pthread_t th;
+
+    for (int i = 0; i < 20; i++)
+        enqueue_one(c, "naps", "nap");
+    o.lease_ms = 10000;
+    o.poll_ms = 100;
+    CHECK_OK(NULL, pgjobq_worker_new(&w, t_conninfo(), &o));
+    /* One slot: the 20 jobs sleep side by side, none holding it while it sleeps. */
+    CHECK(pgjobq_worker_handle(w, "naps", NULL, 1, nap_handler, NULL) == PGJOBQ_OK);
+    r.w = w;
+    CHECK(pthread_create(&th, NULL, run_thread, &r) == 0);
+    CHECK_MSG(t_wait_until(naps_done, pg, 60000), "the 20 jobs did not all finish");
+    pgjobq_worker_stop(w);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.rc == PGJOBQ_OK, "run: %s", pgjobq_worker_errmsg(w));
+    pgjobq_worker_get_stats(w, &st);
+    pgjobq_worker_free(w);
+    CHECK_INT(st.parked, 20);
+    CHECK_INT(st.completed, 20);
+    CHECK_INT(st.lost, 0);
+    CHECK_INT(atomic_load(&ran_nap_step), 20);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'naps' AND state = 'completed'"
+                        " AND attempt = 1 AND snoozes = 0"),
+              20);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps s JOIN pgjobq.history h ON h.id = s.job_id"
+                        " WHERE h.queue = 'naps' AND s.name = 'sleep#1'"),
+              20);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
