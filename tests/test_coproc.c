@@ -779,7 +779,7 @@ static void enqueue_kind(PGconn *pg, const char *kind, int n)
                    n, kind, n, n));
 }
 
-TEST_FULL(coproc_steps_run_once_over_attempts_and_a_sleep_parks_the_job, 120, 0)
+TEST_FULL(coproc_steps_run_once_over_attempts_and_sleeps_and_waits_park_the_job, 120, 0)
 {
     PGconn *pg = t_pg();
     char command[1200], script_cmd[700];
@@ -789,17 +789,33 @@ TEST_FULL(coproc_steps_run_once_over_attempts_and_a_sleep_parks_the_job, 120, 0)
     snprintf(command, sizeof command, "%s %s/ledger", script_cmd, t_tmpdir());
     enqueue_kind(pg, "flow", 30);
     enqueue_kind(pg, "nap", 10);
+    enqueue_kind(pg, "waiter", 5);
     worker = t_spawn(log, NULL, "work", "--queue", "st:4", "--coproc", command, "--poll", "100ms", NULL);
     t_defer(stop_worker);
     int64_t t0 = t_now_ms();
-    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st'") < 40) {
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st'") < 40 ||
+           t_int(pg, "SELECT coalesce(sum(waiting), 0) FROM pgjobq.monitor_parked() WHERE queue = 'st'") < 5) {
         if (t_now_ms() - t0 > 60000) {
             t_show_log(log);
-            t_fail(__FILE__, __LINE__, "not all 40 jobs finished");
+            t_fail(__FILE__, __LINE__, "not all 40 jobs finished and 5 waiting");
+        }
+        usleep(50000);
+    }
+    /* waiter: parked until its event, which resumes it with the payload. */
+    CHECK_INT(t_int(pg, "SELECT sum(resumed) FROM generate_series(1, 5) n,"
+                        " LATERAL pgjobq.send_event('go', n::text, jsonb_build_object('v', n))"),
+              5);
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st'") < 45) {
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the 5 waiting jobs did not finish");
         }
         usleep(50000);
     }
     stop_worker();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st' AND kind = 'waiter'"
+                        " AND state = 'completed' AND attempt = 1 AND result->'event' = jsonb_build_object('v', payload->'n')"),
+              5);
     /* flow: two attempts, step a run once (the second attempt got it from storage). */
     CHECK_INT(t_int(pg,
                     "SELECT count(*) FROM pgjobq.history WHERE queue = 'st' AND kind = 'flow' AND state = 'completed'"
@@ -820,6 +836,6 @@ TEST_FULL(coproc_steps_run_once_over_attempts_and_a_sleep_parks_the_job, 120, 0)
     for (char *p = text; *p; p++)
         lines += *p == '\n';
     free(text);
-    CHECK_INT(lines, 40);
+    CHECK_INT(lines, 45);
     PQfinish(pg);
 }

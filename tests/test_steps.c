@@ -649,3 +649,119 @@ TEST_FULL(sleeps_a_handlers_sleep_frees_its_slot_and_resumes_the_job_with_its_st
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Events                                                                                            */
+
+typedef struct send_arg {
+    pgjobq_client *c;
+    int resumed, rc;
+} send_arg;
+
+static void *send_thread(void *arg)
+{
+    send_arg *s = arg;
+    s->rc = pgjobq_send_event(s->c, "paid", "race", "{\"r\": 1}", &s->resumed);
+    return NULL;
+}
+
+static int send_waits_for_a_lock(void *arg)
+{
+    return t_int(arg, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory'") > 0;
+}
+
+TEST_FULL(events_resume_waiting_jobs_with_the_senders_commit_and_are_kept_for_later_waits, 90, 0)
+{
+    pgjobq_client *c = t_client(), *s = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_park_info park;
+    pgjobq_job *j = NULL;
+    char *payload = NULL;
+    int resumed = -1;
+
+    /* A waits: parked, waiting, until its timeout. */
+    int64_t a = enqueue_one(c, "ev", "k");
+    j = claim_one(c, "ev");
+    CHECK_RC(c, pgjobq_job_wait_event(c, a, j->lease_token, "w", "paid", "o1", 60000, &payload), PGJOBQ_PARKED);
+    pgjobq_jobs_free(j);
+    CHECK_OK(c, pgjobq_job_park(c, a, &park));
+    CHECK_INT(park.parked, PGJOBQ_PARK_EVENT);
+    CHECK_STR(park.event_name, "paid");
+    CHECK_STR(park.event_key, "o1");
+    CHECK_INT(t_int(pg, "SELECT waiting FROM pgjobq.monitor_parked() WHERE queue = 'ev'"), 1);
+    /* Sent in a transaction that rolls back: nothing happened. */
+    CHECK_OK(s, pgjobq_begin(s));
+    CHECK_OK(s, pgjobq_send_event(s, "paid", "o1", "{\"amount\": 5}", &resumed));
+    CHECK_INT(resumed, 1);
+    CHECK_OK(s, pgjobq_rollback(s));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.events"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND run_at > now()", (long long)a), 1);
+    /* Committed: A is due at once, and its wait gets the payload (stored: asked again, the same). */
+    CHECK_OK(s, pgjobq_send_event(s, "paid", "o1", "{\"amount\": 5}", &resumed));
+    CHECK_INT(resumed, 1);
+    j = claim_one(c, "ev");
+    CHECK_INT(j->id, a);
+    CHECK_INT(j->attempt, 1);
+    CHECK_OK(c, pgjobq_job_wait_event(c, a, j->lease_token, "w", "paid", "o1", 60000, &payload));
+    CHECK_STR(payload, "{\"amount\": 5}");
+    pgjobq_free(payload);
+    CHECK_OK(c, pgjobq_job_complete(c, a, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+
+    /* An event sent before the wait began: found at once (and by every job that waits for it). */
+    CHECK_OK(s, pgjobq_send_event(s, "paid", "o2", "{\"amount\": 7}", &resumed));
+    CHECK_INT(resumed, 0);
+    for (int i = 0; i < 2; i++) {
+        int64_t b = enqueue_one(c, "ev", "k");
+        j = claim_one(c, "ev");
+        CHECK_OK(c, pgjobq_job_wait_event(c, b, j->lease_token, "w", "paid", "o2", 60000, &payload));
+        CHECK_STR(payload, "{\"amount\": 7}");
+        pgjobq_free(payload);
+        CHECK_OK(c, pgjobq_job_complete(c, b, j->lease_token, NULL));
+        pgjobq_jobs_free(j);
+    }
+
+    /* A timeout resumes the job with the timeout answer, stored. */
+    int64_t t = enqueue_one(c, "ev", "k");
+    j = claim_one(c, "ev");
+    CHECK_RC(c, pgjobq_job_wait_event(c, t, j->lease_token, "w", "paid", "never", 200, NULL), PGJOBQ_PARKED);
+    pgjobq_jobs_free(j);
+    CHECK(claim_within(c, "ev", &j, 30000));
+    CHECK_RC(c, pgjobq_job_wait_event(c, t, j->lease_token, "w", "paid", "never", 200, NULL), PGJOBQ_ETIMEOUT);
+    CHECK_OK(s, pgjobq_send_event(s, "paid", "never", NULL, &resumed));
+    CHECK_RC(c, pgjobq_job_wait_event(c, t, j->lease_token, "w", "paid", "never", 200, NULL), PGJOBQ_ETIMEOUT);
+    CHECK_OK(c, pgjobq_job_complete(c, t, j->lease_token, NULL));
+    pgjobq_jobs_free(j);
+
+    /* A wait and a send that run together do not miss each other: the send waits for the wait's
+     * park to commit, and then resumes it. */
+    int64_t r = enqueue_one(c, "ev", "k");
+    j = claim_one(c, "ev");
+    CHECK_OK(c, pgjobq_begin(c));
+    CHECK_RC(c, pgjobq_job_wait_event(c, r, j->lease_token, "w", "paid", "race", 60000, NULL), PGJOBQ_PARKED);
+    send_arg sa = {s, -1, -1};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, send_thread, &sa) == 0);
+    CHECK_MSG(t_wait_until(send_waits_for_a_lock, pg, 30000), "the send did not wait for the wait's lock");
+    CHECK_OK(c, pgjobq_commit(c));
+    pthread_join(th, NULL);
+    CHECK_OK(s, sa.rc);
+    CHECK_INT(sa.resumed, 1);
+    pgjobq_jobs_free(j);
+    j = claim_one(c, "ev");
+    CHECK_OK(c, pgjobq_job_wait_event(c, r, j->lease_token, "w", "paid", "race", 60000, &payload));
+    CHECK_STR(payload, "{\"r\": 1}");
+    pgjobq_free(payload);
+    pgjobq_jobs_free(j);
+
+    /* Bad input refused; events older than their retention go at prune. */
+    CHECK_RC(s, pgjobq_send_event(s, "", NULL, NULL, NULL), PGJOBQ_EINVAL);
+    CHECK_RC(s, pgjobq_send_event(s, "paid", NULL, "{bad", NULL), PGJOBQ_EINVAL);
+    PQclear(t_exec(pg, "UPDATE pgjobq.events SET sent_at = now() - interval '8 days' WHERE key = 'o1'"));
+    CHECK_OK(c, pgjobq_prune(c, 0, 0, 1000, NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.events WHERE key = 'o1'"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.events WHERE key = 'o2'"), 1);
+    PQfinish(pg);
+    pgjobq_client_close(c);
+    pgjobq_client_close(s);
+}
