@@ -1104,8 +1104,8 @@ typedef struct pgjobq_park_info {
     pgjobq_park parked;
     int64_t until;   /* when it runs again: the sleep's end, the wait's timeout (microseconds since the epoch) */
     int64_t since;   /* since when it is parked in this step */
-    char step[256];  /* the sleep's or the wait's step name */
-    char event_name[256], event_key[256]; /* what it waits for ("" for a sleep) */
+    char step[1024]; /* the sleep's or the wait's step name (255 characters, UTF-8) */
+    char event_name[1024], event_key[1024]; /* what it waits for ("" for a sleep) */
     uint64_t pgjobq_reserved[4];
 } pgjobq_park_info;
 

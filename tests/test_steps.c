@@ -31,11 +31,12 @@ static int64_t enqueue_one(pgjobq_client *c, const char *queue, const char *kind
     return id;
 }
 
-/* Makes a running job's lease expire now (as a worker that stalled past it would see). */
+/* Makes a running job's lease expire now (as a worker that stalled past it would see): after the
+ * start of any transaction already open, so that a fence that compared the lease with the
+ * transaction's now() would still take it as valid. */
 static void expire(PGconn *pg, int64_t id)
 {
-    PQclear(
-        t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %lld", (long long)id));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET lease_until = clock_timestamp() WHERE id = %lld", (long long)id));
 }
 
 TEST(steps_are_stored_once_fenced_by_the_lease_and_read_by_later_attempts)
@@ -141,6 +142,17 @@ TEST(steps_a_late_holders_store_is_refused_and_its_effects_rolled_back)
     /* Worker a wakes: its store is refused, it rolls back. */
     CHECK_RC(a, pgjobq_step_put(a, id, ja->lease_token, "pay", "{\"by\": \"a\"}", NULL), PGJOBQ_ELEASE);
     CHECK_OK(a, pgjobq_rollback(a));
+
+    /* Before any rescue too: a lease that passed while the transaction ran (judged when the store
+     * runs, not when its transaction began) stores nothing. */
+    int64_t id2 = enqueue_one(m, "s2", "k");
+    pgjobq_job *j2 = claim_one(a, "s2");
+    CHECK_OK(a, pgjobq_begin(a));
+    PQclear(t_exec(pgjobq_client_conn(a), "INSERT INTO ledger VALUES (%lld, 'a')", (long long)id2));
+    expire(pg, id2);
+    CHECK_RC(a, pgjobq_step_put(a, id2, j2->lease_token, "pay", "1", NULL), PGJOBQ_ELEASE);
+    CHECK_OK(a, pgjobq_rollback(a));
+    pgjobq_jobs_free(j2);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM ledger WHERE who = 'b'"), 1);
     CHECK_OK(b, pgjobq_step_get(b, id, jb->lease_token, "pay", &got));
