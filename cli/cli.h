@@ -178,6 +178,10 @@ int cmd_enqueue(const cli_cmd *cmd, int argc, char **argv);
 int cmd_list(const cli_cmd *cmd, int argc, char **argv);
 int cmd_show(const cli_cmd *cmd, int argc, char **argv);
 int cmd_wait(const cli_cmd *cmd, int argc, char **argv);
+/* cmd_durable.c */
+int cmd_step(const cli_cmd *cmd, int argc, char **argv);
+int cmd_send_event(const cli_cmd *cmd, int argc, char **argv);
+extern const cli_opt step_opts[], send_event_opts[];
 int cmd_graph(const cli_cmd *cmd, int argc, char **argv);
 int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
 int cmd_health(const cli_cmd *cmd, int argc, char **argv);

@@ -595,6 +595,73 @@ static PGresult *children_of(pgjobq_client *c, int64_t id)
     return r;
 }
 
+/* show: the job's stored steps (name, the attempt that stored it, when, its result's size) and its
+ * park (a durable sleep, a wait for an event: docs/durable.md), when it has any. */
+static int show_durable(pgjobq_client *c, const pgjobq_job *j, int json)
+{
+    pgjobq_step_info *steps = NULL;
+    pgjobq_park_info park;
+    size_t n = 0;
+    char t[2][48];
+    int rc;
+
+    if ((rc = pgjobq_job_steps(c, j->id, &steps, &n)) != PGJOBQ_OK || (rc = pgjobq_job_park(c, j->id, &park)) != PGJOBQ_OK) {
+        pgjobq_steps_free(steps);
+        return cli_fail(c, rc);
+    }
+    const char *why = park.parked == PGJOBQ_PARK_SLEEP ? "sleeping" : "waiting";
+    if (json) {
+        fputs(",\"steps\":[", stdout);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+            json_str(stdout, steps[i].name);
+            printf(",\"attempt\":%d,\"stored_at\":", steps[i].attempt);
+            json_time(stdout, steps[i].stored_at);
+            printf(",\"bytes\":%lld}", (long long)steps[i].result_bytes);
+        }
+        fputs("],\"parked\":", stdout);
+        if (park.parked == PGJOBQ_PARK_NONE) {
+            fputs("null", stdout);
+        } else {
+            fputs("{\"why\":", stdout);
+            json_str(stdout, why);
+            fputs(",\"step\":", stdout);
+            json_str(stdout, park.step);
+            fputs(",\"until\":", stdout);
+            json_time(stdout, park.until);
+            fputs(",\"since\":", stdout);
+            json_time(stdout, park.since);
+            fputs(",\"event\":", stdout);
+            json_str(stdout, park.parked == PGJOBQ_PARK_EVENT ? park.event_name : NULL);
+            fputs(",\"key\":", stdout);
+            json_str(stdout, park.parked == PGJOBQ_PARK_EVENT ? park.event_key : NULL);
+            fputc('}', stdout);
+        }
+    } else {
+        if (park.parked != PGJOBQ_PARK_NONE) {
+            format_time(t[0], sizeof t[0], park.until);
+            format_time(t[1], sizeof t[1], park.since);
+            printf("%-15s%s in ", "parked:", why);
+            tty_put(stdout, park.step, 0);
+            if (park.parked == PGJOBQ_PARK_EVENT) {
+                fputs(" for the event ", stdout);
+                tty_put(stdout, park.event_name, 0);
+                fputs(" key ", stdout);
+                tty_put(stdout, park.event_key[0] ? park.event_key : "\"\"", 0);
+            }
+            printf(", until %s (since %s)\n", t[0], t[1]);
+        }
+        for (size_t i = 0; i < n; i++) {
+            format_time(t[0], sizeof t[0], steps[i].stored_at);
+            printf("%-15s", i == 0 ? "steps:" : "");
+            tty_put(stdout, steps[i].name, 0);
+            printf("  (attempt %d, %s, %lld bytes)\n", steps[i].attempt, t[0], (long long)steps[i].result_bytes);
+        }
+    }
+    pgjobq_steps_free(steps);
+    return EX_OK;
+}
+
 /* show: the job's place in a workflow (parents with their results, children), if it has one. */
 static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
 {
@@ -753,7 +820,9 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         if (j->progress)
             field("progress:", j->progress);
     }
-    status = show_relatives(c, j, json);
+    status = show_durable(c, j, json);
+    if (status == EX_OK)
+        status = show_relatives(c, j, json);
     if (json && status == EX_OK)
         fputs("}\n", stdout);
     pgjobq_jobs_free(j);

@@ -12,7 +12,8 @@
  * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL,
  * unless named with --pass-env (or all kept with --keep-env: a handler that is the application's own).  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;
- * exit 99 (WORK_EXIT_SNOOZE) snoozes the job, using no attempt, for the duration on stdout;
+ * exit 99 (WORK_EXIT_SNOOZE) snoozes the job, using no attempt, for the duration on stdout; exit 98
+ * (WORK_EXIT_PARKED) says `pgjobq step --sleep` or --wait-event parked the job: nothing is written;
  * any other exit, a signal, or the job timeout is a failed attempt, retried until max_attempts, with
  * the tail of stderr as the error.
  */
@@ -347,7 +348,7 @@ int cmd_work(const cli_cmd *cmd, int argc, char **argv)
         }
     }
     /* A coprocess is told which protocol the worker speaks. */
-    static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=2", NULL};
+    static const char *const coproc_vars[] = {SPAWN_PROTOCOL_VAR "=3", NULL};
     cfg->env =
         spawn_environment(a.keep_env, (const char *const *)a.pass_env, a.npass_env, a.coproc ? coproc_vars : NULL);
     if (cfg->argv == NULL || cfg->env == NULL || (a.shell && (!cfg->argv[0] || !cfg->argv[1] || !cfg->argv[2]))) {

@@ -18,6 +18,13 @@
  * flight on one coprocess (a few more for a moment while another is restarted).  A job
  * that must stop (timeout, cancel, lost lease, shutdown) is given up by the supervisor, which tells the
  * coprocess with a {"cancel": ID} line.
+ *
+ * Durable execution (protocol 3, docs/durable.md): a coprocess asks for a job's stored step, stores
+ * one, sleeps or waits for an event with a request line; the supervisor queues it for the pool's step
+ * threads (started when the first request comes), which run it on the connection the worker lends
+ * to the job (pgjobq_ctx_client) and write the answer.  A job whose request is being served is busy:
+ * nothing else ends it meanwhile (its context must outlive the request); one given up or left by
+ * its coprocess meanwhile is ended by the step thread when the request is done.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +56,7 @@
 #define STRIKES_MAX           3    /* (such a copy) a job handed back this often is a failed attempt */
 #define STRIKE_SLOTS          256
 #define DELAY_MAX_MS          INT64_C(3155760000000) /* 100 years: the longest delay_ms of a snooze */
+#define STEP_THREADS_MAX      4     /* threads that serve the coprocesses' step requests, at most */
 
 /* One job waiting for its reply (its handler returned PENDING): whoever unlinks it from `held`
  * (under the pool's mutex) ends the job and frees it. */
@@ -57,7 +65,24 @@ typedef struct pending {
     int64_t id;
     pgjobq_ctx *ctx;
     int struck_out; /* handed back by copies that could not start too often: a failed attempt */
+    int busy;       /* a step thread serves a request of the job: only it may end the job */
+    int orphan;     /* its coprocess ended while it was busy: the step thread ends it (a failed attempt) */
 } pending;
+
+/* A request of a coprocess about a job's steps (protocol 3): a step asked for or stored, a sleep, a
+ * wait for an event. */
+enum { REQ_STEP, REQ_SLEEP, REQ_WAIT };
+typedef struct step_req {
+    struct step_req *next;
+    struct coproc *c;
+    int64_t id;
+    int kind;
+    char *name;
+    char *result;       /* REQ_STEP: the result to store (JSON text); NULL: a question */
+    int64_t delay_ms;   /* REQ_SLEEP */
+    char *event, *key;  /* REQ_WAIT */
+    int64_t timeout_ms; /* REQ_WAIT: -1 for none */
+} step_req;
 
 typedef struct coproc {
     struct coproc_pool *pool;
@@ -106,6 +131,11 @@ struct coproc_pool {
     } strikes[STRIKE_SLOTS]; /* jobs handed back by copies that could not start, and how often */
     int next_strike;
     coproc *cp;
+    /* Step requests (protocol 3), served by up to STEP_THREADS_MAX threads, under mu. */
+    step_req *steps;
+    pthread_cond_t step_cv;
+    pthread_t step_threads[STEP_THREADS_MAX];
+    int nstep_threads, step_idle, steps_stop;
 };
 
 static void plog(coproc_pool *p, pgjobq_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -142,6 +172,7 @@ typedef struct reply {
     int64_t delay_ms;
     char *progress; /* a progress line ({"id": ..., "progress": ...}, no status): not an answer */
     int ready;      /* {"ready": true}: the coprocess has started (protocol 2); no job named */
+    step_req *req;  /* a step request (protocol 3): not an answer */
 } reply;
 
 /* The common answer, exactly {"id": N, "status": "completed"} with any blanks between the tokens (as
@@ -192,6 +223,93 @@ static int plain_completion(const char *s, size_t len, int64_t *id)
     return 1;
 }
 
+static void req_free(step_req *q)
+{
+    if (q == NULL)
+        return;
+    free(q->name);
+    free(q->result);
+    free(q->event);
+    free(q->key);
+    free(q);
+}
+
+/* A member that must be a string of 1 to PGJOBQ_STEP_NAME_MAX characters (may_be_empty: 0 to), or
+ * absent when optional: 0 with *out (malloc'd, NULL when absent), else -1 with why. */
+static int name_member(const char *line, const char *key, int optional, int may_be_empty, char **out, char *why,
+                       size_t why_size)
+{
+    size_t n;
+    const char *v = json_member(line, key, &n);
+
+    *out = NULL;
+    if (v == NULL && optional)
+        return 0;
+    if (v == NULL || v[0] != '"' || (*out = json_unquote(v, n)) == NULL || (!may_be_empty && (*out)[0] == '\0') ||
+        strlen(*out) > 4 * PGJOBQ_STEP_NAME_MAX) {
+        free(*out);
+        *out = NULL;
+        snprintf(why, why_size, "\"%s\" must be a string of %d to %d characters", key, may_be_empty ? 0 : 1,
+                 PGJOBQ_STEP_NAME_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* A step request (protocol 3, docs/coproc.md): {"id", "step"[, "result"]}, {"id", "sleep", "delay_ms"}
+ * or {"id", "wait", "event"[, "key"][, "timeout_ms"]}. */
+static int parse_request(const char *line, reply *r, char *why, size_t why_size)
+{
+    step_req *q = calloc(1, sizeof *q);
+    const char *v;
+    size_t n;
+    int ok = 1;
+
+    if (q == NULL) {
+        snprintf(why, why_size, "out of memory");
+        return -1;
+    }
+    q->id = r->id;
+    q->timeout_ms = -1;
+    if (json_member(line, "step", &n)) {
+        q->kind = REQ_STEP;
+        if (name_member(line, "step", 0, 0, &q->name, why, why_size) != 0)
+            goto bad;
+        if ((v = json_member(line, "result", &n)) != NULL && (q->result = strndup(v, n)) == NULL) {
+            snprintf(why, why_size, "out of memory");
+            goto bad;
+        }
+    } else if (json_member(line, "sleep", &n)) {
+        q->kind = REQ_SLEEP;
+        if (name_member(line, "sleep", 0, 0, &q->name, why, why_size) != 0)
+            goto bad;
+        v = json_member(line, "delay_ms", &n);
+        q->delay_ms = json_integer(v, n, &ok);
+        if (!ok || q->delay_ms < 0 || q->delay_ms > DELAY_MAX_MS) {
+            snprintf(why, why_size, "a sleep's \"delay_ms\" must be an integer from 0 to 100 years");
+            goto bad;
+        }
+    } else {
+        q->kind = REQ_WAIT;
+        if (name_member(line, "wait", 0, 0, &q->name, why, why_size) != 0 ||
+            name_member(line, "event", 0, 0, &q->event, why, why_size) != 0 ||
+            name_member(line, "key", 1, 1, &q->key, why, why_size) != 0)
+            goto bad;
+        if ((v = json_member(line, "timeout_ms", &n)) != NULL && !(n == 4 && memcmp(v, "null", 4) == 0)) {
+            q->timeout_ms = json_integer(v, n, &ok);
+            if (!ok || q->timeout_ms < 0 || q->timeout_ms > DELAY_MAX_MS) {
+                snprintf(why, why_size, "a wait's \"timeout_ms\" must be an integer from 0 to 100 years");
+                goto bad;
+            }
+        }
+    }
+    r->req = q;
+    return 0;
+bad:
+    req_free(q);
+    return -1;
+}
+
 static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t why_size)
 {
     size_t n;
@@ -233,6 +351,9 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
         }
         return 0;
     }
+    if (json_member(line, "status", &n) == NULL &&
+        (json_member(line, "step", &n) || json_member(line, "sleep", &n) || json_member(line, "wait", &n)))
+        return parse_request(line, r, why, why_size);
     char *status = (v = json_member(line, "status", &n)) ? json_unquote(v, n) : NULL;
     if (status == NULL) {
         snprintf(why, why_size, "no \"status\" string");
@@ -303,7 +424,7 @@ static pgjobq_outcome answer(pgjobq_ctx *ctx, pgjobq_outcome out, const char *re
             pgjobq_ctx_set_error(ctx, error);
         if (delay_ms >= 0)
             pgjobq_ctx_set_retry_delay(ctx, delay_ms);
-    } else if (out != PGJOBQ_OUTCOME_COMPLETE) {
+    } else if (out != PGJOBQ_OUTCOME_COMPLETE && out != PGJOBQ_OUTCOME_PARKED) {
         pgjobq_ctx_set_error(ctx, error ? error : out == PGJOBQ_OUTCOME_FAIL ? "failed" : "retry");
         if (out == PGJOBQ_OUTCOME_RETRY && delay_ms >= 0)
             pgjobq_ctx_set_retry_delay(ctx, delay_ms);
@@ -318,10 +439,21 @@ static void finish(pending *pe, pgjobq_outcome out, const char *result, const ch
     free(pe);
 }
 
-/* Takes every job the coprocess holds (to end each with a failed attempt, retried): under p->mu. */
+/* Takes every job the coprocess holds (to end each with a failed attempt, retried): under p->mu.  A
+ * busy one is left to its step thread, which ends it. */
 static pending *take_held(coproc *c)
 {
-    pending *list = c->held;
+    pending *list = NULL;
+    for (pending *pe = c->held, *next; pe; pe = next) {
+        next = pe->next;
+        if (pe->busy) {
+            pe->orphan = 1;
+            pe->next = NULL;
+            continue;
+        }
+        pe->next = list;
+        list = pe;
+    }
     c->held = NULL;
     c->inflight = 0;
     pthread_cond_broadcast(&c->pool->cv);
@@ -345,6 +477,8 @@ static pending *take_reply(coproc *c, int64_t id)
         pending *pe = *pp;
         if (pe->id != id)
             continue;
+        if (pe->busy)
+            return NULL; /* an answer while its request is served: ignored (the job is its step thread's) */
         *pp = pe->next;
         c->inflight--;
         if (c->inflight == c->pool->share - 1)
@@ -365,8 +499,8 @@ static void give_up_stopped(coproc *c)
     pthread_mutex_lock(&p->mu);
     for (pending **pp = &c->held; *pp;) {
         pending *pe = *pp;
-        if (!pgjobq_ctx_should_stop(pe->ctx)) {
-            pp = &pe->next;
+        if (pe->busy || !pgjobq_ctx_should_stop(pe->ctx)) {
+            pp = &pe->next; /* (a busy one is given up once its request is done) */
             continue;
         }
         *pp = pe->next;
@@ -498,6 +632,183 @@ static void set_progress(coproc *c, int64_t id, const char *json)
     else if (!found)
         plog(p, PGJOBQ_LOG_DEBUG, "coprocess %d: progress of job %lld, which no longer waits (ignored)", c->index,
              (long long)id);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Step requests (protocol 3)                                                                        */
+
+/* The job a coprocess holds under id: under p->mu. */
+static pending *find_held(coproc *c, int64_t id)
+{
+    for (pending *pe = c->held; pe; pe = pe->next)
+        if (pe->id == id)
+            return pe;
+    return NULL;
+}
+
+/* Runs a request on the job's lent connection and writes the answer into ans (without the final
+ * newline).  Returns 1 when the job was parked there (or ended cancelled): its attempt is over. */
+static int serve(step_req *q, pgjobq_ctx *ctx, sbuf *ans, int *cancelled)
+{
+    const pgjobq_job *job = pgjobq_ctx_job(ctx);
+    pgjobq_client *cl = NULL;
+    char *value = NULL;
+    const char *err = NULL;
+    int rc;
+
+    *cancelled = 0;
+    sb_puts(ans, "{\"id\":");
+    sb_int(ans, q->id);
+    sb_puts(ans, q->kind == REQ_STEP ? ",\"step\":" : q->kind == REQ_SLEEP ? ",\"sleep\":" : ",\"wait\":");
+    sb_json(ans, q->name);
+    if (q->kind == REQ_STEP) {
+        if ((rc = pgjobq_ctx_client(ctx, &cl)) != PGJOBQ_OK) {
+            err = pgjobq_ctx_errmsg(ctx);
+        } else if (q->result == NULL) {
+            rc = pgjobq_step_get(cl, job->id, job->lease_token, q->name, &value);
+            if (rc == PGJOBQ_OK) {
+                sb_puts(ans, ",\"stored\":true,\"result\":");
+                sb_puts(ans, value);
+            } else if (rc == PGJOBQ_ENOTFOUND) {
+                sb_puts(ans, ",\"stored\":false");
+            } else {
+                err = pgjobq_errmsg(cl);
+            }
+        } else {
+            rc = pgjobq_step_put(cl, job->id, job->lease_token, q->name, q->result, &value);
+            if (rc == PGJOBQ_OK || rc == PGJOBQ_EDUPLICATE) {
+                /* The result stored: this one, or the one another holder stored first (it stands). */
+                sb_puts(ans, ",\"stored\":true,\"result\":");
+                sb_puts(ans, rc == PGJOBQ_OK ? q->result : value);
+            } else {
+                err = pgjobq_errmsg(cl);
+            }
+        }
+    } else {
+        rc = q->kind == REQ_SLEEP ? pgjobq_ctx_sleep(ctx, q->name, q->delay_ms)
+                                  : pgjobq_ctx_wait_event(ctx, q->name, q->event, q->key, q->timeout_ms, &value);
+        if (rc == PGJOBQ_PARKED || rc == PGJOBQ_ECANCELLED) {
+            *cancelled = rc == PGJOBQ_ECANCELLED;
+            pgjobq_free(value);
+            return 1;
+        }
+        if (rc == PGJOBQ_OK && q->kind == REQ_SLEEP) {
+            sb_puts(ans, ",\"over\":true");
+        } else if (rc == PGJOBQ_OK) {
+            sb_puts(ans, ",\"event\":");
+            sb_puts(ans, value);
+        } else if (rc == PGJOBQ_ETIMEOUT) {
+            sb_puts(ans, ",\"timeout\":true");
+        } else {
+            err = pgjobq_ctx_errmsg(ctx);
+        }
+    }
+    if (err) {
+        sb_puts(ans, ",\"error\":");
+        sb_json(ans, err);
+    }
+    pgjobq_free(value);
+    return 0;
+}
+
+/* A request served: answers the coprocess, or ends the job when it was parked (the coprocess is told
+ * {"parked": ID}, or {"cancel": ID} when it ended cancelled) or left meanwhile. */
+static void served(coproc *c, pending *pe, int parked, int cancelled, sbuf *ans)
+{
+    coproc_pool *p = c->pool;
+    char line[64];
+
+    pthread_mutex_lock(&p->mu);
+    pe->busy = 0;
+    pthread_cond_broadcast(&p->step_cv); /* its next request may be served now */
+    int orphan = pe->orphan;
+    if (!orphan && parked) {
+        pending *taken = take_reply(c, pe->id);
+        (void)taken; /* pe itself: it was held and is no longer busy */
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (orphan) {
+        finish(pe, PGJOBQ_OUTCOME_RETRY, NULL, "the coprocess ended while a request of the job was being served", -1);
+        return;
+    }
+    if (parked) {
+        int n = snprintf(line, sizeof line, cancelled ? "{\"cancel\":%lld}\n" : "{\"parked\":%lld}\n",
+                         (long long)pe->id);
+        (void)send_line(c, line, (size_t)n);
+        finish(pe, PGJOBQ_OUTCOME_PARKED, NULL, NULL, -1);
+        return;
+    }
+    sb_puts(ans, "}\n");
+    if (ans->failed || send_line(c, ans->data, ans->len) != 0)
+        plog(p, PGJOBQ_LOG_WARN, "coprocess %d: the answer to a request of job %lld could not be sent", c->index,
+             (long long)pe->id);
+}
+
+static void *step_thread(void *arg)
+{
+    coproc_pool *p = arg;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        step_req *q = NULL, **pp = &p->steps;
+        pending *pe = NULL;
+        /* The first request whose job is not busy (a job's requests are served one at a time, in
+         * order); one whose job is gone (answered, given up) is dropped. */
+        while (*pp) {
+            pending *x = find_held((*pp)->c, (*pp)->id);
+            if (x == NULL) {
+                step_req *gone = *pp;
+                *pp = gone->next;
+                req_free(gone);
+                continue;
+            }
+            if (!x->busy) {
+                q = *pp;
+                *pp = q->next;
+                pe = x;
+                break;
+            }
+            pp = &(*pp)->next;
+        }
+        if (q == NULL) {
+            if (p->steps_stop)
+                break;
+            p->step_idle++;
+            pthread_cond_wait(&p->step_cv, &p->mu);
+            p->step_idle--;
+            continue;
+        }
+        pe->busy = 1;
+        pthread_mutex_unlock(&p->mu);
+        sbuf ans;
+        int cancelled;
+        sb_init(&ans);
+        int parked = serve(q, pe->ctx, &ans, &cancelled);
+        served(q->c, pe, parked, cancelled, &ans);
+        sb_free(&ans);
+        req_free(q);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Queues a request for the step threads, starting one more when none is idle. */
+static void steps_enqueue(coproc_pool *p, step_req *q)
+{
+    pthread_mutex_lock(&p->mu);
+    step_req **pp = &p->steps;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = q;
+    if (p->step_idle == 0 && p->nstep_threads < STEP_THREADS_MAX && !p->steps_stop) {
+        if (pthread_create(&p->step_threads[p->nstep_threads], NULL, step_thread, p) == 0)
+            p->nstep_threads++;
+        else if (p->nstep_threads == 0)
+            plog(p, PGJOBQ_LOG_ERROR, "cannot start a thread for the coprocesses' step requests");
+    }
+    pthread_cond_signal(&p->step_cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Quotes the start of a bad line for the log. */
@@ -835,6 +1146,11 @@ static void life_line(life *L, const char *line, size_t len)
         free(r.progress);
         return;
     }
+    if (r.req) {
+        r.req->c = c;
+        steps_enqueue(p, r.req);
+        return;
+    }
     if (L->nbatch == L->capbatch) {
         size_t cap = L->capbatch ? L->capbatch * 2 : 64;
         reply *nb = realloc(L->batch, cap * sizeof *nb);
@@ -1119,6 +1435,13 @@ coproc_pool *coproc_start(char **argv, char **env, int k, int share,
         free(p);
         return NULL;
     }
+    if (pthread_cond_init(&p->step_cv, NULL) != 0) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        free(p->cp);
+        free(p);
+        return NULL;
+    }
     for (int i = 0; i < k; i++) {
         coproc *c = &p->cp[i];
         c->pool = p;
@@ -1165,9 +1488,22 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
         if (p->cp[i].pid > 0)
             kill(-p->cp[i].pid, SIGKILL);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->k; i++) {
+    for (int i = 0; i < p->k; i++)
         if (p->cp[i].thread)
             pthread_join(p->cp[i].thread, NULL);
+    /* The step threads end once they have served what they started (the requests left go nowhere). */
+    pthread_mutex_lock(&p->mu);
+    p->steps_stop = 1;
+    pthread_cond_broadcast(&p->step_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nstep_threads; i++)
+        pthread_join(p->step_threads[i], NULL);
+    while (p->steps) {
+        step_req *next = p->steps->next;
+        req_free(p->steps);
+        p->steps = next;
+    }
+    for (int i = 0; i < p->k; i++) {
         sb_free(&p->cp[i].outq);
         for (int e = 0; e < 2; e++)
             if (p->cp[i].kick[e] >= 0)
@@ -1175,6 +1511,7 @@ void coproc_stop(coproc_pool *p, int64_t grace_ms)
     }
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->step_cv);
     free(p->broken_why);
     free(p->cp);
     free(p);
@@ -1218,6 +1555,10 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
     sb_int(&line, job->max_attempts);
     sb_puts(&line, ",\"deadline_ms\":");
     sb_int(&line, pgjobq_ctx_time_left_ms(ctx));
+    /* Protocol 3: the lease token, for a step whose effects commit with its result in a transaction
+     * of the coprocess's own (pgjobq.step_put: docs/durable.md). */
+    sb_puts(&line, ",\"lease_token\":");
+    sb_int(&line, job->lease_token);
     sb_puts(&line, ",\"payload\":");
     sb_puts(&line, job->payload);
     if (job->parents) { /* a job that waited for others: their states and results */

@@ -22,6 +22,15 @@ static const cli_cmd commands[] = {
      "Wait until a job has finished (woken when it does), print its result; the exit status says how it\n"
      "ended: 0 completed, 1 failed, 2 cancelled, 65 no such job, 75 --timeout passed.",
      wait_opts, cmd_wait},
+    {"step", "NAME [--sleep DURATION | --wait-event EVENT | -- COMMAND [ARGS]]",
+     "In an --exec handler: run its job's step NAME once (print the stored result, or run COMMAND and\n"
+     "store what it prints), a durable sleep or a wait for an event (exit status 98: the job was parked,\n"
+     "and the handler exits 98 too).",
+     step_opts, cmd_step},
+    {"send-event", "NAME [KEY]",
+     "Send the event NAME (with KEY): resume the jobs waiting for it (print how many); kept 7 days for\n"
+     "the waits that begin later.",
+     send_event_opts, cmd_send_event},
     {"graph", "ID", "Print the workflow a job belongs to: every job connected to it, by depth, with its parents.",
      graph_opts, cmd_graph},
     {"stats", "", "Count jobs per queue and state.", stats_opts, cmd_stats},

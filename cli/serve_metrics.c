@@ -48,6 +48,7 @@ typedef struct qm {
     char name[80];
     int live;                       /* seen in this collection's live counts or settings */
     int64_t queued, scheduled, running, waiting;
+    int64_t sleeping, awaiting_event; /* queued jobs parked: a durable sleep, a wait for an event */
     double lag;
     int paused;
     int64_t held[NFIN];             /* rows in history, refreshed every FINISHED_EVERY collections */
@@ -191,7 +192,7 @@ static void apply_delta(dbm *m, const delta *d)
 
 static int collect(dbm *m)
 {
-    PGresult *r, *live = NULL, *paused = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
+    PGresult *r, *live = NULL, *paused = NULL, *parked = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
     delta d = {NULL, NULL};
     int ok = 0, want_held = cli_mono_ms() >= m->held_due_ms;
     int64_t held_ms = 0;
@@ -223,6 +224,7 @@ static int collect(dbm *m)
     live = run(m, "SELECT queue, due, scheduled, running, coalesce(lag_s, 0), waiting FROM pgjobq.monitor_queue_counts()",
                0, NULL);
     paused = run(m, "SELECT queue, paused::int FROM pgjobq.monitor_queue_names()", 0, NULL);
+    parked = run(m, "SELECT queue, sleeping, waiting FROM pgjobq.monitor_parked()", 0, NULL);
     const char *hist_args[3] = {win[0], win[1], NEG_BOUNDS};
     d.hist = run(m,
                  "SELECT queue, state, wait_bucket, run_bucket, jobs, started, wait_s, run_s"
@@ -236,7 +238,7 @@ static int collect(dbm *m)
                  " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"
                  " FROM pgjobq.health()",
                  0, NULL);
-    if (!live || !paused || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
+    if (!live || !paused || !parked || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
         goto out;
     if (want_held) {
         /* Last: its failure (a timeout) leaves the rest of the collection as read. */
@@ -270,6 +272,7 @@ static int collect(dbm *m)
     for (size_t i = 0; i < m->nq; i++) {
         m->q[i].live = 0;
         m->q[i].queued = m->q[i].scheduled = m->q[i].running = m->q[i].waiting = 0;
+        m->q[i].sleeping = m->q[i].awaiting_event = 0;
         m->q[i].lag = 0;
         m->q[i].paused = 0;
     }
@@ -283,6 +286,13 @@ static int collect(dbm *m)
         q->running = atoll(PQgetvalue(live, i, 3));
         q->lag = atof(PQgetvalue(live, i, 4));
         q->waiting = atoll(PQgetvalue(live, i, 5));
+    }
+    for (int i = 0; i < PQntuples(parked); i++) {
+        qm *q = queue_of(m, PQgetvalue(parked, i, 0));
+        if (q) {
+            q->sleeping = atoll(PQgetvalue(parked, i, 1));
+            q->awaiting_event = atoll(PQgetvalue(parked, i, 2));
+        }
     }
     for (int i = 0; i < PQntuples(paused); i++) {
         qm *q = queue_of(m, PQgetvalue(paused, i, 0));
@@ -337,6 +347,7 @@ out:
     PQclear(upto);
     PQclear(live);
     PQclear(paused);
+    PQclear(parked);
     PQclear(held);
     PQclear(workers);
     PQclear(health);
@@ -422,7 +433,7 @@ static void render_hist(sbuf *b, const serve_metrics *m, const char *name, int w
 }
 
 /* Kinds of per-queue series, for render_queue. */
-enum { Q_FIN0, Q_RETRIED = NFIN, Q_LOST, Q_SCHEDULED, Q_LAG, Q_PAUSED };
+enum { Q_FIN0, Q_RETRIED = NFIN, Q_LOST, Q_SCHEDULED, Q_LAG, Q_PAUSED, Q_SLEEPING, Q_AWAITING };
 
 static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int what)
 {
@@ -443,6 +454,8 @@ static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int 
                           (long long)(what == Q_RETRIED ? q->retried
                                       : what == Q_LOST  ? q->lost
                                                         : q->scheduled));
+            else if (what == Q_SLEEPING || what == Q_AWAITING)
+                sb_printf(b, "%lld\n", (long long)(what == Q_SLEEPING ? q->sleeping : q->awaiting_event));
             else if (what == Q_LAG)
                 sb_printf(b, "%.3f\n", q->lag);
             else
@@ -546,6 +559,12 @@ static char *render(const serve_metrics *m)
     }
     family(&b, "pgjobq_jobs_scheduled", "gauge", "Queued jobs whose run_at is still ahead (part of state=queued).");
     render_queue(&b, m, "pgjobq_jobs_scheduled", Q_SCHEDULED);
+    family(&b, "pgjobq_jobs_sleeping", "gauge",
+           "Queued jobs parked by a durable sleep, until its end (part of state=queued: docs/durable.md).");
+    render_queue(&b, m, "pgjobq_jobs_sleeping", Q_SLEEPING);
+    family(&b, "pgjobq_jobs_awaiting_event", "gauge",
+           "Queued jobs parked waiting for an event, until it comes or their timeout (part of state=queued).");
+    render_queue(&b, m, "pgjobq_jobs_awaiting_event", Q_AWAITING);
     family(&b, "pgjobq_queue_lag_seconds", "gauge", "Age of the oldest job that is due and not running (0: none).");
     render_queue(&b, m, "pgjobq_queue_lag_seconds", Q_LAG);
     family(&b, "pgjobq_queue_paused", "gauge", "1 when the queue is paused.");

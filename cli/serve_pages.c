@@ -645,6 +645,41 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
                 pre_json(b, V(r, 0, 19));
             sb_puts(b, "</pre>");
         }
+        /* Durable execution (docs/durable.md): its park, and its stored steps (name, attempt, when,
+         * size: their results are the handler's, not shown). */
+        PGresult *dur = serve_query(c, out,
+                              "SELECT 'park', parked || ' in ' || step || coalesce(' for the event ' || event_name ||"
+                              " ' key ' || quote_literal(event_key), ''), " TS("until") ", " TS("since")
+                              " FROM pgjobq.job_park_of($1::bigint) UNION ALL"
+                              " SELECT 'step', name, attempt::text, " TS("stored_at") " || ', ' || result_bytes ||"
+                              " ' bytes' FROM pgjobq.steps($1::bigint)",
+                              1, values);
+        if (dur && PQntuples(dur) > 0) {
+            int steps = 0;
+            for (int i = 0; i < PQntuples(dur); i++) {
+                if (strcmp(V(dur, i, 0), "park") == 0) {
+                    sb_puts(b, "<h2>Parked</h2><p id=\"parked\">");
+                    sb_html(b, V(dur, i, 1));
+                    sb_puts(b, ", until ");
+                    sb_html(b, V(dur, i, 2));
+                    sb_puts(b, " UTC (since ");
+                    sb_html(b, V(dur, i, 3));
+                    sb_puts(b, ")</p>");
+                    continue;
+                }
+                if (steps++ == 0)
+                    sb_puts(b, "<h2>Steps</h2><table id=\"steps\"><thead><tr><th>Step</th><th>Attempt</th>"
+                               "<th>Stored (UTC), result</th></tr></thead><tbody>");
+                sb_puts(b, "<tr>");
+                html_td(b, NULL, V(dur, i, 1));
+                html_td(b, NULL, V(dur, i, 2));
+                html_td(b, NULL, V(dur, i, 3));
+                sb_puts(b, "</tr>");
+            }
+            if (steps)
+                sb_puts(b, "</tbody></table>");
+        }
+        PQclear(dur);
         /* Its place in a workflow: parents and children, linked. */
         PGresult *rel = serve_query(c, out,
                               "SELECT 'parent', p.id::text, p.state FROM pgjobq.parents($1::bigint) p UNION ALL"

@@ -19,7 +19,8 @@ char **spawn_split_words(const char *s, char *why, size_t why_size);
 int spawn_runnable(const char *file);
 
 /* The variable that tells a coprocess which version of the protocol the worker speaks
- * (docs/coproc.md): 2 adds the "ready" line and the "snooze" status to the original (1). */
+ * (docs/coproc.md): 2 adds the "ready" line and the "snooze" status to the original (1); 3 the step
+ * requests (steps, sleeps, waits for events: docs/durable.md). */
 #define SPAWN_PROTOCOL_VAR "PGJOBQ_COPROC_PROTOCOL"
 
 /* The environment a handler gets: the worker's, without (unless keep_all) every variable that could

@@ -62,6 +62,11 @@ typedef struct exec_cfg {
  * backoff).  Outside sysexits.h's 64-78 and the shell's 126-255, as no tool's own status. */
 #define WORK_EXIT_SNOOZE 99
 
+/* The --exec exit status of a handler whose job was parked (`pgjobq step --sleep` or --wait-event
+ * exited with it: a durable sleep or a wait, docs/durable.md): the database holds the job again,
+ * the worker writes nothing. */
+#define WORK_EXIT_PARKED 98
+
 /* The worker's handler for --exec (arg: an exec_cfg): runs the command for the job and judges its
  * exit (the contract is at the top of cmd_work.c). */
 pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg);

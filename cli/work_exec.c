@@ -278,6 +278,13 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         free(parents_var);
         return PGJOBQ_OUTCOME_COMPLETE;
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == WORK_EXIT_PARKED) {
+        free(out.data);
+        free(err.data);
+        free(env);
+        free(parents_var);
+        return PGJOBQ_OUTCOME_PARKED;
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == WORK_EXIT_SNOOZE) {
         pgjobq_outcome o = snooze(ctx, &out, &err, msg, sizeof msg);
         free(out.data);

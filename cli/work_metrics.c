@@ -116,6 +116,7 @@ static void worker_metrics(void *arg, const http_req *req, http_resp *out)
     COUNTER("pgjobq_worker_cancelled_total", "Jobs that ended cancelled.", cancelled);
     COUNTER("pgjobq_worker_lost_total", "Jobs whose lease this worker lost (their outcome was not written).", lost);
     COUNTER("pgjobq_worker_released_total", "Jobs handed back unstarted at shutdown.", released);
+    COUNTER("pgjobq_worker_parked_total", "Jobs their handlers parked: a durable sleep, a wait for an event.", parked);
     COUNTER("pgjobq_worker_rescued_total", "Expired leases of other workers rescued by this one.", rescued);
     COUNTER("pgjobq_worker_writes_total", "Statements that wrote outcomes.", writes);
     if (xs != &one) {

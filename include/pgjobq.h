@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 24
+#define PGJOBQ_SCHEMA_VERSION 25
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -82,7 +82,10 @@ enum pgjobq_code {
     PGJOBQ_ECONFLICT = 11,  /* serialization failure or deadlock (40001, 40P01); retry the transaction */
     PGJOBQ_EPERM = 12,      /* the database role lacks a privilege the operation needs */
     PGJOBQ_ETIMEOUT = 13,   /* a statement or lock timeout fired */
-    PGJOBQ_ESTOPPED = 14    /* pgjobq_worker_run: pgjobq_worker_stop came first, nothing ran */
+    PGJOBQ_ESTOPPED = 14,   /* pgjobq_worker_run: pgjobq_worker_stop came first, nothing ran */
+    PGJOBQ_PARKED = 15      /* not an error: a durable sleep or a wait for an event parked the job
+                               (pgjobq_ctx_sleep, pgjobq_ctx_wait_event): its attempt is over, the
+                               handler returns (PGJOBQ_OUTCOME_PARKED) */
 };
 
 /* One sentence describing a result code ("invalid argument"); never NULL. */
@@ -825,13 +828,19 @@ typedef enum pgjobq_outcome {
     PGJOBQ_OUTCOME_PENDING = 5,  /* the job goes on after the handler returns: whoever the handler gave
                                     it to ends it with pgjobq_ctx_finish, from any thread, and the
                                     handler's thread is free for the next job meanwhile */
-    PGJOBQ_OUTCOME_SNOOZE = 6    /* hand the job back untouched: it is queued again, due after the
+    PGJOBQ_OUTCOME_SNOOZE = 6,   /* hand the job back untouched: it is queued again, due after the
                                     delay set with pgjobq_ctx_set_retry_delay (none set: the backoff of
                                     its attempt, a few seconds), and this attempt does not count; the text set with
                                     pgjobq_ctx_set_error is kept as its last_error (why).  For a job
                                     this worker cannot run now rather than one that failed: a kind it
                                     does not know yet (a rolling deploy), a handler that could not
                                     start.  A job whose cancellation was requested ends cancelled */
+    PGJOBQ_OUTCOME_PARKED = 7    /* the handler parked the job (pgjobq_ctx_sleep or pgjobq_ctx_wait_event
+                                    returned PGJOBQ_PARKED, or pgjobq_job_sleep on a connection of its
+                                    own): it is queued again already, and the worker writes nothing.
+                                    A job parked through its context is never written, whatever its
+                                    handler returns; return PARKED only for a job parked (one that was
+                                    not keeps its lease until it expires, and runs again after that) */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */
@@ -1039,7 +1048,9 @@ typedef struct pgjobq_worker_stats {
     int64_t claims;      /* claim statements */
     int64_t rescued;     /* expired leases rescued by this process's maintenance */
     int64_t writes;      /* statements that wrote outcomes (completions, failures, hand-backs) */
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t parked;      /* jobs their handlers parked: a durable sleep, a wait for an event (in place of
+                            a reserved field) */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_worker_stats;
 
 PGJOBQ_EXPORT void pgjobq_worker_get_stats(const pgjobq_worker *w, pgjobq_worker_stats *out);
@@ -1053,6 +1064,161 @@ PGJOBQ_EXPORT const char *pgjobq_worker_errmsg(const pgjobq_worker *w);
 
 /* Frees a worker that is not running (run returned, or was never called).  Accepts NULL. */
 PGJOBQ_EXPORT void pgjobq_worker_free(pgjobq_worker *w);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Durable execution: steps, sleeps and events (docs/durable.md)                                     */
+/*
+ * A handler whose work has parts that must not run again when the job does (a charge, an email, a
+ * row written) runs each as a step: its result is stored on the job, fenced by the lease like a
+ * completion, and a later attempt of the job (after a retry, a crash and the rescue, a sleep) gets
+ * the stored result without running the step.  A step whose effects are in the job's database can
+ * make them in the transaction that stores its result (pgjobq_ctx_step_tx): they commit once, or not
+ * at all when the lease was lost.  A durable sleep or a wait for an event parks the job: its attempt
+ * ends, its slot and lease are freed, and it runs again at the sleep's end, the event or the wait's
+ * timeout, its steps replayed from storage.  The handler must come to the same steps, sleeps and
+ * waits in the same order on every attempt, with the same names (they are the steps' keys).
+ *
+ * The step functions of a handler's context run their statements on a connection the worker lends
+ * to the job (pgjobq_ctx_client): opened at its first use (one for each job that uses one at once),
+ * kept for the next job, and closed with the worker.
+ */
+
+/* A stored step of a job, as pgjobq_job_steps() lists it. */
+typedef struct pgjobq_step_info {
+    const char *name;
+    int attempt;          /* the attempt of the job that stored it */
+    int64_t stored_at;    /* microseconds since the epoch */
+    int64_t result_bytes; /* the size of its result, bytes of JSON text */
+    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+} pgjobq_step_info;
+
+/* Why a job is parked (pgjobq_park_info.parked). */
+typedef enum pgjobq_park {
+    PGJOBQ_PARK_NONE = 0,  /* not parked */
+    PGJOBQ_PARK_SLEEP = 1, /* a durable sleep (pgjobq_ctx_sleep) */
+    PGJOBQ_PARK_EVENT = 2  /* waiting for an event (pgjobq_ctx_wait_event) */
+} pgjobq_park;
+
+/* A job's park, as pgjobq_job_park() reports it: the strings are the struct's own. */
+typedef struct pgjobq_park_info {
+    pgjobq_park parked;
+    int64_t until;   /* when it runs again: the sleep's end, the wait's timeout (microseconds since the epoch) */
+    int64_t since;   /* since when it is parked in this step */
+    char step[1024]; /* the sleep's or the wait's step name (255 characters, UTF-8) */
+    char event_name[1024], event_key[1024]; /* what it waits for ("" for a sleep) */
+    uint64_t pgjobq_reserved[4];
+} pgjobq_park_info;
+
+/* The longest step, event and event key name, in characters. */
+#define PGJOBQ_STEP_NAME_MAX 255
+
+/* A step's work.  Returns PGJOBQ_OK with its result in *result_out (JSON text allocated with malloc,
+ * which the library frees; NULL stores JSON null), or any other value: the step failed, nothing is
+ * stored, and pgjobq_ctx_step returns that value.  tx is NULL for pgjobq_ctx_step; for
+ * pgjobq_ctx_step_tx it is the worker's connection lent to the job, in the transaction that will
+ * store the result: the step's effects go through it (pgjobq_client_conn(tx) for libpq). */
+typedef int (*pgjobq_step_fn)(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result_out);
+
+/* The connection the worker lends to this job (connected to the worker's database, opened at the
+ * first call of any job and kept for the next), for the handler's own statements: the same one the
+ * step functions use.  It must be left outside a transaction between calls.  PGJOBQ_OK, or the error
+ * of connecting (pgjobq_ctx_errmsg says why). */
+PGJOBQ_EXPORT int pgjobq_ctx_client(pgjobq_ctx *ctx, pgjobq_client **out) PGJOBQ_WUR;
+
+/* The message of the last error of a step function on ctx ("" when none). */
+PGJOBQ_EXPORT const char *pgjobq_ctx_errmsg(const pgjobq_ctx *ctx);
+
+/*
+ * Runs the step `name` (1 to PGJOBQ_STEP_NAME_MAX characters) of the job once: when a result of that
+ * step is stored on the job, returns it without calling fn; else calls fn(ctx, NULL, arg, &result)
+ * outside any transaction and stores its result, fenced by the lease.  At least once: a worker that
+ * dies after fn and before the store runs fn again in the next attempt (use pgjobq_ctx_step_tx for
+ * effects in the database).  On PGJOBQ_OK, *result_out (may be NULL) is the step's result, JSON text
+ * to release with pgjobq_free ("null" for a null result).  fn's own code when it fails (nothing
+ * stored); PGJOBQ_ELEASE when the job is not held under its lease any more (nothing stored: stop);
+ * PGJOBQ_EINVAL (a bad name, a result that is not JSON or over 1 MiB); a connection's error.
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *arg,
+                                  char **result_out) PGJOBQ_WUR;
+
+/*
+ * The same, exactly once: fn(ctx, tx, arg, &result) runs inside a transaction on the connection lent
+ * to the job (tx), and its result is stored in that transaction, which commits only when the store
+ * is accepted.  When the lease was lost meanwhile (the job expired and the rescue gave it to
+ * another worker) the store is refused and the transaction rolled back, fn's effects with it:
+ * PGJOBQ_ELEASE.  A step of that name stored meanwhile by another holder stands: its result is
+ * returned, and fn's effects are rolled back.  fn must not commit or roll back tx.  The transaction
+ * lasts as long as fn: keep the step short (it holds what its statements lock).
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_step_tx(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *arg,
+                                     char **result_out) PGJOBQ_WUR;
+
+/*
+ * A durable sleep: the first time the job comes to it, stores its end (the database's now + delay_ms,
+ * 0 to 100 years) as the step `name` (NULL: "sleep#N", N counting this attempt's unnamed sleeps) and
+ * parks the job until then: PGJOBQ_PARKED, and the handler returns (PGJOBQ_OUTCOME_PARKED).  The
+ * job's attempt is given back, its slot and lease freed, and no snooze is counted.  The attempt that
+ * runs at the sleep's end (or later) gets PGJOBQ_OK from the same call and goes on.
+ * PGJOBQ_ECANCELLED: the job's cancellation was requested, it ended cancelled (return; nothing is
+ * written).  PGJOBQ_ELEASE; PGJOBQ_EINVAL; a connection's error.
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_sleep(pgjobq_ctx *ctx, const char *name, int64_t delay_ms) PGJOBQ_WUR;
+
+/*
+ * Waits for the event (event_name, key: key NULL is "") as the step `name` (NULL: "wait#N", N
+ * counting this attempt's unnamed waits).  PGJOBQ_OK with the event's payload in *payload_out (JSON
+ * text to release with pgjobq_free; may be NULL): the first event of (event_name, key) still kept
+ * (events are kept 7 days: one sent before the wait began counts), or the one that resumed the job.
+ * PGJOBQ_PARKED: none yet; the job is parked until the event comes or timeout_ms passes (counted
+ * from the first call of this wait; < 0: 100 years), and the handler returns (PGJOBQ_OUTCOME_PARKED).
+ * PGJOBQ_ETIMEOUT: the timeout passed without the event.  The answer is stored: a later attempt
+ * gets the same one.  PGJOBQ_ECANCELLED, PGJOBQ_ELEASE, PGJOBQ_EINVAL as pgjobq_ctx_sleep's.
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_wait_event(pgjobq_ctx *ctx, const char *name, const char *event_name, const char *key,
+                                        int64_t timeout_ms, char **payload_out) PGJOBQ_WUR;
+
+/*
+ * Sends the event (name, key: NULL is "") with its payload (JSON text; NULL: null), in the client's
+ * transaction when it is in one (the event exists, and resumes jobs, only if that commits): every
+ * job parked waiting for it is resumed at once with it, and waits that begin later (within 7 days)
+ * find it.  *resumed_out (may be NULL) receives how many parked jobs it resumed.  PGJOBQ_EINVAL for
+ * a bad name, key or payload.
+ */
+PGJOBQ_EXPORT int pgjobq_send_event(pgjobq_client *c, const char *name, const char *key, const char *payload,
+                                    int *resumed_out) PGJOBQ_WUR;
+
+/*
+ * What the step functions of a handler's context do, for a program that holds a job's lease itself
+ * (pgjobq_claim): each is fenced by (id, lease_token) and runs on c (in c's transaction when it is in
+ * one: pgjobq_step_put in a transaction with the step's effects is pgjobq_ctx_step_tx).
+ * pgjobq_step_get: PGJOBQ_OK with the stored result in *result_out (release with pgjobq_free),
+ * PGJOBQ_ENOTFOUND when the job has no such step, PGJOBQ_ELEASE.  pgjobq_step_put: PGJOBQ_OK stored;
+ * PGJOBQ_EDUPLICATE when the step was stored before (that result stands: in *stored_out, may be NULL);
+ * PGJOBQ_ELEASE (nothing stored: roll back).  pgjobq_job_sleep and pgjobq_job_wait_event: as the
+ * context's (PGJOBQ_OK, PGJOBQ_PARKED, PGJOBQ_ETIMEOUT, ...), the name required; *until_out (may be
+ * NULL) receives the sleep's end.
+ */
+PGJOBQ_EXPORT int pgjobq_step_get(pgjobq_client *c, int64_t id, int64_t lease_token, const char *name,
+                                  char **result_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_step_put(pgjobq_client *c, int64_t id, int64_t lease_token, const char *name,
+                                  const char *result, char **stored_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_job_sleep(pgjobq_client *c, int64_t id, int64_t lease_token, const char *name,
+                                   int64_t delay_ms, int64_t *until_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_job_wait_event(pgjobq_client *c, int64_t id, int64_t lease_token, const char *name,
+                                        const char *event_name, const char *key, int64_t timeout_ms,
+                                        char **payload_out) PGJOBQ_WUR;
+
+/* The job's stored steps, in the order they were stored: *steps_out holds *n_out entries (NULL, 0 when
+ * none), to release with pgjobq_steps_free().  A job that is not there has none. */
+PGJOBQ_EXPORT int pgjobq_job_steps(pgjobq_client *c, int64_t id, pgjobq_step_info **steps_out,
+                                   size_t *n_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT void pgjobq_steps_free(pgjobq_step_info *steps);
+
+/* The job's park now into *out (parked PGJOBQ_PARK_NONE when it is not parked). */
+PGJOBQ_EXPORT int pgjobq_job_park(pgjobq_client *c, int64_t id, pgjobq_park_info *out) PGJOBQ_WUR;
+
+/* Releases a string the library returned (a step's result, an event's payload).  Accepts NULL. */
+PGJOBQ_EXPORT void pgjobq_free(void *p);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Clusters of shards (docs/shards.md)                                                              */

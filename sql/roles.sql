@@ -96,8 +96,14 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.health(),
     pgjobq.health_facts(),
     pgjobq.monitor_unhealthy_workers(),
-    pgjobq.autovacuum_adapt()
+    pgjobq.autovacuum_adapt(),
+    pgjobq.step_get(bigint, bigint, text),
+    pgjobq.step_put(bigint, bigint, text, jsonb),
+    pgjobq.sleep(bigint, bigint, text, interval),
+    pgjobq.wait_event(bigint, bigint, text, text, text, interval)
 TO pgjobq_worker;
+-- Events (sql/functions/steps.sql): a producer's transaction sends them, and so may a job's.
+GRANT EXECUTE ON FUNCTION pgjobq.send_event(text, text, jsonb) TO pgjobq_producer, pgjobq_worker;
 
 -- pgjobq_admin is both of the above.  Granted only when it is not yet: granting a membership needs
 -- CREATEROLE even when it changes nothing, and `pgjobq migrate` applies this file again (after the
@@ -184,6 +190,9 @@ GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_na
     pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
     pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
+TO pgjobq_admin, pgjobq_monitor;
+-- A job's steps and park, and the counts of parked jobs (sql/functions/steps.sql): to who may read jobs.
+GRANT EXECUTE ON FUNCTION pgjobq.steps(bigint), pgjobq.job_park_of(bigint), pgjobq.monitor_parked()
 TO pgjobq_admin, pgjobq_monitor;
 -- Waiting for a job to finish (sql/functions/await.sql): to who may read the job.
 GRANT EXECUTE ON FUNCTION pgjobq.await_begin(bigint), pgjobq.await_end(bigint) TO pgjobq_admin, pgjobq_monitor;

@@ -319,6 +319,12 @@ struct pgjobq_ctx {
     _Atomic int pending;         /* its handler returned PENDING: pgjobq_ctx_finish ends it */
     _Atomic int64_t timeout_at_ms; /* INT64_MAX until the handler starts: the timeout counts from there */
     _Atomic(char *) progress;    /* the latest progress set (pgjobq_ctx_set_progress), taken by the engine */
+    /* Durable execution (steps.c), on the handler's side. */
+    pgjobq_client *lent;         /* the connection the pool lent the job (pgjobq_ctx_client), or NULL */
+    _Atomic int parked;          /* a sleep or a wait parked the job (or it ended cancelled there): the
+                                    database ended this attempt, the engine writes nothing */
+    int unnamed_sleeps, unnamed_waits; /* for the names of sleeps and waits given none */
+    char errmsg[512];            /* pgjobq_ctx_errmsg */
     /* Engine only. */
     int64_t lease_valid_until_ms;
     size_t run_index;            /* position in the worker's running set */
@@ -371,6 +377,11 @@ typedef struct pgjobq__queue {
  * beyond these. */
 typedef struct pgjobq__pool {
     const char *worker_id;   /* for messages */
+    const char *conninfo;    /* the worker's database, for the connections lent to jobs (steps.c) */
+    int64_t tcp_timeout_ms;  /* theirs */
+    pthread_mutex_t lend_mu; /* the connections lent and given back: */
+    pgjobq_client **idle;    /* those given back, for the next job that asks */
+    size_t nidle, capidle;
     void (*wake)(void *arg); /* called, from a handler thread, when a job arrives in an empty mailbox */
     void *wake_arg;
     pthread_mutex_t mu;
@@ -381,7 +392,8 @@ typedef struct pgjobq__pool {
 /* Sets the pool up (its mailbox, empty) with the wakeup and the worker id it gives messages: 0, or
  * pthread_mutex_init's error number (then there is nothing to destroy). */
 int pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg);
-/* Releases what pgjobq__pool_init set up; after pgjobq__pool_stop and the last collect. */
+/* Releases what pgjobq__pool_init set up (and closes the connections given back); after
+ * pgjobq__pool_stop and the last collect. */
 void pgjobq__pool_destroy(pgjobq__pool *pool);
 /* Starts each queue's threads, handing ended jobs to pool; PGJOBQ_OK or PGJOBQ_ENOMEM (err says why). */
 int pgjobq__pool_start(pgjobq__pool *pool, pgjobq__queue *queues, int nqueues, char *err, size_t err_size);
@@ -396,8 +408,14 @@ pgjobq_ctx *pgjobq__pool_take_waiting(pgjobq__queue *q);
 /* Whether any queue has jobs waiting on its list; if so, wakes one more thread for each such queue
  * (so that a slow job cannot hold back the fast ones behind it). */
 int pgjobq__pool_help(pgjobq__queue *queues, int nqueues);
-/* Frees a context and everything it owns.  Accepts NULL. */
+/* Frees a context and everything it owns (a connection lent to it goes back to the pool).  Accepts
+ * NULL. */
 void pgjobq__ctx_free(pgjobq_ctx *ctx);
+/* A connection for a job (the pool's conninfo): one given back, else a new one.  PGJOBQ_OK, or the
+ * error of connecting, its message in errbuf. */
+int pgjobq__pool_lend(pgjobq__pool *pool, pgjobq_client **out, char *errbuf, size_t errsize);
+/* Gives a lent connection back (closed instead when it is not idle and sound).  Accepts NULL. */
+void pgjobq__pool_give_back(pgjobq__pool *pool, pgjobq_client *c);
 /* Asks a handler to stop, keeping the first reason given. */
 void pgjobq__ctx_stop(pgjobq_ctx *ctx, pgjobq_stop_reason why);
 
@@ -536,7 +554,7 @@ struct pgjobq_worker {
 
     /* Statistics. */
     _Atomic int64_t st_claimed, st_completed, st_retried, st_failed, st_cancelled, st_lost, st_released,
-        st_running, st_claims, st_rescued, st_writes;
+        st_running, st_claims, st_rescued, st_writes, st_parked;
     _Atomic int st_connected; /* connections ready now */
 
     /* Failed attempts in the log: at most FAIL_LOG_MAX lines a FAIL_LOG_WINDOW_MS (engine thread). */

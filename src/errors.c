@@ -26,6 +26,7 @@ static const struct {
     {PGJOBQ_EPERM, "PGJOBQ_EPERM", "permission denied"},
     {PGJOBQ_ETIMEOUT, "PGJOBQ_ETIMEOUT", "statement or lock timeout"},
     {PGJOBQ_ESTOPPED, "PGJOBQ_ESTOPPED", "the worker was asked to stop"},
+    {PGJOBQ_PARKED, "PGJOBQ_PARKED", "the job was parked (a durable sleep or a wait for an event)"},
 };
 
 const char *pgjobq_strerror(int code)

@@ -100,6 +100,8 @@ void pgjobq__ctx_free(pgjobq_ctx *ctx)
 {
     if (ctx == NULL)
         return;
+    if (ctx->lent)
+        pgjobq__pool_give_back(ctx->q->pool, ctx->lent);
     free(atomic_load(&ctx->progress));
     free(ctx->result);
     free(ctx->error);
@@ -346,17 +348,85 @@ static void *queue_thread(void *arg)
 
 int pgjobq__pool_init(pgjobq__pool *pool, const char *worker_id, void (*wake)(void *arg), void *wake_arg)
 {
+    int e;
+
     pool->worker_id = worker_id;
     pool->wake = wake;
     pool->wake_arg = wake_arg;
     pool->done = NULL;
+    pool->idle = NULL;
+    pool->nidle = pool->capidle = 0;
     atomic_store(&pool->progress_set, 0);
-    return pthread_mutex_init(&pool->mu, NULL);
+    if ((e = pthread_mutex_init(&pool->mu, NULL)) != 0)
+        return e;
+    if ((e = pthread_mutex_init(&pool->lend_mu, NULL)) != 0)
+        pthread_mutex_destroy(&pool->mu);
+    return e;
 }
 
 void pgjobq__pool_destroy(pgjobq__pool *pool)
 {
+    for (size_t i = 0; i < pool->nidle; i++)
+        pgjobq_client_close(pool->idle[i]);
+    free(pool->idle);
+    pool->idle = NULL;
+    pool->nidle = pool->capidle = 0;
+    pthread_mutex_destroy(&pool->lend_mu);
     pthread_mutex_destroy(&pool->mu);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Connections lent to jobs (steps.c)                                                                */
+
+int pgjobq__pool_lend(pgjobq__pool *pool, pgjobq_client **out, char *errbuf, size_t errsize)
+{
+    pgjobq_client *c = NULL;
+    int rc;
+
+    pthread_mutex_lock(&pool->lend_mu);
+    if (pool->nidle > 0)
+        c = pool->idle[--pool->nidle];
+    pthread_mutex_unlock(&pool->lend_mu);
+    if (c) {
+        *out = c;
+        return PGJOBQ_OK;
+    }
+    /* Connecting happens outside the lock: another job's connection is not held up by this one. */
+    rc = pgjobq__client_open_timeout(&c, pool->conninfo, pool->tcp_timeout_ms);
+    if (rc != PGJOBQ_OK) {
+        snprintf(errbuf, errsize, "cannot open the connection lent to the job: %s",
+                 c ? pgjobq_errmsg(c) : pgjobq_strerror(rc));
+        pgjobq_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return PGJOBQ_OK;
+}
+
+void pgjobq__pool_give_back(pgjobq__pool *pool, pgjobq_client *c)
+{
+    if (c == NULL)
+        return;
+    /* A connection left in a transaction (a handler that returned from inside one), or broken, is not
+     * given to the next job: closing it rolls its transaction back. */
+    if (PQstatus(c->conn) != CONNECTION_OK || PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+        pgjobq_client_close(c);
+        return;
+    }
+    pthread_mutex_lock(&pool->lend_mu);
+    if (pool->nidle == pool->capidle) {
+        size_t cap = pool->capidle ? pool->capidle * 2 : 8;
+        pgjobq_client **p = realloc(pool->idle, cap * sizeof *p);
+        if (p == NULL) {
+            pthread_mutex_unlock(&pool->lend_mu);
+            pgjobq_client_close(c);
+            return;
+        }
+        pool->idle = p;
+        pool->capidle = cap;
+    }
+    pool->idle[pool->nidle++] = c;
+    pthread_mutex_unlock(&pool->lend_mu);
 }
 
 pgjobq_ctx *pgjobq__pool_collect(pgjobq__pool *pool)

@@ -216,6 +216,13 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
 {
     int kind;
 
+    if (atomic_load(&ctx->parked) || (ctx->outcome == PGJOBQ_OUTCOME_PARKED && !ctx->ended)) {
+        /* A sleep or a wait parked it (steps.c, or the handler's own connection: an --exec handler's
+         * `pgjobq sleep`): the database ended this attempt already. */
+        atomic_fetch_add(&w->st_parked, 1);
+        running_drop(w, ctx);
+        return;
+    }
     if (ctx->ended || ctx->outcome == PGJOBQ_OUTCOME_DONE) {
         /* Lost, cancelled in the database already, or ended by its handler: nothing to write. */
         if (ctx->outcome == PGJOBQ_OUTCOME_DONE && !ctx->ended)
@@ -929,6 +936,10 @@ static void heartbeat_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
         pgjobq_ctx *ctx = running_find(w, id);
         if (ctx == NULL || ctx->ended)
             continue;
+        if (o != PGJOBQ__O_EXTENDED && atomic_load(&ctx->parked)) {
+            ctx->ended = 1; /* parked by its handler, which is returning: no lease to renew, nothing lost */
+            continue;
+        }
         if (o == PGJOBQ__O_EXTENDED) {
             /* Never earlier than what its claim showed: a beat sent before the claim's result came can
              * still extend the job (it ran after the claim committed).  So leases only move later,
@@ -1375,6 +1386,8 @@ static void phase_deadlines(pgjobq_worker *w, int64_t now)
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_TIMEOUT);
         if (now >= lease_at) {
             ctx->ended = 1;
+            if (atomic_load(&ctx->parked))
+                continue; /* parked: the database holds it, not this worker */
             pgjobq__ctx_stop(ctx, PGJOBQ_STOP_LEASE_LOST);
             atomic_fetch_add(&w->st_lost, 1);
             wlog(w, PGJOBQ_LOG_WARN, "job %lld: its lease could not be renewed in time; treating it as lost",
@@ -1759,6 +1772,8 @@ static int init_sync(pgjobq_worker *w)
 
     if ((e = pgjobq__pool_init(&w->pool, w->worker_id, pool_wake, w)) != 0)
         return e;
+    w->pool.conninfo = w->conninfo;
+    w->pool.tcp_timeout_ms = tcp_timeout(w);
     for (i = 0; i < w->nqueues; i++) {
         if ((e = pthread_mutex_init(&w->queues[i].mu, NULL)) != 0)
             break;

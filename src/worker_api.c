@@ -221,6 +221,7 @@ void pgjobq_worker_get_stats(const pgjobq_worker *cw, pgjobq_worker_stats *out)
     out->claims = atomic_load(&w->st_claims);
     out->rescued = atomic_load(&w->st_rescued);
     out->writes = atomic_load(&w->st_writes);
+    out->parked = atomic_load(&w->st_parked);
 }
 
 int pgjobq_worker_connections(const pgjobq_worker *cw)

@@ -406,7 +406,7 @@ TEST_FULL(coproc_and_exec_handlers_get_the_environment_they_are_told, 120, 0)
 
     /* By default: nothing that reaches the database; a coprocess is told the protocol's version. */
     seen = env_seen(c, pg, "envdef", "--coproc", command, NULL, NULL);
-    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_COPROC_PROTOCOL\": \"2\"}") == 0, "saw %s", seen);
+    CHECK_MSG(strcmp(seen, "{\"APP_SETTING\": \"on\", \"PGJOBQ_COPROC_PROTOCOL\": \"3\"}") == 0, "saw %s", seen);
     free(seen);
     /* --pass-env names what passes (a list, and repeatable). */
     seen = env_seen(c, pg, "envpass", "--coproc", command, "--pass-env", "DATABASE_URL,PGAPPNAME");
@@ -418,7 +418,7 @@ TEST_FULL(coproc_and_exec_handlers_get_the_environment_they_are_told, 120, 0)
     /* --keep-env: all of it. */
     seen = env_seen(c, pg, "envkeep", "--coproc", command, "--keep-env", NULL);
     CHECK_MSG(strstr(seen, "\"PGPASSWORD\": \"pw-of-the-worker\"") && strstr(seen, "\"DATABASE_URL\"") &&
-                  strstr(seen, "\"PGJOBQ_DATABASE_URL\"") && strstr(seen, "\"PGJOBQ_COPROC_PROTOCOL\": \"2\""),
+                  strstr(seen, "\"PGJOBQ_DATABASE_URL\"") && strstr(seen, "\"PGJOBQ_COPROC_PROTOCOL\": \"3\""),
               "saw %s", seen);
     free(seen);
     /* The same for --exec, whose job variables are pgjobq's own. */
@@ -716,5 +716,126 @@ TEST_FULL(coproc_lines_up_to_4_mib_are_replies_and_results_up_to_1_mib_are_store
     CHECK_INT(log_count(log, "wrote a line longer than 4194304 bytes; restarting it"), 1);
     stop_worker();
     pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* A coprocess of protocol 3 (docs/coproc.md, "Steps"): asks for its step, runs it when it is not
+ * stored (writing a line to a ledger), stores it; kind flow asks for a retry at its first attempt,
+ * kind nap sleeps 300 ms (parked: its attempt ends there), kind waiter waits for the event "go"
+ * with its n as the key.  Job lines that come while it waits for an answer are kept for later. */
+static const char steps_coproc[] =
+    "import json, os, sys\n"
+    "ledger = sys.argv[1]\n"
+    "if os.environ.get('PGJOBQ_COPROC_PROTOCOL') != '3':\n"
+    "    sys.exit('protocol ' + str(os.environ.get('PGJOBQ_COPROC_PROTOCOL')))\n"
+    "backlog = []\n"
+    "def send(m):\n"
+    "    sys.stdout.write(json.dumps(m) + '\\n'); sys.stdout.flush()\n"
+    "def answer(i):\n"
+    "    while True:\n"
+    "        line = sys.stdin.readline()\n"
+    "        if not line: sys.exit(0)\n"
+    "        m = json.loads(line)\n"
+    "        if m.get('parked') == i or m.get('cancel') == i: return m\n"
+    "        if m.get('id') == i and ('step' in m or 'sleep' in m or 'wait' in m): return m\n"
+    "        backlog.append(m)\n"
+    "def run(job):\n"
+    "    i, n = job['id'], job['payload']['n']\n"
+    "    send({'id': i, 'step': 'a'})\n"
+    "    a = answer(i)\n"
+    "    if not a['stored']:\n"
+    "        with open(ledger, 'a') as f: f.write('%d a\\n' % i)\n"
+    "        send({'id': i, 'step': 'a', 'result': {'n': n}})\n"
+    "        a = answer(i)\n"
+    "        assert a['stored'], a\n"
+    "    extra = None\n"
+    "    if job['kind'] == 'nap':\n"
+    "        send({'id': i, 'sleep': 'nap', 'delay_ms': 300})\n"
+    "        s = answer(i)\n"
+    "        if 'parked' in s: return\n"
+    "        assert s['over'], s\n"
+    "    if job['kind'] == 'waiter':\n"
+    "        send({'id': i, 'wait': 'w', 'event': 'go', 'key': str(n), 'timeout_ms': 60000})\n"
+    "        w = answer(i)\n"
+    "        if 'parked' in w: return\n"
+    "        extra = w.get('event')\n"
+    "    if job['kind'] == 'flow' and job['attempt'] == 1:\n"
+    "        send({'id': i, 'status': 'retry', 'error': 'once more', 'delay_ms': 0}); return\n"
+    "    send({'id': i, 'status': 'completed', 'result': {'a': a['result'], 'attempt': job['attempt'], 'event': "
+    "extra}})\n"
+    "while True:\n"
+    "    if backlog: m = backlog.pop(0)\n"
+    "    else:\n"
+    "        line = sys.stdin.readline()\n"
+    "        if not line: break\n"
+    "        m = json.loads(line)\n"
+    "    if 'payload' in m: run(m)\n";
+
+static void enqueue_kind(PGconn *pg, const char *kind, int n)
+{
+    PQclear(t_exec(pg,
+                   "SELECT pgjobq.enqueue_many(array_fill('st'::text, ARRAY[%d]), array_fill('%s'::text, ARRAY[%d]),"
+                   " (SELECT array_agg(jsonb_build_object('n', i)) FROM generate_series(1, %d) i))",
+                   n, kind, n, n));
+}
+
+TEST_FULL(coproc_steps_run_once_over_attempts_and_sleeps_and_waits_park_the_job, 120, 0)
+{
+    PGconn *pg = t_pg();
+    char command[1200], script_cmd[700];
+    const char *log = t_log_path("st");
+
+    python_script("steps_coproc.py", steps_coproc, script_cmd, sizeof script_cmd);
+    snprintf(command, sizeof command, "%s %s/ledger", script_cmd, t_tmpdir());
+    enqueue_kind(pg, "flow", 30);
+    enqueue_kind(pg, "nap", 10);
+    enqueue_kind(pg, "waiter", 5);
+    worker = t_spawn(log, NULL, "work", "--queue", "st:4", "--coproc", command, "--poll", "100ms", NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st'") < 40 ||
+           t_int(pg, "SELECT coalesce(sum(waiting), 0) FROM pgjobq.monitor_parked() WHERE queue = 'st'") < 5) {
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "not all 40 jobs finished and 5 waiting");
+        }
+        usleep(50000);
+    }
+    /* waiter: parked until its event, which resumes it with the payload. */
+    CHECK_INT(t_int(pg, "SELECT sum(resumed) FROM generate_series(1, 5) n,"
+                        " LATERAL pgjobq.send_event('go', n::text, jsonb_build_object('v', n))"),
+              5);
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st'") < 45) {
+        if (t_now_ms() - t0 > 60000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the 5 waiting jobs did not finish");
+        }
+        usleep(50000);
+    }
+    stop_worker();
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'st' AND kind = 'waiter'"
+                        " AND state = 'completed' AND attempt = 1 AND result->'event' = jsonb_build_object('v', payload->'n')"),
+              5);
+    /* flow: two attempts, step a run once (the second attempt got it from storage). */
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE queue = 'st' AND kind = 'flow' AND state = 'completed'"
+                    " AND attempt = 2 AND result = jsonb_build_object('a', jsonb_build_object('n', payload->'n'),"
+                    " 'attempt', 2, 'event', NULL)"),
+              30);
+    /* nap: parked once (no attempt used), resumed after its sleep, step a not run again. */
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history h WHERE queue = 'st' AND kind = 'nap' AND state = 'completed'"
+                    " AND attempt = 1 AND result->'a' = jsonb_build_object('n', payload->'n')"
+                    " AND EXISTS (SELECT FROM pgjobq.job_steps s WHERE s.job_id = h.id AND s.name = 'nap'"
+                    "              AND (s.result->>'sleep_until')::timestamptz <= h.finished_at)"),
+              10);
+    char path[600];
+    snprintf(path, sizeof path, "%s/ledger", t_tmpdir());
+    char *text = read_log(path);
+    int lines = 0;
+    for (char *p = text; *p; p++)
+        lines += *p == '\n';
+    free(text);
+    CHECK_INT(lines, 45);
     PQfinish(pg);
 }

@@ -822,6 +822,19 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     /* The snoozes' migration (23): every job upgraded has none, live or finished. */
     CHECK(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs") > 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE snoozes <> 0"), 0);
+    /* The steps' migration (25): no job has steps or a park; a job claimed now stores one, fenced,
+     * and a sleep parks it. */
+    CHECK_INT(t_int(pg, "SELECT (SELECT count(*) FROM pgjobq.job_steps) + (SELECT count(*) FROM pgjobq.job_parks)"
+                        " + (SELECT count(*) FROM pgjobq.events)"),
+              0);
+    o.queue = "q25";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 25}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q25", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_step_put(c, id, jobs[0].lease_token, "one", "1", NULL));
+    CHECK_RC(c, pgjobq_job_sleep(c, id, jobs[0].lease_token, "nap", 3600000, NULL), PGJOBQ_PARKED);
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_park_of(%lld) WHERE parked = 'sleeping'", (long long)id), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -261,7 +261,19 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
     CHECK_OK(c, pgjobq_claim(c, "mail", 1, 60000, "w1", &jobs, &n));
     CHECK_INT((long long)n, 1);
     pgjobq_jobs_free(jobs);
+    /* Two jobs parked (docs/durable.md): one sleeping an hour, one waiting for an event. */
+    put(c, "park", "{}");
+    put(c, "park", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "park", 2, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 2);
+    CHECK_RC(c, pgjobq_job_sleep(c, jobs[0].id, jobs[0].lease_token, "nap", 3600 * 1000, NULL), PGJOBQ_PARKED);
+    CHECK_RC(c, pgjobq_job_wait_event(c, jobs[1].id, jobs[1].lease_token, "w", "go", NULL, -1, NULL), PGJOBQ_PARKED);
+    char sleeper[64];
+    snprintf(sleeper, sizeof sleeper, "/jobs/%lld", (long long)jobs[0].id);
+    pgjobq_jobs_free(jobs);
 
+    wait_metric(s->port, "pgjobq_jobs_sleeping{queue=\"park\"}", 1);
+    wait_metric(s->port, "pgjobq_jobs_awaiting_event{queue=\"park\"}", 1);
     wait_metric(s->port, "pgjobq_jobs_completed_total{queue=\"mail\"}", 2);
     wait_metric(s->port, "pgjobq_jobs_failed_total{queue=\"mail\"}", 1);
     wait_metric(s->port, "pgjobq_jobs_retried_total{queue=\"mail\"}", 1);
@@ -287,6 +299,17 @@ TEST_FULL(serve_metrics_pass_promtool_and_equal_the_table, 90, 0)
     CHECK(metric(body, "pgjobq_jobs{queue=\"mail\",state=\"queued\"}") == 2); /* 1 + retried + rescued - claimed */
     CHECK(metric(body, "pgjobq_jobs_scheduled{queue=\"sms\"}") == 1);
     CHECK(metric(body, "pgjobq_jobs_scheduled{queue=\"mail\"}") == 1); /* the retry, an hour away */
+    CHECK(metric(body, "pgjobq_jobs_sleeping{queue=\"mail\"}") == 0);
+    {
+        /* The dashboard's page of the sleeping job says so, and lists its step. */
+        char *page = NULL;
+        CHECK_INT(http(s->port, "GET", sleeper, NULL, NULL, &page), 200);
+        CHECK_MSG(strstr(page, "<p id=\"parked\">sleeping in nap, until ") && strstr(page, "<table id=\"steps\">") &&
+                      strstr(page, "<td>nap</td><td>1</td>"),
+                  "the page of a sleeping job:\n%s", page);
+        free(page);
+    }
+    CHECK(metric(body, "pgjobq_jobs_awaiting_event{queue=\"mail\"}") == 0);
     CHECK(metric(body, "pgjobq_queue_paused{queue=\"sms\"}") == 1);
     CHECK(metric(body, "pgjobq_queue_paused{queue=\"mail\"}") == 0);
     CHECK(metric(body, "pgjobq_queue_lag_seconds{queue=\"mail\"}") >= 0);

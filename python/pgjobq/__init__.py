@@ -13,6 +13,8 @@
 docs/python.md is the tour.
 """
 
+from typing import Any, Optional
+
 from .app import App, Deferrer, Periodic, Task, exponential_backoff
 from .context import Cancelled, Context, ParentResult
 from ._enqueue import (
@@ -30,6 +32,8 @@ from ._enqueue import (
     forward,
     forward_async,
 )
+from ._durable import EventTimeout, LeaseLost, Parked
+from ._durable import send_event as _send_event, send_event_async as _send_event_async
 from ._txn import TransactionWarning
 from .errors import (
     DuplicateJob,
@@ -51,6 +55,8 @@ from .errors import (
 )
 from ._jobs import (
     JobInfo,
+    ParkInfo,
+    StepInfo,
     QueueInfo,
     cancel,
     cancel_where,
@@ -65,6 +71,20 @@ from ._jobs import (
     set_limits,
 )
 
+
+
+def send_event(conn: Any, name: str, key: Optional[str] = None, payload: Any = None) -> int:
+    """``pgjobq.send_event`` on ``conn`` (your connection or session: in your transaction; a URL:
+    committed): resumes the jobs parked in ``ctx.wait_for_event(name, key)`` with ``payload``, and
+    keeps the event 7 days for the waits that begin later.  Returns how many jobs it resumed."""
+    return _send_event(conn, name, key, payload)
+
+
+async def send_event_async(conn: Any, name: str, key: Optional[str] = None, payload: Any = None) -> int:
+    """``send_event`` on a psycopg ``AsyncConnection`` (or a URL)."""
+    return await _send_event_async(conn, name, key, payload)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -73,10 +93,11 @@ __all__ = [
     "JobSpec", "Enqueued", "Batch",
     "enqueue", "enqueue_many", "enqueue_graph", "enqueue_batch", "forward", "forward_async",
     "enqueue_async", "enqueue_many_async", "enqueue_graph_async", "enqueue_batch_async",
-    "JobInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
+    "JobInfo", "StepInfo", "ParkInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
     "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
     "TransactionConflict", "WrongShard", "ShardUnavailable", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
     "Retry", "Snooze", "Fail", "TransactionWarning",
+    "send_event", "send_event_async", "Parked", "EventTimeout", "LeaseLost",
     "__version__",
 ]

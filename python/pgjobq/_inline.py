@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from . import _sql
+from . import _durable, _sql
 from ._runner import Runner
 from ._util import dumps
 from .app import App, Task
@@ -114,6 +114,8 @@ def _run_one(task: Task, ctx: Context) -> Tuple[str, Dict[str, Any]]:
     except BaseException as e:  # noqa: B036 - whatever a task raises is its attempt's failure
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        if isinstance(e, _durable.Parked) or ctx._parked:
+            return "parked", {}  # a sleep or a wait parked the job: nothing to write
         answer = decide._raised(ctx, task, e, task.timeout if task.is_async else None)
         return answer if answer is not None else ("retry", {"error": "the task was cancelled"})
     return decide._returned(ctx, task, value)
@@ -175,8 +177,13 @@ def run_inline(app: App, target: Any, queues: Optional[Iterable[str]], max_jobs:
                     new = True
                     ctx = Context(int(job_id), queue, kind, int(attempt), int(max_attempts), payload, _parents(parents),
                                   time.monotonic() + LEASE_S, app)
+                    ctx._durable = _durable._Direct(target, int(job_id), int(token))
+                    ctx._token = int(token)
                     status, fields = _run_one(task, ctx)
-                    counts[_COUNT.get(_write(target, job_id, token, status, fields), "lost")] += 1
+                    if status == "parked":
+                        counts["parked"] += 1
+                    else:
+                        counts[_COUNT.get(_write(target, job_id, token, status, fields), "lost")] += 1
                     ran += 1
                 if not new:
                     break

@@ -68,28 +68,70 @@ class JobInfo:
     route_key: Optional[str] = None
     # How many times it was snoozed (pgjobq.Snooze: no attempt used), against pgjobq.snooze_cap().
     snoozes: int = 0
+    # Its stored steps (ctx.step, and the sleeps and waits it came to), in the order they were stored,
+    # and its park now: a durable sleep or a wait for an event (None when it is not parked).
+    steps: List["StepInfo"] = dataclasses.field(default_factory=list)
+    parked: Optional["ParkInfo"] = None
 
     @property
     def finished(self) -> bool:
         return self.state in FINAL_STATES
 
 
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """A stored step of a job: its name, the attempt that stored it, when, and its result's size
+    (bytes of JSON text)."""
+
+    name: str
+    attempt: int
+    stored_at: _dt.datetime
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ParkInfo:
+    """Why a job is parked: ``why`` 'sleeping' (``ctx.sleep``) or 'waiting' (``ctx.wait_for_event``,
+    for ``event`` and ``key``), in the step ``step``, until when it runs again (the sleep's end, the
+    wait's timeout), since when."""
+
+    why: str
+    step: str
+    until: _dt.datetime
+    since: _dt.datetime
+    event: Optional[str] = None
+    key: Optional[str] = None
+
+
+# steps and parked: JSON with times as epoch seconds (every driver reads those alike).
 _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
-       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes
-  FROM pgjobq.all_jobs WHERE id = CAST(:id AS bigint)
+       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes,
+       (SELECT jsonb_agg(jsonb_build_array(s.name, s.attempt, extract(epoch FROM s.stored_at), s.result_bytes))
+          FROM pgjobq.steps(a.id) s) AS steps,
+       (SELECT jsonb_build_array(p.parked, p.step, extract(epoch FROM p.until), extract(epoch FROM p.since),
+                                 p.event_name, p.event_key)
+          FROM pgjobq.job_park_of(a.id) p) AS parked
+  FROM pgjobq.all_jobs a WHERE id = CAST(:id AS bigint)
 """
+
+
+def _when(epoch: Any) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(float(epoch), _dt.timezone.utc)
 
 
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key, snoozes) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes, steps, parked) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
-                   cancel_requested_at, cancel_told_at, route_key, int(snoozes))
+                   cancel_requested_at, cancel_told_at, route_key, int(snoozes),
+                   [StepInfo(str(n), int(a), _when(t), int(b)) for n, a, t, b in steps or []],
+                   ParkInfo(parked[0], parked[1], _when(parked[2]), _when(parked[3]), parked[4], parked[5])
+                   if parked else None)
 
 
 def get(conn: Any, job_id: int) -> Optional[JobInfo]:

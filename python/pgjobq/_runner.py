@@ -17,7 +17,9 @@ up itself, writes ``LEVEL: logger: message`` at INFO and above.
 With a worker that speaks version 2 of the protocol ($PGJOBQ_COPROC_PROTOCOL): a ``{"ready": true}``
 line once the App is imported (a process that dies before it is a broken deployment, not a failed
 job), and a job of a kind the App has no task for is handed back (``"status": "snooze"``) rather
-than failed, unless ``--fail-unknown-kinds``.
+than failed, unless ``--fail-unknown-kinds``.  Version 3 adds the job's lease token to its line and
+the step requests (``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_event``: docs/durable.md): a request
+line waits for its answer line; ``{"parked": id}`` ends a job a sleep or a wait parked.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import _durable
 from ._util import check_json, delay_seconds
 from .app import App, Task
-from .context import Context, ParentResult
+from .context import Cancelled, Context, ParentResult
 from .errors import Fail, InvalidJob, Retry, Snooze
 
 _decode = json.JSONDecoder().raw_decode
@@ -266,6 +269,7 @@ class Runner:
         self.unknown_warned: Dict[str, float] = {}  # kind -> when it was last warned about
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pgjobq-task")
         self.running: Dict[int, Tuple["asyncio.Task[None]", Context]] = {}
+        self.requests: Dict[int, "asyncio.Future[Dict[str, Any]]"] = {}  # a job's step request, until answered
         self.out: List[bytes] = []
         self.flush_pending = False
         self.reading = False
@@ -289,6 +293,12 @@ class Runner:
         if "cancel" in msg:
             self.cancel(msg["cancel"])
             return
+        if "parked" in msg:
+            self.parked(msg["parked"])
+            return
+        if "payload" not in msg and ("step" in msg or "sleep" in msg or "wait" in msg):
+            self.answered(msg.get("id"), msg)
+            return
         self.start(self._context(msg))
 
     def on_eof(self) -> None:
@@ -297,11 +307,42 @@ class Runner:
 
     def cancel(self, job_id: Any) -> None:
         entry = self.running.pop(job_id, None)
+        fut = self.requests.pop(job_id, None) if type(job_id) is int else None
+        if fut is not None and not fut.done():  # (a sync task's thread waits on it)
+            fut.set_exception(Cancelled("the worker gave the job up (cancelled, timed out, lease lost or "
+                                        "shutting down)"))
         if entry is None:
             return  # answered already
         task, ctx = entry
         ctx._cancel("the worker gave the job up (cancelled, timed out, lease lost or shutting down)")
         task.cancel()
+
+    # -- step requests (protocol 3, docs/durable.md) -----------------------------------------------
+    async def request(self, ctx: Context, line: bytes) -> Dict[str, Any]:
+        """A step request's line to the worker, and its answer (on the loop)."""
+        if ctx.id not in self.running or ctx.id in self.requests:
+            raise Cancelled(f"job {ctx.id}: given up, or a request of it is already waiting for its answer")
+        fut: "asyncio.Future[Dict[str, Any]]" = self.loop.create_future()
+        self.requests[ctx.id] = fut
+        self.out.append(line)
+        self._flush_soon()
+        try:
+            return await fut
+        finally:
+            if self.requests.get(ctx.id) is fut:
+                del self.requests[ctx.id]
+
+    def answered(self, job_id: Any, msg: Dict[str, Any]) -> None:
+        fut = self.requests.get(job_id) if type(job_id) is int else None
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def parked(self, job_id: Any) -> None:
+        """The worker parked the job (a sleep, a wait): its attempt is over, no answer is wanted."""
+        entry = self.running.pop(job_id, None)
+        if entry is not None:
+            entry[1]._parked = True
+        self.answered(job_id, {"parked": True})
 
     # -- output ----------------------------------------------------------------------------------
     def answer(self, ctx: Context, status: str, fields: Dict[str, Any]) -> None:
@@ -365,6 +406,10 @@ class Runner:
         ctx = Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
                       int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
         ctx._report = self.progress
+        if self.protocol >= 3:
+            ctx._durable = _durable._Lines(self, ctx)
+            token = msg.get("lease_token")
+            ctx._token = token if type(token) is int else None
         return ctx
 
     def _retry_fields(self, task: Optional[Task], attempt: int, error: str, delay: Any = None) -> Dict[str, Any]:
@@ -465,7 +510,10 @@ class Runner:
 
     def _raised(self, ctx: Context, task: Task, e: BaseException,
                 timeout: Optional[float]) -> Optional[Tuple[str, Dict[str, Any]]]:
-        """The answer for a task that raised ``e``; None when none is wanted (the worker gave it up)."""
+        """The answer for a task that raised ``e``; None when none is wanted (the worker gave it up, or
+        the job was parked)."""
+        if isinstance(e, _durable.Parked) or ctx._parked:
+            return None
         if isinstance(e, asyncio.CancelledError):
             if ctx.cancelled:
                 return None

@@ -572,6 +572,23 @@ class App:
         except JobNotFound:
             return "not_found"
 
+    def send_event(self, name: str, key: Optional[str] = None, payload: Any = None, *, conn: Any = None) -> int:
+        """Sends the event (``name``, ``key``) with its payload (any JSON value), in the transaction
+        of ``conn`` when it is one of yours (the event exists, and resumes jobs, only if that
+        commits): every job parked in ``ctx.wait_for_event`` for it is due at once, with the
+        payload stored as its wait's answer, and waits that begin later (within 7 days) find it.
+        Returns how many parked jobs it resumed.  (On a cluster of shards: the App's own database,
+        or ``conn``'s; an event reaches the jobs of that shard.)"""
+        from . import _durable
+
+        return _durable.send_event(self._target(conn), name, key, payload)
+
+    async def send_event_async(self, name: str, key: Optional[str] = None, payload: Any = None, *,
+                               conn: Any = None) -> int:
+        from . import _durable
+
+        return await _durable.send_event_async(self._target(conn), name, key, payload)
+
     def retry(self, job_id: int, *, conn: Any = None) -> str:
         try:
             return self._by_id(conn, job_id, _jobs.retry)  # type: ignore[no-any-return]
@@ -654,7 +671,8 @@ class App:
         due before the queues run dry.  A job of a kind the App has no task for is handed back
         untouched.  ``queues``: those of the App's tasks by default.  Returns how many attempts
         ended each way (``completed``, ``retried``, ``failed``, ``cancelled``, ``lost``,
-        ``snoozed``, ``handed_back``), e.g. ``{"completed": 2}``."""
+        ``snoozed``, ``handed_back``, ``parked``: a sleep or a wait parked the job, which runs
+        again when it is due), e.g. ``{"completed": 2}``."""
         from ._inline import run_inline
 
         return run_inline(self, self._target(conn), queues, max_jobs)

@@ -43,7 +43,8 @@ class Context:
     """
 
     __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "_event",
-                 "_cancelled", "reason", "app", "_report")
+                 "_cancelled", "reason", "app", "_report", "_durable", "_token", "_parked", "_unnamed_sleeps",
+                 "_unnamed_waits")
 
     def __init__(self, id: int, queue: str, kind: str, attempt: int, max_attempts: int, payload: Any,
                  parents: List[ParentResult], deadline: float, app: Any = None) -> None:
@@ -60,6 +61,11 @@ class Context:
         self.reason: Optional[str] = None
         self.app = app
         self._report: Optional[Callable[["Context", bytes], None]] = None  # the coprocess side's line writer
+        self._durable: Any = None  # where steps, sleeps and waits go (_durable._Lines or _Direct)
+        self._token: Optional[int] = None  # the job's lease token, for a step with transaction=True
+        self._parked = False  # a sleep or a wait parked the job: its attempt is over
+        self._unnamed_sleeps = 0
+        self._unnamed_waits = 0
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -99,6 +105,62 @@ class Context:
             raise InvalidJob(f"job {self.id}: progress is {len(data)} bytes of JSON; at most {PROGRESS_MAX}")
         if self._report is not None and not self._cancelled:
             self._report(self, data)
+
+    # -- durable execution (docs/durable.md) ----------------------------------------------------
+    def step(self, name: str, fn: Callable[..., Any], *, transaction: bool = False) -> Any:
+        """Runs the step ``name`` of the job once: its result (any JSON value) is stored on the job,
+        fenced by the lease, and a later attempt (after a retry, a sleep, a crash) gets the stored
+        result without calling ``fn``.  ``fn()`` is called with no argument; with
+        ``transaction=True``, ``fn(conn)`` gets a connection of the package's own to the App's
+        database (psycopg 3, else psycopg2), in the transaction that stores the result: its writes
+        commit with the result, exactly once, or are rolled back when the lease was lost
+        (``LeaseLost``).  An exception of ``fn`` stores nothing and goes on up.  For a sync task;
+        ``await ctx.step_async(...)`` in an async one."""
+        from . import _durable
+
+        return _durable.step(self, name, fn, transaction)
+
+    async def step_async(self, name: str, fn: Callable[..., Any], *, transaction: bool = False) -> Any:
+        """``step`` for an async task: ``fn`` may be a coroutine function; with ``transaction=True``
+        it gets a psycopg ``AsyncConnection`` in the transaction."""
+        from . import _durable
+
+        return await _durable.step_async(self, name, fn, transaction)
+
+    def sleep(self, duration: Any, *, name: Optional[str] = None) -> None:
+        """A durable sleep: the first time, its end (the database's now + ``duration``: seconds, a
+        ``timedelta`` or ``"2h"``; at most 100 years) is stored and the job is parked until then:
+        ``pgjobq.Parked`` is raised, which ends the attempt (let it out of the task): no attempt is
+        used, the worker's slot and the lease are freed.  The attempt that runs at its end comes to
+        the same sleep (its steps replayed from storage) and goes on.  ``name`` is its step's name
+        (None: ``sleep#N``, counting the unnamed sleeps of this run)."""
+        from . import _durable
+
+        _durable.sleep(self, duration, name)
+
+    async def sleep_async(self, duration: Any, *, name: Optional[str] = None) -> None:
+        from . import _durable
+
+        await _durable.sleep_async(self, duration, name)
+
+    def wait_for_event(self, event: str, key: Optional[str] = None, *, timeout: Any = None,
+                       name: Optional[str] = None) -> Any:
+        """Waits for the event (``event``, ``key``) that ``pgjobq.send_event`` sends, and returns its
+        payload: the first one of that name and key still kept (events are kept 7 days, so one sent
+        before the wait began counts), or, when none is there yet, the job is parked
+        (``pgjobq.Parked``, as ``sleep``) until it comes or ``timeout`` passes (counted from the
+        wait's first call; None: 100 years), and the attempt that resumes it gets the payload here
+        (``EventTimeout`` when the timeout came first).  The answer is stored: every later attempt
+        gets the same.  ``name`` as ``sleep``'s (None: ``wait#N``)."""
+        from . import _durable
+
+        return _durable.wait_for_event(self, event, key, timeout, name)
+
+    async def wait_for_event_async(self, event: str, key: Optional[str] = None, *, timeout: Any = None,
+                                   name: Optional[str] = None) -> Any:
+        from . import _durable
+
+        return await _durable.wait_for_event_async(self, event, key, timeout, name)
 
     def raise_if_cancelled(self) -> None:
         if self._cancelled:

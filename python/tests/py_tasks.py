@@ -260,3 +260,73 @@ def talk(ctx, d):
 @app.task(max_attempts=1)
 def far_retry():
     raise pgjobq.Retry("much later", delay="4000000d")
+
+
+# -- durable execution (test_durable.py) --------------------------------------------------------------
+
+def _ledger_sync(conn, job_id, what):
+    cur = conn.cursor()
+    cur.execute("INSERT INTO durable_ledger VALUES (%s, %s)", (job_id, what))
+
+
+@app.task(pass_context=True, retry_backoff=0.1, max_attempts=5)
+def durable_sync(ctx, d, nap=0.3):
+    def first():
+        mark(d, f"{ctx.id}.a", "x")
+        return {"a": ctx.attempt}
+
+    def write(conn):
+        mark(d, f"{ctx.id}.b", "x")
+        _ledger_sync(conn, ctx.id, "sync")
+        return "b"
+
+    a = ctx.step("a", first)
+    b = ctx.step("b", write, transaction=True)
+    ctx.sleep(nap, name="nap")
+    mark(d, f"{ctx.id}.after", "x")
+    if ctx.attempt == 1:
+        raise ConnectionError("once more, after the sleep")
+    return {"a": a, "b": b, "attempt": ctx.attempt}
+
+
+@app.task(pass_context=True, retry_backoff=0.1, max_attempts=5)
+async def durable_async(ctx, d):
+    async def first():
+        await asyncio.sleep(0)
+        mark(d, f"{ctx.id}.a", "x")
+        return {"a": ctx.attempt}
+
+    async def write(conn):
+        mark(d, f"{ctx.id}.b", "x")
+        await conn.execute("INSERT INTO durable_ledger VALUES (%s, 'async')", (ctx.id,))
+        return "b"
+
+    a = await ctx.step_async("a", first)
+    b = await ctx.step_async("b", write, transaction=True)
+    await ctx.sleep_async(0.3)
+    if ctx.attempt == 1:
+        raise ConnectionError("once more, after the sleep")
+    return {"a": a, "b": b, "attempt": ctx.attempt}
+
+
+@app.task(pass_context=True)
+def wait_go(ctx, key, timeout=30):
+    try:
+        got = ctx.wait_for_event("go", key, timeout=timeout)
+    except pgjobq.EventTimeout:
+        return {"timeout": True}
+    return {"event": got}
+
+
+@app.task(pass_context=True, max_attempts=2)
+def late_step(ctx):
+    """Its transactional step finds its lease gone (expired under it, as after a stall): refused."""
+    def write(conn):
+        _ledger_sync(conn, ctx.id, "late")
+        import psycopg
+
+        with psycopg.connect(os.environ.get("PGJOBQ_TEST_DATABASE_URL", ""), autocommit=True) as other:
+            other.execute("UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (ctx.id,))
+        return "late"
+
+    return {"b": ctx.step("b", write, transaction=True)}

@@ -55,7 +55,11 @@ $$;
 
 -- retry: run a finished (completed, failed or cancelled) or scheduled job again now.  A finished job
 -- moves back from history, keeping its id, attempt count, result, tags and concurrency key;
--- max_attempts is raised when needed so that one more attempt is allowed.  Returns 'queued',
+-- max_attempts is raised when needed so that one more attempt is allowed.  Its stored steps
+-- (steps.sql) are kept when it failed or was cancelled, so that it resumes after the last step it
+-- stored (as DBOS resumes a workflow), and removed when it completed: it starts over (kept, they
+-- would only replay into the same result).  A sleeping job wakes: its sleep ends now; a job waiting
+-- for an event gets its timeout now.  Returns 'queued',
 -- 'not_found', 'running' (a running job cannot be retried) or 'waiting' (a waiting job stays waiting
 -- for its parents).  Fails with a unique violation if the job's unique key is held by another queued
 -- or running job.
@@ -67,6 +71,7 @@ DECLARE
     v_state pgjobq.job_state;
     v_queue text;
     v_priority smallint;
+    v_was pgjobq.job_state;
 BEGIN
     SELECT j.state, j.queue INTO v_state, v_queue FROM pgjobq.jobs j WHERE j.id = retry.id FOR UPDATE;
     IF FOUND THEN
@@ -78,26 +83,36 @@ BEGIN
         UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(),
                                  max_attempts = greatest(j.max_attempts, j.attempt + 1)
          WHERE j.id = retry.id;
+        PERFORM pgjobq.parks_wake(ARRAY[retry.id]);
     ELSE
         -- DELETE ... RETURNING locks and removes the history row in one step, so two retries of one
         -- job cannot both move it.
-        WITH gone AS (DELETE FROM pgjobq.history h WHERE h.id = retry.id RETURNING h.*)
-        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
-                                 created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key, snoozes)
-        OVERRIDING SYSTEM VALUE
-        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
-               greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
-               g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
-               0  -- (a retry by hand starts its snoozes again: the cap counts from it)
-          FROM gone g
-        RETURNING queue, priority INTO v_queue, v_priority;
+        WITH gone AS (DELETE FROM pgjobq.history h WHERE h.id = retry.id RETURNING h.*),
+        moved AS (
+            INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
+                                     created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
+                                     tags, progress, concurrency_key, route_key, snoozes)
+            OVERRIDING SYSTEM VALUE
+            SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
+                   greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
+                   g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
+                   0  -- (a retry by hand starts its snoozes again: the cap counts from it)
+              FROM gone g
+            RETURNING pgjobq.jobs.queue, pgjobq.jobs.priority)
+        SELECT m.queue, m.priority, (SELECT g.state FROM gone g) INTO v_queue, v_priority, v_was FROM moved m;
         IF NOT FOUND THEN
             -- Another retry may have just moved it: look again (a new statement sees its commit).
             IF EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = retry.id) THEN
                 RETURN 'queued';
             END IF;
             RETURN 'not_found';
+        END IF;
+        -- A completed job starts over; a failed or cancelled one resumes after its stored steps.
+        -- Either way no park of its past holds it.
+        IF v_was = 'completed' THEN
+            PERFORM pgjobq.durable_forget(ARRAY[retry.id]);
+        ELSE
+            DELETE FROM pgjobq.job_parks p WHERE p.job_id = retry.id;
         END IF;
         -- Its level, which may have been reclaimed since it finished (levels_reclaim).
         PERFORM pgjobq.levels_record(ARRAY[v_queue], ARRAY[v_priority]);
@@ -189,10 +204,11 @@ $$;
 -- retry_where(queue, state, kind, since, dry_run): runs again now every job of `queue` in `state`:
 --   'failed', 'cancelled' or 'completed': finished jobs move back from history to queued, keeping
 --     their id, attempt count, result, last error, tags and concurrency key (max_attempts is raised
---     to allow one more attempt), as pgjobq.retry does for one; `since` keeps those that finished
---     within that interval;
---   'queued': jobs waiting for a later run_at (scheduled, or backing off before a retry) become due
---     now; `since` keeps those created within that interval.
+--     to allow one more attempt), and their steps unless they completed, as pgjobq.retry does for
+--     one; `since` keeps those that finished within that interval;
+--   'queued': jobs waiting for a later run_at (scheduled, backing off before a retry, sleeping or
+--     waiting for an event: as pgjobq.retry wakes one) become due now; `since` keeps those created
+--     within that interval.
 -- `kind` keeps jobs of that kind.  A finished job whose unique key is held by a queued or running job
 -- of the queue, or by a newer finished job chosen in the same call (the newest of a key may go), stays
 -- where it is and is counted as skipped.  Each history row is locked and removed in one step (DELETE
@@ -233,12 +249,17 @@ BEGIN
         -- A row a claimer holds at this instant is waited for and re-checked (it is running by then).
         -- Claimable from now on: ready_at is read after this transaction has its id (claim.sql).
         PERFORM pg_current_xact_id();
-        UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp()
-         WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
-           AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
-           AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);
-        GET DIAGNOSTICS v_moved = ROW_COUNT;
+        WITH due AS (
+            UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp()
+             WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
+               AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+               AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since)
+            RETURNING j.id)
+        SELECT array_agg(due.id) INTO v_ids FROM due;
+        v_moved := coalesce(cardinality(v_ids), 0);
         IF v_moved > 0 THEN
+            -- Parked ones wake as pgjobq.retry wakes one.
+            PERFORM pgjobq.parks_wake(v_ids);
             PERFORM pgjobq.notify(ARRAY[queue]);
         END IF;
         RETURN QUERY SELECT v_moved, 0::bigint;
@@ -276,8 +297,15 @@ BEGIN
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                0  -- (a retry by hand starts its snoozes again: the cap counts from it)
           FROM gone g
-        RETURNING pgjobq.jobs.priority)
-    SELECT count(*), array_agg(DISTINCT moved.priority) INTO v_moved, v_priorities FROM moved;
+        RETURNING pgjobq.jobs.id, pgjobq.jobs.priority)
+    SELECT count(*), array_agg(DISTINCT moved.priority), array_agg(moved.id) INTO v_moved, v_priorities, v_ids
+      FROM moved;
+    -- As pgjobq.retry: completed jobs start over, the others resume after their stored steps.
+    IF state = 'completed' THEN
+        PERFORM pgjobq.durable_forget(v_ids);
+    ELSE
+        DELETE FROM pgjobq.job_parks p WHERE p.job_id = ANY (v_ids);
+    END IF;
     IF v_moved > 0 THEN
         -- Their levels, which may have been reclaimed since they finished (levels_reclaim).
         PERFORM pgjobq.levels_record(array_fill(retry_where.queue, ARRAY[cardinality(v_priorities)]), v_priorities);
@@ -373,10 +401,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_live bigint;
+    v_ids  bigint[];
 BEGIN
-    DELETE FROM pgjobq.jobs j WHERE j.queue = reset_queue.queue;
-    GET DIAGNOSTICS v_live = ROW_COUNT;
-    DELETE FROM pgjobq.history h WHERE h.queue = reset_queue.queue;
+    WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.queue = reset_queue.queue RETURNING j.id)
+    SELECT count(*), array_agg(gone.id) INTO v_live, v_ids FROM gone;
+    WITH gone AS (DELETE FROM pgjobq.history h WHERE h.queue = reset_queue.queue RETURNING h.id)
+    SELECT v_ids || array_agg(gone.id) INTO v_ids FROM gone;
+    IF EXISTS (SELECT FROM pgjobq.job_steps) OR EXISTS (SELECT FROM pgjobq.job_parks) THEN
+        PERFORM pgjobq.durable_forget(v_ids);
+    END IF;
     RETURN v_live;
 END
 $$;

@@ -142,6 +142,8 @@ $$;
 -- when it was never analyzed); call again while it returns max_jobs or more.  Also reclaims the levels of
 -- queues that have had no job for an hour (levels_reclaim), and forgets the outbox's jobs forwarded
 -- here more than 30 days ago (forwarded_prune, outbox.sql), and the waits of sessions gone (await.sql).
+-- The steps and parks of the jobs it removes go with them, and events older than event_retention()
+-- (steps.sql).
 CREATE OR REPLACE FUNCTION pgjobq.prune(
     completed_age interval DEFAULT NULL,
     failed_age    interval DEFAULT NULL,
@@ -156,6 +158,7 @@ DECLARE
     v_n       integer;
     v_part    record;
     v_keep    bigint[];
+    v_gone    bigint[];
     v_created integer := 0;
     v_ret     pgjobq.retention%ROWTYPE;
 BEGIN
@@ -200,6 +203,16 @@ BEGIN
                                v_part.relname) USING v_keep;
                 v_n := greatest(v_n - cardinality(v_keep), 0);
             END IF;
+            -- The steps and parks of its jobs go with them (steps.sql), joined to the partition: only
+            -- while some job has any.
+            IF EXISTS (SELECT FROM pgjobq.job_steps) OR EXISTS (SELECT FROM pgjobq.job_parks) THEN
+                EXECUTE format('DELETE FROM pgjobq.job_steps s USING pgjobq.%I p'
+                               ' WHERE s.job_id = p.id AND p.id <> ALL ($1)', v_part.relname)
+                    USING coalesce(v_keep, '{}');
+                EXECUTE format('DELETE FROM pgjobq.job_parks s USING pgjobq.%I p'
+                               ' WHERE s.job_id = p.id AND p.id <> ALL ($1)', v_part.relname)
+                    USING coalesce(v_keep, '{}');
+            END IF;
             EXECUTE format('DROP TABLE pgjobq.%I', v_part.relname);
             v_count := v_count + v_n;
         EXCEPTION WHEN lock_not_available THEN
@@ -219,20 +232,34 @@ BEGIN
         SELECT h.id FROM pgjobq.history_failed h WHERE h.finished_at < now() - prune.failed_age
            AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d JOIN pgjobq.jobs c ON c.id = d.child AND c.state = 'waiting'
                             WHERE d.parent = h.id)
-         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED)
-    DELETE FROM pgjobq.history_failed h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
-       AND h.finished_at < now() - prune.failed_age;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    v_count := v_count + v_n;
+         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED),
+    gone AS (
+        DELETE FROM pgjobq.history_failed h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
+           AND h.finished_at < now() - prune.failed_age
+        RETURNING h.id)
+    SELECT array_agg(gone.id) INTO v_gone FROM gone;
+    v_count := v_count + coalesce(cardinality(v_gone), 0);
+    IF v_gone IS NOT NULL THEN
+        PERFORM pgjobq.durable_forget(v_gone);
+    END IF;
     WITH old AS MATERIALIZED (
         SELECT h.id FROM pgjobq.history_done_default h WHERE h.finished_at < now() - prune.completed_age
            AND NOT EXISTS (SELECT 1 FROM pgjobq.deps d JOIN pgjobq.jobs c ON c.id = d.child AND c.state = 'waiting'
                             WHERE d.parent = h.id)
-         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED)
-    DELETE FROM pgjobq.history_done_default h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
-       AND h.finished_at < now() - prune.completed_age;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    v_count := v_count + v_n;
+         LIMIT prune.max_jobs FOR UPDATE OF h SKIP LOCKED),
+    gone AS (
+        DELETE FROM pgjobq.history_done_default h WHERE h.id = ANY (ARRAY(SELECT old.id FROM old))
+           AND h.finished_at < now() - prune.completed_age
+        RETURNING h.id)
+    SELECT array_agg(gone.id) INTO v_gone FROM gone;
+    v_count := v_count + coalesce(cardinality(v_gone), 0);
+    IF v_gone IS NOT NULL THEN
+        PERFORM pgjobq.durable_forget(v_gone);
+    END IF;
+    -- Events older than their retention (steps.sql), the oldest first.
+    DELETE FROM pgjobq.events e
+     WHERE e.id IN (SELECT x.id FROM pgjobq.events x WHERE x.sent_at < now() - pgjobq.event_retention()
+                     ORDER BY x.sent_at LIMIT prune.max_jobs);
     -- Edges whose child is gone (pruned), older than the shorter retention.
     DELETE FROM pgjobq.deps d
      WHERE (d.parent, d.child) IN (
