@@ -834,6 +834,55 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
+/* What an autoscaler reads of a queue, beside stats' counts (pgjobq_queue_ready): a line's, or the
+ * total's (oldest: the oldest of all; no limit). */
+typedef struct depth {
+    int64_t ready, oldest_ms, slots; /* oldest_ms -1: none ready */
+    int concurrency;                 /* 0: none */
+} depth;
+
+/* Adds queue's readiness from rd (n rows) to *d. */
+static void depth_add(depth *d, const pgjobq_queue_ready_info *rd, size_t n, const char *queue)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (queue != NULL && strcmp(rd[i].name, queue) != 0)
+            continue;
+        d->ready += rd[i].ready;
+        d->slots += rd[i].worker_slots;
+        if (rd[i].oldest_ready_ms > d->oldest_ms)
+            d->oldest_ms = rd[i].oldest_ready_ms;
+        if (queue != NULL)
+            d->concurrency = rd[i].concurrency;
+    }
+}
+
+/* --json: a line's readiness, after its counts (the total has no limit). */
+static void depth_json(const depth *d, int total)
+{
+    printf(",\"ready\":%lld,\"oldest_ready_s\":", (long long)d->ready);
+    if (d->oldest_ms < 0)
+        fputs("null", stdout);
+    else
+        printf("%.3f", (double)d->oldest_ms / 1000.0);
+    if (!total) {
+        fputs(",\"concurrency\":", stdout);
+        if (d->concurrency > 0)
+            printf("%d", d->concurrency);
+        else
+            fputs("null", stdout);
+    }
+    printf(",\"worker_slots\":%lld", (long long)d->slots);
+}
+
+/* The text's READY and OLDEST columns. */
+static void depth_text(const depth *d)
+{
+    char oldest[32] = "-";
+    if (d->oldest_ms >= 0)
+        snprintf(oldest, sizeof oldest, "%.1fs", (double)d->oldest_ms / 1000.0);
+    printf(" %10lld %10s\n", (long long)d->ready, oldest);
+}
+
 /* stats over a cluster: a line per shard and queue (SHARD column; "shard" in --json), and the total
  * of the shards that answered. */
 static int stats_cluster(int json)
@@ -845,20 +894,24 @@ static int stats_cluster(int json)
     if (cl == NULL)
         return status;
     pgjobq_stat **rows = calloc(nsh, sizeof *rows);
-    size_t *nrows = calloc(nsh, sizeof *nrows), cap = 0;
+    pgjobq_queue_ready_info **rd = calloc(nsh, sizeof *rd);
+    size_t *nrows = calloc(nsh, sizeof *nrows), *nrd = calloc(nsh, sizeof *nrd), cap = 0;
     struct line {
         const char *shard, *queue;
         int64_t k[6];
+        depth d;
     } *lines = NULL;
     int64_t total[6] = {0};
-    if (rows == NULL || nrows == NULL) {
+    depth dtotal = {0, -1, 0, 0};
+    if (rows == NULL || nrows == NULL || rd == NULL || nrd == NULL) {
         cli_err("out of memory");
         status = EX_OSERR;
         goto out;
     }
     for (size_t s = 0; s < nsh; s++) {
         int rc;
-        if (sh[s].client && (rc = pgjobq_stats(sh[s].client, &rows[s], &nrows[s])) != PGJOBQ_OK) {
+        if (sh[s].client && ((rc = pgjobq_stats(sh[s].client, &rows[s], &nrows[s])) != PGJOBQ_OK ||
+                             (rc = pgjobq_queue_ready(sh[s].client, &rd[s], &nrd[s])) != PGJOBQ_OK)) {
             if (rc != PGJOBQ_ECONN) {
                 status = cli_fail(sh[s].client, rc);
                 goto out;
@@ -873,12 +926,15 @@ static int stats_cluster(int json)
         goto out;
     }
     for (size_t s = 0; s < nsh; s++) {
+        depth_add(&dtotal, rd[s], nrd[s], NULL);
         for (size_t i = 0; i < nrows[s]; i++) {
             const pgjobq_stat *r = &rows[s][i];
             if ((unsigned)r->state > PGJOBQ_WAITING)
                 continue;
-            if (nl == 0 || lines[nl - 1].shard != sh[s].name || strcmp(lines[nl - 1].queue, r->queue) != 0)
-                lines[nl++] = (struct line){sh[s].name, r->queue, {0}};
+            if (nl == 0 || lines[nl - 1].shard != sh[s].name || strcmp(lines[nl - 1].queue, r->queue) != 0) {
+                lines[nl++] = (struct line){sh[s].name, r->queue, {0}, {0, -1, 0, 0}};
+                depth_add(&lines[nl - 1].d, rd[s], nrd[s], r->queue);
+            }
             lines[nl - 1].k[r->state] += r->jobs;
             total[r->state] += r->jobs;
         }
@@ -900,31 +956,38 @@ static int stats_cluster(int json)
                 fputc(',', stdout);
             }
             printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
-                   "\"waiting\":%lld}",
+                   "\"waiting\":%lld",
                    (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                    (long long)k[5]);
+            depth_json(q < nl ? &lines[q].d : &dtotal, q == nl);
+            fputc('}', stdout);
         }
         fputc(',', stdout);
         print_shards_json(sh, nsh);
         fputs("}\n", stdout);
     } else {
-        printf("%-10s %-24s %10s %10s %10s %10s %10s %10s\n", "SHARD", "QUEUE", "QUEUED", "RUNNING", "COMPLETED",
-               "FAILED", "CANCELLED", "WAITING");
+        printf("%-10s %-24s %10s %10s %10s %10s %10s %10s %10s %10s\n", "SHARD", "QUEUE", "QUEUED", "RUNNING",
+               "COMPLETED", "FAILED", "CANCELLED", "WAITING", "READY", "OLDEST");
         for (size_t q = 0; q <= nl; q++) {
             const int64_t *k = q < nl ? lines[q].k : total;
             char name[300], shard[300];
             tty_cell(name, sizeof name, q < nl ? lines[q].queue : "(all)", 64);
             tty_cell(shard, sizeof shard, q < nl ? lines[q].shard : "(all)", 64);
-            printf("%-10s %-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", shard, name, (long long)k[0],
+            printf("%-10s %-24s %10lld %10lld %10lld %10lld %10lld %10lld", shard, name, (long long)k[0],
                    (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+            depth_text(q < nl ? &lines[q].d : &dtotal);
         }
     }
     status = report_down(sh, nsh, json);
 out:
     for (size_t s = 0; rows && s < nsh; s++)
         pgjobq_stats_free(rows[s]);
+    for (size_t s = 0; rd && s < nsh; s++)
+        pgjobq_queue_ready_free(rd[s]);
     free(rows);
     free(nrows);
+    free(rd);
+    free(nrd);
     free(lines);
     free(sh);
     pgjobq_cluster_close(cl);
@@ -944,29 +1007,38 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
         return stats_cluster(json);
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
-    rc = pgjobq_stats(c, &rows, &n);
-    if (rc != PGJOBQ_OK) {
+    pgjobq_queue_ready_info *rd = NULL;
+    size_t nrd = 0;
+    if ((rc = pgjobq_stats(c, &rows, &n)) != PGJOBQ_OK || (rc = pgjobq_queue_ready(c, &rd, &nrd)) != PGJOBQ_OK) {
         status = cli_fail(c, rc);
+        pgjobq_stats_free(rows);
         pgjobq_client_close(c);
         return status;
     }
     /* Rows come ordered by queue: fold them into one line per queue. */
     const char **queues = calloc(n ? n : 1, sizeof *queues);
     int64_t(*counts)[6] = calloc(n ? n : 1, sizeof *counts);
+    depth *depths = calloc(n ? n : 1, sizeof *depths), dtotal = {0, -1, 0, 0};
     int64_t total[6] = {0};
-    if (queues == NULL || counts == NULL) {
+    if (queues == NULL || counts == NULL || depths == NULL) {
         cli_err("out of memory");
         free(queues);
         free(counts);
+        free(depths);
+        pgjobq_queue_ready_free(rd);
         pgjobq_stats_free(rows);
         pgjobq_client_close(c);
         return EX_OSERR;
     }
+    depth_add(&dtotal, rd, nrd, NULL);
     for (size_t i = 0; i < n; i++) {
         if ((unsigned)rows[i].state > PGJOBQ_WAITING)
             continue;
-        if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0)
+        if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0) {
             queues[nq++] = rows[i].queue;
+            depths[nq - 1] = (depth){0, -1, 0, 0};
+            depth_add(&depths[nq - 1], rd, nrd, rows[i].queue);
+        }
         counts[nq - 1][rows[i].state] += rows[i].jobs;
         total[rows[i].state] += rows[i].jobs;
     }
@@ -985,24 +1057,29 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
                 fputc(',', stdout);
             }
             printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
-                   "\"waiting\":%lld}",
+                   "\"waiting\":%lld",
                    (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                    (long long)k[5]);
+            depth_json(q < nq ? &depths[q] : &dtotal, q == nq);
+            fputc('}', stdout);
         }
         fputs("}\n", stdout);
     } else {
-        printf("%-24s %10s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
-               "CANCELLED", "WAITING");
+        printf("%-24s %10s %10s %10s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
+               "CANCELLED", "WAITING", "READY", "OLDEST");
         for (size_t q = 0; q <= nq; q++) {
             const int64_t *k = q < nq ? counts[q] : total;
             char name[300];
             tty_cell(name, sizeof name, q < nq ? queues[q] : "(all)", 64);
-            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", name, (long long)k[0], (long long)k[1],
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld", name, (long long)k[0], (long long)k[1],
                    (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+            depth_text(q < nq ? &depths[q] : &dtotal);
         }
     }
     free(queues);
     free(counts);
+    free(depths);
+    pgjobq_queue_ready_free(rd);
     pgjobq_stats_free(rows);
     pgjobq_client_close(c);
     return EX_OK;

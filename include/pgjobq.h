@@ -704,6 +704,29 @@ PGJOBQ_EXPORT int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues
 /* Releases what pgjobq_queue_list() returned (NULL is fine). */
 PGJOBQ_EXPORT void pgjobq_queue_list_free(pgjobq_queue_info *queues);
 
+/* What an autoscaler reads of a queue (pgjobq.queue_ready(); docs/deploy.md, "Autoscaling"). */
+typedef struct pgjobq_queue_ready_info {
+    const char *name;
+    int64_t ready;               /* queued jobs a claim could take now (due, their parents done); a paused
+                                    queue's too */
+    int64_t oldest_ready_ms;     /* how long the oldest of them has been claimable; -1 when none is */
+    int64_t running;             /* running under a lease that has not ended (what a concurrency limit counts) */
+    int concurrency;             /* the queue's limit; 0: none */
+    int paused;                  /* 1 when the queue is paused */
+    int64_t worker_slots;        /* the slots of the live workers that serve the queue */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+} pgjobq_queue_ready_info;
+
+/* Lists, for every queue with jobs in the last hour or settings, ordered by name, what an autoscaler
+ * needs: jobs ready now, the age of the oldest, running against the limit and the workers' slots.  Each
+ * count reads only the index entries it counts (not the scheduled jobs, not the history), so it may be
+ * asked every few seconds.  On PGJOBQ_OK *queues_out holds *n_out entries (NULL, 0 when there are
+ * none), to release with pgjobq_queue_ready_free(). */
+PGJOBQ_EXPORT int pgjobq_queue_ready(pgjobq_client *c, pgjobq_queue_ready_info **queues_out, size_t *n_out) PGJOBQ_WUR;
+
+/* Releases what pgjobq_queue_ready() returned (NULL is fine). */
+PGJOBQ_EXPORT void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues);
+
 /*
  * Schedules: jobs enqueued by a cron calendar, in the database.  Every worker with maintenance on
  * ticks about once a second; each fire time enqueues its job exactly once however many workers run.

@@ -176,7 +176,7 @@ GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_l
     pgjobq.health_facts() TO pgjobq_monitor;
 -- What `pgjobq serve` reads, through the monitor functions (sql/functions/monitor.sql): to the monitor,
 -- which needs nothing else for the dashboard without --allow-actions, and to the admin.
-GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
+GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.queue_ready(text), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
     pgjobq.monitor_workers(text, text, integer), pgjobq.monitor_unhealthy_workers(),

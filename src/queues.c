@@ -248,6 +248,47 @@ void pgjobq_queue_list_free(pgjobq_queue_info *queues)
     free(queues);
 }
 
+enum { R_NAME, R_READY, R_OLDEST_MS, R_RUNNING, R_CONCURRENCY, R_SLOTS, R_PAUSED, R_NCOLS };
+
+int pgjobq_queue_ready(pgjobq_client *c, pgjobq_queue_ready_info **queues_out, size_t *n_out)
+{
+    pgjobq_queue_ready_info *rows = NULL;
+    char *strings = NULL;
+    size_t n = 0;
+    PGresult *r;
+    int rc;
+
+    if (queues_out)
+        *queues_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    rc = list_fetch(c, "queue ready",
+                    "SELECT queue, ready, (oldest_ready_s * 1000)::bigint, running, concurrency, worker_slots,"
+                    " paused::int FROM pgjobq.queue_ready()",
+                    R_NCOLS, queues_out && n_out, sizeof *rows, R_NAME, R_NAME, &r, (void **)&rows, &strings, &n);
+    if (rc != PGJOBQ_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        int row = (int)i;
+        rows[i].name = take_text(&strings, r, row, R_NAME);
+        rows[i].ready = pgjobq__get_int8(r, row, R_READY);
+        rows[i].oldest_ready_ms = PQgetisnull(r, row, R_OLDEST_MS) ? -1 : pgjobq__get_int8(r, row, R_OLDEST_MS);
+        rows[i].running = pgjobq__get_int8(r, row, R_RUNNING);
+        rows[i].concurrency = PQgetisnull(r, row, R_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, R_CONCURRENCY);
+        rows[i].worker_slots = pgjobq__get_int8(r, row, R_SLOTS);
+        rows[i].paused = pgjobq__get_int4(r, row, R_PAUSED);
+    }
+    PQclear(r);
+    *queues_out = rows;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues)
+{
+    free(queues);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Schedules                                                                                         */
 

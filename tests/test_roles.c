@@ -295,6 +295,11 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     pgjobq_queue_list_free(queues);
     CHECK_OK(mon, pgjobq_stats(mon, &stats, &n));
     pgjobq_stats_free(stats);
+    /* What an autoscaler reads (docs/deploy.md: the KEDA trigger's role). */
+    pgjobq_queue_ready_info *ready = NULL;
+    CHECK_OK(mon, pgjobq_queue_ready(mon, &ready, &n));
+    pgjobq_queue_ready_free(ready);
+    CHECK_STR(raw_as(mon, "SELECT ready FROM pgjobq.queue_ready('default')"), "");
     /* pgjobq.health() names another role's session that holds a snapshot, with its application. */
     PGconn *pin = t_pg();
     pgjobq_health h;

@@ -323,6 +323,10 @@ class QueueInfo:
     running: int
     expired: int
     max_lease: _dt.timedelta  # the longest lease a claim may take: the queue's, or the default (a day)
+    # What an autoscaler reads (pgjobq.queue_ready): how long the oldest job ready now has been
+    # claimable (None: none is ready), and the slots of the live workers that serve the queue.
+    oldest_ready: Optional[_dt.timedelta]
+    worker_slots: int
     shard: Optional[str] = None  # in a cluster: the shard these settings and counts are of
 
     @property
@@ -344,7 +348,9 @@ def queues(conn: Any) -> List[QueueInfo]:
     rows = _sql.run(
         conn,
         "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
-        "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease FROM pgjobq.queue_list() AS q",
+        "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease,"
+        " make_interval(secs => r.oldest_ready_s), coalesce(r.worker_slots, 0)"
+        " FROM pgjobq.queue_list() AS q LEFT JOIN pgjobq.queue_ready() AS r ON r.queue = q.queue ORDER BY 1",
         {},
     )
     return [QueueInfo(*r) for r in rows]

@@ -126,6 +126,25 @@ def test_queue_pause_resume_limits(queue):
     assert app.cancel_where(queue, "queued", kind="k") == 1
 
 
+def test_queues_give_what_an_autoscaler_reads(queue, pg):
+    """queues(): besides the live counts, how long the oldest ready job has been claimable and the slots
+    of the live workers that serve the queue (pgjobq.queue_ready)."""
+    app = pgjobq.App(URL, queue=queue)
+    app.enqueue("k", {})
+    app.enqueue("k", {})
+    app.enqueue("k", {}, delay=3600)
+    pg.execute("UPDATE pgjobq.jobs SET run_at = now() - interval '90 seconds', ready_at = now() - interval '90 seconds'"
+               " WHERE id = (SELECT min(id) FROM pgjobq.jobs WHERE queue = %s)", (queue,))
+    pg.execute("SELECT pgjobq.worker_beat(%s, 'h', 1, '0', %s)", ("w-" + queue, f"{queue}:5,other:1"))
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.queued, q.scheduled, q.worker_slots) == (2, 1, 5)
+    assert 90 <= q.oldest_ready.total_seconds() < 3600
+    app.cancel_where(queue, "queued")
+    pg.execute("SELECT pgjobq.worker_gone(%s)", ("w-" + queue,))
+    (q,) = [q for q in app.queues() if q.queue == queue] or [None]
+    assert q is None or (q.queued, q.oldest_ready, q.worker_slots) == (0, None, 0)
+
+
 def test_max_lease_and_retry_running(queue):
     """A queue's longest lease (a day unless set) bounds what a claim may ask for; an operator ends a
     running job's lease now: it runs again, and its old holder's writes are refused."""
