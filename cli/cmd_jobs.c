@@ -55,6 +55,7 @@ const cli_opt health_opts[] = {
 #define OPT_SINCE   1001
 #define OPT_DRY_RUN 1002
 #define OPT_RUNNING 1003
+#define OPT_REDRIVE 1004
 const cli_opt cancel_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "without ID: cancel the jobs of QUEUE (with --state)"},
     {"state", OPT_STATE, "STATE", "without ID: queued (cancel them now) or running (request a cancel)"},
@@ -77,6 +78,9 @@ const cli_opt retry_opts[] = {{"queue", OPT_QUEUE, "QUEUE", "without ID: retry t
                               {"running", OPT_RUNNING, NULL,
                                "with ID: end a running job's lease now and queue it to run again (its "
                                "worker's writes are then refused; the attempt counts)"},
+                              {"redrive", OPT_REDRIVE, NULL,
+                               "without ID: QUEUE is a dead-letter queue; send its dead letters back to the "
+                               "queues they came from (--state queued: all of them)"},
                               {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
                               CLI_CLUSTER_OPT,
                               CLI_COMMON_OPTS,
@@ -1327,7 +1331,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
 typedef struct bulk_args {
     const cli_cmd *cmd;
     pgjobq_filter filter;
-    int have_state, dry_run, json, running;
+    int have_state, dry_run, json, running, redrive;
 } bulk_args;
 
 static int bulk_opt(int key, const char *arg, void *ctx)
@@ -1367,6 +1371,7 @@ static int bulk_opt(int key, const char *arg, void *ctx)
         return 0;
     case OPT_DRY_RUN: a->dry_run = 1; return 0;
     case OPT_RUNNING: a->running = 1; return 0;
+    case OPT_REDRIVE: a->redrive = 1; return 0;
     case OPT_JSON: a->json = 1; return 0;
     }
     return -1;
@@ -1436,7 +1441,7 @@ static pgjobq_client *connect_bulk(int one, int64_t id, int *status)
  * return is PGJOBQ_OK when at least one shard answered); else *cl_status is -1. */
 static int run_where(pgjobq_client *c, const bulk_args *a, int retry, int64_t *n, int64_t *skipped, int *cl_status)
 {
-    int flags = a->dry_run ? PGJOBQ_DRY_RUN : 0, answered = 0;
+    int flags = (a->dry_run ? PGJOBQ_DRY_RUN : 0) | (a->redrive ? PGJOBQ_REDRIVE : 0), answered = 0;
 
     *cl_status = -1;
     if (c)
@@ -1537,6 +1542,8 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
                                     "expires (retry --running ID ends one job's lease now)");
     if (!one && a.running)
         return cli_usage_error(cmd, "--running goes with a job ID");
+    if (one && a.redrive)
+        return cli_usage_error(cmd, "--redrive goes with a filter (--queue and --state), not a job ID");
     int cl_status = -1;
     if ((c = connect_bulk(one, id, &status)) == NULL && status != EX_OK)
         return status;
@@ -1558,6 +1565,13 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
         if (rc == PGJOBQ_OK && a.json) {
             printf("{\"retried\":%lld,\"skipped\":%lld,\"dry_run\":%s}\n", (long long)n, (long long)skipped,
                    a.dry_run ? "true" : "false");
+        } else if (rc == PGJOBQ_OK && a.redrive) {
+            printf("%s %lld dead letter%s of queue %s to the queue%s %s came from%s\n",
+                   a.dry_run ? "would send" : "sent", (long long)n, n == 1 ? "" : "s", a.filter.queue,
+                   n == 1 ? "" : "s", n == 1 ? "it" : "they", a.dry_run || n == 0 ? "" : ": queued to run now");
+            if (skipped)
+                printf("%s %lld job%s of queue %s: no dead letter%s\n", a.dry_run ? "would skip" : "skipped",
+                       (long long)skipped, skipped == 1 ? "" : "s", a.filter.queue, skipped == 1 ? "" : "s");
         } else if (rc == PGJOBQ_OK && a.filter.state == PGJOBQ_QUEUED) {
             printf("%s %lld scheduled job%s of queue %s due now\n", a.dry_run ? "would make" : "made", (long long)n,
                    n == 1 ? "" : "s", a.filter.queue);

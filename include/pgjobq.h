@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 24
+#define PGJOBQ_SCHEMA_VERSION 25
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -525,6 +525,9 @@ static inline pgjobq_filter pgjobq_filter_init_(void)
 
 /* A flag for pgjobq_retry_where and pgjobq_cancel_where: count, change nothing. */
 #define PGJOBQ_DRY_RUN 1
+/* A flag for pgjobq_retry_where: the filter's queue is a dead-letter queue, and its dead letters go back
+ * to the queues they came from (docs/queues.md, "Dead letters"). */
+#define PGJOBQ_REDRIVE 2
 
 /*
  * Runs again now every job the filter matches, in one statement (all of them or, on an error, none).
@@ -532,9 +535,12 @@ static inline pgjobq_filter pgjobq_filter_init_(void)
  * pgjobq_job_retry; one whose unique key a queued or running job of the queue holds (or a newer match
  * with the same key) stays finished and is counted in *skipped_out.  state PGJOBQ_QUEUED: jobs waiting
  * for a later run_at (scheduled, or backing off) become due now.  *retried_out (may be NULL) receives
- * how many were retried, or with PGJOBQ_DRY_RUN in flags would be.  Returns PGJOBQ_OK; PGJOBQ_EINVAL
- * for a bad filter; PGJOBQ_EDUPLICATE when a job with one of the unique keys was enqueued meanwhile
- * (nothing moved: call again).
+ * how many were retried, or with PGJOBQ_DRY_RUN in flags would be.  With PGJOBQ_REDRIVE the filter's
+ * queue is a dead-letter queue: its dead letters go back to the queues they came from, as well (state
+ * PGJOBQ_QUEUED: every one of them, due or not; a finished state: those in it, run again as above), and
+ * a job of the queue that is no dead letter is counted in *skipped_out.  Returns PGJOBQ_OK;
+ * PGJOBQ_EINVAL for a bad filter; PGJOBQ_EDUPLICATE when a job with one of the unique keys was
+ * enqueued meanwhile (nothing moved: call again).
  */
 PGJOBQ_EXPORT int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags, int64_t *retried_out,
                                      int64_t *skipped_out) PGJOBQ_WUR;
@@ -680,6 +686,14 @@ PGJOBQ_EXPORT int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int
  * more gets this much.  Workers' leases must fit: their default is a minute. */
 PGJOBQ_EXPORT int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue, int64_t max_lease_ms) PGJOBQ_WUR;
 
+/* Sets the queue's dead-letter queue (NULL removes it): from then on a job of `queue` that fails for
+ * good (its attempts spent, or failed permanently; not cancelled) leaves a copy in `dead_letter`, a new
+ * queued job with its kind, payload, priority, attempts and tags, made in the failing transaction and
+ * linked to it; pgjobq_retry_where() with PGJOBQ_REDRIVE sends them back (docs/queues.md, "Dead
+ * letters").  A setting that would make a cycle (the queue itself, or a queue whose dead letters lead
+ * back to this one) is PGJOBQ_EINVAL, with the reason in pgjobq_errmsg(). */
+PGJOBQ_EXPORT int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *queue, const char *dead_letter) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -694,7 +708,8 @@ typedef struct pgjobq_queue_info {
     int64_t running;           /* running under a valid lease */
     int64_t expired;           /* running, lease expired, not yet rescued */
     int64_t max_lease_ms;      /* the longest lease a claim may take: the queue's, or the default */
-    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+    const char *dead_letter;   /* where its jobs that fail for good go; NULL: nowhere */
+    uint64_t pgjobq_reserved[2]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds

@@ -822,6 +822,30 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     /* The snoozes' migration (23): every job upgraded has none, live or finished. */
     CHECK(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs") > 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE snoozes <> 0"), 0);
+    /* The dead letters' migration (26): no queue has a dead-letter queue until one is set; then a job
+     * that fails for good leaves a copy there, linked to it, and a redrive sends it back. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE dead_letter IS NOT NULL"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.dead_letters"), 0);
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "q26", "q26.dead"));
+    o.queue = "q26";
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 26}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q26", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "for good", 0, 0, &st));
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.dead_letters d JOIN pgjobq.jobs j ON j.id = d.id"
+                    " WHERE d.original_id = %lld AND j.queue = 'q26.dead' AND j.payload = '{\"n\": 26}'",
+                    (long long)id),
+              1);
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    int64_t redriven = 0;
+    f.queue = "q26.dead";
+    f.state = PGJOBQ_QUEUED;
+    CHECK_OK(c, pgjobq_retry_where(c, &f, PGJOBQ_REDRIVE, &redriven, NULL));
+    CHECK_INT(redriven, 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26' AND payload = '{\"n\": 26}'"), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -1310,6 +1310,56 @@ static char *row_of(const char *page, const char *name, const char *value)
     return strndup(p, (size_t)(end - p));
 }
 
+/* Dead letters on the dashboard (issue 41): /queues names each queue's dead-letter queue, with a link;
+ * the page of a job that failed for good links its dead letter, and the dead letter's page the job it
+ * is the dead letter of, with when it was redriven. */
+TEST_FULL(serve_shows_dead_letter_queues_and_links, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL, path[64], want[256];
+
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "orders", "orders.dead"));
+    int64_t id = put(c, "orders", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "orders", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "declined", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    PGconn *pg = t_pg();
+    long long dead = t_int(pg, "SELECT id FROM pgjobq.dead_letters WHERE original_id = %lld", (long long)id);
+
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
+    char *row = row_of(body, "queue", "orders");
+    CHECK_MSG(strstr(row, "<td class=\"dead-letter\"><a href=\"/jobs?queue=orders.dead\">orders.dead</a></td>") != NULL,
+              "/queues: the row of orders: %s", row);
+    free(row);
+    row = row_of(body, "queue", "orders.dead");
+    CHECK_MSG(strstr(row, "<td class=\"dead-letter\">-</td>") != NULL, "/queues: the row of orders.dead: %s", row);
+    free(row);
+    free(body);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    row = row_of(body, "link", "left dead letter");
+    snprintf(want, sizeof want, "<a href=\"/jobs/%lld\">%lld</a>", dead, dead);
+    CHECK_MSG(strstr(row, want) != NULL && strstr(row, "orders.dead") != NULL, "%s: %s", path, row);
+    free(row);
+    free(body);
+
+    CHECK_INT(t_cli(NULL, NULL, NULL, 0, "retry", "--queue", "orders.dead", "--state", "queued", "--redrive", NULL), 0);
+    snprintf(path, sizeof path, "/jobs/%lld", dead);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    row = row_of(body, "link", "dead letter of");
+    snprintf(want, sizeof want, "<a href=\"/jobs/%lld\">%lld</a>", (long long)id, (long long)id);
+    CHECK_MSG(strstr(row, want) != NULL && strstr(row, ">orders<") != NULL, "%s: %s", path, row);
+    CHECK_MSG(strstr(row, "<td>-</td>") == NULL, "%s: redriven, but no time: %s", path, row);
+    free(row);
+    free(body);
+    stop_server();
+}
+
 /* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";
  * each cell is the same text as the CLI's RATE column. */
 TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)

@@ -605,8 +605,9 @@ class App:
         return [cl.on_shard(m, shard, fn, *args, **kwargs) for shard in names]
 
     def retry_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
-                    dry_run: bool = False, conn: Any = None) -> Dict[str, int]:
-        got = self._each(conn, None, _jobs.retry_where, queue, state, kind=kind, since=since, dry_run=dry_run)
+                    dry_run: bool = False, redrive: bool = False, conn: Any = None) -> Dict[str, int]:
+        got = self._each(conn, None, _jobs.retry_where, queue, state, kind=kind, since=since, dry_run=dry_run,
+                         redrive=redrive)
         return {k: sum(int(g[k]) for g in got) for k in got[0]}
 
     def cancel_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
@@ -621,10 +622,11 @@ class App:
 
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
-                   max_lease: Optional[Duration] = UNSET, conn: Any = None) -> None:
+                   max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
+                   conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
-                   max_lease=max_lease)
+                   max_lease=max_lease, dead_letter=dead_letter)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

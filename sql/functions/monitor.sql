@@ -458,6 +458,22 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
 $$;
 
+-- monitor_dead_letters(job_id): a job's dead-letter links (pgjobq.dead_letters): 'of', the job it is the
+-- dead letter of (which failed for good in `queue`); 'to', the dead letter it left when it failed for
+-- good (made in the dead-letter queue `queue`); each with when, and when it was redriven.  The job
+-- page of the dashboard shows them.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_dead_letters(job_id bigint)
+RETURNS TABLE (relation text, id bigint, queue text, at timestamptz, redriven_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'of', d.original_id, d.original_queue::text, d.at, d.redriven_at
+      FROM pgjobq.dead_letters d WHERE d.id = monitor_dead_letters.job_id
+    UNION ALL
+    SELECT 'to', d.id, d.queue::text, d.at, d.redriven_at
+      FROM pgjobq.dead_letters d WHERE d.original_id = monitor_dead_letters.job_id
+$$;
+
 -- monitor_workers(after_state, after_id, max_rows): the workers seen in the last hour: state 'running'
 -- when seen in the last 15 seconds (three beats) and not stopped, 'stopped' when it stopped cleanly
 -- (stopped_at), else 'gone'; and the jobs each runs now (leased_now()).  Not their secret.  In pages:
