@@ -311,7 +311,8 @@ typedef struct pgjobq_enqueue_opts {
                                after.  The database judges both rules (sql/functions/enqueue.sql,
                                enqueue_when_why), as it does for every interface. */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
-                               key, enqueueing another job with it returns the existing job instead. */
+                               key, enqueueing another job with it returns the existing job instead
+                               (on_conflict says what else it may do). */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
                                     (pgjobq_queue_set_key_concurrency), at most that many jobs with
                                     the same key run at once.  1 to 255 characters. */
@@ -330,7 +331,14 @@ typedef struct pgjobq_enqueue_opts {
     int32_t on_parent_failure; /* with after: PGJOBQ_PARENT_FAILURE_CANCEL (0, the default: a parent
                                   that fails for good or is cancelled cancels this job) or
                                   PGJOBQ_PARENT_FAILURE_RUN (it runs once every parent has finished) */
-    uint32_t pgjobq_reserved32;  /* zero */
+    int32_t on_conflict;       /* with unique_key, when the key is held (docs/queues.md, "Debounce and
+                                  throttle"): PGJOBQ_ON_CONFLICT_SKIP (0, the default: the holder is
+                                  returned), PGJOBQ_ON_CONFLICT_REPLACE (a debounce: a queued holder
+                                  takes this job's kind, payload, priority, run_at, attempts and
+                                  concurrency key, the last one wins; a running holder is left alone
+                                  and returned) or PGJOBQ_ON_CONFLICT_KEEP (a throttle: the key is held
+                                  for pgjobq_job_spec.unique_for_ms from the enqueue that took it,
+                                  whatever became of that job).  (In place of a reserved field.) */
     union {
         /* NULL: none.  The job's routing key in a cluster of shards (docs/shards.md): the jobs of a
            spread queue are placed by it (a tenant, an account); stored with the job (jobs.route_key)
@@ -344,6 +352,11 @@ typedef struct pgjobq_enqueue_opts {
 /* pgjobq_enqueue_opts.on_parent_failure */
 #define PGJOBQ_PARENT_FAILURE_CANCEL 0
 #define PGJOBQ_PARENT_FAILURE_RUN    1
+
+/* pgjobq_enqueue_opts.on_conflict */
+#define PGJOBQ_ON_CONFLICT_SKIP    0
+#define PGJOBQ_ON_CONFLICT_REPLACE 1
+#define PGJOBQ_ON_CONFLICT_KEEP    2
 
 #ifdef __cplusplus
 static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
@@ -360,7 +373,9 @@ static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
  * Enqueues one job.  payload is JSON text (NULL: "{}").  opts may be NULL for all defaults.
  * On PGJOBQ_OK *id_out (may be NULL) receives the new job's id.  When a queued or running job
  * already holds opts->unique_key, returns PGJOBQ_EDUPLICATE, inserts nothing, and *id_out receives
- * the existing job's id.  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
+ * the existing job's id; with opts->on_conflict PGJOBQ_ON_CONFLICT_REPLACE and a queued holder, the
+ * holder takes this job's fields and PGJOBQ_OK is returned with its id (pgjobq_enqueue_spec tells
+ * the two apart).  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
  * writes nothing.  Workers listening on the queue are notified when the transaction commits (on the
  * client's own idle connection, by a notification sent right after the commit, in the same round
  * trip: a commit that carries one makes concurrent producers commit one at a time).
@@ -372,8 +387,28 @@ PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pg
 typedef struct pgjobq_job_spec {
     const char *payload; /* JSON text; NULL: "{}" */
     pgjobq_enqueue_opts opts;
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t unique_for_ms;       /* 0: none.  With opts.unique_key, a throttle's window (1 second to
+                                    365 days): the key is held that long from the enqueue that took it,
+                                    whatever became of that job; within it a job with the key is not
+                                    inserted, and the job that took it is returned.  Goes with
+                                    PGJOBQ_ON_CONFLICT_KEEP (which needs it; SKIP with a window is
+                                    refused, as is REPLACE).  (In place of a reserved field.) */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job_spec;
+
+/* What became of a job enqueued with a unique key (pgjobq_enqueue_spec; pgjobq_enqueue_many's dup_out). */
+#define PGJOBQ_ENQUEUED 0 /* inserted */
+#define PGJOBQ_HELD     1 /* not inserted: another job holds the key (or took its window); its id is given */
+#define PGJOBQ_REPLACED 2 /* not inserted: the queued job holding the key took this one's fields (a debounce) */
+
+/*
+ * Enqueues one job given as a spec, which holds what pgjobq_enqueue_opts has no room for
+ * (unique_for_ms).  Returns what pgjobq_enqueue returns (PGJOBQ_EDUPLICATE when the key is held,
+ * *id_out then the holder's), and PGJOBQ_OK for a job inserted or a queued job replaced, *id_out its
+ * id; *outcome_out (may be NULL) receives PGJOBQ_ENQUEUED, PGJOBQ_HELD or PGJOBQ_REPLACED.
+ */
+PGJOBQ_EXPORT int pgjobq_enqueue_spec(pgjobq_client *c, const pgjobq_job_spec *job, int64_t *id_out,
+                                      int *outcome_out) PGJOBQ_WUR;
 
 /*
  * Enqueues n jobs in one statement (one round trip; a large batch with COPY), atomically: if any job
@@ -383,9 +418,10 @@ typedef struct pgjobq_job_spec {
  * enqueue_many's 1-based arrays; "job 17: ..." for jobs with parents or tags, which go through
  * pgjobq.enqueue_graph).  ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL)
  * receives n flags, nonzero where the job was not inserted because its unique key was held (ids_out
- * then has the holder's id).  Sends one notification per queue, not one per job.  (pgjobq.enqueue_many
- * in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in SQL and Python is jobs with a
- * callback, pgjobq.enqueue_batch.)
+ * then has the holder's id): PGJOBQ_HELD, or PGJOBQ_REPLACED when the queued holder took the job's
+ * fields (opts.on_conflict PGJOBQ_ON_CONFLICT_REPLACE).  Sends one notification per queue, not one
+ * per job.  (pgjobq.enqueue_many in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in
+ * SQL and Python is jobs with a callback, pgjobq.enqueue_batch.)
  */
 PGJOBQ_EXPORT int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                       unsigned char *dup_out) PGJOBQ_WUR;

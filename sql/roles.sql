@@ -49,7 +49,9 @@ GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pg
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text,
-                   text),
+                   text, text, interval),
+    pgjobq.enqueue_keyed(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
+                         interval[], text[], boolean, text[]),
     pgjobq.enqueue_graph(jsonb),
     pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],

@@ -846,6 +846,15 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_OK(c, pgjobq_retry_where(c, &f, PGJOBQ_REDRIVE, &redriven, NULL));
     CHECK_INT(redriven, 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26' AND payload = '{\"n\": 26}'"), 1);
+    /* And unique keys that debounce (replace) and throttle (keep, a window): the same migration. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds"), 0);
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', unique_key => 'k', on_conflict => 'replace')");
+    CHECK_INT(t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', payload => '{\"v\": 2}', unique_key => 'k',"
+                        " on_conflict => 'replace')"),
+              id);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26k' AND payload = '{\"v\": 2}'"), 1);
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', unique_key => 't', unique_for => '1 hour')");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds WHERE job_id = %lld", (long long)id), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -256,6 +256,10 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = x.id)
            AND NOT EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = x.id)
          ORDER BY x.at LIMIT prune.max_jobs);
+    -- Throttle windows that have passed (enqueue_keyed takes a passed one over anyway).
+    DELETE FROM pgjobq.unique_holds h
+     WHERE (h.queue, h.unique_key) IN (SELECT x.queue, x.unique_key FROM pgjobq.unique_holds x
+                                        WHERE x.until < now() ORDER BY x.until LIMIT prune.max_jobs);
     -- Low-water marks superseded for ten minutes (claims read only the latest of each level).
     DELETE FROM pgjobq.lows l
      WHERE l.at < now() - interval '10 minutes'
