@@ -186,6 +186,8 @@ TEST(dead_letters_are_made_when_a_job_fails_for_good_and_only_then)
     pgjobq_queue_list_free(q);
     CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "orders", NULL));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders' AND dead_letter IS NULL"), 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(dead_letter_settings_refuse_cycles_and_bad_names)
@@ -210,6 +212,8 @@ TEST(dead_letter_settings_refuse_cycles_and_bad_names)
     /* A chain that ends is fine, and removing a link opens the way. */
     CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "b", NULL));
     CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "c", "a"));
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* Whether the session `pid` waits for a lock (an advisory or a row lock). */
@@ -246,6 +250,9 @@ TEST(dead_letter_settings_racing_cannot_close_a_cycle)
     while ((r = PQgetResult(second)) != NULL)
         PQclear(r);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE dead_letter IS NOT NULL"), 1);
+    PQfinish(first);
+    PQfinish(second);
+    PQfinish(pg);
 }
 
 /* Makes a dead letter of a new job of `queue` (max_attempts 1): returns the dead letter's id. */
@@ -342,6 +349,10 @@ TEST(redrive_sends_dead_letters_back_to_their_queues)
     CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "1", "--redrive", NULL), 64);
     free(out);
     free(err);
+    PQfinish(claimer);
+    PQfinish(admin);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(dead_letters_from_the_command_line)
@@ -374,4 +385,5 @@ TEST(dead_letters_from_the_command_line)
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders' AND dead_letter IS NULL"), 1);
+    PQfinish(pg);
 }

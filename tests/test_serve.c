@@ -505,6 +505,8 @@ TEST_FULL(serve_metrics_give_what_an_autoscaler_reads, 90, 0)
                         " WHERE oldest_ready_s IS NULL AND concurrency IS NULL AND NOT paused"),
               0);
     stop_server();
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* Runs examples/systemd/pgjobq-autoscale with ARGS against this test's database, with a systemctl that
@@ -576,6 +578,7 @@ TEST_FULL(autoscale_script_starts_and_stops_worker_units_on_depth, 60, 0)
         CHECK_STR(asked, "");
         free(asked);
     }
+    pgjobq_client_close(c);
 }
 
 TEST_FULL(serve_dashboard_pages_in_headless_chromium, 180, 0)
@@ -1358,6 +1361,8 @@ TEST_FULL(serve_shows_dead_letter_queues_and_links, 60, 0)
     free(row);
     free(body);
     stop_server();
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";

@@ -117,6 +117,8 @@ TEST(unique_key_replace_debounces_a_queued_job_and_leaves_a_running_one)
     CHECK_INT(
         t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND payload = '{\"last\": true}'", (long long)id),
         1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 TEST(unique_key_keep_holds_the_key_for_a_window_after_the_job_ran)
@@ -169,6 +171,8 @@ TEST(unique_key_keep_holds_the_key_for_a_window_after_the_job_ran)
     PQclear(t_exec(pg, "SELECT pgjobq.prune()"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds WHERE queue = 'digest2'"), 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds WHERE queue = 'digest'"), 1);
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* The rules of the modes, one answer on every way in: SQL enqueue and enqueue_keyed, C (one job, a
@@ -340,6 +344,8 @@ TEST_FULL(unique_key_modes_give_the_same_answer_on_every_path, 120, 0)
                           t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds"),
                       0);
     }
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* 16 producers, each on its own connection and thread, replace (or keep) a key, round after round, a
@@ -458,4 +464,5 @@ TEST_FULL(unique_key_replace_and_keep_hold_under_16_racing_producers, 180, 0)
                           id);
         }
     }
+    PQfinish(pg);
 }

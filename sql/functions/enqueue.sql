@@ -476,7 +476,8 @@ BEGIN
                 IF v_mode = 'replace' THEN
                     UPDATE pgjobq.jobs j
                        SET kind = coalesce(kinds[i], 'default'), payload = coalesce(payloads[i], '{}'::jsonb),
-                           priority = v_prio, run_at = v_run_at, max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
+                           priority = v_prio, run_at = v_run_at,
+                           max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
                            concurrency_key = concurrency_keys[i], attempt = 0, last_error = NULL, snoozes = 0,
                            ready_at = clock_timestamp()
                      WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state = 'queued'
