@@ -30,6 +30,8 @@
 #define OPT_ON_PARENT    1008
 #define OPT_GRAPH        1009
 #define OPT_ROUTE_KEY    1010
+#define OPT_ON_CONFLICT  1011
+#define OPT_UNIQUE_FOR   1012
 
 #define MAX_TAGS  20
 #define MAX_AFTER 10000
@@ -42,8 +44,15 @@ const cli_opt enqueue_opts[] = {
     {"run-at", OPT_RUN_AT, "TIME", "run no sooner than TIME (a PostgreSQL timestamp, e.g. 2027-01-01T09:00Z)"},
     {"max-attempts", OPT_MAX_ATTEMPTS, "N", "attempts before the job fails for good, 1..1000 (default 25)"},
     {"unique-key", OPT_UNIQUE_KEY, "KEY", "skip the job if a queued or running job holds KEY"},
+    {"on-conflict", OPT_ON_CONFLICT, "MODE",
+     "with --unique-key, when KEY is held: skip (default), replace (debounce: the queued job takes this one's "
+     "payload and run_at) or keep (throttle, with --unique-for)"},
+    {"unique-for", OPT_UNIQUE_FOR, "DURATION",
+     "with --unique-key: hold KEY for DURATION from this enqueue, whatever becomes of the job (a throttle's window; "
+     "implies --on-conflict keep)"},
     {"concurrency-key", OPT_CONC_KEY, "KEY", "limit running jobs per KEY (with `pgjobq queue set --key-concurrency`)"},
-    {"route-key", OPT_ROUTE_KEY, "KEY", "the job's routing key: where a spread queue's job lives in a cluster of shards"},
+    {"route-key", OPT_ROUTE_KEY, "KEY",
+     "the job's routing key: where a spread queue's job lives in a cluster of shards"},
     {"after", OPT_AFTER, "ID[,ID...]", "wait (state waiting) until these jobs have completed; repeatable"},
     {"on-parent-failure", OPT_ON_PARENT, "WHAT", "with --after: cancel (default) or run when a parent fails for good"},
     {"tag", OPT_TAG, "TAG", "tag the job (1 to 64 characters; repeatable, at most 20); `list --tag` finds it"},
@@ -58,6 +67,7 @@ const cli_opt enqueue_opts[] = {
 typedef struct enqueue_args {
     const cli_cmd *cmd;
     pgjobq_enqueue_opts opts;
+    int64_t unique_for_ms; /* 0: none */
     const char *file;
     const char *graph;
     int quiet;
@@ -158,6 +168,27 @@ static int enqueue_opt(int key, const char *arg, void *ctx)
         if (cli_parse_duration_ms(arg, &ms, why, sizeof why) != 0)
             break;
         a->opts.delay_ms = ms;
+        return 0;
+    case OPT_ON_CONFLICT:
+        if (strcmp(arg, "skip") == 0)
+            a->opts.on_conflict = PGJOBQ_ON_CONFLICT_SKIP;
+        else if (strcmp(arg, "replace") == 0)
+            a->opts.on_conflict = PGJOBQ_ON_CONFLICT_REPLACE;
+        else if (strcmp(arg, "keep") == 0)
+            a->opts.on_conflict = PGJOBQ_ON_CONFLICT_KEEP;
+        else {
+            snprintf(why, sizeof why, "'%s' is not skip, replace or keep", arg);
+            break;
+        }
+        return 0;
+    case OPT_UNIQUE_FOR:
+        if (cli_parse_duration_ms(arg, &ms, why, sizeof why) != 0)
+            break;
+        if (ms <= 0) {
+            snprintf(why, sizeof why, "must be longer than zero");
+            break;
+        }
+        a->unique_for_ms = ms;
         return 0;
     default: return -1;
     }
@@ -317,6 +348,7 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         }
         b.specs[b.n].payload = b.lines[b.n];
         b.specs[b.n].opts = a->opts;
+        b.specs[b.n].unique_for_ms = a->unique_for_ms;
         b.line_no[b.n] = line_no;
         b.n++;
         if (b.n == (size_t)a->batch) {
@@ -494,7 +526,15 @@ static int enqueue_cluster(enqueue_args *a, const char *payload)
         pgjobq_cluster_close(cl);
         return status;
     }
-    rc = pgjobq_cluster_enqueue(cl, payload, &a->opts, &id);
+    if (a->unique_for_ms) {
+        /* What pgjobq_enqueue_opts has no room for goes in a spec, to the job's shard. */
+        pgjobq_job_spec spec = {.payload = payload, .opts = a->opts, .unique_for_ms = a->unique_for_ms};
+        if ((rc = pgjobq_cluster_route(cl, a->opts.queue, a->opts.route_key, &s)) == PGJOBQ_OK &&
+            (rc = pgjobq_cluster_client(cl, s, &c)) == PGJOBQ_OK)
+            rc = pgjobq_enqueue_spec(c, &spec, &id, NULL);
+    } else {
+        rc = pgjobq_cluster_enqueue(cl, payload, &a->opts, &id);
+    }
     if (rc == PGJOBQ_EDUPLICATE) {
         if (!a->quiet) {
             printf("%lld\n", (long long)id);
@@ -553,11 +593,14 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
         pgjobq_client_close(c);
         return status;
     }
-    rc = pgjobq_enqueue(c, payload, &a->opts, &id);
+    pgjobq_job_spec spec = {.payload = payload, .opts = a->opts, .unique_for_ms = a->unique_for_ms};
+    int outcome = PGJOBQ_ENQUEUED;
+    rc = pgjobq_enqueue_spec(c, &spec, &id, &outcome);
     if (rc == PGJOBQ_EDUPLICATE) {
         if (!a->quiet) {
             printf("%lld\n", (long long)id);
-            cli_err("not enqueued: job %lld already holds unique key \"%s\"", (long long)id, a->opts.unique_key);
+            cli_err("not enqueued: job %lld already holds unique key \"%s\"%s", (long long)id, a->opts.unique_key,
+                    a->unique_for_ms ? " (or took its window)" : "");
         }
         pgjobq_client_close(c);
         return EX_OK;
@@ -569,6 +612,9 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     }
     if (!a->quiet)
         printf("%lld\n", (long long)id);
+    if (!a->quiet && outcome == PGJOBQ_REPLACED)
+        cli_err("replaced: queued job %lld, which holds unique key \"%s\", now has this payload and run time",
+                (long long)id, a->opts.unique_key);
     note_if_paused(c, a->opts.queue ? a->opts.queue : "default");
     pgjobq_client_close(c);
     return EX_OK;

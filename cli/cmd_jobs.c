@@ -55,6 +55,7 @@ const cli_opt health_opts[] = {
 #define OPT_SINCE   1001
 #define OPT_DRY_RUN 1002
 #define OPT_RUNNING 1003
+#define OPT_REDRIVE 1004
 const cli_opt cancel_opts[] = {
     {"queue", OPT_QUEUE, "QUEUE", "without ID: cancel the jobs of QUEUE (with --state)"},
     {"state", OPT_STATE, "STATE", "without ID: queued (cancel them now) or running (request a cancel)"},
@@ -77,6 +78,9 @@ const cli_opt retry_opts[] = {{"queue", OPT_QUEUE, "QUEUE", "without ID: retry t
                               {"running", OPT_RUNNING, NULL,
                                "with ID: end a running job's lease now and queue it to run again (its "
                                "worker's writes are then refused; the attempt counts)"},
+                              {"redrive", OPT_REDRIVE, NULL,
+                               "without ID: QUEUE is a dead-letter queue; send its dead letters back to the "
+                               "queues they came from (--state queued: all of them)"},
                               {"json", OPT_JSON, NULL, "print the counts as a JSON object"},
                               CLI_CLUSTER_OPT,
                               CLI_COMMON_OPTS,
@@ -903,6 +907,55 @@ int cmd_graph(const cli_cmd *cmd, int argc, char **argv)
     return EX_OK;
 }
 
+/* What an autoscaler reads of a queue, beside stats' counts (pgjobq_queue_ready): a line's, or the
+ * total's (oldest: the oldest of all; no limit). */
+typedef struct depth {
+    int64_t ready, oldest_ms, slots; /* oldest_ms -1: none ready */
+    int concurrency;                 /* 0: none */
+} depth;
+
+/* Adds queue's readiness from rd (n rows) to *d. */
+static void depth_add(depth *d, const pgjobq_queue_ready_info *rd, size_t n, const char *queue)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (queue != NULL && strcmp(rd[i].name, queue) != 0)
+            continue;
+        d->ready += rd[i].ready;
+        d->slots += rd[i].worker_slots;
+        if (rd[i].oldest_ready_ms > d->oldest_ms)
+            d->oldest_ms = rd[i].oldest_ready_ms;
+        if (queue != NULL)
+            d->concurrency = rd[i].concurrency;
+    }
+}
+
+/* --json: a line's readiness, after its counts (the total has no limit). */
+static void depth_json(const depth *d, int total)
+{
+    printf(",\"ready\":%lld,\"oldest_ready_s\":", (long long)d->ready);
+    if (d->oldest_ms < 0)
+        fputs("null", stdout);
+    else
+        printf("%.3f", (double)d->oldest_ms / 1000.0);
+    if (!total) {
+        fputs(",\"concurrency\":", stdout);
+        if (d->concurrency > 0)
+            printf("%d", d->concurrency);
+        else
+            fputs("null", stdout);
+    }
+    printf(",\"worker_slots\":%lld", (long long)d->slots);
+}
+
+/* The text's READY and OLDEST columns. */
+static void depth_text(const depth *d)
+{
+    char oldest[32] = "-";
+    if (d->oldest_ms >= 0)
+        snprintf(oldest, sizeof oldest, "%.1fs", (double)d->oldest_ms / 1000.0);
+    printf(" %10lld %10s\n", (long long)d->ready, oldest);
+}
+
 /* stats over a cluster: a line per shard and queue (SHARD column; "shard" in --json), and the total
  * of the shards that answered. */
 static int stats_cluster(int json)
@@ -914,20 +967,24 @@ static int stats_cluster(int json)
     if (cl == NULL)
         return status;
     pgjobq_stat **rows = calloc(nsh, sizeof *rows);
-    size_t *nrows = calloc(nsh, sizeof *nrows), cap = 0;
+    pgjobq_queue_ready_info **rd = calloc(nsh, sizeof *rd);
+    size_t *nrows = calloc(nsh, sizeof *nrows), *nrd = calloc(nsh, sizeof *nrd), cap = 0;
     struct line {
         const char *shard, *queue;
         int64_t k[6];
+        depth d;
     } *lines = NULL;
     int64_t total[6] = {0};
-    if (rows == NULL || nrows == NULL) {
+    depth dtotal = {0, -1, 0, 0};
+    if (rows == NULL || nrows == NULL || rd == NULL || nrd == NULL) {
         cli_err("out of memory");
         status = EX_OSERR;
         goto out;
     }
     for (size_t s = 0; s < nsh; s++) {
         int rc;
-        if (sh[s].client && (rc = pgjobq_stats(sh[s].client, &rows[s], &nrows[s])) != PGJOBQ_OK) {
+        if (sh[s].client && ((rc = pgjobq_stats(sh[s].client, &rows[s], &nrows[s])) != PGJOBQ_OK ||
+                             (rc = pgjobq_queue_ready(sh[s].client, &rd[s], &nrd[s])) != PGJOBQ_OK)) {
             if (rc != PGJOBQ_ECONN) {
                 status = cli_fail(sh[s].client, rc);
                 goto out;
@@ -942,12 +999,15 @@ static int stats_cluster(int json)
         goto out;
     }
     for (size_t s = 0; s < nsh; s++) {
+        depth_add(&dtotal, rd[s], nrd[s], NULL);
         for (size_t i = 0; i < nrows[s]; i++) {
             const pgjobq_stat *r = &rows[s][i];
             if ((unsigned)r->state > PGJOBQ_WAITING)
                 continue;
-            if (nl == 0 || lines[nl - 1].shard != sh[s].name || strcmp(lines[nl - 1].queue, r->queue) != 0)
-                lines[nl++] = (struct line){sh[s].name, r->queue, {0}};
+            if (nl == 0 || lines[nl - 1].shard != sh[s].name || strcmp(lines[nl - 1].queue, r->queue) != 0) {
+                lines[nl++] = (struct line){sh[s].name, r->queue, {0}, {0, -1, 0, 0}};
+                depth_add(&lines[nl - 1].d, rd[s], nrd[s], r->queue);
+            }
             lines[nl - 1].k[r->state] += r->jobs;
             total[r->state] += r->jobs;
         }
@@ -969,31 +1029,38 @@ static int stats_cluster(int json)
                 fputc(',', stdout);
             }
             printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
-                   "\"waiting\":%lld}",
+                   "\"waiting\":%lld",
                    (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                    (long long)k[5]);
+            depth_json(q < nl ? &lines[q].d : &dtotal, q == nl);
+            fputc('}', stdout);
         }
         fputc(',', stdout);
         print_shards_json(sh, nsh);
         fputs("}\n", stdout);
     } else {
-        printf("%-10s %-24s %10s %10s %10s %10s %10s %10s\n", "SHARD", "QUEUE", "QUEUED", "RUNNING", "COMPLETED",
-               "FAILED", "CANCELLED", "WAITING");
+        printf("%-10s %-24s %10s %10s %10s %10s %10s %10s %10s %10s\n", "SHARD", "QUEUE", "QUEUED", "RUNNING",
+               "COMPLETED", "FAILED", "CANCELLED", "WAITING", "READY", "OLDEST");
         for (size_t q = 0; q <= nl; q++) {
             const int64_t *k = q < nl ? lines[q].k : total;
             char name[300], shard[300];
             tty_cell(name, sizeof name, q < nl ? lines[q].queue : "(all)", 64);
             tty_cell(shard, sizeof shard, q < nl ? lines[q].shard : "(all)", 64);
-            printf("%-10s %-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", shard, name, (long long)k[0],
+            printf("%-10s %-24s %10lld %10lld %10lld %10lld %10lld %10lld", shard, name, (long long)k[0],
                    (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+            depth_text(q < nl ? &lines[q].d : &dtotal);
         }
     }
     status = report_down(sh, nsh, json);
 out:
     for (size_t s = 0; rows && s < nsh; s++)
         pgjobq_stats_free(rows[s]);
+    for (size_t s = 0; rd && s < nsh; s++)
+        pgjobq_queue_ready_free(rd[s]);
     free(rows);
     free(nrows);
+    free(rd);
+    free(nrd);
     free(lines);
     free(sh);
     pgjobq_cluster_close(cl);
@@ -1013,29 +1080,38 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
         return stats_cluster(json);
     if ((c = cli_connect(0, &status)) == NULL)
         return status;
-    rc = pgjobq_stats(c, &rows, &n);
-    if (rc != PGJOBQ_OK) {
+    pgjobq_queue_ready_info *rd = NULL;
+    size_t nrd = 0;
+    if ((rc = pgjobq_stats(c, &rows, &n)) != PGJOBQ_OK || (rc = pgjobq_queue_ready(c, &rd, &nrd)) != PGJOBQ_OK) {
         status = cli_fail(c, rc);
+        pgjobq_stats_free(rows);
         pgjobq_client_close(c);
         return status;
     }
     /* Rows come ordered by queue: fold them into one line per queue. */
     const char **queues = calloc(n ? n : 1, sizeof *queues);
     int64_t(*counts)[6] = calloc(n ? n : 1, sizeof *counts);
+    depth *depths = calloc(n ? n : 1, sizeof *depths), dtotal = {0, -1, 0, 0};
     int64_t total[6] = {0};
-    if (queues == NULL || counts == NULL) {
+    if (queues == NULL || counts == NULL || depths == NULL) {
         cli_err("out of memory");
         free(queues);
         free(counts);
+        free(depths);
+        pgjobq_queue_ready_free(rd);
         pgjobq_stats_free(rows);
         pgjobq_client_close(c);
         return EX_OSERR;
     }
+    depth_add(&dtotal, rd, nrd, NULL);
     for (size_t i = 0; i < n; i++) {
         if ((unsigned)rows[i].state > PGJOBQ_WAITING)
             continue;
-        if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0)
+        if (nq == 0 || strcmp(queues[nq - 1], rows[i].queue) != 0) {
             queues[nq++] = rows[i].queue;
+            depths[nq - 1] = (depth){0, -1, 0, 0};
+            depth_add(&depths[nq - 1], rd, nrd, rows[i].queue);
+        }
         counts[nq - 1][rows[i].state] += rows[i].jobs;
         total[rows[i].state] += rows[i].jobs;
     }
@@ -1054,24 +1130,29 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv)
                 fputc(',', stdout);
             }
             printf("\"queued\":%lld,\"running\":%lld,\"completed\":%lld,\"failed\":%lld,\"cancelled\":%lld,"
-                   "\"waiting\":%lld}",
+                   "\"waiting\":%lld",
                    (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                    (long long)k[5]);
+            depth_json(q < nq ? &depths[q] : &dtotal, q == nq);
+            fputc('}', stdout);
         }
         fputs("}\n", stdout);
     } else {
-        printf("%-24s %10s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
-               "CANCELLED", "WAITING");
+        printf("%-24s %10s %10s %10s %10s %10s %10s %10s %10s\n", "QUEUE", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
+               "CANCELLED", "WAITING", "READY", "OLDEST");
         for (size_t q = 0; q <= nq; q++) {
             const int64_t *k = q < nq ? counts[q] : total;
             char name[300];
             tty_cell(name, sizeof name, q < nq ? queues[q] : "(all)", 64);
-            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld\n", name, (long long)k[0], (long long)k[1],
+            printf("%-24s %10lld %10lld %10lld %10lld %10lld %10lld", name, (long long)k[0], (long long)k[1],
                    (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
+            depth_text(q < nq ? &depths[q] : &dtotal);
         }
     }
     free(queues);
     free(counts);
+    free(depths);
+    pgjobq_queue_ready_free(rd);
     pgjobq_stats_free(rows);
     pgjobq_client_close(c);
     return EX_OK;
@@ -1319,7 +1400,7 @@ int cmd_health(const cli_cmd *cmd, int argc, char **argv)
 typedef struct bulk_args {
     const cli_cmd *cmd;
     pgjobq_filter filter;
-    int have_state, dry_run, json, running;
+    int have_state, dry_run, json, running, redrive;
 } bulk_args;
 
 static int bulk_opt(int key, const char *arg, void *ctx)
@@ -1359,6 +1440,7 @@ static int bulk_opt(int key, const char *arg, void *ctx)
         return 0;
     case OPT_DRY_RUN: a->dry_run = 1; return 0;
     case OPT_RUNNING: a->running = 1; return 0;
+    case OPT_REDRIVE: a->redrive = 1; return 0;
     case OPT_JSON: a->json = 1; return 0;
     }
     return -1;
@@ -1428,7 +1510,7 @@ static pgjobq_client *connect_bulk(int one, int64_t id, int *status)
  * return is PGJOBQ_OK when at least one shard answered); else *cl_status is -1. */
 static int run_where(pgjobq_client *c, const bulk_args *a, int retry, int64_t *n, int64_t *skipped, int *cl_status)
 {
-    int flags = a->dry_run ? PGJOBQ_DRY_RUN : 0, answered = 0;
+    int flags = (a->dry_run ? PGJOBQ_DRY_RUN : 0) | (a->redrive ? PGJOBQ_REDRIVE : 0), answered = 0;
 
     *cl_status = -1;
     if (c)
@@ -1529,6 +1611,8 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
                                     "expires (retry --running ID ends one job's lease now)");
     if (!one && a.running)
         return cli_usage_error(cmd, "--running goes with a job ID");
+    if (one && a.redrive)
+        return cli_usage_error(cmd, "--redrive goes with a filter (--queue and --state), not a job ID");
     int cl_status = -1;
     if ((c = connect_bulk(one, id, &status)) == NULL && status != EX_OK)
         return status;
@@ -1550,6 +1634,13 @@ int cmd_retry(const cli_cmd *cmd, int argc, char **argv)
         if (rc == PGJOBQ_OK && a.json) {
             printf("{\"retried\":%lld,\"skipped\":%lld,\"dry_run\":%s}\n", (long long)n, (long long)skipped,
                    a.dry_run ? "true" : "false");
+        } else if (rc == PGJOBQ_OK && a.redrive) {
+            printf("%s %lld dead letter%s of queue %s to the queue%s %s came from%s\n",
+                   a.dry_run ? "would send" : "sent", (long long)n, n == 1 ? "" : "s", a.filter.queue,
+                   n == 1 ? "" : "s", n == 1 ? "it" : "they", a.dry_run || n == 0 ? "" : ": queued to run now");
+            if (skipped)
+                printf("%s %lld job%s of queue %s: no dead letter%s\n", a.dry_run ? "would skip" : "skipped",
+                       (long long)skipped, skipped == 1 ? "" : "s", a.filter.queue, skipped == 1 ? "" : "s");
         } else if (rc == PGJOBQ_OK && a.filter.state == PGJOBQ_QUEUED) {
             printf("%s %lld scheduled job%s of queue %s due now\n", a.dry_run ? "would make" : "made", (long long)n,
                    n == 1 ? "" : "s", a.filter.queue);

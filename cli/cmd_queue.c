@@ -9,17 +9,29 @@
 
 #include "cli.h"
 
-enum { OPT_REASON = 'r', OPT_WAIT = 'w', OPT_CONCURRENCY = 'c', OPT_KEY_CONCURRENCY = 'k', OPT_RATE = 1100,
-       OPT_JSON = 1101, OPT_CREATE = 1102, OPT_MAX_LEASE = 1103 };
+enum {
+    OPT_REASON = 'r',
+    OPT_WAIT = 'w',
+    OPT_CONCURRENCY = 'c',
+    OPT_KEY_CONCURRENCY = 'k',
+    OPT_RATE = 1100,
+    OPT_JSON = 1101,
+    OPT_CREATE = 1102,
+    OPT_MAX_LEASE = 1103,
+    OPT_DEAD_LETTER = 1104
+};
 
 const cli_opt queue_opts[] = {
     {"reason", OPT_REASON, "TEXT", "pause: why the queue is paused (shown by ls)"},
     {"wait", OPT_WAIT, "DURATION", "drain: give up after this long (default: wait as long as it takes)"},
     {"concurrency", OPT_CONCURRENCY, "N|none", "set: at most N jobs of the queue running at once, on all workers"},
-    {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none", "set: at most N jobs with the same concurrency key running at once"},
+    {"key-concurrency", OPT_KEY_CONCURRENCY, "N|none",
+     "set: at most N jobs with the same concurrency key running at once"},
     {"rate", OPT_RATE, "N/DURATION|none", "set: at most N jobs started in any window of DURATION (e.g. 100/1m)"},
     {"max-lease", OPT_MAX_LEASE, "DURATION|default",
      "set: the longest lease a worker may take on a job of the queue, 1s..365d (default 1d)"},
+    {"dead-letter", OPT_DEAD_LETTER, "QUEUE|none",
+     "set: where a job of the queue that fails for good goes, as a new job (a cycle is refused)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -34,6 +46,8 @@ typedef struct queue_args {
     int64_t rate_period_ms;
     int set_max_lease;
     int64_t max_lease_ms; /* 0: the default */
+    int set_dead_letter;
+    const char *dead_letter; /* NULL: none */
     int json;
     int create;
     const cli_cmd *cmd;
@@ -109,6 +123,16 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (a->max_lease_ms < 1000 || a->max_lease_ms > INT64_C(31536000000))
             return cli_usage_error(a->cmd, "--max-lease: must be between 1s and 365d (or default)"), -1;
         return 0;
+    case OPT_DEAD_LETTER:
+        a->set_dead_letter = 1;
+        a->dead_letter = strcmp(arg, "none") == 0 ? NULL : arg;
+        if (a->dead_letter && pgjobq_name_check(a->dead_letter) != PGJOBQ_OK)
+            return cli_usage_error(a->cmd,
+                                   "--dead-letter: invalid queue name '%.80s' (a letter, then letters, digits"
+                                   " and _ . : -, at most 64; or none)",
+                                   arg),
+                   -1;
+        return 0;
     default: return -1;
     }
 }
@@ -142,14 +166,17 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 printf(",\"rate_limit\":%d,\"rate_period_ms\":%lld", q[i].rate_limit, (long long)q[i].rate_period_ms);
             else
                 fputs(",\"rate_limit\":null,\"rate_period_ms\":null", stdout);
-            printf(",\"max_lease_ms\":%lld,\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld}",
+            printf(",\"max_lease_ms\":%lld,\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld",
                    (long long)q[i].max_lease_ms, (long long)q[i].queued, (long long)q[i].scheduled,
                    (long long)q[i].running, (long long)q[i].expired);
+            fputs(",\"dead_letter\":", stdout);
+            json_str(stdout, q[i].dead_letter);
+            fputc('}', stdout);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s %9s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY", "RATE",
-               "MAX LEASE", "QUEUED", "SCHEDULED", "RUNNING", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY",
+               "RATE", "MAX LEASE", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
             char conc[16], per_key[16], rate[48] = "-", max_lease[24];
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
@@ -159,12 +186,13 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 snprintf(rate, sizeof rate, "%d/%s", q[i].rate_limit,
                          format_period(period, sizeof period, q[i].rate_period_ms));
             }
-            char name[300];
+            char name[300], dead[300];
             tty_cell(name, sizeof name, q[i].name, 64);
-            printf("%-24s %-7s %11s %7s %-12s %9s %9lld %9lld %9lld  ", name,
+            tty_cell(dead, sizeof dead, q[i].dead_letter ? q[i].dead_letter : "-", 64);
+            printf("%-24s %-7s %11s %7s %-12s %9s %9lld %9lld %9lld %-24s  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
                    format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), (long long)q[i].queued,
-                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired));
+                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
         }
@@ -273,10 +301,12 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--reason goes with pause or drain");
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
-    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease) && !is_set)
-        return cli_usage_error(cmd, "--concurrency, --key-concurrency, --rate and --max-lease go with set");
-    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease)
-        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency, --rate or --max-lease");
+    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease || a.set_dead_letter) && !is_set)
+        return cli_usage_error(cmd,
+                               "--concurrency, --key-concurrency, --rate, --max-lease and --dead-letter go with set");
+    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease && !a.set_dead_letter)
+        return cli_usage_error(
+            cmd, "queue set needs --concurrency, --key-concurrency, --rate, --max-lease or --dead-letter");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -314,6 +344,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_rate(c, queue, a.rate_limit, a.rate_period_ms);
         if (rc == PGJOBQ_OK && a.set_max_lease)
             rc = pgjobq_queue_set_max_lease(c, queue, a.max_lease_ms);
+        if (rc == PGJOBQ_OK && a.set_dead_letter)
+            rc = pgjobq_queue_set_dead_letter(c, queue, a.dead_letter);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);

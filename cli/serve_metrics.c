@@ -5,7 +5,8 @@
  * database nothing, and however many Prometheus servers scrape, the queries run once per interval.
  *
  * Everything is read through the monitor functions of sql/functions/monitor.sql.  Gauges come from
- * the live jobs (monitor_queue_counts), the queues' settings and the workers.  Counters and histograms
+ * the live jobs (monitor_queue_counts), the queues' settings and the workers, and what an autoscaler
+ * reads (queue_ready: jobs ready now, the oldest one's age, the limit and the workers' slots).  Counters and histograms
  * count what happened since this process started: jobs that reached the history (monitor_finished)
  * and retries and lost leases (monitor_tallies), each over (last watermark, now() - 2 s] (at most a
  * minute of it per collection); the settle time lets the transactions that wrote those rows commit
@@ -51,6 +52,9 @@ typedef struct qm {
     int64_t sleeping, awaiting_event; /* queued jobs parked: a durable sleep, a wait for an event */
     double lag;
     int paused;
+    int64_t ready, slots;           /* queue_ready(): claimable now; the live workers' slots */
+    double oldest_ready;            /* seconds; 0 when none is ready */
+    int concurrency;                /* the queue's limit; 0: none */
     int64_t held[NFIN];             /* rows in history, refreshed every FINISHED_EVERY collections */
     int held_known;
     int64_t fin[NFIN];              /* counters */
@@ -192,7 +196,8 @@ static void apply_delta(dbm *m, const delta *d)
 
 static int collect(dbm *m)
 {
-    PGresult *r, *live = NULL, *paused = NULL, *parked = NULL, *held = NULL, *workers = NULL, *upto = NULL, *health = NULL;
+    PGresult *r, *live = NULL, *paused = NULL, *parked = NULL, *ready = NULL, *held = NULL, *workers = NULL,
+             *upto = NULL, *health = NULL;
     delta d = {NULL, NULL};
     int ok = 0, want_held = cli_mono_ms() >= m->held_due_ms;
     int64_t held_ms = 0;
@@ -225,6 +230,10 @@ static int collect(dbm *m)
                0, NULL);
     paused = run(m, "SELECT queue, paused::int FROM pgjobq.monitor_queue_names()", 0, NULL);
     parked = run(m, "SELECT queue, sleeping, waiting FROM pgjobq.monitor_parked()", 0, NULL);
+    ready = run(m,
+                "SELECT queue, ready, coalesce(oldest_ready_s, 0), coalesce(concurrency, 0), worker_slots"
+                " FROM pgjobq.queue_ready()",
+                0, NULL);
     const char *hist_args[3] = {win[0], win[1], NEG_BOUNDS};
     d.hist = run(m,
                  "SELECT queue, state, wait_bucket, run_bucket, jobs, started, wait_s, run_s"
@@ -238,7 +247,8 @@ static int collect(dbm *m)
                  " coalesce(holder_pid, 0), holder_application, (autovacuum_paused_since IS NOT NULL)::int"
                  " FROM pgjobq.health()",
                  0, NULL);
-    if (!live || !paused || !parked || !d.hist || !d.tallies || !workers || !health || PQntuples(health) != 1)
+    if (!live || !paused || !parked || !ready || !d.hist || !d.tallies || !workers || !health ||
+        PQntuples(health) != 1)
         goto out;
     if (want_held) {
         /* Last: its failure (a timeout) leaves the rest of the collection as read. */
@@ -275,6 +285,9 @@ static int collect(dbm *m)
         m->q[i].sleeping = m->q[i].awaiting_event = 0;
         m->q[i].lag = 0;
         m->q[i].paused = 0;
+        m->q[i].ready = m->q[i].slots = 0;
+        m->q[i].oldest_ready = 0;
+        m->q[i].concurrency = 0;
     }
     for (int i = 0; i < PQntuples(live); i++) {
         qm *q = queue_of(m, PQgetvalue(live, i, 0));
@@ -299,6 +312,16 @@ static int collect(dbm *m)
         if (q) {
             q->live = 1;
             q->paused = atoi(PQgetvalue(paused, i, 1));
+        }
+    }
+    for (int i = 0; i < PQntuples(ready); i++) {
+        qm *q = queue_of(m, PQgetvalue(ready, i, 0));
+        if (q) {
+            q->live = 1;
+            q->ready = atoll(PQgetvalue(ready, i, 1));
+            q->oldest_ready = atof(PQgetvalue(ready, i, 2));
+            q->concurrency = atoi(PQgetvalue(ready, i, 3));
+            q->slots = atoll(PQgetvalue(ready, i, 4));
         }
     }
     m->jobs_bytes = atoll(PQgetvalue(health, 0, 0));
@@ -348,6 +371,7 @@ out:
     PQclear(live);
     PQclear(paused);
     PQclear(parked);
+    PQclear(ready);
     PQclear(held);
     PQclear(workers);
     PQclear(health);
@@ -433,7 +457,10 @@ static void render_hist(sbuf *b, const serve_metrics *m, const char *name, int w
 }
 
 /* Kinds of per-queue series, for render_queue. */
-enum { Q_FIN0, Q_RETRIED = NFIN, Q_LOST, Q_SCHEDULED, Q_LAG, Q_PAUSED, Q_SLEEPING, Q_AWAITING };
+enum {
+    Q_FIN0, Q_RETRIED = NFIN, Q_LOST, Q_SCHEDULED, Q_LAG, Q_PAUSED, Q_SLEEPING, Q_AWAITING,
+    Q_READY, Q_OLDEST_READY, Q_SLOTS, Q_LIMIT
+};
 
 static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int what)
 {
@@ -443,6 +470,8 @@ static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int 
             continue;
         for (size_t i = 0; i < d->nq; i++) {
             const qm *q = &d->q[i];
+            if (what == Q_LIMIT && q->concurrency == 0)
+                continue; /* no limit: no series */
             series(b, d, name);
             sb_printf(b, "%squeue=\"", lsep(d));
             sb_label(b, q->name);
@@ -458,6 +487,12 @@ static void render_queue(sbuf *b, const serve_metrics *m, const char *name, int 
                 sb_printf(b, "%lld\n", (long long)(what == Q_SLEEPING ? q->sleeping : q->awaiting_event));
             else if (what == Q_LAG)
                 sb_printf(b, "%.3f\n", q->lag);
+            else if (what == Q_OLDEST_READY)
+                sb_printf(b, "%.3f\n", q->oldest_ready);
+            else if (what == Q_READY || what == Q_SLOTS)
+                sb_printf(b, "%lld\n", (long long)(what == Q_READY ? q->ready : q->slots));
+            else if (what == Q_LIMIT)
+                sb_printf(b, "%d\n", q->concurrency);
             else
                 sb_printf(b, "%d\n", q->paused);
         }
@@ -569,6 +604,19 @@ static char *render(const serve_metrics *m)
     render_queue(&b, m, "pgjobq_queue_lag_seconds", Q_LAG);
     family(&b, "pgjobq_queue_paused", "gauge", "1 when the queue is paused.");
     render_queue(&b, m, "pgjobq_queue_paused", Q_PAUSED);
+    family(&b, "pgjobq_queue_ready_jobs", "gauge",
+           "Queued jobs a worker could claim now (due, their parents done), a paused queue's too: what to scale "
+           "workers on.");
+    render_queue(&b, m, "pgjobq_queue_ready_jobs", Q_READY);
+    family(&b, "pgjobq_queue_oldest_ready_age_seconds", "gauge",
+           "How long the oldest ready job has been claimable (0: none is ready).");
+    render_queue(&b, m, "pgjobq_queue_oldest_ready_age_seconds", Q_OLDEST_READY);
+    family(&b, "pgjobq_queue_concurrency_limit", "gauge",
+           "The queue's concurrency limit, for queues that have one: at most this many of its jobs run at once.");
+    render_queue(&b, m, "pgjobq_queue_concurrency_limit", Q_LIMIT);
+    family(&b, "pgjobq_queue_worker_slots", "gauge",
+           "Slots of the live workers that serve the queue (what each says in its beat).");
+    render_queue(&b, m, "pgjobq_queue_worker_slots", Q_SLOTS);
     render_counter(&b, m, "pgjobq_jobs_completed_total", "Jobs that completed, since this server started.",
                    F_COMPLETED);
     render_counter(&b, m, "pgjobq_jobs_failed_total", "Jobs that ended failed, since this server started.", F_FAILED);

@@ -699,6 +699,27 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             sb_puts(b, "</tbody></table>");
         }
         PQclear(rel);
+        /* Its dead letters: the job it is the dead letter of, or the one it left when it failed for good. */
+        PGresult *dl = serve_query(c, out,
+                                   "SELECT relation, id::text, queue, " TS("at") ", coalesce(" TS("redriven_at") ", '')"
+                                   " FROM pgjobq.monitor_dead_letters($1::bigint) ORDER BY relation, id",
+                                   1, values);
+        if (dl && PQntuples(dl) > 0) {
+            sb_puts(b, "<h2>Dead letter</h2><table id=\"dead-letters\"><thead><tr><th></th><th>Job</th>"
+                       "<th>Queue</th><th>At (UTC)</th><th>Redriven (UTC)</th></tr></thead><tbody>");
+            for (int i = 0; i < PQntuples(dl); i++) {
+                int of = strcmp(V(dl, i, 0), "of") == 0;
+                html_tr(b, "link", of ? "dead letter of" : "left dead letter");
+                html_td(b, NULL, of ? "dead letter of" : "left dead letter");
+                html_td_link(b, NULL, "/jobs/", V(dl, i, 1), V(dl, i, 1));
+                html_td_link(b, NULL, "/jobs?queue=", V(dl, i, 2), V(dl, i, 2));
+                html_td(b, NULL, V(dl, i, 3));
+                html_td(b, NULL, V(dl, i, 4)[0] ? V(dl, i, 4) : "-");
+                sb_puts(b, "</tr>");
+            }
+            sb_puts(b, "</tbody></table>");
+        }
+        PQclear(dl);
     }
     PQclear(r);
     html_page_end(b);
@@ -728,13 +749,14 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
     html_page_begin(s, b, "queues", 0);
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
                "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Max lease</th><th>Due</th><th>Scheduled</th>"
-               "<th>Running</th><th>Expired</th><th></th></tr></thead><tbody>");
-    r = serve_query(c, out,
-              "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
-              " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
-              " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
-              " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
-              0, NULL);
+               "<th>Running</th><th>Expired</th><th>Dead letters to</th><th></th></tr></thead><tbody>");
+    r = serve_query(
+        c, out,
+        "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
+        " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
+        " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
+        " (extract(epoch FROM max_lease) * 1000)::bigint, coalesce(dead_letter, '') FROM pgjobq.queue_list()",
+        0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
@@ -755,13 +777,17 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             html_td(b, "n max-lease", format_period(max_lease, sizeof max_lease, atoll(V(r, i, 11))));
             for (int k = 7; k < 11; k++)
                 html_td(b, "n", V(r, i, k));
+            if (V(r, i, 12)[0])
+                html_td_link(b, "dead-letter", "/jobs?queue=", V(r, i, 12), V(r, i, 12));
+            else
+                html_td(b, "dead-letter", "-");
             sb_puts(b, "<td>");
             const char *fields[] = {"queue", V(r, i, 0), NULL};
             html_action_form(s, b, paused ? "resume" : "pause", paused ? "Resume" : "Pause", fields, "/queues", !paused);
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)
-            sb_puts(b, "<tr><td colspan=\"11\" class=\"muted\">No queues yet.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"12\" class=\"muted\">No queues yet.</td></tr>");
         PQclear(r);
     }
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"

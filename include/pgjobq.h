@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 25
+#define PGJOBQ_SCHEMA_VERSION 26
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -314,7 +314,8 @@ typedef struct pgjobq_enqueue_opts {
                                after.  The database judges both rules (sql/functions/enqueue.sql,
                                enqueue_when_why), as it does for every interface. */
     const char *unique_key; /* NULL: none.  While a queued or running job of the same queue holds the
-                               key, enqueueing another job with it returns the existing job instead. */
+                               key, enqueueing another job with it returns the existing job instead
+                               (on_conflict says what else it may do). */
     const char *concurrency_key; /* NULL: none.  When the queue has a key concurrency limit
                                     (pgjobq_queue_set_key_concurrency), at most that many jobs with
                                     the same key run at once.  1 to 255 characters. */
@@ -333,7 +334,14 @@ typedef struct pgjobq_enqueue_opts {
     int32_t on_parent_failure; /* with after: PGJOBQ_PARENT_FAILURE_CANCEL (0, the default: a parent
                                   that fails for good or is cancelled cancels this job) or
                                   PGJOBQ_PARENT_FAILURE_RUN (it runs once every parent has finished) */
-    uint32_t pgjobq_reserved32;  /* zero */
+    int32_t on_conflict;       /* with unique_key, when the key is held (docs/queues.md, "Debounce and
+                                  throttle"): PGJOBQ_ON_CONFLICT_SKIP (0, the default: the holder is
+                                  returned), PGJOBQ_ON_CONFLICT_REPLACE (a debounce: a queued holder
+                                  takes this job's kind, payload, priority, run_at, attempts and
+                                  concurrency key, the last one wins; a running holder is left alone
+                                  and returned) or PGJOBQ_ON_CONFLICT_KEEP (a throttle: the key is held
+                                  for pgjobq_job_spec.unique_for_ms from the enqueue that took it,
+                                  whatever became of that job).  (In place of a reserved field.) */
     union {
         /* NULL: none.  The job's routing key in a cluster of shards (docs/shards.md): the jobs of a
            spread queue are placed by it (a tenant, an account); stored with the job (jobs.route_key)
@@ -347,6 +355,11 @@ typedef struct pgjobq_enqueue_opts {
 /* pgjobq_enqueue_opts.on_parent_failure */
 #define PGJOBQ_PARENT_FAILURE_CANCEL 0
 #define PGJOBQ_PARENT_FAILURE_RUN    1
+
+/* pgjobq_enqueue_opts.on_conflict */
+#define PGJOBQ_ON_CONFLICT_SKIP    0
+#define PGJOBQ_ON_CONFLICT_REPLACE 1
+#define PGJOBQ_ON_CONFLICT_KEEP    2
 
 #ifdef __cplusplus
 static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
@@ -363,7 +376,9 @@ static inline pgjobq_enqueue_opts pgjobq_enqueue_opts_init_(void)
  * Enqueues one job.  payload is JSON text (NULL: "{}").  opts may be NULL for all defaults.
  * On PGJOBQ_OK *id_out (may be NULL) receives the new job's id.  When a queued or running job
  * already holds opts->unique_key, returns PGJOBQ_EDUPLICATE, inserts nothing, and *id_out receives
- * the existing job's id.  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
+ * the existing job's id; with opts->on_conflict PGJOBQ_ON_CONFLICT_REPLACE and a queued holder, the
+ * holder takes this job's fields and PGJOBQ_OK is returned with its id (pgjobq_enqueue_spec tells
+ * the two apart).  Invalid input returns PGJOBQ_EINVAL with the reason in pgjobq_errmsg(), and
  * writes nothing.  Workers listening on the queue are notified when the transaction commits (on the
  * client's own idle connection, by a notification sent right after the commit, in the same round
  * trip: a commit that carries one makes concurrent producers commit one at a time).
@@ -375,8 +390,28 @@ PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pg
 typedef struct pgjobq_job_spec {
     const char *payload; /* JSON text; NULL: "{}" */
     pgjobq_enqueue_opts opts;
-    uint64_t pgjobq_reserved[4]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t unique_for_ms;       /* 0: none.  With opts.unique_key, a throttle's window (1 second to
+                                    365 days): the key is held that long from the enqueue that took it,
+                                    whatever became of that job; within it a job with the key is not
+                                    inserted, and the job that took it is returned.  Goes with
+                                    PGJOBQ_ON_CONFLICT_KEEP (which needs it; SKIP with a window is
+                                    refused, as is REPLACE).  (In place of a reserved field.) */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job_spec;
+
+/* What became of a job enqueued with a unique key (pgjobq_enqueue_spec; pgjobq_enqueue_many's dup_out). */
+#define PGJOBQ_ENQUEUED 0 /* inserted */
+#define PGJOBQ_HELD     1 /* not inserted: another job holds the key (or took its window); its id is given */
+#define PGJOBQ_REPLACED 2 /* not inserted: the queued job holding the key took this one's fields (a debounce) */
+
+/*
+ * Enqueues one job given as a spec, which holds what pgjobq_enqueue_opts has no room for
+ * (unique_for_ms).  Returns what pgjobq_enqueue returns (PGJOBQ_EDUPLICATE when the key is held,
+ * *id_out then the holder's), and PGJOBQ_OK for a job inserted or a queued job replaced, *id_out its
+ * id; *outcome_out (may be NULL) receives PGJOBQ_ENQUEUED, PGJOBQ_HELD or PGJOBQ_REPLACED.
+ */
+PGJOBQ_EXPORT int pgjobq_enqueue_spec(pgjobq_client *c, const pgjobq_job_spec *job, int64_t *id_out,
+                                      int *outcome_out) PGJOBQ_WUR;
 
 /*
  * Enqueues n jobs in one statement (one round trip; a large batch with COPY), atomically: if any job
@@ -386,9 +421,10 @@ typedef struct pgjobq_job_spec {
  * enqueue_many's 1-based arrays; "job 17: ..." for jobs with parents or tags, which go through
  * pgjobq.enqueue_graph).  ids_out (may be NULL) receives n ids in input order; dup_out (may be NULL)
  * receives n flags, nonzero where the job was not inserted because its unique key was held (ids_out
- * then has the holder's id).  Sends one notification per queue, not one per job.  (pgjobq.enqueue_many
- * in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in SQL and Python is jobs with a
- * callback, pgjobq.enqueue_batch.)
+ * then has the holder's id): PGJOBQ_HELD, or PGJOBQ_REPLACED when the queued holder took the job's
+ * fields (opts.on_conflict PGJOBQ_ON_CONFLICT_REPLACE).  Sends one notification per queue, not one
+ * per job.  (pgjobq.enqueue_many in SQL, enqueue_many in Python: "many" jobs in one call; a "batch" in
+ * SQL and Python is jobs with a callback, pgjobq.enqueue_batch.)
  */
 PGJOBQ_EXPORT int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                       unsigned char *dup_out) PGJOBQ_WUR;
@@ -528,6 +564,9 @@ static inline pgjobq_filter pgjobq_filter_init_(void)
 
 /* A flag for pgjobq_retry_where and pgjobq_cancel_where: count, change nothing. */
 #define PGJOBQ_DRY_RUN 1
+/* A flag for pgjobq_retry_where: the filter's queue is a dead-letter queue, and its dead letters go back
+ * to the queues they came from (docs/queues.md, "Dead letters"). */
+#define PGJOBQ_REDRIVE 2
 
 /*
  * Runs again now every job the filter matches, in one statement (all of them or, on an error, none).
@@ -535,9 +574,12 @@ static inline pgjobq_filter pgjobq_filter_init_(void)
  * pgjobq_job_retry; one whose unique key a queued or running job of the queue holds (or a newer match
  * with the same key) stays finished and is counted in *skipped_out.  state PGJOBQ_QUEUED: jobs waiting
  * for a later run_at (scheduled, or backing off) become due now.  *retried_out (may be NULL) receives
- * how many were retried, or with PGJOBQ_DRY_RUN in flags would be.  Returns PGJOBQ_OK; PGJOBQ_EINVAL
- * for a bad filter; PGJOBQ_EDUPLICATE when a job with one of the unique keys was enqueued meanwhile
- * (nothing moved: call again).
+ * how many were retried, or with PGJOBQ_DRY_RUN in flags would be.  With PGJOBQ_REDRIVE the filter's
+ * queue is a dead-letter queue: its dead letters go back to the queues they came from, as well (state
+ * PGJOBQ_QUEUED: every one of them, due or not; a finished state: those in it, run again as above), and
+ * a job of the queue that is no dead letter is counted in *skipped_out.  Returns PGJOBQ_OK;
+ * PGJOBQ_EINVAL for a bad filter; PGJOBQ_EDUPLICATE when a job with one of the unique keys was
+ * enqueued meanwhile (nothing moved: call again).
  */
 PGJOBQ_EXPORT int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags, int64_t *retried_out,
                                      int64_t *skipped_out) PGJOBQ_WUR;
@@ -683,6 +725,14 @@ PGJOBQ_EXPORT int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int
  * more gets this much.  Workers' leases must fit: their default is a minute. */
 PGJOBQ_EXPORT int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue, int64_t max_lease_ms) PGJOBQ_WUR;
 
+/* Sets the queue's dead-letter queue (NULL removes it): from then on a job of `queue` that fails for
+ * good (its attempts spent, or failed permanently; not cancelled) leaves a copy in `dead_letter`, a new
+ * queued job with its kind, payload, priority, attempts and tags, made in the failing transaction and
+ * linked to it; pgjobq_retry_where() with PGJOBQ_REDRIVE sends them back (docs/queues.md, "Dead
+ * letters").  A setting that would make a cycle (the queue itself, or a queue whose dead letters lead
+ * back to this one) is PGJOBQ_EINVAL, with the reason in pgjobq_errmsg(). */
+PGJOBQ_EXPORT int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *queue, const char *dead_letter) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -697,7 +747,8 @@ typedef struct pgjobq_queue_info {
     int64_t running;           /* running under a valid lease */
     int64_t expired;           /* running, lease expired, not yet rescued */
     int64_t max_lease_ms;      /* the longest lease a claim may take: the queue's, or the default */
-    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+    const char *dead_letter;   /* where its jobs that fail for good go; NULL: nowhere */
+    uint64_t pgjobq_reserved[2]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds
@@ -706,6 +757,29 @@ PGJOBQ_EXPORT int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues
 
 /* Releases what pgjobq_queue_list() returned (NULL is fine). */
 PGJOBQ_EXPORT void pgjobq_queue_list_free(pgjobq_queue_info *queues);
+
+/* What an autoscaler reads of a queue (pgjobq.queue_ready(); docs/deploy.md, "Autoscaling"). */
+typedef struct pgjobq_queue_ready_info {
+    const char *name;
+    int64_t ready;               /* queued jobs a claim could take now (due, their parents done); a paused
+                                    queue's too */
+    int64_t oldest_ready_ms;     /* how long the oldest of them has been claimable; -1 when none is */
+    int64_t running;             /* running under a lease that has not ended (what a concurrency limit counts) */
+    int concurrency;             /* the queue's limit; 0: none */
+    int paused;                  /* 1 when the queue is paused */
+    int64_t worker_slots;        /* the slots of the live workers that serve the queue */
+    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+} pgjobq_queue_ready_info;
+
+/* Lists, for every queue with jobs in the last hour or settings, ordered by name, what an autoscaler
+ * needs: jobs ready now, the age of the oldest, running against the limit and the workers' slots.  Each
+ * count reads only the index entries it counts (not the scheduled jobs, not the history), so it may be
+ * asked every few seconds.  On PGJOBQ_OK *queues_out holds *n_out entries (NULL, 0 when there are
+ * none), to release with pgjobq_queue_ready_free(). */
+PGJOBQ_EXPORT int pgjobq_queue_ready(pgjobq_client *c, pgjobq_queue_ready_info **queues_out, size_t *n_out) PGJOBQ_WUR;
+
+/* Releases what pgjobq_queue_ready() returned (NULL is fine). */
+PGJOBQ_EXPORT void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues);
 
 /*
  * Schedules: jobs enqueued by a cron calendar, in the database.  Every worker with maintenance on

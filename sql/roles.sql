@@ -49,7 +49,9 @@ GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pg
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text,
-                   text),
+                   text, text, interval),
+    pgjobq.enqueue_keyed(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
+                         interval[], text[], boolean, text[]),
     pgjobq.enqueue_graph(jsonb),
     pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
@@ -149,15 +151,15 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.queue_list(), pgjobq.schedule_set(text, text, text, text, text, jsonb, smallint, integer, text),
     pgjobq.schedule_enable(text, boolean), pgjobq.schedule_delete(text), pgjobq.schedule_list(),
     pgjobq.schedule_trigger(text), pgjobq.schedule_sync(jsonb),
-    pgjobq.retry_where(text, text, text, interval, boolean),
+    pgjobq.retry_where(text, text, text, interval, boolean, boolean),
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
-GRANT SELECT ON pgjobq.queues, pgjobq.schedules TO pgjobq_admin;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.dead_letters TO pgjobq_admin;
 -- The retention workers keep: the admin sets it (and may prune below it), the monitor reads it.
 GRANT EXECUTE ON FUNCTION pgjobq.retention_set(interval, interval) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.retention TO pgjobq_admin, pgjobq_monitor;
 
 GRANT SELECT ON pgjobq.tallies TO pgjobq_admin;
-GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.tallies TO pgjobq_monitor;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.tallies, pgjobq.dead_letters TO pgjobq_monitor;
 
 -- The jobs, live and finished, and the workers: every column but the secrets (a job's lease_token, a
 -- worker's secret_hash), to the admin and the monitor.  The table-level SELECT this file granted
@@ -182,14 +184,14 @@ GRANT EXECUTE ON FUNCTION pgjobq.stats(), pgjobq.queue_list(), pgjobq.schedule_l
     pgjobq.health_facts() TO pgjobq_monitor;
 -- What `pgjobq serve` reads, through the monitor functions (sql/functions/monitor.sql): to the monitor,
 -- which needs nothing else for the dashboard without --allow-actions, and to the admin.
-GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
+GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.queue_ready(text), pgjobq.monitor_queue_names(), pgjobq.monitor_overview(),
     pgjobq.monitor_finished_per_minute(), pgjobq.monitor_failures(integer),
     pgjobq.monitor_jobs(text, text, text, text, bigint, text, integer), pgjobq.monitor_job(bigint),
     pgjobq.monitor_workers(text, text, integer), pgjobq.monitor_unhealthy_workers(),
     pgjobq.monitor_finished(timestamptz, timestamptz, float8[]),
     pgjobq.monitor_tallies(timestamptz, timestamptz), pgjobq.monitor_history_counts(),
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
-    pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
+    pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_dead_letters(bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
 TO pgjobq_admin, pgjobq_monitor;
 -- A job's steps and park, and the counts of parked jobs (sql/functions/steps.sql): to who may read jobs.
 GRANT EXECUTE ON FUNCTION pgjobq.steps(bigint), pgjobq.job_park_of(bigint), pgjobq.monitor_parked()

@@ -119,6 +119,20 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
     for (size_t n = 0; o->tags && o->tags[n] != NULL; n++)
         if (!pgjobq__utf8_valid(o->tags[n], strlen(o->tags[n])))
             return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: tag %zu is not valid UTF-8", label, n);
+    /* What the SQL API's text and interval can say; the rules of the modes are the database's. */
+    if (o->on_conflict < PGJOBQ_ON_CONFLICT_SKIP || o->on_conflict > PGJOBQ_ON_CONFLICT_KEEP)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: on_conflict must be SKIP, REPLACE or KEEP, not %d", label,
+                              (int)o->on_conflict);
+    if (j->unique_for_ms < 0 || j->unique_for_ms > INT64_MAX / 1000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique_for_ms %lld is not a window", label,
+                              (long long)j->unique_for_ms);
+    /* A job with parents or tags goes through the graph, which has no unique key (the database says
+     * so of the key itself): the same words for what only a keyed job can have. */
+    if ((o->on_conflict != PGJOBQ_ON_CONFLICT_SKIP || j->unique_for_ms != 0) && (o->after || o->tags))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "%s: on_conflict and unique_for go with a unique key, which a job with parents or tags "
+                              "cannot have",
+                              label);
     return PGJOBQ_OK;
 }
 
@@ -213,6 +227,8 @@ static int name_bad_run_at(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t
 /* The fields that took the place of pgjobq_reserved[4] left the size as it was. */
 _Static_assert(sizeof(pgjobq_enqueue_opts) == offsetof(pgjobq_enqueue_opts, after) + 4 * sizeof(uint64_t),
                "pgjobq_enqueue_opts changed size");
+_Static_assert(sizeof(pgjobq_job_spec) == offsetof(pgjobq_job_spec, unique_for_ms) + 4 * sizeof(uint64_t),
+               "pgjobq_job_spec changed size");
 _Static_assert(sizeof(pgjobq_job) == offsetof(pgjobq_job, tags) + 4 * sizeof(uint64_t), "pgjobq_job changed size");
 _Static_assert(sizeof(pgjobq_list_opts) == offsetof(pgjobq_list_opts, tag) + 4 * sizeof(uint64_t),
                "pgjobq_list_opts changed size");
@@ -362,17 +378,22 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
     return rc;
 }
 
-/* The parallel arrays pgjobq.enqueue_many() takes.  An array whose elements would all be NULL is
- * sent as a NULL parameter instead.  Its tenth parameter, notify, comes before the last array, the
- * routing keys (A_NOTIFY, A_ROUTE). */
-enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE, A_COUNT };
+/* The parallel arrays pgjobq.enqueue_many() takes, then the two more of pgjobq.enqueue_keyed() (the
+ * unique keys' conflict modes and windows), then notify.  An array whose elements would all be NULL is
+ * sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes before its last
+ * array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
+enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE,
+       A_CONFLICT, A_UNIQUE_FOR, A_COUNT };
 enum { A_NOTIFY = A_COUNT };
 
-static const Oid enqueue_types[A_COUNT + 1] = {
-    OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_JSONB_ARRAY, OID_INT2_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY,
-    OID_INT4_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY,  OID_TEXT_ARRAY, OID_BOOL};
-static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_TEXT,
-                                          OID_INTERVAL, OID_INT4, OID_TEXT, OID_TEXT, OID_TEXT};
+static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
+                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
+                                               OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_TEXT_ARRAY,  OID_INTERVAL_ARRAY,
+                                               OID_BOOL};
+static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_TEXT, OID_INTERVAL,
+                                          OID_INT4, OID_TEXT, OID_TEXT,  OID_TEXT, OID_TEXT, OID_INTERVAL};
+
+static const char *const conflict_names[] = {"skip", "replace", "keep"};
 
 static int field_used(const pgjobq_job_spec *j, int f)
 {
@@ -387,6 +408,8 @@ static int field_used(const pgjobq_job_spec *j, int f)
     case A_UNIQUE: return j->opts.unique_key != NULL;
     case A_KEY: return j->opts.concurrency_key != NULL;
     case A_ROUTE: return j->opts.route_key != NULL;
+    case A_CONFLICT: return j->opts.on_conflict != PGJOBQ_ON_CONFLICT_SKIP;
+    case A_UNIQUE_FOR: return j->unique_for_ms != 0;
     }
     return 0;
 }
@@ -408,6 +431,12 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     case A_UNIQUE: pgjobq__array_text(a, j->opts.unique_key, strlen(j->opts.unique_key)); break;
     case A_KEY: pgjobq__array_text(a, j->opts.concurrency_key, strlen(j->opts.concurrency_key)); break;
     case A_ROUTE: pgjobq__array_text(a, j->opts.route_key, strlen(j->opts.route_key)); break;
+    case A_CONFLICT: {
+        const char *name = conflict_names[j->opts.on_conflict]; /* checked: check_spec */
+        pgjobq__array_text(a, name, strlen(name));
+        break;
+    }
+    case A_UNIQUE_FOR: pgjobq__array_interval_us(a, j->unique_for_ms * 1000); break;
     }
 }
 
@@ -439,11 +468,19 @@ static int due_queues(const pgjobq_job_spec *jobs, size_t n, const char *default
     return pgjobq__array_end(queues) != 0 || queues->buf.len > INT32_MAX ? -1 : (int)ndistinct;
 }
 
+/* Inserts a batch through pgjobq.enqueue_many(), or pgjobq.enqueue_keyed() when a job has a conflict mode
+ * or a window; ids and dups (may be NULL) receive each job's id and PGJOBQ_ENQUEUED, PGJOBQ_HELD or
+ * PGJOBQ_REPLACED, and *outcome the last job's (the only one's, for one job). */
 static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids, unsigned char *dups,
-                        int *any_dup)
+                        int *outcome)
 {
-    static const char sql[] = "SELECT ord, id, duplicate FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-                              "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $11, $10)";
+    static const char plain_sql[] =
+        "SELECT ord, id, duplicate::pg_catalog.int4 FROM pgjobq.enqueue_many($1, $2, $3, $4, "
+        "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $13, $10)";
+    static const char keyed_sql[] =
+        "SELECT ord, id, CASE outcome WHEN 'duplicate' THEN 1 WHEN 'replaced' THEN 2 ELSE 0 END::pg_catalog.int4"
+        " FROM pgjobq.enqueue_keyed($1, $2, $3, $4, $5::pg_catalog.timestamptz[], $6, $7, $8, $11, $12, $9, $13, $10)";
+    int keyed = 0;
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT + 1];
     int lengths[A_COUNT + 1], formats[A_COUNT + 1];
@@ -481,6 +518,7 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
         formats[f] = 1;
         if (!used)
             continue;
+        keyed |= f == A_CONFLICT || f == A_UNIQUE_FOR;
         pgjobq__array_begin(&arrays[f], enqueue_elem[f]);
         for (size_t i = 0; i < n; i++)
             field_add(&arrays[f], &jobs[i], f);
@@ -495,7 +533,8 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
     values[A_NOTIFY] = own_tx ? "f" : "t";
     lengths[A_NOTIFY] = 0;
     formats[A_NOTIFY] = 0;
-    pgjobq__stmt st = {"enqueue", sql, A_COUNT + 1, enqueue_types, values, lengths, formats, 1};
+    pgjobq__stmt st = {"enqueue", keyed ? keyed_sql : plain_sql, A_COUNT + 1, enqueue_types, values, lengths, formats,
+                       1};
     rc = pgjobq__exec_then(c, &st, ndue > 0 ? &notify : NULL, &r);
     if (rc != PGJOBQ_OK)
         goto out;
@@ -509,12 +548,12 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
             rc = pgjobq__seterr(c, PGJOBQ_EDB, "enqueue: the database returned a bad row number %d", ord);
             goto out;
         }
-        int dup = pgjobq__get_bool(r, row, 2);
+        int32_t got = pgjobq__get_int4(r, row, 2);
         if (ids)
             ids[ord - 1] = pgjobq__get_int8(r, row, 1);
         if (dups)
-            dups[ord - 1] = (unsigned char)dup;
-        *any_dup |= dup;
+            dups[ord - 1] = (unsigned char)got;
+        *outcome = got;
     }
 out:
     PQclear(r);
@@ -572,7 +611,8 @@ static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
         return 0;
     for (size_t i = 0; i < n; i++) {
         if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.route_key ||
-            jobs[i].opts.delay_ms != 0)
+            jobs[i].opts.delay_ms != 0 || jobs[i].opts.on_conflict != PGJOBQ_ON_CONFLICT_SKIP ||
+            jobs[i].unique_for_ms != 0)
             return 0;
         with_run_at += jobs[i].opts.run_at != NULL;
     }
@@ -848,7 +888,7 @@ int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
                         unsigned char *dup_out)
 {
     char label[32];
-    int rc, any_dup = 0;
+    int rc, outcome = PGJOBQ_ENQUEUED;
 
     if (c == NULL)
         return PGJOBQ_EINVAL;
@@ -878,7 +918,7 @@ int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
             memset(dup_out, 0, n); /* no unique keys: nothing can be a duplicate */
         rc = copy_batch(c, jobs, n, ids_out);
     } else
-        rc = insert_batch(c, jobs, n, ids_out, dup_out, &any_dup);
+        rc = insert_batch(c, jobs, n, ids_out, dup_out, &outcome);
     return name_bad_run_at(c, jobs, n, 1, rc);
 }
 
@@ -888,35 +928,56 @@ int pgjobq_enqueue_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n
     return pgjobq_enqueue_many(c, jobs, n, ids_out, dup_out);
 }
 
-int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_opts *opts, int64_t *id_out)
+/* One job: pgjobq_enqueue's and pgjobq_enqueue_spec's. */
+static int enqueue_one(pgjobq_client *c, const pgjobq_job_spec *spec, int64_t *id_out, int *outcome_out)
 {
-    pgjobq_job_spec spec;
     int64_t id = 0;
-    int rc, dup = 0;
+    int rc, outcome = PGJOBQ_ENQUEUED;
 
     if (id_out)
         *id_out = 0;
+    if (outcome_out)
+        *outcome_out = PGJOBQ_ENQUEUED;
     if (c == NULL)
         return PGJOBQ_EINVAL;
     pgjobq__clearerr(c);
     if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
         return rc;
-    memset(&spec, 0, sizeof spec);
-    spec.payload = payload;
-    if (opts)
-        spec.opts = *opts;
-    if ((rc = check_spec(c, "job", &spec)) != PGJOBQ_OK)
+    if ((rc = check_spec(c, "job", spec)) != PGJOBQ_OK)
         return rc;
-    if (spec_needs_graph(&spec))
-        rc = enqueue_as_graph(c, &spec, 1, &id);
+    if (spec_needs_graph(spec))
+        rc = enqueue_as_graph(c, spec, 1, &id);
     else
-        rc = name_bad_run_at(c, &spec, 1, 0, insert_batch(c, &spec, 1, &id, NULL, &dup));
+        rc = name_bad_run_at(c, spec, 1, 0, insert_batch(c, spec, 1, &id, NULL, &outcome));
     if (rc != PGJOBQ_OK)
         return rc;
     if (id_out)
         *id_out = id;
-    if (dup)
+    if (outcome_out)
+        *outcome_out = outcome;
+    if (outcome == PGJOBQ_HELD)
         return pgjobq__seterr(c, PGJOBQ_EDUPLICATE, "job %lld already holds unique key \"%.100s\"", (long long)id,
-                              spec.opts.unique_key);
+                              spec->opts.unique_key);
     return PGJOBQ_OK;
+}
+
+int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pgjobq_enqueue_opts *opts, int64_t *id_out)
+{
+    pgjobq_job_spec spec;
+
+    memset(&spec, 0, sizeof spec);
+    spec.payload = payload;
+    if (opts)
+        spec.opts = *opts;
+    return enqueue_one(c, &spec, id_out, NULL);
+}
+
+int pgjobq_enqueue_spec(pgjobq_client *c, const pgjobq_job_spec *job, int64_t *id_out, int *outcome_out)
+{
+    if (job == NULL) {
+        if (c)
+            pgjobq__clearerr(c);
+        return c ? pgjobq__seterr(c, PGJOBQ_EINVAL, "enqueue: no job given") : PGJOBQ_EINVAL;
+    }
+    return enqueue_one(c, job, id_out, outcome_out);
 }

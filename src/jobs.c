@@ -598,7 +598,7 @@ int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_o
 /* Checks a bulk filter against the states the call accepts (a bit per pgjobq_state) and renders its
  * parameters: queue, state, kind, since (an interval, or NULL) and the dry-run flag. */
 static int filter_params(pgjobq_client *c, const char *what, const pgjobq_filter *f, unsigned accepted, int flags,
-                         char *since, size_t since_size, const char *values[5])
+                         int known_flags, char *since, size_t since_size, const char *values[5])
 {
     if (f == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: no filter", what);
@@ -616,7 +616,7 @@ static int filter_params(pgjobq_client *c, const char *what, const pgjobq_filter
     if (f->since_ms < 0)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: since must be positive (0: any age), not %lld ms", what,
                               (long long)f->since_ms);
-    if (flags & ~PGJOBQ_DRY_RUN)
+    if (flags & ~known_flags)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unknown flags 0x%x", what, (unsigned)flags);
     snprintf(since, since_size, "%lld milliseconds", (long long)f->since_ms);
     values[0] = f->queue;
@@ -634,19 +634,23 @@ int pgjobq_retry_where(pgjobq_client *c, const pgjobq_filter *filter, int flags,
 {
     const unsigned accepted = 1u << PGJOBQ_QUEUED | 1u << PGJOBQ_COMPLETED | 1u << PGJOBQ_FAILED |
                               1u << PGJOBQ_CANCELLED;
-    const char *values[5];
+    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT};
+    const char *values[6];
     char since[48];
     PGresult *r;
     int rc;
 
     if ((rc = enter(c)) != PGJOBQ_OK)
         return rc;
-    if ((rc = filter_params(c, "retry", filter, accepted, flags, since, sizeof since, values)) != PGJOBQ_OK)
+    if ((rc = filter_params(c, "retry", filter, accepted, flags, PGJOBQ_DRY_RUN | PGJOBQ_REDRIVE, since, sizeof since,
+                            values)) != PGJOBQ_OK)
         return rc;
+    values[5] = (flags & PGJOBQ_REDRIVE) ? "true" : "false";
     pgjobq__stmt st = {"retry",
-                       "SELECT retried, skipped FROM pgjobq.retry_where($1, $2, $3, $4::interval, $5::boolean)",
-                       5,
-                       filter_types,
+                       "SELECT retried, skipped FROM pgjobq.retry_where($1, $2, $3, $4::interval, $5::boolean,"
+                       " $6::boolean)",
+                       6,
+                       types,
                        values,
                        NULL,
                        NULL,
@@ -676,8 +680,8 @@ int pgjobq_cancel_where(pgjobq_client *c, const pgjobq_filter *filter, int flags
 
     if ((rc = enter(c)) != PGJOBQ_OK)
         return rc;
-    if ((rc = filter_params(c, "cancel", filter, 1u << PGJOBQ_QUEUED | 1u << PGJOBQ_RUNNING, flags, since,
-                            sizeof since, values)) != PGJOBQ_OK)
+    if ((rc = filter_params(c, "cancel", filter, 1u << PGJOBQ_QUEUED | 1u << PGJOBQ_RUNNING, flags, PGJOBQ_DRY_RUN,
+                            since, sizeof since, values)) != PGJOBQ_OK)
         return rc;
     pgjobq__stmt st = {"cancel", "SELECT pgjobq.cancel_where($1, $2, $3, $4::interval, $5::boolean)", 5,
                        filter_types, values, NULL, NULL, 0};

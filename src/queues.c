@@ -143,6 +143,26 @@ int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue, int64_t max_
     return call2(c, "set max lease", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *queue, const char *dead_letter)
+{
+    char settings[128];
+    int rc;
+
+    if ((rc = enter(c, "set dead letter", queue)) != PGJOBQ_OK)
+        return rc;
+    if (dead_letter && pgjobq_name_check(dead_letter) != PGJOBQ_OK)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set dead letter: invalid queue name \"%.80s\" (a letter, then letters,"
+                              " digits and _ . : -, at most 64)",
+                              dead_letter);
+    /* A checked name needs no JSON escape. */
+    if (dead_letter)
+        snprintf(settings, sizeof settings, "{\"dead_letter\": \"%s\"}", dead_letter);
+    else
+        snprintf(settings, sizeof settings, "{\"dead_letter\": null}");
+    return call2(c, "set dead letter", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -200,7 +220,7 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
 }
 
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_MAX_LEASE_MS, Q_NCOLS };
+       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -214,11 +234,12 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         *queues_out = NULL;
     if (n_out)
         *n_out = 0;
-    rc = list_fetch(c, "list queues",
-                    "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
-                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
-                    " (extract(epoch FROM max_lease) * 1000)::bigint FROM pgjobq.queue_list()",
-                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_REASON, &r, (void **)&rows, &strings, &n);
+    rc =
+        list_fetch(c, "list queues",
+                   "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
+                   " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
+                   " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter FROM pgjobq.queue_list()",
+                   Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_DEAD_LETTER, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {
@@ -236,6 +257,7 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].running = pgjobq__get_int8(r, row, Q_RUNNING);
         rows[i].expired = pgjobq__get_int8(r, row, Q_EXPIRED);
         rows[i].max_lease_ms = pgjobq__get_int8(r, row, Q_MAX_LEASE_MS);
+        rows[i].dead_letter = take_text(&strings, r, row, Q_DEAD_LETTER);
     }
     PQclear(r);
     *queues_out = rows;
@@ -244,6 +266,47 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
 }
 
 void pgjobq_queue_list_free(pgjobq_queue_info *queues)
+{
+    free(queues);
+}
+
+enum { R_NAME, R_READY, R_OLDEST_MS, R_RUNNING, R_CONCURRENCY, R_SLOTS, R_PAUSED, R_NCOLS };
+
+int pgjobq_queue_ready(pgjobq_client *c, pgjobq_queue_ready_info **queues_out, size_t *n_out)
+{
+    pgjobq_queue_ready_info *rows = NULL;
+    char *strings = NULL;
+    size_t n = 0;
+    PGresult *r;
+    int rc;
+
+    if (queues_out)
+        *queues_out = NULL;
+    if (n_out)
+        *n_out = 0;
+    rc = list_fetch(c, "queue ready",
+                    "SELECT queue, ready, (oldest_ready_s * 1000)::bigint, running, concurrency, worker_slots,"
+                    " paused::int FROM pgjobq.queue_ready()",
+                    R_NCOLS, queues_out && n_out, sizeof *rows, R_NAME, R_NAME, &r, (void **)&rows, &strings, &n);
+    if (rc != PGJOBQ_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        int row = (int)i;
+        rows[i].name = take_text(&strings, r, row, R_NAME);
+        rows[i].ready = pgjobq__get_int8(r, row, R_READY);
+        rows[i].oldest_ready_ms = PQgetisnull(r, row, R_OLDEST_MS) ? -1 : pgjobq__get_int8(r, row, R_OLDEST_MS);
+        rows[i].running = pgjobq__get_int8(r, row, R_RUNNING);
+        rows[i].concurrency = PQgetisnull(r, row, R_CONCURRENCY) ? 0 : pgjobq__get_int4(r, row, R_CONCURRENCY);
+        rows[i].worker_slots = pgjobq__get_int8(r, row, R_SLOTS);
+        rows[i].paused = pgjobq__get_int4(r, row, R_PAUSED);
+    }
+    PQclear(r);
+    *queues_out = rows;
+    *n_out = n;
+    return PGJOBQ_OK;
+}
+
+void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues)
 {
     free(queues);
 }

@@ -599,9 +599,12 @@ TEST(cluster_functions_are_granted_to_the_roles)
     CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_producer', 'pgjobq.cluster_set(jsonb, text)', 'EXECUTE')"
                         "::int"),
               0);
-    CHECK_INT(t_int(pg, "SELECT has_function_privilege('pgjobq_producer', 'pgjobq.enqueue(text, text, jsonb, smallint,"
-                        " timestamptz, interval, integer, text, text, bigint[], text[], text, text)', 'EXECUTE')::int"),
-              1);
+    CHECK_INT(
+        t_int(pg,
+              "SELECT has_function_privilege('pgjobq_producer', 'pgjobq.enqueue(text, text, jsonb, smallint,"
+              " timestamptz, interval, integer, text, text, bigint[], text[], text, text, text, interval)', 'EXECUTE')"
+              "::int"),
+        1);
     pgjobq_client_close(c);
     PQfinish(pg);
 }

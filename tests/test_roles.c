@@ -135,6 +135,26 @@ TEST(roles_each_role_can_do_its_job_and_nothing_more)
     CHECK_RC(wrk, pgjobq_job_complete(wrk, jobs[0].id, jobs[0].lease_token, NULL), PGJOBQ_ELEASE);
     pgjobq_jobs_free(jobs);
 
+    /* Dead letters: the admin sets a queue's, a worker's failure for good makes one (it needs no
+     * grant on the table), and the admin redrives it. */
+    CHECK_RC(wrk, pgjobq_queue_set_dead_letter(wrk, "orders", "orders.dead"), PGJOBQ_EPERM);
+    CHECK_OK(adm, pgjobq_queue_set_dead_letter(adm, "orders", "orders.dead"));
+    pgjobq_enqueue_opts eo = PGJOBQ_ENQUEUE_OPTS_INIT;
+    eo.queue = "orders";
+    eo.max_attempts = 1;
+    CHECK_OK(app, pgjobq_enqueue(app, "{}", &eo, &id));
+    CHECK_OK(wrk, pgjobq_claim(wrk, "orders", 1, 30000, "wrk", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(wrk, pgjobq_job_fail(wrk, jobs[0].id, jobs[0].lease_token, "no", 0, 0, NULL));
+    pgjobq_jobs_free(jobs);
+    CHECK_STR(raw_as(wrk, "SELECT count(*) FROM pgjobq.dead_letters"), "42501");
+    CHECK_STR(raw_as(adm, "SELECT count(*) FROM pgjobq.dead_letters"), "");
+    f.queue = "orders.dead";
+    f.state = PGJOBQ_QUEUED;
+    CHECK_RC(wrk, pgjobq_retry_where(wrk, &f, PGJOBQ_REDRIVE, &count, NULL), PGJOBQ_EPERM);
+    CHECK_OK(adm, pgjobq_retry_where(adm, &f, PGJOBQ_REDRIVE, &count, NULL));
+    CHECK_INT(count, 1);
+
     pgjobq_client_close(app);
     pgjobq_client_close(wrk);
     pgjobq_client_close(adm);
@@ -295,6 +315,13 @@ TEST(roles_monitor_reads_everything_serve_needs_and_changes_nothing)
     pgjobq_queue_list_free(queues);
     CHECK_OK(mon, pgjobq_stats(mon, &stats, &n));
     pgjobq_stats_free(stats);
+    /* What an autoscaler reads (docs/deploy.md: the KEDA trigger's role). */
+    pgjobq_queue_ready_info *ready = NULL;
+    CHECK_OK(mon, pgjobq_queue_ready(mon, &ready, &n));
+    pgjobq_queue_ready_free(ready);
+    CHECK_STR(raw_as(mon, "SELECT ready FROM pgjobq.queue_ready('default')"), "");
+    CHECK_STR(raw_as(mon, "SELECT * FROM pgjobq.monitor_dead_letters(1)"), "");
+    CHECK_STR(raw_as(mon, "SELECT count(*) FROM pgjobq.dead_letters"), "");
     /* pgjobq.health() names another role's session that holds a snapshot, with its application. */
     PGconn *pin = t_pg();
     pgjobq_health h;

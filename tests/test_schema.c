@@ -835,6 +835,39 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_RC(c, pgjobq_job_sleep(c, id, jobs[0].lease_token, "nap", 3600000, NULL), PGJOBQ_PARKED);
     pgjobq_jobs_free(jobs);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_park_of(%lld) WHERE parked = 'sleeping'", (long long)id), 1);
+    /* The dead letters' migration (26): no queue has a dead-letter queue until one is set; then a job
+     * that fails for good leaves a copy there, linked to it, and a redrive sends it back. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE dead_letter IS NOT NULL"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.dead_letters"), 0);
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "q26", "q26.dead"));
+    o.queue = "q26";
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 26}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q26", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "for good", 0, 0, &st));
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.dead_letters d JOIN pgjobq.jobs j ON j.id = d.id"
+                    " WHERE d.original_id = %lld AND j.queue = 'q26.dead' AND j.payload = '{\"n\": 26}'",
+                    (long long)id),
+              1);
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    int64_t redriven = 0;
+    f.queue = "q26.dead";
+    f.state = PGJOBQ_QUEUED;
+    CHECK_OK(c, pgjobq_retry_where(c, &f, PGJOBQ_REDRIVE, &redriven, NULL));
+    CHECK_INT(redriven, 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26' AND payload = '{\"n\": 26}'"), 1);
+    /* And unique keys that debounce (replace) and throttle (keep, a window): the same migration. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds"), 0);
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', unique_key => 'k', on_conflict => 'replace')");
+    CHECK_INT(t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', payload => '{\"v\": 2}', unique_key => 'k',"
+                        " on_conflict => 'replace')"),
+              id);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26k' AND payload = '{\"v\": 2}'"), 1);
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', unique_key => 't', unique_for => '1 hour')");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds WHERE job_id = %lld", (long long)id), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -19,6 +19,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -416,6 +417,191 @@ static void check_no_injection(const char *dom, const char *page)
     CHECK_MSG(strstr(dom, "<img") == NULL, "%s: an <img> element in the DOM", page);
     CHECK_MSG(strstr(dom, "pwned") == NULL || strstr(dom, "<title>pgjobq") != NULL, "%s: the title changed", page);
     CHECK_MSG(strstr(dom, "<title>pwned") == NULL, "%s: a script ran", page);
+}
+
+/* What an autoscaler reads (issue 41): per queue, the jobs ready now, how long the oldest has been
+ * claimable, the concurrency limit and the live workers' slots; in /metrics, in pgjobq_queue_ready()
+ * (C), in `pgjobq stats --json` and in pgjobq.queue_ready('Q') (the query of docs/deploy.md's KEDA
+ * postgresql trigger), each equal to the table. */
+TEST_FULL(serve_metrics_give_what_an_autoscaler_reads, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL, *out = NULL, *err = NULL;
+
+    /* In "scale": one urgent job (claimed below: running), 4 ready, 2 for later, one waiting for a
+     * parent; the oldest ready one claimable for 2 minutes (before any claim: no mark is past it). */
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    o.queue = "scale";
+    o.priority = -10;
+    int64_t urgent = 0;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &urgent));
+    for (int i = 0; i < 4; i++)
+        put(c, "scale", "{}");
+    PQclear(
+        t_exec(pg, "SELECT pgjobq.enqueue('scale', run_at => now() + interval '1 hour') FROM generate_series(1, 2)"));
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_graph('[{\"ref\": \"a\", \"queue\": \"scale\","
+                       " \"run_at\": \"2100-01-01T00:00:00Z\"}, {\"ref\": \"b\", \"queue\": \"scale\","
+                       " \"after\": [\"a\"]}]')"));
+    PQclear(t_exec(pg,
+                   "UPDATE pgjobq.jobs SET run_at = now() - interval '2 minutes', ready_at = now() - interval"
+                   " '2 minutes' WHERE id = (SELECT min(id) FROM pgjobq.jobs WHERE queue = 'scale' AND priority = 0)"));
+    CHECK_OK(c, pgjobq_claim(c, "scale", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_INT((long long)jobs[0].id, (long long)urgent);
+    pgjobq_jobs_free(jobs);
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "scale", 4));
+    /* Two live workers serve it with 6 and 2 slots (a queue name may hold ':'); one gone and one
+     * stopped do not count. */
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w1', 'h', 1, '0', 'scale:6,other:1')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w2', 'h', 2, '0', 'a:b:3,scale:2')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w3', 'h', 3, '0', 'scale:50')"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.workers SET last_seen = now() - interval '1 minute' WHERE id = 'w3'"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('w4', 'h', 4, '0', 'scale:70')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.worker_gone('w4')"));
+    put(c, "idle", "{}");
+    PQclear(t_exec(pg, "DELETE FROM pgjobq.jobs WHERE queue = 'idle'")); /* a level, nothing in it */
+
+    long long ready = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'scale' AND state = 'queued'"
+                                " AND greatest(run_at, ready_at) <= now()");
+    CHECK_INT(ready, 4);
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    wait_metric(s->port, "pgjobq_queue_ready_jobs{queue=\"scale\"}", 4);
+    CHECK_INT(http(s->port, "GET", "/metrics", NULL, NULL, &body), 200);
+    promtool_check(body);
+    double age = metric(body, "pgjobq_queue_oldest_ready_age_seconds{queue=\"scale\"}");
+    CHECK_MSG(age >= 120 && age < 3600, "oldest ready age %g", age);
+    CHECK(metric(body, "pgjobq_queue_concurrency_limit{queue=\"scale\"}") == 4);
+    CHECK(metric(body, "pgjobq_queue_worker_slots{queue=\"scale\"}") == 8);
+    CHECK(metric(body, "pgjobq_queue_worker_slots{queue=\"a:b\"}") == 3);
+    CHECK(metric(body, "pgjobq_jobs{queue=\"scale\",state=\"running\"}") == 1);
+    /* A queue without jobs ready: 0 and 0; without a limit: no limit series. */
+    CHECK(metric(body, "pgjobq_queue_ready_jobs{queue=\"idle\"}") == 0);
+    CHECK(metric(body, "pgjobq_queue_oldest_ready_age_seconds{queue=\"idle\"}") == 0);
+    CHECK(metric(body, "pgjobq_queue_concurrency_limit{queue=\"idle\"}") == -1);
+    free(body);
+
+    /* The C API. */
+    pgjobq_queue_ready_info *rd = NULL;
+    size_t nrd = 0;
+    CHECK_OK(c, pgjobq_queue_ready(c, &rd, &nrd));
+    int seen = 0;
+    for (size_t i = 0; i < nrd; i++) {
+        if (strcmp(rd[i].name, "scale") == 0) {
+            seen++;
+            CHECK_INT(rd[i].ready, 4);
+            CHECK_MSG(rd[i].oldest_ready_ms >= 120000 && rd[i].oldest_ready_ms < 3600000, "%lld",
+                      (long long)rd[i].oldest_ready_ms);
+            CHECK_INT(rd[i].running, 1);
+            CHECK_INT(rd[i].concurrency, 4);
+            CHECK_INT(rd[i].worker_slots, 8);
+            CHECK_INT(rd[i].paused, 0);
+        } else if (strcmp(rd[i].name, "idle") == 0) {
+            seen++;
+            CHECK_INT(rd[i].ready, 0);
+            CHECK_INT(rd[i].oldest_ready_ms, -1);
+            CHECK_INT(rd[i].concurrency, 0);
+        }
+    }
+    CHECK_INT(seen, 2);
+    pgjobq_queue_ready_free(rd);
+
+    /* `pgjobq stats --json` and the text's READY column. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", "--json", NULL), 0);
+    CHECK_MSG(strstr(out, "\"queue\":\"scale\",\"queued\":7,\"running\":1,") != NULL, "stats: %s", out);
+    CHECK_MSG(strstr(out, "\"waiting\":1,\"ready\":4,\"oldest_ready_s\":12") != NULL, "stats: %s", out);
+    CHECK_MSG(strstr(out, ",\"concurrency\":4,\"worker_slots\":8}") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "stats", NULL), 0);
+    CHECK_MSG(strstr(out, "READY") != NULL && strstr(out, "OLDEST") != NULL, "stats: %s", out);
+    free(out);
+    free(err);
+
+    /* SQL, for one queue: always one row, a queue nobody has heard of too; paused says so. */
+    CHECK_OK(c, pgjobq_queue_pause(c, "scale", NULL));
+    CHECK_INT(t_int(pg, "SELECT ready FROM pgjobq.queue_ready('scale') WHERE paused"), 4);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queue_ready('never-heard-of')"), 1);
+    CHECK_INT(t_int(pg, "SELECT ready + running + worker_slots FROM pgjobq.queue_ready('never-heard-of')"
+                        " WHERE oldest_ready_s IS NULL AND concurrency IS NULL AND NOT paused"),
+              0);
+    stop_server();
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
+/* Runs examples/systemd/pgjobq-autoscale with ARGS against this test's database, with a systemctl that
+ * writes down what it is asked; returns its exit status, with what systemctl was asked in *asked
+ * (malloc'd, one line per call). */
+static int autoscale(const char *args, char **asked)
+{
+    const char *src = getenv("PGJOBQ_SRCDIR");
+    char ctl[600], log[600], out[600], cmd[4096];
+    snprintf(ctl, sizeof ctl, "%s/systemctl", t_tmpdir());
+    snprintf(log, sizeof log, "%s/systemctl.log", t_tmpdir());
+    snprintf(out, sizeof out, "%s/autoscale.out", t_tmpdir());
+    FILE *f = fopen(ctl, "w");
+    CHECK(f != NULL);
+    fprintf(f, "#!/bin/sh\necho \"$*\" >> '%s'\n", log);
+    fclose(f);
+    CHECK(chmod(ctl, 0755) == 0);
+    f = fopen(log, "w"); /* empty: nothing asked yet */
+    CHECK(f != NULL);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "PGJOBQ_DATABASE_URL='%s' PGJOBQ_SYSTEMCTL='%s' sh '%s/examples/systemd/pgjobq-autoscale' %s > '%s' 2>&1",
+             t_conninfo(), ctl, src && src[0] ? src : ".", args, out);
+    int rc = system(cmd);
+    t_show_log(out);
+    *asked = t_read_file(log);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* The systemd example of docs/deploy.md ("Autoscaling"): a timer runs pgjobq-autoscale, which starts
+ * worker units 1..N and stops the others, N the queue's work (ready and running, at most its limit;
+ * running only when paused) over each unit's slots, between the minimum and the maximum. */
+TEST_FULL(autoscale_script_starts_and_stops_worker_units_on_depth, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *asked = NULL;
+
+    CHECK_INT(autoscale("depth 8 1 4", &asked), 0); /* nothing to do: the minimum */
+    CHECK_STR(asked, "start pgjobq-worker@1.service\nstop pgjobq-worker@2.service\nstop pgjobq-worker@3.service\n"
+                     "stop pgjobq-worker@4.service\n");
+    free(asked);
+    for (int i = 0; i < 20; i++)
+        put(c, "depth", "{}");
+    CHECK_INT(autoscale("depth 8 1 4", &asked), 0); /* 20 ready: 3 units of 8 */
+    CHECK_STR(asked, "start pgjobq-worker@1.service\nstart pgjobq-worker@2.service\nstart pgjobq-worker@3.service\n"
+                     "stop pgjobq-worker@4.service\n");
+    free(asked);
+    CHECK_INT(autoscale("depth 4 0 3", &asked), 0); /* the maximum */
+    CHECK_STR(asked, "start pgjobq-worker@1.service\nstart pgjobq-worker@2.service\nstart pgjobq-worker@3.service\n");
+    free(asked);
+    CHECK_OK(c, pgjobq_claim(c, "depth", 5, 60000, "w1", &jobs, &n));
+    pgjobq_jobs_free(jobs);
+    CHECK_OK(c, pgjobq_queue_set_concurrency(c, "depth", 9)); /* 15 ready, 5 running: at most 9 */
+    CHECK_INT(autoscale("depth 8 0 4", &asked), 0);
+    CHECK_STR(asked, "start pgjobq-worker@1.service\nstart pgjobq-worker@2.service\nstop pgjobq-worker@3.service\n"
+                     "stop pgjobq-worker@4.service\n");
+    free(asked);
+    CHECK_OK(c, pgjobq_queue_pause(c, "depth", NULL)); /* paused: the 5 running only */
+    CHECK_INT(autoscale("depth 4 0 4", &asked), 0);
+    CHECK_STR(asked, "start pgjobq-worker@1.service\nstart pgjobq-worker@2.service\nstop pgjobq-worker@3.service\n"
+                     "stop pgjobq-worker@4.service\n");
+    free(asked);
+    /* Bad arguments: 64, and nothing started or stopped. */
+    const char *bad[] = {"depth 0 1 4", "depth 8 5 4", "depth 8 1", "depth x 1 4", "'9q' 8 1 4"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_MSG(autoscale(bad[i], &asked) == 64, "%s", bad[i]);
+        CHECK_STR(asked, "");
+        free(asked);
+    }
+    pgjobq_client_close(c);
 }
 
 TEST_FULL(serve_dashboard_pages_in_headless_chromium, 180, 0)
@@ -1148,6 +1334,58 @@ static char *row_of(const char *page, const char *name, const char *value)
     const char *end = strstr(p, "</tr>");
     CHECK_MSG(end != NULL, "the row of %s does not end", value);
     return strndup(p, (size_t)(end - p));
+}
+
+/* Dead letters on the dashboard (issue 41): /queues names each queue's dead-letter queue, with a link;
+ * the page of a job that failed for good links its dead letter, and the dead letter's page the job it
+ * is the dead letter of, with when it was redriven. */
+TEST_FULL(serve_shows_dead_letter_queues_and_links, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *body = NULL, path[64], want[256];
+
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "orders", "orders.dead"));
+    int64_t id = put(c, "orders", "{}");
+    CHECK_OK(c, pgjobq_claim(c, "orders", 1, 60000, "w1", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "declined", 0, PGJOBQ_FAIL_PERMANENT, NULL));
+    pgjobq_jobs_free(jobs);
+    PGconn *pg = t_pg();
+    long long dead = t_int(pg, "SELECT id FROM pgjobq.dead_letters WHERE original_id = %lld", (long long)id);
+
+    served *s = serve_start(NULL, NULL, NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
+    char *row = row_of(body, "queue", "orders");
+    CHECK_MSG(strstr(row, "<td class=\"dead-letter\"><a href=\"/jobs?queue=orders.dead\">orders.dead</a></td>") != NULL,
+              "/queues: the row of orders: %s", row);
+    free(row);
+    row = row_of(body, "queue", "orders.dead");
+    CHECK_MSG(strstr(row, "<td class=\"dead-letter\">-</td>") != NULL, "/queues: the row of orders.dead: %s", row);
+    free(row);
+    free(body);
+
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    row = row_of(body, "link", "left dead letter");
+    snprintf(want, sizeof want, "<a href=\"/jobs/%lld\">%lld</a>", dead, dead);
+    CHECK_MSG(strstr(row, want) != NULL && strstr(row, "orders.dead") != NULL, "%s: %s", path, row);
+    free(row);
+    free(body);
+
+    CHECK_INT(t_cli(NULL, NULL, NULL, 0, "retry", "--queue", "orders.dead", "--state", "queued", "--redrive", NULL), 0);
+    snprintf(path, sizeof path, "/jobs/%lld", dead);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    row = row_of(body, "link", "dead letter of");
+    snprintf(want, sizeof want, "<a href=\"/jobs/%lld\">%lld</a>", (long long)id, (long long)id);
+    CHECK_MSG(strstr(row, want) != NULL && strstr(row, ">orders<") != NULL, "%s: %s", path, row);
+    CHECK_MSG(strstr(row, "<td>-</td>") == NULL, "%s: redriven, but no time: %s", path, row);
+    free(row);
+    free(body);
+    stop_server();
+    pgjobq_client_close(c);
+    PQfinish(pg);
 }
 
 /* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";

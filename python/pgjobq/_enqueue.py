@@ -35,10 +35,12 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class Enqueued:
     """A job the SQL API took: its id, and whether it is another job that already held the unique
-    key (``duplicate``: then ``id`` is the holder's and nothing was inserted)."""
+    key (``duplicate``: then ``id`` is the holder's and nothing was inserted; ``replaced``: and the
+    holder, queued, took this job's payload and run_at, as ``on_conflict="replace"`` asked)."""
 
     id: int
     duplicate: bool = False
+    replaced: bool = False
 
     def __int__(self) -> int:
         return self.id
@@ -68,7 +70,11 @@ class JobSpec:
       a timedelta or ``"10m"``), not both.
     - ``priority``: -100..100, lower first.  ``max_attempts``: 1..1000.
     - ``unique_key``: while a queued or running job of the queue holds it, no second job is
-      inserted (the holder's id comes back, ``duplicate=True``).
+      inserted (the holder's id comes back, ``duplicate=True``).  ``on_conflict`` says what else:
+      ``"skip"`` (the default), ``"replace"`` (a debounce: a queued holder takes this job's kind,
+      payload, priority, run_at and attempts: the last one wins; a running one is left alone) or
+      ``"keep"`` (a throttle: the key is held for ``unique_for``, seconds, a timedelta or ``"10m"``,
+      from the enqueue that took it, whatever became of that job; ``unique_for`` alone means keep).
     - ``concurrency_key``: what a queue's ``key_concurrency`` limit counts.
     - ``after``: parents, job ids (or refs of jobs of the same graph); the job waits until they have
       all completed.  ``on_parent_failure``: ``"cancel"`` (default) or ``"run"``.
@@ -93,6 +99,8 @@ class JobSpec:
     on_parent_failure: Optional[str] = None
     ref: Optional[str] = None
     route_key: Optional[str] = None
+    on_conflict: Optional[str] = None
+    unique_for: Optional[Duration] = None
 
     def replace(self, **changes: Any) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -102,7 +110,8 @@ class JobSpec:
         """The job's fields as JSON-ready values (only those given), checked."""
         w = f"{where}: job {i}" if i is not None else where
         out: Dict[str, Any] = {}
-        for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref", "route_key"):
+        for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref", "route_key",
+                     "on_conflict"):
             v = getattr(self, name)
             if v is not None:
                 if not isinstance(v, str):
@@ -124,6 +133,11 @@ class JobSpec:
                 out["delay"] = seconds(self.delay, f"{w}: delay")
             except ValueError as e:
                 raise InvalidJob(str(e)) from None
+        if self.unique_for is not None:
+            try:
+                out["unique_for"] = seconds(self.unique_for, f"{w}: unique_for")
+            except ValueError as e:
+                raise InvalidJob(str(e)) from None
         if self.after is not None:
             parents: List[Union[int, str]] = []
             for p in self.after:
@@ -142,6 +156,10 @@ class JobSpec:
 
     def _needs_graph(self) -> bool:
         return self.after is not None or self.tags is not None or self.on_parent_failure is not None or self.ref is not None
+
+    def _keyed(self) -> bool:
+        """Whether its unique key says what to do when held (pgjobq.enqueue_keyed)."""
+        return self.on_conflict is not None or self.unique_for is not None
 
 
 def _spec(kind: Optional[str], payload: Any, opts: Dict[str, Any]) -> JobSpec:
@@ -170,7 +188,17 @@ _ONE_ARGS = {
     "tags": "ARRAY(SELECT t.v FROM jsonb_array_elements_text(CAST(:tags AS jsonb)) AS t(v))",
     "on_parent_failure": "CAST(:on_parent_failure AS text)",
     "route_key": "CAST(:route_key AS text)",
+    "on_conflict": "CAST(:on_conflict AS text)",
+    "unique_for": "make_interval(secs => CAST(:unique_for AS double precision))",
 }
+
+# enqueue_keyed's arrays for one job: what it answers tells a replaced job from a duplicate.
+_KEYED_ONE = (("queues", "queue", "text"), ("kinds", "kind", "text"), ("payloads", "payload", "jsonb"),
+              ("priorities", "priority", "smallint"), ("run_ats", "run_at", "timestamptz"),
+              ("delays", "delay", None), ("max_attempts", "max_attempts", "integer"),
+              ("unique_keys", "unique_key", "text"), ("on_conflicts", "on_conflict", "text"),
+              ("unique_fors", "unique_for", None), ("concurrency_keys", "concurrency_key", "text"),
+              ("route_keys", "route_key", "text"))
 
 
 def _plan_one(spec: JobSpec) -> Plan:
@@ -189,6 +217,18 @@ def _plan_one(spec: JobSpec) -> Plan:
             v = dumps(v, "enqueue", name, checked=True)
         params[name] = v
         args.append(f"{name} => {expr}")
+    if spec._keyed() and not spec._needs_graph():  # (with a graph's fields: enqueue() says what is wrong)
+        args = []
+        for arr, name, typ in _KEYED_ONE:
+            if name not in params:
+                args.append(f"{arr} => CAST(NULL AS {typ or 'interval'}[])")
+            elif typ is None:
+                args.append(f"{arr} => ARRAY[{_ONE_ARGS[name]}]")
+            else:
+                args.append(f"{arr} => ARRAY[CAST(:{name} AS {typ})]")
+        sql = (f"SELECT e.id, e.outcome <> 'inserted', e.outcome = 'replaced' "
+               f"FROM pgjobq.enqueue_keyed({', '.join(args)}) AS e")
+        return sql, params, f
     sql = f"SELECT e.id, e.duplicate FROM pgjobq.enqueue({', '.join(args)}) AS e"
     return sql, params, f
 
@@ -211,29 +251,38 @@ _MANY_ARRAYS = (
 )
 # Passed by name (enqueue_many's `notify` comes before it), and only when a job of the call has one.
 _ROUTE_KEYS = ("route_keys", "text", "x.j ->> 'route_key'", "route_key")
+# enqueue_keyed's two more, when a job of the call has a conflict mode or a window.
+_KEYED_ARRAYS = (
+    ("on_conflicts", "text", "x.j ->> 'on_conflict'", "on_conflict"),
+    ("unique_fors", "interval", "make_interval(secs => CAST(x.j ->> 'unique_for' AS double precision))", "unique_for"),
+)
 
 
 def _many_sql(used: Set[str]) -> str:
+    arrays = _MANY_ARRAYS + ((_ROUTE_KEYS,) if "route_key" in used else ())
+    keyed = "on_conflict" in used or "unique_for" in used
+    if keyed:
+        arrays += _KEYED_ARRAYS
     cols = ",\n               ".join(
         f"array_agg({expr} ORDER BY x.o) AS {name}" if field is None or field in used
         else f"CAST(NULL AS {typ}[]) AS {name}"
-        for name, typ, expr, field in _MANY_ARRAYS)
-    args = ", ".join(f"a.{name}" for name, _, _, _ in _MANY_ARRAYS)
-    if "route_key" in used:
-        cols += f",\n               array_agg({_ROUTE_KEYS[2]} ORDER BY x.o) AS {_ROUTE_KEYS[0]}"
-        args += ", route_keys => a.route_keys"
+        for name, typ, expr, field in arrays)
+    args = ", ".join(f"{name} => a.{name}" for name, _, _, _ in arrays)
+    # "id" inserted, "id+" a duplicate, "id~" replaced (enqueue_keyed's outcome).
+    mark = ("CASE e.outcome WHEN 'duplicate' THEN '+' WHEN 'replaced' THEN '~' ELSE '' END" if keyed
+            else "CASE WHEN e.duplicate THEN '+' ELSE '' END")
     return f"""
-SELECT string_agg(e.id::text || CASE WHEN e.duplicate THEN '+' ELSE '' END, ',' ORDER BY e.ord)
+SELECT string_agg(e.id::text || {mark}, ',' ORDER BY e.ord)
   FROM (SELECT {cols}
           FROM jsonb_array_elements(CAST(:jobs AS jsonb)) WITH ORDINALITY AS x(j, o)) AS a,
-       pgjobq.enqueue_many({args}) AS e
+       pgjobq.{'enqueue_keyed' if keyed else 'enqueue_many'}({args}) AS e
 """
 
 
-def _many_rows(rows: _sql.Rows, n: int) -> List[Tuple[int, int, bool]]:
-    """(ord, id, duplicate) for each job, from _many_sql's one text."""
+def _many_rows(rows: _sql.Rows, n: int) -> List[Tuple[int, int, bool, bool]]:
+    """(ord, id, duplicate, replaced) for each job, from _many_sql's one text."""
     text = rows[0][0] if rows and rows[0] and rows[0][0] is not None else ""
-    out = [(i, int(t[:-1]), True) if t.endswith("+") else (i, int(t), False)
+    out = [(i, int(t[:-1]), True, t.endswith("~")) if t[-1:] in ("+", "~") else (i, int(t), False, False)
            for i, t in enumerate(text.split(",") if text else (), 1)]
     if len(out) != n:
         raise PgjobqError(f"pgjobq.enqueue_many answered for {len(out)} of {n} jobs")
@@ -279,7 +328,8 @@ def _dup_error(spec: JobSpec, holder: int) -> DuplicateJob:
 
 def _check_one(spec: JobSpec, on_duplicate: str) -> Callable[[_sql.Rows], None]:
     def check(rows: _sql.Rows) -> None:
-        if on_duplicate == "raise" and rows and rows[0][1]:
+        # (A replaced job is what was asked for, not a duplicate to raise.)
+        if on_duplicate == "raise" and rows and rows[0][1] and not (len(rows[0]) > 2 and rows[0][2]):
             raise _dup_error(spec, rows[0][0])
 
     return check
@@ -288,8 +338,8 @@ def _check_one(spec: JobSpec, on_duplicate: str) -> Callable[[_sql.Rows], None]:
 def _check_many(specs: Sequence[JobSpec], on_duplicate: str, graph: bool) -> Callable[[_sql.Rows], None]:
     def check(rows: _sql.Rows) -> None:
         if on_duplicate == "raise" and not graph:  # (a graph has no unique keys)
-            for ord_, id_, dup in _many_rows(rows, len(specs)):
-                if dup:
+            for ord_, id_, dup, replaced in _many_rows(rows, len(specs)):
+                if dup and not replaced:
                     raise _dup_error(specs[ord_ - 1], id_)
 
     return check
@@ -302,14 +352,14 @@ def _on_dup(v: str) -> str:
 
 
 def _one_result(rows: _sql.Rows) -> Enqueued:
-    (id_, dup), = rows
-    return Enqueued(int(id_), bool(dup))
+    (row,) = rows
+    return Enqueued(int(row[0]), bool(row[1]), bool(row[2]) if len(row) > 2 else False)
 
 
 def _many_result(rows: _sql.Rows, graph: bool, n: int) -> List[Enqueued]:
     if graph:
         return [Enqueued(int(r[1]), False) for r in rows]
-    return [Enqueued(id_, dup) for _, id_, dup in _many_rows(rows, n)]
+    return [Enqueued(id_, dup, replaced) for _, id_, dup, replaced in _many_rows(rows, n)]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -283,14 +283,17 @@ def _interval(since: Optional[Duration]) -> Optional[str]:
 
 
 def retry_where(conn: Any, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
-                dry_run: bool = False) -> Dict[str, int]:
+                dry_run: bool = False, redrive: bool = False) -> Dict[str, int]:
     """``pgjobq.retry_where``: every job of the queue in ``state`` (failed, cancelled, completed, or
-    queued for a later time) runs again now; returns {"retried": n, "skipped": n}."""
+    queued for a later time) runs again now; returns {"retried": n, "skipped": n}.  ``redrive``: the
+    queue is a dead-letter queue, and its dead letters go back to the queues they came from (state
+    "queued": every one of them, due or not); a job of it that is no dead letter is skipped."""
     rows = _sql.run(
         conn,
         "SELECT r.retried, r.skipped FROM pgjobq.retry_where(CAST(:queue AS text), CAST(:state AS text), "
-        "CAST(:kind AS text), CAST(:since AS interval), CAST(:dry_run AS boolean)) AS r",
-        {"queue": queue, "state": state, "kind": kind, "since": _interval(since), "dry_run": bool(dry_run)},
+        "CAST(:kind AS text), CAST(:since AS interval), CAST(:dry_run AS boolean), CAST(:redrive AS boolean)) AS r",
+        {"queue": queue, "state": state, "kind": kind, "since": _interval(since), "dry_run": bool(dry_run),
+         "redrive": bool(redrive)},
     )
     return {"retried": int(rows[0][0]), "skipped": int(rows[0][1])}
 
@@ -331,14 +334,16 @@ UNSET: Any = _Unset()
 
 def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
-               max_lease: Optional[Duration] = UNSET) -> None:
+               max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET) -> None:
     """``pgjobq.queue_set``: changes the limits given and leaves the others; None removes one.
     ``concurrency``: jobs of the queue running at once, on all workers; ``key_concurrency``: per
     concurrency key; ``rate_limit`` jobs started per ``rate_period`` (seconds, timedelta, "1m";
     the two go together); ``max_lease``: the longest lease a worker may take on a job of the queue
-    (1 s to 365 days; None: the default, a day)."""
+    (1 s to 365 days; None: the default, a day); ``dead_letter``: the queue where a job of this one
+    that fails for good goes, as a new job (None: nowhere; a cycle is refused)."""
     settings: Dict[str, Any] = {}
-    for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit)):
+    for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit),
+                    ("dead_letter", dead_letter)):
         if v is not UNSET:
             settings[name] = v
     if rate_period is not UNSET:
@@ -365,6 +370,11 @@ class QueueInfo:
     running: int
     expired: int
     max_lease: _dt.timedelta  # the longest lease a claim may take: the queue's, or the default (a day)
+    # What an autoscaler reads (pgjobq.queue_ready): how long the oldest job ready now has been
+    # claimable (None: none is ready), and the slots of the live workers that serve the queue.
+    oldest_ready: Optional[_dt.timedelta]
+    worker_slots: int
+    dead_letter: Optional[str]  # where its jobs that fail for good go (None: nowhere)
     shard: Optional[str] = None  # in a cluster: the shard these settings and counts are of
 
     @property
@@ -386,7 +396,9 @@ def queues(conn: Any) -> List[QueueInfo]:
     rows = _sql.run(
         conn,
         "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
-        "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease FROM pgjobq.queue_list() AS q",
+        "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease,"
+        " make_interval(secs => r.oldest_ready_s), coalesce(r.worker_slots, 0), q.dead_letter"
+        " FROM pgjobq.queue_list() AS q LEFT JOIN pgjobq.queue_ready() AS r ON r.queue = q.queue ORDER BY 1",
         {},
     )
     return [QueueInfo(*r) for r in rows]

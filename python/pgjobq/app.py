@@ -28,8 +28,8 @@ Exceptions = Union[None, type, Sequence[type]]
 DEFAULT_MAX_ATTEMPTS = 10
 
 # What .configure() and .spec() accept besides the payload.
-_JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "concurrency_key", "after",
-                "tags", "on_parent_failure", "ref", "route_key")
+_JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "on_conflict", "unique_for",
+                "concurrency_key", "after", "tags", "on_parent_failure", "ref", "route_key")
 
 
 def exponential_backoff(first: Duration = 1.0, factor: float = 2.0, max: Duration = 3600.0,
@@ -622,8 +622,9 @@ class App:
         return [cl.on_shard(m, shard, fn, *args, **kwargs) for shard in names]
 
     def retry_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
-                    dry_run: bool = False, conn: Any = None) -> Dict[str, int]:
-        got = self._each(conn, None, _jobs.retry_where, queue, state, kind=kind, since=since, dry_run=dry_run)
+                    dry_run: bool = False, redrive: bool = False, conn: Any = None) -> Dict[str, int]:
+        got = self._each(conn, None, _jobs.retry_where, queue, state, kind=kind, since=since, dry_run=dry_run,
+                         redrive=redrive)
         return {k: sum(int(g[k]) for g in got) for k in got[0]}
 
     def cancel_where(self, queue: str, state: str, *, kind: Optional[str] = None, since: Optional[Duration] = None,
@@ -638,10 +639,11 @@ class App:
 
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
-                   max_lease: Optional[Duration] = UNSET, conn: Any = None) -> None:
+                   max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
+                   conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
-                   max_lease=max_lease)
+                   max_lease=max_lease, dead_letter=dead_letter)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

@@ -126,6 +126,52 @@ def test_queue_pause_resume_limits(queue):
     assert app.cancel_where(queue, "queued", kind="k") == 1
 
 
+def test_queues_give_what_an_autoscaler_reads(queue, pg):
+    """queues(): besides the live counts, how long the oldest ready job has been claimable and the slots
+    of the live workers that serve the queue (pgjobq.queue_ready)."""
+    app = pgjobq.App(URL, queue=queue)
+    app.enqueue("k", {})
+    app.enqueue("k", {})
+    app.enqueue("k", {}, delay=3600)
+    pg.execute("UPDATE pgjobq.jobs SET run_at = now() - interval '90 seconds', ready_at = now() - interval '90 seconds'"
+               " WHERE id = (SELECT min(id) FROM pgjobq.jobs WHERE queue = %s)", (queue,))
+    pg.execute("SELECT pgjobq.worker_beat(%s, 'h', 1, '0', %s)", ("w-" + queue, f"{queue}:5,other:1"))
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.queued, q.scheduled, q.worker_slots) == (2, 1, 5)
+    assert 90 <= q.oldest_ready.total_seconds() < 3600
+    app.cancel_where(queue, "queued")
+    pg.execute("SELECT pgjobq.worker_gone(%s)", ("w-" + queue,))
+    (q,) = [q for q in app.queues() if q.queue == queue] or [None]
+    assert q is None or (q.queued, q.oldest_ready, q.worker_slots) == (0, None, 0)
+
+
+def test_dead_letters_and_redrive(queue, pg):
+    """set_limits(dead_letter=...): a job that fails for good leaves a copy in the dead-letter queue,
+    linked to it; retry_where(..., redrive=True) sends it back; a cycle is refused."""
+    app = pgjobq.App(URL, queue=queue)
+    dlq = queue + ".dead"
+    app.set_limits(queue, dead_letter=dlq)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.dead_letter == dlq
+    with pytest.raises(pgjobq.InvalidArgument, match="cycle"):
+        app.set_limits(dlq, dead_letter=queue)
+    job = app.enqueue("charge", {"order": 7}, max_attempts=1)
+    jid, token = claim(queue)
+    pg.execute("SELECT * FROM pgjobq.fail_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], ARRAY['declined'])",
+               (jid, token))
+    assert app.get(job.id).state == "failed"
+    dead = scalar("SELECT id FROM pgjobq.dead_letters WHERE original_id = %s", job.id)
+    info = app.get(dead)
+    assert (info.queue, info.state, info.kind, info.payload, info.last_error) == (dlq, "queued", "charge",
+                                                                                  {"order": 7}, "declined")
+    assert app.retry_where(dlq, "queued", redrive=True, dry_run=True) == {"retried": 1, "skipped": 0}
+    assert app.retry_where(dlq, "queued", redrive=True) == {"retried": 1, "skipped": 0}
+    assert app.get(dead).queue == queue
+    app.set_limits(queue, dead_letter=None)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.dead_letter is None
+
+
 def test_max_lease_and_retry_running(queue):
     """A queue's longest lease (a day unless set) bounds what a claim may ask for; an operator ends a
     running job's lease now: it runs again, and its old holder's writes are refused."""

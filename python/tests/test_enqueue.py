@@ -223,6 +223,35 @@ def test_unique_key_duplicates(queue):
     assert jobs_in(queue) == 2
 
 
+def test_unique_key_debounce_and_throttle(queue, pg):
+    """on_conflict="replace": the queued holder takes the last payload and run_at (a debounce);
+    "keep" with unique_for: the key is held for the window, even after the job ran (a throttle)."""
+    app, send_mail = make_app(queue)
+    first = send_mail.configure(unique_key="digest:ana", on_conflict="replace", delay="1h").defer(to="a")
+    later = send_mail.configure(unique_key="digest:ana", on_conflict="replace", delay="2h").defer(to="b")
+    assert later == pgjobq.Enqueued(first.id, duplicate=True, replaced=True)
+    info = app.get(first.id)
+    assert info.payload == {"to": "b"} and info.run_at > dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=100)
+    # (A replacement is what was asked: not a duplicate to raise.)
+    again = send_mail.configure(unique_key="digest:ana", on_conflict="replace", on_duplicate="raise").defer(to="c")
+    assert again.replaced and app.get(first.id).payload == {"to": "c"}
+    many = app.enqueue_many([send_mail.configure(unique_key="digest:ana", on_conflict="replace").spec(to="d"),
+                             send_mail.configure(unique_key="digest:bo", unique_for="10m").spec(to="e"),
+                             send_mail.configure(unique_key="digest:bo", unique_for="10m").spec(to="f")])
+    assert [(m.id == first.id, m.duplicate, m.replaced) for m in many] == [(True, True, True), (False, False, False),
+                                                                           (False, True, False)]
+    assert many[2].id == many[1].id
+    # The throttle's job ran and finished: its key is still held for the window.
+    app.cancel(many[1].id)
+    held = send_mail.configure(unique_key="digest:bo", on_conflict="keep", unique_for=600).defer(to="g")
+    assert held == pgjobq.Enqueued(many[1].id, duplicate=True)
+    assert jobs_in(queue) == 2
+    with pytest.raises(pgjobq.InvalidJob, match="keep"):
+        send_mail.configure(unique_key="digest:cy", on_conflict="keep").defer(to="h")
+    with pytest.raises(pgjobq.InvalidJob, match="unique_for"):
+        send_mail.configure(unique_key="digest:cy", unique_for="soon").defer(to="h")
+
+
 def test_errors_carry_the_sql_apis_message(queue):
     app, send_mail = make_app(queue)
     with pytest.raises(pgjobq.InvalidJob, match=r'queues\[1\] "9x" is not a queue name') as e:

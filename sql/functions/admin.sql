@@ -201,7 +201,7 @@ BEGIN
 END
 $$;
 
--- retry_where(queue, state, kind, since, dry_run): runs again now every job of `queue` in `state`:
+-- retry_where(queue, state, kind, since, dry_run, redrive): runs again now every job of `queue` in `state`:
 --   'failed', 'cancelled' or 'completed': finished jobs move back from history to queued, keeping
 --     their id, attempt count, result, last error, tags and concurrency key (max_attempts is raised
 --     to allow one more attempt), and their steps unless they completed, as pgjobq.retry does for
@@ -217,8 +217,15 @@ $$;
 -- with a unique violation, and run again it skips that job.  With dry_run nothing changes and the
 -- counts say what would.  Returns one row: how many jobs were (or would be) retried and skipped.
 -- Workers of the queue are woken.
+--
+-- redrive: `queue` is a dead-letter queue, and its dead letters (pgjobq.dead_letters) go back to the
+-- queue each came from, as well: in state 'queued', every one of them, due or not; in a finished
+-- state, those in it, run again as above.  A job of the queue that is no dead letter (enqueued there
+-- directly) stays and is counted as skipped.  The link notes when (redriven_at); a redriven job that
+-- fails for good again comes back to the dead-letter queue as a new dead letter.  A dead letter that
+-- a worker of the dead-letter queue claims at that instant is waited for, and stays where it runs.
 CREATE OR REPLACE FUNCTION pgjobq.retry_where(queue text, state text, kind text DEFAULT NULL, since interval DEFAULT NULL,
-                                              dry_run boolean DEFAULT false)
+                                              dry_run boolean DEFAULT false, redrive boolean DEFAULT false)
 RETURNS TABLE (retried bigint, skipped bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -227,6 +234,7 @@ DECLARE
     v_ids     bigint[];
     v_skipped bigint;
     v_moved   bigint;
+    v_queues  text[];
     v_priorities smallint[];
 BEGIN
     PERFORM pgjobq.filter_check('retry_where', queue, kind, since);
@@ -235,6 +243,43 @@ BEGIN
                         coalesce('"' || left(state, 40) || '"', 'null')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A running job is retried by its worker or when its lease expires.';
+    END IF;
+    redrive := coalesce(redrive, false);
+
+    IF state = 'queued' AND redrive THEN
+        SELECT count(*) FILTER (WHERE d.id IS NULL) INTO v_skipped FROM pgjobq.jobs j
+          LEFT JOIN pgjobq.dead_letters d ON d.id = j.id
+         WHERE j.state = 'queued' AND j.queue = retry_where.queue
+           AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+           AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);
+        IF dry_run THEN
+            SELECT count(*) INTO v_moved FROM pgjobq.jobs j JOIN pgjobq.dead_letters d ON d.id = j.id
+             WHERE j.state = 'queued' AND j.queue = retry_where.queue
+               AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+               AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since);
+            RETURN QUERY SELECT v_moved, v_skipped;
+            RETURN;
+        END IF;
+        -- A row a claimer holds at this instant is waited for and re-checked (it is running by then, and
+        -- stays).  Claimable from now on, in its queue: ready_at is read after this transaction has its id.
+        PERFORM pg_current_xact_id();
+        WITH moved AS (
+            UPDATE pgjobq.jobs j SET queue = d.original_queue, run_at = now(), ready_at = clock_timestamp()
+              FROM pgjobq.dead_letters d
+             WHERE d.id = j.id AND j.state = 'queued' AND j.queue = retry_where.queue
+               AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
+               AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since)
+            RETURNING j.id, j.queue::text AS queue, j.priority),
+        marked AS (
+            UPDATE pgjobq.dead_letters d SET redriven_at = now() FROM moved WHERE d.id = moved.id)
+        SELECT count(*), array_agg(moved.queue), array_agg(moved.priority) INTO v_moved, v_queues, v_priorities
+          FROM moved;
+        IF v_moved > 0 THEN
+            PERFORM pgjobq.levels_record(v_queues, v_priorities);
+            PERFORM pgjobq.notify(ARRAY(SELECT DISTINCT u FROM unnest(v_queues) AS u));
+        END IF;
+        RETURN QUERY SELECT v_moved, v_skipped;
+        RETURN;
     END IF;
 
     IF state = 'queued' THEN
@@ -269,11 +314,12 @@ BEGIN
     SELECT array_agg(c.id) FILTER (WHERE c.ok), count(*) FILTER (WHERE NOT c.ok)
       INTO v_ids, v_skipped
       FROM (SELECT h.id,
-                   h.unique_key IS NULL
-                   OR (row_number() OVER (PARTITION BY h.unique_key ORDER BY h.finished_at DESC, h.id DESC) = 1
-                       AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j
-                                        WHERE j.queue = retry_where.queue AND j.unique_key = h.unique_key
-                                          AND j.state IN ('queued', 'running'))) AS ok
+                   (NOT retry_where.redrive OR EXISTS (SELECT 1 FROM pgjobq.dead_letters d WHERE d.id = h.id))
+                   AND (h.unique_key IS NULL
+                        OR (row_number() OVER (PARTITION BY h.unique_key ORDER BY h.finished_at DESC, h.id DESC) = 1
+                            AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j
+                                             WHERE j.queue = retry_where.queue AND j.unique_key = h.unique_key
+                                               AND j.state IN ('queued', 'running')))) AS ok
               FROM pgjobq.history h
              WHERE h.state = retry_where.state::pgjobq.job_state AND h.queue = retry_where.queue
                AND (retry_where.kind IS NULL OR h.kind = retry_where.kind)
@@ -292,13 +338,19 @@ BEGIN
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
                                  tags, progress, concurrency_key, route_key, snoozes)
         OVERRIDING SYSTEM VALUE
-        SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
+        SELECT g.id,
+               CASE WHEN retry_where.redrive
+                    THEN (SELECT d.original_queue FROM pgjobq.dead_letters d WHERE d.id = g.id) ELSE g.queue END,
+               g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                0  -- (a retry by hand starts its snoozes again: the cap counts from it)
           FROM gone g
-        RETURNING pgjobq.jobs.id, pgjobq.jobs.priority)
-    SELECT count(*), array_agg(DISTINCT moved.priority), array_agg(moved.id) INTO v_moved, v_priorities, v_ids
+        RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
+    marked AS (
+        UPDATE pgjobq.dead_letters d SET redriven_at = now() FROM moved WHERE retry_where.redrive AND d.id = moved.id)
+    SELECT count(*), array_agg(moved.queue), array_agg(moved.priority), array_agg(moved.id)
+      INTO v_moved, v_queues, v_priorities, v_ids
       FROM moved;
     -- As pgjobq.retry: completed jobs start over, the others resume after their stored steps.
     IF state = 'completed' THEN
@@ -308,8 +360,8 @@ BEGIN
     END IF;
     IF v_moved > 0 THEN
         -- Their levels, which may have been reclaimed since they finished (levels_reclaim).
-        PERFORM pgjobq.levels_record(array_fill(retry_where.queue, ARRAY[cardinality(v_priorities)]), v_priorities);
-        PERFORM pgjobq.notify(ARRAY[queue]);
+        PERFORM pgjobq.levels_record(v_queues, v_priorities);
+        PERFORM pgjobq.notify(ARRAY(SELECT DISTINCT u FROM unnest(v_queues) AS u));
     END IF;
     RETURN QUERY SELECT v_moved, v_skipped;
 EXCEPTION WHEN unique_violation THEN

@@ -334,9 +334,226 @@ BEGIN
 END
 $$;
 
+-- enqueue_keyed: enqueue_many for jobs whose unique key says what to do when it is held (docs/queues.md,
+-- "Debounce and throttle"): the same arrays, and per job
+--   on_conflicts  'skip' (NULL, the default: enqueue_many's rule: while a queued or running job of the
+--                 queue holds the key, the job is not inserted and the holder is returned),
+--                 'replace' (a debounce, Graphile Worker's job_key_mode 'replace'): a *queued* holder
+--                 takes this job's kind, payload, priority, run_at, max_attempts and concurrency key,
+--                 and starts afresh (attempt 0, no last error): the last one wins, and runs at its
+--                 run_at, typically now() + delay, so after a quiet delay.  A *running* holder is not
+--                 touched (its worker may have read its payload, and a write would wait for its row):
+--                 the job is not inserted, and the running job is returned, as by 'skip';
+--                 'keep' (a throttle, pg-boss's sendThrottled): the key is held for unique_fors[i]
+--                 from the enqueue that took it, whatever became of that job (queued, running, or
+--                 finished since): within that window the job is not inserted and the job that took
+--                 the key is returned; after it, as 'skip'.  The window needs keep, and keep a window
+--                 (1 second to 365 days); NULL mode with a window is keep.
+-- Returns one row per job, in input order: its ord, the job's id (the new one, the replaced one, or the
+-- holder), and outcome 'inserted', 'replaced' or 'duplicate'.  A mode or a window without a unique key
+-- is refused (22023), as is a bad mode; the rest is enqueue_many's (rules, levels, notifications).
+--
+-- How it holds under racing producers: jobs are taken one at a time, each in the order
+--   1. 'replace': UPDATE the queued holder (the row lock orders racing replacers: each waits for the
+--      one before to commit, and sees its version: the last to commit wins);
+--   2. INSERT ... ON CONFLICT DO NOTHING: the unique index orders racing inserters (the second waits
+--      for the first, then finds the key held);
+--   3. held: read the holder in a new statement (it sees what committed meanwhile).  A queued holder
+--      and 'replace': back to 1; a holder that finished meanwhile: back to 2; else 'duplicate'.
+--   With a window, the window is taken after the insert: INSERT INTO unique_holds ... ON CONFLICT DO
+--   UPDATE WHERE the window has passed (the primary key orders racing takers); when it has not, the
+--   job just inserted is deleted again (it never committed) and the window's job is returned.
+-- So 16 producers replacing one key leave one queued job with the payload of the last to commit
+-- (tests/test_unique.c).  The jobs without a mode and a window are inserted as enqueue_many would,
+-- one at a time: this is not the path of plain enqueues, whose cost it leaves as it was.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_keyed(
+    queues       text[],
+    kinds        text[],
+    payloads     jsonb[],
+    priorities   smallint[]    DEFAULT NULL,
+    run_ats      timestamptz[] DEFAULT NULL,
+    delays       interval[]    DEFAULT NULL,
+    max_attempts integer[]     DEFAULT NULL,
+    unique_keys  text[]        DEFAULT NULL,
+    on_conflicts text[]        DEFAULT NULL,
+    unique_fors  interval[]    DEFAULT NULL,
+    concurrency_keys text[]    DEFAULT NULL,
+    notify       boolean       DEFAULT true,
+    route_keys   text[]        DEFAULT NULL)
+RETURNS TABLE (ord integer, id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n        integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
+                                 cardinality(priorities), cardinality(run_ats), cardinality(delays),
+                                 cardinality(max_attempts), cardinality(unique_keys), cardinality(on_conflicts),
+                                 cardinality(unique_fors), cardinality(concurrency_keys), cardinality(route_keys));
+    v_seq    regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
+    v_ids    bigint[] := '{}';
+    v_outs   text[] := '{}';
+    v_lq     text[] := '{}';
+    v_lp     smallint[] := '{}';
+    v_due    text[] := '{}';
+    v_queue  text;
+    v_key    text;
+    v_mode   text;
+    v_for    interval;
+    v_prio   smallint;
+    v_run_at timestamptz;
+    v_id     bigint;
+    v_found  bigint;
+    v_state  pgjobq.job_state;
+    v_out    text;
+    i        integer;
+BEGIN
+    IF n IS NULL OR n = 0 THEN
+        RETURN;
+    END IF;
+    IF (queues IS NOT NULL AND cardinality(queues) <> n)
+       OR (kinds IS NOT NULL AND cardinality(kinds) <> n)
+       OR (payloads IS NOT NULL AND cardinality(payloads) <> n)
+       OR (priorities IS NOT NULL AND cardinality(priorities) <> n)
+       OR (run_ats IS NOT NULL AND cardinality(run_ats) <> n)
+       OR (delays IS NOT NULL AND cardinality(delays) <> n)
+       OR (max_attempts IS NOT NULL AND cardinality(max_attempts) <> n)
+       OR (unique_keys IS NOT NULL AND cardinality(unique_keys) <> n)
+       OR (on_conflicts IS NOT NULL AND cardinality(on_conflicts) <> n)
+       OR (unique_fors IS NOT NULL AND cardinality(unique_fors) <> n)
+       OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
+       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n) THEN
+        RAISE EXCEPTION 'pgjobq.enqueue_keyed: the arrays must all have % elements', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF run_ats IS NOT NULL OR delays IS NOT NULL THEN
+        PERFORM pgjobq.enqueue_when_check(run_ats, delays);
+    END IF;
+    -- The modes' rules, the first element that breaks one named.
+    FOR i IN 1 .. n LOOP
+        v_mode := on_conflicts[i];
+        v_for := unique_fors[i];
+        IF v_mode IS NOT NULL AND v_mode NOT IN ('skip', 'replace', 'keep') THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: on_conflicts[%] is "%": skip, replace or keep', i, left(v_mode, 40)
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF (v_mode IS NOT NULL OR v_for IS NOT NULL) AND unique_keys[i] IS NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: %[%] goes with a unique key, and unique_keys[%] is null',
+                CASE WHEN v_mode IS NOT NULL THEN 'on_conflicts' ELSE 'unique_fors' END, i, i
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF v_for IS NOT NULL AND NOT (v_for BETWEEN interval '1 second' AND interval '365 days') THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: unique_fors[%] is %: a window is from 1 second to 365 days', i, v_for
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF v_for IS NOT NULL AND v_mode IN ('skip', 'replace') THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: unique_fors[%] is a window, which is keep''s (on_conflicts[%] is %)', i, i,
+                v_mode
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'skip holds a key while its job is queued or running; replace pushes the queued job''s run_at.';
+        ELSIF v_mode = 'keep' AND v_for IS NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: on_conflicts[%] is keep, which holds the key for a window: give unique_fors[%]',
+                i, i USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    -- This transaction's id before any row's ready_at (its claim key) is read: see claim.sql.
+    PERFORM pg_current_xact_id();
+    BEGIN
+        FOR i IN 1 .. n LOOP
+            v_queue := coalesce(queues[i], 'default');
+            v_key := unique_keys[i];
+            v_for := unique_fors[i];
+            v_mode := CASE WHEN v_for IS NOT NULL THEN 'keep' ELSE coalesce(on_conflicts[i], 'skip') END;
+            v_prio := coalesce(priorities[i], 0::smallint);
+            v_run_at := coalesce(run_ats[i], now() + coalesce(delays[i], interval '0'));
+            v_out := NULL;
+            -- A window still held: the job that took it, at once (the insert below would be undone).
+            IF v_for IS NOT NULL THEN
+                SELECT h.job_id INTO v_found FROM pgjobq.unique_holds h
+                 WHERE h.queue = v_queue AND h.unique_key = v_key AND h.until > now();
+                IF FOUND THEN
+                    v_out := 'duplicate';
+                END IF;
+            END IF;
+            WHILE v_out IS NULL LOOP
+                IF v_mode = 'replace' THEN
+                    UPDATE pgjobq.jobs j
+                       SET kind = coalesce(kinds[i], 'default'), payload = coalesce(payloads[i], '{}'::jsonb),
+                           priority = v_prio, run_at = v_run_at,
+                           max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
+                           concurrency_key = concurrency_keys[i], attempt = 0, last_error = NULL, snoozes = 0,
+                           ready_at = clock_timestamp()
+                     WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state = 'queued'
+                    RETURNING j.id INTO v_found;
+                    IF FOUND THEN
+                        v_out := 'replaced';
+                        EXIT;
+                    END IF;
+                END IF;
+                v_id := nextval(v_seq);
+                INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
+                                         concurrency_key, route_key)
+                OVERRIDING SYSTEM VALUE
+                VALUES (v_id, v_queue, coalesce(kinds[i], 'default'), coalesce(payloads[i], '{}'::jsonb), v_prio,
+                        v_run_at, coalesce(enqueue_keyed.max_attempts[i], 25), v_key, concurrency_keys[i], route_keys[i])
+                ON CONFLICT DO NOTHING
+                RETURNING pgjobq.jobs.id INTO v_found;
+                IF FOUND THEN
+                    v_out := 'inserted';
+                    IF v_for IS NOT NULL THEN
+                        -- Take the window, unless another job took it and it has not passed.
+                        INSERT INTO pgjobq.unique_holds AS h (queue, unique_key, job_id, until)
+                        VALUES (v_queue, v_key, v_found, now() + v_for)
+                        ON CONFLICT ON CONSTRAINT unique_holds_pkey DO UPDATE
+                           SET job_id = excluded.job_id, until = excluded.until
+                         WHERE h.until <= now()
+                        RETURNING h.job_id INTO v_id;
+                        IF NOT FOUND THEN
+                            DELETE FROM pgjobq.jobs j WHERE j.id = v_found;
+                            SELECT h.job_id INTO v_found FROM pgjobq.unique_holds h
+                             WHERE h.queue = v_queue AND h.unique_key = v_key;
+                            v_out := 'duplicate';
+                        END IF;
+                    END IF;
+                    EXIT;
+                END IF;
+                -- Held: by which job, now?  (A new statement: it sees what committed meanwhile.)
+                SELECT j.id, j.state INTO v_found, v_state FROM pgjobq.jobs j
+                 WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state IN ('queued', 'running');
+                IF FOUND AND NOT (v_mode = 'replace' AND v_state = 'queued') THEN
+                    v_out := 'duplicate';
+                END IF;
+                -- Else: a queued holder to replace, or a holder that finished meanwhile: again.
+            END LOOP;
+            v_ids := v_ids || v_found;
+            v_outs := v_outs || v_out;
+            IF v_out <> 'duplicate' THEN
+                v_lq := v_lq || v_queue;
+                v_lp := v_lp || v_prio;
+                IF v_run_at <= now() THEN
+                    v_due := v_due || v_queue;
+                END IF;
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN check_violation THEN
+        PERFORM pgjobq.enqueue_explain(queues, kinds, payloads, priorities, max_attempts, unique_keys,
+                                       concurrency_keys, route_keys);
+        RAISE;
+    END;
+    IF cardinality(v_lq) > 0 THEN
+        PERFORM pgjobq.levels_record(v_lq, v_lp);
+    END IF;
+    IF enqueue_keyed.notify AND cardinality(v_due) > 0 THEN
+        PERFORM pgjobq.notify(v_due);
+    END IF;
+    RETURN QUERY SELECT t.o::integer, t.job_id, t.out
+                   FROM unnest(v_ids, v_outs) WITH ORDINALITY AS t(job_id, out, o);
+END
+$$;
+
 -- enqueue: one job.  A thin wrapper over enqueue_many, so both share one INSERT.  A job with `after`
 -- (the ids of the jobs it waits for), `tags` or `on_parent_failure` is enqueued as a graph of one job
 -- (enqueue_graph, workflows.sql; no unique key then).  route_key: the job's routing key (enqueue_many).
+-- on_conflict ('skip', 'replace' or 'keep') and unique_for (keep's window): enqueue_keyed, whose
+-- outcome 'replaced' is duplicate = true here too (no job was inserted: the id is the queued job that
+-- now carries this one's payload).
 CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     queue        text        DEFAULT 'default',
     kind         text        DEFAULT 'default',
@@ -351,12 +568,26 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     tags         text[]      DEFAULT NULL,
     on_parent_failure text   DEFAULT NULL,
     route_key    text        DEFAULT NULL,
+    on_conflict  text        DEFAULT NULL,
+    unique_for   interval    DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF (on_conflict IS NOT NULL OR unique_for IS NOT NULL) AND after IS NULL AND tags IS NULL
+       AND on_parent_failure IS NULL THEN
+        SELECT e.id, e.outcome <> 'inserted' INTO id, duplicate
+          FROM pgjobq.enqueue_keyed(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
+                                    ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key], ARRAY[on_conflict],
+                                    ARRAY[unique_for], ARRAY[concurrency_key], true, ARRAY[route_key]) AS e;
+        RETURN;
+    END IF;
+    IF on_conflict IS NOT NULL OR unique_for IS NOT NULL THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: on_conflict and unique_for go with a unique key, which a job with parents or tags cannot have'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF after IS NULL AND tags IS NULL AND on_parent_failure IS NULL THEN
         SELECT e.id, e.duplicate INTO id, duplicate
           FROM pgjobq.enqueue_many(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],

@@ -7,7 +7,8 @@
 -- rescue_expired(max_jobs, since): jobs whose lease ended without a completion (the worker crashed,
 -- stalled or lost its connection) go back to queued, or end failed when no attempts remain, or
 -- cancelled when that was requested (both move to history, and their waiting children are cancelled
--- or run, as they asked).  Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state
+-- or run, as they asked; one that ends failed leaves a copy in its queue's dead-letter queue:
+-- dead_letter_send in transitions.sql).  Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state
 -- and the lease, so a job completed meanwhile is never touched.  At most max_jobs per call; returns
 -- how many were rescued.
 --
@@ -57,6 +58,11 @@ BEGIN
          WHERE j.id = ANY (v_final) OR j.id = ANY (v_requeue) GROUP BY j.queue;
     END IF;
     IF v_final IS NOT NULL THEN
+        PERFORM pgjobq.dead_letter_send(v_final,
+            ARRAY(SELECT format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its '
+                                'connection)', j.lease_until, coalesce(j.worker_id, '?'))
+                    FROM unnest(v_final) WITH ORDINALITY AS f(id, o) JOIN pgjobq.jobs j ON j.id = f.id
+                   ORDER BY f.o));
         WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final) RETURNING j.*),
         moved AS (
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
@@ -268,6 +274,19 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = x.child)
            AND NOT EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = x.child)
          ORDER BY x.created_at LIMIT prune.max_jobs);
+    -- Dead-letter links whose job is gone (pruned), older than the shorter retention: a link lives as
+    -- long as its dead-letter job, live or finished (a redrive needs it).
+    DELETE FROM pgjobq.dead_letters d
+     WHERE d.id IN (
+        SELECT x.id FROM pgjobq.dead_letters x
+         WHERE x.at < now() - least(prune.completed_age, prune.failed_age)
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = x.id)
+           AND NOT EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = x.id)
+         ORDER BY x.at LIMIT prune.max_jobs);
+    -- Throttle windows that have passed (enqueue_keyed takes a passed one over anyway).
+    DELETE FROM pgjobq.unique_holds h
+     WHERE (h.queue, h.unique_key) IN (SELECT x.queue, x.unique_key FROM pgjobq.unique_holds x
+                                        WHERE x.until < now() ORDER BY x.until LIMIT prune.max_jobs);
     -- Low-water marks superseded for ten minutes (claims read only the latest of each level).
     DELETE FROM pgjobq.lows l
      WHERE l.at < now() - interval '10 minutes'

@@ -261,6 +261,74 @@ AS $$
      WHERE coalesce(q.due, 0) + coalesce(q.scheduled, 0) + coalesce(r.n, 0) + coalesce(w.n, 0) > 0
 $$;
 
+-- queue_ready(of_queue): what an autoscaler reads, per queue (docs/deploy.md, "Autoscaling"):
+--   ready           queued jobs a claim could take now: due, and claimable (the claim's key,
+--                   greatest(run_at, ready_at), reached); a paused queue's too (paused says so);
+--   oldest_ready_s  seconds since the oldest of them became claimable (its run_at, or when it was
+--                   queued again or its parents finished); NULL when none is ready;
+--   running         jobs under a lease that has not ended: what a concurrency limit counts;
+--   concurrency     the queue's limit (NULL: none);
+--   worker_slots    the slots of the live workers (seen in the last 15 s, not stopped) that serve the
+--                   queue, from what each says in its beat ("name:slots,...");
+--   paused.
+-- With of_queue, one row for it, zeros when it has nothing (a KEDA postgresql trigger wants a query
+-- that always answers); without, every queue with a priority level (pgjobq.levels: jobs in the last
+-- hour), settings or a live worker, ordered by name.
+--
+-- Asked every few seconds by a scaler, so it reads only what it counts: per level, one range of
+-- jobs_ready_idx from the level's low-water mark (pgjobq.lows, as monitor_queue_counts) up to now,
+-- which holds the ready rows and nothing else (not the scheduled ones ahead of now, not the history,
+-- not the dead entries behind the mark); the running ones through jobs_lease_idx from now on; a row
+-- per worker.  tests/test_steady.c counts the blocks it reads while 20,000 dead rows are kept.
+CREATE OR REPLACE FUNCTION pgjobq.queue_ready(of_queue text DEFAULT NULL)
+RETURNS TABLE (queue text, ready bigint, oldest_ready_s double precision, running bigint, concurrency integer,
+               worker_slots bigint, paused boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    WITH slots AS (
+        SELECT m[1] AS queue, sum(m[2]::bigint) AS n
+          FROM pgjobq.workers w
+         CROSS JOIN LATERAL unnest(string_to_array(w.queues, ',')) e
+         CROSS JOIN LATERAL regexp_match(e, '^(.+):([0-9]{1,9})$') m
+         WHERE w.last_seen > now() - interval '15 seconds' AND w.stopped_at IS NULL
+         GROUP BY 1),
+    names AS (
+        SELECT queue_ready.of_queue AS queue WHERE queue_ready.of_queue IS NOT NULL
+        UNION
+        SELECT l.queue::text FROM pgjobq.levels l WHERE queue_ready.of_queue IS NULL
+        UNION
+        SELECT s.name::text FROM pgjobq.queues s WHERE queue_ready.of_queue IS NULL
+        UNION
+        SELECT sl.queue FROM slots sl WHERE queue_ready.of_queue IS NULL),
+    lv AS (
+        SELECT l.queue::text AS queue, sum(c.n) AS n, min(c.first) AS first
+          FROM pgjobq.levels l
+          LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                              WHERE x.queue = l.queue AND x.priority = l.priority
+                              ORDER BY x.at DESC LIMIT 1) lo ON true
+         CROSS JOIN LATERAL (
+             SELECT count(*) AS n, min(greatest(j.run_at, j.ready_at)) AS first
+               FROM pgjobq.jobs j
+              WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
+                AND (greatest(j.run_at, j.ready_at), j.id) > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
+                AND greatest(j.run_at, j.ready_at) <= now()) c
+         WHERE queue_ready.of_queue IS NULL OR l.queue = queue_ready.of_queue
+         GROUP BY 1)
+    SELECT n.queue, coalesce(lv.n, 0)::bigint, extract(epoch FROM now() - lv.first)::double precision,
+           (SELECT count(*) FROM pgjobq.jobs j
+             WHERE j.state = 'running' AND j.queue = n.queue AND j.lease_until > now()),
+           s.concurrency, coalesce(sl.n, 0)::bigint, coalesce(s.paused_at IS NOT NULL, false)
+      FROM names n
+      LEFT JOIN lv ON lv.queue = n.queue
+      LEFT JOIN pgjobq.queues s ON s.name = n.queue
+      LEFT JOIN slots sl ON sl.queue = n.queue
+     ORDER BY 1
+$$;
+
 -- monitor_queue_names(): every queue that has settings (pgjobq.queues), and whether it is paused.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_names() RETURNS TABLE (queue text, paused boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -388,6 +456,22 @@ AS $$
            a.started_at, a.finished_at, a.lease_until, a.worker_id, a.unique_key, a.cancel_requested, a.payload,
            a.result, a.last_error, a.tags, a.progress
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
+$$;
+
+-- monitor_dead_letters(job_id): a job's dead-letter links (pgjobq.dead_letters): 'of', the job it is the
+-- dead letter of (which failed for good in `queue`); 'to', the dead letter it left when it failed for
+-- good (made in the dead-letter queue `queue`); each with when, and when it was redriven.  The job
+-- page of the dashboard shows them.
+CREATE OR REPLACE FUNCTION pgjobq.monitor_dead_letters(job_id bigint)
+RETURNS TABLE (relation text, id bigint, queue text, at timestamptz, redriven_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'of', d.original_id, d.original_queue::text, d.at, d.redriven_at
+      FROM pgjobq.dead_letters d WHERE d.id = monitor_dead_letters.job_id
+    UNION ALL
+    SELECT 'to', d.id, d.queue::text, d.at, d.redriven_at
+      FROM pgjobq.dead_letters d WHERE d.original_id = monitor_dead_letters.job_id
 $$;
 
 -- monitor_workers(after_state, after_id, max_rows): the workers seen in the last hour: state 'running'

@@ -56,25 +56,57 @@ AS $$ SELECT interval '1 day' $$;
 -- concurrency key running at once), "rate_limit" (1..10000) with
 -- "rate_period" (an interval, 1 ms to 1 day; the two go together), "max_lease" (an interval, 1 second
 -- to 365 days: the longest lease a claim may ask for, and a heartbeat renew, in this queue; null: the
--- default, max_lease_default()).  Workers are woken, as a limit may have been raised.
+-- default, max_lease_default()), "dead_letter" (a queue name: where a job of this queue that fails for
+-- good goes, as a new job; docs/queues.md, "Dead letters").  Workers are woken, as a limit may have
+-- been raised.
+--
+-- A dead-letter setting that would make a cycle (the queue itself, or a queue whose dead letters
+-- lead back to this one) is refused (22023).  Two calls that would close a cycle between them (a -> b
+-- and b -> a at once) each check in a new statement after a transaction lock that every change of a
+-- dead-letter setting takes, so the second sees the first's commit.
 CREATE OR REPLACE FUNCTION pgjobq.queue_set(queue text, settings jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    k text;
+    k      text;
+    v_dead text;
 BEGIN
     IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
         RAISE EXCEPTION 'pgjobq.queue_set: settings must be a JSON object'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
-        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease') THEN
+        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period and max_lease.';
+                      HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease and '
+                             'dead_letter.';
         END IF;
     END LOOP;
+    IF settings ? 'dead_letter' AND jsonb_typeof(settings -> 'dead_letter') <> 'null' THEN
+        v_dead := settings ->> 'dead_letter';
+        IF jsonb_typeof(settings -> 'dead_letter') <> 'string'
+           OR NOT (length(v_dead) BETWEEN 1 AND 64 AND v_dead ~ '^[A-Za-z][A-Za-z0-9_.:-]*$') THEN
+            RAISE EXCEPTION 'pgjobq.queue_set: dead_letter must be a queue name, not %', settings -> 'dead_letter'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'A name is a letter, then up to 63 letters, digits and _ . : -';
+        END IF;
+        -- One change of a dead-letter setting at a time, and the chain read after the lock (a new
+        -- statement: READ COMMITTED sees what the one before committed).
+        PERFORM pg_advisory_xact_lock(1885825649, 26);
+        IF EXISTS (WITH RECURSIVE chain(name, depth) AS (
+                       SELECT v_dead::text, 1
+                       UNION ALL
+                       SELECT q.dead_letter::text, c.depth + 1 FROM chain c JOIN pgjobq.queues q ON q.name = c.name
+                        WHERE q.dead_letter IS NOT NULL AND c.depth < 1000)
+                   SELECT 1 FROM chain c WHERE c.name = queue_set.queue) THEN
+            RAISE EXCEPTION 'pgjobq.queue_set: dead letters of "%" to "%" would come back to "%": a cycle', queue,
+                v_dead, queue
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'A dead-letter queue may have its own, but the chain must end.';
+        END IF;
+    END IF;
     IF (settings ->> 'max_lease')::interval NOT BETWEEN interval '1 second' AND interval '365 days' THEN
         RAISE EXCEPTION 'pgjobq.queue_set: max_lease is %: it must be between 1 second and 365 days',
             (settings ->> 'max_lease')::interval USING ERRCODE = 'invalid_parameter_value';
@@ -95,6 +127,7 @@ BEGIN
                               ELSE qs.rate_period END,
            max_lease = CASE WHEN settings ? 'max_lease' THEN (settings ->> 'max_lease')::interval
                             ELSE qs.max_lease END,
+           dead_letter = CASE WHEN settings ? 'dead_letter' THEN v_dead ELSE qs.dead_letter END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -103,11 +136,12 @@ $$;
 
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
--- max_lease is the one that applies: the queue's, or the default.
+-- max_lease is the one that applies: the queue's, or the default; dead_letter, where the jobs that fail
+-- for good go (NULL: nowhere).
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
-               expired bigint, max_lease interval)
+               expired bigint, max_lease interval, dead_letter text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -121,7 +155,7 @@ AS $$
     SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.key_concurrency,
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
-           coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default())
+           coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
      ORDER BY 1
 $$;

@@ -159,10 +159,68 @@ BEGIN
 END
 $$;
 
+-- dead_letter_send(ids, errors): called by the statements that end jobs failed for good (fail_many,
+-- rescue_expired) just before they move them to the history, with the rows still live and locked by
+-- the caller: each job whose queue has a dead-letter queue (queues.dead_letter) and that does not end
+-- cancelled gets a copy there, in the same transaction, so that the failure and the dead letter commit
+-- together or not at all.  The copy is a new job, queued and due now, with the job's kind, payload,
+-- priority, max_attempts, tags, concurrency and routing keys, and errors[i] (the final error; NULL:
+-- the job's last) as its last_error; not its unique key (the dead-letter queue keeps every failure).
+-- pgjobq.dead_letters links it to the job that failed, which keeps its id and history row, and names
+-- the queue a redrive sends it back to (retry_where).  A paused or limited dead-letter queue receives
+-- all the same (those settings hold claims back, not inserts); its level is recorded, leniently (at
+-- the cap of levels the claims find it within a second), and its workers are woken.  Returns how many
+-- copies it made.  One probe of pgjobq.queues per job and nothing else when no queue has a dead-letter
+-- queue; the failures that are retried never come here.
+CREATE OR REPLACE FUNCTION pgjobq.dead_letter_send(ids bigint[], errors text[] DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_queues text[];
+    v_prios  smallint[];
+    v_n      integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
+                    WHERE j.id = ANY (dead_letter_send.ids) AND q.dead_letter IS NOT NULL) THEN
+        RETURN 0;
+    END IF;
+    -- (The caller locked the rows: its transaction has an id, which the copies' ready_at must follow.)
+    PERFORM pg_current_xact_id();
+    WITH dead AS MATERIALIZED (
+        SELECT j.id, q.dead_letter, j.queue, nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')) AS new_id,
+               u.error
+          FROM unnest(dead_letter_send.ids, dead_letter_send.errors) AS u(id, error)
+          JOIN pgjobq.jobs j ON j.id = u.id
+          JOIN pgjobq.queues q ON q.name = j.queue
+         WHERE j.id = ANY (dead_letter_send.ids) AND q.dead_letter IS NOT NULL AND NOT j.cancel_requested),
+    made AS (
+        INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, max_attempts, last_error, tags,
+                                 concurrency_key, route_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT d.new_id, d.dead_letter, j.kind, j.payload, j.priority, j.max_attempts,
+               left(coalesce(d.error, j.last_error), 8192), j.tags, j.concurrency_key, j.route_key
+          FROM dead d JOIN pgjobq.jobs j ON j.id = d.id
+        RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
+    linked AS (
+        INSERT INTO pgjobq.dead_letters (id, original_id, original_queue, queue)
+        SELECT d.new_id, d.id, d.queue, d.dead_letter FROM dead d)
+    SELECT array_agg(m.queue), array_agg(m.priority), count(*) INTO v_queues, v_prios, v_n FROM made m;
+    IF v_n > 0 THEN
+        PERFORM pgjobq.levels_record(v_queues, v_prios, false);
+        PERFORM pgjobq.notify(ARRAY(SELECT DISTINCT u FROM unnest(v_queues) AS u));
+    END IF;
+    RETURN v_n;
+END
+$$;
+
 -- fail_many: record failed attempts (same fencing as complete_many).  While attempts remain the job
 -- goes back to queued with run_at = now() + retry_delay (or + backoff(attempt) when the delay is
 -- NULL), and the retry is counted in pgjobq.tallies; otherwise, or with permanent = true, it ends
--- failed (history), and its waiting children are cancelled (or run, as they asked).  A job whose
+-- failed (history), and its waiting children are cancelled (or run, as they asked); a job that ends
+-- failed in a queue with a dead-letter queue leaves a copy there (dead_letter_send).  A job whose
 -- cancellation was requested ends cancelled.  The error text is kept in last_error (the first 8 KiB).
 -- Returns one row per input: outcome 'queued', 'failed', 'cancelled' or 'lost', and the new run_at.
 CREATE OR REPLACE FUNCTION pgjobq.fail_many(
@@ -206,6 +264,12 @@ BEGIN
               FROM u JOIN pgjobq.jobs j ON j.id = u.id
              WHERE j.id = ANY (fail_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
+    IF v_final IS NOT NULL THEN
+        PERFORM pgjobq.dead_letter_send(v_final, ARRAY(SELECT left(u.error, 8192)
+                                                         FROM unnest(ids, errors) AS u(id, error)
+                                                         JOIN unnest(v_final) AS f(id) ON f.id = u.id
+                                                        ORDER BY array_position(v_final, f.id)));
+    END IF;
     RETURN QUERY
     WITH input AS (
         SELECT u.id, left(u.error, 8192) AS error, u.delay
