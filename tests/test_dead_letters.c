@@ -381,6 +381,49 @@ TEST(dead_letters_from_the_command_line)
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders.dead' AND dead_letter IS NOT NULL"),
               0);
+    /* `pgjobq show` links a job that failed for good and its dead letter, both ways, in text and JSON;
+     * a job with neither says so in JSON. */
+    pgjobq_client *c = t_client();
+    long long orig = put(c, "orders", "{\"o\": 1}", 1);
+    pgjobq_state st;
+    CHECK_OK(c, pgjobq_job_fail(c, orig, take(c, "orders", orig), "boom", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    long long dead = dead_letter_of(pg, orig);
+    CHECK(dead > 0);
+    char ids[2][24], want[96];
+    snprintf(ids[0], sizeof ids[0], "%lld", orig);
+    snprintf(ids[1], sizeof ids[1], "%lld", dead);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[0], NULL), 0);
+    snprintf(want, sizeof want, "dead letters:  %lld in orders.dead (", dead);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "dead letter of:") == NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], NULL), 0);
+    snprintf(want, sizeof want, "dead letter of: %lld in orders (", orig);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "dead letters:") == NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[0], "--json", NULL), 0);
+    snprintf(want, sizeof want, "\"dead_letter_of\":null,\"dead_letters\":[{\"id\":%lld,\"queue\":\"orders.dead\",\"at\":\"", dead);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "\"redriven_at\":null}]") != NULL, "%s", out);
+    free(out);
+    free(err);
+    /* Redriven: the link says when. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--queue", "orders.dead", "--state", "queued", "--redrive", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], "--json", NULL), 0);
+    snprintf(want, sizeof want, "\"dead_letter_of\":{\"id\":%lld,\"queue\":\"orders\",\"at\":\"", orig);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "\"redriven_at\":\"") != NULL &&
+                  strstr(out, "\"dead_letters\":[]") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], NULL), 0);
+    CHECK_MSG(strstr(out, ", redriven ") != NULL, "%s", out);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "orders", "--dead-letter", "none", NULL), 0);
     free(out);
     free(err);
