@@ -1420,6 +1420,19 @@ PGJOBQ_EXPORT int pgjobq_cluster_enqueue(pgjobq_cluster *cl, const char *payload
 PGJOBQ_EXPORT int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs, size_t n,
                                               int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
 
+/*
+ * pgjobq_send_event on every shard of the cluster (a job waiting for an event may be on any of them),
+ * each in a transaction of its own, one shard after another: an event is a fact (docs/durable.md,
+ * "Events"), so sending it again changes nothing for the jobs that got it.  *resumed_out (may be NULL)
+ * receives how many parked jobs it resumed over the shards that took it.  When shards fail (down, or
+ * refusing), the others still take it, the first error is returned and pgjobq_cluster_errmsg names
+ * every shard that failed ("shard b: ..."): send it again.  PGJOBQ_EINVAL for a bad name, key or
+ * payload (then no shard took it).  Not in a caller's transaction: for an event that must
+ * commit with the caller's data, send it with pgjobq_send_event on the shard of the jobs that wait.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_send_event(pgjobq_cluster *cl, const char *name, const char *key,
+                                            const char *payload, int *resumed_out) PGJOBQ_WUR;
+
 /* ------------------------------------------------------------------------------------------------ */
 /* The outbox's forwarder (docs/shards.md, "The outbox")                                              */
 
