@@ -543,6 +543,19 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
               140);
     free(t_expect_error(r, "22023", "SELECT pgjobq.cancel_where('t', 'completed')"));
 
+    /* An event, to every shard (a job waiting for it may be on any), the jobs it resumed summed. */
+    char *qa = t_str(a, "SELECT min(queue) FROM pgjobq.jobs WHERE queue <> 't'");
+    CHECK_SQL_STR(a, "parked",
+                  "SELECT w.outcome FROM pgjobq.claim('%s', 1, '1 minute', 'w') c,"
+                  " pgjobq.wait_event(c.id, c.lease_token, 'w', 'paid', 'r1', '1 hour') w",
+                  qa);
+    free(qa);
+    CHECK_SQL_STR(r, "1", "SELECT resumed FROM pgjobq.send_event('paid', 'r1', '{\"r\": 1}')");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.job_parks"), 0);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'"),
+              2);
+
     /* The map moves the partition of queue qm from sa to sb: epoch 2 on the shards, not yet on the
      * router, whose enqueue goes to sa, which refuses it: nothing written on either shard. */
     char qm[16], moved[65], want[200];

@@ -13,7 +13,8 @@ BEGIN
                                 text[], boolean, text[]),
             pgjobq.enqueue_split(integer[], text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[],
                                  text[], text[], boolean, text[]),
-            pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint), pgjobq.cluster_map()
+            pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint), pgjobq.cluster_map(),
+            pgjobq.send_event(text, text, jsonb), pgjobq.shard_send_event(text, text, jsonb)
         TO pgjobq_producer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_monitor') THEN
@@ -29,7 +30,8 @@ BEGIN
             pgjobq.cancel_where(text, text, text, interval, boolean),
             pgjobq.retry_where(text, text, text, interval, boolean),
             pgjobq.shard_cancel_where(text, text, text, interval, boolean),
-            pgjobq.shard_retry_where(text, text, text, interval, boolean)
+            pgjobq.shard_retry_where(text, text, text, interval, boolean),
+            pgjobq.send_event(text, text, jsonb), pgjobq.shard_send_event(text, text, jsonb)
         TO pgjobq_admin;
     END IF;
 END

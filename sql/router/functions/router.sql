@@ -164,6 +164,28 @@ BEGIN
 END
 $$;
 
+-- shard_send_event(name, key, payload): a shard's send_event on every shard (RUN ON ALL), how many
+-- jobs each resumed.
+CREATE OR REPLACE FUNCTION pgjobq.shard_send_event(name text, key text, payload jsonb) RETURNS SETOF integer
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON ALL;
+    SELECT e.resumed FROM pgjobq.send_event(name, key, payload) AS e;
+$$;
+
+-- send_event(name, key, payload): a shard's, the same arguments, on every shard (a job waiting for the
+-- event may be on any; docs/durable.md, "Events"), the jobs resumed summed; id is NULL (an event per
+-- shard).  Each shard takes it in a transaction of its own: a shard that fails fails the call, and the
+-- others may have taken it (sending it again changes nothing for the jobs that got it).
+CREATE OR REPLACE FUNCTION pgjobq.send_event(name text, key text DEFAULT '', payload jsonb DEFAULT NULL)
+RETURNS TABLE (id bigint, resumed integer)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NULL::bigint, coalesce(sum(n), 0)::integer FROM pgjobq.shard_send_event(name, key, payload) AS n
+$$;
+
 -- shard_stats(): each shard's pgjobq.stats(), with the shard's name (its self), from every shard at
 -- once (RUN ON ALL: once per shard, however many partitions it owns).
 CREATE OR REPLACE FUNCTION pgjobq.shard_stats() RETURNS TABLE (shard text, queue text, state text, jobs bigint)
