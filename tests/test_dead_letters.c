@@ -430,3 +430,44 @@ TEST(dead_letters_from_the_command_line)
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders' AND dead_letter IS NULL"), 1);
     PQfinish(pg);
 }
+
+/* A durable job's stored steps go with its dead letter: the dead letter, and a redrive of it, resume
+ * after them (a step with effects is not run twice), as a retry of the failed job would. */
+TEST(dead_letters_keep_the_jobs_stored_steps)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    char *got = NULL;
+
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "flows", "flows.dead"));
+    int64_t id = put(c, "flows", "{\"flow\": 1}", 1);
+    int64_t token = take(c, "flows", id);
+    CHECK_OK(c, pgjobq_step_put(c, id, token, "charge", "{\"charged\": 1200}", NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, id, token, "the second step failed", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    long long dead = dead_letter_of(pg, id);
+    CHECK(dead > 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld AND name = 'charge'"
+                        " AND result = '{\"charged\": 1200}'",
+                    dead),
+              1);
+    /* The failed job keeps its own (its history). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)id), 1);
+
+    /* Redriven: back in flows, and the step answers from storage. */
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    int64_t n = 0;
+    f.queue = "flows.dead";
+    f.state = PGJOBQ_QUEUED;
+    CHECK_OK(c, pgjobq_retry_where(c, &f, PGJOBQ_REDRIVE, &n, NULL));
+    CHECK_INT(n, 1);
+    token = take(c, "flows", dead);
+    CHECK_OK(c, pgjobq_step_get(c, dead, token, "charge", &got));
+    CHECK_STR(got, "{\"charged\": 1200}");
+    pgjobq_free(got);
+    CHECK_RC(c, pgjobq_step_get(c, dead, token, "ship", &got), PGJOBQ_ENOTFOUND);
+    CHECK_OK(c, pgjobq_job_complete(c, dead, token, NULL));
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
