@@ -650,3 +650,58 @@ TEST(cluster_cli_migrate_router)
     free(err);
     free(ci_r);
 }
+
+/* On a shard, a job of its queue that fails for good leaves its dead letter on that shard, in the
+ * failing transaction, whichever shard the map gives the dead-letter queue's partition to: the guard
+ * lets dead letters through (as the outbox's jobs), so a failure, or the rescue of a dead worker's job,
+ * is never refused for where its copy goes (docs/shards.md). */
+TEST(cluster_a_dead_letter_stays_on_the_shard_of_the_job_that_failed)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
+    PGconn *a = t_connect(ci_a);
+    pgjobq_client *c = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    pgjobq_state st;
+    size_t n = 0;
+    int64_t id = 0;
+    char qa[16], qd[16];
+
+    queue_of_partition(qa, sizeof qa, 4, 0); /* sa's */
+    queue_of_partition(qd, sizeof qd, 4, 3); /* sb's */
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aabb", ""), "sa");
+    CHECK_RC(c, pgjobq_client_open(&c, ci_a), PGJOBQ_OK);
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, qa, qd));
+    /* (A job of sb's queue is still refused here.) */
+    o.queue = qd;
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", &o, &id), PGJOBQ_EDB);
+    CHECK_STR(pgjobq_sqlstate(c), "PJQ01");
+
+    o.queue = qa;
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 1}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, qa, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "boom", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.dead_letters d JOIN pgjobq.jobs j ON j.id = d.id"
+                       " WHERE d.original_id = %lld AND j.queue = '%s'",
+                    (long long)id, qd),
+              1);
+
+    /* The rescue of a job whose last lease expired, the same. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 2}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, qa, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    pgjobq_jobs_free(jobs);
+    PQclear(t_exec(a, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %lld", (long long)id));
+    int rescued = 0;
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.dead_letters WHERE original_id = %lld", (long long)id), 1);
+    pgjobq_client_close(c);
+    PQfinish(a);
+    free(ci_a);
+    free(ci_b);
+}
