@@ -436,7 +436,7 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
      * refuses a shard. */
     CHECK_RC(c, pgjobq_client_open(&c, ci_r), PGJOBQ_ESCHEMA);
     CHECK_OK(c, pgjobq_migrate_router(c, &applied));
-    CHECK_INT(applied, 1);
+    CHECK_INT(applied, 2);
     CHECK_OK(c, pgjobq_migrate_router(c, &applied));
     CHECK_INT(applied, 0);
     CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
@@ -552,6 +552,7 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     free(qa);
     CHECK_SQL_STR(r, "1", "SELECT resumed FROM pgjobq.send_event('paid', 'r1', '{\"r\": 1}')");
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.job_parks"), 0);
+
     CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'") +
                   t_int(b, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'"),
               2);
@@ -581,6 +582,22 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     long long id = t_int(r, "SELECT id FROM pgjobq.enqueue('%s')", qm);
     CHECK_INT(id % 1024, 1);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND id = %lld", qm, id), 1);
+
+    /* A unique key's conflict mode through the router: replace debounces the queued job on its shard. */
+    long long dk = t_int(r, "SELECT id FROM pgjobq.enqueue('t', payload => '{\"v\": 1}', route_key => 'tenant-7',"
+                            " unique_key => 'deb', on_conflict => 'replace')");
+    CHECK_SQL_STR(r, "t", "SELECT duplicate FROM pgjobq.enqueue('t', payload => '{\"v\": 2}', route_key => 'tenant-7',"
+                          " unique_key => 'deb', on_conflict => 'replace')");
+    PGconn *owner = dk % 1024 == 0 ? a : b;
+    CHECK_INT(t_int(owner, "SELECT (payload ->> 'v')::int FROM pgjobq.jobs WHERE id = %lld", dk), 2);
+    /* A redrive through the router: each shard's dead letters of the queue go back. */
+    PQclear(t_exec(owner, "SELECT pgjobq.queue_set('t', '{\"dead_letter\": \"t.dead\"}')"));
+    CHECK_SQL_STR(owner, "failed",
+                  "SELECT f.outcome FROM pgjobq.claim('t', 1, '1 minute', 'w') c,"
+                  " pgjobq.fail_many(ARRAY[c.id], ARRAY[c.lease_token], ARRAY['boom'], permanent => ARRAY[true]) f");
+    CHECK_INT(t_int(owner, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't.dead'"), 1);
+    CHECK_SQL_STR(r, "1 0", "SELECT retried || ' ' || skipped FROM pgjobq.retry_where('t.dead', 'queued', redrive => true)");
+    CHECK_INT(t_int(owner, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't.dead'"), 0);
 
     PQfinish(a);
     PQfinish(b);
@@ -629,7 +646,7 @@ TEST(cluster_cli_migrate_router)
     char *ci_r = t_extra_db("router", 0), *out = NULL, *err = NULL;
 
     int rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
-    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router migrated (1 migration applied)"), "%d %s %s", rc, out, err);
+    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router migrated (2 migrations applied)"), "%d %s %s", rc, out, err);
     free(out);
     free(err);
     rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);

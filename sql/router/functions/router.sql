@@ -74,6 +74,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     tags         text[]      DEFAULT NULL,
     on_parent_failure text   DEFAULT NULL,
     route_key    text        DEFAULT NULL,
+    on_conflict  text        DEFAULT NULL,
+    unique_for   interval    DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plproxy
@@ -277,13 +279,13 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobq.shard_retry_where(queue text, state text, kind text, since interval,
-                                                    dry_run boolean)
+                                                    dry_run boolean, redrive boolean)
 RETURNS TABLE (retried bigint, skipped bigint)
 LANGUAGE plproxy
 AS $$
     CLUSTER 'pgjobq';
     RUN ON ALL;
-    SELECT r.retried, r.skipped FROM pgjobq.retry_where(queue, state, kind, since, dry_run) AS r;
+    SELECT r.retried, r.skipped FROM pgjobq.retry_where(queue, state, kind, since, dry_run, redrive) AS r;
 $$;
 
 -- cancel_where(...), retry_where(...): a shard's, the same arguments and answer, summed over the shards
@@ -299,11 +301,12 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobq.retry_where(queue text, state text, kind text DEFAULT NULL,
-                                              since interval DEFAULT NULL, dry_run boolean DEFAULT false)
+                                              since interval DEFAULT NULL, dry_run boolean DEFAULT false,
+                                              redrive boolean DEFAULT false)
 RETURNS TABLE (retried bigint, skipped bigint)
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(sum(r.retried), 0)::bigint, coalesce(sum(r.skipped), 0)::bigint
-      FROM pgjobq.shard_retry_where(queue, state, kind, since, dry_run) AS r
+      FROM pgjobq.shard_retry_where(queue, state, kind, since, dry_run, coalesce(redrive, false)) AS r
 $$;
