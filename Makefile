@@ -192,6 +192,7 @@ bench: all
 	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null 2>&1)) || true
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/run.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/shards.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/durable.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
