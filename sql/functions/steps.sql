@@ -67,6 +67,29 @@ BEGIN
 END
 $$;
 
+-- steps_of(id, token): every stored step of the job its caller holds, at once: a row (true, name,
+-- result) each, or one row (true, NULL, NULL) when it has none; one row (false, NULL, NULL) when the
+-- job does not run under that token any more.  A handler reads them at its first step and runs, and
+-- stores, each step not among them without a read of its own (step_put still refuses a store under
+-- a lost lease).
+CREATE OR REPLACE FUNCTION pgjobq.steps_of(id bigint, token bigint)
+RETURNS TABLE (held boolean, name text, result jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgjobq.jobs j
+                    WHERE j.id = steps_of.id AND j.lease_token = steps_of.token AND j.lease_until > clock_timestamp()) THEN
+        RETURN QUERY SELECT false, NULL::text, NULL::jsonb;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, s.name, s.result FROM pgjobq.job_steps s WHERE s.job_id = steps_of.id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, NULL::text, NULL::jsonb;
+    END IF;
+END
+$$;
+
 -- step_put(id, token, name, value): stores the result of the job's step `name` (any JSON, NULL
 -- stored as JSON null, at most 1 MiB as text), fenced by the lease (see the top of this file), in the
 -- caller's transaction.  Returns ('stored', value), ('exists', the result stored before: a step of
