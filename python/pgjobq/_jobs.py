@@ -120,7 +120,7 @@ SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_att
        (SELECT d.id FROM pgjobq.monitor_dead_letters(a.id) d WHERE d.relation = 'of') AS dead_letter_of,
        ARRAY(SELECT d.id FROM pgjobq.monitor_dead_letters(a.id) d WHERE d.relation = 'to' ORDER BY d.id)
          AS dead_letters
-  FROM pgjobq.all_jobs a WHERE id = CAST(:id AS bigint)
+  FROM pgjobq.job_get(CAST(:id AS bigint)) a
 """
 
 
@@ -217,7 +217,7 @@ def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: 
     it waits on a connection of its own, outside any transaction, woken by a notification sent in the
     transaction that finishes the job (docs/durable.md, "Awaiting a result"), and reads it every
     ``poll`` seconds (default 10) in case one was missed.  On a connection of the caller's it polls
-    ``pgjobq.all_jobs`` with a backoff from 10 ms to ``poll`` (default 0.5 s); one not in autocommit
+    the job (``pgjobq.job_get``) with a backoff from 10 ms to ``poll`` (default 0.5 s); one not in autocommit
     mode runs each look in the caller's open transaction."""
     limit = None if timeout is None else seconds(timeout, "timeout")
     own = _own_polling_connection(conn)

@@ -459,7 +459,7 @@ AS $$
 $$;
 
 -- job_get(job_id): one job, live or finished, every column but its lease token, as the library reads it
--- (pgjobq_job_get, pgjobq_job_wait, `pgjobq show`); no row when there is none (pruned, or never).  The
+-- (pgjobq_job_get, pgjobq_job_wait, `pgjobq show`, Python's get); no row when there is none (pruned, or never).  The
 -- live table is looked in first, then the history, in one snapshot (STABLE: a job that moves between
 -- them meanwhile is found where it was).  PL/pgSQL with generic plans: planned once per session, not
 -- at every call as a statement over every partition of the history is.  With the caller's rights,
@@ -469,7 +469,8 @@ RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallin
                max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, lease_until timestamptz, worker_id text, result jsonb, last_error text,
                unique_key text, cancel_requested boolean, tags text[], progress jsonb,
-               cancel_requested_at timestamptz)
+               cancel_requested_at timestamptz, concurrency_key text, cancel_told_at timestamptz, route_key text,
+               snoozes integer)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -478,13 +479,15 @@ BEGIN
     RETURN QUERY
     SELECT j.id, j.queue::text, j.kind::text, j.payload::jsonb, j.priority, j.state::text, j.attempt, j.max_attempts,
            j.run_at, j.created_at, j.started_at, j.finished_at, j.lease_until, j.worker_id::text, j.result,
-           j.last_error, j.unique_key::text, j.cancel_requested, j.tags, j.progress, j.cancel_requested_at
+           j.last_error, j.unique_key::text, j.cancel_requested, j.tags, j.progress, j.cancel_requested_at,
+           j.concurrency_key::text, j.cancel_told_at, j.route_key::text, j.snoozes
       FROM pgjobq.jobs j WHERE j.id = job_get.job_id;
     IF NOT FOUND THEN
         RETURN QUERY
         SELECT h.id, h.queue::text, h.kind::text, h.payload::jsonb, h.priority, h.state::text, h.attempt, h.max_attempts,
                h.run_at, h.created_at, h.started_at, h.finished_at, h.lease_until, h.worker_id::text, h.result,
-               h.last_error, h.unique_key::text, h.cancel_requested, h.tags, h.progress, h.cancel_requested_at
+               h.last_error, h.unique_key::text, h.cancel_requested, h.tags, h.progress, h.cancel_requested_at,
+               h.concurrency_key::text, h.cancel_told_at, h.route_key::text, h.snoozes
           FROM pgjobq.history h WHERE h.id = job_get.job_id;
     END IF;
 END
