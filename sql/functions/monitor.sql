@@ -458,12 +458,11 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
 $$;
 
--- job_get(job_id): one job, live or finished, every column but its lease token, as the library reads it
--- (pgjobq_job_get, pgjobq_job_wait, `pgjobq show`, Python's get); no row when there is none (pruned, or never).  The
--- live table is looked in first, then the history, in one snapshot (STABLE: a job that moves between
--- them meanwhile is found where it was).  PL/pgSQL with generic plans: planned once per session, not
--- at every call as a statement over every partition of the history is.  With the caller's rights,
--- which are those to read the jobs (admin, monitor).
+-- job_get(job_id): one job, live or finished, every column but its lease token, as the library and the
+-- Python package read it (pgjobq_job_get, pgjobq_job_wait, `pgjobq show`, get, result); no row when
+-- there is none (pruned, or never).  PL/pgSQL with a generic plan: planned once per session, where
+-- the same statement sent on its own plans an index scan of every partition of the history at each
+-- call.  With the caller's rights, which are those to read the jobs (admin, monitor).
 CREATE OR REPLACE FUNCTION pgjobq.job_get(job_id bigint)
 RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallint, state text, attempt integer,
                max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
@@ -477,19 +476,11 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT j.id, j.queue::text, j.kind::text, j.payload::jsonb, j.priority, j.state::text, j.attempt, j.max_attempts,
-           j.run_at, j.created_at, j.started_at, j.finished_at, j.lease_until, j.worker_id::text, j.result,
-           j.last_error, j.unique_key::text, j.cancel_requested, j.tags, j.progress, j.cancel_requested_at,
-           j.concurrency_key::text, j.cancel_told_at, j.route_key::text, j.snoozes
-      FROM pgjobq.jobs j WHERE j.id = job_get.job_id;
-    IF NOT FOUND THEN
-        RETURN QUERY
-        SELECT h.id, h.queue::text, h.kind::text, h.payload::jsonb, h.priority, h.state::text, h.attempt, h.max_attempts,
-               h.run_at, h.created_at, h.started_at, h.finished_at, h.lease_until, h.worker_id::text, h.result,
-               h.last_error, h.unique_key::text, h.cancel_requested, h.tags, h.progress, h.cancel_requested_at,
-               h.concurrency_key::text, h.cancel_told_at, h.route_key::text, h.snoozes
-          FROM pgjobq.history h WHERE h.id = job_get.job_id;
-    END IF;
+    SELECT a.id, a.queue::text, a.kind::text, a.payload::jsonb, a.priority, a.state::text, a.attempt, a.max_attempts,
+           a.run_at, a.created_at, a.started_at, a.finished_at, a.lease_until, a.worker_id::text, a.result,
+           a.last_error, a.unique_key::text, a.cancel_requested, a.tags, a.progress, a.cancel_requested_at,
+           a.concurrency_key::text, a.cancel_told_at, a.route_key::text, a.snoozes
+      FROM pgjobq.all_jobs a WHERE a.id = job_get.job_id;
 END
 $$;
 
