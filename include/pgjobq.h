@@ -1228,6 +1228,20 @@ PGJOBQ_EXPORT int pgjobq_ctx_step_tx(pgjobq_ctx *ctx, const char *name, pgjobq_s
                                      char **result_out) PGJOBQ_WUR;
 
 /*
+ * A step in two halves, for a handler that runs the step's work elsewhere (the coprocess does, for
+ * its handler's steps): pgjobq_ctx_step_get gives the stored result of the job's step `name`
+ * (PGJOBQ_OK, *result_out JSON text to release with pgjobq_free), or PGJOBQ_ENOTFOUND when it was
+ * never stored; pgjobq_ctx_step_put stores it, fenced by the lease, as pgjobq_ctx_step does (PGJOBQ_OK;
+ * PGJOBQ_EDUPLICATE when it was stored first, that result in *stored_out, may be NULL: it stands).
+ * Both read the job's stored steps once per attempt, at the first of them (one statement), and know
+ * what the attempt stored since: a step not stored costs its store alone.  PGJOBQ_ELEASE when the job
+ * is not held under its lease any more; PGJOBQ_EINVAL (a bad name, a result that is not JSON).
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_step_get(pgjobq_ctx *ctx, const char *name, char **result_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_ctx_step_put(pgjobq_ctx *ctx, const char *name, const char *result,
+                                      char **stored_out) PGJOBQ_WUR;
+
+/*
  * A durable sleep: the first time the job comes to it, stores its end (the database's now + delay_ms,
  * 0 to 100 years) as the step `name` (NULL: "sleep#N", N counting this attempt's unnamed sleeps) and
  * parks the job until then: PGJOBQ_PARKED, and the handler returns (PGJOBQ_OUTCOME_PARKED).  The

@@ -560,6 +560,60 @@ static int run_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *
     return rc;
 }
 
+int pgjobq_ctx_step_get(pgjobq_ctx *ctx, const char *name, char **result_out)
+{
+    pgjobq_client *c;
+    int rc;
+
+    if (result_out)
+        *result_out = NULL;
+    if (ctx == NULL || result_out == NULL)
+        return PGJOBQ_EINVAL;
+    ctx->errmsg[0] = '\0';
+    if ((rc = pgjobq_ctx_client(ctx, &c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = check_name(c, "step: a step's name", name, 0)) != PGJOBQ_OK || (rc = steps_load(ctx, c)) != PGJOBQ_OK)
+        return ctx_err(ctx, rc);
+    const char *known = steps_find(ctx, name);
+    if (known == NULL) {
+        snprintf(ctx->errmsg, sizeof ctx->errmsg, "job %lld has no step \"%s\" stored", (long long)ctx->job.id, name);
+        return PGJOBQ_ENOTFOUND;
+    }
+    return (*result_out = strdup(known)) ? PGJOBQ_OK : PGJOBQ_ENOMEM;
+}
+
+int pgjobq_ctx_step_put(pgjobq_ctx *ctx, const char *name, const char *result, char **stored_out)
+{
+    pgjobq_client *c;
+    char *stored = NULL;
+    int rc;
+
+    if (stored_out)
+        *stored_out = NULL;
+    if (ctx == NULL)
+        return PGJOBQ_EINVAL;
+    ctx->errmsg[0] = '\0';
+    if ((rc = pgjobq_ctx_client(ctx, &c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = steps_load(ctx, c)) != PGJOBQ_OK)
+        return ctx_err(ctx, rc);
+    rc = pgjobq_step_put(c, ctx->job.id, ctx->job.lease_token, name, result, &stored);
+    if (rc == PGJOBQ_OK || rc == PGJOBQ_EDUPLICATE) {
+        const char *now = rc == PGJOBQ_OK ? (result ? result : "null") : stored;
+        if (steps_find(ctx, name) == NULL && steps_add(ctx, name, now) != PGJOBQ_OK) {
+            free(stored);
+            return PGJOBQ_ENOMEM;
+        }
+        if (stored_out)
+            *stored_out = stored;
+        else
+            free(stored);
+        return rc;
+    }
+    free(stored);
+    return ctx_err(ctx, rc);
+}
+
 int pgjobq_ctx_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *arg, char **result_out)
 {
     return ctx ? run_step(ctx, name, fn, arg, result_out, 0) : PGJOBQ_EINVAL;
