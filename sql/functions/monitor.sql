@@ -463,6 +463,10 @@ $$;
 -- there is none (pruned, or never).  PL/pgSQL with a generic plan: planned once per session, where
 -- the same statement sent on its own plans an index scan of every partition of the history at each
 -- call.  With the caller's rights, which are those to read the jobs (admin, monitor).
+-- (Dropped first: a database made by a build of this version before it returned the routing key and
+-- the rest had the shorter form, whose result type CREATE OR REPLACE cannot change; the grants come
+-- back with sql/roles.sql, applied after these files.)
+DROP FUNCTION IF EXISTS pgjobq.job_get(bigint);
 CREATE OR REPLACE FUNCTION pgjobq.job_get(job_id bigint)
 RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallint, state text, attempt integer,
                max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
