@@ -8,7 +8,7 @@
  * valid reply, fails the jobs it held (each counts a failed attempt and is retried) and starts it again
  * after a backoff.  A process that exits before it said anything valid (its {"ready": true}, an answer,
  * a progress line) could not start: a broken deployment, not failed jobs.  Its jobs are handed back
- * without using an attempt (PGJOBQ_OUTCOME_SNOOZE), its last stderr lines (a traceback) are the
+ * without using an attempt (PGJOBQ_OUTCOME_HAND_BACK), its last stderr lines (a traceback) are the
  * reason, and the worker is told it is unhealthy (it claims nothing) until a copy starts.
  * The handler queues a job line and returns at once (PGJOBQ_OUTCOME_PENDING); the supervisor ends
  * the jobs when their replies come (those of one read together), so no thread waits per job, and in
@@ -379,8 +379,18 @@ static int parse_reply(const char *line, size_t len, reply *r, char *why, size_t
             }
         }
     } else if (strcmp(status, "snooze") == 0) {
-        /* Handed back untouched: not an attempt (protocol 2). */
+        /* Handed back untouched: not an attempt (protocol 2); with "hand_back": true, not run at all (a
+         * kind the coprocess does not know), which counts no snooze. */
         r->outcome = PGJOBQ_OUTCOME_SNOOZE;
+        if ((v = json_member(line, "hand_back", &n)) != NULL) {
+            if (n == 4 && memcmp(v, "true", 4) == 0)
+                r->outcome = PGJOBQ_OUTCOME_HAND_BACK;
+            else if (!(n == 5 && memcmp(v, "false", 5) == 0)) {
+                snprintf(why, why_size, "a snooze's \"hand_back\" must be true or false");
+                free(status);
+                return -1;
+            }
+        }
         if ((v = json_member(line, "reason", &n)) != NULL)
             r->error = v[0] == '"' ? json_unquote(v, n) : strndup(v, n);
         if ((v = json_member(line, "delay_ms", &n)) != NULL) {
@@ -419,7 +429,7 @@ static pgjobq_outcome answer(pgjobq_ctx *ctx, pgjobq_outcome out, const char *re
             snprintf(why, sizeof why, "the coprocess's result is not storable JSON");
         pgjobq_ctx_set_error(ctx, why);
         out = PGJOBQ_OUTCOME_RETRY;
-    } else if (out == PGJOBQ_OUTCOME_SNOOZE) {
+    } else if (out == PGJOBQ_OUTCOME_SNOOZE || out == PGJOBQ_OUTCOME_HAND_BACK) {
         if (error)
             pgjobq_ctx_set_error(ctx, error);
         if (delay_ms >= 0)
@@ -1005,7 +1015,7 @@ static void cannot_start(coproc *c, pid_t pid, const char *how, pending *held)
             counted++;
             finish(held, PGJOBQ_OUTCOME_RETRY, NULL, msg, -1);
         } else {
-            finish(held, PGJOBQ_OUTCOME_SNOOZE, NULL, job_why, 0);
+            finish(held, PGJOBQ_OUTCOME_HAND_BACK, NULL, job_why, 0);
         }
         held = next;
     }
@@ -1623,13 +1633,13 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
             free(why);
             pgjobq_ctx_set_error(ctx, msg);
             pgjobq_ctx_set_retry_delay(ctx, 0);
-            return PGJOBQ_OUTCOME_SNOOZE;
+            return PGJOBQ_OUTCOME_HAND_BACK;
         }
         /* Otherwise no copy was running before the job's timeout (one is being started again after
          * the last one died): the job never reached a coprocess, and goes back untouched too. */
         pgjobq_ctx_set_error(ctx, "not run: no coprocess was running to take the job (see the worker's log)");
         pgjobq_ctx_set_retry_delay(ctx, 0);
-        return PGJOBQ_OUTCOME_SNOOZE;
+        return PGJOBQ_OUTCOME_HAND_BACK;
     }
     pe->next = c->held;
     c->held = pe;

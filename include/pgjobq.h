@@ -909,12 +909,19 @@ typedef enum pgjobq_outcome {
                                     this worker cannot run now rather than one that failed: a kind it
                                     does not know yet (a rolling deploy), a handler that could not
                                     start.  A job whose cancellation was requested ends cancelled */
-    PGJOBQ_OUTCOME_PARKED = 7    /* the handler parked the job (pgjobq_ctx_sleep or pgjobq_ctx_wait_event
+    PGJOBQ_OUTCOME_PARKED = 7,   /* the handler parked the job (pgjobq_ctx_sleep or pgjobq_ctx_wait_event
                                     returned PGJOBQ_PARKED, or pgjobq_job_sleep on a connection of its
                                     own): it is queued again already, and the worker writes nothing.
                                     A job parked through its context is never written, whatever its
                                     handler returns; return PARKED only for a job parked (one that was
                                     not keeps its lease until it expires, and runs again after that) */
+    PGJOBQ_OUTCOME_HAND_BACK = 8 /* as SNOOZE (the delay, the reason, no attempt used), for a job the
+                                    worker did not run at all, not by the handler's choice: a kind it
+                                    does not know yet (kept through a rolling deploy until a newer
+                                    worker knows it), a handler process that could not start.  It
+                                    counts no snooze: pgjobq.snooze_cap() never turns it into a failed
+                                    attempt.  Give it a delay (or leave the backoff's), so that the job
+                                    does not come straight back */
 } pgjobq_outcome;
 
 /* Why a handler should stop (pgjobq_ctx_stop_reason). */
@@ -937,12 +944,13 @@ PGJOBQ_EXPORT const pgjobq_job *pgjobq_ctx_job(const pgjobq_ctx *ctx);
  * (the previous result, if any, is kept). */
 PGJOBQ_EXPORT int pgjobq_ctx_set_result(pgjobq_ctx *ctx, const char *json) PGJOBQ_WUR;
 
-/* Sets the error text stored with RETRY or FAIL, or the reason stored with SNOOZE (any bytes;
+/* Sets the error text stored with RETRY or FAIL, or the reason stored with SNOOZE or HAND_BACK (any bytes;
  * sanitised and cut to PGJOBQ_ERROR_MAX). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_error(pgjobq_ctx *ctx, const char *text);
 
 /* Sets the delay before the retry that RETRY asks for (milliseconds; the default is the backoff), or
- * before a SNOOZE'd job runs again (the default: the backoff; at most 100 years, more is taken as 100). */
+ * before a SNOOZE'd or HAND_BACK'd job runs again (the default: the backoff; at most 100 years, more is taken
+ * as 100). */
 PGJOBQ_EXPORT void pgjobq_ctx_set_retry_delay(pgjobq_ctx *ctx, int64_t delay_ms);
 
 /* Reports the job's progress (JSON text of at most PGJOBQ_PROGRESS_MAX bytes, copied): the worker

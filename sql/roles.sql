@@ -84,6 +84,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.release_many(bigint[], bigint[], text),
     pgjobq.cancel_many(bigint[], bigint[], text),
     pgjobq.snooze_many(bigint[], bigint[], text[], interval[]),
+    pgjobq.snooze_many(bigint[], bigint[], text[], interval[], boolean[]),
     pgjobq.next_due(text),
     pgjobq.rescue_expired(integer, timestamptz),
     pgjobq.prune(interval, interval, integer),

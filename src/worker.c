@@ -236,7 +236,7 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         kind = PGJOBQ__W_COMPLETE;
     else if (ctx->outcome == PGJOBQ_OUTCOME_CANCEL)
         kind = PGJOBQ__W_CANCEL;
-    else if (ctx->outcome == PGJOBQ_OUTCOME_SNOOZE)
+    else if (ctx->outcome == PGJOBQ_OUTCOME_SNOOZE || ctx->outcome == PGJOBQ_OUTCOME_HAND_BACK)
         kind = snooze_prepare(w, ctx);
     else
         kind = PGJOBQ__W_FAIL;
@@ -477,7 +477,7 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
         }
         break;
     case PGJOBQ__W_FAIL:
-    case PGJOBQ__W_SNOOZE: /* the first four of fail_many's: ids, tokens, reasons, delays */
+    case PGJOBQ__W_SNOOZE: /* fail_many's shape: ids, tokens, reasons, delays, and its finals or the hand-backs */
         pgjobq__array_begin(&a[2], OID_TEXT);
         pgjobq__array_begin(&a[3], OID_INTERVAL);
         pgjobq__array_begin(&a[4], OID_BOOL);
@@ -490,7 +490,9 @@ static void send_write(pgjobq_worker *w, int kind, int64_t now)
             else /* the database judges the delay (the job's run_at range); only the product must fit */
                 pgjobq__array_interval_us(&a[3], (ctx->retry_delay_ms > INT64_MAX / 1000 ? INT64_MAX / 1000
                                                                                           : ctx->retry_delay_ms) * 1000);
-            pgjobq__array_bool(&a[4], ctx->outcome == PGJOBQ_OUTCOME_FAIL);
+            /* fail_many's: failed for good; snooze_many's: handed back (not counted as a snooze) */
+            pgjobq__array_bool(&a[4], ctx->outcome ==
+                                          (kind == PGJOBQ__W_FAIL ? PGJOBQ_OUTCOME_FAIL : PGJOBQ_OUTCOME_HAND_BACK));
         }
         break;
     default:

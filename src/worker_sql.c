@@ -19,7 +19,7 @@ static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY,
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
 static const Oid extend_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_INTERVAL};
 static const Oid progress_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
-static const Oid snooze_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY};
+static const Oid snooze_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT};
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
@@ -40,9 +40,10 @@ const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     [PGJOBQ__S_RELEASE] = {"pgjobq_release", "SELECT id, outcome FROM pgjobq.release_many($1, $2, $3)", 3,
                            reason_types},
     [PGJOBQ__S_CANCEL] = {"pgjobq_cancel", "SELECT id, outcome FROM pgjobq.cancel_many($1, $2, $3)", 3, reason_types},
-    /* Jobs their handlers handed back (PGJOBQ_OUTCOME_SNOOZE, schema 18): $3 why, $4 when they run again
-     * (NULL: now).  The same shape as fail_many's first four. */
-    [PGJOBQ__S_SNOOZE] = {"pgjobq_snooze", "SELECT id, outcome FROM pgjobq.snooze_many($1, $2, $3, $4)", 4,
+    /* Jobs their handlers handed back (PGJOBQ_OUTCOME_SNOOZE, schema 18; HAND_BACK, which counts no
+     * snooze, 26): $3 why, $4 when they run again (NULL: the backoff), $5 which were hand-backs.  The
+     * same shape as fail_many's. */
+    [PGJOBQ__S_SNOOZE] = {"pgjobq_snooze", "SELECT id, outcome FROM pgjobq.snooze_many($1, $2, $3, $4, $5)", 5,
                           snooze_types},
     [PGJOBQ__S_EXTEND] = {"pgjobq_extend", "SELECT id, outcome FROM pgjobq.extend_many($1, $2, $3)", 3, extend_types},
     /* The registry of live workers (pgjobq.workers) that `pgjobq serve` shows; $6 is the worker's

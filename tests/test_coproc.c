@@ -607,6 +607,75 @@ TEST_FULL(coproc_snooze_hands_a_job_back_without_using_an_attempt, 90, 0)
     PQfinish(pg);
 }
 
+/* A handler that hands "back" jobs back (a kind it does not know: "hand_back": true) until it has seen
+ * each three times, then completes them; snoozes "snooze" jobs (counted); "bad" has a marker that is
+ * no boolean. */
+static const char hander[] =
+    "import json, sys\n"
+    "seen = {}\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' not in m:\n"
+    "        continue\n"
+    "    p = m['payload']\n"
+    "    seen[m['id']] = seen.get(m['id'], 0) + 1\n"
+    "    if p.get('bad'):\n"
+    "        r = {'id': m['id'], 'status': 'snooze', 'hand_back': 'yes'}\n"
+    "    elif p.get('snooze'):\n"
+    "        r = {'id': m['id'], 'status': 'snooze', 'reason': 'not yet', 'delay_ms': 100, 'hand_back': False}\n"
+    "    elif seen[m['id']] <= 3:\n"
+    "        r = {'id': m['id'], 'status': 'snooze', 'reason': 'unknown kind', 'delay_ms': 100, 'hand_back': True}\n"
+    "    else:\n"
+    "        r = {'id': m['id'], 'status': 'completed', 'result': {'seen': seen[m['id']]}}\n"
+    "    print(json.dumps(r), flush=True)\n";
+
+/* A hand-back ("hand_back": true on a snooze: the coprocess did not run the job) uses no attempt and
+ * counts no snooze, so that pgjobq.snooze_cap() never fails a job a rolling deploy keeps handing back;
+ * a snooze still counts, and at the cap is a failed attempt. */
+TEST_FULL(coproc_a_hand_back_counts_no_snooze, 90, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    const char *log = t_log_path("hander");
+    char command[700];
+    python_script("hander.py", hander, command, sizeof command);
+    enqueue(c, "hb", "{\"back\": true}", 1);
+    enqueue(c, "hb", "{\"snooze\": true}", 1);
+    /* At the cap already: one more counted snooze is a failed attempt, the only one they have. */
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET snoozes = pgjobq.snooze_cap() WHERE queue = 'hb'"));
+    worker = t_spawn(log, NULL, "work", "--queue", "hb:2", "--coproc", command, NULL);
+    t_defer(stop_worker);
+    int64_t t0 = t_now_ms();
+    while (t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'hb'") < 2) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "the jobs did not finish");
+        }
+        usleep(50000);
+    }
+    /* Handed back three times past the cap, then run at its first attempt, its snoozes untouched. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'hb' AND state = 'completed'"
+                        " AND attempt = 1 AND result = '{\"seen\": 4}' AND snoozes = pgjobq.snooze_cap()"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'hb' AND state = 'failed'"
+                        " AND attempt = 1 AND payload = '{\"snooze\": true}'"
+                        " AND last_error LIKE 'snoozed 1000 times, the cap (pgjobq.snooze_cap()): %%; not yet'"),
+              1);
+    /* A marker that is no boolean breaks the protocol. */
+    enqueue(c, "hb", "{\"bad\": true}", 1);
+    t0 = t_now_ms();
+    while (log_count(log, "a snooze's \"hand_back\" must be true or false") < 1) {
+        if (t_now_ms() - t0 > 30000) {
+            t_show_log(log);
+            t_fail(__FILE__, __LINE__, "a hand_back that is no boolean was not refused");
+        }
+        usleep(50000);
+    }
+    stop_worker();
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
 /* A handler that writes to its stderr at every level, a line per job id, a JSON log line, then a flood. */
 static const char chatty[] = "import json, sys\n"
                              "for line in sys.stdin:\n"

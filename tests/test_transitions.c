@@ -372,6 +372,46 @@ TEST(fenced_writes_and_rescue_are_never_jit_compiled)
     PQfinish(pg);
 }
 
+/* snooze_many's handed_back (a job its worker did not run): given back without counting a snooze, so
+ * never failed by the cap; a snooze beside it in the same call is counted, and at the cap is a failed
+ * attempt; the four-argument form (older libraries) snoozes, counted.  Arrays of other lengths are
+ * refused, whole. */
+TEST(snooze_many_counts_snoozes_and_not_hand_backs)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('sz', 'k', '{}', max_attempts => 1) FROM generate_series(1, 4)"));
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET snoozes = pgjobq.snooze_cap() WHERE queue = 'sz'"));
+    PQclear(t_exec(pg, "CREATE TEMP TABLE held AS SELECT id, lease_token, row_number() OVER (ORDER BY id) AS n"
+                       " FROM pgjobq.claim('sz', 4, '60 seconds', 'w')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM held"), 4);
+    char *out = t_expect_error(pg, "22023",
+                               "SELECT * FROM pgjobq.snooze_many(ARRAY(SELECT id FROM held ORDER BY n),"
+                               " ARRAY(SELECT lease_token FROM held ORDER BY n), NULL, NULL, ARRAY[true])");
+    CHECK_STR(out, "pgjobq.snooze_many: the arrays must have the same length");
+    free(out);
+    out = t_str(pg, "SELECT string_agg(s.outcome, ',' ORDER BY h.n) FROM pgjobq.snooze_many("
+                    " ARRAY(SELECT id FROM held WHERE n <= 3 ORDER BY n),"
+                    " ARRAY(SELECT lease_token FROM held WHERE n <= 3 ORDER BY n),"
+                    " ARRAY['unknown kind', 'not yet', 'unknown kind'], ARRAY[interval '1 hour', NULL, NULL],"
+                    " ARRAY[true, false, NULL]) s JOIN held h USING (id)");
+    CHECK_STR(out, "queued,failed,failed");
+    free(out);
+    out = t_str(pg, "SELECT string_agg(s.outcome, ',') FROM pgjobq.snooze_many("
+                    " ARRAY(SELECT id FROM held WHERE n = 4), ARRAY(SELECT lease_token FROM held WHERE n = 4)) s");
+    CHECK_STR(out, "failed");
+    free(out);
+    /* The hand-back: queued, its attempt given back, its snoozes as they were, due after its delay. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs j JOIN held h USING (id) WHERE h.n = 1"
+                        " AND j.state = 'queued' AND j.attempt = 0 AND j.snoozes = pgjobq.snooze_cap()"
+                        " AND j.last_error = 'unknown kind' AND j.run_at > now() + interval '59 minutes'"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history j JOIN held h USING (id) WHERE h.n IN (2, 3, 4)"
+                        " AND j.state = 'failed' AND j.last_error LIKE 'snoozed 1000 times, the cap%%'"),
+              3);
+    PQfinish(pg);
+}
+
 /* The first column of the first row of the SQL is expected (a string). */
 #define CHECK_SQL_STR(pg, expected, ...)                                                                             \
     do {                                                                                                             \

@@ -16,8 +16,8 @@ up itself, writes ``LEVEL: logger: message`` at INFO and above.
 
 With a worker that speaks version 2 of the protocol ($PGJOBQ_COPROC_PROTOCOL): a ``{"ready": true}``
 line once the App is imported (a process that dies before it is a broken deployment, not a failed
-job), and a job of a kind the App has no task for is handed back (``"status": "snooze"``) rather
-than failed, unless ``--fail-unknown-kinds``.  Version 3 adds the job's lease token to its line and
+job), and a job of a kind the App has no task for is handed back (``"status": "snooze"`` with
+``"hand_back": true``, which counts no snooze) rather than failed, unless ``--fail-unknown-kinds``.  Version 3 adds the job's lease token to its line and
 the step requests (``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_event``: docs/durable.md): a request
 line waits for its answer line; ``{"parked": id}`` ends a job a sleep or a wait parked.
 """
@@ -486,8 +486,10 @@ class Runner:
             print(f"WARNING: job {ctx.id}: {why}: handed back untouched, no attempt used, to run again in "
                   f"{delay:g} s (jobs of this kind are said once a minute; --fail-unknown-kinds fails them)",
                   file=sys.stderr, flush=True)
+        # "hand_back": not the task's choice, so no snooze counted against pgjobq.snooze_cap() (a worker
+        # older than the marker ignores it and counts one).
         self.emit(ctx.id, "snooze", {"reason": f"{why}: handed back by a worker without it",
-                                     "delay_ms": int(round(delay * 1000))})
+                                     "delay_ms": int(round(delay * 1000)), "hand_back": True})
 
     async def run_job(self, ctx: Context, task: Task, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                       timeout: Optional[float]) -> None:

@@ -138,6 +138,35 @@ def test_a_kind_the_app_does_not_know_is_handed_back_for_a_newer_worker(start_wo
     assert "no task for the kind 'refund'" in job_row(doomed.id)[3]
 
 
+def test_a_kind_handed_back_past_the_snooze_cap_uses_no_attempt_while_a_snooze_counts(start_worker, queue, tmp_path):
+    # A hand-back is not the task's choice: it counts no snooze, so that pgjobq.snooze_cap() never
+    # fails a job a rolling deploy keeps handing back; the task's own Snooze counts, at the cap a
+    # failed attempt (one attempt each: a failed attempt would end them).
+    job = pgjobq.enqueue(URL, "charge", {"order": 8}, queue=queue, max_attempts=1)
+    snoozer = py_tasks.snooze_once.configure(queue=queue).defer(URL, d=str(tmp_path))
+    cap = scalar("SELECT pgjobq.snooze_cap()")
+    with psycopg.connect(URL, autocommit=True) as c:
+        c.execute("UPDATE pgjobq.jobs SET snoozes = pgjobq.snooze_cap() WHERE queue = %s", (queue,))
+    w = start_worker("--queue", f"{queue}:2", "--unknown-kind-delay", "200ms", *FAST)
+    seen = set()  # the times it was due again, one per hand-back
+
+    def handed_back_thrice():
+        row = scalar("SELECT run_at FROM pgjobq.jobs WHERE id = %s AND state = 'queued'"
+                     " AND last_error LIKE '%%handed back by a worker without it'", job.id)
+        if row is not None:
+            seen.add(row)
+        return len(seen) >= 3
+
+    wait_until(handed_back_thrice, 30, "three hand-backs", w.log)
+    with psycopg.connect(URL, autocommit=True) as c:
+        state, attempt, snoozes = c.execute("SELECT state, attempt, snoozes FROM pgjobq.all_jobs WHERE id = %s",
+                                            (job.id,)).fetchone()
+    assert state in ("queued", "running") and attempt <= 1 and snoozes == cap, (state, attempt, snoozes)
+    wait_until(lambda: job_row(snoozer.id)[0] == "failed", 20, "the snoozing task to fail", w.log)
+    assert job_row(snoozer.id)[3] == f"snoozed {cap} times, the cap (pgjobq.snooze_cap()): this snooze is a failed" \
+        " attempt; the bank is closed"
+
+
 # -- a broken release ---------------------------------------------------------------------------------
 
 def test_a_module_that_cannot_be_imported_stops_the_worker_before_it_claims(queue):
@@ -166,8 +195,9 @@ def test_a_coprocess_that_cannot_start_uses_no_attempt_and_the_worker_is_unhealt
 
     reason = wait_until(unhealthy, 30, "the worker to say it is unhealthy", w.log)
     assert "No module named 'stripe_is_not_installed'" in reason, reason
-    # Claimed before the coprocess died, or not at all since: queued, no attempt used.
+    # Claimed before the coprocess died, or not at all since: queued, no attempt used, no snooze counted.
     wait_until(lambda: all(job_row(j.id)[:2] == ("queued", 0) for j in jobs), 20, "the jobs to be handed back", w.log)
+    assert scalar("SELECT sum(snoozes) FROM pgjobq.jobs WHERE queue = %s", queue) == 0
     assert w.alive()
     out = subprocess.run([CLI, "health"], env=dict(os.environ, PGJOBQ_DATABASE_URL=URL), stdout=subprocess.PIPE,
                          text=True).stdout

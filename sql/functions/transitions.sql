@@ -439,23 +439,26 @@ END
 $$;
 
 -- snooze_cap(): how many times a job may be snoozed (jobs.snoozes, schema 23) before a snooze is a
--- failed attempt instead: 1,000 (a handler that snoozes for ever ends as its attempts say; at the
--- Python runner's minute for a kind it does not know, about 17 hours of a rolling deploy).
+-- failed attempt instead: 1,000 (a handler that snoozes for ever ends as its attempts say).  A
+-- hand-back of a job its worker did not run (snooze_many's handed_back) is not counted.
 CREATE OR REPLACE FUNCTION pgjobq.snooze_cap() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
--- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a kind its worker does
--- not know yet, a handler that could not start, one that asks to run later): running -> queued, the
--- attempt given back as release_many gives it, its snoozes counted, due after its delay (NULL:
--- backoff(attempt), so that a handler that hands a job back without a delay does not get it again at
--- once), its reason kept in last_error (the first 8 KiB).  A job snoozed snooze_cap() times already
--- gets a failed attempt instead (fail_many, with the reason in the error: retried while attempts
--- remain).  Same fencing as complete_many; a job whose cancellation was requested ends cancelled.
--- Returns one row per input: outcome 'queued', 'cancelled', 'lost', or fail_many's for a job at the
--- cap ('queued' or 'failed').  (Schema 16; the cap, 23.)
-CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
-                                              delays interval[] DEFAULT NULL)
+-- snooze_many: jobs their holder hands back untouched (PGJOBQ_OUTCOME_SNOOZE: a handler that asks to
+-- run later; PGJOBQ_OUTCOME_HAND_BACK: a job its worker did not run, a kind it does not know yet, a
+-- handler that could not start): running -> queued, the attempt given back as release_many gives it,
+-- due after its delay (NULL: backoff(attempt), so that a job handed back without a delay does not come
+-- back at once), its reason kept in last_error (the first 8 KiB).  A snooze is counted (jobs.snoozes),
+-- and a job snoozed snooze_cap() times already gets a failed attempt instead (fail_many, with the
+-- reason in the error: retried while attempts remain).  A hand-back (handed_back[i] true) is not the
+-- handler's choice: it is neither counted nor capped (what bounds it is its delay, and the worker that
+-- stops claiming while it cannot run jobs).  Same fencing as complete_many; a job whose cancellation was
+-- requested ends cancelled.  Returns one row per input: outcome 'queued', 'cancelled', 'lost', or
+-- fail_many's for a job at the cap ('queued' or 'failed').  (Schema 16; the cap, 23; handed_back, 26:
+-- an overload, so that the four-argument form of older libraries stays what it was.)
+CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[], delays interval[],
+                                              handed_back boolean[])
 RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -473,7 +476,8 @@ DECLARE
 BEGIN
     IF cardinality(ids) IS DISTINCT FROM cardinality(tokens)
        OR (reasons IS NOT NULL AND cardinality(reasons) <> cardinality(ids))
-       OR (delays IS NOT NULL AND cardinality(delays) <> cardinality(ids)) THEN
+       OR (delays IS NOT NULL AND cardinality(delays) <> cardinality(ids))
+       OR (handed_back IS NOT NULL AND cardinality(handed_back) <> cardinality(ids)) THEN
         RAISE EXCEPTION 'pgjobq.snooze_many: the arrays must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -483,12 +487,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Lock the held rows and decide from their latest versions, then act.
-    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND held.snoozes < pgjobq.snooze_cap()),
+    SELECT array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND (held.back OR held.snoozes < pgjobq.snooze_cap())),
            array_agg(held.id) FILTER (WHERE held.cancel_requested),
-           array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND held.snoozes >= pgjobq.snooze_cap())
+           array_agg(held.id) FILTER (WHERE NOT held.cancel_requested AND NOT held.back AND held.snoozes >= pgjobq.snooze_cap())
       INTO v_snooze, v_cancel, v_over
-      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, now() AS at FROM unnest(ids, tokens) AS u(id, token))
-            SELECT j.id, j.cancel_requested, j.snoozes FROM u JOIN pgjobq.jobs j ON j.id = u.id
+      FROM (WITH u AS MATERIALIZED (SELECT u.id, u.token, coalesce(u.back, false) AS back, now() AS at
+                                      FROM unnest(ids, tokens, handed_back) AS u(id, token, back))
+            SELECT j.id, j.cancel_requested, j.snoozes, u.back FROM u JOIN pgjobq.jobs j ON j.id = u.id
              WHERE j.id = ANY (snooze_many.ids) AND j.lease_token = u.token AND j.lease_until > u.at
                FOR UPDATE OF j) held;
     IF v_cancel IS NOT NULL THEN
@@ -506,12 +511,13 @@ BEGIN
                pgjobq.fail_many(o.ids, o.tokens, o.errors) AS f;
     END IF;
     WITH input AS (
-        SELECT u.id, left(u.reason, 8192) AS reason, u.delay
-          FROM unnest(ids, reasons, delays) AS u(id, reason, delay)),
+        SELECT u.id, left(u.reason, 8192) AS reason, u.delay, coalesce(u.back, false) AS back
+          FROM unnest(ids, reasons, delays, handed_back) AS u(id, reason, delay, back)),
     snoozed AS (
         UPDATE pgjobq.jobs j
            SET state = 'queued', attempt = j.attempt - 1, run_at = now() + coalesce(input.delay, pgjobq.backoff(j.attempt)),
-               lease_until = NULL, last_error = coalesce(input.reason, j.last_error), snoozes = j.snoozes + 1
+               lease_until = NULL, last_error = coalesce(input.reason, j.last_error),
+               snoozes = j.snoozes + CASE WHEN input.back THEN 0 ELSE 1 END
           FROM input
          WHERE j.id = ANY (v_snooze) AND j.id = input.id
         RETURNING j.queue::text AS queue, j.run_at)
@@ -524,6 +530,15 @@ BEGIN
       FROM unnest(ids) AS u(id);
 END
 $$;
+
+-- snooze_many without handed_back: every job snoozed, and counted (the form of libraries of schema 16
+-- to 25, and of SQL callers that only snooze).
+CREATE OR REPLACE FUNCTION pgjobq.snooze_many(ids bigint[], tokens bigint[], reasons text[] DEFAULT NULL,
+                                              delays interval[] DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT s.id, s.outcome FROM pgjobq.snooze_many(ids, tokens, reasons, delays, NULL::boolean[]) AS s $$;
 
 -- cancel_many: a holder that decides its job should not run at all ends it cancelled (same fencing as
 -- complete_many); its waiting children are cancelled (or run, as they asked).  Returns one row per
