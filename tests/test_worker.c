@@ -370,7 +370,14 @@ TEST_FULL(worker_api_a_cancel_reaches_the_handler_before_the_next_heartbeat, 60,
     snprintf(sql, sizeof sql, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'",
              (long long)id);
     wait_sql(pg, sql, 1, 10000);
-    pgjobq_worker_get_stats(w, &st);
+    /* (The worker counts it once the answer of its write is in: a moment after the commit is seen.) */
+    int64_t t0 = t_now_ms();
+    do {
+        pgjobq_worker_get_stats(w, &st);
+        if (st.cancelled == 1 || t_now_ms() - t0 > 10000)
+            break;
+        usleep(10000);
+    } while (1);
     CHECK_INT(st.cancelled, 1);
     /* The handler was told: the worker stops at once, with nothing to hand back. */
     pgjobq_worker_stop(w);
