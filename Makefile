@@ -181,19 +181,15 @@ soak: all
 	@sh tools/ensure-deps.sh --server
 	PGJOBQ=$(abspath $(CLI)) sh bench/soak.sh
 
-# Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run;
-# BENCH_ONLY=durable (or run, shards: a list) for some of the scripts only.
+# Benchmarks on their own throwaway cluster with durable settings; QUICK=1 for a short run.
 # Plots need gnuplot (installed with apt-get when running as root; skipped otherwise).
 bench: all
 	@sh tools/ensure-deps.sh --server
 	@command -v gnuplot >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 	    (apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null 2>&1 || \
 	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null 2>&1)) || true
-	@for b in $(or $(BENCH_ONLY),run shards durable); do \
-	    case $$b in run|shards|durable) ;; *) echo "make bench: BENCH_ONLY=$$b: run, shards or durable" >&2; exit 64;; esac; \
-	    echo "PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/$$b.sh"; \
-	    PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/$$b.sh || exit $$?; \
-	done
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/run.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/shards.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
