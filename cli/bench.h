@@ -19,6 +19,9 @@ typedef struct bench_args {
     const cli_cmd *cmd;
     long long jobs, noise;
     int concurrency, processes, batch, rate, seconds, json, jobs_given, lead_ms, window, producers;
+    int steps;          /* drain: no-op durable steps per job (in-process workers) */
+    long long parked;   /* drain: jobs of the queue held parked in a durable sleep */
+    int chain;          /* drain: chains of this many jobs, each enqueued by the one before */
     const char *handler; /* drain-exec, drain-coproc: the command */
     const char *pin;     /* steady: "snapshot" or "dump" */
     /* In-process workers: the handler they run (NULL: a no-op that completes every job). */

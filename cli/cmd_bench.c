@@ -8,6 +8,7 @@
  *   drain-exec  the same with `pgjobq work --exec /bin/true` (or --handler)               jobs_per_s
  *   drain-coproc the same with `pgjobq work --coproc HANDLER`                            jobs_per_s
  *   latency     an idle worker; N jobs enqueued one at a time at R/s                      p50/p95/p99/max
+ *   await       an idle worker; N jobs one after another, each awaited (pgjobq_job_wait)   wake p50/p95/p99/max
  *   mixed       producers at R jobs/s while P x C workers run, for S seconds              throughput, depth, p99
  *   steady      the same in windows, for minutes, optionally while a snapshot is held     per window: rates, pickup
  *               open (--pin) (bench_steady.c)                                              p99, table, claim time
@@ -54,6 +55,9 @@
 #define OPT_PIN 4005
 #define OPT_WINDOW 4006
 #define OPT_PRODUCERS 4007
+#define OPT_STEPS 4008
+#define OPT_PARKED 4009
+#define OPT_CHAIN 4010
 
 const cli_opt bench_opts[] = {
     {"jobs", OPT_JOBS, "N", "jobs (default 100000; latency: 1000)"},
@@ -70,6 +74,13 @@ const cli_opt bench_opts[] = {
      "steady: hold a snapshot open in another session for the whole run (dump: and ACCESS SHARE on every pgjobq table, as pg_dump does)"},
     {"window", OPT_WINDOW, "S", "steady: seconds per measurement window (default 60; a third of the run when shorter than 3 minutes)"},
     {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate; soak: refilling (default 2)"},
+    {"steps", OPT_STEPS, "N",
+     "drain: each job runs N no-op durable steps (pgjobq_ctx_step) before it completes (default 0)"},
+    {"chain", OPT_CHAIN, "N",
+     "drain: each job is the first of a chain of N: a job's handler enqueues the next (on its own connection) "
+     "and completes; jobs counts the chains (default 1)"},
+    {"parked", OPT_PARKED, "N",
+     "drain: also hold N jobs of the queue parked in a durable sleep of a day (as ctx.sleep leaves them)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     {"cluster", OPT_CLUSTER, "SPEC",
      "enqueue: route the jobs through the cluster SPEC (pgjobq_cluster_enqueue_many), to compare with the "
@@ -83,7 +94,7 @@ static int bench_opt(int key, const char *arg, void *ctx)
     bench_args *a = ctx;
     char why[160];
     long long v;
-    long long max = key == OPT_JOBS || key == OPT_NOISE ? 100000000 : key == OPT_RATE ? 10000000 : 100000;
+    long long max = key == OPT_JOBS || key == OPT_NOISE || key == OPT_PARKED ? 100000000 : key == OPT_RATE ? 10000000 : 100000;
 
     if (key == OPT_JSON) {
         a->json = 1;
@@ -102,7 +113,8 @@ static int bench_opt(int key, const char *arg, void *ctx)
         return 0;
     }
     /* --rate 0: soak saturates; the other scenarios take their default, as without the option. */
-    if (cli_parse_int(arg, key == OPT_NOISE || key == OPT_RATE ? 0 : 1, max, &v, why, sizeof why) != 0) {
+    if (cli_parse_int(arg, key == OPT_NOISE || key == OPT_RATE || key == OPT_PARKED || key == OPT_STEPS ? 0 : 1, max,
+                      &v, why, sizeof why) != 0) {
         for (const cli_opt *o = bench_opts; o->name; o++)
             if (o->key == key)
                 cli_usage_error(a->cmd, "--%s: %s", o->name, why);
@@ -119,11 +131,60 @@ static int bench_opt(int key, const char *arg, void *ctx)
     case OPT_LEAD: a->lead_ms = (int)v; return 0;
     case OPT_WINDOW: a->window = (int)v; return 0;
     case OPT_PRODUCERS: a->producers = (int)v; return 0;
+    case OPT_STEPS: a->steps = (int)v; return 0;
+    case OPT_PARKED: a->parked = v; return 0;
+    case OPT_CHAIN: a->chain = (int)v; return 0;
     }
     return -1;
 }
 
 static const char *const mode_name[] = {"drain", "drain-exec", "drain-coproc"};
+
+/* --steps: a step that does nothing but store its result. */
+static int noop_step(pgjobq_ctx *ctx, pgjobq_client *c, void *arg, char **result_out)
+{
+    (void)ctx;
+    (void)c;
+    (void)arg;
+    *result_out = strdup("1");
+    return *result_out ? PGJOBQ_OK : PGJOBQ_ENOMEM;
+}
+
+/* --chain: the job enqueues the next of its chain ({"left": k}: k more after it; the first jobs, preloaded,
+ * have a->chain - 1 more), then completes. */
+static pgjobq_outcome chain_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const bench_args *a = arg;
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    const char *p = j->payload ? strstr(j->payload, "\"left\":") : NULL;
+    long left = p ? strtol(p + 7, NULL, 10) : a->chain - 1;
+    if (left > 0) {
+        pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+        pgjobq_client *c;
+        char next[32];
+        snprintf(next, sizeof next, "{\"left\": %ld}", left - 1);
+        o.queue = "bench";
+        if (pgjobq_ctx_client(ctx, &c) != PGJOBQ_OK || pgjobq_enqueue(c, next, &o, NULL) != PGJOBQ_OK)
+            return PGJOBQ_OUTCOME_RETRY;
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+/* --steps: the job's a->steps steps, "s0", "s1", ..., then its completion. */
+static pgjobq_outcome steps_handler(pgjobq_ctx *ctx, void *arg)
+{
+    const bench_args *a = arg;
+    char name[16], *result = NULL;
+    for (int i = 0; i < a->steps; i++) {
+        snprintf(name, sizeof name, "s%d", i);
+        if (pgjobq_ctx_step(ctx, name, noop_step, NULL, &result) != PGJOBQ_OK) {
+            pgjobq_ctx_set_error(ctx, pgjobq_ctx_errmsg(ctx));
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+        pgjobq_free(result);
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
 
 static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ctl, pgjobq_client *c)
 {
@@ -140,8 +201,36 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         return cli_usage_error(a->cmd, "--processes: at most %d", BENCH_MAX_PROCESSES);
     }
     memset(sh, 0, sizeof *sh);
+    if (a->steps > 0 && exec_mode == 0) {
+        a->fn = steps_handler;
+        a->fn_arg = a;
+    } else if (a->chain > 1 && exec_mode == 0) {
+        a->fn = chain_handler;
+        a->fn_arg = a;
+    }
+    long long total = a->jobs * (a->chain > 1 ? a->chain : 1); /* jobs to complete */
     if (bench_sql(ctl, BENCH_RESET_SQL) != 0)
         goto soft_fail;
+    if (a->parked > 0) {
+        /* Jobs of the queue in a durable sleep of a day: queued for later, each with its park row, as
+         * pgjobq.sleep leaves them (untimed). */
+        char n_s[24];
+        snprintf(n_s, sizeof n_s, "%lld", a->parked);
+        const char *pv[1] = {n_s};
+        PGresult *pr = PQexecParams(ctl,
+                                    "WITH e AS (SELECT e.id FROM pgjobq.enqueue_many(array_fill('bench'::text, ARRAY[$1::int]),"
+                                    "  array_fill('sleeper'::text, ARRAY[$1::int]), NULL,"
+                                    "  run_ats => array_fill(now() + interval '1 day', ARRAY[$1::int]), notify => false) e)"
+                                    " INSERT INTO pgjobq.job_parks (job_id, token, why, step, until)"
+                                    " SELECT e.id, 0, 'sleep', 'nap', now() + interval '1 day' FROM e",
+                                    1, NULL, pv, NULL, NULL, 0);
+        int ok = PQresultStatus(pr) == PGRES_COMMAND_OK;
+        if (!ok)
+            cli_err("bench: parking jobs: %s", PQerrorMessage(ctl));
+        PQclear(pr);
+        if (!ok)
+            goto soft_fail;
+    }
     if (a->noise > 0) {
         /* History and another queue's backlog: what a busy production table holds. */
         if (bench_insert_finished(ctl, "bench_noise", a->noise) != 0)
@@ -212,7 +301,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
                 conns_max = conns;
             next_conn_sample = bench_now() + 0.2;
         }
-        if (done >= a->jobs)
+        if (done >= total)
             break;
         bench_pause_ms(exec_mode ? 20 : 5);
     }
@@ -232,17 +321,18 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
                "\"noise\":%lld,\"seconds\":%.3f,\"jobs_per_s\":%.1f,\"claims\":%lld,\"avg_claim_batch\":%.1f,"
                "\"avg_write_batch\":%.1f,\"connections_max\":%d,\"rss_kb_max\":%ld,\"completed\":%.0f,"
-               "\"ready_before_due_ms\":%.0f}\n",
-               mode_name[exec_mode], a->jobs, a->processes, a->concurrency, a->batch, a->noise, secs,
-               (double)a->jobs / secs, claims, claims ? (double)claimed / (double)claims : 0.0,
-               writes ? (double)a->jobs / (double)writes : 0.0, conns_max, rss, completed, ready_ms);
+               "\"ready_before_due_ms\":%.0f,\"steps\":%d,\"parked\":%lld,\"chain\":%d}\n",
+               mode_name[exec_mode], total, a->processes, a->concurrency, a->batch, a->noise, secs,
+               (double)total / secs, claims, claims ? (double)claimed / (double)claims : 0.0,
+               writes ? (double)total / (double)writes : 0.0, conns_max, rss, completed, ready_ms, a->steps, a->parked,
+               a->chain > 1 ? a->chain : 1);
     else
         printf("%s: %lld jobs, %d x %d threads: %.0f jobs/s (%.2f s from due), avg claim batch %.1f, %d connections, "
                "peak RSS %ld KiB%s\n",
-               mode_name[exec_mode], a->jobs, a->processes, a->concurrency, (double)a->jobs / secs, secs,
+               mode_name[exec_mode], total, a->processes, a->concurrency, (double)total / secs, secs,
                claims ? (double)claimed / (double)claims : 0.0, conns_max, rss,
                ready_ms < 0 ? " (workers were not all ready when the jobs came due)" : "");
-    status = completed >= (double)a->jobs ? EX_OK : EX_SOFTWARE;
+    status = completed >= (double)total ? EX_OK : EX_SOFTWARE;
     goto out;
 soft_fail:
     status = EX_SOFTWARE;
@@ -363,6 +453,104 @@ static int bench_latency(const char *url, bench_args *a, PGconn *ctl, pgjobq_cli
 out:
     bench_stop_workers(a, pids);
     munmap(sh, sizeof *sh);
+    return status;
+}
+
+/* await: the worker's handler takes 20 ms (so that the wait is registered before the job ends), then
+ * completes the job itself, on its own connection, and publishes when that completion returned
+ * (committed and flushed: the job is complete from then on), CLOCK_MONOTONIC in ns, into *arg. */
+static pgjobq_outcome await_handler(pgjobq_ctx *ctx, void *arg)
+{
+    _Atomic long long *done_ns = arg;
+    const pgjobq_job *j = pgjobq_ctx_job(ctx);
+    pgjobq_client *c;
+    struct timespec ts;
+
+    bench_pause_ms(20);
+    if (pgjobq_ctx_client(ctx, &c) != PGJOBQ_OK || pgjobq_job_complete(c, j->id, j->lease_token, NULL) != PGJOBQ_OK)
+        return PGJOBQ_OUTCOME_RETRY;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    atomic_store(done_ns, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    return PGJOBQ_OUTCOME_DONE;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* await: N jobs one after another, each enqueued and then awaited (pgjobq_job_wait) while an idle
+ * worker runs it; the wake is timed from the moment the worker's completion returned (committed) to
+ * the moment pgjobq_job_wait returned with the job, both by CLOCK_MONOTONIC (one machine). */
+static int bench_await(const char *url, bench_args *a, PGconn *ctl, pgjobq_client *c)
+{
+    bench_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    long long n = a->jobs_given ? a->jobs : 200;
+    pid_t pids[BENCH_MAX_PROCESSES] = {0};
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    double *ms = calloc((size_t)n, sizeof *ms);
+    _Atomic long long *done_ns = mmap(NULL, sizeof *done_ns, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int status = EX_OK;
+
+    if (sh == MAP_FAILED || ms == NULL || done_ns == MAP_FAILED) {
+        free(ms);
+        if (sh != MAP_FAILED)
+            munmap(sh, sizeof *sh);
+        if (done_ns != MAP_FAILED)
+            munmap((void *)done_ns, sizeof *done_ns);
+        return EX_OSERR;
+    }
+    memset(sh, 0, sizeof *sh);
+    a->processes = 1;
+    a->fn = await_handler;
+    a->fn_arg = (void *)done_ns;
+    if (bench_sql(ctl, BENCH_RESET_SQL) != 0 || bench_start_ready_workers(url, a, sh, pids, ctl) != 0) {
+        status = EX_SOFTWARE;
+        goto out;
+    }
+    bench_pause_ms(500);
+    o.queue = "bench";
+    for (long long i = 0; i < n; i++) {
+        int64_t id = 0;
+        pgjobq_job *j = NULL;
+        struct timespec ts;
+        atomic_store(done_ns, 0);
+        int rc = pgjobq_enqueue(c, "{\"await\": true}", &o, &id);
+        if (rc == PGJOBQ_OK)
+            rc = pgjobq_job_wait(c, id, 30000, &j);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if (rc != PGJOBQ_OK) {
+            pgjobq_jobs_free(j);
+            status = cli_fail(c, rc);
+            goto out;
+        }
+        if (j->state != PGJOBQ_COMPLETED) {
+            cli_err("bench await: job %lld ended %s", (long long)id, pgjobq_state_name(j->state));
+            pgjobq_jobs_free(j);
+            status = EX_SOFTWARE;
+            goto out;
+        }
+        pgjobq_jobs_free(j);
+        /* (The worker's store of its clock may come a moment after the waiter woke: wait for it.) */
+        while (atomic_load(done_ns) == 0)
+            bench_pause_ms(1);
+        ms[i] = (double)((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec - atomic_load(done_ns)) / 1e6;
+    }
+    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+    double p50 = ms[n / 2], p95 = ms[(n * 95) / 100], p99 = ms[(n * 99) / 100], max = ms[n - 1];
+    if (a->json)
+        printf("{\"scenario\":\"await\",\"jobs\":%lld,\"p50_ms\":%.2f,\"p95_ms\":%.2f,\"p99_ms\":%.2f,"
+               "\"max_ms\":%.2f}\n",
+               n, p50, p95, p99, max);
+    else
+        printf("await: %lld jobs, woken after their completion: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+               n, p50, p95, p99, max);
+out:
+    bench_stop_workers(a, pids);
+    munmap(sh, sizeof *sh);
+    munmap((void *)done_ns, sizeof *done_ns);
+    free(ms);
     return status;
 }
 
@@ -775,10 +963,10 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return EX_USAGE;
     if (argc - first != 1)
         return cli_usage_error(cmd, "expected one scenario: enqueue, drain, drain-exec, drain-coproc, latency, mixed, "
-                                    "steady, soak");
+                                    "steady, soak, await");
     const char *scenario = argv[first];
     static const char *const scenarios[] = {"enqueue", "drain",  "drain-exec", "drain-coproc", "latency",
-                                            "mixed",   "steady", "soak",       NULL};
+                                            "mixed",   "steady", "soak",       "await",        NULL};
     int known = 0;
     for (int i = 0; scenarios[i]; i++)
         known |= strcmp(scenario, scenarios[i]) == 0;
@@ -786,6 +974,10 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "unknown scenario '%s'", scenario);
     if (cli_cluster_arg && strcmp(scenario, "enqueue") != 0)
         return cli_usage_error(cmd, "--cluster goes with the enqueue scenario");
+    if ((a.parked > 0 || a.steps > 0 || a.chain > 1) && strcmp(scenario, "drain") != 0)
+        return cli_usage_error(cmd, "--steps, --chain and --parked go with the drain scenario (in-process workers)");
+    if (a.steps > 0 && a.chain > 1)
+        return cli_usage_error(cmd, "--steps and --chain: one or the other");
     if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
         return cli_usage_error(cmd, "drain-coproc needs --handler 'CMD ARGS' (e.g. 'python3 examples/coproc.py')");
     if ((strcmp(scenario, "mixed") == 0 || strcmp(scenario, "steady") == 0) && a.rate == 0)
@@ -822,6 +1014,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         status = bench_drain(url, &a, 2, ctl, c);
     else if (strcmp(scenario, "latency") == 0)
         status = bench_latency(url, &a, ctl, c);
+    else if (strcmp(scenario, "await") == 0)
+        status = bench_await(url, &a, ctl, c);
     else if (strcmp(scenario, "mixed") == 0)
         status = bench_mixed(url, &a, ctl, c);
     else if (strcmp(scenario, "steady") == 0)

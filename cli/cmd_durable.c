@@ -37,6 +37,7 @@ const cli_opt step_opts[] = {
     {NULL, 0, NULL, NULL}};
 
 const cli_opt send_event_opts[] = {{"payload", OPT_PAYLOAD, "JSON", "the event's payload (default: null)"},
+                                   CLI_CLUSTER_OPT,
                                    CLI_COMMON_OPTS,
                                    {NULL, 0, NULL, NULL}};
 
@@ -263,6 +264,24 @@ int cmd_send_event(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "expected NAME [KEY]");
     if (a.payload && pgjobq_json_check(a.payload, strlen(a.payload), why, sizeof why) != PGJOBQ_OK)
         return cli_usage_error(cmd, "--payload: %s", why);
+    if (cli_cluster_spec() != NULL) {
+        /* Every shard: a job waiting for it may be on any (pgjobq_cluster_send_event). */
+        pgjobq_cluster *cl = cli_cluster_open(&status);
+        if (cl == NULL)
+            return status;
+        int rc = pgjobq_cluster_send_event(cl, argv[first], argc - first > 1 ? argv[first + 1] : NULL, a.payload,
+                                           &resumed);
+        if (rc == PGJOBQ_OK) {
+            printf("%d\n", resumed);
+            status = EX_OK;
+        } else {
+            status = cli_cluster_fail(cl, rc);
+            if (rc != PGJOBQ_EINVAL)
+                cli_err("the shards not named took the event (it resumed %d jobs there): send it again", resumed);
+        }
+        pgjobq_cluster_close(cl);
+        return status;
+    }
     pgjobq_client *c = cli_connect(0, &status);
     if (c == NULL)
         return status;

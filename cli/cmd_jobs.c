@@ -714,6 +714,64 @@ static int show_relatives(pgjobq_client *c, const pgjobq_job *j, int json)
     return EX_OK;
 }
 
+/* show: the job's dead-letter links (docs/queues.md, "Dead letters"): the job it is the dead letter of,
+ * and the dead letters it left, each with its queue, when, and when it was redriven. */
+static void dead_letter_json(const PGresult *r, int i, int64_t at, int64_t redriven)
+{
+    printf("{\"id\":%s,\"queue\":", PQgetvalue(r, i, 1));
+    json_str(stdout, PQgetvalue(r, i, 2));
+    fputs(",\"at\":", stdout);
+    json_time(stdout, at);
+    fputs(",\"redriven_at\":", stdout);
+    json_time(stdout, redriven);
+    fputc('}', stdout);
+}
+
+static int show_dead_letters(pgjobq_client *c, const pgjobq_job *j, int json)
+{
+    char id_s[24], t[2][48];
+    const char *values[1] = {id_s};
+    snprintf(id_s, sizeof id_s, "%lld", (long long)j->id);
+    /* "of" sorts before "to": the job it came from first, then those it left. */
+    PGresult *r = PQexecParams(pgjobq_client_conn(c),
+                               "SELECT relation, id, queue, (extract(epoch FROM at) * 1e6)::bigint,"
+                               " (extract(epoch FROM redriven_at) * 1e6)::bigint"
+                               " FROM pgjobq.monitor_dead_letters($1::bigint) ORDER BY relation, id",
+                               1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        cli_err("reading the dead letters of job %lld: %s", (long long)j->id, PQresultErrorMessage(r));
+        PQclear(r);
+        return EX_SOFTWARE;
+    }
+    int n = PQntuples(r), nto = 0, of = n > 0 && strcmp(PQgetvalue(r, 0, 0), "of") == 0;
+    if (json)
+        fputs(",\"dead_letter_of\":", stdout);
+    if (json && !of)
+        fputs("null", stdout);
+    for (int i = 0; i < n; i++) {
+        int64_t at = strtoll(PQgetvalue(r, i, 3), NULL, 10);
+        int64_t redriven = PQgetisnull(r, i, 4) ? PGJOBQ_TIME_NONE : strtoll(PQgetvalue(r, i, 4), NULL, 10);
+        if (json) {
+            if (i == (of ? 1 : 0))
+                fputs(",\"dead_letters\":[", stdout);
+            else if (i > 0)
+                fputc(',', stdout);
+            dead_letter_json(r, i, at, redriven);
+            continue;
+        }
+        format_time(t[0], sizeof t[0], at);
+        format_time(t[1], sizeof t[1], redriven);
+        printf("%-14s %s in ", i == 0 && of ? "dead letter of:" : nto++ ? "" : "dead letters:", PQgetvalue(r, i, 1));
+        tty_put(stdout, PQgetvalue(r, i, 2), 0);
+        printf(" (%s%s%s)\n", t[0], redriven == PGJOBQ_TIME_NONE ? "" : ", redriven ",
+               redriven == PGJOBQ_TIME_NONE ? "" : t[1]);
+    }
+    if (json)
+        fputs(n > (of ? 1 : 0) ? "]" : ",\"dead_letters\":[]", stdout);
+    PQclear(r);
+    return EX_OK;
+}
+
 /* wait's options. */
 typedef struct wait_args {
     int json;
@@ -827,6 +885,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     status = show_durable(c, j, json);
     if (status == EX_OK)
         status = show_relatives(c, j, json);
+    if (status == EX_OK)
+        status = show_dead_letters(c, j, json);
     if (json && status == EX_OK)
         fputs("}\n", stdout);
     pgjobq_jobs_free(j);

@@ -660,8 +660,6 @@ static pending *find_held(coproc *c, int64_t id)
  * newline).  Returns 1 when the job was parked there (or ended cancelled): its attempt is over. */
 static int serve(step_req *q, pgjobq_ctx *ctx, sbuf *ans, int *cancelled)
 {
-    const pgjobq_job *job = pgjobq_ctx_job(ctx);
-    pgjobq_client *cl = NULL;
     char *value = NULL;
     const char *err = NULL;
     int rc;
@@ -672,26 +670,26 @@ static int serve(step_req *q, pgjobq_ctx *ctx, sbuf *ans, int *cancelled)
     sb_puts(ans, q->kind == REQ_STEP ? ",\"step\":" : q->kind == REQ_SLEEP ? ",\"sleep\":" : ",\"wait\":");
     sb_json(ans, q->name);
     if (q->kind == REQ_STEP) {
-        if ((rc = pgjobq_ctx_client(ctx, &cl)) != PGJOBQ_OK) {
-            err = pgjobq_ctx_errmsg(ctx);
-        } else if (q->result == NULL) {
-            rc = pgjobq_step_get(cl, job->id, job->lease_token, q->name, &value);
+        /* The job's steps are read once per attempt (pgjobq_ctx_step_get), then each new one is stored
+         * in one round trip. */
+        if (q->result == NULL) {
+            rc = pgjobq_ctx_step_get(ctx, q->name, &value);
             if (rc == PGJOBQ_OK) {
                 sb_puts(ans, ",\"stored\":true,\"result\":");
                 sb_puts(ans, value);
             } else if (rc == PGJOBQ_ENOTFOUND) {
                 sb_puts(ans, ",\"stored\":false");
             } else {
-                err = pgjobq_errmsg(cl);
+                err = pgjobq_ctx_errmsg(ctx);
             }
         } else {
-            rc = pgjobq_step_put(cl, job->id, job->lease_token, q->name, q->result, &value);
+            rc = pgjobq_ctx_step_put(ctx, q->name, q->result, &value);
             if (rc == PGJOBQ_OK || rc == PGJOBQ_EDUPLICATE) {
                 /* The result stored: this one, or the one another holder stored first (it stands). */
                 sb_puts(ans, ",\"stored\":true,\"result\":");
                 sb_puts(ans, rc == PGJOBQ_OK ? q->result : value);
             } else {
-                err = pgjobq_errmsg(cl);
+                err = pgjobq_ctx_errmsg(ctx);
             }
         }
     } else {

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 26
+#define PGJOBQ_SCHEMA_VERSION 27
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -1236,6 +1236,20 @@ PGJOBQ_EXPORT int pgjobq_ctx_step_tx(pgjobq_ctx *ctx, const char *name, pgjobq_s
                                      char **result_out) PGJOBQ_WUR;
 
 /*
+ * A step in two halves, for a handler that runs the step's work elsewhere (the coprocess does, for
+ * its handler's steps): pgjobq_ctx_step_get gives the stored result of the job's step `name`
+ * (PGJOBQ_OK, *result_out JSON text to release with pgjobq_free), or PGJOBQ_ENOTFOUND when it was
+ * never stored; pgjobq_ctx_step_put stores it, fenced by the lease, as pgjobq_ctx_step does (PGJOBQ_OK;
+ * PGJOBQ_EDUPLICATE when it was stored first, that result in *stored_out, may be NULL: it stands).
+ * Both read the job's stored steps once per attempt, at the first of them (one statement), and know
+ * what the attempt stored since: a step not stored costs its store alone.  PGJOBQ_ELEASE when the job
+ * is not held under its lease any more; PGJOBQ_EINVAL (a bad name, a result that is not JSON).
+ */
+PGJOBQ_EXPORT int pgjobq_ctx_step_get(pgjobq_ctx *ctx, const char *name, char **result_out) PGJOBQ_WUR;
+PGJOBQ_EXPORT int pgjobq_ctx_step_put(pgjobq_ctx *ctx, const char *name, const char *result,
+                                      char **stored_out) PGJOBQ_WUR;
+
+/*
  * A durable sleep: the first time the job comes to it, stores its end (the database's now + delay_ms,
  * 0 to 100 years) as the step `name` (NULL: "sleep#N", N counting this attempt's unnamed sleeps) and
  * parks the job until then: PGJOBQ_PARKED, and the handler returns (PGJOBQ_OUTCOME_PARKED).  The
@@ -1427,6 +1441,19 @@ PGJOBQ_EXPORT int pgjobq_cluster_enqueue(pgjobq_cluster *cl, const char *payload
  */
 PGJOBQ_EXPORT int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs, size_t n,
                                               int64_t *ids_out, unsigned char *dup_out) PGJOBQ_WUR;
+
+/*
+ * pgjobq_send_event on every shard of the cluster (a job waiting for an event may be on any of them),
+ * each in a transaction of its own, one shard after another: an event is a fact (docs/durable.md,
+ * "Events"), so sending it again changes nothing for the jobs that got it.  *resumed_out (may be NULL)
+ * receives how many parked jobs it resumed over the shards that took it.  When shards fail (down, or
+ * refusing), the others still take it, the first error is returned and pgjobq_cluster_errmsg names
+ * every shard that failed ("shard b: ..."): send it again.  PGJOBQ_EINVAL for a bad name, key or
+ * payload (then no shard took it).  Not in a caller's transaction: for an event that must
+ * commit with the caller's data, send it with pgjobq_send_event on the shard of the jobs that wait.
+ */
+PGJOBQ_EXPORT int pgjobq_cluster_send_event(pgjobq_cluster *cl, const char *name, const char *key,
+                                            const char *payload, int *resumed_out) PGJOBQ_WUR;
 
 /* ------------------------------------------------------------------------------------------------ */
 /* The outbox's forwarder (docs/shards.md, "The outbox")                                              */

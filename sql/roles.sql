@@ -101,6 +101,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.monitor_unhealthy_workers(),
     pgjobq.autovacuum_adapt(),
     pgjobq.step_get(bigint, bigint, text),
+    pgjobq.steps_of(bigint, bigint),
     pgjobq.step_put(bigint, bigint, text, jsonb),
     pgjobq.sleep(bigint, bigint, text, interval),
     pgjobq.wait_event(bigint, bigint, text, text, text, interval)
@@ -194,6 +195,8 @@ GRANT EXECUTE ON FUNCTION pgjobq.monitor_queue_counts(), pgjobq.queue_ready(text
     pgjobq.monitor_run(bigint, bigint), pgjobq.monitor_queue_live(text), pgjobq.monitor_queue_drained(text),
     pgjobq.monitor_queue_first_live(text, bigint), pgjobq.monitor_dead_letters(bigint), pgjobq.monitor_last_id(), pgjobq.monitor_latency(text, bigint), pgjobq.monitor_pickup_lag(text, bigint), pgjobq.monitor_storage()
 TO pgjobq_admin, pgjobq_monitor;
+-- One job, live or finished (sql/functions/monitor.sql): with the caller's rights, to who may read jobs.
+GRANT EXECUTE ON FUNCTION pgjobq.job_get(bigint) TO pgjobq_admin, pgjobq_monitor;
 -- A job's steps and park, and the counts of parked jobs (sql/functions/steps.sql): to who may read jobs.
 GRANT EXECUTE ON FUNCTION pgjobq.steps(bigint), pgjobq.job_park_of(bigint), pgjobq.monitor_parked()
 TO pgjobq_admin, pgjobq_monitor;

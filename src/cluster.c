@@ -828,6 +828,39 @@ static void join_errors(pgjobq_cluster *cl, const char *prev)
     cl->errmsg[len] = '\0';
 }
 
+int pgjobq_cluster_send_event(pgjobq_cluster *cl, const char *name, const char *key, const char *payload,
+                              int *resumed_out)
+{
+    char prev[sizeof cl->errmsg];
+    int first = PGJOBQ_OK, total = 0;
+
+    if (resumed_out)
+        *resumed_out = 0;
+    if (cl == NULL)
+        return PGJOBQ_EINVAL;
+    cl_clearerr(cl);
+    prev[0] = '\0';
+    for (size_t s = 0; s < cl->map.nshards; s++) {
+        pgjobq_client *c;
+        int resumed = 0, rc = pgjobq_cluster_client(cl, s, &c);
+        if (rc == PGJOBQ_OK && (rc = pgjobq_send_event(c, name, key, payload, &resumed)) != PGJOBQ_OK)
+            shard_err(cl, cl->map.shards[s].name, c, rc);
+        if (rc == PGJOBQ_OK) {
+            total += resumed;
+            continue;
+        }
+        join_errors(cl, prev);
+        memcpy(prev, cl->errmsg, sizeof prev);
+        if (first == PGJOBQ_OK)
+            first = rc;
+        if (rc == PGJOBQ_EINVAL)
+            break; /* judged before any statement: the same on every shard */
+    }
+    if (resumed_out)
+        *resumed_out = total;
+    return first;
+}
+
 int pgjobq_cluster_enqueue_many(pgjobq_cluster *cl, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out,
                                 unsigned char *dup_out)
 {

@@ -310,6 +310,9 @@ typedef struct pgjobq__handler {
     void *arg;
 } pgjobq__handler;
 
+/* steps.c: forgets the steps a job's context read (pgjobq.steps_of), when it ends or parks. */
+void pgjobq__ctx_steps_forget(struct pgjobq_ctx *ctx);
+
 struct pgjobq_ctx {
     pgjobq_job job;              /* its strings live in the same allocation, after the struct */
     struct pgjobq__queue *q;
@@ -324,6 +327,11 @@ struct pgjobq_ctx {
     _Atomic int parked;          /* a sleep or a wait parked the job (or it ended cancelled there): the
                                     database ended this attempt, the engine writes nothing */
     int unnamed_sleeps, unnamed_waits; /* for the names of sleeps and waits given none */
+    struct {                     /* its stored steps, read once per attempt (pgjobq.steps_of) */
+        int loaded;
+        size_t n, cap;
+        char **names, **results;
+    } steps;
     char errmsg[512];            /* pgjobq_ctx_errmsg */
     /* Engine only. */
     int64_t lease_valid_until_ms;

@@ -713,7 +713,8 @@ int pgjobq_job_get(pgjobq_client *c, int64_t id, pgjobq_job **job_out)
     if (job_out == NULL)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "get: job_out is required");
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    pgjobq__stmt st = {"get job", "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs WHERE id = $1", 1, types, values, NULL, NULL,
+    /* (pgjobq.job_get: planned once per session; a statement over all_jobs plans every partition.) */
+    pgjobq__stmt st = {"get job", "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.job_get($1)", 1, types, values, NULL, NULL,
                        1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;

@@ -102,6 +102,7 @@ void pgjobq__ctx_free(pgjobq_ctx *ctx)
         return;
     if (ctx->lent)
         pgjobq__pool_give_back(ctx->q->pool, ctx->lent);
+    pgjobq__ctx_steps_forget(ctx);
     free(atomic_load(&ctx->progress));
     free(ctx->result);
     free(ctx->error);

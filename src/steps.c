@@ -407,6 +407,84 @@ int pgjobq_ctx_client(pgjobq_ctx *ctx, pgjobq_client **out)
     return PGJOBQ_OK;
 }
 
+void pgjobq__ctx_steps_forget(pgjobq_ctx *ctx)
+{
+    for (size_t i = 0; i < ctx->steps.n; i++) {
+        free(ctx->steps.names[i]);
+        free(ctx->steps.results[i]);
+    }
+    free(ctx->steps.names);
+    free(ctx->steps.results);
+    memset(&ctx->steps, 0, sizeof ctx->steps);
+}
+
+/* Adds a stored step (copies of name and result) to what the context knows; PGJOBQ_ENOMEM. */
+static int steps_add(pgjobq_ctx *ctx, const char *name, const char *result)
+{
+    if (ctx->steps.n == ctx->steps.cap) {
+        size_t cap = ctx->steps.cap ? ctx->steps.cap * 2 : 16;
+        char **names = realloc(ctx->steps.names, cap * sizeof *names);
+        if (names == NULL)
+            return PGJOBQ_ENOMEM;
+        ctx->steps.names = names;
+        char **results = realloc(ctx->steps.results, cap * sizeof *results);
+        if (results == NULL)
+            return PGJOBQ_ENOMEM;
+        ctx->steps.results = results;
+        ctx->steps.cap = cap;
+    }
+    char *n = strdup(name), *r = strdup(result);
+    if (n == NULL || r == NULL) {
+        free(n);
+        free(r);
+        return PGJOBQ_ENOMEM;
+    }
+    ctx->steps.names[ctx->steps.n] = n;
+    ctx->steps.results[ctx->steps.n++] = r;
+    return PGJOBQ_OK;
+}
+
+static const char *steps_find(const pgjobq_ctx *ctx, const char *name)
+{
+    for (size_t i = 0; i < ctx->steps.n; i++)
+        if (strcmp(ctx->steps.names[i], name) == 0)
+            return ctx->steps.results[i];
+    return NULL;
+}
+
+/* Reads the job's stored steps once per attempt (pgjobq.steps_of): PGJOBQ_OK, PGJOBQ_ELEASE when the
+ * job does not run under its token any more, or the client's error. */
+static int steps_load(pgjobq_ctx *ctx, pgjobq_client *c)
+{
+    static const Oid types[] = {OID_INT8, OID_INT8};
+    char id_s[24], token_s[24];
+    const char *values[2] = {id_s, token_s};
+    PGresult *r = NULL;
+    int rc;
+
+    if (ctx->steps.loaded)
+        return PGJOBQ_OK;
+    id_token(id_s, token_s, ctx->job.id, ctx->job.lease_token);
+    pgjobq__stmt st = {"steps_of", "SELECT held::pg_catalog.int4, name, result::pg_catalog.text FROM pgjobq.steps_of($1, $2)",
+                       2, types, values, NULL, NULL, 0};
+    if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
+        return rc;
+    if (PQntuples(r) < 1)
+        rc = pgjobq__seterr(c, PGJOBQ_EDB, "steps_of: unexpected result");
+    else if (strcmp(PQgetvalue(r, 0, 0), "1") != 0)
+        rc = pgjobq__seterr(c, PGJOBQ_ELEASE, "step: job %lld is not running under lease %lld", (long long)ctx->job.id,
+                            (long long)ctx->job.lease_token);
+    for (int i = 0; rc == PGJOBQ_OK && i < PQntuples(r); i++)
+        if (!PQgetisnull(r, i, 1) && (rc = steps_add(ctx, PQgetvalue(r, i, 1), PQgetvalue(r, i, 2))) != PGJOBQ_OK)
+            rc = pgjobq__seterr(c, rc, "step: out of memory");
+    PQclear(r);
+    if (rc == PGJOBQ_OK)
+        ctx->steps.loaded = 1;
+    else
+        pgjobq__ctx_steps_forget(ctx);
+    return rc;
+}
+
 /* The result fn gave, checked; its code. */
 static int step_result(pgjobq_ctx *ctx, const char *name, const char *result)
 {
@@ -433,17 +511,16 @@ static int run_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *
     }
     if ((rc = pgjobq_ctx_client(ctx, &c)) != PGJOBQ_OK)
         return rc;
-    /* Stored already: its result, without running it. */
-    rc = pgjobq_step_get(c, ctx->job.id, ctx->job.lease_token, name, &stored);
-    if (rc == PGJOBQ_OK) {
-        if (result_out)
-            *result_out = stored;
-        else
-            free(stored);
+    if ((rc = check_name(c, "step: a step's name", name, 0)) != PGJOBQ_OK || (rc = steps_load(ctx, c)) != PGJOBQ_OK)
+        return ctx_err(ctx, rc);
+    /* Stored already (read at the attempt's first step, or stored by it since): its result, without
+     * running it. */
+    const char *known = steps_find(ctx, name);
+    if (known) {
+        if (result_out && (*result_out = strdup(known)) == NULL)
+            return PGJOBQ_ENOMEM;
         return PGJOBQ_OK;
     }
-    if (rc != PGJOBQ_ENOTFOUND)
-        return ctx_err(ctx, rc);
     if (tx && (rc = pgjobq_begin(c)) != PGJOBQ_OK)
         return ctx_err(ctx, rc);
     rc = fn(ctx, tx ? c : NULL, arg, &result);
@@ -472,6 +549,8 @@ static int run_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *
     }
     if (rc == PGJOBQ_OK && result == NULL && (result = strdup("null")) == NULL)
         rc = PGJOBQ_ENOMEM;
+    if (rc == PGJOBQ_OK && steps_add(ctx, name, result) != PGJOBQ_OK)
+        rc = PGJOBQ_ENOMEM;
     if (rc == PGJOBQ_OK && result_out) {
         *result_out = result;
         result = NULL;
@@ -479,6 +558,60 @@ static int run_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *
     free(result);
     free(stored);
     return rc;
+}
+
+int pgjobq_ctx_step_get(pgjobq_ctx *ctx, const char *name, char **result_out)
+{
+    pgjobq_client *c;
+    int rc;
+
+    if (result_out)
+        *result_out = NULL;
+    if (ctx == NULL || result_out == NULL)
+        return PGJOBQ_EINVAL;
+    ctx->errmsg[0] = '\0';
+    if ((rc = pgjobq_ctx_client(ctx, &c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = check_name(c, "step: a step's name", name, 0)) != PGJOBQ_OK || (rc = steps_load(ctx, c)) != PGJOBQ_OK)
+        return ctx_err(ctx, rc);
+    const char *known = steps_find(ctx, name);
+    if (known == NULL) {
+        snprintf(ctx->errmsg, sizeof ctx->errmsg, "job %lld has no step \"%s\" stored", (long long)ctx->job.id, name);
+        return PGJOBQ_ENOTFOUND;
+    }
+    return (*result_out = strdup(known)) ? PGJOBQ_OK : PGJOBQ_ENOMEM;
+}
+
+int pgjobq_ctx_step_put(pgjobq_ctx *ctx, const char *name, const char *result, char **stored_out)
+{
+    pgjobq_client *c;
+    char *stored = NULL;
+    int rc;
+
+    if (stored_out)
+        *stored_out = NULL;
+    if (ctx == NULL)
+        return PGJOBQ_EINVAL;
+    ctx->errmsg[0] = '\0';
+    if ((rc = pgjobq_ctx_client(ctx, &c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = steps_load(ctx, c)) != PGJOBQ_OK)
+        return ctx_err(ctx, rc);
+    rc = pgjobq_step_put(c, ctx->job.id, ctx->job.lease_token, name, result, &stored);
+    if (rc == PGJOBQ_OK || rc == PGJOBQ_EDUPLICATE) {
+        const char *now = rc == PGJOBQ_OK ? (result ? result : "null") : stored;
+        if (steps_find(ctx, name) == NULL && steps_add(ctx, name, now) != PGJOBQ_OK) {
+            free(stored);
+            return PGJOBQ_ENOMEM;
+        }
+        if (stored_out)
+            *stored_out = stored;
+        else
+            free(stored);
+        return rc;
+    }
+    free(stored);
+    return ctx_err(ctx, rc);
 }
 
 int pgjobq_ctx_step(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, void *arg, char **result_out)
@@ -495,6 +628,7 @@ int pgjobq_ctx_step_tx(pgjobq_ctx *ctx, const char *name, pgjobq_step_fn fn, voi
  * for it, whatever its handler returns. */
 static int parked(pgjobq_ctx *ctx, int rc)
 {
+    pgjobq__ctx_steps_forget(ctx); /* (the sleep or the wait stored a step of its own) */
     if (rc == PGJOBQ_PARKED || rc == PGJOBQ_ECANCELLED)
         atomic_store(&ctx->parked, 1);
     return ctx_err(ctx, rc);

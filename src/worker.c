@@ -1733,9 +1733,17 @@ static int draw_secret(pgjobq_worker *w)
 /* Everything has returned or given up: write what is left (best effort), then free it all. */
 static void finish(pgjobq_worker *w)
 {
-    /* A clean stop says so in pgjobq.workers at once: stopped, not alive (a crashed worker ages out). */
-    pgjobq__aconn *wc = &w->conn[PGJOBQ__C_WRITE];
-    if (wc->state == PGJOBQ__AC_READY && !wc->busy && wc->pg && !w->fatal) {
+    /* A clean stop says so in pgjobq.workers at once: stopped, not alive (a crashed worker ages out).
+     * On the write connection, or, when it is not up (a worker stopped as soon as it started: its
+     * connections come up one by one), on another that is. */
+    static const int order[] = {PGJOBQ__C_WRITE, PGJOBQ__C_MAINT, PGJOBQ__C_CLAIM};
+    pgjobq__aconn *wc = NULL;
+    for (size_t i = 0; i < sizeof order / sizeof order[0] && wc == NULL; i++) {
+        pgjobq__aconn *ac = &w->conn[order[i]];
+        if (ac->state == PGJOBQ__AC_READY && !ac->busy && ac->pg)
+            wc = ac;
+    }
+    if (wc && !w->fatal) {
         const char *values[2] = {w->worker_id, w->secret_s};
         PGresult *r = PQexecParams(wc->pg, "SELECT pgjobq.worker_gone($1, $2)", 2, NULL, values, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK)

@@ -1,10 +1,11 @@
 /*
  * runner.c - starts a throwaway PostgreSQL cluster and runs every registered test in its own process.
  *
- *   runner [-j N] [-v] [-l] [NAME...]
+ *   runner [-j N] [-v] [-l] [-x WORD]... [NAME...]
  *
- * NAMEs select tests whose name contains one of them.  -j runs N tests at once (default 2, or
- * $PGJOBQ_TEST_JOBS), -v prints every test's output, -l lists the tests.  The last line is
+ * NAMEs select tests whose name contains one of them; -x leaves out those whose name contains WORD.
+ * -j runs N tests at once (default 2, or $PGJOBQ_TEST_JOBS), -v prints every test's output, -l lists
+ * the tests.  The last line is
  * "N passed, N failed".
  *
  * The cluster lives in a temporary directory with its Unix socket and no TCP listener.  A reaper
@@ -318,8 +319,15 @@ static void run_child(test *t, int index)
     exit(0);
 }
 
+#define MAX_EXCLUDED 16
+static const char *excluded[MAX_EXCLUDED];
+static int nexcluded;
+
 static int selected(const char *name, int argc, char **argv, int first)
 {
+    for (int i = 0; i < nexcluded; i++)
+        if (strstr(name, excluded[i]))
+            return 0;
     if (first >= argc)
         return 1;
     for (int i = first; i < argc; i++)
@@ -360,8 +368,10 @@ int main(int argc, char **argv)
             list = 1;
         else if (strcmp(argv[first], "-j") == 0 && first + 1 < argc)
             jobs = atoi(argv[++first]);
+        else if (strcmp(argv[first], "-x") == 0 && first + 1 < argc && nexcluded < MAX_EXCLUDED)
+            excluded[nexcluded++] = argv[++first];
         else
-            die("usage: runner [-j N] [-v] [-l] [NAME...]");
+            die("usage: runner [-j N] [-v] [-l] [-x WORD]... [NAME...]");
     }
     if (jobs < 1)
         jobs = 1;

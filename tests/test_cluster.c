@@ -436,7 +436,7 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
      * refuses a shard. */
     CHECK_RC(c, pgjobq_client_open(&c, ci_r), PGJOBQ_ESCHEMA);
     CHECK_OK(c, pgjobq_migrate_router(c, &applied));
-    CHECK_INT(applied, 1);
+    CHECK_INT(applied, 2);
     CHECK_OK(c, pgjobq_migrate_router(c, &applied));
     CHECK_INT(applied, 0);
     CHECK_RC(c, pgjobq_migrate(c, NULL), PGJOBQ_ESCHEMA);
@@ -543,6 +543,20 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
               140);
     free(t_expect_error(r, "22023", "SELECT pgjobq.cancel_where('t', 'completed')"));
 
+    /* An event, to every shard (a job waiting for it may be on any), the jobs it resumed summed. */
+    char *qa = t_str(a, "SELECT min(queue) FROM pgjobq.jobs WHERE queue <> 't'");
+    CHECK_SQL_STR(a, "parked",
+                  "SELECT w.outcome FROM pgjobq.claim('%s', 1, '1 minute', 'w') c,"
+                  " pgjobq.wait_event(c.id, c.lease_token, 'w', 'paid', 'r1', '1 hour') w",
+                  qa);
+    free(qa);
+    CHECK_SQL_STR(r, "1", "SELECT resumed FROM pgjobq.send_event('paid', 'r1', '{\"r\": 1}')");
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.job_parks"), 0);
+
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'r1'"),
+              2);
+
     /* The map moves the partition of queue qm from sa to sb: epoch 2 on the shards, not yet on the
      * router, whose enqueue goes to sa, which refuses it: nothing written on either shard. */
     char qm[16], moved[65], want[200];
@@ -568,6 +582,22 @@ TEST_FULL(cluster_router_routes_enqueues_and_reads_over_the_shards, 120, 0)
     long long id = t_int(r, "SELECT id FROM pgjobq.enqueue('%s')", qm);
     CHECK_INT(id % 1024, 1);
     CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE queue = '%s' AND id = %lld", qm, id), 1);
+
+    /* A unique key's conflict mode through the router: replace debounces the queued job on its shard. */
+    long long dk = t_int(r, "SELECT id FROM pgjobq.enqueue('t', payload => '{\"v\": 1}', route_key => 'tenant-7',"
+                            " unique_key => 'deb', on_conflict => 'replace')");
+    CHECK_SQL_STR(r, "t", "SELECT duplicate FROM pgjobq.enqueue('t', payload => '{\"v\": 2}', route_key => 'tenant-7',"
+                          " unique_key => 'deb', on_conflict => 'replace')");
+    PGconn *owner = dk % 1024 == 0 ? a : b;
+    CHECK_INT(t_int(owner, "SELECT (payload ->> 'v')::int FROM pgjobq.jobs WHERE id = %lld", dk), 2);
+    /* A redrive through the router: each shard's dead letters of the queue go back. */
+    PQclear(t_exec(owner, "SELECT pgjobq.queue_set('t', '{\"dead_letter\": \"t.dead\"}')"));
+    CHECK_SQL_STR(owner, "failed",
+                  "SELECT f.outcome FROM pgjobq.claim('t', 1, '1 minute', 'w') c,"
+                  " pgjobq.fail_many(ARRAY[c.id], ARRAY[c.lease_token], ARRAY['boom'], permanent => ARRAY[true]) f");
+    CHECK_INT(t_int(owner, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't.dead'"), 1);
+    CHECK_SQL_STR(r, "1 0", "SELECT retried || ' ' || skipped FROM pgjobq.retry_where('t.dead', 'queued', redrive => true)");
+    CHECK_INT(t_int(owner, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 't.dead'"), 0);
 
     PQfinish(a);
     PQfinish(b);
@@ -616,7 +646,7 @@ TEST(cluster_cli_migrate_router)
     char *ci_r = t_extra_db("router", 0), *out = NULL, *err = NULL;
 
     int rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
-    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router migrated (1 migration applied)"), "%d %s %s", rc, out, err);
+    CHECK_MSG(rc == 0 && strstr(out, "pgjobq router migrated (2 migrations applied)"), "%d %s %s", rc, out, err);
     free(out);
     free(err);
     rc = t_cli(&out, &err, NULL, 0, "migrate", "--router", "--db", ci_r, NULL);
@@ -636,4 +666,59 @@ TEST(cluster_cli_migrate_router)
     free(out);
     free(err);
     free(ci_r);
+}
+
+/* On a shard, a job of its queue that fails for good leaves its dead letter on that shard, in the
+ * failing transaction, whichever shard the map gives the dead-letter queue's partition to: the guard
+ * lets dead letters through (as the outbox's jobs), so a failure, or the rescue of a dead worker's job,
+ * is never refused for where its copy goes (docs/shards.md). */
+TEST(cluster_a_dead_letter_stays_on_the_shard_of_the_job_that_failed)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
+    PGconn *a = t_connect(ci_a);
+    pgjobq_client *c = NULL;
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    pgjobq_state st;
+    size_t n = 0;
+    int64_t id = 0;
+    char qa[16], qd[16];
+
+    queue_of_partition(qa, sizeof qa, 4, 0); /* sa's */
+    queue_of_partition(qd, sizeof qd, 4, 3); /* sb's */
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aabb", ""), "sa");
+    CHECK_RC(c, pgjobq_client_open(&c, ci_a), PGJOBQ_OK);
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, qa, qd));
+    /* (A job of sb's queue is still refused here.) */
+    o.queue = qd;
+    CHECK_RC(c, pgjobq_enqueue(c, "{}", &o, &id), PGJOBQ_EDB);
+    CHECK_STR(pgjobq_sqlstate(c), "PJQ01");
+
+    o.queue = qa;
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 1}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, qa, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "boom", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.dead_letters d JOIN pgjobq.jobs j ON j.id = d.id"
+                       " WHERE d.original_id = %lld AND j.queue = '%s'",
+                    (long long)id, qd),
+              1);
+
+    /* The rescue of a job whose last lease expired, the same. */
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 2}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, qa, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    pgjobq_jobs_free(jobs);
+    PQclear(t_exec(a, "UPDATE pgjobq.jobs SET lease_until = now() - interval '1 second' WHERE id = %lld", (long long)id));
+    int rescued = 0;
+    CHECK_OK(c, pgjobq_rescue_expired(c, 100, &rescued));
+    CHECK_INT(rescued, 1);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.dead_letters WHERE original_id = %lld", (long long)id), 1);
+    pgjobq_client_close(c);
+    PQfinish(a);
+    free(ci_a);
+    free(ci_b);
 }

@@ -655,3 +655,129 @@ TEST(cluster_client_bench_enqueue_through_the_cluster)
     free(ci_a);
     free(ci_b);
 }
+
+/* Parks one job of queue q on client c waiting for the event ("paid", key); returns its id. */
+static int64_t park_for_event(pgjobq_client *c, const char *q, const char *key)
+{
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+    char *payload = NULL;
+    o.queue = q;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, q, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_INT(jobs[0].id, id);
+    CHECK_RC(c, pgjobq_job_wait_event(c, id, jobs[0].lease_token, "w", "paid", key, 3600000, &payload), PGJOBQ_PARKED);
+    CHECK(payload == NULL);
+    pgjobq_jobs_free(jobs);
+    return id;
+}
+
+/* The resumed job id of queue q, claimed again: its wait answers the event's payload (want); then it
+ * completes. */
+static void resumed_with(pgjobq_client *c, const char *q, int64_t id, const char *key, const char *want)
+{
+    pgjobq_job *jobs = NULL;
+    size_t n = 0;
+    char *payload = NULL;
+    CHECK_OK(c, pgjobq_claim(c, q, 1, 60000, "w", &jobs, &n));
+    CHECK_INT((long long)n, 1);
+    CHECK_INT(jobs[0].id, id);
+    CHECK_OK(c, pgjobq_job_wait_event(c, id, jobs[0].lease_token, "w", "paid", key, 3600000, &payload));
+    CHECK_STR(payload, want);
+    pgjobq_free(payload);
+    CHECK_OK(c, pgjobq_job_complete(c, id, jobs[0].lease_token, NULL));
+    pgjobq_jobs_free(jobs);
+}
+
+/* How many jobs of pg wait for ("paid", key), parked. */
+static long long waiting_for(PGconn *pg, const char *key)
+{
+    return t_int(pg, "SELECT count(*) FROM pgjobq.job_parks p JOIN pgjobq.jobs j ON j.id = p.job_id"
+                     " WHERE p.event_name = 'paid' AND p.event_key = '%s' AND j.run_at > now()",
+                 key);
+}
+
+/* A job waiting for an event may be on any shard: the cluster's send reaches every one, from C, the
+ * command and (python/tests) Python; a shard that is down does not keep the others from it, and is
+ * named; a bad event reaches none. */
+TEST_FULL(cluster_client_an_event_reaches_the_waiting_jobs_of_every_shard, 120, 0)
+{
+    char *ci_a = t_extra_db("sa", 1), *ci_b = t_extra_db("sb", 1);
+    PGconn *a = t_connect(ci_a), *b = t_connect(ci_b);
+    char qa[16], qb[16];
+    pgjobq_client *ca, *cb;
+    int resumed = -1;
+
+    t_cluster_install(a, map_of(1, ci_a, ci_b, "aabb", ""), "sa");
+    t_cluster_install(b, map_of(1, ci_a, ci_b, "aabb", ""), "sb");
+    queue_of_partition(qa, sizeof qa, 4, 0);
+    queue_of_partition(qb, sizeof qb, 4, 3);
+    pgjobq_cluster *cl = NULL;
+    CHECK_MSG(pgjobq_cluster_open(&cl, ci_a) == PGJOBQ_OK, "open: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_OK(NULL, pgjobq_cluster_client(cl, 0, &ca));
+    CHECK_OK(NULL, pgjobq_cluster_client(cl, 1, &cb));
+
+    int64_t ja = park_for_event(ca, qa, "k1"), jb = park_for_event(cb, qb, "k1");
+    CHECK_INT(waiting_for(a, "k1") + waiting_for(b, "k1"), 2);
+    CHECK_MSG(pgjobq_cluster_send_event(cl, "paid", "k1", "{\"n\": 1}", &resumed) == PGJOBQ_OK, "%s",
+              pgjobq_cluster_errmsg(cl));
+    CHECK_INT(resumed, 2);
+    CHECK_INT(waiting_for(a, "k1") + waiting_for(b, "k1"), 0);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND run_at <= now()",
+                    (long long)ja),
+              1);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND run_at <= now()",
+                    (long long)jb),
+              1);
+    CHECK_INT(t_int(b, "SELECT count(*) FROM pgjobq.events WHERE name = 'paid' AND key = 'k1' AND payload = '{\"n\": 1}'"),
+              1);
+    resumed_with(ca, qa, ja, "k1", "{\"n\": 1}");
+    resumed_with(cb, qb, jb, "k1", "{\"n\": 1}");
+
+    /* The command, the same. */
+    ja = park_for_event(ca, qa, "k2");
+    jb = park_for_event(cb, qb, "k2");
+    char *out = NULL, *err = NULL;
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "send-event", "--cluster", ci_a, "paid", "k2", "--payload", "{}", NULL), 0);
+    CHECK_MSG(strcmp(out, "2\n") == 0, "%s %s", out, err);
+    free(out);
+    free(err);
+    CHECK_INT(waiting_for(a, "k2") + waiting_for(b, "k2"), 0);
+    resumed_with(ca, qa, ja, "k2", "{}");
+    resumed_with(cb, qb, jb, "k2", "{}");
+
+    /* A bad name reaches no shard. */
+    CHECK_INT(pgjobq_cluster_send_event(cl, "", "k9", NULL, &resumed), PGJOBQ_EINVAL);
+    CHECK_INT(t_int(a, "SELECT count(*) FROM pgjobq.events WHERE key = 'k9'") +
+                  t_int(b, "SELECT count(*) FROM pgjobq.events WHERE key = 'k9'"),
+              0);
+    pgjobq_cluster_close(cl);
+
+    /* sb down (nothing listens where the map now says it is): sa still takes the event, sb is named,
+     * and the command exits 69 saying so. */
+    t_cluster_install(a, map_of(2, ci_a, "host=127.0.0.1 port=1 dbname=b sslmode=disable", "aabb", ""), "sa");
+    CHECK_MSG(pgjobq_cluster_open(&cl, ci_a) == PGJOBQ_OK, "open: %s", pgjobq_cluster_errmsg(cl));
+    CHECK_OK(NULL, pgjobq_cluster_client(cl, 0, &ca));
+    ja = park_for_event(ca, qa, "k3");
+    CHECK_INT(pgjobq_cluster_send_event(cl, "paid", "k3", NULL, &resumed), PGJOBQ_ECONN);
+    CHECK_INT(resumed, 1);
+    CHECK_MSG(strncmp(pgjobq_cluster_errmsg(cl), "shard sb: ", 10) == 0 && !strstr(pgjobq_cluster_errmsg(cl), "shard sa"),
+              "%s", pgjobq_cluster_errmsg(cl));
+    CHECK_INT(waiting_for(a, "k3"), 0);
+    resumed_with(ca, qa, ja, "k3", "null");
+    park_for_event(ca, qa, "k4");
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "send-event", "--cluster", ci_a, "paid", "k4", NULL), 69);
+    CHECK_MSG(strstr(err, "shard sb") != NULL && strstr(err, "send it again") != NULL && out[0] == '\0', "%s %s", out,
+              err);
+    free(out);
+    free(err);
+    CHECK_INT(waiting_for(a, "k4"), 0);
+    pgjobq_cluster_close(cl);
+    PQfinish(a);
+    PQfinish(b);
+    free(ci_a);
+    free(ci_b);
+}

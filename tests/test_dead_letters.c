@@ -381,9 +381,93 @@ TEST(dead_letters_from_the_command_line)
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders.dead' AND dead_letter IS NOT NULL"),
               0);
+    /* `pgjobq show` links a job that failed for good and its dead letter, both ways, in text and JSON;
+     * a job with neither says so in JSON. */
+    pgjobq_client *c = t_client();
+    long long orig = put(c, "orders", "{\"o\": 1}", 1);
+    pgjobq_state st;
+    CHECK_OK(c, pgjobq_job_fail(c, orig, take(c, "orders", orig), "boom", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    long long dead = dead_letter_of(pg, orig);
+    CHECK(dead > 0);
+    char ids[2][24], want[96];
+    snprintf(ids[0], sizeof ids[0], "%lld", orig);
+    snprintf(ids[1], sizeof ids[1], "%lld", dead);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[0], NULL), 0);
+    snprintf(want, sizeof want, "dead letters:  %lld in orders.dead (", dead);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "dead letter of:") == NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], NULL), 0);
+    snprintf(want, sizeof want, "dead letter of: %lld in orders (", orig);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "dead letters:") == NULL, "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[0], "--json", NULL), 0);
+    snprintf(want, sizeof want, "\"dead_letter_of\":null,\"dead_letters\":[{\"id\":%lld,\"queue\":\"orders.dead\",\"at\":\"", dead);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "\"redriven_at\":null}]") != NULL, "%s", out);
+    free(out);
+    free(err);
+    /* Redriven: the link says when. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "retry", "--queue", "orders.dead", "--state", "queued", "--redrive", NULL), 0);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], "--json", NULL), 0);
+    snprintf(want, sizeof want, "\"dead_letter_of\":{\"id\":%lld,\"queue\":\"orders\",\"at\":\"", orig);
+    CHECK_MSG(strstr(out, want) != NULL && strstr(out, "\"redriven_at\":\"") != NULL &&
+                  strstr(out, "\"dead_letters\":[]") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids[1], NULL), 0);
+    CHECK_MSG(strstr(out, ", redriven ") != NULL, "%s", out);
+    free(out);
+    free(err);
+    pgjobq_client_close(c);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "set", "orders", "--dead-letter", "none", NULL), 0);
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders' AND dead_letter IS NULL"), 1);
+    PQfinish(pg);
+}
+
+/* A durable job's stored steps go with its dead letter: the dead letter, and a redrive of it, resume
+ * after them (a step with effects is not run twice), as a retry of the failed job would. */
+TEST(dead_letters_keep_the_jobs_stored_steps)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    pgjobq_state st;
+    char *got = NULL;
+
+    CHECK_OK(c, pgjobq_queue_set_dead_letter(c, "flows", "flows.dead"));
+    int64_t id = put(c, "flows", "{\"flow\": 1}", 1);
+    int64_t token = take(c, "flows", id);
+    CHECK_OK(c, pgjobq_step_put(c, id, token, "charge", "{\"charged\": 1200}", NULL));
+    CHECK_OK(c, pgjobq_job_fail(c, id, token, "the second step failed", 0, 0, &st));
+    CHECK_INT(st, PGJOBQ_FAILED);
+    long long dead = dead_letter_of(pg, id);
+    CHECK(dead > 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld AND name = 'charge'"
+                        " AND result = '{\"charged\": 1200}'",
+                    dead),
+              1);
+    /* The failed job keeps its own (its history). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)id), 1);
+
+    /* Redriven: back in flows, and the step answers from storage. */
+    pgjobq_filter f = PGJOBQ_FILTER_INIT;
+    int64_t n = 0;
+    f.queue = "flows.dead";
+    f.state = PGJOBQ_QUEUED;
+    CHECK_OK(c, pgjobq_retry_where(c, &f, PGJOBQ_REDRIVE, &n, NULL));
+    CHECK_INT(n, 1);
+    token = take(c, "flows", dead);
+    CHECK_OK(c, pgjobq_step_get(c, dead, token, "charge", &got));
+    CHECK_STR(got, "{\"charged\": 1200}");
+    pgjobq_free(got);
+    CHECK_RC(c, pgjobq_step_get(c, dead, token, "ship", &got), PGJOBQ_ENOTFOUND);
+    CHECK_OK(c, pgjobq_job_complete(c, dead, token, NULL));
+    pgjobq_client_close(c);
     PQfinish(pg);
 }

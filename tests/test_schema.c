@@ -868,6 +868,19 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q26k' AND payload = '{\"v\": 2}'"), 1);
     id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q26k', unique_key => 't', unique_for => '1 hour')");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.unique_holds WHERE job_id = %lld", (long long)id), 1);
+    /* The reads of 27: a job by its id, live or finished (what pgjobq_job_get reads), and a held job's
+     * steps at once. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_get(%lld) WHERE queue = 'q26k'", (long long)id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_get(-1)"), 0);
+    o.queue = "q27";
+    CHECK_OK(c, pgjobq_enqueue(c, "{\"n\": 27}", &o, &id));
+    CHECK_OK(c, pgjobq_claim(c, "q27", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_OK(c, pgjobq_step_put(c, id, jobs[0].lease_token, "one", "1", NULL));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.steps_of(%lld, %lld) WHERE held AND name = 'one'", (long long)id,
+                    (long long)jobs[0].lease_token),
+              1);
+    pgjobq_jobs_free(jobs);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -214,10 +214,12 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
     /* The Python package: JobInfo has every column of pgjobq.all_jobs but the lease (lease_token is
      * the holder's secret; lease_until the engine's business) and the routing key (the cluster
      * client's, not yet in Python: docs/shards.md), and reads them in its fields' order, then the job's
-     * steps and park (pgjobq.steps, pgjobq.job_park_of: docs/durable.md). */
+     * steps and park (pgjobq.steps, pgjobq.job_park_of: docs/durable.md) and its dead-letter links
+     * (pgjobq.monitor_dead_letters: docs/queues.md). */
     char fields[1024], columns[1024];
     python_job_info(fields, columns);
-    same_names(pg, "pgjobq._jobs.JobInfo", fields, all_jobs, "lease_token,lease_until,route_key", "steps,parked");
+    same_names(pg, "pgjobq._jobs.JobInfo", fields, all_jobs, "lease_token,lease_until,route_key",
+               "steps,parked,dead_letter_of,dead_letters");
     CHECK_STR(columns, fields);
 
     free(jobs);

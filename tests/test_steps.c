@@ -839,3 +839,45 @@ TEST_FULL(steps_the_c_tour_of_docs_durable_md_runs, 120, 0)
               1);
     PQfinish(pg);
 }
+
+/* A step's store in a transaction that wrote nothing else (a step whose effects are elsewhere) does
+ * not wait for the WAL's flush (synchronous_commit off for that transaction alone); a store after
+ * the step's effects in the same transaction leaves the caller's setting as it was, so that its
+ * effects are flushed at its commit (docs/guarantees.md, promise 15). */
+TEST(steps_a_store_alone_does_not_wait_for_the_flush_and_one_with_effects_does)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+
+    int64_t id = enqueue_one(c, "sc", "k");
+    pgjobq_job *j = claim_one(c, "sc");
+    PQclear(t_exec(pg, "CREATE TABLE ledger (n int)"));
+    /* (The test server runs with it off: this session asks for it.) */
+    PQclear(t_exec(pg, "SET synchronous_commit = on"));
+    /* Alone in its transaction: off until that transaction ends. */
+    PQclear(t_exec(pg, "BEGIN"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.step_put(%lld, %lld, 'alone', '1') WHERE outcome = 'stored'",
+                    (long long)id, (long long)j->lease_token),
+              1);
+    char *s = t_str(pg, "SHOW synchronous_commit");
+    CHECK_STR(s, "off");
+    free(s);
+    PQclear(t_exec(pg, "COMMIT"));
+    s = t_str(pg, "SHOW synchronous_commit");
+    CHECK_STR(s, "on");
+    free(s);
+    /* After an effect of its step: the caller's setting stands. */
+    PQclear(t_exec(pg, "BEGIN"));
+    PQclear(t_exec(pg, "INSERT INTO ledger VALUES (1)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.step_put(%lld, %lld, 'with', '2') WHERE outcome = 'stored'",
+                    (long long)id, (long long)j->lease_token),
+              1);
+    s = t_str(pg, "SHOW synchronous_commit");
+    CHECK_STR(s, "on");
+    free(s);
+    PQclear(t_exec(pg, "COMMIT"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld", (long long)id), 2);
+    pgjobq_jobs_free(j);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}

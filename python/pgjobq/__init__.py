@@ -33,7 +33,9 @@ from ._enqueue import (
     forward_async,
 )
 from ._durable import EventTimeout, LeaseLost, Parked
+from ._cluster import current as _cluster_current
 from ._durable import send_event as _send_event, send_event_async as _send_event_async
+from ._durable import send_event_cluster as _send_event_cluster, send_event_cluster_async as _send_event_cluster_async
 from ._txn import TransactionWarning
 from .errors import (
     DuplicateJob,
@@ -76,12 +78,20 @@ from ._jobs import (
 def send_event(conn: Any, name: str, key: Optional[str] = None, payload: Any = None) -> int:
     """``pgjobq.send_event`` on ``conn`` (your connection or session: in your transaction; a URL:
     committed): resumes the jobs parked in ``ctx.wait_for_event(name, key)`` with ``payload``, and
-    keeps the event 7 days for the waits that begin later.  Returns how many jobs it resumed."""
+    keeps the event 7 days for the waits that begin later.  Returns how many jobs it resumed.  None:
+    the configured database, or with $PGJOBQ_CLUSTER set every shard of that cluster, each in a
+    transaction of its own (``App.send_event``)."""
+    cl = _cluster_current() if conn is None else None
+    if cl is not None:
+        return _send_event_cluster(cl, name, key, payload)
     return _send_event(conn, name, key, payload)
 
 
 async def send_event_async(conn: Any, name: str, key: Optional[str] = None, payload: Any = None) -> int:
     """``send_event`` on a psycopg ``AsyncConnection`` (or a URL)."""
+    cl = _cluster_current() if conn is None else None
+    if cl is not None:
+        return await _send_event_cluster_async(cl, name, key, payload)
     return await _send_event_async(conn, name, key, payload)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _sql
 from ._util import DELAY_MAX_S, check_json, delay_seconds, dumps
@@ -365,4 +365,48 @@ async def send_event_async(target: Any, name: str, key: Any, payload: Any) -> in
     rows = await _sql.arun(target, _SEND, {"name": name, "key": _key(key),
                                            "payload": dumps(payload, "the event's payload")})
     return int(rows[0][1])
+
+
+def _shards_in_order(m: Any) -> List[str]:
+    return sorted(m.shards, key=lambda s: m.shards[s][0])
+
+
+def _sent_everywhere(total: int, failed: List[BaseException]) -> int:
+    """The jobs resumed over the shards, or the first shard's failure, carrying ``resumed`` (what the
+    others resumed) and ``failed`` (every failure, one per shard that did not take it)."""
+    if failed:
+        e = failed[0]
+        e.resumed = total  # type: ignore[attr-defined]
+        e.failed = failed  # type: ignore[attr-defined]
+        raise e
+    return total
+
+
+def send_event_cluster(cl: Any, name: str, key: Any, payload: Any) -> int:
+    """send_event on every shard of the cluster (a job waiting for it may be on any), each in a
+    transaction of its own; the others go on when one fails (an event is a fact: sending it again
+    changes nothing for the jobs that got it)."""
+    check_name(name, "an event's name")
+    dumps(payload, "the event's payload")  # (bad input: refused before any shard is asked)
+    m = cl.map()
+    total, failed = 0, []
+    for shard in _shards_in_order(m):
+        try:
+            total += cl.on_shard(m, shard, send_event, name, key, payload)
+        except Exception as e:  # noqa: BLE001 - the other shards still get it
+            failed.append(e)
+    return _sent_everywhere(total, failed)
+
+
+async def send_event_cluster_async(cl: Any, name: str, key: Any, payload: Any) -> int:
+    check_name(name, "an event's name")
+    dumps(payload, "the event's payload")
+    m = cl.map()
+    total, failed = 0, []
+    for shard in _shards_in_order(m):
+        try:
+            total += await cl.aon_shard(m, shard, send_event_async, name, key, payload)
+        except Exception as e:  # noqa: BLE001
+            failed.append(e)
+    return _sent_everywhere(total, failed)
 

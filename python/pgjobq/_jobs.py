@@ -72,6 +72,10 @@ class JobInfo:
     # and its park now: a durable sleep or a wait for an event (None when it is not parked).
     steps: List["StepInfo"] = dataclasses.field(default_factory=list)
     parked: Optional["ParkInfo"] = None
+    # Its dead-letter links (docs/queues.md, "Dead letters"): the id of the job it is the dead letter
+    # of (None: it is none), and the ids of the dead letters it left (one per time it failed for good).
+    dead_letter_of: Optional[int] = None
+    dead_letters: List[int] = dataclasses.field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -112,8 +116,11 @@ SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_att
           FROM pgjobq.steps(a.id) s) AS steps,
        (SELECT jsonb_build_array(p.parked, p.step, extract(epoch FROM p.until), extract(epoch FROM p.since),
                                  p.event_name, p.event_key)
-          FROM pgjobq.job_park_of(a.id) p) AS parked
-  FROM pgjobq.all_jobs a WHERE id = CAST(:id AS bigint)
+          FROM pgjobq.job_park_of(a.id) p) AS parked,
+       (SELECT d.id FROM pgjobq.monitor_dead_letters(a.id) d WHERE d.relation = 'of') AS dead_letter_of,
+       ARRAY(SELECT d.id FROM pgjobq.monitor_dead_letters(a.id) d WHERE d.relation = 'to' ORDER BY d.id)
+         AS dead_letters
+  FROM pgjobq.job_get(CAST(:id AS bigint)) a
 """
 
 
@@ -124,14 +131,15 @@ def _when(epoch: Any) -> _dt.datetime:
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key, snoozes, steps, parked) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes, steps, parked, dead_letter_of, dead_letters) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
                    cancel_requested_at, cancel_told_at, route_key, int(snoozes),
                    [StepInfo(str(n), int(a), _when(t), int(b)) for n, a, t, b in steps or []],
                    ParkInfo(parked[0], parked[1], _when(parked[2]), _when(parked[3]), parked[4], parked[5])
-                   if parked else None)
+                   if parked else None,
+                   int(dead_letter_of) if dead_letter_of is not None else None, [int(d) for d in dead_letters or []])
 
 
 def get(conn: Any, job_id: int) -> Optional[JobInfo]:
@@ -209,7 +217,7 @@ def result(conn: Any, job_id: int, timeout: Optional[Duration] = 30.0, *, poll: 
     it waits on a connection of its own, outside any transaction, woken by a notification sent in the
     transaction that finishes the job (docs/durable.md, "Awaiting a result"), and reads it every
     ``poll`` seconds (default 10) in case one was missed.  On a connection of the caller's it polls
-    ``pgjobq.all_jobs`` with a backoff from 10 ms to ``poll`` (default 0.5 s); one not in autocommit
+    the job (``pgjobq.job_get``) with a backoff from 10 ms to ``poll`` (default 0.5 s); one not in autocommit
     mode runs each look in the caller's open transaction."""
     limit = None if timeout is None else seconds(timeout, "timeout")
     own = _own_polling_connection(conn)

@@ -577,17 +577,26 @@ class App:
         of ``conn`` when it is one of yours (the event exists, and resumes jobs, only if that
         commits): every job parked in ``ctx.wait_for_event`` for it is due at once, with the
         payload stored as its wait's answer, and waits that begin later (within 7 days) find it.
-        Returns how many parked jobs it resumed.  (On a cluster of shards: the App's own database,
-        or ``conn``'s; an event reaches the jobs of that shard.)"""
+        Returns how many parked jobs it resumed.  On a cluster of shards without ``conn``: every
+        shard, each in a transaction of its own (a job waiting for it may be on any); when shards
+        fail the others still take it, and the first failure is raised with ``resumed`` (what the
+        others resumed) and ``failed`` (one error per shard that did not take it): send it again.
+        With ``conn``: that database alone, in its transaction."""
         from . import _durable
 
-        return _durable.send_event(self._target(conn), name, key, payload)
+        target, cl = self._where(conn)
+        if target is None:
+            return _durable.send_event_cluster(cl, name, key, payload)
+        return _durable.send_event(target, name, key, payload)
 
     async def send_event_async(self, name: str, key: Optional[str] = None, payload: Any = None, *,
                                conn: Any = None) -> int:
         from . import _durable
 
-        return await _durable.send_event_async(self._target(conn), name, key, payload)
+        target, cl = self._where(conn)
+        if target is None:
+            return await _durable.send_event_cluster_async(cl, name, key, payload)
+        return await _durable.send_event_async(target, name, key, payload)
 
     def retry(self, job_id: int, *, conn: Any = None) -> str:
         try:

@@ -164,6 +164,9 @@ def test_dead_letters_and_redrive(queue, pg):
     info = app.get(dead)
     assert (info.queue, info.state, info.kind, info.payload, info.last_error) == (dlq, "queued", "charge",
                                                                                   {"order": 7}, "declined")
+    # The links, both ways, on JobInfo; a job with neither has none.
+    assert (info.dead_letter_of, info.dead_letters) == (job.id, [])
+    assert (app.get(job.id).dead_letter_of, app.get(job.id).dead_letters) == (None, [dead])
     assert app.retry_where(dlq, "queued", redrive=True, dry_run=True) == {"retried": 1, "skipped": 0}
     assert app.retry_where(dlq, "queued", redrive=True) == {"retried": 1, "skipped": 0}
     assert app.get(dead).queue == queue

@@ -479,3 +479,74 @@ def test_forward_moves_a_job_to_its_shard_with_the_applications_transaction(shar
         rows = c.execute("SELECT id, payload FROM pgjobq.jobs WHERE queue = %s AND kind = 'echo' AND route_key = %s",
                          (SPREAD, key)).fetchall()
     assert rows == [(result["id"], {"order": 2})]
+
+
+def _park_for_event(ci, queue, key):
+    """A job of queue on the shard ci, claimed and parked waiting for ("paid", key): its id."""
+    with psycopg.connect(ci, autocommit=True) as c:
+        # (First of the queue, whatever earlier tests left there: lower priorities go first.)
+        jid = c.execute("SELECT id FROM pgjobq.enqueue(%s, 'echo', priority => -100::smallint)",
+                        (queue,)).fetchone()[0]
+        got, token = c.execute("SELECT id, lease_token FROM pgjobq.claim(%s, 1, '30 seconds', 'pytest')",
+                               (queue,)).fetchone()
+        assert got == jid
+        (outcome,) = c.execute("SELECT outcome FROM pgjobq.wait_event(%s, %s, 'w', 'paid', %s, '1 hour')",
+                               (jid, token, key)).fetchone()
+        assert outcome == "parked"
+    return jid
+
+
+def _resumed_with(ci, queue, jid, key, want):
+    """The resumed job, claimed again: its wait answers the event's payload (want); then it completes."""
+    with psycopg.connect(ci, autocommit=True) as c:
+        got, token = c.execute("SELECT id, lease_token FROM pgjobq.claim(%s, 1, '30 seconds', 'pytest')",
+                               (queue,)).fetchone()
+        assert got == jid
+        assert c.execute("SELECT outcome, payload FROM pgjobq.wait_event(%s, %s, 'w', 'paid', %s, '1 hour')",
+                         (jid, token, key)).fetchone() == ("event", want)
+        c.execute("SELECT pgjobq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], ARRAY[NULL]::jsonb[])",
+                  (jid, token))
+
+
+def _waiting(ci, key):
+    with psycopg.connect(ci, autocommit=True) as c:
+        return c.execute("SELECT count(*) FROM pgjobq.job_parks WHERE event_name = 'paid' AND event_key = %s",
+                         (key,)).fetchone()[0]
+
+
+def test_an_event_reaches_the_waiting_jobs_of_every_shard(shards, tmp_path, monkeypatch):
+    """app.send_event and pgjobq.send_event(None, ...) in a cluster: every shard (a waiting job may be on
+    any); a shard that is down is raised, naming it, after the others took the event."""
+    app = pgjobq.App(cluster=shards["a"])
+    ja = _park_for_event(shards["a"], ON_A, "py1")
+    jb = _park_for_event(shards["b"], PINNED, "py1")
+    assert app.send_event("paid", "py1", {"n": 1}) == 2
+    assert (_waiting(shards["a"], "py1"), _waiting(shards["b"], "py1")) == (0, 0)
+    _resumed_with(shards["a"], ON_A, ja, "py1", {"n": 1})
+    _resumed_with(shards["b"], PINNED, jb, "py1", {"n": 1})
+    ja = _park_for_event(shards["a"], ON_A, "py2")
+    jb = _park_for_event(shards["b"], PINNED, "py2")
+    monkeypatch.setenv("PGJOBQ_CLUSTER", shards["a"])
+    assert asyncio.run(pgjobq.send_event_async(None, "paid", "py2")) == 2
+    assert (_waiting(shards["a"], "py2"), _waiting(shards["b"], "py2")) == (0, 0)
+    _resumed_with(shards["a"], ON_A, ja, "py2", None)
+    _resumed_with(shards["b"], PINNED, jb, "py2", None)
+    # With a connection: that database alone, in its transaction.
+    jb = _park_for_event(shards["b"], PINNED, "py3")
+    with psycopg.connect(shards["a"]) as c:
+        assert app.send_event("paid", "py3", conn=c) == 0
+    assert _waiting(shards["b"], "py3") == 1
+    with psycopg.connect(shards["b"], autocommit=True) as c:
+        c.execute("SELECT pgjobq.cancel(%s)", (jb,))
+    # Shard b down: a takes it, b is raised with what a resumed.
+    down = dict(shards)
+    down["b"] = "host=127.0.0.1 port=9 dbname=nowhere connect_timeout=3"
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(the_map(down)))
+    _park_for_event(shards["a"], ON_A, "py4")
+    with pytest.raises(pgjobq.ShardUnavailable) as e:
+        pgjobq.App(cluster=f"file:{path}").send_event("paid", "py4")
+    assert e.value.shard == "b" and e.value.resumed == 1 and len(e.value.failed) == 1
+    assert _waiting(shards["a"], "py4") == 0
+    with pytest.raises(pgjobq.InvalidArgument):
+        app.send_event("", "py5")

@@ -369,7 +369,7 @@ $$;
 -- live on the queue's partition (a pinned queue, or jobs without a key: nearly every statement) costs
 -- one pass over its rows and three indexed reads; otherwise the partitions are computed once per
 -- distinct queue (pinned) or routing key (spread).  The outbox's queue (outbox.sql) is this database's
--- whatever the map says of its name.
+-- whatever the map says of its name, and a dead letter stays where its job failed.
 CREATE OR REPLACE FUNCTION pgjobq.cluster_guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -411,6 +411,13 @@ BEGIN
          WHERE o.shard IS DISTINCT FROM v_c.self AND n.queue <> pgjobq.outbox_queue()
          LIMIT 1;
         v_bad := FOUND;
+    END IF;
+    -- Dead letters (dead_letter_send: a statement of dead letters only, linked in the same statement)
+    -- stay on the shard of the job that failed, in its transaction, wherever their queue lives: a
+    -- failure, or a rescue, is never refused for its copy (docs/shards.md).  Asked only when refusing.
+    IF v_bad AND NOT EXISTS (SELECT FROM new_jobs j WHERE NOT EXISTS (SELECT FROM pgjobq.dead_letters d
+                                                                       WHERE d.id = j.id)) THEN
+        RETURN NULL;
     END IF;
     IF v_bad THEN
         RAISE EXCEPTION 'pgjobq: a job of queue "%" is of partition %, which shard "%" owns in the map of epoch %, not this shard ("%"): read the map again and route again',

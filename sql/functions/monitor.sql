@@ -458,6 +458,36 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
 $$;
 
+-- job_get(job_id): one job, live or finished, every column but its lease token, as the library and the
+-- Python package read it (pgjobq_job_get, pgjobq_job_wait, `pgjobq show`, get, result); no row when
+-- there is none (pruned, or never).  PL/pgSQL with a generic plan: planned once per session, where
+-- the same statement sent on its own plans an index scan of every partition of the history at each
+-- call.  With the caller's rights, which are those to read the jobs (admin, monitor).
+-- (Dropped first: a database made by a build of this version before it returned the routing key and
+-- the rest had the shorter form, whose result type CREATE OR REPLACE cannot change; the grants come
+-- back with sql/roles.sql, applied after these files.)
+DROP FUNCTION IF EXISTS pgjobq.job_get(bigint);
+CREATE OR REPLACE FUNCTION pgjobq.job_get(job_id bigint)
+RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallint, state text, attempt integer,
+               max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
+               finished_at timestamptz, lease_until timestamptz, worker_id text, result jsonb, last_error text,
+               unique_key text, cancel_requested boolean, tags text[], progress jsonb,
+               cancel_requested_at timestamptz, concurrency_key text, cancel_told_at timestamptz, route_key text,
+               snoozes integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT a.id, a.queue::text, a.kind::text, a.payload::jsonb, a.priority, a.state::text, a.attempt, a.max_attempts,
+           a.run_at, a.created_at, a.started_at, a.finished_at, a.lease_until, a.worker_id::text, a.result,
+           a.last_error, a.unique_key::text, a.cancel_requested, a.tags, a.progress, a.cancel_requested_at,
+           a.concurrency_key::text, a.cancel_told_at, a.route_key::text, a.snoozes
+      FROM pgjobq.all_jobs a WHERE a.id = job_get.job_id;
+END
+$$;
+
 -- monitor_dead_letters(job_id): a job's dead-letter links (pgjobq.dead_letters): 'of', the job it is the
 -- dead letter of (which failed for good in `queue`); 'to', the dead letter it left when it failed for
 -- good (made in the dead-letter queue `queue`); each with when, and when it was redriven.  The job

@@ -49,17 +49,45 @@ $$;
 -- step_get(id, token, name): the step `name` of the job its caller holds: ('stored', its result,
 -- when it was stored), ('none', NULL, NULL) when it was never stored, or ('lost', ...) when the
 -- job does not run under that token any more (ended, expired, taken over).
+-- (PL/pgSQL, not SQL: a SQL function that cannot be inlined, as a SECURITY DEFINER one, plans its
+-- query at every call; PL/pgSQL keeps the plan for the session.)
 CREATE OR REPLACE FUNCTION pgjobq.step_get(id bigint, token bigint, name text)
 RETURNS TABLE (outcome text, result jsonb, stored_at timestamptz)
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT CASE WHEN j.id IS NULL THEN 'lost' WHEN s.job_id IS NULL THEN 'none' ELSE 'stored' END,
            s.result, s.stored_at
       FROM (SELECT) one
       LEFT JOIN pgjobq.jobs j
         ON j.id = step_get.id AND j.lease_token = step_get.token AND j.lease_until > clock_timestamp()
-      LEFT JOIN pgjobq.job_steps s ON j.id IS NOT NULL AND s.job_id = step_get.id AND s.name = step_get.name
+      LEFT JOIN pgjobq.job_steps s ON j.id IS NOT NULL AND s.job_id = step_get.id AND s.name = step_get.name;
+END
+$$;
+
+-- steps_of(id, token): every stored step of the job its caller holds, at once: a row (true, name,
+-- result) each, or one row (true, NULL, NULL) when it has none; one row (false, NULL, NULL) when the
+-- job does not run under that token any more.  A handler reads them at its first step and runs, and
+-- stores, each step not among them without a read of its own (step_put still refuses a store under
+-- a lost lease).
+CREATE OR REPLACE FUNCTION pgjobq.steps_of(id bigint, token bigint)
+RETURNS TABLE (held boolean, name text, result jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgjobq.jobs j
+                    WHERE j.id = steps_of.id AND j.lease_token = steps_of.token AND j.lease_until > clock_timestamp()) THEN
+        RETURN QUERY SELECT false, NULL::text, NULL::jsonb;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, s.name, s.result FROM pgjobq.job_steps s WHERE s.job_id = steps_of.id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, NULL::text, NULL::jsonb;
+    END IF;
+END
 $$;
 
 -- step_put(id, token, name, value): stores the result of the job's step `name` (any JSON, NULL
@@ -83,6 +111,15 @@ BEGIN
     IF octet_length(value::text) > 1048576 THEN
         RAISE EXCEPTION 'pgjobq.step_put: the result of step "%" is % bytes of JSON; at most 1048576',
             step_put.name, octet_length(value::text) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A transaction that has written nothing else (a step whose effects are elsewhere, stored on its
+    -- own) commits without waiting for the WAL's flush: its record is durable with the job's next
+    -- flushed write (a step with effects in the database, its completion), and lost only to a crash
+    -- or failover of the server within that moment, when the step runs again (at least once, as such
+    -- a step runs anyway: docs/guarantees.md, promise 15).  A step with effects keeps them durable at
+    -- its commit.
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     SELECT j.attempt INTO v_attempt FROM pgjobq.jobs j
      WHERE j.id = step_put.id AND j.lease_token = step_put.token AND j.lease_until > clock_timestamp()

@@ -165,8 +165,8 @@ $$;
 -- cancelled gets a copy there, in the same transaction, so that the failure and the dead letter commit
 -- together or not at all.  The copy is a new job, queued and due now, with the job's kind, payload,
 -- priority, max_attempts, tags, concurrency and routing keys, and errors[i] (the final error; NULL:
--- the job's last) as its last_error; not its unique key (the dead-letter queue keeps every failure).
--- pgjobq.dead_letters links it to the job that failed, which keeps its id and history row, and names
+-- the job's last) as its last_error, and its stored steps (job_steps); not its unique key (the
+-- dead-letter queue keeps every failure).  pgjobq.dead_letters links it to the job that failed, which keeps its id and history row, and names
 -- the queue a redrive sends it back to (retry_where).  A paused or limited dead-letter queue receives
 -- all the same (those settings hold claims back, not inserts); its level is recorded, leniently (at
 -- the cap of levels the claims find it within a second), and its workers are woken.  Returns how many
@@ -206,7 +206,12 @@ BEGIN
         RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     linked AS (
         INSERT INTO pgjobq.dead_letters (id, original_id, original_queue, queue)
-        SELECT d.new_id, d.id, d.queue, d.dead_letter FROM dead d)
+        SELECT d.new_id, d.id, d.queue, d.dead_letter FROM dead d),
+    -- Its stored steps go with it (docs/durable.md): the dead letter, and a redrive of it, resume after
+    -- them, as a retry of the failed job would; a step's effects are not made twice.
+    stepped AS (
+        INSERT INTO pgjobq.job_steps (job_id, name, result, attempt, stored_at)
+        SELECT d.new_id, s.name, s.result, s.attempt, s.stored_at FROM dead d JOIN pgjobq.job_steps s ON s.job_id = d.id)
     SELECT array_agg(m.queue), array_agg(m.priority), count(*) INTO v_queues, v_prios, v_n FROM made m;
     IF v_n > 0 THEN
         PERFORM pgjobq.levels_record(v_queues, v_prios, false);

@@ -8,12 +8,13 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_producer') THEN
         GRANT EXECUTE ON FUNCTION
             pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[],
-                           text, text),
+                           text, text, text, interval),
             pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[],
                                 text[], boolean, text[]),
             pgjobq.enqueue_split(integer[], text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[],
                                  text[], text[], boolean, text[]),
-            pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint), pgjobq.cluster_map()
+            pgjobq.route_hash(text), pgjobq.route_partition(text, text), pgjobq.route_job(bigint), pgjobq.cluster_map(),
+            pgjobq.send_event(text, text, jsonb), pgjobq.shard_send_event(text, text, jsonb)
         TO pgjobq_producer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgjobq_monitor') THEN
@@ -27,9 +28,10 @@ BEGIN
             pgjobq.job_partitions(bigint), pgjobq.cluster_set(jsonb, text),
             pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.shard_cancel(bigint), pgjobq.shard_retry(bigint),
             pgjobq.cancel_where(text, text, text, interval, boolean),
-            pgjobq.retry_where(text, text, text, interval, boolean),
+            pgjobq.retry_where(text, text, text, interval, boolean, boolean),
             pgjobq.shard_cancel_where(text, text, text, interval, boolean),
-            pgjobq.shard_retry_where(text, text, text, interval, boolean)
+            pgjobq.shard_retry_where(text, text, text, interval, boolean, boolean),
+            pgjobq.send_event(text, text, jsonb), pgjobq.shard_send_event(text, text, jsonb)
         TO pgjobq_admin;
     END IF;
 END

@@ -74,6 +74,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     tags         text[]      DEFAULT NULL,
     on_parent_failure text   DEFAULT NULL,
     route_key    text        DEFAULT NULL,
+    on_conflict  text        DEFAULT NULL,
+    unique_for   interval    DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plproxy
@@ -162,6 +164,28 @@ BEGIN
                                 coalesce(route_keys, array_fill(NULL::text, ARRAY[n]))) AS s
      ORDER BY s.ord;
 END
+$$;
+
+-- shard_send_event(name, key, payload): a shard's send_event on every shard (RUN ON ALL), how many
+-- jobs each resumed.
+CREATE OR REPLACE FUNCTION pgjobq.shard_send_event(name text, key text, payload jsonb) RETURNS SETOF integer
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'pgjobq';
+    RUN ON ALL;
+    SELECT e.resumed FROM pgjobq.send_event(name, key, payload) AS e;
+$$;
+
+-- send_event(name, key, payload): a shard's, the same arguments, on every shard (a job waiting for the
+-- event may be on any; docs/durable.md, "Events"), the jobs resumed summed; id is NULL (an event per
+-- shard).  Each shard takes it in a transaction of its own: a shard that fails fails the call, and the
+-- others may have taken it (sending it again changes nothing for the jobs that got it).
+CREATE OR REPLACE FUNCTION pgjobq.send_event(name text, key text DEFAULT '', payload jsonb DEFAULT NULL)
+RETURNS TABLE (id bigint, resumed integer)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NULL::bigint, coalesce(sum(n), 0)::integer FROM pgjobq.shard_send_event(name, key, payload) AS n
 $$;
 
 -- shard_stats(): each shard's pgjobq.stats(), with the shard's name (its self), from every shard at
@@ -255,13 +279,13 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobq.shard_retry_where(queue text, state text, kind text, since interval,
-                                                    dry_run boolean)
+                                                    dry_run boolean, redrive boolean)
 RETURNS TABLE (retried bigint, skipped bigint)
 LANGUAGE plproxy
 AS $$
     CLUSTER 'pgjobq';
     RUN ON ALL;
-    SELECT r.retried, r.skipped FROM pgjobq.retry_where(queue, state, kind, since, dry_run) AS r;
+    SELECT r.retried, r.skipped FROM pgjobq.retry_where(queue, state, kind, since, dry_run, redrive) AS r;
 $$;
 
 -- cancel_where(...), retry_where(...): a shard's, the same arguments and answer, summed over the shards
@@ -277,11 +301,12 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobq.retry_where(queue text, state text, kind text DEFAULT NULL,
-                                              since interval DEFAULT NULL, dry_run boolean DEFAULT false)
+                                              since interval DEFAULT NULL, dry_run boolean DEFAULT false,
+                                              redrive boolean DEFAULT false)
 RETURNS TABLE (retried bigint, skipped bigint)
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(sum(r.retried), 0)::bigint, coalesce(sum(r.skipped), 0)::bigint
-      FROM pgjobq.shard_retry_where(queue, state, kind, since, dry_run) AS r
+      FROM pgjobq.shard_retry_where(queue, state, kind, since, dry_run, coalesce(redrive, false)) AS r
 $$;

@@ -1,0 +1,14 @@
+-- pgjobq schema migration 27: reads that keep their plan (docs/durable.md, "What it costs").
+-- needs: 26
+--
+--   pgjobq.job_get(job_id)       one job, live or finished, as the library reads it (pgjobq_job_get,
+--                                pgjobq_job_wait, `pgjobq show`): a PL/pgSQL function, so that its
+--                                statements are planned once per session instead of at every call (a
+--                                read of pgjobq.all_jobs by id plans an index scan of every partition
+--                                of the history, milliseconds each time).
+--   pgjobq.steps_of(id, token)   the stored steps of the job its caller holds, all at once, fenced as
+--                                step_get: a handler's steps are read once per attempt, then each step
+--                                not stored is run and stored without a read of its own.
+--
+-- New functions only (sql/functions/monitor.sql, steps.sql): libraries of version 26 keep working.
+SELECT 1;
