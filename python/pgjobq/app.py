@@ -585,16 +585,16 @@ class App:
         from . import _durable
 
         target, cl = self._where(conn)
-        if target is None:
+        if target is None and cl is not None:
             return _durable.send_event_cluster(cl, name, key, payload)
-        return _durable.send_event(target, name, key, payload)
+        return _durable.send_event(target, name, key, payload)  # (target None: $PGJOBQ_DATABASE_URL)
 
     async def send_event_async(self, name: str, key: Optional[str] = None, payload: Any = None, *,
                                conn: Any = None) -> int:
         from . import _durable
 
         target, cl = self._where(conn)
-        if target is None:
+        if target is None and cl is not None:
             return await _durable.send_event_cluster_async(cl, name, key, payload)
         return await _durable.send_event_async(target, name, key, payload)
 
