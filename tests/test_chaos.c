@@ -20,6 +20,8 @@
  *                  database restart, listener recovery, pickup latency
  *
  * The short form runs in `make check` (PGJOBQ_CHAOS_SECONDS, default 30); `make chaos` runs it long.
+ * Two more modes follow: effects in the completing transaction, and ten-step workflows (durable
+ * steps, docs/durable.md) whose size is PGJOBQ_CHAOS_WORKFLOWS (1,000 in make chaos, 100 in make check).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -762,5 +764,367 @@ TEST_FULL(chaos_effects_in_the_completing_transaction_happen_exactly_once, 900, 
     CHECK_INT(dup, 0);
     CHECK_INT(missing, 0);
     CHECK_INT(wrong_token, 0);
+    PQfinish(pg);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Third mode: ten-step workflows (docs/durable.md), each step's effect in its fenced transaction.  */
+
+/*
+ * Worker processes (the C library, pgjobq_ctx_step_tx) run workflows of ten steps; each step appends
+ * its row to a ledger in the transaction that stores the step, and each execution of a step's
+ * function first records itself in an unfenced log (autocommit, a connection of its own), so that
+ * every rerun is seen.  Meanwhile, one fault at a time, a worker is killed (-9), cut off (its
+ * connections terminated as soon as they are made, for 2.5 s: past its 2 s lease) or frozen past its
+ * lease (SIGSTOP); and the worker running step 4 of every SC_STALL_EVERY-th workflow's first attempt
+ * is frozen while that step is in flight (the step says so and waits), so that its store comes after
+ * its lease: it must be refused.  An audit of pgjobq.jobs (at clock_timestamp()) says when each
+ * lease was taken away.
+ *
+ * Must be zero: workflows not completed, jobs left, (job, step) pairs not in the ledger exactly once,
+ * ledger rows not of the holder that stored the step, steps stored by a holder after it had lost the
+ * job, executions of a step by a later attempt than the one that stored it (a stored step run again:
+ * that attempt claimed the job after the store committed, so it found the step stored), stalled
+ * steps stored.  PGJOBQ_CHAOS_WORKFLOWS sets how many run (make chaos: 1,000; make check: 100).
+ */
+enum { SC_WORKERS = 3, SC_STEPS = 10, SC_STALL_EVERY = 40, SC_STALL_STEP = 4 };
+
+static char sc_conninfo[SC_WORKERS][1024];
+static pgjobq_worker *sc_worker;
+static _Thread_local PGconn *sc_log;
+
+/* This thread's unfenced connection (autocommit), made again when it broke. */
+static PGconn *sc_log_conn(void)
+{
+    if (sc_log && PQstatus(sc_log) != CONNECTION_OK) {
+        PQfinish(sc_log);
+        sc_log = NULL;
+    }
+    if (sc_log == NULL) {
+        char ci[1200];
+        snprintf(ci, sizeof ci, "%s application_name=chaos-log", t_conninfo());
+        sc_log = PQconnectdb(ci);
+    }
+    return sc_log;
+}
+
+/* Records an execution (or a refused store) of a step, outside any transaction of the job's: 0, or -1
+ * when it could not be recorded (then the step must not run, so that no execution goes unseen). */
+static int sc_record(const pgjobq_job *job, int step, const char *what)
+{
+    char id[32], tok[32], st[16], att[16], pid[16];
+    const char *values[6] = {id, st, tok, att, what, pid};
+    snprintf(id, sizeof id, "%lld", (long long)job->id);
+    snprintf(tok, sizeof tok, "%lld", (long long)job->lease_token);
+    snprintf(st, sizeof st, "%d", step);
+    snprintf(att, sizeof att, "%d", job->attempt);
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    PGresult *r =
+        PQexecParams(sc_log_conn(), "INSERT INTO step_runs VALUES ($1, $2, $3, $4, $5, clock_timestamp(), $6)", 6, NULL,
+                     values, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    return ok ? 0 : -1;
+}
+
+/* A step in flight when its worker stalls past its lease: says so (the test freezes this process as
+ * soon as it sees it), then waits until the database says the lease it runs under is over (expired,
+ * or the job taken over or ended), at most 60 s; then the step's store must be refused. */
+static void sc_stall(const pgjobq_job *job, int step)
+{
+    if (sc_record(job, step, "stall") != 0)
+        return;
+    char id[32], tok[32];
+    const char *values[2] = {id, tok};
+    snprintf(id, sizeof id, "%lld", (long long)job->id);
+    snprintf(tok, sizeof tok, "%lld", (long long)job->lease_token);
+    for (int64_t t0 = t_now_ms(); t_now_ms() - t0 < 60000; pause_ms(50)) {
+        PGresult *r = PQexecParams(sc_log_conn(),
+                                   "SELECT NOT EXISTS (SELECT 1 FROM pgjobq.jobs WHERE id = $1 AND lease_token = $2"
+                                   " AND lease_until >= clock_timestamp())",
+                                   2, NULL, values, NULL, NULL, 0);
+        int over = PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+        PQclear(r);
+        if (over)
+            return;
+    }
+}
+
+/* The next holder of a stalled step: waits (at most 10 s) until the stalled one has tried to store it
+ * (when it came to stall at all),
+ * so that the store the fence must refuse comes after this holder claimed the job (else this one,
+ * which does not stall, would store the step first). */
+static void sc_after_stall(const pgjobq_job *job, int step)
+{
+    char id[32], st[16];
+    const char *values[2] = {id, st};
+    snprintf(id, sizeof id, "%lld", (long long)job->id);
+    snprintf(st, sizeof st, "%d", step);
+    for (int64_t t0 = t_now_ms(); t_now_ms() - t0 < 10000; pause_ms(50)) {
+        PGresult *r = PQexecParams(sc_log_conn(),
+                                   "SELECT EXISTS (SELECT 1 FROM step_runs WHERE job_id = $1 AND step = $2"
+                                   " AND attempt = 1 AND what = 'tried')"
+                                   " OR NOT EXISTS (SELECT 1 FROM step_runs WHERE job_id = $1 AND step = $2"
+                                   " AND attempt = 1 AND what = 'stall')",
+                                   2, NULL, values, NULL, NULL, 0);
+        int tried = PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+        PQclear(r);
+        if (tried)
+            return;
+    }
+}
+
+/* One step: recorded as run, a moment of work, then its ledger row in the transaction that stores it;
+ * its result says who stored it. */
+static int sc_step(pgjobq_ctx *ctx, pgjobq_client *tx, void *arg, char **result)
+{
+    const pgjobq_job *job = pgjobq_ctx_job(ctx);
+    int step = *(const int *)arg;
+    char id[32], tok[32], st[16], att[16];
+    const char *values[4] = {id, st, tok, att};
+
+    if (sc_record(job, step, "run") != 0)
+        return PGJOBQ_EDB;
+    pause_ms((job->id * 7 + step) % 5);
+    if (job->id % SC_STALL_EVERY == 0 && step == SC_STALL_STEP) {
+        if (job->attempt == 1)
+            sc_stall(job, step);
+        else
+            sc_after_stall(job, step);
+    }
+    snprintf(id, sizeof id, "%lld", (long long)job->id);
+    snprintf(tok, sizeof tok, "%lld", (long long)job->lease_token);
+    snprintf(st, sizeof st, "%d", step);
+    snprintf(att, sizeof att, "%d", job->attempt);
+    PGresult *r = PQexecParams(pgjobq_client_conn(tx), "INSERT INTO ledger VALUES ($1, $2, $3, $4, clock_timestamp())",
+                               4, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok)
+        return PGJOBQ_EDB;
+    if ((*result = malloc(96)) == NULL)
+        return PGJOBQ_ENOMEM;
+    snprintf(*result, 96, "{\"token\": %lld, \"attempt\": %d}", (long long)job->lease_token, job->attempt);
+    return PGJOBQ_OK;
+}
+
+static pgjobq_outcome sc_handler(pgjobq_ctx *ctx, void *arg)
+{
+    static const int steps[SC_STEPS] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    (void)arg;
+    for (int i = 0; i < SC_STEPS; i++) {
+        char name[16], *stored = NULL;
+        if (pgjobq_ctx_should_stop(ctx))
+            return PGJOBQ_OUTCOME_RETRY;
+        snprintf(name, sizeof name, "s%d", steps[i]);
+        int rc = pgjobq_ctx_step_tx(ctx, name, sc_step, (void *)&steps[i], &stored);
+        pgjobq_free(stored);
+        const pgjobq_job *job = pgjobq_ctx_job(ctx);
+        if (job->id % SC_STALL_EVERY == 0 && steps[i] == SC_STALL_STEP && job->attempt == 1)
+            (void)sc_record(job, steps[i], "tried"); /* the next holder waits for this */
+        if (rc != PGJOBQ_OK) {
+            /* PGJOBQ_ELEASE: not ours any more (its store refused, its ledger row rolled back). */
+            (void)sc_record(pgjobq_ctx_job(ctx), steps[i], rc == PGJOBQ_ELEASE ? "refused" : pgjobq_errname(rc));
+            pgjobq_ctx_set_error(ctx, pgjobq_ctx_errmsg(ctx));
+            return PGJOBQ_OUTCOME_RETRY;
+        }
+    }
+    return PGJOBQ_OUTCOME_COMPLETE;
+}
+
+static void sc_stop(int sig)
+{
+    (void)sig;
+    if (sc_worker)
+        pgjobq_worker_stop(sc_worker);
+}
+
+static pid_t sc_start_worker(int i)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    pgjobq_worker_opts o = PGJOBQ_WORKER_OPTS_INIT;
+    o.lease_ms = 2000;
+    o.timeout_ms = 1500;
+    o.poll_ms = 200;
+    o.shutdown_timeout_ms = 3000;
+    if (pgjobq_worker_new(&sc_worker, sc_conninfo[i], &o) != PGJOBQ_OK ||
+        pgjobq_worker_handle(sc_worker, "steps", NULL, 4, sc_handler, NULL) != PGJOBQ_OK)
+        _exit(2);
+    signal(SIGTERM, sc_stop);
+    int rc = pgjobq_worker_run(sc_worker);
+    _exit(rc == PGJOBQ_OK || rc == PGJOBQ_ETIMEOUT ? 0 : 1);
+}
+
+TEST_FULL(chaos_ten_step_workflows_complete_and_no_stored_step_runs_again, 900, TEST_EXCLUSIVE)
+{
+    const char *env = getenv("PGJOBQ_CHAOS_WORKFLOWS"), *secs = getenv("PGJOBQ_CHAOS_SECONDS");
+    /* The long form (make chaos: PGJOBQ_CHAOS_SECONDS of 60 or more) runs 1,000; make check 100. */
+    int workflows = env ? atoi(env) : secs && atoi(secs) >= 60 ? 1000 : 100;
+    enum { BATCH = 10 };
+    pid_t pids[SC_WORKERS];
+    int faults[3] = {0};
+    PGconn *pg = t_pg();
+
+    CHECK(workflows >= BATCH);
+    CHECK_MSG(strstr(t_conninfo(), "://") == NULL, "the test's conninfo is a URL: %s", t_conninfo());
+    PQclear(t_exec(pg, "ALTER DATABASE %s SET synchronous_commit = on", t_dbname()));
+    PQclear(t_exec(pg, "CREATE TABLE ledger (job_id bigint, step int, token bigint, attempt int, at timestamptz)"));
+    PQclear(t_exec(pg, "CREATE TABLE step_runs (job_id bigint, step int, token bigint, attempt int, what text,"
+                       " at timestamptz, pid int)"));
+    /* When each lease was taken away (claimed under another token, put back, ended), by the clock. */
+    PQclear(t_exec(pg, "CREATE TABLE lease_audit (job_id bigint, old_token bigint, new_token bigint, old_state text,"
+                       " new_state text, at timestamptz)"));
+    PQclear(t_exec(pg, "CREATE FUNCTION lease_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                       " IF TG_OP = 'DELETE' THEN"
+                       "  INSERT INTO public.lease_audit VALUES (OLD.id, OLD.lease_token, NULL, OLD.state, 'moved',"
+                       "  clock_timestamp());"
+                       " ELSIF OLD.lease_token IS DISTINCT FROM NEW.lease_token OR OLD.state <> NEW.state THEN"
+                       "  INSERT INTO public.lease_audit VALUES (OLD.id, OLD.lease_token, NEW.lease_token, OLD.state,"
+                       "  NEW.state, clock_timestamp());"
+                       " END IF; RETURN NULL; END $$"));
+    PQclear(t_exec(pg, "CREATE TRIGGER lease_audit AFTER UPDATE OR DELETE ON pgjobq.jobs FOR EACH ROW"
+                       " EXECUTE FUNCTION lease_audit_row()"));
+    for (int i = 0; i < SC_WORKERS; i++) {
+        snprintf(sc_conninfo[i], sizeof sc_conninfo[i], "%s application_name=chaos-sw%d", t_conninfo(), i);
+        pids[i] = sc_start_worker(i);
+    }
+
+    /* Workflows arrive BATCH at a time while the faults go on, until all have arrived and finished.  A
+     * fault lasts (a freeze, a cut) while the loop goes on: it ends at its time. */
+    int enqueued = 0, stalls_frozen = 0;
+    unsigned seed = (unsigned)getpid();
+    int64_t t0 = t_now_ms(), next_fault = t0 + 500, next_batch = t0, frozen_until[SC_WORKERS] = {0},
+            cut_until[SC_WORKERS] = {0};
+    const char *unfinished = "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'steps' AND state <> 'completed'";
+    for (int round = 0;; pause_ms(100)) {
+        int64_t now = t_now_ms();
+        for (int w = 0; w < SC_WORKERS; w++) {
+            if (frozen_until[w] && now >= frozen_until[w]) {
+                kill(pids[w], SIGCONT);
+                frozen_until[w] = 0;
+            }
+            if (cut_until[w] && now >= cut_until[w])
+                cut_until[w] = 0;
+            if (cut_until[w]) /* its connections ended as soon as they are made */
+                PQclear(t_exec(pg,
+                               "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                               " WHERE application_name = 'chaos-sw%d'",
+                               w));
+        }
+        if (enqueued < workflows && now >= next_batch) {
+            PQclear(t_exec(pg,
+                           "SELECT count(*) FROM pgjobq.enqueue_many(array_fill('steps'::text, ARRAY[%d]), NULL,"
+                           " array_fill('{}'::jsonb, ARRAY[%d]), max_attempts => array_fill(1000, ARRAY[%d]))",
+                           BATCH, BATCH, BATCH));
+            enqueued += BATCH;
+            next_batch = now + 800;
+        } else if (enqueued >= workflows && int_retry(&pg, unfinished) == 0) {
+            break;
+        }
+        CHECK_MSG(ms_since(t0) < 600000, "the workflows did not finish within 600 s (%lld left)",
+                  int_retry(&pg, unfinished));
+        /* A step in flight on a worker that stalls past its lease: frozen as soon as it says so. */
+        int busy = 0;
+        for (int k = 0; k < SC_WORKERS; k++)
+            busy |= frozen_until[k] || cut_until[k];
+        if (!busy) {
+            PGresult *r = t_exec(pg, "SELECT pid FROM step_runs WHERE what = 'stall' ORDER BY at OFFSET %d LIMIT 1",
+                                 stalls_frozen);
+            int pid = PQntuples(r) ? atoi(PQgetvalue(r, 0, 0)) : 0;
+            PQclear(r);
+            for (int k = 0; pid && k < SC_WORKERS; k++)
+                if (pids[k] == pid) {
+                    kill(pid, SIGSTOP);
+                    frozen_until[k] = now + 2500;
+                    busy = 1;
+                }
+            stalls_frozen += pid != 0; /* (a stall of a worker killed since: nothing to freeze) */
+        }
+        if (now < next_fault || busy)
+            continue; /* one fault at a time: the others keep the workflows going */
+        seed = seed * 1103515245u + 12345u;
+        next_fault = now + 500 + (long)((seed >> 8) % 500);
+        int f = round++ % 3, w = (int)((seed >> 4) % SC_WORKERS);
+        faults[f]++;
+        if (f == 0) { /* killed */
+            kill(pids[w], SIGKILL);
+            t_wait_exit(pids[w], 10000);
+            pids[w] = sc_start_worker(w);
+        } else if (f == 1) { /* cut off past its lease */
+            cut_until[w] = now + 2500;
+            next_fault += 2500;
+        } else { /* frozen past its lease */
+            kill(pids[w], SIGSTOP);
+            frozen_until[w] = now + 2500;
+            next_fault += 2500;
+        }
+    }
+    for (int w = 0; w < SC_WORKERS; w++)
+        kill(pids[w], SIGCONT);
+    int64_t took = ms_since(t0);
+    for (int i = 0; i < SC_WORKERS; i++) {
+        kill(pids[i], SIGTERM);
+        int status = t_wait_exit(pids[i], 30000);
+        CHECK_MSG(status == 0, "steps worker %d did not stop cleanly (status %d)", i, status);
+    }
+
+    /* The checker. */
+    long long completed =
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE queue = 'steps' AND state = 'completed'");
+    long long stuck = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'steps'");
+    /* Every step of every workflow in the ledger exactly once, by the holder that stored it. */
+    long long pairs = t_int(pg, "SELECT count(*) FROM (SELECT DISTINCT job_id, step FROM ledger) l");
+    long long rows = t_int(pg, "SELECT count(*) FROM ledger");
+    long long not_stored_by_writer =
+        t_int(pg, "SELECT count(*) FROM ledger l LEFT JOIN pgjobq.job_steps s ON s.job_id = l.job_id"
+                  " AND s.name = 's' || l.step WHERE s.job_id IS NULL OR (s.result->>'token')::bigint <> l.token"
+                  " OR s.attempt <> l.attempt");
+    long long steps_stored =
+        t_int(pg, "SELECT count(*) FROM pgjobq.job_steps s JOIN pgjobq.history h ON h.id = s.job_id"
+                  " WHERE h.queue = 'steps'");
+    /* Stored by a holder after it had lost the job (the fence broken): its lease taken away before. */
+    long long stale = t_int(pg, "SELECT count(*) FROM pgjobq.job_steps s JOIN lease_audit a ON a.job_id = s.job_id"
+                                " AND a.old_token = (s.result->>'token')::bigint AND a.old_state = 'running'"
+                                " AND (a.new_token IS DISTINCT FROM a.old_token OR a.new_state <> 'running')"
+                                " AND a.at < s.stored_at");
+    /* A stored step run again: executed by a later attempt than the one that stored it (which claimed
+     * the job only after the store had committed, so found it stored). */
+    long long rerun = t_int(pg, "SELECT count(*) FROM step_runs r JOIN pgjobq.job_steps s ON s.job_id = r.job_id"
+                                " AND s.name = 's' || r.step WHERE r.what = 'run' AND r.attempt > s.attempt");
+    long long runs = t_int(pg, "SELECT count(*) FROM step_runs WHERE what = 'run'");
+    long long refused = t_int(pg, "SELECT count(*) FROM step_runs WHERE what = 'refused'");
+    long long stalls = t_int(pg, "SELECT count(*) FROM step_runs WHERE what = 'stall'");
+    long long stalls_stored = t_int(pg,
+                                    "SELECT count(*) FROM pgjobq.job_steps s WHERE s.name = 's%d'"
+                                    " AND s.job_id %% %d = 0 AND (s.result->>'attempt')::int = 1",
+                                    SC_STALL_STEP, SC_STALL_EVERY);
+    long long attempts_max = t_int(pg, "SELECT coalesce(max(attempt), 0) FROM pgjobq.history WHERE queue = 'steps'");
+    printf("steps mode: %d workflows of %d steps, %d workers, %lld ms; faults: kill -9 x%d, cut off x%d, SIGSTOP past"
+           " lease x%d (and x%d with a step in flight)\n",
+           workflows, SC_STEPS, SC_WORKERS, (long long)took, faults[0], faults[1], faults[2], stalls_frozen);
+    printf("  must be zero: not completed %lld, stuck %lld, ledger rows beyond one per step %lld, steps missing from"
+           " the ledger %lld, ledger rows not of the stored step %lld, steps stored after their holder lost the job"
+           " %lld, stored steps run again %lld, stalled stores accepted %lld\n",
+           (long long)workflows - completed, stuck, rows - pairs, (long long)workflows * SC_STEPS - pairs,
+           not_stored_by_writer, stale, rerun, stalls_stored);
+    printf("  reported: %lld step executions for %lld steps (%lld reruns), %lld stores refused"
+           " (%lld stalls past the lease), most attempts of a workflow %lld\n",
+           runs, steps_stored, runs - steps_stored, refused, stalls, attempts_max);
+    CHECK_INT(completed, workflows);
+    CHECK_INT(stuck, 0);
+    CHECK_INT(rows, pairs);
+    CHECK_INT(pairs, (long long)workflows * SC_STEPS);
+    CHECK_INT(steps_stored, (long long)workflows * SC_STEPS);
+    CHECK_INT(not_stored_by_writer, 0);
+    CHECK_INT(stale, 0);
+    CHECK_INT(rerun, 0);
+    /* The fence was exercised: each stall's store was refused. */
+    CHECK(stalls > 0);
+    CHECK_INT(stalls_stored, 0);
+    /* ...and exercised: a stalled step whose worker lived on to store it had its store refused (one
+     * killed meanwhile stored nothing). */
+    CHECK(stalls > 0 && refused > 0);
     PQfinish(pg);
 }

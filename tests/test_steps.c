@@ -778,6 +778,68 @@ TEST_FULL(events_resume_waiting_jobs_with_the_senders_commit_and_are_kept_for_la
     pgjobq_client_close(s);
 }
 
+/* docs/durable.md's C tour compiles against the public header and the library and runs as written:
+ * the job completes at its second attempt, its steps stored once each (charge and receipt by the
+ * first attempt, which failed after them, and not run again by the second), its sleep and its wait
+ * each parked it once, and the event resumed it.  The code is read from the page itself, so that the
+ * page and what is tested cannot drift apart. */
+TEST_FULL(steps_the_c_tour_of_docs_durable_md_runs, 120, 0)
+{
+    char path[1024], src[1024], cmd[4096];
+    const char *cli = getenv("PGJOBQ_CLI");
+    PGconn *pg = t_pg();
+
+    CHECK_MSG(cli != NULL && strrchr(cli, '/') != NULL, "PGJOBQ_CLI is not set (run through make check)");
+    snprintf(path, sizeof path, "%s/docs/durable.md", t_srcdir());
+    char *doc = t_read_file(path);
+    const char *tour = strstr(doc, "\n## A tour in C\n");
+    CHECK_MSG(tour != NULL, "docs/durable.md has no section \"A tour in C\"");
+    const char *end = strstr(tour + 1, "\n## ");
+    const char *code = strstr(tour, "\n```c\n");
+    CHECK_MSG(code != NULL && (end == NULL || code < end), "the C tour has no ```c block");
+    code += strlen("\n```c\n");
+    const char *stop = strstr(code, "\n```\n");
+    CHECK(stop != NULL);
+    snprintf(src, sizeof src, "%s/checkout.c", t_tmpdir());
+    FILE *f = fopen(src, "w");
+    CHECK(f != NULL);
+    fwrite(code, 1, (size_t)(stop - code) + 1, f);
+    fclose(f);
+    free(doc);
+
+    /* The same code-generation flags as the library (the sanitizer build needs its runtime too). */
+    const char *flags = getenv("PGJOBQ_TEST_CFLAGS") ? getenv("PGJOBQ_TEST_CFLAGS") : "";
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -Wall -Wextra -Werror %s -I'%s/include' $(pkg-config --cflags libpq 2>/dev/null) '%s' "
+             "'%.*s/libpgjobq.a' $(pkg-config --libs libpq 2>/dev/null || echo -lpq) -lpthread -o '%s/checkout' 2>&1 && "
+             "'%s/checkout' '%s' 2>&1",
+             flags, t_srcdir(), src, (int)(strrchr(cli, '/') - cli), cli, t_tmpdir(), t_tmpdir(), t_conninfo());
+    static char out[65536];
+    int rc = t_shell(out, sizeof out, cmd);
+    CHECK_MSG(rc == 0, "the C tour failed (status %d):\n%s", rc, out);
+    long long id = 0;
+    CHECK_MSG(sscanf(out, "job %lld\n", &id) == 1, "the tour:\n%s", out);
+    CHECK_MSG(strstr(out, "\nwaiting\nresumed 1\ncompleted {") != NULL &&
+                  strstr(out, "\nran charge 1, receipt 1; parked sleeping 1, waiting 1\n") != NULL &&
+                  strstr(out, "\nstep charge at attempt 1\nstep receipt at attempt 1\nstep cool-off at attempt 2\n"
+                              "step paid at attempt 1\n") != NULL,
+              "the tour:\n%s", out);
+    /* What the database holds: the job completed at its second attempt with the stored answers, and
+     * one charge (the step's effect, committed with its record). */
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'completed' AND attempt = 2"
+                    " AND result = '{\"charged\": {\"charged\": 1200}, \"sent\": {\"sent_at_attempt\": 1},"
+                    " \"paid\": {\"amount\": 1200}, \"attempt\": 2}'",
+                    id),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM charges WHERE job_id = %lld", id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %lld AND name = 'cool-off'"
+                        " AND result ? 'sleep_until'",
+                    id),
+              1);
+    PQfinish(pg);
+}
+
 /* A step's store in a transaction that wrote nothing else (a step whose effects are elsewhere) does
  * not wait for the WAL's flush (synchronous_commit off for that transaction alone); a store after
  * the step's effects in the same transaction leaves the caller's setting as it was, so that its

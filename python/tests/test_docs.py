@@ -83,3 +83,34 @@ def test_the_deploying_section_runs_as_written(tmp_path):
     assert "queued 0 no task for the kind 'refund' in this App" in out and "{'refunded': 7}" in out, out
     assert "exit status 78" in out and "No module named 'stripe_sdk_the_release_forgot'" in out, out
     assert "pgjobq worker: cannot import broken_tasks:app" in out, out
+
+
+def test_the_durable_tour_runs_as_written(tmp_path):
+    # docs/durable.md's Python tour, read from the page: the job completes at its second attempt; its
+    # steps ran once each (the first attempt stored them and failed, the second did not run them
+    # again); its sleep parked it, then its wait, and the event resumed it.
+    with open(os.path.join(REPO, "docs", "durable.md")) as f:
+        doc = f.read()
+    parts = section_blocks(doc, "A tour in Python", 2)
+    # Written where the test's files go, not into the source tree; the package under test (the page
+    # takes it as installed: docs/python.md).
+    out = run_script(script_of([f"cd '{tmp_path}'", f"export PYTHONPATH='{PYDIR}'"] + parts), tmp_path)
+    m = re.match(r"job (\d+)\n", out)
+    assert m, out
+    job_id = int(m.group(1))
+    want = ("{'retried': 1, 'parked': 1}\nsleeping\n{'parked': 1}\nwaiting\nresumed 1\n{'completed': 1}\n"
+            "{'paid': {'amount': 1200}, 'sent': {'sent_at_attempt': 1}, 'attempt': 2, 'charged': {'charged': 1200}}\n"
+            "ran {'charge': 1, 'receipt': 1}\n"
+            "steps [('charge', 1), ('receipt', 1), ('cool-off', 2), ('paid', 1)]\n")
+    assert out == m.group(0) + want, out
+    # What the page says it prints is what it printed (but the job's id).
+    shown = doc.split("\n## A tour in Python\n", 1)[1].split("It prints:\n\n```\n", 1)[1].split("\n```\n", 1)[0]
+    assert re.sub(r"^job \d+\n", "", shown + "\n") == want, shown
+    import psycopg
+
+    with psycopg.connect(URL, autocommit=True) as c:
+        assert c.execute("SELECT state, attempt FROM pgjobq.history WHERE id = %s", (job_id,)).fetchone() == (
+            "completed", 2)
+        assert c.execute("SELECT count(*) FROM charges WHERE job_id = %s", (job_id,)).fetchone()[0] == 1
+        assert c.execute("SELECT count(*) FROM pgjobq.job_steps WHERE job_id = %s AND name = 'cool-off'"
+                         " AND result ? 'sleep_until'", (job_id,)).fetchone()[0] == 1
