@@ -282,23 +282,39 @@ static void print_job_fields(FILE *f, const pgjobq_job *j)
     json_str(f, j->last_error);
 }
 
-/* When the holder of a job whose cancel was requested told its handler to stop (all_jobs.cancel_told_at,
- * schema 16): 1 and *at (PGJOBQ_TIME_NONE: not told), or 0 when it cannot be read. */
-static int cancel_told_at(pgjobq_client *c, int64_t id, int64_t *at)
+/* A time of the job that `sql` (one of the statements below: $1 the id) reads from pgjobq.job_get: 1
+ * and *at (PGJOBQ_TIME_NONE: NULL), or 0 when it cannot be read. */
+static int job_time(pgjobq_client *c, int64_t id, const char *sql, int64_t *at)
 {
     char id_s[24];
     const char *values[1] = {id_s};
     int ok;
 
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    PGresult *r = PQexecParams(pgjobq_client_conn(c),
-                               "SELECT (pg_catalog.date_part('epoch', cancel_told_at) * 1000000)::pg_catalog.int8"
-                               " FROM pgjobq.all_jobs WHERE id = $1::pg_catalog.int8",
-                               1, NULL, values, NULL, NULL, 0);
+    PGresult *r = PQexecParams(pgjobq_client_conn(c), sql, 1, NULL, values, NULL, NULL, 0);
     ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
     *at = ok && !PQgetisnull(r, 0, 0) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : PGJOBQ_TIME_NONE;
     PQclear(r);
     return ok;
+}
+
+/* When the holder of a job whose cancel was requested told its handler to stop (job_get(id).cancel_told_at,
+ * schema 16; PGJOBQ_TIME_NONE: not told). */
+static int cancel_told_at(pgjobq_client *c, int64_t id, int64_t *at)
+{
+    return job_time(c, id,
+                    "SELECT (pg_catalog.date_part('epoch', cancel_told_at) * 1000000)::pg_catalog.int8"
+                    " FROM pgjobq.job_get($1::pg_catalog.int8)",
+                    at);
+}
+
+/* The job's expiry (docs/queues.md, "Expiry"), which pgjobq_job has no field for. */
+static int expires_at_of(pgjobq_client *c, int64_t id, int64_t *at)
+{
+    return job_time(c, id,
+                    "SELECT (pg_catalog.date_part('epoch', expires_at) * 1000000)::pg_catalog.int8"
+                    " FROM pgjobq.job_get($1::pg_catalog.int8)",
+                    at);
 }
 
 /* When a running job's cancel was requested, and when its holder told the handler to stop (or how it
@@ -833,7 +849,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     int json = 0, status, rc;
     pgjobq_job *j = NULL;
     pgjobq_client *c;
-    int64_t id = 0;
+    int64_t id = 0, expires = PGJOBQ_TIME_NONE;
 
     if ((c = open_for_id(cmd, argc, argv, flag_opt, &json, &id, &status)) == NULL)
         return status;
@@ -850,6 +866,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             told = PGJOBQ_TIME_NONE;
         fputs(",\"cancel_told_at\":", stdout);
         json_time(stdout, told);
+        if (!expires_at_of(c, j->id, &expires))
+            expires = PGJOBQ_TIME_NONE;
+        fputs(",\"expires_at\":", stdout);
+        json_time(stdout, expires);
         if (cli_shard_of(c)) {
             fputs(",\"shard\":", stdout);
             json_str(stdout, cli_shard_of(c));
@@ -871,6 +891,14 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
                t[1], t[2], t[3], t[4]);
         field("worker_id:", j->worker_id ? j->worker_id : "-");
+        if (expires_at_of(c, j->id, &expires) && expires != PGJOBQ_TIME_NONE) {
+            char when[48];
+            format_time(when, sizeof when, expires);
+            printf("expires_at:    %s%s\n", when,
+                   j->last_error && strncmp(j->last_error, "expired:", 8) == 0 && j->state == PGJOBQ_CANCELLED
+                       ? " (expired: it never started)"
+                       : "");
+        }
         if (j->cancel_requested)
             print_cancel(c, j);
         field("unique_key:", j->unique_key ? j->unique_key : "-");

@@ -18,7 +18,8 @@ enum {
     OPT_JSON = 1101,
     OPT_CREATE = 1102,
     OPT_MAX_LEASE = 1103,
-    OPT_DEAD_LETTER = 1104
+    OPT_DEAD_LETTER = 1104,
+    OPT_EXPIRE_AFTER = 1105
 };
 
 const cli_opt queue_opts[] = {
@@ -32,6 +33,8 @@ const cli_opt queue_opts[] = {
      "set: the longest lease a worker may take on a job of the queue, 1s..365d (default 1d)"},
     {"dead-letter", OPT_DEAD_LETTER, "QUEUE|none",
      "set: where a job of the queue that fails for good goes, as a new job (a cycle is refused)"},
+    {"expire-after", OPT_EXPIRE_AFTER, "DURATION|none",
+     "set: jobs enqueued without an expiry of their own expire if not started DURATION after they are due, 1s..365d"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -48,6 +51,8 @@ typedef struct queue_args {
     int64_t max_lease_ms; /* 0: the default */
     int set_dead_letter;
     const char *dead_letter; /* NULL: none */
+    int set_expire_after;
+    int64_t expire_after_ms; /* 0: none */
     int json;
     int create;
     const cli_cmd *cmd;
@@ -133,6 +138,17 @@ static int on_opt(int key, const char *arg, void *ctx)
                                    arg),
                    -1;
         return 0;
+    case OPT_EXPIRE_AFTER:
+        a->set_expire_after = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->expire_after_ms = 0;
+            return 0;
+        }
+        if (cli_parse_duration_ms(arg, &a->expire_after_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--expire-after: %s (or none)", why), -1;
+        if (a->expire_after_ms < 1000 || a->expire_after_ms > INT64_C(31536000000))
+            return cli_usage_error(a->cmd, "--expire-after: must be between 1s and 365d (or none)"), -1;
+        return 0;
     default: return -1;
     }
 }
@@ -169,16 +185,20 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             printf(",\"max_lease_ms\":%lld,\"queued\":%lld,\"scheduled\":%lld,\"running\":%lld,\"expired\":%lld",
                    (long long)q[i].max_lease_ms, (long long)q[i].queued, (long long)q[i].scheduled,
                    (long long)q[i].running, (long long)q[i].expired);
+            if (q[i].expire_after_ms)
+                printf(",\"expire_after_ms\":%lld", (long long)q[i].expire_after_ms);
+            else
+                fputs(",\"expire_after_ms\":null", stdout);
             fputs(",\"dead_letter\":", stdout);
             json_str(stdout, q[i].dead_letter);
             fputc('}', stdout);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-12s %9s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY",
-               "RATE", "MAX LEASE", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY",
+               "RATE", "MAX LEASE", "EXPIRE AFTER", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], per_key[16], rate[48] = "-", max_lease[24];
+            char conc[16], per_key[16], rate[48] = "-", max_lease[24], expire_after[24] = "-";
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].rate_limit) {
@@ -186,12 +206,14 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 snprintf(rate, sizeof rate, "%d/%s", q[i].rate_limit,
                          format_period(period, sizeof period, q[i].rate_period_ms));
             }
+            if (q[i].expire_after_ms)
+                format_period(expire_after, sizeof expire_after, q[i].expire_after_ms);
             char name[300], dead[300];
             tty_cell(name, sizeof name, q[i].name, 64);
             tty_cell(dead, sizeof dead, q[i].dead_letter ? q[i].dead_letter : "-", 64);
-            printf("%-24s %-7s %11s %7s %-12s %9s %9lld %9lld %9lld %-24s  ", name,
+            printf("%-24s %-7s %11s %7s %-12s %9s %12s %9lld %9lld %9lld %-24s  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
-                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), (long long)q[i].queued,
+                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, (long long)q[i].queued,
                    (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
@@ -301,12 +323,17 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--reason goes with pause or drain");
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
-    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease || a.set_dead_letter) && !is_set)
-        return cli_usage_error(cmd,
-                               "--concurrency, --key-concurrency, --rate, --max-lease and --dead-letter go with set");
-    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease && !a.set_dead_letter)
+    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease || a.set_dead_letter ||
+         a.set_expire_after) &&
+        !is_set)
         return cli_usage_error(
-            cmd, "queue set needs --concurrency, --key-concurrency, --rate, --max-lease or --dead-letter");
+            cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter and --expire-after "
+                 "go with set");
+    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease &&
+        !a.set_dead_letter && !a.set_expire_after)
+        return cli_usage_error(
+            cmd,
+            "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, --dead-letter or --expire-after");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -346,6 +373,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_max_lease(c, queue, a.max_lease_ms);
         if (rc == PGJOBQ_OK && a.set_dead_letter)
             rc = pgjobq_queue_set_dead_letter(c, queue, a.dead_letter);
+        if (rc == PGJOBQ_OK && a.set_expire_after)
+            rc = pgjobq_queue_set_expire_after(c, queue, a.expire_after_ms);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);

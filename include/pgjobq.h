@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 27
+#define PGJOBQ_SCHEMA_VERSION 28
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -390,13 +390,25 @@ PGJOBQ_EXPORT int pgjobq_enqueue(pgjobq_client *c, const char *payload, const pg
 typedef struct pgjobq_job_spec {
     const char *payload; /* JSON text; NULL: "{}" */
     pgjobq_enqueue_opts opts;
-    int64_t unique_for_ms;       /* 0: none.  With opts.unique_key, a throttle's window (1 second to
-                                    365 days): the key is held that long from the enqueue that took it,
-                                    whatever became of that job; within it a job with the key is not
-                                    inserted, and the job that took it is returned.  Goes with
-                                    PGJOBQ_ON_CONFLICT_KEEP (which needs it; SKIP with a window is
-                                    refused, as is REPLACE).  (In place of a reserved field.) */
-    uint64_t pgjobq_reserved[3]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t unique_for_ms;   /* 0: none.  With opts.unique_key, a throttle's window (1 second to
+                                365 days): the key is held that long from the enqueue that took it,
+                                whatever became of that job; within it a job with the key is not
+                                inserted, and the job that took it is returned.  Goes with
+                                PGJOBQ_ON_CONFLICT_KEEP (which needs it; SKIP with a window is
+                                refused, as is REPLACE).  (In place of a reserved field.) */
+    int64_t expire_after_ms; /* 0: none.  Expiry while queued (docs/queues.md, "Expiry"): no attempt of
+                                the job starts later than this long after its run_at (1 second to 365
+                                days); past it the job ends cancelled, last_error "expired: ...".
+                                Neither this nor expires_at: the queue's default, if it has one
+                                (pgjobq_queue_set_expire_after).  (In place of a reserved field.) */
+    union {
+        /* NULL: none.  Or the expiry as an absolute time (PostgreSQL timestamptz text), later than the
+           job's run_at; giving both it and expire_after_ms is PGJOBQ_EINVAL.  (In place of a reserved
+           field.) */
+        const char *expires_at;
+        uint64_t pgjobq_slot3_;
+    };
+    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_job_spec;
 
 /* What became of a job enqueued with a unique key (pgjobq_enqueue_spec; pgjobq_enqueue_many's dup_out). */
@@ -733,6 +745,13 @@ PGJOBQ_EXPORT int pgjobq_queue_set_max_lease(pgjobq_client *c, const char *queue
  * back to this one) is PGJOBQ_EINVAL, with the reason in pgjobq_errmsg(). */
 PGJOBQ_EXPORT int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *queue, const char *dead_letter) PGJOBQ_WUR;
 
+/* Sets the expiry the jobs enqueued into the queue from then on get when they have none of their own
+ * (pgjobq_job_spec.expire_after_ms, .expires_at): no attempt of such a job starts later than
+ * expire_after_ms after its run_at (1 second to 365 days, in milliseconds); 0 removes the default.
+ * Jobs already enqueued keep theirs (docs/queues.md, "Expiry"). */
+PGJOBQ_EXPORT int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue,
+                                                int64_t expire_after_ms) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -748,7 +767,9 @@ typedef struct pgjobq_queue_info {
     int64_t expired;           /* running, lease expired, not yet rescued */
     int64_t max_lease_ms;      /* the longest lease a claim may take: the queue's, or the default */
     const char *dead_letter;   /* where its jobs that fail for good go; NULL: nowhere */
-    uint64_t pgjobq_reserved[2]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t expire_after_ms;     /* the expiry its jobs get by default, from their run_at; 0: none
+                                    (pgjobq_queue_set_expire_after; in place of a reserved field) */
+    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds

@@ -126,6 +126,12 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
     if (j->unique_for_ms < 0 || j->unique_for_ms > INT64_MAX / 1000)
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: unique_for_ms %lld is not a window", label,
                               (long long)j->unique_for_ms);
+    /* (The expiry's range and its order with run_at are the database's rule: enqueue_expiry_why.) */
+    if (j->expire_after_ms < 0 || j->expire_after_ms > INT64_MAX / 1000)
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: expire_after_ms %lld is not a duration", label,
+                              (long long)j->expire_after_ms);
+    if (j->expires_at && !pgjobq__utf8_valid(j->expires_at, strlen(j->expires_at)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: expires_at is not valid UTF-8", label);
     /* A job with parents or tags goes through the graph, which has no unique key (the database says
      * so of the key itself): the same words for what only a keyed job can have. */
     if ((o->on_conflict != PGJOBQ_ON_CONFLICT_SKIP || j->unique_for_ms != 0) && (o->after || o->tags))
@@ -280,6 +286,17 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
             pgjobq__json_key(b, "run_at");
             pgjobq__json_string(b, o->run_at);
         }
+        if (jobs[i].expires_at) {
+            pgjobq__json_key(b, "expires_at");
+            pgjobq__json_string(b, jobs[i].expires_at);
+        }
+        if (jobs[i].expire_after_ms) {
+            pgjobq__json_key(b, "expire_after");
+            pgjobq__buf_put(b, num,
+                            (size_t)snprintf(num, sizeof num, "%lld.%03lld",
+                                             (long long)(jobs[i].expire_after_ms / 1000),
+                                             (long long)(jobs[i].expire_after_ms % 1000)));
+        }
         if (o->delay_ms) {
             uint64_t ms = o->delay_ms < 0 ? 0 - (uint64_t)o->delay_ms : (uint64_t)o->delay_ms;
             pgjobq__json_key(b, "delay");
@@ -379,19 +396,20 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
 }
 
 /* The parallel arrays pgjobq.enqueue_many() takes, then the two more of pgjobq.enqueue_keyed() (the
- * unique keys' conflict modes and windows), then notify.  An array whose elements would all be NULL is
- * sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes before its last
+ * unique keys' conflict modes and windows), then the expiries both take last, then notify.  An array whose elements
+ * would all be NULL is sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes before its last
  * array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
 enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE,
-       A_CONFLICT, A_UNIQUE_FOR, A_COUNT };
+       A_CONFLICT, A_UNIQUE_FOR, A_EXPIRES_AT, A_EXPIRE_AFTER, A_COUNT };
 enum { A_NOTIFY = A_COUNT };
 
 static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
                                                OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
                                                OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_TEXT_ARRAY,  OID_INTERVAL_ARRAY,
-                                               OID_BOOL};
-static const Oid enqueue_elem[A_COUNT] = {OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_TEXT, OID_INTERVAL,
-                                          OID_INT4, OID_TEXT, OID_TEXT,  OID_TEXT, OID_TEXT, OID_INTERVAL};
+                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL};
+static const Oid enqueue_elem[A_COUNT] = {OID_TEXT,     OID_TEXT,     OID_JSONB, OID_INT2,    OID_TEXT,
+                                          OID_INTERVAL, OID_INT4,     OID_TEXT,  OID_TEXT,    OID_TEXT,
+                                          OID_TEXT,     OID_INTERVAL, OID_TEXT,  OID_INTERVAL};
 
 static const char *const conflict_names[] = {"skip", "replace", "keep"};
 
@@ -410,6 +428,8 @@ static int field_used(const pgjobq_job_spec *j, int f)
     case A_ROUTE: return j->opts.route_key != NULL;
     case A_CONFLICT: return j->opts.on_conflict != PGJOBQ_ON_CONFLICT_SKIP;
     case A_UNIQUE_FOR: return j->unique_for_ms != 0;
+    case A_EXPIRES_AT: return j->expires_at != NULL;
+    case A_EXPIRE_AFTER: return j->expire_after_ms != 0;
     }
     return 0;
 }
@@ -437,6 +457,8 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
         break;
     }
     case A_UNIQUE_FOR: pgjobq__array_interval_us(a, j->unique_for_ms * 1000); break;
+    case A_EXPIRES_AT: pgjobq__array_text(a, j->expires_at, strlen(j->expires_at)); break;
+    case A_EXPIRE_AFTER: pgjobq__array_interval_us(a, j->expire_after_ms * 1000); break;
     }
 }
 
@@ -476,10 +498,11 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
 {
     static const char plain_sql[] =
         "SELECT ord, id, duplicate::pg_catalog.int4 FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-        "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $13, $10)";
+        "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $15, $10, $13::pg_catalog.timestamptz[], $14)";
     static const char keyed_sql[] =
         "SELECT ord, id, CASE outcome WHEN 'duplicate' THEN 1 WHEN 'replaced' THEN 2 ELSE 0 END::pg_catalog.int4"
-        " FROM pgjobq.enqueue_keyed($1, $2, $3, $4, $5::pg_catalog.timestamptz[], $6, $7, $8, $11, $12, $9, $13, $10)";
+        " FROM pgjobq.enqueue_keyed($1, $2, $3, $4, $5::pg_catalog.timestamptz[], $6, $7, $8, $11, $12, $9, $15, $10,"
+        " $13::pg_catalog.timestamptz[], $14)";
     int keyed = 0;
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT + 1];
@@ -612,7 +635,7 @@ static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.route_key ||
             jobs[i].opts.delay_ms != 0 || jobs[i].opts.on_conflict != PGJOBQ_ON_CONFLICT_SKIP ||
-            jobs[i].unique_for_ms != 0)
+            jobs[i].unique_for_ms != 0 || jobs[i].expires_at || jobs[i].expire_after_ms != 0)
             return 0;
         with_run_at += jobs[i].opts.run_at != NULL;
     }
@@ -705,9 +728,10 @@ static int copy_error(pgjobq_client *c, PGresult *r)
  * ready_at is read (their claim key: sql/functions/claim.sql), and, when the jobs have a run_at, the
  * rule of when a job may run on the batch's distinct run_at texts (pgjobq.enqueue_when_check, each
  * named as enqueue_many would name its first job): before anything is written, in a statement that
- * is sent anyway.
+ * is sent anyway.  It also asks whether a queue has a default expiry (pgjobq.expiry_defaults), which
+ * COPY cannot give the rows: *defaults is then 1, and the batch goes through enqueue_many instead.
  */
-static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
+static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int *defaults)
 {
     static const Oid types[] = {OID_TEXT_ARRAY, OID_INT4_ARRAY};
     static const int formats[] = {1, 1};
@@ -717,8 +741,14 @@ static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
     PGresult *r = NULL;
     int rc;
 
-    if (jobs[0].opts.run_at == NULL)
-        return pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id()", NULL);
+    *defaults = 0;
+    if (jobs[0].opts.run_at == NULL) {
+        rc = pgjobq__exec_sql(c, "enqueue", "SELECT pg_catalog.pg_current_xact_id(), pgjobq.expiry_defaults()", &r);
+        if (rc == PGJOBQ_OK)
+            *defaults = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+        PQclear(r);
+        return rc;
+    }
     if (run_at_texts(jobs, n, &texts, &which, &k) != 0)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "enqueue: out of memory");
     memset(a, 0, sizeof a);
@@ -735,7 +765,8 @@ static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
         int lengths[2] = {(int)a[0].buf.len, (int)a[1].buf.len};
         pgjobq__stmt st = {"enqueue",
                            "SELECT pg_catalog.pg_current_xact_id(),"
-                           " pgjobq.enqueue_when_check($1::pg_catalog.timestamptz[], NULL, $2)",
+                           " pgjobq.enqueue_when_check($1::pg_catalog.timestamptz[], NULL, $2),"
+                           " pgjobq.expiry_defaults()",
                            2,
                            types,
                            values,
@@ -743,6 +774,8 @@ static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
                            formats,
                            0};
         rc = pgjobq__exec(c, &st, &r);
+        if (rc == PGJOBQ_OK)
+            *defaults = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 2), "t") == 0;
         PQclear(r);
     }
     pgjobq__buf_free(&a[0].buf);
@@ -752,8 +785,10 @@ static int copy_start(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n)
     return rc;
 }
 
-/* Writes the batch with COPY.  The jobs have been checked (check_spec, copy_fits, copy_allowed). */
-static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out)
+/* Writes the batch with COPY.  The jobs have been checked (check_spec, copy_fits, copy_allowed).  When
+ * a queue has a default expiry (copy_start) it writes nothing and sets *not_copied: the caller inserts
+ * the batch through enqueue_many, in the same transaction when it is the caller's. */
+static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, int64_t *ids_out, int *not_copied)
 {
     static const Oid after_types[] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_INT2_ARRAY};
     int own_tx = c->owned && PQtransactionStatus(c->conn) == PQTRANS_IDLE;
@@ -782,8 +817,13 @@ static int copy_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n, i
         goto out;
     if (ids && (rc = reserve_ids(c, n, ids)) != PGJOBQ_OK)
         goto out;
-    if ((rc = copy_start(c, jobs, n)) != PGJOBQ_OK)
+    if ((rc = copy_start(c, jobs, n, not_copied)) != PGJOBQ_OK)
         goto out;
+    if (*not_copied) {
+        if (own_tx)
+            rc = pgjobq__exec_sql(c, "enqueue: ROLLBACK", "ROLLBACK", NULL);
+        goto out;
+    }
 
     r = PQexec(c->conn, copy_sql[ids != NULL][with_run_at]);
     if (PQresultStatus(r) != PGRES_COPY_IN) {
@@ -913,11 +953,13 @@ int pgjobq_enqueue_many(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
             return enqueue_as_graph(c, jobs, n, ids_out);
         }
     }
+    int not_copied = 1;
     if (copy_fits(jobs, n) && copy_allowed(c)) {
         if (dup_out)
             memset(dup_out, 0, n); /* no unique keys: nothing can be a duplicate */
-        rc = copy_batch(c, jobs, n, ids_out);
-    } else
+        rc = copy_batch(c, jobs, n, ids_out, &not_copied);
+    }
+    if (not_copied && rc == PGJOBQ_OK)
         rc = insert_batch(c, jobs, n, ids_out, dup_out, &outcome);
     return name_bad_run_at(c, jobs, n, 1, rc);
 }

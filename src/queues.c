@@ -163,6 +163,24 @@ int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *queue, const char
     return call2(c, "set dead letter", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue, int64_t expire_after_ms)
+{
+    char settings[96];
+    int rc;
+
+    if ((rc = enter(c, "set expire after", queue)) != PGJOBQ_OK)
+        return rc;
+    if (expire_after_ms != 0 && (expire_after_ms < 1000 || expire_after_ms > INT64_C(31536000000)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set expire after: it must be between 1 second and 365 days (0: none), not %lld ms",
+                              (long long)expire_after_ms);
+    if (expire_after_ms == 0)
+        snprintf(settings, sizeof settings, "{\"expire_after\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"expire_after\": \"%lld milliseconds\"}", (long long)expire_after_ms);
+    return call2(c, "set expire after", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -220,7 +238,7 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
 }
 
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_NCOLS };
+       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -238,7 +256,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         list_fetch(c, "list queues",
                    "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
-                   " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter FROM pgjobq.queue_list()",
+                   " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter,"
+                   " (extract(epoch FROM expire_after) * 1000)::bigint FROM pgjobq.queue_list()",
                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_DEAD_LETTER, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -258,6 +277,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].expired = pgjobq__get_int8(r, row, Q_EXPIRED);
         rows[i].max_lease_ms = pgjobq__get_int8(r, row, Q_MAX_LEASE_MS);
         rows[i].dead_letter = take_text(&strings, r, row, Q_DEAD_LETTER);
+        rows[i].expire_after_ms =
+            PQgetisnull(r, row, Q_EXPIRE_AFTER_MS) ? 0 : pgjobq__get_int8(r, row, Q_EXPIRE_AFTER_MS);
     }
     PQclear(r);
     *queues_out = rows;

@@ -881,6 +881,22 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
                     (long long)jobs[0].lease_token),
               1);
     pgjobq_jobs_free(jobs);
+
+    /* Expiry (28): the jobs of before have none, and keep none (live or in the history); a queue's
+     * default and a job's own apply from now on, and the sweep ends a job past its expiry. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE expires_at IS NOT NULL"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE expire_after IS NOT NULL"), 0);
+    CHECK_OK(c, pgjobq_queue_set_expire_after(c, "q28", 60000));
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q28')");
+    CHECK_INT(t_int(pg,
+                    "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND expires_at = run_at + interval '1 minute'",
+                    (long long)id),
+              1);
+    PQclear(
+        t_exec(pg, "UPDATE pgjobq.jobs SET expires_at = now() - interval '1 second' WHERE id = %lld", (long long)id));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.expire_queued(10)"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)id),
+              1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

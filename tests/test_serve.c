@@ -1291,12 +1291,13 @@ TEST_FULL(serve_jobs_of_a_live_state_are_listed_without_reading_the_history, 60,
     PQfinish(pg);
 }
 
-TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
+TEST_FULL(serve_job_page_shows_progress_tags_expiry_and_the_workflow, 60, 0)
 {
     PGconn *pg = t_pg();
     char *body = NULL, path[64];
 
-    long long parent = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', tags => ARRAY['night<ly>'])");
+    long long parent = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', tags => ARRAY['night<ly>'],"
+                                 " expires_at => '2099-01-02 03:04:05+00')");
     long long child = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', after => ARRAY[%lld::bigint])", parent);
     PQclear(t_exec(pg, "SELECT pgjobq.claim_batch('wf', 1, '1 minute', 'w')"));
     PQclear(t_exec(pg, "SELECT pgjobq.set_progress(%lld, (SELECT lease_token FROM pgjobq.jobs WHERE id = %lld),"
@@ -1310,9 +1311,11 @@ TEST_FULL(serve_job_page_shows_progress_tags_and_the_workflow, 60, 0)
     CHECK_MSG(strstr(body, want) != NULL && strstr(body, "s-waiting") != NULL, "%s", body);
     CHECK_MSG(strstr(body, "&lt;b&gt;two&lt;/b&gt;") != NULL && strstr(body, "<b>two") == NULL, "progress: %s", body);
     CHECK_MSG(strstr(body, "night&lt;ly&gt;") != NULL, "tags: %s", body);
+    CHECK_MSG(strstr(body, "<dt>expires (UTC)</dt><dd>2099-01-02 03:04:05</dd>") != NULL, "expiry: %s", body);
     free(body);
     snprintf(path, sizeof path, "/jobs/%lld", child);
     CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "expires") == NULL, "a job without an expiry shows none: %s", body);
     snprintf(want, sizeof want, "<td>parent</td><td><a href=\"/jobs/%lld\">%lld</a></td>", parent, parent);
     CHECK_MSG(strstr(body, want) != NULL, "%s", body);
     free(body);

@@ -82,6 +82,10 @@ class JobSpec:
     - ``route_key``: the job's routing key in a cluster of shards (1 to 255 characters): a job of a
       *spread* queue lives on the shard its key hashes to (a tenant, an account); other jobs live
       on their queue's shard (docs/python.md, "Shards").  Stored with the job in any database.
+    - ``expire_after`` (seconds, a timedelta or ``"10m"``, counted from the job's run_at) or
+      ``expires_at`` (an aware datetime or text, after its run_at), not both: no attempt of the job
+      starts after it; a job still queued then ends cancelled, last_error ``"expired: ..."``
+      (docs/queues.md, "Expiry").  Neither: the queue's default (``set_limits(expire_after=)``).
     Jobs with ``after``, ``tags`` or ``on_parent_failure`` cannot have a unique key.
     """
 
@@ -101,6 +105,8 @@ class JobSpec:
     route_key: Optional[str] = None
     on_conflict: Optional[str] = None
     unique_for: Optional[Duration] = None
+    expire_after: Optional[Duration] = None
+    expires_at: Union[None, _dt.datetime, str] = None
 
     def replace(self, **changes: Any) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -138,6 +144,13 @@ class JobSpec:
                 out["unique_for"] = seconds(self.unique_for, f"{w}: unique_for")
             except ValueError as e:
                 raise InvalidJob(str(e)) from None
+        if self.expire_after is not None:
+            try:
+                out["expire_after"] = seconds(self.expire_after, f"{w}: expire_after")
+            except ValueError as e:
+                raise InvalidJob(str(e)) from None
+        if self.expires_at is not None:
+            out["expires_at"] = timestamp(self.expires_at, f"{w}: expires_at")
         if self.after is not None:
             parents: List[Union[int, str]] = []
             for p in self.after:
@@ -190,6 +203,8 @@ _ONE_ARGS = {
     "route_key": "CAST(:route_key AS text)",
     "on_conflict": "CAST(:on_conflict AS text)",
     "unique_for": "make_interval(secs => CAST(:unique_for AS double precision))",
+    "expires_at": "CAST(:expires_at AS timestamptz)",
+    "expire_after": "make_interval(secs => CAST(:expire_after AS double precision))",
 }
 
 # enqueue_keyed's arrays for one job: what it answers tells a replaced job from a duplicate.
@@ -198,7 +213,8 @@ _KEYED_ONE = (("queues", "queue", "text"), ("kinds", "kind", "text"), ("payloads
               ("delays", "delay", None), ("max_attempts", "max_attempts", "integer"),
               ("unique_keys", "unique_key", "text"), ("on_conflicts", "on_conflict", "text"),
               ("unique_fors", "unique_for", None), ("concurrency_keys", "concurrency_key", "text"),
-              ("route_keys", "route_key", "text"))
+              ("route_keys", "route_key", "text"), ("expires_ats", "expires_at", "timestamptz"),
+              ("expire_afters", "expire_after", None))
 
 
 def _plan_one(spec: JobSpec) -> Plan:
@@ -251,6 +267,12 @@ _MANY_ARRAYS = (
 )
 # Passed by name (enqueue_many's `notify` comes before it), and only when a job of the call has one.
 _ROUTE_KEYS = ("route_keys", "text", "x.j ->> 'route_key'", "route_key")
+# The expiries, passed by name, only when a job of the call has one.
+_EXPIRY_ARRAYS = (
+    ("expires_ats", "timestamptz", "CAST(x.j ->> 'expires_at' AS timestamptz)", "expires_at"),
+    ("expire_afters", "interval", "make_interval(secs => CAST(x.j ->> 'expire_after' AS double precision))",
+     "expire_after"),
+)
 # enqueue_keyed's two more, when a job of the call has a conflict mode or a window.
 _KEYED_ARRAYS = (
     ("on_conflicts", "text", "x.j ->> 'on_conflict'", "on_conflict"),
@@ -263,6 +285,8 @@ def _many_sql(used: Set[str]) -> str:
     keyed = "on_conflict" in used or "unique_for" in used
     if keyed:
         arrays += _KEYED_ARRAYS
+    if "expires_at" in used or "expire_after" in used:
+        arrays += _EXPIRY_ARRAYS
     cols = ",\n               ".join(
         f"array_agg({expr} ORDER BY x.o) AS {name}" if field is None or field in used
         else f"CAST(NULL AS {typ}[]) AS {name}"

@@ -29,7 +29,8 @@ DEFAULT_MAX_ATTEMPTS = 10
 
 # What .configure() and .spec() accept besides the payload.
 _JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "on_conflict", "unique_for",
-                "concurrency_key", "after", "tags", "on_parent_failure", "ref", "route_key")
+                "concurrency_key", "after", "tags", "on_parent_failure", "ref", "route_key", "expire_after",
+                "expires_at")
 
 
 def exponential_backoff(first: Duration = 1.0, factor: float = 2.0, max: Duration = 3600.0,
@@ -649,10 +650,10 @@ class App:
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                    max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
-                   conn: Any = None) -> None:
+                   expire_after: Optional[Duration] = UNSET, conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
-                   max_lease=max_lease, dead_letter=dead_letter)
+                   max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

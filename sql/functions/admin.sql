@@ -81,7 +81,7 @@ BEGIN
         -- Due now, and claimable from now on: ready_at is read after the row lock gave this
         -- transaction its id (claim.sql).
         UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(),
-                                 max_attempts = greatest(j.max_attempts, j.attempt + 1)
+                                 max_attempts = greatest(j.max_attempts, j.attempt + 1), expires_at = NULL
          WHERE j.id = retry.id;
         PERFORM pgjobq.parks_wake(ARRAY[retry.id]);
     ELSE
@@ -91,12 +91,13 @@ BEGIN
         moved AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                      created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                     tags, progress, concurrency_key, route_key, snoozes)
+                                     tags, progress, concurrency_key, route_key, snoozes, expires_at)
             OVERRIDING SYSTEM VALUE
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                    greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                    g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
-                   0  -- (a retry by hand starts its snoozes again: the cap counts from it)
+                   0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
+                   NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
               FROM gone g
             RETURNING pgjobq.jobs.queue, pgjobq.jobs.priority)
         SELECT m.queue, m.priority, (SELECT g.state FROM gone g) INTO v_queue, v_priority, v_was FROM moved m;
@@ -295,7 +296,7 @@ BEGIN
         -- Claimable from now on: ready_at is read after this transaction has its id (claim.sql).
         PERFORM pg_current_xact_id();
         WITH due AS (
-            UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp()
+            UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(), expires_at = NULL
              WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
                AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
                AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since)
@@ -336,7 +337,7 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key, snoozes)
+                                 tags, progress, concurrency_key, route_key, snoozes, expires_at)
         OVERRIDING SYSTEM VALUE
         SELECT g.id,
                CASE WHEN retry_where.redrive
@@ -344,7 +345,8 @@ BEGIN
                g.kind, g.payload, g.priority, 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
-               0  -- (a retry by hand starts its snoozes again: the cap counts from it)
+               0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
+               NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
           FROM gone g
         RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     marked AS (

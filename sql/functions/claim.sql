@@ -35,6 +35,11 @@
 -- had), whatever the servers' clocks say: two claims of a job draw the same token with a chance of
 -- 2^-62.
 --
+-- A job past its expires_at (docs/queues.md, "Expiry") is stepped over, as a row that is not due: a
+-- test of the heap row the scan reads anyway (it is no column of the claim index, which would grow for
+-- a column most jobs leave NULL); the sweep (expire_queued, maintenance.sql) ends it cancelled.  The
+-- claim judges by its transaction's now(): a claim that began before the job expired may start it.
+--
 -- The queue's settings (pgjobq.queues): a paused queue's claim returns nothing.  A claim from a queue
 -- with a limit first locks the queue's row (FOR UPDATE), so that limited claims of one queue run one
 -- at a time, and then counts, in a new snapshot, what the limit is about: the running jobs whose lease
@@ -295,6 +300,7 @@ BEGIN
                     FROM pgjobq.jobs j
                    WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key = keys.k
                      AND greatest(j.run_at, j.ready_at) <= now()
+                     AND (j.expires_at IS NULL OR j.expires_at > now())
                    ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
                    LIMIT greatest(s.key_concurrency - coalesce((SELECT b.n FROM busy b WHERE b.k = keys.k), 0), 0)) c
              WHERE keys.k IS NOT NULL
@@ -303,6 +309,7 @@ BEGIN
               FROM (SELECT j.id, j.priority, greatest(j.run_at, j.ready_at) AS k FROM pgjobq.jobs j
                      WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NULL
                        AND greatest(j.run_at, j.ready_at) <= now()
+                       AND (j.expires_at IS NULL OR j.expires_at > now())
                      ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
                      LIMIT v_left) u),
         picked AS MATERIALIZED (
@@ -420,6 +427,7 @@ BEGIN
                      WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
                        AND greatest(j.run_at, j.ready_at) <= now()
                        AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
+                       AND (j.expires_at IS NULL OR j.expires_at > now())
                        AND (j.xmax = '0'::xid OR j.xmax = j.xmin
                             OR pg_visible_in_snapshot((v_xid + (((j.xmax::text::bigint - v_xid) % 4294967296)
                                                                  + 6442450944) % 4294967296 - 2147483648)::text::xid8,

@@ -90,6 +90,77 @@ BEGIN
 END
 $$;
 
+-- enqueue_expiry_why(run_at, expires_at, expire_after, expires_at_name, expire_after_name): when a job
+-- may stop waiting (docs/queues.md, "Expiry").  expires_at or expire_after, not both; expire_after from
+-- 1 second to 365 days (counted from the job's run_at, as a queue's default is); expires_at later than
+-- the job's run_at (a job that expires before it is due could never start: a mistake, refused rather
+-- than swept).  NULL when the job keeps the rule, else why, naming the values as given.
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_expiry_why(run_at timestamptz, expires_at timestamptz, expire_after interval,
+                                                     expires_at_name text DEFAULT 'expires_at',
+                                                     expire_after_name text DEFAULT 'expire_after')
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+             WHEN expires_at IS NOT NULL AND expire_after IS NOT NULL
+               THEN format('%s and %s are both given: give expires_at or expire_after, not both', expires_at_name,
+                           expire_after_name)
+             WHEN NOT (expire_after BETWEEN interval '1 second' AND interval '365 days')
+               THEN format('%s is %s: an expire_after is from 1 second to 365 days', expire_after_name, expire_after)
+             WHEN expires_at <= run_at
+               THEN format('%s is %s, not after the job''s run_at (%s): the job could never start', expires_at_name,
+                           expires_at, run_at)
+           END
+$$;
+
+-- enqueue_expiry_check(run_ats, delays, expires_ats, expire_afters): raises invalid_parameter_value
+-- for the first job (in order) that breaks enqueue_expiry_why's rule, named expires_ats[i] or
+-- expire_afters[i].  Returns quietly when none does.  (run_ats and delays have passed
+-- enqueue_when_check.)
+CREATE OR REPLACE FUNCTION pgjobq.enqueue_expiry_check(run_ats timestamptz[], delays interval[],
+                                                       expires_ats timestamptz[], expire_afters interval[])
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_why text;
+BEGIN
+    SELECT w.why INTO v_why
+      FROM unnest(run_ats, delays, expires_ats, expire_afters) WITH ORDINALITY AS u(r, d, x, a, o)
+     CROSS JOIN LATERAL (SELECT pgjobq.enqueue_expiry_why(coalesce(u.r, now() + coalesce(u.d, interval '0')), u.x,
+                                                         u.a, format('expires_ats[%s]', u.o),
+                                                         format('expire_afters[%s]', u.o)) AS why) w
+     WHERE w.why IS NOT NULL
+     ORDER BY u.o LIMIT 1;
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'pgjobq.enqueue: %', v_why USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- expiry_defaults(): whether any queue has a default expire_after (queue_set), asked once per
+-- enqueue statement so that the enqueues of an install that sets none look no queue up (SECURITY
+-- DEFINER: the C library asks it before a COPY, as a producer that may not read pgjobq.queues).
+CREATE OR REPLACE FUNCTION pgjobq.expiry_defaults() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT EXISTS (SELECT 1 FROM pgjobq.queues q WHERE q.expire_after IS NOT NULL) $$;
+
+-- expiry_of(queue, run_at, expires_at, expire_after, defaults): a new job's expires_at: the one given,
+-- else its run_at + the expire_after given, else + its queue's default when `defaults` (expiry_defaults()
+-- said a queue has one), else NULL.  An SQL function without SET, inlined into the enqueues' inserts.
+CREATE OR REPLACE FUNCTION pgjobq.expiry_of(queue text, run_at timestamptz, expires_at timestamptz,
+                                            expire_after interval, defaults boolean)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN $3 IS NOT NULL THEN $3
+                WHEN $4 IS NOT NULL THEN $2 + $4
+                WHEN $5 THEN $2 + (SELECT q.expire_after FROM pgjobq.queues q WHERE q.name = $1)
+           END
+$$;
+
 -- enqueue_unique_key_why(unique_key, in_graph): a unique key goes only with a job enqueued alone or by
 -- enqueue_many, not with parents or tags, nor in a graph (which is how those are enqueued): a key held
 -- by another job skips the job that asks for it, and a graph is written all or none.  NULL when the
@@ -173,6 +244,9 @@ $$;
 -- existing job's id and duplicate = true.  concurrency_keys (NULL: none) are what a queue's
 -- key_concurrency limits.  route_keys (NULL: none) are the jobs' routing keys, which place the jobs of
 -- a spread queue in a cluster of shards (docs/shards.md; the shard's guard, cluster.sql, checks them).
+-- expires_ats, or expire_afters counted from each job's run_at (NULL: the queue's default expire_after,
+-- if it has one; enqueue_expiry_why's rule): no attempt of the job starts after it (docs/queues.md,
+-- "Expiry").
 -- Returns one row per input element, in input order (ord is 1-based).
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
@@ -193,7 +267,9 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
     unique_keys  text[]        DEFAULT NULL,
     concurrency_keys text[]    DEFAULT NULL,
     notify       boolean       DEFAULT true,
-    route_keys   text[]        DEFAULT NULL)
+    route_keys   text[]        DEFAULT NULL,
+    expires_ats  timestamptz[] DEFAULT NULL,
+    expire_afters interval[]   DEFAULT NULL)
 RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -206,7 +282,8 @@ DECLARE
     n          integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
                                    cardinality(priorities), cardinality(run_ats), cardinality(delays),
                                    cardinality(max_attempts), cardinality(unique_keys),
-                                   cardinality(concurrency_keys), cardinality(route_keys));
+                                   cardinality(concurrency_keys), cardinality(route_keys), cardinality(expires_ats),
+                                   cardinality(expire_afters));
     v_ids      bigint[];
     v_due      text[];
     v_dup_ords integer[];
@@ -214,6 +291,7 @@ DECLARE
     v_found    bigint;
     v_levels_known boolean;
     v_seq      regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
+    v_expiry_defaults boolean := pgjobq.expiry_defaults();
     i          integer;
 BEGIN
     IF n IS NULL OR n = 0 THEN
@@ -228,13 +306,19 @@ BEGIN
        OR (max_attempts IS NOT NULL AND cardinality(max_attempts) <> n)
        OR (unique_keys IS NOT NULL AND cardinality(unique_keys) <> n)
        OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
-       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n) THEN
+       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n)
+       OR (expires_ats IS NOT NULL AND cardinality(expires_ats) <> n)
+       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n) THEN
         RAISE EXCEPTION 'pgjobq.enqueue_many: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- When each job may be due (enqueue_when_check): only when a run_at or a delay is given.
     IF run_ats IS NOT NULL OR delays IS NOT NULL THEN
         PERFORM pgjobq.enqueue_when_check(run_ats, delays);
+    END IF;
+    -- When each may expire (enqueue_expiry_check): only when an expiry is given.
+    IF expires_ats IS NOT NULL OR expire_afters IS NOT NULL THEN
+        PERFORM pgjobq.enqueue_expiry_check(run_ats, delays, expires_ats, expire_afters);
     END IF;
 
     -- This transaction's id before the rows' ready_at (their claim key) is read: see claim.sql.
@@ -252,17 +336,18 @@ BEGIN
                    coalesce(u.priority, 0::smallint) AS priority,
                    coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
                    coalesce(u.max_attempts, 25) AS max_attempts,
-                   u.unique_key, u.concurrency_key, u.route_key
+                   u.unique_key, u.concurrency_key, u.route_key, u.expires_at, u.expire_after
               FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
-                          concurrency_keys, route_keys)
+                          concurrency_keys, route_keys, expires_ats, expire_afters)
                    WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
-                                        concurrency_key, route_key, ord)),
+                                        concurrency_key, route_key, expires_at, expire_after, ord)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                     concurrency_key, route_key)
+                                     concurrency_key, route_key, expires_at)
             OVERRIDING SYSTEM VALUE
             SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
-                   input.max_attempts, input.unique_key, input.concurrency_key, input.route_key
+                   input.max_attempts, input.unique_key, input.concurrency_key, input.route_key,
+                   pgjobq.expiry_of(input.queue, input.run_at, input.expires_at, input.expire_after, v_expiry_defaults)
               FROM input ORDER BY input.ord
             ON CONFLICT DO NOTHING
             RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
@@ -311,13 +396,16 @@ BEGIN
                     EXIT;
                 END IF;
                 INSERT INTO pgjobq.jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                         concurrency_key, route_key)
-                VALUES (coalesce(queues[v_dup_ords[i]], 'default'), coalesce(kinds[v_dup_ords[i]], 'default'),
-                        coalesce(payloads[v_dup_ords[i]], '{}'::jsonb),
-                        coalesce(priorities[v_dup_ords[i]], 0::smallint),
-                        coalesce(run_ats[v_dup_ords[i]], now() + coalesce(delays[v_dup_ords[i]], interval '0')),
-                        coalesce(max_attempts[v_dup_ords[i]], 25), v_dup_keys[i],
-                        concurrency_keys[v_dup_ords[i]], route_keys[v_dup_ords[i]])
+                                         concurrency_key, route_key, expires_at)
+                SELECT r.queue, coalesce(kinds[v_dup_ords[i]], 'default'), coalesce(payloads[v_dup_ords[i]], '{}'::jsonb),
+                       coalesce(priorities[v_dup_ords[i]], 0::smallint), r.run_at,
+                       coalesce(max_attempts[v_dup_ords[i]], 25), v_dup_keys[i],
+                       concurrency_keys[v_dup_ords[i]], route_keys[v_dup_ords[i]],
+                       pgjobq.expiry_of(r.queue, r.run_at, expires_ats[v_dup_ords[i]], expire_afters[v_dup_ords[i]],
+                                        v_expiry_defaults)
+                  FROM (SELECT coalesce(queues[v_dup_ords[i]], 'default') AS queue,
+                               coalesce(run_ats[v_dup_ords[i]], now() + coalesce(delays[v_dup_ords[i]], interval '0'))
+                                 AS run_at) r
                 ON CONFLICT DO NOTHING
                 RETURNING pgjobq.jobs.id INTO v_found;
                 IF FOUND THEN
@@ -339,7 +427,7 @@ $$;
 --   on_conflicts  'skip' (NULL, the default: enqueue_many's rule: while a queued or running job of the
 --                 queue holds the key, the job is not inserted and the holder is returned),
 --                 'replace' (a debounce, Graphile Worker's job_key_mode 'replace'): a *queued* holder
---                 takes this job's kind, payload, priority, run_at, max_attempts and concurrency key,
+--                 takes this job's kind, payload, priority, run_at, max_attempts, concurrency key and expiry,
 --                 and starts afresh (attempt 0, no last error): the last one wins, and runs at its
 --                 run_at, typically now() + delay, so after a quiet delay.  A *running* holder is not
 --                 touched (its worker may have read its payload, and a write would wait for its row):
@@ -379,7 +467,9 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_keyed(
     unique_fors  interval[]    DEFAULT NULL,
     concurrency_keys text[]    DEFAULT NULL,
     notify       boolean       DEFAULT true,
-    route_keys   text[]        DEFAULT NULL)
+    route_keys   text[]        DEFAULT NULL,
+    expires_ats  timestamptz[] DEFAULT NULL,
+    expire_afters interval[]   DEFAULT NULL)
 RETURNS TABLE (ord integer, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -388,7 +478,8 @@ DECLARE
     n        integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),
                                  cardinality(priorities), cardinality(run_ats), cardinality(delays),
                                  cardinality(max_attempts), cardinality(unique_keys), cardinality(on_conflicts),
-                                 cardinality(unique_fors), cardinality(concurrency_keys), cardinality(route_keys));
+                                 cardinality(unique_fors), cardinality(concurrency_keys), cardinality(route_keys),
+                                 cardinality(expires_ats), cardinality(expire_afters));
     v_seq    regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
     v_ids    bigint[] := '{}';
     v_outs   text[] := '{}';
@@ -401,6 +492,8 @@ DECLARE
     v_for    interval;
     v_prio   smallint;
     v_run_at timestamptz;
+    v_expiry_defaults boolean := pgjobq.expiry_defaults();
+    v_expires timestamptz;
     v_id     bigint;
     v_found  bigint;
     v_state  pgjobq.job_state;
@@ -421,12 +514,17 @@ BEGIN
        OR (on_conflicts IS NOT NULL AND cardinality(on_conflicts) <> n)
        OR (unique_fors IS NOT NULL AND cardinality(unique_fors) <> n)
        OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
-       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n) THEN
+       OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n)
+       OR (expires_ats IS NOT NULL AND cardinality(expires_ats) <> n)
+       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n) THEN
         RAISE EXCEPTION 'pgjobq.enqueue_keyed: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF run_ats IS NOT NULL OR delays IS NOT NULL THEN
         PERFORM pgjobq.enqueue_when_check(run_ats, delays);
+    END IF;
+    IF expires_ats IS NOT NULL OR expire_afters IS NOT NULL THEN
+        PERFORM pgjobq.enqueue_expiry_check(run_ats, delays, expires_ats, expire_afters);
     END IF;
     -- The modes' rules, the first element that breaks one named.
     FOR i IN 1 .. n LOOP
@@ -463,6 +561,7 @@ BEGIN
             v_mode := CASE WHEN v_for IS NOT NULL THEN 'keep' ELSE coalesce(on_conflicts[i], 'skip') END;
             v_prio := coalesce(priorities[i], 0::smallint);
             v_run_at := coalesce(run_ats[i], now() + coalesce(delays[i], interval '0'));
+            v_expires := pgjobq.expiry_of(v_queue, v_run_at, expires_ats[i], expire_afters[i], v_expiry_defaults);
             v_out := NULL;
             -- A window still held: the job that took it, at once (the insert below would be undone).
             IF v_for IS NOT NULL THEN
@@ -479,7 +578,7 @@ BEGIN
                            priority = v_prio, run_at = v_run_at,
                            max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
                            concurrency_key = concurrency_keys[i], attempt = 0, last_error = NULL, snoozes = 0,
-                           ready_at = clock_timestamp()
+                           expires_at = v_expires, ready_at = clock_timestamp()
                      WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state = 'queued'
                     RETURNING j.id INTO v_found;
                     IF FOUND THEN
@@ -489,10 +588,11 @@ BEGIN
                 END IF;
                 v_id := nextval(v_seq);
                 INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                         concurrency_key, route_key)
+                                         concurrency_key, route_key, expires_at)
                 OVERRIDING SYSTEM VALUE
                 VALUES (v_id, v_queue, coalesce(kinds[i], 'default'), coalesce(payloads[i], '{}'::jsonb), v_prio,
-                        v_run_at, coalesce(enqueue_keyed.max_attempts[i], 25), v_key, concurrency_keys[i], route_keys[i])
+                        v_run_at, coalesce(enqueue_keyed.max_attempts[i], 25), v_key, concurrency_keys[i], route_keys[i],
+                        v_expires)
                 ON CONFLICT DO NOTHING
                 RETURNING pgjobq.jobs.id INTO v_found;
                 IF FOUND THEN
@@ -553,7 +653,8 @@ $$;
 -- (enqueue_graph, workflows.sql; no unique key then).  route_key: the job's routing key (enqueue_many).
 -- on_conflict ('skip', 'replace' or 'keep') and unique_for (keep's window): enqueue_keyed, whose
 -- outcome 'replaced' is duplicate = true here too (no job was inserted: the id is the queued job that
--- now carries this one's payload).
+-- now carries this one's payload).  expires_at, or expire_after counted from run_at: no attempt of the
+-- job starts after it (docs/queues.md, "Expiry"; neither: its queue's default expire_after, if any).
 CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     queue        text        DEFAULT 'default',
     kind         text        DEFAULT 'default',
@@ -570,6 +671,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     route_key    text        DEFAULT NULL,
     on_conflict  text        DEFAULT NULL,
     unique_for   interval    DEFAULT NULL,
+    expires_at   timestamptz DEFAULT NULL,
+    expire_after interval    DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -581,7 +684,8 @@ BEGIN
         SELECT e.id, e.outcome <> 'inserted' INTO id, duplicate
           FROM pgjobq.enqueue_keyed(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
                                     ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key], ARRAY[on_conflict],
-                                    ARRAY[unique_for], ARRAY[concurrency_key], true, ARRAY[route_key]) AS e;
+                                    ARRAY[unique_for], ARRAY[concurrency_key], true, ARRAY[route_key],
+                                    ARRAY[expires_at], ARRAY[expire_after]) AS e;
         RETURN;
     END IF;
     IF on_conflict IS NOT NULL OR unique_for IS NOT NULL THEN
@@ -592,7 +696,8 @@ BEGIN
         SELECT e.id, e.duplicate INTO id, duplicate
           FROM pgjobq.enqueue_many(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
                                    ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key],
-                                   ARRAY[concurrency_key], true, ARRAY[route_key]) AS e;
+                                   ARRAY[concurrency_key], true, ARRAY[route_key], ARRAY[expires_at],
+                                   ARRAY[expire_after]) AS e;
         RETURN;
     END IF;
     IF pgjobq.enqueue_unique_key_why(unique_key, true) IS NOT NULL THEN
@@ -610,7 +715,9 @@ BEGIN
             ('max_attempts', to_jsonb(max_attempts)), ('concurrency_key', to_jsonb(concurrency_key)),
             ('run_at', to_jsonb(to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
             ('delay', to_jsonb(extract(epoch FROM delay))), ('tags', to_jsonb(tags)), ('after', to_jsonb(after)),
-            ('on_parent_failure', to_jsonb(on_parent_failure)), ('route_key', to_jsonb(route_key))) AS f(k, v)
+            ('on_parent_failure', to_jsonb(on_parent_failure)), ('route_key', to_jsonb(route_key)),
+            ('expires_at', to_jsonb(to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+            ('expire_after', to_jsonb(extract(epoch FROM expire_after)))) AS f(k, v)
           WHERE f.v IS NOT NULL))) AS g;
     duplicate := false;
 END

@@ -10,7 +10,8 @@
 -- or run, as they asked; one that ends failed leaves a copy in its queue's dead-letter queue:
 -- dead_letter_send in transitions.sql).  Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state
 -- and the lease, so a job completed meanwhile is never touched.  At most max_jobs per call; returns
--- how many were rescued.
+-- how many were rescued.  Every call also sweeps the jobs that expired while queued (expire_queued,
+-- below): the pass every worker runs each second, and pgjobq_rescue_expired's callers, do both.
 --
 -- since: look only at the leases that ended at or after it, queue by queue on jobs_lease_idx, so that
 -- the call steps over the dead index entries of recent leases only (a worker passes a little before
@@ -30,6 +31,7 @@ DECLARE
     v_kids    bigint[];
     v_cand    bigint[];
 BEGIN
+    PERFORM pgjobq.expire_queued(rescue_expired.max_jobs);
     IF since IS NULL THEN
         v_cand := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.state = 'running' AND j.lease_until < now()
                          LIMIT rescue_expired.max_jobs);
@@ -68,7 +70,7 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                    CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                    g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
@@ -76,7 +78,7 @@ BEGIN
                    format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its connection)',
                           g.lease_until, coalesce(g.worker_id, '?')),
                    g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key, g.cancel_requested_at,
-                   g.cancel_told_at, g.route_key, g.snoozes
+                   g.cancel_told_at, g.route_key, g.snoozes, g.expires_at
               FROM gone g
             RETURNING pgjobq.history.queue, pgjobq.history.state)
         INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, m.state::text, count(*) FROM moved m GROUP BY 1, 2;
@@ -96,6 +98,35 @@ BEGIN
         PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
     END IF;
     RETURN coalesce(cardinality(v_final), 0) + coalesce(cardinality(v_requeue), 0);
+END
+$$;
+
+-- expire_queued(max_jobs): the jobs that were still waiting or queued when their expires_at passed
+-- (docs/queues.md, "Expiry") end cancelled, with last_error 'expired: ...', as a cancel by hand would
+-- end them (history_move_cancelled: their waiting children are cancelled or run, as they asked; no
+-- dead letter: the job did not fail).  Claims step over such jobs already (claim.sql); this moves them
+-- out of the queue.  Each row is locked (SKIP LOCKED: one a claim holds at this instant is the
+-- claim's) and the conditions are checked again on its latest version, so a job a claim started
+-- meanwhile, or one retried by hand (which clears its expiry), stays.  At most max_jobs a call, found
+-- on jobs_expiry_idx (empty when no job has an expiry); returns how many ended.
+CREATE OR REPLACE FUNCTION pgjobq.expire_queued(max_jobs integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    v_ids := ARRAY(SELECT j.id FROM pgjobq.jobs j
+                    WHERE j.expires_at IS NOT NULL AND j.state IN ('waiting', 'queued') AND j.expires_at <= now()
+                    ORDER BY j.expires_at
+                    LIMIT expire_queued.max_jobs
+                      FOR UPDATE SKIP LOCKED);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    RETURN pgjobq.history_move_cancelled(v_ids, 'expired: not started by its expires_at');
 END
 $$;
 

@@ -57,8 +57,10 @@ AS $$ SELECT interval '1 day' $$;
 -- "rate_period" (an interval, 1 ms to 1 day; the two go together), "max_lease" (an interval, 1 second
 -- to 365 days: the longest lease a claim may ask for, and a heartbeat renew, in this queue; null: the
 -- default, max_lease_default()), "dead_letter" (a queue name: where a job of this queue that fails for
--- good goes, as a new job; docs/queues.md, "Dead letters").  Workers are woken, as a limit may have
--- been raised.
+-- good goes, as a new job; docs/queues.md, "Dead letters"), "expire_after" (an interval, 1 second to
+-- 365 days: the expiry of the jobs enqueued into the queue from now on without one of their own,
+-- counted from their run_at; docs/queues.md, "Expiry").  Workers are woken, as a limit may have been
+-- raised.
 --
 -- A dead-letter setting that would make a cycle (the queue itself, or a queue whose dead letters
 -- lead back to this one) is refused (22023).  Two calls that would close a cycle between them (a -> b
@@ -77,11 +79,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
-        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter') THEN
+        IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter',
+                     'expire_after') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease and '
-                             'dead_letter.';
+                      HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease, '
+                             'dead_letter and expire_after.';
         END IF;
     END LOOP;
     IF settings ? 'dead_letter' AND jsonb_typeof(settings -> 'dead_letter') <> 'null' THEN
@@ -111,6 +114,10 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.queue_set: max_lease is %: it must be between 1 second and 365 days',
             (settings ->> 'max_lease')::interval USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF (settings ->> 'expire_after')::interval NOT BETWEEN interval '1 second' AND interval '365 days' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: expire_after is %: it must be between 1 second and 365 days',
+            (settings ->> 'expire_after')::interval USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
         RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
             USING ERRCODE = 'invalid_parameter_value';
@@ -128,6 +135,8 @@ BEGIN
            max_lease = CASE WHEN settings ? 'max_lease' THEN (settings ->> 'max_lease')::interval
                             ELSE qs.max_lease END,
            dead_letter = CASE WHEN settings ? 'dead_letter' THEN v_dead ELSE qs.dead_letter END,
+           expire_after = CASE WHEN settings ? 'expire_after' THEN (settings ->> 'expire_after')::interval
+                               ELSE qs.expire_after END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -137,11 +146,11 @@ $$;
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
 -- max_lease is the one that applies: the queue's, or the default; dead_letter, where the jobs that fail
--- for good go (NULL: nowhere).
+-- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none).
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
-               expired bigint, max_lease interval, dead_letter text)
+               expired bigint, max_lease interval, dead_letter text, expire_after interval)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -155,7 +164,8 @@ AS $$
     SELECT coalesce(s.name::text, c.queue), s.paused_at, s.pause_reason, s.concurrency, s.key_concurrency,
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
-           coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text
+           coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text,
+           s.expire_after
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
      ORDER BY 1
 $$;

@@ -56,11 +56,11 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                    g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
-                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes
+                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at
               FROM gone g
             RETURNING pgjobq.history.queue),
         tallied AS (
@@ -160,6 +160,9 @@ $$;
 --   "queue", "kind", "payload", "priority", "max_attempts", "concurrency_key", "route_key"
 --                        as for enqueue
 --   "run_at" (timestamptz text) or "delay" (seconds, a number), under enqueue_when_why's rule
+--   "expires_at" (timestamptz text) or "expire_after" (seconds from its run_at, a number), under
+--                        enqueue_expiry_why's rule: no attempt of the job starts after it (a waiting
+--                        job expires too: docs/queues.md, "Expiry"); neither: its queue's default
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
 --                        already enqueued (numbers): of the child's queue, or enqueued by this
@@ -185,6 +188,7 @@ AS $$
 DECLARE
     v_jobs    jsonb := CASE jsonb_typeof(graph) WHEN 'array' THEN graph WHEN 'object' THEN graph -> 'jobs' END;
     v_n       integer;
+    v_expiry_defaults boolean := pgjobq.expiry_defaults();
     v_seq     regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
     v_refs    text[];
     v_ids     bigint[];
@@ -242,11 +246,13 @@ BEGIN
                  WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
-                                               'on_parent_failure', 'callback', 'route_key'))
+                                               'on_parent_failure', 'callback', 'route_key', 'expires_at',
+                                               'expire_after'))
                    THEN 'has an unknown key: ' || (SELECT string_agg(k, ', ') FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
-                                               'on_parent_failure', 'callback', 'route_key'))
+                                               'on_parent_failure', 'callback', 'route_key', 'expires_at',
+                                               'expire_after'))
                  WHEN e.j ? 'ref' AND (jsonb_typeof(e.j -> 'ref') <> 'string' OR length(e.j ->> 'ref') NOT BETWEEN 1 AND 255)
                    THEN '"ref" must be a string of 1 to 255 characters'
                  WHEN jsonb_typeof(e.j -> 'queue') IS DISTINCT FROM 'string' AND e.j ? 'queue'
@@ -274,6 +280,12 @@ BEGIN
                  WHEN e.j ? 'run_at' AND (jsonb_typeof(e.j -> 'run_at') <> 'string' OR NOT rt.run_at_reads)
                    THEN '"run_at" must be a timestamp (text such as "2026-12-01 10:00:00+00")'
                  WHEN w.why IS NOT NULL THEN w.why
+                 WHEN e.j ? 'expire_after' AND jsonb_typeof(e.j -> 'expire_after') <> 'number'
+                   THEN '"expire_after" must be a number of seconds'
+                 WHEN e.j ? 'expires_at' AND (jsonb_typeof(e.j -> 'expires_at') <> 'string'
+                      OR NOT pgjobq.timestamp_ok(e.j ->> 'expires_at'))
+                   THEN '"expires_at" must be a timestamp (text such as "2026-12-01 10:00:00+00")'
+                 WHEN x.why IS NOT NULL THEN x.why
                  WHEN e.j ? 'payload' AND octet_length((e.j -> 'payload')::text) > 1048576
                    THEN '"payload" is larger than 1 MiB'
                  WHEN e.j ? 'tags' AND (jsonb_typeof(e.j -> 'tags') <> 'array'
@@ -305,6 +317,21 @@ BEGIN
                                                                                 -1e12), 1e12)::double precision)
                                  END,
                                  '"run_at"', '"delay"') AS why) w
+         -- (Read only once the job's run_at, delay and expiry have read; the CASE above asks first.)
+         CROSS JOIN LATERAL (SELECT CASE WHEN w.why IS NULL
+                                          AND (jsonb_typeof(e.j -> 'expire_after') = 'number'
+                                               OR (jsonb_typeof(e.j -> 'expires_at') = 'string'
+                                                   AND pgjobq.timestamp_ok(e.j ->> 'expires_at')))
+                                         THEN pgjobq.enqueue_expiry_why(
+                                             coalesce(CASE WHEN rt.run_at_reads THEN (e.j ->> 'run_at')::timestamptz END,
+                                                      now() + make_interval(secs => coalesce((e.j ->> 'delay')::double precision, 0))),
+                                             CASE WHEN jsonb_typeof(e.j -> 'expires_at') = 'string'
+                                                  THEN (e.j ->> 'expires_at')::timestamptz END,
+                                             CASE WHEN jsonb_typeof(e.j -> 'expire_after') = 'number'
+                                                  THEN make_interval(secs => least(greatest((e.j ->> 'expire_after')::numeric,
+                                                                                            -1e12), 1e12)::double precision)
+                                             END,
+                                             '"expires_at"', '"expire_after"') END AS why) x
     LOOP
         IF v_bad.why IS NOT NULL THEN
             RAISE EXCEPTION 'pgjobq.enqueue_graph: job %: %', v_bad.i, v_bad.why
@@ -465,25 +492,28 @@ BEGIN
     BEGIN
         WITH input AS (
             SELECT e.o::integer AS o, e.j, v_ids[e.o] AS id, v_parents[e.o] AS parents,
-                   v_kids[e.o] > 0 AS has_children
+                   v_kids[e.o] > 0 AS has_children,
+                   coalesce((e.j ->> 'run_at')::timestamptz,
+                            now() + make_interval(secs => coalesce((e.j ->> 'delay')::double precision, 0))) AS run_at
               FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(j, o)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
                                      concurrency_key, tags, has_children, pending_parents, on_parent_failure,
-                                     route_key)
+                                     route_key, expires_at)
             OVERRIDING SYSTEM VALUE
             SELECT i.id, coalesce(i.j ->> 'queue', 'default'), coalesce(i.j ->> 'kind', 'default'),
                    coalesce(i.j -> 'payload', '{}'), coalesce((i.j ->> 'priority')::numeric::smallint, 0),
                    CASE WHEN i.parents > 0 THEN 'waiting'::pgjobq.job_state ELSE 'queued'::pgjobq.job_state END,
-                   coalesce((i.j ->> 'run_at')::timestamptz,
-                            now() + make_interval(secs => coalesce((i.j ->> 'delay')::double precision, 0))),
+                   i.run_at,
                    coalesce((i.j ->> 'max_attempts')::numeric::integer, 25), i.j ->> 'concurrency_key',
                    CASE WHEN i.j ? 'tags' THEN ARRAY(SELECT DISTINCT t FROM jsonb_array_elements_text(i.j -> 'tags') AS t ORDER BY 1) END,
                    i.has_children, CASE WHEN i.parents > 0 THEN i.parents END,
                    CASE WHEN i.parents = 0 THEN NULL
                         WHEN (i.j -> 'callback') = 'true' THEN 'batch'
                         ELSE coalesce(i.j ->> 'on_parent_failure', 'cancel') END,
-                   i.j ->> 'route_key'
+                   i.j ->> 'route_key',
+                   pgjobq.expiry_of(coalesce(i.j ->> 'queue', 'default'), i.run_at, (i.j ->> 'expires_at')::timestamptz,
+                                    make_interval(secs => (i.j ->> 'expire_after')::double precision), v_expiry_defaults)
               FROM input i ORDER BY i.o
             RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.state, pgjobq.jobs.run_at)
         SELECT array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'queued' AND ins.run_at <= now())
