@@ -187,6 +187,7 @@ int cmd_stats(const cli_cmd *cmd, int argc, char **argv);
 int cmd_health(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cancel(const cli_cmd *cmd, int argc, char **argv);
 int cmd_retry(const cli_cmd *cmd, int argc, char **argv);
+int cmd_skip(const cli_cmd *cmd, int argc, char **argv);
 int cmd_queue(const cli_cmd *cmd, int argc, char **argv);
 int cmd_schedule(const cli_cmd *cmd, int argc, char **argv);
 int cmd_work(const cli_cmd *cmd, int argc, char **argv);
@@ -197,7 +198,7 @@ int cmd_serve(const cli_cmd *cmd, int argc, char **argv);
 int cmd_cluster(const cli_cmd *cmd, int argc, char **argv);
 
 extern const cli_opt migrate_opts[], enqueue_opts[], list_opts[], show_opts[], wait_opts[], graph_opts[], stats_opts[], health_opts[], cancel_opts[],
-    retry_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[],
+    retry_opts[], skip_opts[], queue_opts[], schedule_opts[], work_opts[], db_opts[], demo_opts[], bench_opts[], serve_opts[],
     cluster_opts[];
 
 #endif /* PGJOBQ_CLI_H */

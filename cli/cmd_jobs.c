@@ -47,6 +47,7 @@ const cli_opt graph_opts[] = {{"json", OPT_JSON, NULL, "print a JSON array: id, 
                               CLI_CLUSTER_OPT,
                               CLI_COMMON_OPTS,
                               {NULL, 0, NULL, NULL}};
+const cli_opt skip_opts[] = {CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt stats_opts[] = {
     {"json", OPT_JSON, NULL, "print a JSON object"}, CLI_CLUSTER_OPT, CLI_COMMON_OPTS, {NULL, 0, NULL, NULL}};
 const cli_opt health_opts[] = {
@@ -788,6 +789,34 @@ static int show_dead_letters(pgjobq_client *c, const pgjobq_job *j, int json)
     return EX_OK;
 }
 
+/* The key the job blocks in its strict-order queue, when it failed for good there (docs/queues.md,
+ * "Strict order per key"): text, or JSON's "blocks_key" (null: none). */
+static int show_block(pgjobq_client *c, const pgjobq_job *j, int json)
+{
+    char id_s[24];
+    const char *values[1] = {id_s};
+    snprintf(id_s, sizeof id_s, "%lld", (long long)j->id);
+    PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT key FROM pgjobq.sequence_blocks WHERE job_id = $1::bigint",
+                               1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        cli_err("reading the key job %lld blocks: %s", (long long)j->id, PQresultErrorMessage(r));
+        PQclear(r);
+        return EX_SOFTWARE;
+    }
+    const char *key = PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : NULL;
+    if (json) {
+        fputs(",\"blocks_key\":", stdout);
+        json_str(stdout, key);
+    } else if (key) {
+        fputs("blocks key:    ", stdout);
+        tty_put(stdout, key, 0);
+        printf(" (strict order: nothing more of it starts until `pgjobq retry %lld` or `pgjobq skip %lld`)\n",
+               (long long)j->id, (long long)j->id);
+    }
+    PQclear(r);
+    return EX_OK;
+}
+
 /* wait's options. */
 typedef struct wait_args {
     int json;
@@ -915,6 +944,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         status = show_relatives(c, j, json);
     if (status == EX_OK)
         status = show_dead_letters(c, j, json);
+    if (status == EX_OK)
+        status = show_block(c, j, json);
     if (json && status == EX_OK)
         fputs("}\n", stdout);
     pgjobq_jobs_free(j);
@@ -1681,6 +1712,24 @@ int cmd_cancel(const cli_cmd *cmd, int argc, char **argv)
                    n == 1 ? "" : "s", a.filter.queue);
     }
     status = cl_status >= 0 ? cl_status : rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
+    cli_close(c);
+    return status;
+}
+
+/* pgjobq skip ID: the key the job blocks in its strict-order queue moves on (docs/queues.md, "Strict
+ * order per key"). */
+int cmd_skip(const cli_cmd *cmd, int argc, char **argv)
+{
+    int status, rc, unused = 0;
+    pgjobq_client *c;
+    int64_t id = 0;
+
+    if ((c = open_for_id(cmd, argc, argv, flag_opt, &unused, &id, &status)) == NULL)
+        return status;
+    rc = pgjobq_job_skip(c, id);
+    if (rc == PGJOBQ_OK)
+        printf("job %lld stays failed; the next job of its key may start\n", (long long)id);
+    status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
     cli_close(c);
     return status;
 }

@@ -19,7 +19,8 @@ enum {
     OPT_CREATE = 1102,
     OPT_MAX_LEASE = 1103,
     OPT_DEAD_LETTER = 1104,
-    OPT_EXPIRE_AFTER = 1105
+    OPT_EXPIRE_AFTER = 1105,
+    OPT_STRICT_ORDER = 1106
 };
 
 const cli_opt queue_opts[] = {
@@ -35,6 +36,9 @@ const cli_opt queue_opts[] = {
      "set: where a job of the queue that fails for good goes, as a new job (a cycle is refused)"},
     {"expire-after", OPT_EXPIRE_AFTER, "DURATION|none",
      "set: jobs enqueued without an expiry of their own expire if not started DURATION after they are due, 1s..365d"},
+    {"strict-order", OPT_STRICT_ORDER, "on|off",
+     "set: jobs with the same concurrency key run one at a time, in enqueue order; one that fails for good "
+     "blocks its key until retried or skipped (pgjobq skip)"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -53,6 +57,7 @@ typedef struct queue_args {
     const char *dead_letter; /* NULL: none */
     int set_expire_after;
     int64_t expire_after_ms; /* 0: none */
+    int set_strict_order, strict_order;
     int json;
     int create;
     const cli_cmd *cmd;
@@ -149,6 +154,12 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (a->expire_after_ms < 1000 || a->expire_after_ms > INT64_C(31536000000))
             return cli_usage_error(a->cmd, "--expire-after: must be between 1s and 365d (or none)"), -1;
         return 0;
+    case OPT_STRICT_ORDER:
+        a->set_strict_order = 1;
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0)
+            return cli_usage_error(a->cmd, "--strict-order: on or off, not '%.40s'", arg), -1;
+        a->strict_order = strcmp(arg, "on") == 0;
+        return 0;
     default: return -1;
     }
 }
@@ -191,16 +202,20 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 fputs(",\"expire_after_ms\":null", stdout);
             fputs(",\"dead_letter\":", stdout);
             json_str(stdout, q[i].dead_letter);
-            fputc('}', stdout);
+            printf(",\"strict_order\":%s,\"blocked_keys\":%d}", q[i].strict_order ? "true" : "false",
+                   q[i].blocked_keys);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY",
-               "RATE", "MAX LEASE", "EXPIRE AFTER", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY",
+               "PER KEY", "ORDER", "RATE", "MAX LEASE", "EXPIRE AFTER", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER",
+               "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], per_key[16], rate[48] = "-", max_lease[24], expire_after[24] = "-";
+            char conc[16], per_key[16], order[32] = "-", rate[48] = "-", max_lease[24], expire_after[24] = "-";
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
+            if (q[i].strict_order)
+                snprintf(order, sizeof order, q[i].blocked_keys ? "strict, %d blocked" : "strict", q[i].blocked_keys);
             if (q[i].rate_limit) {
                 char period[24];
                 snprintf(rate, sizeof rate, "%d/%s", q[i].rate_limit,
@@ -211,8 +226,8 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             char name[300], dead[300];
             tty_cell(name, sizeof name, q[i].name, 64);
             tty_cell(dead, sizeof dead, q[i].dead_letter ? q[i].dead_letter : "-", 64);
-            printf("%-24s %-7s %11s %7s %-12s %9s %12s %9lld %9lld %9lld %-24s  ", name,
-                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
+            printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9lld %9lld %9lld %-24s  ", name,
+                   q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, order, rate,
                    format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, (long long)q[i].queued,
                    (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
@@ -323,17 +338,14 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--reason goes with pause or drain");
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
-    if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease || a.set_dead_letter ||
-         a.set_expire_after) &&
-        !is_set)
-        return cli_usage_error(
-            cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter and --expire-after "
-                 "go with set");
-    if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease &&
-        !a.set_dead_letter && !a.set_expire_after)
-        return cli_usage_error(
-            cmd,
-            "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, --dead-letter or --expire-after");
+    int any_setting = a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease ||
+                      a.set_dead_letter || a.set_expire_after || a.set_strict_order;
+    if (any_setting && !is_set)
+        return cli_usage_error(cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter, "
+                                    "--expire-after and --strict-order go with set");
+    if (is_set && !any_setting)
+        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, "
+                                    "--dead-letter, --expire-after or --strict-order");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -375,6 +387,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_dead_letter(c, queue, a.dead_letter);
         if (rc == PGJOBQ_OK && a.set_expire_after)
             rc = pgjobq_queue_set_expire_after(c, queue, a.expire_after_ms);
+        if (rc == PGJOBQ_OK && a.set_strict_order)
+            rc = pgjobq_queue_set_strict_order(c, queue, a.strict_order);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);

@@ -46,6 +46,10 @@ static const cli_cmd commands[] = {
      "Run a finished or scheduled job, or every job a filter matches, again now; with --running, end a\n"
      "running job's lease now and run it again.",
      retry_opts, cmd_retry},
+    {"skip", "ID",
+     "Let the key that a failed job blocks in a strict-order queue move on without it (the job stays\n"
+     "failed); `pgjobq retry ID` runs it again first instead.",
+     skip_opts, cmd_skip},
     {"queue", "ls|pause|resume|drain|set [QUEUE]",
      "Show queues and their settings, pause and resume a queue on every worker, wait until a paused\n"
      "queue has nothing running (drain), set a queue's concurrency and rate limits and its longest lease.",

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 28
+#define PGJOBQ_SCHEMA_VERSION 29
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -543,6 +543,14 @@ PGJOBQ_EXPORT int pgjobq_job_cancel(pgjobq_client *c, int64_t id, pgjobq_state *
 PGJOBQ_EXPORT int pgjobq_job_retry(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
 
 /*
+ * Lets the key that job `id` blocks move on without it: the job failed for good in a strict-order
+ * queue (pgjobq_queue_set_strict_order), stays failed, and the next job of its key may start.
+ * Returns PGJOBQ_OK, PGJOBQ_ENOTFOUND, or PGJOBQ_ESTATE when the job blocks no key (it did not fail in
+ * a strict-order queue, or was retried or skipped already).  Needs pgjobq_admin.
+ */
+PGJOBQ_EXPORT int pgjobq_job_skip(pgjobq_client *c, int64_t id) PGJOBQ_WUR;
+
+/*
  * Ends a running job's lease now (for an operator: a worker that holds a job too long, or for ever):
  * the job is queued to run again now (*state_out = PGJOBQ_QUEUED), and every later write of the
  * holder (complete, fail, heartbeat, hand-back) finds its lease gone (PGJOBQ_ELEASE).  The attempt
@@ -752,6 +760,17 @@ PGJOBQ_EXPORT int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *que
 PGJOBQ_EXPORT int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue,
                                                 int64_t expire_after_ms) PGJOBQ_WUR;
 
+/*
+ * Strict order per key (docs/queues.md, "Strict order per key"; on: 1, off: 0): the queue's jobs with
+ * the same concurrency key (pgjobq_job_spec.concurrency_key) run one at a time, in the order of their
+ * ids, the order they were enqueued in; a key's next job starts only when the one before it has
+ * completed or was cancelled.  One that fails for good blocks its key until it is retried
+ * (pgjobq_job_retry) or skipped (pgjobq_job_skip).  Keys run in parallel with one another; give
+ * every job of such a queue a key (one without is looked for among the queue's oldest due jobs only).
+ * Needs pgjobq_admin.
+ */
+PGJOBQ_EXPORT int pgjobq_queue_set_strict_order(pgjobq_client *c, const char *queue, int on) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -769,7 +788,10 @@ typedef struct pgjobq_queue_info {
     const char *dead_letter;   /* where its jobs that fail for good go; NULL: nowhere */
     int64_t expire_after_ms;     /* the expiry its jobs get by default, from their run_at; 0: none
                                     (pgjobq_queue_set_expire_after; in place of a reserved field) */
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    int32_t strict_order;        /* 1: its jobs of a key run one at a time, in order
+                                    (pgjobq_queue_set_strict_order); 0: off */
+    int32_t blocked_keys;        /* keys of a strict queue that a failed job blocks (pgjobq_job_skip)
+                                    (these two in place of the last reserved field) */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds

@@ -146,8 +146,8 @@ BEGIN
     END IF;
 END
 $$;
-GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.retry_running(bigint), pgjobq.stats()
-    TO pgjobq_admin;
+GRANT EXECUTE ON FUNCTION pgjobq.cancel(bigint), pgjobq.retry(bigint), pgjobq.retry_running(bigint), pgjobq.stats(),
+    pgjobq.sequence_skip(bigint) TO pgjobq_admin;
 GRANT EXECUTE ON FUNCTION pgjobq.children(bigint), pgjobq.graph(bigint) TO pgjobq_admin, pgjobq_monitor;
 GRANT EXECUTE ON FUNCTION pgjobq.parents(bigint) TO pgjobq_monitor;
 GRANT SELECT ON pgjobq.deps TO pgjobq_admin, pgjobq_monitor;
@@ -157,13 +157,14 @@ GRANT EXECUTE ON FUNCTION pgjobq.queue_pause(text, text), pgjobq.queue_resume(te
     pgjobq.schedule_trigger(text), pgjobq.schedule_sync(jsonb),
     pgjobq.retry_where(text, text, text, interval, boolean, boolean),
     pgjobq.cancel_where(text, text, text, interval, boolean) TO pgjobq_admin;
-GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.dead_letters TO pgjobq_admin;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.dead_letters, pgjobq.sequence_blocks TO pgjobq_admin;
 -- The retention workers keep: the admin sets it (and may prune below it), the monitor reads it.
 GRANT EXECUTE ON FUNCTION pgjobq.retention_set(interval, interval) TO pgjobq_admin;
 GRANT SELECT ON pgjobq.retention TO pgjobq_admin, pgjobq_monitor;
 
 GRANT SELECT ON pgjobq.tallies TO pgjobq_admin;
-GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.tallies, pgjobq.dead_letters TO pgjobq_monitor;
+GRANT SELECT ON pgjobq.queues, pgjobq.schedules, pgjobq.tallies, pgjobq.dead_letters, pgjobq.sequence_blocks
+    TO pgjobq_monitor;
 
 -- The jobs, live and finished, and the workers: every column but the secrets (a job's lease_token, a
 -- worker's secret_hash), to the admin and the monitor.  The table-level SELECT this file granted

@@ -573,6 +573,25 @@ int pgjobq_job_retry(pgjobq_client *c, int64_t id)
     return PGJOBQ_OK;
 }
 
+int pgjobq_job_skip(pgjobq_client *c, int64_t id)
+{
+    char outcome[32];
+    int rc;
+
+    if ((rc = enter(c)) != PGJOBQ_OK)
+        return rc;
+    if ((rc = id_call(c, "skip", "SELECT pgjobq.sequence_skip($1)", id, outcome, sizeof outcome)) != PGJOBQ_OK)
+        return rc;
+    if (strcmp(outcome, "not_found") == 0)
+        return pgjobq__seterr(c, PGJOBQ_ENOTFOUND, "skip: no job %lld", (long long)id);
+    if (strcmp(outcome, "skipped") != 0)
+        return pgjobq__seterr(c, PGJOBQ_ESTATE,
+                              "skip: job %lld blocks no key (it did not fail for good in a strict-order queue, "
+                              "or was retried or skipped already)",
+                              (long long)id);
+    return PGJOBQ_OK;
+}
+
 int pgjobq_job_retry_running(pgjobq_client *c, int64_t id, pgjobq_state *state_out)
 {
     char outcome[32];

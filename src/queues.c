@@ -181,6 +181,16 @@ int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue, int64_t e
     return call2(c, "set expire after", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+int pgjobq_queue_set_strict_order(pgjobq_client *c, const char *queue, int on)
+{
+    int rc;
+
+    if ((rc = enter(c, "set strict order", queue)) != PGJOBQ_OK)
+        return rc;
+    return call2(c, "set strict order", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue,
+                 on ? "{\"strict_order\": true}" : "{\"strict_order\": false}");
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -238,7 +248,7 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
 }
 
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_NCOLS };
+       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_STRICT_ORDER, Q_BLOCKED_KEYS, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -257,7 +267,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
                    "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
                    " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter,"
-                   " (extract(epoch FROM expire_after) * 1000)::bigint FROM pgjobq.queue_list()",
+                   " (extract(epoch FROM expire_after) * 1000)::bigint, strict_order::int4,"
+                   " least(blocked_keys, 2147483647)::int4 FROM pgjobq.queue_list()",
                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_DEAD_LETTER, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -279,6 +290,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].dead_letter = take_text(&strings, r, row, Q_DEAD_LETTER);
         rows[i].expire_after_ms =
             PQgetisnull(r, row, Q_EXPIRE_AFTER_MS) ? 0 : pgjobq__get_int8(r, row, Q_EXPIRE_AFTER_MS);
+        rows[i].strict_order = pgjobq__get_int4(r, row, Q_STRICT_ORDER);
+        rows[i].blocked_keys = pgjobq__get_int4(r, row, Q_BLOCKED_KEYS);
     }
     PQclear(r);
     *queues_out = rows;

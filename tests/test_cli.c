@@ -608,7 +608,7 @@ TEST(cli_work_print_defaults_are_the_librarys)
 
 TEST(cli_help_and_man_page_list_the_same_options)
 {
-    static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry", "queue", "cron", "work", "serve", "demo", "db", "cluster", "step", "send-event"};
+    static const char *const commands[] = {"migrate", "enqueue", "list", "show", "stats", "cancel", "retry", "skip", "queue", "cron", "work", "serve", "demo", "db", "cluster", "step", "send-event"};
     const char *src = getenv("PGJOBQ_SRCDIR") ? getenv("PGJOBQ_SRCDIR") : ".";
     char path[1024], *man;
     FILE *f;

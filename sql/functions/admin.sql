@@ -115,11 +115,39 @@ BEGIN
         ELSE
             DELETE FROM pgjobq.job_parks p WHERE p.job_id = retry.id;
         END IF;
+        -- A failed job that blocked its key in a strict-order queue is back in line, first of its key
+        -- (its id is the lowest): the block goes, and it runs before the rest of the key.
+        DELETE FROM pgjobq.sequence_blocks b WHERE b.job_id = retry.id;
         -- Its level, which may have been reclaimed since it finished (levels_reclaim).
         PERFORM pgjobq.levels_record(ARRAY[v_queue], ARRAY[v_priority]);
     END IF;
     PERFORM pgjobq.notify(ARRAY[v_queue]);
     RETURN 'queued';
+END
+$$;
+
+-- sequence_skip(id): lets the key that job `id` blocks (it failed for good in a strict-order queue:
+-- sequence_block) move on without it: the job stays failed, in the history, and the next job of its
+-- key may start.  Returns 'skipped', 'not_blocking' (the job blocks no key: it did not fail in a
+-- strict-order queue, was retried, or was skipped already) or 'not_found'.  Workers of the queue are
+-- woken.
+CREATE OR REPLACE FUNCTION pgjobq.sequence_skip(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queue text;
+BEGIN
+    DELETE FROM pgjobq.sequence_blocks b WHERE b.job_id = sequence_skip.id RETURNING b.queue INTO v_queue;
+    IF FOUND THEN
+        PERFORM pgjobq.notify(ARRAY[v_queue]);
+        RETURN 'skipped';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgjobq.jobs j WHERE j.id = sequence_skip.id)
+       OR EXISTS (SELECT 1 FROM pgjobq.history h WHERE h.id = sequence_skip.id) THEN
+        RETURN 'not_blocking';
+    END IF;
+    RETURN 'not_found';
 END
 $$;
 
@@ -354,11 +382,13 @@ BEGIN
     SELECT count(*), array_agg(moved.queue), array_agg(moved.priority), array_agg(moved.id)
       INTO v_moved, v_queues, v_priorities, v_ids
       FROM moved;
-    -- As pgjobq.retry: completed jobs start over, the others resume after their stored steps.
+    -- As pgjobq.retry: completed jobs start over, the others resume after their stored steps, and
+    -- the keys they blocked in a strict-order queue are free again.
     IF state = 'completed' THEN
         PERFORM pgjobq.durable_forget(v_ids);
     ELSE
         DELETE FROM pgjobq.job_parks p WHERE p.job_id = ANY (v_ids);
+        DELETE FROM pgjobq.sequence_blocks b WHERE b.job_id = ANY (v_ids);
     END IF;
     IF v_moved > 0 THEN
         -- Their levels, which may have been reclaimed since they finished (levels_reclaim).

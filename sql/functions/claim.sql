@@ -132,6 +132,8 @@ DECLARE
     v_low     boolean := false;
     v_lock_timeout text;
     v_snap    pg_snapshot;
+    v_pass    integer;
+    v_last    text;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -234,7 +236,8 @@ BEGIN
                                 v_cap, v_xid, NULL::double precision, false;
             RETURN;
         END IF;
-        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL THEN
+        IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL
+           OR s.strict_order THEN
             IF current_setting('transaction_isolation') <> 'read committed' THEN
                 RAISE EXCEPTION 'pgjobq.claim: queue % has a limit; claim from it in a READ COMMITTED transaction', queue
                     USING ERRCODE = 'invalid_transaction_state',
@@ -267,12 +270,83 @@ BEGIN
                                     'tick'::text, v_cap, v_xid, v_due, true;
                 RETURN;
             END IF;
-            v_keyed := s.key_concurrency IS NOT NULL;
+            v_keyed := s.key_concurrency IS NOT NULL OR s.strict_order;
         END IF;
     END IF;
     v_room := v_left;
 
-    IF v_keyed THEN
+    IF v_keyed AND s.strict_order THEN
+        -- Strict order per key (docs/queues.md): a key's job starts only when it is the first of its
+        -- key still in line (waiting, queued or running: the lowest id on jobs_sequence_idx), is due,
+        -- and no failed job blocks the key (sequence_blocks).  So a key whose first job runs, backs off
+        -- before a retry, sleeps or waits for its parents lets nothing of it start.  The claims of the
+        -- queue run one at a time (the queue's row, locked above) and these statements read in
+        -- snapshots taken after that lock, so two claims cannot start two jobs of a key.  The keys are
+        -- walked from the queue's sequence_cursor to the last, then from the first round to it, each
+        -- key's first job in one probe, and each walk stops when it has found enough: every key gets its
+        -- turn, whatever their number.
+        FOR v_pass IN 1 .. 2 LOOP
+            EXIT WHEN v_left <= 0 OR (v_pass = 2 AND s.sequence_cursor IS NULL);
+            v_got := ARRAY(
+                WITH RECURSIVE keys(k) AS (
+                    (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+                      WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NOT NULL
+                        AND (v_pass = 2 OR s.sequence_cursor IS NULL OR j.concurrency_key > s.sequence_cursor)
+                      ORDER BY j.concurrency_key LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT j.concurrency_key::text FROM pgjobq.jobs j
+                             WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key > keys.k
+                             ORDER BY j.concurrency_key LIMIT 1)
+                      FROM keys
+                     WHERE keys.k IS NOT NULL AND (v_pass = 1 OR keys.k <= s.sequence_cursor))
+                SELECT h.id
+                  FROM keys
+                 CROSS JOIN LATERAL (SELECT j.id, j.state, greatest(j.run_at, j.ready_at) AS due, j.expires_at
+                                       FROM pgjobq.jobs j
+                                      WHERE j.queue = claim_next.queue AND j.concurrency_key = keys.k
+                                        AND j.state IN ('waiting', 'queued', 'running')
+                                      ORDER BY j.id LIMIT 1) h
+                 WHERE keys.k IS NOT NULL AND (v_pass = 1 OR keys.k <= s.sequence_cursor)
+                   AND h.state = 'queued' AND h.due <= now() AND (h.expires_at IS NULL OR h.expires_at > now())
+                   AND NOT EXISTS (SELECT 1 FROM pgjobq.sequence_blocks b
+                                    WHERE b.queue = claim_next.queue AND b.key = keys.k)
+                 LIMIT v_left);
+            SELECT array_agg(p.id) INTO v_got
+              FROM (SELECT j.id FROM pgjobq.jobs j WHERE j.id = ANY (v_got) AND j.state = 'queued'
+                       FOR UPDATE SKIP LOCKED) p;
+            IF v_got IS NOT NULL THEN
+                -- Where this walk got to: the next claim's starts after it.
+                v_last := (SELECT max(j.concurrency_key::text) FROM pgjobq.jobs j WHERE j.id = ANY (v_got));
+            END IF;
+            v_ids := v_ids || v_got;
+            v_left := v_left - coalesce(cardinality(v_got), 0);
+        END LOOP;
+        IF v_last IS NOT NULL THEN
+            UPDATE pgjobq.queues qs SET sequence_cursor = v_last WHERE qs.name = claim_next.queue;
+        END IF;
+        -- Jobs without a key run as in any queue.  A strict queue's jobs should all have one (pg-boss's
+        -- key_strict_fifo requires it): these are looked for among the queue's oldest due jobs only, so
+        -- that a claim does not read a long line of keys' jobs held back behind their first.
+        IF v_left > 0 THEN
+            SELECT array_agg(p.id) INTO v_got
+              FROM (SELECT j.id FROM pgjobq.jobs j
+                     WHERE j.id = ANY (ARRAY(
+                               SELECT o.id FROM (SELECT j.id, j.concurrency_key FROM pgjobq.jobs j
+                                                  WHERE j.state = 'queued' AND j.queue = claim_next.queue
+                                                    AND greatest(j.run_at, j.ready_at) <= now()
+                                                  ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
+                                                  LIMIT 4 * v_left + 100) o
+                                WHERE o.concurrency_key IS NULL))
+                       AND j.state = 'queued' AND j.concurrency_key IS NULL
+                       AND (j.expires_at IS NULL OR j.expires_at > now())
+                     ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
+                     LIMIT v_left
+                       FOR UPDATE SKIP LOCKED) p;
+            v_ids := v_ids || v_got;
+            v_left := v_left - coalesce(cardinality(v_got), 0);
+        END IF;
+        v_cap := NULL;
+    ELSIF v_keyed THEN
         -- Per key: each key's due jobs, at most its free slots, then round-robin over the keys (every
         -- key's first job before any key's second); jobs without a key compete as their own.  Not in
         -- key order, so this claim moves no cursor (it reports no cap).

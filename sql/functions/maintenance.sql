@@ -65,6 +65,7 @@ BEGIN
                                 'connection)', j.lease_until, coalesce(j.worker_id, '?'))
                     FROM unnest(v_final) WITH ORDINALITY AS f(id, o) JOIN pgjobq.jobs j ON j.id = f.id
                    ORDER BY f.o));
+        PERFORM pgjobq.sequence_block(v_final);
         WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.id = ANY (v_final) RETURNING j.*),
         moved AS (
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,

@@ -59,8 +59,10 @@ AS $$ SELECT interval '1 day' $$;
 -- default, max_lease_default()), "dead_letter" (a queue name: where a job of this queue that fails for
 -- good goes, as a new job; docs/queues.md, "Dead letters"), "expire_after" (an interval, 1 second to
 -- 365 days: the expiry of the jobs enqueued into the queue from now on without one of their own,
--- counted from their run_at; docs/queues.md, "Expiry").  Workers are woken, as a limit may have been
--- raised.
+-- counted from their run_at; docs/queues.md, "Expiry"), "strict_order" (true: the jobs of a
+-- concurrency key run one at a time in the order of their ids, and one that fails for good blocks its
+-- key; docs/queues.md, "Strict order per key"; null or false: off).  Workers are woken, as a limit
+-- may have been raised.
 --
 -- A dead-letter setting that would make a cycle (the queue itself, or a queue whose dead letters
 -- lead back to this one) is refused (22023).  Two calls that would close a cycle between them (a -> b
@@ -80,13 +82,17 @@ BEGIN
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
         IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter',
-                     'expire_after') THEN
+                     'expire_after', 'strict_order') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease, '
-                             'dead_letter and expire_after.';
+                             'dead_letter, expire_after and strict_order.';
         END IF;
     END LOOP;
+    IF settings ? 'strict_order' AND jsonb_typeof(settings -> 'strict_order') NOT IN ('boolean', 'null') THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: strict_order must be true or false, not %', settings -> 'strict_order'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF settings ? 'dead_letter' AND jsonb_typeof(settings -> 'dead_letter') <> 'null' THEN
         v_dead := settings ->> 'dead_letter';
         IF jsonb_typeof(settings -> 'dead_letter') <> 'string'
@@ -137,6 +143,8 @@ BEGIN
            dead_letter = CASE WHEN settings ? 'dead_letter' THEN v_dead ELSE qs.dead_letter END,
            expire_after = CASE WHEN settings ? 'expire_after' THEN (settings ->> 'expire_after')::interval
                                ELSE qs.expire_after END,
+           strict_order = CASE WHEN settings ? 'strict_order'
+                               THEN coalesce((settings ->> 'strict_order')::boolean, false) ELSE qs.strict_order END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -146,11 +154,13 @@ $$;
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
 -- max_lease is the one that applies: the queue's, or the default; dead_letter, where the jobs that fail
--- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none).
+-- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none);
+-- strict_order, and blocked_keys: how many of its keys a failed job blocks (sequence_blocks).
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
-               expired bigint, max_lease interval, dead_letter text, expire_after interval)
+               expired bigint, max_lease interval, dead_letter text, expire_after interval, strict_order boolean,
+               blocked_keys bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -165,7 +175,9 @@ AS $$
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
            coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text,
-           s.expire_after
+           s.expire_after, coalesce(s.strict_order, false), coalesce(b.n, 0)
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
+      LEFT JOIN (SELECT x.queue::text AS queue, count(*) AS n FROM pgjobq.sequence_blocks x GROUP BY 1) b
+        ON b.queue = coalesce(s.name::text, c.queue)
      ORDER BY 1
 $$;

@@ -221,6 +221,35 @@ BEGIN
 END
 $$;
 
+-- sequence_block(ids): called with dead_letter_send by the statements that end jobs failed for good
+-- (fail_many, rescue_expired), with the rows still live and locked: each such job of a strict-order
+-- queue (queues.strict_order; docs/queues.md, "Strict order per key") that has a key and does not end
+-- cancelled blocks its key in pgjobq.sequence_blocks, in the same transaction, so that a claim sees the
+-- failure and the block together or neither: nothing more of the key starts until the job is retried
+-- (retry, retry_where) or skipped (sequence_skip).  A key already blocked stays blocked by its first
+-- failure.  Returns how many keys it blocked; reads pgjobq.queues only when no queue is strict.
+CREATE OR REPLACE FUNCTION pgjobq.sequence_block(ids bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgjobq.queues q WHERE q.strict_order) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO pgjobq.sequence_blocks (queue, key, job_id)
+    SELECT DISTINCT ON (j.queue, j.concurrency_key) j.queue, j.concurrency_key, j.id
+      FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
+     WHERE j.id = ANY (sequence_block.ids) AND q.strict_order AND j.concurrency_key IS NOT NULL
+       AND NOT j.cancel_requested
+     ORDER BY j.queue, j.concurrency_key, j.id
+    ON CONFLICT (queue, key) DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
 -- fail_many: record failed attempts (same fencing as complete_many).  While attempts remain the job
 -- goes back to queued with run_at = now() + retry_delay (or + backoff(attempt) when the delay is
 -- NULL), and the retry is counted in pgjobq.tallies; otherwise, or with permanent = true, it ends
@@ -274,6 +303,7 @@ BEGIN
                                                          FROM unnest(ids, errors) AS u(id, error)
                                                          JOIN unnest(v_final) AS f(id) ON f.id = u.id
                                                         ORDER BY array_position(v_final, f.id)));
+        PERFORM pgjobq.sequence_block(v_final);
     END IF;
     RETURN QUERY
     WITH input AS (
