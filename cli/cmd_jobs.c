@@ -789,29 +789,43 @@ static int show_dead_letters(pgjobq_client *c, const pgjobq_job *j, int json)
     return EX_OK;
 }
 
-/* The key the job blocks in its strict-order queue, when it failed for good there (docs/queues.md,
- * "Strict order per key"): text, or JSON's "blocks_key" (null: none). */
-static int show_block(pgjobq_client *c, const pgjobq_job *j, int json)
+/* The job's concurrency key, and the key it blocks in its strict-order queue when it failed for good
+ * there (docs/queues.md, "Strict order per key"): text lines, or JSON's "concurrency_key" and
+ * "blocks_key" (null: none). */
+static int show_keys(pgjobq_client *c, const pgjobq_job *j, int json)
 {
     char id_s[24];
     const char *values[1] = {id_s};
     snprintf(id_s, sizeof id_s, "%lld", (long long)j->id);
-    PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT key FROM pgjobq.sequence_blocks WHERE job_id = $1::bigint",
+    PGresult *r = PQexecParams(pgjobq_client_conn(c),
+                               "SELECT g.concurrency_key, (SELECT b.key FROM pgjobq.sequence_blocks b"
+                               " WHERE b.job_id = $1::bigint) FROM pgjobq.job_get($1::bigint) g",
                                1, NULL, values, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        cli_err("reading the key job %lld blocks: %s", (long long)j->id, PQresultErrorMessage(r));
+        cli_err("reading the keys of job %lld: %s", (long long)j->id, PQresultErrorMessage(r));
         PQclear(r);
         return EX_SOFTWARE;
     }
-    const char *key = PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : NULL;
+    int n = PQntuples(r);
+    const char *key = n > 0 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0) : NULL;
+    const char *blocks = n > 0 && !PQgetisnull(r, 0, 1) ? PQgetvalue(r, 0, 1) : NULL;
     if (json) {
-        fputs(",\"blocks_key\":", stdout);
+        fputs(",\"concurrency_key\":", stdout);
         json_str(stdout, key);
-    } else if (key) {
-        fputs("blocks key:    ", stdout);
-        tty_put(stdout, key, 0);
-        printf(" (strict order: nothing more of it starts until `pgjobq retry %lld` or `pgjobq skip %lld`)\n",
-               (long long)j->id, (long long)j->id);
+        fputs(",\"blocks_key\":", stdout);
+        json_str(stdout, blocks);
+    } else {
+        if (key) {
+            fputs("concurrency_key: ", stdout);
+            tty_put(stdout, key, 0);
+            putchar('\n');
+        }
+        if (blocks) {
+            fputs("blocks key:    ", stdout);
+            tty_put(stdout, blocks, 0);
+            printf(" (strict order: nothing more of it starts until `pgjobq retry %lld` or `pgjobq skip %lld`)\n",
+                   (long long)j->id, (long long)j->id);
+        }
     }
     PQclear(r);
     return EX_OK;
@@ -945,7 +959,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     if (status == EX_OK)
         status = show_dead_letters(c, j, json);
     if (status == EX_OK)
-        status = show_block(c, j, json);
+        status = show_keys(c, j, json);
     if (json && status == EX_OK)
         fputs("}\n", stdout);
     pgjobq_jobs_free(j);

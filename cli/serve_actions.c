@@ -35,15 +35,16 @@ typedef enum {
     OP_RESUME,
     OP_ENABLE,
     OP_DISABLE,
-    OP_RETRY_RUNNING
+    OP_RETRY_RUNNING,
+    OP_SKIP
 } op_kind;
 static const char *const op_names[] = {
     "an unknown operation", "retry", "cancel", "retry_where", "cancel_where", "pause", "resume", "enable", "disable",
-    "retry_running"};
+    "retry_running", "skip"};
 
 static op_kind op_parse(const char *s)
 {
-    for (int i = OP_RETRY; s && i <= OP_RETRY_RUNNING; i++)
+    for (int i = OP_RETRY; s && i <= OP_SKIP; i++)
         if (strcmp(s, op_names[i]) == 0)
             return (op_kind)i;
     return OP_UNKNOWN;
@@ -123,7 +124,8 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
     case OP_UNKNOWN: bad = "No such operation."; break;
     case OP_RETRY:
     case OP_CANCEL:
-    case OP_RETRY_RUNNING: {
+    case OP_RETRY_RUNNING:
+    case OP_SKIP: {
         char why[128];
         /* Digits only, 1..2^63-1: an id past that is refused, never clamped to another job's. */
         if (id_s == NULL || !isdigit((unsigned char)id_s[0]) ||
@@ -186,6 +188,10 @@ void serve_action(serve *s, const http_req *req, http_resp *out)
     case OP_RETRY_RUNNING:
         rc = pgjobq_job_retry_running(c, id, NULL);
         snprintf(msg, sizeof msg, "%s job %lld: its lease ended", what, id);
+        break;
+    case OP_SKIP:
+        rc = pgjobq_job_skip(c, id);
+        snprintf(msg, sizeof msg, "%s job %lld: its key moves on", what, id);
         break;
     case OP_RETRY_WHERE:
     case OP_CANCEL_WHERE:

@@ -722,6 +722,24 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             sb_puts(b, "</tbody></table>");
         }
         PQclear(dl);
+        /* The key it blocks in its strict-order queue (docs/queues.md, "Strict order per key"), and the
+         * way out: run it again (the retry above) or skip it. */
+        PGresult *blk = serve_query(c, out, "SELECT key FROM pgjobq.sequence_blocks WHERE job_id = $1::bigint", 1,
+                                    values);
+        if (blk && PQntuples(blk) > 0) {
+            sb_puts(b, "<h2>Strict order</h2><p id=\"blocks-key\">It failed for good and blocks the key <code>");
+            sb_html(b, V(blk, 0, 0));
+            sb_puts(b, "</code>: nothing more of that key starts until it is retried or skipped.</p>");
+            if (s->allow_actions) {
+                const char *fields[] = {"id", idbuf, NULL};
+                char back[48];
+                snprintf(back, sizeof back, "/jobs/%lld", id);
+                sb_puts(b, "<div class=\"actions\">");
+                html_action_form(s, b, "skip", "Skip: let the key move on", fields, back, 1);
+                sb_puts(b, "</div>");
+            }
+        }
+        PQclear(blk);
     }
     PQclear(r);
     html_page_end(b);
@@ -750,14 +768,16 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
 
     html_page_begin(s, b, "queues", 0);
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
-               "<th>Concurrency</th><th>Per key</th><th>Rate</th><th>Max lease</th><th>Due</th><th>Scheduled</th>"
-               "<th>Running</th><th>Expired</th><th>Dead letters to</th><th></th></tr></thead><tbody>");
+               "<th>Concurrency</th><th>Per key</th><th>Order</th><th>Rate</th><th>Max lease</th><th>Due</th>"
+               "<th>Scheduled</th><th>Running</th><th>Expired</th><th>Dead letters to</th><th></th></tr></thead><tbody>");
     r = serve_query(
         c, out,
         "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
         " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
         " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
-        " (extract(epoch FROM max_lease) * 1000)::bigint, coalesce(dead_letter, '') FROM pgjobq.queue_list()",
+        " (extract(epoch FROM max_lease) * 1000)::bigint, coalesce(dead_letter, ''),"
+        " CASE WHEN strict_order THEN 'strict' || CASE WHEN blocked_keys > 0 THEN ', ' || blocked_keys || ' blocked'"
+        " ELSE '' END ELSE '-' END FROM pgjobq.queue_list()",
         0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
@@ -775,6 +795,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "</td>");
             html_td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
             html_td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
+            html_td(b, "order", V(r, i, 13));
             html_td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
             html_td(b, "n max-lease", format_period(max_lease, sizeof max_lease, atoll(V(r, i, 11))));
             for (int k = 7; k < 11; k++)
@@ -789,7 +810,7 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "</td></tr>");
         }
         if (PQntuples(r) == 0)
-            sb_puts(b, "<tr><td colspan=\"12\" class=\"muted\">No queues yet.</td></tr>");
+            sb_puts(b, "<tr><td colspan=\"13\" class=\"muted\">No queues yet.</td></tr>");
         PQclear(r);
     }
     sb_puts(b, "</tbody></table><h2>Schedules</h2><table id=\"schedules\"><thead><tr><th>Name</th><th>Cron</th>"

@@ -1023,8 +1023,17 @@ TEST_FULL(chaos_ten_step_workflows_complete_and_no_stored_step_runs_again, 900, 
         } else if (enqueued >= workflows && int_retry(&pg, unfinished) == 0) {
             break;
         }
-        CHECK_MSG(ms_since(t0) < 600000, "the workflows did not finish within 600 s (%lld left)",
-                  int_retry(&pg, unfinished));
+        if (ms_since(t0) >= 600000) {
+            /* What is left, and why: its row, its park and its steps. */
+            char *left = t_str(pg, "SELECT coalesce(string_agg(format('%%s %%s attempt %%s/%%s run_at %%s lease_until %%s"
+                                   " worker %%s error %%s park %%s steps %%s', a.id, a.state, a.attempt,"
+                                   " a.max_attempts, a.run_at, a.lease_until, a.worker_id, left(a.last_error, 200),"
+                                   " (SELECT row_to_json(p) FROM pgjobq.job_park_of(a.id) p),"
+                                   " (SELECT count(*) FROM pgjobq.steps(a.id))), E'\\n'), 'none')"
+                                   " FROM pgjobq.all_jobs a WHERE a.queue = 'steps' AND a.state <> 'completed'");
+            t_fail(__FILE__, __LINE__, "the workflows did not finish within 600 s (%lld left, now %s):\n%s",
+                   int_retry(&pg, unfinished), t_str(pg, "SELECT now()::text"), left);
+        }
         /* A step in flight on a worker that stalls past its lease: frozen as soon as it says so. */
         int busy = 0;
         for (int k = 0; k < SC_WORKERS; k++)

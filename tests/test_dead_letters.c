@@ -364,7 +364,7 @@ TEST(dead_letters_from_the_command_line)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", "--json", NULL), 0);
-    CHECK_MSG(strstr(out, "\"dead_letter\":\"orders.dead\"}") != NULL, "%s", out);
+    CHECK_MSG(strstr(out, "\"dead_letter\":\"orders.dead\",") != NULL, "%s", out);
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);

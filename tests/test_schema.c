@@ -897,6 +897,26 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_INT(t_int(pg, "SELECT pgjobq.expire_queued(10)"), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND state = 'cancelled'", (long long)id),
               1);
+
+    /* Strict order (29): no queue of before is strict; one made strict runs a key's jobs one at a time,
+     * and a failure blocks its key. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE strict_order"), 0);
+    CHECK_OK(c, pgjobq_queue_set_strict_order(c, "q29", 1));
+    o.queue = "q29";
+    o.concurrency_key = "k";
+    o.max_attempts = 1;
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    o.concurrency_key = NULL;
+    CHECK_OK(c, pgjobq_claim(c, "q29", 10, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_INT(jobs[0].id, id);
+    CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "no", PGJOBQ_BACKOFF, 0, NULL));
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.sequence_blocks WHERE job_id = %lld", (long long)id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 0);
+    CHECK_STR(t_str(pg, "SELECT pgjobq.sequence_skip(%lld)", (long long)id), "skipped");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

@@ -1391,6 +1391,52 @@ TEST_FULL(serve_shows_dead_letter_queues_and_links, 60, 0)
     PQfinish(pg);
 }
 
+/* Strict order on the dashboard (issue 41): /queues says a queue is strict and how many keys are
+ * blocked; the page of a job that blocks its key says so, and its Skip action lets the key move on. */
+TEST_FULL(serve_shows_a_blocked_key_and_skips_it, 60, 0)
+{
+    pgjobq_client *c = t_client();
+    PGconn *pg = t_pg();
+    char *body = NULL, form[512], token[128], path[64];
+    pgjobq_enqueue_opts o = PGJOBQ_ENQUEUE_OPTS_INIT;
+    int64_t id = 0;
+
+    CHECK_OK(c, pgjobq_queue_set_strict_order(c, "ledger", 1));
+    o.queue = "ledger";
+    o.concurrency_key = "acct<7>";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, &id));
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    PQclear(t_exec(pg, "SELECT pgjobq.fail_many(array_agg(id), array_agg(lease_token), ARRAY['no'], NULL, ARRAY[true])"
+                       " FROM pgjobq.claim_batch('ledger', 10, '1 minute', 'w')"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.sequence_blocks WHERE job_id = %lld", (long long)id), 1);
+
+    served *s = serve_start(NULL, "--allow-actions", NULL, NULL);
+    CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
+    char *row = row_of(body, "queue", "ledger");
+    CHECK_MSG(strstr(row, "<td class=\"order\">strict, 1 blocked</td>") != NULL, "%s", row);
+    free(row);
+    free(body);
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "id=\"blocks-key\"") && strstr(body, "acct&lt;7&gt;") && strstr(body, "data-op=\"skip\""),
+              "%s", body);
+    csrf_of(body, token, sizeof token);
+    free(body);
+    snprintf(form, sizeof form, "op=skip&id=%lld&csrf=%s&back=%%2Fjobs%%2F%lld", (long long)id, token, (long long)id);
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 303);
+    free(body);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.sequence_blocks"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('ledger', 10, '1 minute', 'w')"), 1);
+    /* Done already: refused (409), and the page no longer offers it. */
+    CHECK_INT(http(s->port, "POST", "/actions", NULL, form, &body), 409);
+    free(body);
+    CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
+    CHECK_MSG(strstr(body, "blocks-key") == NULL, "%s", body);
+    free(body);
+    pgjobq_client_close(c);
+    PQfinish(pg);
+}
+
 /* /queues writes a rate limit as `pgjobq queue ls` does (issue 24): "100/1m", not "100 per 00:01:00";
  * each cell is the same text as the CLI's RATE column. */
 TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)

@@ -204,7 +204,8 @@ TEST(strict_order_from_the_command_line)
     free(out);
     free(err);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "show", ids, "--json", NULL), 0);
-    CHECK_MSG(strstr(out, "\"blocks_key\":\"customer:9\""), "show --json: %s", out);
+    CHECK_MSG(strstr(out, "\"blocks_key\":\"customer:9\"") && strstr(out, "\"concurrency_key\":\"customer:9\""),
+              "show --json: %s", out);
     free(out);
     free(err);
 

@@ -71,6 +71,7 @@ from ._jobs import (
     retry_running,
     retry_where,
     set_limits,
+    skip,
 )
 
 
@@ -104,7 +105,7 @@ __all__ = [
     "enqueue", "enqueue_many", "enqueue_graph", "enqueue_batch", "forward", "forward_async",
     "enqueue_async", "enqueue_many_async", "enqueue_graph_async", "enqueue_batch_async",
     "JobInfo", "StepInfo", "ParkInfo", "QueueInfo", "get", "result", "cancel", "retry", "retry_running", "retry_where", "cancel_where",
-    "pause", "resume", "set_limits", "queues",
+    "skip", "pause", "resume", "set_limits", "queues",
     "PgjobqError", "InvalidArgument", "InvalidJob", "DuplicateJob", "PermissionDenied", "SchemaMissing",
     "TransactionConflict", "WrongShard", "ShardUnavailable", "JobNotFound", "JobFailed", "JobCancelled", "ResultTimeout",
     "Retry", "Snooze", "Fail", "TransactionWarning",

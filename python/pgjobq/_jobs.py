@@ -290,6 +290,13 @@ def retry_running(conn: Any, job_id: int) -> str:
     return str(_sql.run(conn, "SELECT pgjobq.retry_running(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
 
 
+def skip(conn: Any, job_id: int) -> str:
+    """``pgjobq.sequence_skip``: the key that the job blocks in its strict-order queue (it failed for
+    good there) moves on without it ('skipped'; the job stays failed); 'not_blocking' when it blocks
+    no key, 'not_found' when there is no such job.  ``retry`` runs it again first instead."""
+    return str(_sql.run(conn, "SELECT pgjobq.sequence_skip(CAST(:id AS bigint))", {"id": int(job_id)})[0][0])
+
+
 def _interval(since: Optional[Duration]) -> Optional[str]:
     return None if since is None else f"{seconds(since, 'since')} seconds"
 
@@ -347,7 +354,7 @@ UNSET: Any = _Unset()
 def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
-               expire_after: Optional[Duration] = UNSET) -> None:
+               expire_after: Optional[Duration] = UNSET, strict_order: Optional[bool] = UNSET) -> None:
     """``pgjobq.queue_set``: changes the limits given and leaves the others; None removes one.
     ``concurrency``: jobs of the queue running at once, on all workers; ``key_concurrency``: per
     concurrency key; ``rate_limit`` jobs started per ``rate_period`` (seconds, timedelta, "1m";
@@ -355,7 +362,9 @@ def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key
     (1 s to 365 days; None: the default, a day); ``dead_letter``: the queue where a job of this one
     that fails for good goes, as a new job (None: nowhere; a cycle is refused); ``expire_after``: the
     expiry of the jobs enqueued from then on without one, from their run_at (1 s to 365 days; None:
-    none)."""
+    none); ``strict_order``: True, the jobs of a concurrency key run one at a time in enqueue order
+    and one that fails for good blocks its key until retried or ``skip``-ped (docs/queues.md,
+    "Strict order per key"); False or None: off."""
     settings: Dict[str, Any] = {}
     for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit),
                     ("dead_letter", dead_letter)):
@@ -368,6 +377,10 @@ def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key
     if expire_after is not UNSET:
         settings["expire_after"] = (None if expire_after is None
                                     else f"{seconds(expire_after, 'expire_after')} seconds")
+    if strict_order is not UNSET:
+        if strict_order is not None and not isinstance(strict_order, bool):
+            raise TypeError(f"set_limits: strict_order must be True, False or None, not {strict_order!r}")
+        settings["strict_order"] = strict_order
     _sql.run(conn, "SELECT pgjobq.queue_set(CAST(:queue AS text), CAST(:settings AS jsonb))",
              {"queue": queue, "settings": dumps(settings, "set_limits")})
 
@@ -394,6 +407,8 @@ class QueueInfo:
     worker_slots: int
     dead_letter: Optional[str]  # where its jobs that fail for good go (None: nowhere)
     expire_after: Optional[_dt.timedelta] = None  # the expiry its jobs get by default (None: none)
+    strict_order: bool = False  # its keys' jobs run one at a time, in order
+    blocked_keys: int = 0  # keys of a strict queue that a failed job blocks (skip, retry)
     shard: Optional[str] = None  # in a cluster: the shard these settings and counts are of
 
     @property
@@ -417,7 +432,7 @@ def queues(conn: Any) -> List[QueueInfo]:
         "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
         "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease,"
         " make_interval(secs => r.oldest_ready_s), coalesce(r.worker_slots, 0), q.dead_letter,"
-        " q.expire_after"
+        " q.expire_after, q.strict_order, q.blocked_keys"
         " FROM pgjobq.queue_list() AS q LEFT JOIN pgjobq.queue_ready() AS r ON r.queue = q.queue ORDER BY 1",
         {},
     )

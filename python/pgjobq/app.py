@@ -605,6 +605,13 @@ class App:
         except JobNotFound:
             return "not_found"
 
+    def skip(self, job_id: int, *, conn: Any = None) -> str:
+        """The key that a job failed for good blocks in its strict-order queue moves on without it."""
+        try:
+            return self._by_id(conn, job_id, _jobs.skip)  # type: ignore[no-any-return]
+        except JobNotFound:
+            return "not_found"
+
     def retry_running(self, job_id: int, *, conn: Any = None) -> str:
         try:
             return self._by_id(conn, job_id, _jobs.retry_running)  # type: ignore[no-any-return]
@@ -650,10 +657,12 @@ class App:
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                    max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
-                   expire_after: Optional[Duration] = UNSET, conn: Any = None) -> None:
+                   expire_after: Optional[Duration] = UNSET, strict_order: Optional[bool] = UNSET,
+                   conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
-                   max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after)
+                   max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after,
+                   strict_order=strict_order)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

@@ -175,6 +175,35 @@ def test_dead_letters_and_redrive(queue, pg):
     assert q.dead_letter is None
 
 
+def test_strict_order_per_key_and_skip(queue, pg):
+    """set_limits(strict_order=True): the jobs of a key run one at a time in enqueue order; one that
+    fails for good blocks its key until retry() or skip(); QueueInfo says so."""
+    app = pgjobq.App(URL, queue=queue)
+    app.set_limits(queue, strict_order=True)
+    first = app.enqueue("post", {"n": 1}, concurrency_key="account:1", max_attempts=1)
+    second = app.enqueue("post", {"n": 2}, concurrency_key="account:1", priority=-10)
+    other = app.enqueue("post", {"n": 3}, concurrency_key="account:2")
+    jid, token = claim(queue)
+    assert jid == first.id  # its key's first, though the second has the better priority
+    assert claim(queue)[0] == other.id
+    assert claim(queue) is None  # account:1's second waits for its first
+    pg.execute("SELECT * FROM pgjobq.fail_many(ARRAY[%s]::bigint[], ARRAY[%s]::bigint[], ARRAY['declined'])",
+               (jid, token))
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.strict_order, q.blocked_keys) == (True, 1)
+    assert claim(queue) is None  # blocked
+    assert app.skip(second.id) == "not_blocking"
+    assert app.skip(10 ** 15) == "not_found"
+    assert app.skip(first.id) == "skipped"
+    assert app.get(first.id).state == "failed"
+    assert claim(queue)[0] == second.id
+    with pytest.raises(TypeError, match="strict_order"):
+        app.set_limits(queue, strict_order="yes")
+    app.set_limits(queue, strict_order=None)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert (q.strict_order, q.blocked_keys) == (False, 0)
+
+
 def test_max_lease_and_retry_running(queue):
     """A queue's longest lease (a day unless set) bounds what a claim may ask for; an operator ends a
     running job's lease now: it runs again, and its old holder's writes are refused."""

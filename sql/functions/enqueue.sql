@@ -142,14 +142,33 @@ $$;
 -- expiry_defaults(): whether any queue has a default expire_after (queue_set), asked once per
 -- enqueue statement so that the enqueues of an install that sets none look no queue up (SECURITY
 -- DEFINER: the C library asks it before a COPY, as a producer that may not read pgjobq.queues).
+-- PL/pgSQL, so that its statement is planned once per session: an SQL function that is not inlined
+-- (SECURITY DEFINER) is planned again at every call, which was a plan per enqueue statement.
 CREATE OR REPLACE FUNCTION pgjobq.expiry_defaults() RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT EXISTS (SELECT 1 FROM pgjobq.queues q WHERE q.expire_after IS NOT NULL) $$;
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pgjobq.queues q WHERE q.expire_after IS NOT NULL);
+END
+$$;
+
+-- queue_expire_after(queue): the queue's default expire_after (NULL: none), for expiry_of.  PL/pgSQL:
+-- its statement is planned once per session.
+CREATE OR REPLACE FUNCTION pgjobq.queue_expire_after(queue text) RETURNS interval
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT q.expire_after FROM pgjobq.queues q WHERE q.name = queue_expire_after.queue);
+END
+$$;
 
 -- expiry_of(queue, run_at, expires_at, expire_after, defaults): a new job's expires_at: the one given,
 -- else its run_at + the expire_after given, else + its queue's default when `defaults` (expiry_defaults()
--- said a queue has one), else NULL.  An SQL function without SET, inlined into the enqueues' inserts.
+-- said a queue has one), else NULL.  An SQL function without SET or subquery, inlined into the
+-- enqueues' inserts (a subquery in it kept it from being inlined: its body was planned at every
+-- enqueue); the queue is looked up only when `defaults`.
 CREATE OR REPLACE FUNCTION pgjobq.expiry_of(queue text, run_at timestamptz, expires_at timestamptz,
                                             expire_after interval, defaults boolean)
 RETURNS timestamptz
@@ -157,7 +176,7 @@ LANGUAGE sql STABLE
 AS $$
     SELECT CASE WHEN $3 IS NOT NULL THEN $3
                 WHEN $4 IS NOT NULL THEN $2 + $4
-                WHEN $5 THEN $2 + (SELECT q.expire_after FROM pgjobq.queues q WHERE q.name = $1)
+                WHEN $5 THEN $2 + pgjobq.queue_expire_after($1)
            END
 $$;
 

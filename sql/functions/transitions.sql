@@ -231,6 +231,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.sequence_block(ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_n integer;
