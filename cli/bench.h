@@ -22,6 +22,8 @@ typedef struct bench_args {
     int steps;          /* drain: no-op durable steps per job (in-process workers) */
     long long parked;   /* drain: jobs of the queue held parked in a durable sleep */
     int chain;          /* drain: chains of this many jobs, each enqueued by the one before */
+    int keys;           /* drain: the jobs spread over this many concurrency keys, round-robin (0: none) */
+    int strict;         /* drain: the queue in strict order per key (pgjobq_queue_set_strict_order) */
     const char *handler; /* drain-exec, drain-coproc: the command */
     const char *pin;     /* steady: "snapshot" or "dump" */
     /* In-process workers: the handler they run (NULL: a no-op that completes every job). */
@@ -63,6 +65,9 @@ double bench_number1(PGconn *c, const char *sql, const char *value);
 
 /* Loads n no-op jobs into queue (untimed), due at run_at (NULL: now); a library result code. */
 int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *run_at);
+
+/* The same, job i with the concurrency key "k<i % keys>" (keys 0: none). */
+int bench_preload_keyed(pgjobq_client *c, const char *queue, long long n, const char *run_at, int keys);
 /* Adds n completed jobs of queue to the history (untimed; pgjobq.load_history); 0 or -1. */
 int bench_insert_finished(PGconn *ctl, const char *queue, long long n);
 

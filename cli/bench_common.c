@@ -68,22 +68,35 @@ double bench_number1(PGconn *c, const char *sql, const char *value)
 /* Loads n no-op jobs into queue (untimed), due at run_at (NULL: now). */
 int bench_preload(pgjobq_client *c, const char *queue, long long n, const char *run_at)
 {
+    return bench_preload_keyed(c, queue, n, run_at, 0);
+}
+
+int bench_preload_keyed(pgjobq_client *c, const char *queue, long long n, const char *run_at, int keys)
+{
     enum { BATCH = 10000 };
     pgjobq_job_spec *specs = calloc(BATCH, sizeof *specs);
+    char(*names)[16] = keys > 0 ? calloc((size_t)keys, sizeof *names) : NULL;
     int rc = PGJOBQ_OK;
 
-    if (specs == NULL)
+    if (specs == NULL || (keys > 0 && names == NULL)) {
+        free(specs);
+        free(names);
         return PGJOBQ_ENOMEM;
+    }
+    for (int k = 0; k < keys; k++)
+        snprintf(names[k], sizeof names[k], "k%d", k);
     for (long long done = 0; done < n && rc == PGJOBQ_OK;) {
         size_t k = (size_t)(n - done < BATCH ? n - done : BATCH);
         for (size_t i = 0; i < k; i++) {
             specs[i].payload = "{\"noop\": true}";
             specs[i].opts.queue = queue;
             specs[i].opts.run_at = run_at;
+            specs[i].opts.concurrency_key = keys > 0 ? names[(done + (long long)i) % keys] : NULL;
         }
         rc = pgjobq_enqueue_many(c, specs, k, NULL, NULL);
         done += (long long)k;
     }
+    free(names);
     free(specs);
     return rc;
 }

@@ -58,6 +58,8 @@
 #define OPT_STEPS 4008
 #define OPT_PARKED 4009
 #define OPT_CHAIN 4010
+#define OPT_KEYS 4011
+#define OPT_STRICT 4012
 
 const cli_opt bench_opts[] = {
     {"jobs", OPT_JOBS, "N", "jobs (default 100000; latency: 1000)"},
@@ -81,6 +83,9 @@ const cli_opt bench_opts[] = {
      "and completes; jobs counts the chains (default 1)"},
     {"parked", OPT_PARKED, "N",
      "drain: also hold N jobs of the queue parked in a durable sleep of a day (as ctx.sleep leaves them)"},
+    {"keys", OPT_KEYS, "K", "drain: spread the jobs over K concurrency keys, round-robin (default: none)"},
+    {"strict", OPT_STRICT, NULL,
+     "drain: the queue in strict order per key (queue set --strict-order on; with --keys)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     {"cluster", OPT_CLUSTER, "SPEC",
      "enqueue: route the jobs through the cluster SPEC (pgjobq_cluster_enqueue_many), to compare with the "
@@ -98,6 +103,10 @@ static int bench_opt(int key, const char *arg, void *ctx)
 
     if (key == OPT_JSON) {
         a->json = 1;
+        return 0;
+    }
+    if (key == OPT_STRICT) {
+        a->strict = 1;
         return 0;
     }
     if (key == OPT_HANDLER) {
@@ -134,6 +143,7 @@ static int bench_opt(int key, const char *arg, void *ctx)
     case OPT_STEPS: a->steps = (int)v; return 0;
     case OPT_PARKED: a->parked = v; return 0;
     case OPT_CHAIN: a->chain = (int)v; return 0;
+    case OPT_KEYS: a->keys = (int)v; return 0;
     }
     return -1;
 }
@@ -211,6 +221,11 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     long long total = a->jobs * (a->chain > 1 ? a->chain : 1); /* jobs to complete */
     if (bench_sql(ctl, BENCH_RESET_SQL) != 0)
         goto soft_fail;
+    /* Strict order per key, or not: the queue's setting for this run (docs/queues.md). */
+    if ((rc = pgjobq_queue_set_strict_order(c, "bench", a->strict)) != PGJOBQ_OK) {
+        munmap(sh, sizeof *sh);
+        return cli_fail(c, rc);
+    }
     if (a->parked > 0) {
         /* Jobs of the queue in a durable sleep of a day: queued for later, each with its park row, as
          * pgjobq.sleep leaves them (untimed). */
@@ -259,7 +274,7 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
     double first_live = bench_number(ctl, "SELECT pgjobq.monitor_last_id() + 1");
     if (first_live < 0)
         goto soft_fail;
-    if ((rc = bench_preload(c, "bench", a->jobs, run_at)) != PGJOBQ_OK) {
+    if ((rc = bench_preload_keyed(c, "bench", a->jobs, run_at, a->keys)) != PGJOBQ_OK) {
         munmap(sh, sizeof *sh);
         return cli_fail(c, rc);
     }
@@ -321,11 +336,11 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
                "\"noise\":%lld,\"seconds\":%.3f,\"jobs_per_s\":%.1f,\"claims\":%lld,\"avg_claim_batch\":%.1f,"
                "\"avg_write_batch\":%.1f,\"connections_max\":%d,\"rss_kb_max\":%ld,\"completed\":%.0f,"
-               "\"ready_before_due_ms\":%.0f,\"steps\":%d,\"parked\":%lld,\"chain\":%d}\n",
+               "\"ready_before_due_ms\":%.0f,\"steps\":%d,\"parked\":%lld,\"chain\":%d,\"keys\":%d,\"strict\":%d}\n",
                mode_name[exec_mode], total, a->processes, a->concurrency, a->batch, a->noise, secs,
                (double)total / secs, claims, claims ? (double)claimed / (double)claims : 0.0,
                writes ? (double)total / (double)writes : 0.0, conns_max, rss, completed, ready_ms, a->steps, a->parked,
-               a->chain > 1 ? a->chain : 1);
+               a->chain > 1 ? a->chain : 1, a->keys, a->strict);
     else
         printf("%s: %lld jobs, %d x %d threads: %.0f jobs/s (%.2f s from due), avg claim batch %.1f, %d connections, "
                "peak RSS %ld KiB%s\n",
@@ -976,6 +991,10 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--cluster goes with the enqueue scenario");
     if ((a.parked > 0 || a.steps > 0 || a.chain > 1) && strcmp(scenario, "drain") != 0)
         return cli_usage_error(cmd, "--steps, --chain and --parked go with the drain scenario (in-process workers)");
+    if ((a.keys > 0 || a.strict) && strcmp(scenario, "drain") != 0)
+        return cli_usage_error(cmd, "--keys and --strict go with the drain scenario");
+    if (a.strict && a.keys == 0)
+        return cli_usage_error(cmd, "--strict needs --keys (a strict queue's jobs each have a key)");
     if (a.steps > 0 && a.chain > 1)
         return cli_usage_error(cmd, "--steps and --chain: one or the other");
     if (strcmp(scenario, "drain-coproc") == 0 && a.handler == NULL)
