@@ -71,6 +71,10 @@ TEST(strict_jobs_of_a_key_run_one_at_a_time_in_order_and_a_failure_blocks_the_ke
     got = claimed_keys(pg, "seq");
     CHECK_STR(got, "");
     free(got);
+    /* A claim that keys held back says so (limited): the worker claims again as soon as one of its
+     * jobs ends, rather than at its next poll, since that may free a key. */
+    CHECK_STR(t_str(pg, "SELECT limited::text FROM pgjobq.claim_next('seq', 10, '1 minute', 'w') WHERE meta = 'tick'"),
+              "true");
     finish(pg, a1, "complete", NULL);
     got = claimed_keys(pg, "seq");
     CHECK_STR(got, "a:2");

@@ -73,8 +73,9 @@
 -- claim's tick (key: its moment on the database clock, read before its transaction got an id;
 -- tick_xid: that id), its cap (the moment of the latest of the caller's ticks older than every
 -- transaction running at this claim's start: every row not yet visible will have a key after it; NULL
--- when none is), limited (the queue's concurrency or rate limit cut the claim short: a slot that
--- frees up is worth a claim) and, when it claimed nothing, next_due (seconds until a claim can return
+-- when none is), limited (the queue's concurrency or rate limit cut the claim short, or a keyed claim
+-- (per-key limit, strict order) took less than it could: a slot, or a key, that frees up is worth a
+-- claim) and, when it claimed nothing, next_due (seconds until a claim can return
 -- a job).  The caller may then move its cursor: a level read to the end to the cap, a level
 -- it filled its batch from to the largest key it claimed there or to the cap if that is earlier
 -- (src/cursor.c).  A claim under a key limit takes jobs out of key order and reports no cap.
@@ -563,7 +564,8 @@ BEGIN
                  SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                         NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text, v_cap, v_xid, v_due,
-                        coalesce(v_room < max_jobs AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL), false);
+                        coalesce(v_room < max_jobs AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL), false)
+                        OR (v_keyed AND v_left > 0);
 END
 $$;
 
