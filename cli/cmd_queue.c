@@ -19,7 +19,8 @@ enum {
     OPT_CREATE = 1102,
     OPT_MAX_LEASE = 1103,
     OPT_DEAD_LETTER = 1104,
-    OPT_EXPIRE_AFTER = 1105
+    OPT_EXPIRE_AFTER = 1105,
+    OPT_PRIORITY_AGING = 1106
 };
 
 const cli_opt queue_opts[] = {
@@ -35,6 +36,8 @@ const cli_opt queue_opts[] = {
      "set: where a job of the queue that fails for good goes, as a new job (a cycle is refused)"},
     {"expire-after", OPT_EXPIRE_AFTER, "DURATION|none",
      "set: jobs enqueued without an expiry of their own expire if not started DURATION after they are due, 1s..365d"},
+    {"priority-aging", OPT_PRIORITY_AGING, "DURATION|none",
+     "set: a queued job ready DURATION at its priority is raised one step, again after each DURATION, 1s..365d"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -53,6 +56,8 @@ typedef struct queue_args {
     const char *dead_letter; /* NULL: none */
     int set_expire_after;
     int64_t expire_after_ms; /* 0: none */
+    int set_priority_aging;
+    int64_t priority_aging_ms; /* 0: off */
     int json;
     int create;
     const cli_cmd *cmd;
@@ -90,9 +95,7 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (cli_parse_duration_ms(arg, &a->wait_ms, why, sizeof why) != 0)
             return cli_usage_error(a->cmd, "--wait: %s", why), -1;
         return 0;
-    case OPT_CONCURRENCY:
-        a->set_concurrency = 1;
-        return parse_limit(a->cmd, "--concurrency", arg, &a->concurrency);
+    case OPT_CONCURRENCY: a->set_concurrency = 1; return parse_limit(a->cmd, "--concurrency", arg, &a->concurrency);
     case OPT_KEY_CONCURRENCY:
         a->set_key_concurrency = 1;
         return parse_limit(a->cmd, "--key-concurrency", arg, &a->key_concurrency);
@@ -149,6 +152,17 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (a->expire_after_ms < 1000 || a->expire_after_ms > INT64_C(31536000000))
             return cli_usage_error(a->cmd, "--expire-after: must be between 1s and 365d (or none)"), -1;
         return 0;
+    case OPT_PRIORITY_AGING:
+        a->set_priority_aging = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->priority_aging_ms = 0;
+            return 0;
+        }
+        if (cli_parse_duration_ms(arg, &a->priority_aging_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--priority-aging: %s (or none)", why), -1;
+        if (a->priority_aging_ms < 1000 || a->priority_aging_ms > INT64_C(31536000000))
+            return cli_usage_error(a->cmd, "--priority-aging: must be between 1s and 365d (or none)"), -1;
+        return 0;
     default: return -1;
     }
 }
@@ -189,16 +203,21 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 printf(",\"expire_after_ms\":%lld", (long long)q[i].expire_after_ms);
             else
                 fputs(",\"expire_after_ms\":null", stdout);
+            if (q[i].priority_aging_ms)
+                printf(",\"priority_aging_ms\":%lld", (long long)q[i].priority_aging_ms);
+            else
+                fputs(",\"priority_aging_ms\":null", stdout);
             fputs(",\"dead_letter\":", stdout);
             json_str(stdout, q[i].dead_letter);
             fputc('}', stdout);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY", "PER KEY",
-               "RATE", "MAX LEASE", "EXPIRE AFTER", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY",
+               "PER KEY", "RATE", "MAX LEASE", "EXPIRE AFTER", "AGING", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER",
+               "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], per_key[16], rate[48] = "-", max_lease[24], expire_after[24] = "-";
+            char conc[16], per_key[16], rate[48] = "-", max_lease[24], expire_after[24] = "-", aging[24] = "-";
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].rate_limit) {
@@ -208,13 +227,15 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             }
             if (q[i].expire_after_ms)
                 format_period(expire_after, sizeof expire_after, q[i].expire_after_ms);
+            if (q[i].priority_aging_ms)
+                format_period(aging, sizeof aging, q[i].priority_aging_ms);
             char name[300], dead[300];
             tty_cell(name, sizeof name, q[i].name, 64);
             tty_cell(dead, sizeof dead, q[i].dead_letter ? q[i].dead_letter : "-", 64);
-            printf("%-24s %-7s %11s %7s %-12s %9s %12s %9lld %9lld %9lld %-24s  ", name,
+            printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9lld %9lld %9lld %-24s  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
-                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, (long long)q[i].queued,
-                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
+                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, aging,
+                   (long long)q[i].queued, (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
         }
@@ -263,7 +284,6 @@ static int64_t running_in(pgjobq_client *c, const char *queue, int *rc)
     pgjobq_queue_list_free(q);
     return running;
 }
-
 
 static int drain(pgjobq_client *c, const char *queue, const queue_args *a)
 {
@@ -315,8 +335,9 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             return cli_usage_error(cmd, "queue %s takes one queue name", sub);
         queue = argv[first + 1];
         if (pgjobq_name_check(queue) != PGJOBQ_OK)
-            return cli_usage_error(cmd, "invalid queue name '%.80s' (a letter, then letters, digits and _ . : -, "
-                                        "at most 64)",
+            return cli_usage_error(cmd,
+                                   "invalid queue name '%.80s' (a letter, then letters, digits and _ . : -, "
+                                   "at most 64)",
                                    queue);
     }
     if (a.reason && !is_pause && !is_drain)
@@ -324,16 +345,14 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
     if ((a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease || a.set_dead_letter ||
-         a.set_expire_after) &&
+         a.set_expire_after || a.set_priority_aging) &&
         !is_set)
-        return cli_usage_error(
-            cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter and --expire-after "
-                 "go with set");
+        return cli_usage_error(cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter, "
+                                    "--expire-after and --priority-aging go with set");
     if (is_set && !a.set_concurrency && !a.set_key_concurrency && !a.set_rate && !a.set_max_lease &&
-        !a.set_dead_letter && !a.set_expire_after)
-        return cli_usage_error(
-            cmd,
-            "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, --dead-letter or --expire-after");
+        !a.set_dead_letter && !a.set_expire_after && !a.set_priority_aging)
+        return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, "
+                                    "--dead-letter, --expire-after or --priority-aging");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -375,6 +394,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_dead_letter(c, queue, a.dead_letter);
         if (rc == PGJOBQ_OK && a.set_expire_after)
             rc = pgjobq_queue_set_expire_after(c, queue, a.expire_after_ms);
+        if (rc == PGJOBQ_OK && a.set_priority_aging)
+            rc = pgjobq_queue_set_priority_aging(c, queue, a.priority_aging_ms);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);
@@ -391,12 +412,25 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
 /* ------------------------------------------------------------------------------------------------ */
 /* pgjobq cron add|ls|rm|enable|disable|trigger|sync                                                */
 
-enum { OPT_CRON = 1200, OPT_TZ, OPT_QUEUE, OPT_KIND, OPT_PAYLOAD, OPT_PRIORITY, OPT_MAX_ATTEMPTS, OPT_CATCH_UP,
-       OPT_SJSON };
+enum {
+    OPT_CRON = 1200,
+    OPT_TZ,
+    OPT_QUEUE,
+    OPT_KIND,
+    OPT_PAYLOAD,
+    OPT_PRIORITY,
+    OPT_MAX_ATTEMPTS,
+    OPT_CATCH_UP,
+    OPT_SJSON
+};
 
 const cli_opt schedule_opts[] = {
-    {"schedule", OPT_CRON, "EXPR", "add: when: 5 fields (minute hour day month weekday), 6 (second first), or @hourly, @daily, @weekly, @monthly, @yearly"},
-    {"tz", OPT_TZ, "ZONE", "add: the IANA time zone of the expression, e.g. Europe/Berlin (default UTC; bare offsets such as +14 are refused)"},
+    {"schedule", OPT_CRON, "EXPR",
+     "add: when: 5 fields (minute hour day month weekday), 6 (second first), or @hourly, @daily, @weekly, @monthly, "
+     "@yearly"},
+    {"tz", OPT_TZ, "ZONE",
+     "add: the IANA time zone of the expression, e.g. Europe/Berlin (default UTC; bare offsets such as +14 are "
+     "refused)"},
     {"queue", OPT_QUEUE, "NAME", "add: the queue of the jobs (default: default)"},
     {"kind", OPT_KIND, "NAME", "add: the kind of the jobs (default: default)"},
     {"payload", OPT_PAYLOAD, "JSON", "add: the payload of each job (default {})"},
@@ -556,15 +590,18 @@ int cmd_schedule(const cli_cmd *cmd, int argc, char **argv)
     if (!is_ls && !is_add && !is_rm && !is_enable && !is_disable && !is_trigger && !is_sync)
         return cli_usage_error(cmd, "unknown subcommand '%s' (add, ls, rm, enable, disable, trigger or sync)", sub);
     if (is_ls ? argc - first != 1 : argc - first != 2)
-        return cli_usage_error(cmd, is_ls ? "cron ls takes no name" : is_sync ? "cron sync takes one FILE"
-                                                                             : "cron %s takes one schedule name",
+        return cli_usage_error(cmd,
+                               is_ls     ? "cron ls takes no name"
+                               : is_sync ? "cron sync takes one FILE"
+                                         : "cron %s takes one schedule name",
                                sub);
     if (name && !is_sync && pgjobq_name_check(name) != PGJOBQ_OK)
-        return cli_usage_error(cmd, "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
-                                    "most 64)",
+        return cli_usage_error(cmd,
+                               "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
+                               "most 64)",
                                name);
-    int has_add_opts = a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority ||
-                       a.o.max_attempts || a.o.catch_up;
+    int has_add_opts =
+        a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority || a.o.max_attempts || a.o.catch_up;
     if (is_add && a.cron == NULL)
         return cli_usage_error(cmd, "cron add needs --schedule");
     if (!is_add && has_add_opts)

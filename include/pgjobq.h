@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 28
+#define PGJOBQ_SCHEMA_VERSION 29
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -752,6 +752,18 @@ PGJOBQ_EXPORT int pgjobq_queue_set_dead_letter(pgjobq_client *c, const char *que
 PGJOBQ_EXPORT int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue,
                                                 int64_t expire_after_ms) PGJOBQ_WUR;
 
+/* Sets the queue's priority aging (docs/queues.md, "Priority aging"; Oban Pro's Reprioritizer): a
+ * queued job that has been ready for priority_aging_ms at its priority is raised one step (its
+ * priority number lowered by 1, never below -100), and again after each further priority_aging_ms,
+ * so that jobs of low priority are not starved by a steady stream of higher ones.  The job's first
+ * priority is kept (pgjobq_job_get's priority is the raised one; `pgjobq show` tells both).  Done
+ * by the workers' maintenance pass each second (pgjobq_rescue_expired does it too); the claim is
+ * the same, on or off.  priority_aging_ms: 1 second to 365 days, in milliseconds; 0 turns it off
+ * (the jobs raised so far keep their priority).  Returns PGJOBQ_OK, or PGJOBQ_EINVAL for a value
+ * out of range (nothing changed), or the error of the statement. */
+PGJOBQ_EXPORT int pgjobq_queue_set_priority_aging(pgjobq_client *c, const char *queue,
+                                                  int64_t priority_aging_ms) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -769,7 +781,9 @@ typedef struct pgjobq_queue_info {
     const char *dead_letter;   /* where its jobs that fail for good go; NULL: nowhere */
     int64_t expire_after_ms;     /* the expiry its jobs get by default, from their run_at; 0: none
                                     (pgjobq_queue_set_expire_after; in place of a reserved field) */
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    int64_t priority_aging_ms;   /* how long a job waits at a priority before it is raised one step; 0:
+                                    off (pgjobq_queue_set_priority_aging; in place of the last reserved
+                                    field) */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds
@@ -878,7 +892,9 @@ PGJOBQ_EXPORT void pgjobq_schedule_list_free(pgjobq_schedule_info *schedules);
 /*
  * Maintenance: moves jobs whose lease expired back to queued (or to failed when no attempts remain, or
  * to cancelled when that was requested), at most max_jobs (1..PGJOBQ_BATCH_MAX) per call; a job
- * completed meanwhile is never touched.  *rescued_out (may be NULL) receives the count.
+ * completed meanwhile is never touched.  Each call also ends the jobs that expired while queued and
+ * raises the priority of those that waited long in a queue with priority aging
+ * (pgjobq_queue_set_priority_aging).  *rescued_out (may be NULL) receives the count of rescued jobs.
  */
 PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out) PGJOBQ_WUR;
 

@@ -24,8 +24,9 @@ static int enter(pgjobq_client *c, const char *what, const char *queue)
     if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
         return rc;
     if (pgjobq_name_check(queue) != PGJOBQ_OK)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
-                                                "and _ . : -, at most 64)",
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
+                              "and _ . : -, at most 64)",
                               what, queue ? queue : "");
     return PGJOBQ_OK;
 }
@@ -112,8 +113,8 @@ int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_
     if ((rc = enter(c, "set rate", queue)) != PGJOBQ_OK)
         return rc;
     if (limit < 0 || limit > 10000)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the limit must be between 1 and 10000 jobs (0: none), not %d",
-                              limit);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set rate: the limit must be between 1 and 10000 jobs (0: none), not %d", limit);
     if (limit > 0 && (period_ms < 1 || period_ms > INT64_C(86400000)))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the period must be between 1 ms and one day, not %lld ms",
                               (long long)period_ms);
@@ -181,6 +182,25 @@ int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *queue, int64_t e
     return call2(c, "set expire after", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
 }
 
+int pgjobq_queue_set_priority_aging(pgjobq_client *c, const char *queue, int64_t priority_aging_ms)
+{
+    char settings[96];
+    int rc;
+
+    if ((rc = enter(c, "set priority aging", queue)) != PGJOBQ_OK)
+        return rc;
+    if (priority_aging_ms != 0 && (priority_aging_ms < 1000 || priority_aging_ms > INT64_C(31536000000)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set priority aging: it must be between 1 second and 365 days (0: off), not %lld ms",
+                              (long long)priority_aging_ms);
+    if (priority_aging_ms == 0)
+        snprintf(settings, sizeof settings, "{\"priority_aging\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"priority_aging\": \"%lld milliseconds\"}",
+                 (long long)priority_aging_ms);
+    return call2(c, "set priority aging", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -237,8 +257,24 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
     return out;
 }
 
-enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_NCOLS };
+enum {
+    Q_NAME,
+    Q_PAUSED_AT,
+    Q_REASON,
+    Q_CONCURRENCY,
+    Q_KEY_CONCURRENCY,
+    Q_RATE,
+    Q_PERIOD_MS,
+    Q_QUEUED,
+    Q_SCHEDULED,
+    Q_RUNNING,
+    Q_EXPIRED,
+    Q_MAX_LEASE_MS,
+    Q_DEAD_LETTER,
+    Q_EXPIRE_AFTER_MS,
+    Q_PRIORITY_AGING_MS,
+    Q_NCOLS
+};
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -257,7 +293,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
                    "SELECT queue, paused_at, pause_reason, concurrency, key_concurrency, rate_limit,"
                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
                    " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter,"
-                   " (extract(epoch FROM expire_after) * 1000)::bigint FROM pgjobq.queue_list()",
+                   " (extract(epoch FROM expire_after) * 1000)::bigint,"
+                   " (extract(epoch FROM priority_aging) * 1000)::bigint FROM pgjobq.queue_list()",
                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_DEAD_LETTER, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -279,6 +316,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].dead_letter = take_text(&strings, r, row, Q_DEAD_LETTER);
         rows[i].expire_after_ms =
             PQgetisnull(r, row, Q_EXPIRE_AFTER_MS) ? 0 : pgjobq__get_int8(r, row, Q_EXPIRE_AFTER_MS);
+        rows[i].priority_aging_ms =
+            PQgetisnull(r, row, Q_PRIORITY_AGING_MS) ? 0 : pgjobq__get_int8(r, row, Q_PRIORITY_AGING_MS);
     }
     PQclear(r);
     *queues_out = rows;
@@ -338,7 +377,8 @@ void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues)
 int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron, const pgjobq_schedule_opts *opts,
                         int64_t *next_run_out)
 {
-    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_INT4, OID_TEXT};
+    static const Oid types[] = {OID_TEXT,  OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT,
+                                OID_JSONB, OID_INT2, OID_INT4, OID_TEXT};
     pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
     char prio_s[16], attempts_s[16], why[200];
     PGresult *r;
@@ -366,15 +406,21 @@ int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron, co
                               o.max_attempts);
     if (o.catch_up && strcmp(o.catch_up, "latest") != 0 && strcmp(o.catch_up, "all") != 0 &&
         strcmp(o.catch_up, "skip") != 0)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: catch-up must be latest, all or skip, not \"%.40s\"", name,
-                              o.catch_up);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: catch-up must be latest, all or skip, not \"%.40s\"",
+                              name, o.catch_up);
     snprintf(prio_s, sizeof prio_s, "%d", o.priority);
     snprintf(attempts_s, sizeof attempts_s, "%d", o.max_attempts ? o.max_attempts : 25);
-    const char *values[9] = {name,         cron,   o.tz ? o.tz : "UTC", o.queue ? o.queue : "default",
-                             o.kind ? o.kind : "default", o.payload ? o.payload : "{}", prio_s, attempts_s,
+    const char *values[9] = {name,
+                             cron,
+                             o.tz ? o.tz : "UTC",
+                             o.queue ? o.queue : "default",
+                             o.kind ? o.kind : "default",
+                             o.payload ? o.payload : "{}",
+                             prio_s,
+                             attempts_s,
                              o.catch_up ? o.catch_up : "latest"};
-    pgjobq__stmt st = {"schedule", "SELECT pgjobq.schedule_set($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, types, values,
-                       NULL, NULL, 1};
+    pgjobq__stmt st = {
+        "schedule", "SELECT pgjobq.schedule_set($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, types, values, NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     if (next_run_out && PQntuples(r) == 1)
@@ -412,8 +458,21 @@ int pgjobq_schedule_delete(pgjobq_client *c, const char *name)
     return schedule_call(c, "delete schedule", "SELECT pgjobq.schedule_delete($1)", name, NULL);
 }
 
-enum { S_NAME, S_CRON, S_TZ, S_QUEUE, S_KIND, S_PAYLOAD, S_CATCH_UP, S_PRIORITY, S_MAX_ATTEMPTS, S_ENABLED,
-       S_NEXT_RUN, S_LAST_RUN, S_NCOLS };
+enum {
+    S_NAME,
+    S_CRON,
+    S_TZ,
+    S_QUEUE,
+    S_KIND,
+    S_PAYLOAD,
+    S_CATCH_UP,
+    S_PRIORITY,
+    S_MAX_ATTEMPTS,
+    S_ENABLED,
+    S_NEXT_RUN,
+    S_LAST_RUN,
+    S_NCOLS
+};
 
 int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out, size_t *n_out)
 {
@@ -427,11 +486,11 @@ int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out,
         *schedules_out = NULL;
     if (n_out)
         *n_out = 0;
-    rc = list_fetch(c, "list schedules",
-                    "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
-                    " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
-                    S_NCOLS, schedules_out && n_out, sizeof *rows, S_NAME, S_CATCH_UP, &r, (void **)&rows, &strings,
-                    &n);
+    rc =
+        list_fetch(c, "list schedules",
+                   "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
+                   " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
+                   S_NCOLS, schedules_out && n_out, sizeof *rows, S_NAME, S_CATCH_UP, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {

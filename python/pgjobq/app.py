@@ -650,10 +650,12 @@ class App:
     def set_limits(self, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                    max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
-                   expire_after: Optional[Duration] = UNSET, conn: Any = None) -> None:
+                   expire_after: Optional[Duration] = UNSET, priority_aging: Optional[Duration] = UNSET,
+                   conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
-                   max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after)
+                   max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after,
+                   priority_aging=priority_aging)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

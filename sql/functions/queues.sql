@@ -59,8 +59,10 @@ AS $$ SELECT interval '1 day' $$;
 -- default, max_lease_default()), "dead_letter" (a queue name: where a job of this queue that fails for
 -- good goes, as a new job; docs/queues.md, "Dead letters"), "expire_after" (an interval, 1 second to
 -- 365 days: the expiry of the jobs enqueued into the queue from now on without one of their own,
--- counted from their run_at; docs/queues.md, "Expiry").  Workers are woken, as a limit may have been
--- raised.
+-- counted from their run_at; docs/queues.md, "Expiry"), "priority_aging" (an interval, 1 second to
+-- 365 days: a queued job ready that long at its priority is raised one step, again after each further
+-- interval; null: off; docs/queues.md, "Priority aging").  Workers are woken, as a limit may have
+-- been raised.
 --
 -- A dead-letter setting that would make a cycle (the queue itself, or a queue whose dead letters
 -- lead back to this one) is refused (22023).  Two calls that would close a cycle between them (a -> b
@@ -80,11 +82,11 @@ BEGIN
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
         IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter',
-                     'expire_after') THEN
+                     'expire_after', 'priority_aging') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease, '
-                             'dead_letter and expire_after.';
+                             'dead_letter, expire_after and priority_aging.';
         END IF;
     END LOOP;
     IF settings ? 'dead_letter' AND jsonb_typeof(settings -> 'dead_letter') <> 'null' THEN
@@ -118,6 +120,10 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.queue_set: expire_after is %: it must be between 1 second and 365 days',
             (settings ->> 'expire_after')::interval USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF (settings ->> 'priority_aging')::interval NOT BETWEEN interval '1 second' AND interval '365 days' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: priority_aging is %: it must be between 1 second and 365 days',
+            (settings ->> 'priority_aging')::interval USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
         RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
             USING ERRCODE = 'invalid_parameter_value';
@@ -137,6 +143,8 @@ BEGIN
            dead_letter = CASE WHEN settings ? 'dead_letter' THEN v_dead ELSE qs.dead_letter END,
            expire_after = CASE WHEN settings ? 'expire_after' THEN (settings ->> 'expire_after')::interval
                                ELSE qs.expire_after END,
+           priority_aging = CASE WHEN settings ? 'priority_aging' THEN (settings ->> 'priority_aging')::interval
+                                 ELSE qs.priority_aging END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -146,11 +154,13 @@ $$;
 -- queue_list(): every queue that has jobs or settings, with its settings and its live jobs: queued
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
 -- max_lease is the one that applies: the queue's, or the default; dead_letter, where the jobs that fail
--- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none).
+-- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none);
+-- priority_aging, how long a job waits at a priority before it is raised one step (NULL: off).
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
-               expired bigint, max_lease interval, dead_letter text, expire_after interval)
+               expired bigint, max_lease interval, dead_letter text, expire_after interval,
+               priority_aging interval)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -165,7 +175,7 @@ AS $$
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
            coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text,
-           s.expire_after
+           s.expire_after, s.priority_aging
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
      ORDER BY 1
 $$;
