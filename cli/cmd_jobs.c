@@ -633,8 +633,7 @@ static int show_durable(pgjobq_client *c, const pgjobq_job *j, int json)
     char t[2][48];
     int rc;
 
-    if ((rc = pgjobq_job_steps(c, j->id, &steps, &n)) != PGJOBQ_OK ||
-        (rc = pgjobq_job_park(c, j->id, &park)) != PGJOBQ_OK) {
+    if ((rc = pgjobq_job_steps(c, j->id, &steps, &n)) != PGJOBQ_OK || (rc = pgjobq_job_park(c, j->id, &park)) != PGJOBQ_OK) {
         pgjobq_steps_free(steps);
         return cli_fail(c, rc);
     }

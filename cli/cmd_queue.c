@@ -95,7 +95,9 @@ static int on_opt(int key, const char *arg, void *ctx)
         if (cli_parse_duration_ms(arg, &a->wait_ms, why, sizeof why) != 0)
             return cli_usage_error(a->cmd, "--wait: %s", why), -1;
         return 0;
-    case OPT_CONCURRENCY: a->set_concurrency = 1; return parse_limit(a->cmd, "--concurrency", arg, &a->concurrency);
+    case OPT_CONCURRENCY:
+        a->set_concurrency = 1;
+        return parse_limit(a->cmd, "--concurrency", arg, &a->concurrency);
     case OPT_KEY_CONCURRENCY:
         a->set_key_concurrency = 1;
         return parse_limit(a->cmd, "--key-concurrency", arg, &a->key_concurrency);
@@ -235,7 +237,8 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             printf("%-24s %-7s %11s %7s %-12s %9s %12s %9s %9lld %9lld %9lld %-24s  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, rate,
                    format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, aging,
-                   (long long)q[i].queued, (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
+                   (long long)q[i].queued,
+                   (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
         }
@@ -284,6 +287,7 @@ static int64_t running_in(pgjobq_client *c, const char *queue, int *rc)
     pgjobq_queue_list_free(q);
     return running;
 }
+
 
 static int drain(pgjobq_client *c, const char *queue, const queue_args *a)
 {
@@ -335,9 +339,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             return cli_usage_error(cmd, "queue %s takes one queue name", sub);
         queue = argv[first + 1];
         if (pgjobq_name_check(queue) != PGJOBQ_OK)
-            return cli_usage_error(cmd,
-                                   "invalid queue name '%.80s' (a letter, then letters, digits and _ . : -, "
-                                   "at most 64)",
+            return cli_usage_error(cmd, "invalid queue name '%.80s' (a letter, then letters, digits and _ . : -, "
+                                        "at most 64)",
                                    queue);
     }
     if (a.reason && !is_pause && !is_drain)
@@ -412,25 +415,12 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
 /* ------------------------------------------------------------------------------------------------ */
 /* pgjobq cron add|ls|rm|enable|disable|trigger|sync                                                */
 
-enum {
-    OPT_CRON = 1200,
-    OPT_TZ,
-    OPT_QUEUE,
-    OPT_KIND,
-    OPT_PAYLOAD,
-    OPT_PRIORITY,
-    OPT_MAX_ATTEMPTS,
-    OPT_CATCH_UP,
-    OPT_SJSON
-};
+enum { OPT_CRON = 1200, OPT_TZ, OPT_QUEUE, OPT_KIND, OPT_PAYLOAD, OPT_PRIORITY, OPT_MAX_ATTEMPTS, OPT_CATCH_UP,
+       OPT_SJSON };
 
 const cli_opt schedule_opts[] = {
-    {"schedule", OPT_CRON, "EXPR",
-     "add: when: 5 fields (minute hour day month weekday), 6 (second first), or @hourly, @daily, @weekly, @monthly, "
-     "@yearly"},
-    {"tz", OPT_TZ, "ZONE",
-     "add: the IANA time zone of the expression, e.g. Europe/Berlin (default UTC; bare offsets such as +14 are "
-     "refused)"},
+    {"schedule", OPT_CRON, "EXPR", "add: when: 5 fields (minute hour day month weekday), 6 (second first), or @hourly, @daily, @weekly, @monthly, @yearly"},
+    {"tz", OPT_TZ, "ZONE", "add: the IANA time zone of the expression, e.g. Europe/Berlin (default UTC; bare offsets such as +14 are refused)"},
     {"queue", OPT_QUEUE, "NAME", "add: the queue of the jobs (default: default)"},
     {"kind", OPT_KIND, "NAME", "add: the kind of the jobs (default: default)"},
     {"payload", OPT_PAYLOAD, "JSON", "add: the payload of each job (default {})"},
@@ -590,18 +580,15 @@ int cmd_schedule(const cli_cmd *cmd, int argc, char **argv)
     if (!is_ls && !is_add && !is_rm && !is_enable && !is_disable && !is_trigger && !is_sync)
         return cli_usage_error(cmd, "unknown subcommand '%s' (add, ls, rm, enable, disable, trigger or sync)", sub);
     if (is_ls ? argc - first != 1 : argc - first != 2)
-        return cli_usage_error(cmd,
-                               is_ls     ? "cron ls takes no name"
-                               : is_sync ? "cron sync takes one FILE"
-                                         : "cron %s takes one schedule name",
+        return cli_usage_error(cmd, is_ls ? "cron ls takes no name" : is_sync ? "cron sync takes one FILE"
+                                                                             : "cron %s takes one schedule name",
                                sub);
     if (name && !is_sync && pgjobq_name_check(name) != PGJOBQ_OK)
-        return cli_usage_error(cmd,
-                               "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
-                               "most 64)",
+        return cli_usage_error(cmd, "invalid schedule name '%.80s' (a letter, then letters, digits and _ . : -, at "
+                                    "most 64)",
                                name);
-    int has_add_opts =
-        a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority || a.o.max_attempts || a.o.catch_up;
+    int has_add_opts = a.cron || a.o.tz || a.o.queue || a.o.kind || a.o.payload || a.o.priority ||
+                       a.o.max_attempts || a.o.catch_up;
     if (is_add && a.cron == NULL)
         return cli_usage_error(cmd, "cron add needs --schedule");
     if (!is_add && has_add_opts)

@@ -24,9 +24,8 @@ static int enter(pgjobq_client *c, const char *what, const char *queue)
     if ((rc = pgjobq__require_schema(c)) != PGJOBQ_OK)
         return rc;
     if (pgjobq_name_check(queue) != PGJOBQ_OK)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL,
-                              "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
-                              "and _ . : -, at most 64)",
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: invalid queue name \"%.80s\" (a letter, then letters, digits "
+                                                "and _ . : -, at most 64)",
                               what, queue ? queue : "");
     return PGJOBQ_OK;
 }
@@ -113,8 +112,8 @@ int pgjobq_queue_set_rate(pgjobq_client *c, const char *queue, int limit, int64_
     if ((rc = enter(c, "set rate", queue)) != PGJOBQ_OK)
         return rc;
     if (limit < 0 || limit > 10000)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL,
-                              "set rate: the limit must be between 1 and 10000 jobs (0: none), not %d", limit);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the limit must be between 1 and 10000 jobs (0: none), not %d",
+                              limit);
     if (limit > 0 && (period_ms < 1 || period_ms > INT64_C(86400000)))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "set rate: the period must be between 1 ms and one day, not %lld ms",
                               (long long)period_ms);
@@ -257,24 +256,8 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
     return out;
 }
 
-enum {
-    Q_NAME,
-    Q_PAUSED_AT,
-    Q_REASON,
-    Q_CONCURRENCY,
-    Q_KEY_CONCURRENCY,
-    Q_RATE,
-    Q_PERIOD_MS,
-    Q_QUEUED,
-    Q_SCHEDULED,
-    Q_RUNNING,
-    Q_EXPIRED,
-    Q_MAX_LEASE_MS,
-    Q_DEAD_LETTER,
-    Q_EXPIRE_AFTER_MS,
-    Q_PRIORITY_AGING_MS,
-    Q_NCOLS
-};
+enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
+       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_PRIORITY_AGING_MS, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -377,8 +360,7 @@ void pgjobq_queue_ready_free(pgjobq_queue_ready_info *queues)
 int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron, const pgjobq_schedule_opts *opts,
                         int64_t *next_run_out)
 {
-    static const Oid types[] = {OID_TEXT,  OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT,
-                                OID_JSONB, OID_INT2, OID_INT4, OID_TEXT};
+    static const Oid types[] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_JSONB, OID_INT2, OID_INT4, OID_TEXT};
     pgjobq_schedule_opts o = PGJOBQ_SCHEDULE_OPTS_INIT;
     char prio_s[16], attempts_s[16], why[200];
     PGresult *r;
@@ -406,21 +388,15 @@ int pgjobq_schedule_set(pgjobq_client *c, const char *name, const char *cron, co
                               o.max_attempts);
     if (o.catch_up && strcmp(o.catch_up, "latest") != 0 && strcmp(o.catch_up, "all") != 0 &&
         strcmp(o.catch_up, "skip") != 0)
-        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: catch-up must be latest, all or skip, not \"%.40s\"",
-                              name, o.catch_up);
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "schedule %s: catch-up must be latest, all or skip, not \"%.40s\"", name,
+                              o.catch_up);
     snprintf(prio_s, sizeof prio_s, "%d", o.priority);
     snprintf(attempts_s, sizeof attempts_s, "%d", o.max_attempts ? o.max_attempts : 25);
-    const char *values[9] = {name,
-                             cron,
-                             o.tz ? o.tz : "UTC",
-                             o.queue ? o.queue : "default",
-                             o.kind ? o.kind : "default",
-                             o.payload ? o.payload : "{}",
-                             prio_s,
-                             attempts_s,
+    const char *values[9] = {name,         cron,   o.tz ? o.tz : "UTC", o.queue ? o.queue : "default",
+                             o.kind ? o.kind : "default", o.payload ? o.payload : "{}", prio_s, attempts_s,
                              o.catch_up ? o.catch_up : "latest"};
-    pgjobq__stmt st = {
-        "schedule", "SELECT pgjobq.schedule_set($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, types, values, NULL, NULL, 1};
+    pgjobq__stmt st = {"schedule", "SELECT pgjobq.schedule_set($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9, types, values,
+                       NULL, NULL, 1};
     if ((rc = pgjobq__exec(c, &st, &r)) != PGJOBQ_OK)
         return rc;
     if (next_run_out && PQntuples(r) == 1)
@@ -458,21 +434,8 @@ int pgjobq_schedule_delete(pgjobq_client *c, const char *name)
     return schedule_call(c, "delete schedule", "SELECT pgjobq.schedule_delete($1)", name, NULL);
 }
 
-enum {
-    S_NAME,
-    S_CRON,
-    S_TZ,
-    S_QUEUE,
-    S_KIND,
-    S_PAYLOAD,
-    S_CATCH_UP,
-    S_PRIORITY,
-    S_MAX_ATTEMPTS,
-    S_ENABLED,
-    S_NEXT_RUN,
-    S_LAST_RUN,
-    S_NCOLS
-};
+enum { S_NAME, S_CRON, S_TZ, S_QUEUE, S_KIND, S_PAYLOAD, S_CATCH_UP, S_PRIORITY, S_MAX_ATTEMPTS, S_ENABLED,
+       S_NEXT_RUN, S_LAST_RUN, S_NCOLS };
 
 int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out, size_t *n_out)
 {
@@ -486,11 +449,11 @@ int pgjobq_schedule_list(pgjobq_client *c, pgjobq_schedule_info **schedules_out,
         *schedules_out = NULL;
     if (n_out)
         *n_out = 0;
-    rc =
-        list_fetch(c, "list schedules",
-                   "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
-                   " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
-                   S_NCOLS, schedules_out && n_out, sizeof *rows, S_NAME, S_CATCH_UP, &r, (void **)&rows, &strings, &n);
+    rc = list_fetch(c, "list schedules",
+                    "SELECT name::text, cron, tz, queue::text, kind::text, payload::text, catch_up, priority::int4,"
+                    " max_attempts, enabled, next_run, last_run FROM pgjobq.schedule_list()",
+                    S_NCOLS, schedules_out && n_out, sizeof *rows, S_NAME, S_CATCH_UP, &r, (void **)&rows, &strings,
+                    &n);
     if (rc != PGJOBQ_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {
