@@ -252,14 +252,18 @@ TEST(aging_a_retry_by_hand_starts_again_at_the_first_priority)
     CHECK_OK(c, pgjobq_job_complete(c, jobs[0].id, jobs[0].lease_token, NULL));
     pgjobq_jobs_free(jobs);
     CHECK_INT(t_int(pg, "SELECT base_priority FROM pgjobq.history WHERE id = %lld", (long long)id), 6);
-    CHECK_STR(t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id), "queued");
+    char *said = t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id);
+    CHECK_STR(said, "queued");
+    free(said);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND priority = 6 AND base_priority IS NULL",
                     (long long)id),
               1);
     /* Aged again, then retried by hand while still queued: the same. */
     time_passes(pg, "again", 60);
     CHECK_INT(t_int(pg, "SELECT pgjobq.age_priorities(10)"), 1);
-    CHECK_STR(t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id), "queued");
+    said = t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id);
+    CHECK_STR(said, "queued");
+    free(said);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND priority = 6 AND base_priority IS NULL",
                     (long long)id),
               1);
