@@ -193,6 +193,8 @@ bench: all
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/run.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/shards.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/durable.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/aging.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/strict.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \

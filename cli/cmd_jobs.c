@@ -318,6 +318,14 @@ static int expires_at_of(pgjobq_client *c, int64_t id, int64_t *at)
                     at);
 }
 
+/* The priority the job was enqueued with, when priority aging raised it (docs/queues.md, "Priority
+ * aging"), which pgjobq_job has no field for: job_time reads any int8, PGJOBQ_TIME_NONE for NULL.
+ * 0 (and *base = PGJOBQ_TIME_NONE) when it cannot be read. */
+static int base_priority_of(pgjobq_client *c, int64_t id, int64_t *base)
+{
+    return job_time(c, id, "SELECT base_priority::pg_catalog.int8 FROM pgjobq.job_get($1::pg_catalog.int8)", base);
+}
+
 /* When a running job's cancel was requested, and when its holder told the handler to stop (or how it
  * ended otherwise). */
 static void print_cancel(pgjobq_client *c, const pgjobq_job *j)
@@ -892,7 +900,7 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     int json = 0, status, rc;
     pgjobq_job *j = NULL;
     pgjobq_client *c;
-    int64_t id = 0, expires = PGJOBQ_TIME_NONE;
+    int64_t id = 0, expires = PGJOBQ_TIME_NONE, base = PGJOBQ_TIME_NONE;
 
     if ((c = open_for_id(cmd, argc, argv, flag_opt, &json, &id, &status)) == NULL)
         return status;
@@ -913,6 +921,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             expires = PGJOBQ_TIME_NONE;
         fputs(",\"expires_at\":", stdout);
         json_time(stdout, expires);
+        if (base_priority_of(c, j->id, &base) && base != PGJOBQ_TIME_NONE)
+            printf(",\"base_priority\":%lld", (long long)base);
+        else
+            fputs(",\"base_priority\":null", stdout);
         if (cli_shard_of(c)) {
             fputs(",\"shard\":", stdout);
             json_str(stdout, cli_shard_of(c));
@@ -929,8 +941,12 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             field("shard:", cli_shard_of(c));
         field("queue:", j->queue);
         field("kind:", j->kind);
-        printf("state:         %s%s\npriority:      %d\nattempt:       %d of %d\n", pgjobq_state_name(j->state),
-               j->cancel_requested ? " (cancel requested)" : "", j->priority, j->attempt, j->max_attempts);
+        printf("state:         %s%s\n", pgjobq_state_name(j->state), j->cancel_requested ? " (cancel requested)" : "");
+        if (base_priority_of(c, j->id, &base) && base != PGJOBQ_TIME_NONE)
+            printf("priority:      %d (enqueued at %lld, raised by priority aging)\n", j->priority, (long long)base);
+        else
+            printf("priority:      %d\n", j->priority);
+        printf("attempt:       %d of %d\n", j->attempt, j->max_attempts);
         printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
                t[1], t[2], t[3], t[4]);
         field("worker_id:", j->worker_id ? j->worker_id : "-");

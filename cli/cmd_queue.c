@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <libpq-fe.h>
+
 #include "cli.h"
 
 enum {
@@ -20,7 +22,8 @@ enum {
     OPT_MAX_LEASE = 1103,
     OPT_DEAD_LETTER = 1104,
     OPT_EXPIRE_AFTER = 1105,
-    OPT_STRICT_ORDER = 1106
+    OPT_STRICT_ORDER = 1106,
+    OPT_PRIORITY_AGING = 1107
 };
 
 const cli_opt queue_opts[] = {
@@ -39,6 +42,8 @@ const cli_opt queue_opts[] = {
     {"strict-order", OPT_STRICT_ORDER, "on|off",
      "set: jobs with the same concurrency key run one at a time, in enqueue order; one that fails for good "
      "blocks its key until retried or skipped (pgjobq skip)"},
+    {"priority-aging", OPT_PRIORITY_AGING, "DURATION|none",
+     "set: a queued job ready DURATION at its priority is raised one step, again after each DURATION, 1s..365d"},
     {"json", OPT_JSON, NULL, "ls: print JSON"},
     {"create", OPT_CREATE, NULL, "pause, drain: also a queue that has no jobs or settings yet"},
     CLI_COMMON_OPTS,
@@ -58,6 +63,8 @@ typedef struct queue_args {
     int set_expire_after;
     int64_t expire_after_ms; /* 0: none */
     int set_strict_order, strict_order;
+    int set_priority_aging;
+    int64_t priority_aging_ms; /* 0: off */
     int json;
     int create;
     const cli_cmd *cmd;
@@ -160,8 +167,31 @@ static int on_opt(int key, const char *arg, void *ctx)
             return cli_usage_error(a->cmd, "--strict-order: on or off, not '%.40s'", arg), -1;
         a->strict_order = strcmp(arg, "on") == 0;
         return 0;
+    case OPT_PRIORITY_AGING:
+        a->set_priority_aging = 1;
+        if (strcmp(arg, "none") == 0) {
+            a->priority_aging_ms = 0;
+            return 0;
+        }
+        if (cli_parse_duration_ms(arg, &a->priority_aging_ms, why, sizeof why) != 0)
+            return cli_usage_error(a->cmd, "--priority-aging: %s (or none)", why), -1;
+        if (a->priority_aging_ms < 1000 || a->priority_aging_ms > INT64_C(31536000000))
+            return cli_usage_error(a->cmd, "--priority-aging: must be between 1s and 365d (or none)"), -1;
+        return 0;
     default: return -1;
     }
+}
+
+/* How many keys of a strict-order queue a failed job blocks (pgjobq.sequence_blocks; docs/queues.md,
+ * "Strict order per key"), or -1 when that cannot be read (a role that may not read the table). */
+static long long blocked_keys(pgjobq_client *c, const char *queue)
+{
+    const char *values[1] = {queue};
+    PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT count(*) FROM pgjobq.sequence_blocks WHERE queue = $1",
+                               1, NULL, values, NULL, NULL, 0);
+    long long n = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? atoll(PQgetvalue(r, 0, 0)) : -1;
+    PQclear(r);
+    return n;
 }
 
 static int list_queues(pgjobq_client *c, const queue_args *a)
@@ -200,22 +230,33 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 printf(",\"expire_after_ms\":%lld", (long long)q[i].expire_after_ms);
             else
                 fputs(",\"expire_after_ms\":null", stdout);
+            if (q[i].priority_aging_s)
+                printf(",\"priority_aging_ms\":%lld", (long long)q[i].priority_aging_s * 1000);
+            else
+                fputs(",\"priority_aging_ms\":null", stdout);
             fputs(",\"dead_letter\":", stdout);
             json_str(stdout, q[i].dead_letter);
-            printf(",\"strict_order\":%s,\"blocked_keys\":%d}", q[i].strict_order ? "true" : "false",
-                   q[i].blocked_keys);
+            long long blocked = q[i].strict_order ? blocked_keys(c, q[i].name) : 0;
+            printf(",\"strict_order\":%s,\"blocked_keys\":", q[i].strict_order ? "true" : "false");
+            if (blocked >= 0)
+                printf("%lld}", blocked);
+            else
+                fputs("null}", stdout);
         }
         fputs("]}\n", stdout);
     } else {
-        printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE", "CONCURRENCY",
-               "PER KEY", "ORDER", "RATE", "MAX LEASE", "EXPIRE AFTER", "QUEUED", "SCHEDULED", "RUNNING", "DEAD LETTER",
-               "PAUSED BECAUSE");
+        printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9s %9s %9s %9s %-24s  %s\n", "QUEUE", "STATE",
+               "CONCURRENCY", "PER KEY", "ORDER", "RATE", "MAX LEASE", "EXPIRE AFTER", "AGING", "QUEUED", "SCHEDULED",
+               "RUNNING", "DEAD LETTER", "PAUSED BECAUSE");
         for (size_t i = 0; i < n; i++) {
-            char conc[16], per_key[16], order[32] = "-", rate[48] = "-", max_lease[24], expire_after[24] = "-";
+            char conc[16], per_key[16], order[32] = "-", rate[48] = "-", max_lease[24], expire_after[24] = "-",
+                                                       aging[24] = "-";
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
-            if (q[i].strict_order)
-                snprintf(order, sizeof order, q[i].blocked_keys ? "strict, %d blocked" : "strict", q[i].blocked_keys);
+            if (q[i].strict_order) {
+                long long blocked = blocked_keys(c, q[i].name);
+                snprintf(order, sizeof order, blocked > 0 ? "strict, %lld blocked" : "strict", blocked);
+            }
             if (q[i].rate_limit) {
                 char period[24];
                 snprintf(rate, sizeof rate, "%d/%s", q[i].rate_limit,
@@ -223,12 +264,15 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             }
             if (q[i].expire_after_ms)
                 format_period(expire_after, sizeof expire_after, q[i].expire_after_ms);
+            if (q[i].priority_aging_s)
+                format_period(aging, sizeof aging, (int64_t)q[i].priority_aging_s * 1000);
             char name[300], dead[300];
             tty_cell(name, sizeof name, q[i].name, 64);
             tty_cell(dead, sizeof dead, q[i].dead_letter ? q[i].dead_letter : "-", 64);
-            printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9lld %9lld %9lld %-24s  ", name,
+            printf("%-24s %-7s %11s %7s %-18s %-12s %9s %12s %9s %9lld %9lld %9lld %-24s  ", name,
                    q[i].paused_at != PGJOBQ_TIME_NONE ? "paused" : "active", conc, per_key, order, rate,
-                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, (long long)q[i].queued,
+                   format_period(max_lease, sizeof max_lease, q[i].max_lease_ms), expire_after, aging,
+                   (long long)q[i].queued,
                    (long long)q[i].scheduled, (long long)(q[i].running + q[i].expired), dead);
             tty_put(stdout, q[i].pause_reason, 0); /* anyone who may pause a queue wrote it */
             putchar('\n');
@@ -339,13 +383,13 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
     if (a.wait_ms >= 0 && !is_drain)
         return cli_usage_error(cmd, "--wait goes with drain");
     int any_setting = a.set_concurrency || a.set_key_concurrency || a.set_rate || a.set_max_lease ||
-                      a.set_dead_letter || a.set_expire_after || a.set_strict_order;
+                      a.set_dead_letter || a.set_expire_after || a.set_strict_order || a.set_priority_aging;
     if (any_setting && !is_set)
         return cli_usage_error(cmd, "--concurrency, --key-concurrency, --rate, --max-lease, --dead-letter, "
-                                    "--expire-after and --strict-order go with set");
+                                    "--expire-after, --strict-order and --priority-aging go with set");
     if (is_set && !any_setting)
         return cli_usage_error(cmd, "queue set needs --concurrency, --key-concurrency, --rate, --max-lease, "
-                                    "--dead-letter, --expire-after or --strict-order");
+                                    "--dead-letter, --expire-after, --strict-order or --priority-aging");
     if (a.json && !is_ls)
         return cli_usage_error(cmd, "--json goes with ls");
     if (a.create && !is_pause && !is_drain)
@@ -389,6 +433,8 @@ int cmd_queue(const cli_cmd *cmd, int argc, char **argv)
             rc = pgjobq_queue_set_expire_after(c, queue, a.expire_after_ms);
         if (rc == PGJOBQ_OK && a.set_strict_order)
             rc = pgjobq_queue_set_strict_order(c, queue, a.strict_order);
+        if (rc == PGJOBQ_OK && a.set_priority_aging)
+            rc = pgjobq_queue_set_priority_aging(c, queue, a.priority_aging_ms);
         status = rc == PGJOBQ_OK ? EX_OK : cli_fail(c, rc);
         if (rc == PGJOBQ_OK)
             printf("queue %s updated\n", queue);

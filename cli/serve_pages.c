@@ -585,7 +585,8 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
                         " coalesce(array_to_string(a.tags, ', '), ''),"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END,"
-                        " " TS("a.expires_at") " FROM pgjobq.monitor_job($1::bigint) a",
+                        " " TS("a.expires_at") ", coalesce(a.base_priority::text, '')"
+                        " FROM pgjobq.monitor_job($1::bigint) a",
                         2, values);
     if (r && PQntuples(r) == 0) {
         out->status = 404;
@@ -608,6 +609,8 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             field(b, "tags", V(r, 0, 18));
         if (*V(r, 0, 20)) /* docs/queues.md, "Expiry": no attempt starts after it */
             field(b, "expires (UTC)", V(r, 0, 20));
+        if (*V(r, 0, 21)) /* docs/queues.md, "Priority aging": the priority it was enqueued with */
+            field(b, "enqueued at priority", V(r, 0, 21));
         sb_puts(b, "<dt>attempt</dt><dd>");
         sb_html(b, V(r, 0, 5));
         sb_puts(b, " of ");
@@ -768,21 +771,23 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
 
     html_page_begin(s, b, "queues", 0);
     sb_puts(b, "<h1>Queues</h1><table id=\"queue-settings\"><thead><tr><th>Queue</th><th>State</th>"
-               "<th>Concurrency</th><th>Per key</th><th>Order</th><th>Rate</th><th>Max lease</th><th>Due</th>"
-               "<th>Scheduled</th><th>Running</th><th>Expired</th><th>Dead letters to</th><th></th></tr></thead><tbody>");
+               "<th>Concurrency</th><th>Per key</th><th>Order</th><th>Rate</th><th>Max lease</th>"
+               "<th>Priority aging</th><th>Due</th><th>Scheduled</th><th>Running</th><th>Expired</th>"
+               "<th>Dead letters to</th><th></th></tr></thead><tbody>");
     r = serve_query(
         c, out,
         "SELECT queue, (paused_at IS NOT NULL)::int, coalesce(pause_reason, ''), coalesce(concurrency::text, ''),"
         " coalesce(key_concurrency::text, ''), coalesce(rate_limit, 0),"
         " coalesce((extract(epoch FROM rate_period) * 1000)::bigint, 0), queued, scheduled, running, expired,"
         " (extract(epoch FROM max_lease) * 1000)::bigint, coalesce(dead_letter, ''),"
+        " coalesce((extract(epoch FROM priority_aging) * 1000)::bigint, 0),"
         " CASE WHEN strict_order THEN 'strict' || CASE WHEN blocked_keys > 0 THEN ', ' || blocked_keys || ' blocked'"
         " ELSE '' END ELSE '-' END FROM pgjobq.queue_list()",
         0, NULL);
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             int paused = atoi(V(r, i, 1));
-            char rate[48], max_lease[24];
+            char rate[48], max_lease[24], aging[24] = "-";
             html_tr(b, "queue", V(r, i, 0));
             html_td_link(b, NULL, "/jobs?queue=", V(r, i, 0), V(r, i, 0));
             sb_puts(b, "<td>");
@@ -795,9 +800,12 @@ void serve_page_queues(serve *s, pgjobq_client *c, http_resp *out)
             sb_puts(b, "</td>");
             html_td(b, "n", V(r, i, 3)[0] ? V(r, i, 3) : "-");
             html_td(b, "n", V(r, i, 4)[0] ? V(r, i, 4) : "-");
-            html_td(b, "order", V(r, i, 13));
+            html_td(b, "order", V(r, i, 14));
             html_td(b, "n rate", rate_text(rate, sizeof rate, V(r, i, 5), V(r, i, 6)));
             html_td(b, "n max-lease", format_period(max_lease, sizeof max_lease, atoll(V(r, i, 11))));
+            if (atoll(V(r, i, 13)) > 0)
+                format_period(aging, sizeof aging, atoll(V(r, i, 13)));
+            html_td(b, "n priority-aging", aging);
             for (int k = 7; k < 11; k++)
                 html_td(b, "n", V(r, i, k));
             if (V(r, i, 12)[0])

@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 29
+#define PGJOBQ_SCHEMA_VERSION 30
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -771,6 +771,18 @@ PGJOBQ_EXPORT int pgjobq_queue_set_expire_after(pgjobq_client *c, const char *qu
  */
 PGJOBQ_EXPORT int pgjobq_queue_set_strict_order(pgjobq_client *c, const char *queue, int on) PGJOBQ_WUR;
 
+/* Sets the queue's priority aging (docs/queues.md, "Priority aging"; Oban Pro's Reprioritizer): a
+ * queued job that has been ready for priority_aging_ms at its priority is raised one step (its
+ * priority number lowered by 1, never below -100), and again after each further priority_aging_ms,
+ * so that jobs of low priority are not starved by a steady stream of higher ones.  The job's first
+ * priority is kept (pgjobq_job_get's priority is the raised one; `pgjobq show` tells both).  Done
+ * by the workers' maintenance pass each second (pgjobq_rescue_expired does it too); the claim is
+ * the same, on or off.  priority_aging_ms: 1 second to 365 days, in milliseconds; 0 turns it off
+ * (the jobs raised so far keep their priority).  Returns PGJOBQ_OK, or PGJOBQ_EINVAL for a value
+ * out of range (nothing changed), or the error of the statement. */
+PGJOBQ_EXPORT int pgjobq_queue_set_priority_aging(pgjobq_client *c, const char *queue,
+                                                  int64_t priority_aging_ms) PGJOBQ_WUR;
+
 /* A queue with jobs or settings, as pgjobq_queue_list() reports it. */
 typedef struct pgjobq_queue_info {
     const char *name;
@@ -790,8 +802,9 @@ typedef struct pgjobq_queue_info {
                                     (pgjobq_queue_set_expire_after; in place of a reserved field) */
     int32_t strict_order;        /* 1: its jobs of a key run one at a time, in order
                                     (pgjobq_queue_set_strict_order); 0: off */
-    int32_t blocked_keys;        /* keys of a strict queue that a failed job blocks (pgjobq_job_skip)
-                                    (these two in place of the last reserved field) */
+    int32_t priority_aging_s;    /* how long a job waits at a priority before it is raised one step, in
+                                    whole seconds; 0: off (pgjobq_queue_set_priority_aging).  These two
+                                    take the last reserved field: pgjobq_queue_info has no room left */
 } pgjobq_queue_info;
 
 /* Lists every queue that has live jobs or settings, ordered by name.  On PGJOBQ_OK *queues_out holds
@@ -900,7 +913,9 @@ PGJOBQ_EXPORT void pgjobq_schedule_list_free(pgjobq_schedule_info *schedules);
 /*
  * Maintenance: moves jobs whose lease expired back to queued (or to failed when no attempts remain, or
  * to cancelled when that was requested), at most max_jobs (1..PGJOBQ_BATCH_MAX) per call; a job
- * completed meanwhile is never touched.  *rescued_out (may be NULL) receives the count.
+ * completed meanwhile is never touched.  Each call also ends the jobs that expired while queued and
+ * raises the priority of those that waited long in a queue with priority aging
+ * (pgjobq_queue_set_priority_aging).  *rescued_out (may be NULL) receives the count of rescued jobs.
  */
 PGJOBQ_EXPORT int pgjobq_rescue_expired(pgjobq_client *c, int max_jobs, int *rescued_out) PGJOBQ_WUR;
 

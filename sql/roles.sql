@@ -89,6 +89,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.next_due(text),
     pgjobq.rescue_expired(integer, timestamptz),
     pgjobq.expire_queued(integer),
+    pgjobq.age_priorities(integer),
     pgjobq.prune(interval, interval, integer),
     pgjobq.cron_next(text, text, timestamptz),
     pgjobq.cron_field(text, integer, integer, text[], text),

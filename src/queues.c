@@ -191,6 +191,25 @@ int pgjobq_queue_set_strict_order(pgjobq_client *c, const char *queue, int on)
                  on ? "{\"strict_order\": true}" : "{\"strict_order\": false}");
 }
 
+int pgjobq_queue_set_priority_aging(pgjobq_client *c, const char *queue, int64_t priority_aging_ms)
+{
+    char settings[96];
+    int rc;
+
+    if ((rc = enter(c, "set priority aging", queue)) != PGJOBQ_OK)
+        return rc;
+    if (priority_aging_ms != 0 && (priority_aging_ms < 1000 || priority_aging_ms > INT64_C(31536000000)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL,
+                              "set priority aging: it must be between 1 second and 365 days (0: off), not %lld ms",
+                              (long long)priority_aging_ms);
+    if (priority_aging_ms == 0)
+        snprintf(settings, sizeof settings, "{\"priority_aging\": null}");
+    else
+        snprintf(settings, sizeof settings, "{\"priority_aging\": \"%lld milliseconds\"}",
+                 (long long)priority_aging_ms);
+    return call2(c, "set priority aging", "SELECT pgjobq.queue_set($1, $2::jsonb)", queue, settings);
+}
+
 /* The common part of a list call.  Checks the client and its outputs, runs `sql` (binary results),
  * checks the shape, and allocates one zeroed block: n rows of row_size bytes, then room for the text of
  * columns text_first..text_last of every row (see take_text).  On PGJOBQ_OK the caller owns *r and
@@ -248,7 +267,7 @@ static const char *take_text(char **strings, const PGresult *r, int row, int col
 }
 
 enum { Q_NAME, Q_PAUSED_AT, Q_REASON, Q_CONCURRENCY, Q_KEY_CONCURRENCY, Q_RATE, Q_PERIOD_MS, Q_QUEUED, Q_SCHEDULED, Q_RUNNING, Q_EXPIRED,
-       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_STRICT_ORDER, Q_BLOCKED_KEYS, Q_NCOLS };
+       Q_MAX_LEASE_MS, Q_DEAD_LETTER, Q_EXPIRE_AFTER_MS, Q_STRICT_ORDER, Q_PRIORITY_AGING_S, Q_NCOLS };
 
 int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *n_out)
 {
@@ -268,7 +287,7 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
                    " (extract(epoch FROM rate_period) * 1000)::bigint, queued, scheduled, running, expired,"
                    " (extract(epoch FROM max_lease) * 1000)::bigint, dead_letter,"
                    " (extract(epoch FROM expire_after) * 1000)::bigint, strict_order::int4,"
-                   " least(blocked_keys, 2147483647)::int4 FROM pgjobq.queue_list()",
+                   " least(floor(extract(epoch FROM priority_aging)), 2147483647)::int4 FROM pgjobq.queue_list()",
                    Q_NCOLS, queues_out && n_out, sizeof *rows, Q_NAME, Q_DEAD_LETTER, &r, (void **)&rows, &strings, &n);
     if (rc != PGJOBQ_OK)
         return rc;
@@ -291,7 +310,8 @@ int pgjobq_queue_list(pgjobq_client *c, pgjobq_queue_info **queues_out, size_t *
         rows[i].expire_after_ms =
             PQgetisnull(r, row, Q_EXPIRE_AFTER_MS) ? 0 : pgjobq__get_int8(r, row, Q_EXPIRE_AFTER_MS);
         rows[i].strict_order = pgjobq__get_int4(r, row, Q_STRICT_ORDER);
-        rows[i].blocked_keys = pgjobq__get_int4(r, row, Q_BLOCKED_KEYS);
+        rows[i].priority_aging_s =
+            PQgetisnull(r, row, Q_PRIORITY_AGING_S) ? 0 : pgjobq__get_int4(r, row, Q_PRIORITY_AGING_S);
     }
     PQclear(r);
     *queues_out = rows;

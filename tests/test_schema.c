@@ -917,6 +917,21 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 0);
     CHECK_STR(t_str(pg, "SELECT pgjobq.sequence_skip(%lld)", (long long)id), "skipped");
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 1);
+
+    /* Priority aging (30): no job of before was aged and no queue ages; a queue's setting applies from
+     * now on, to the jobs of before too (they are queued jobs like any other). */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE base_priority IS NOT NULL"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE priority_aging IS NOT NULL"), 0);
+    CHECK_INT(t_int(pg, "SELECT pgjobq.age_priorities(1000)"), 0);
+    CHECK_OK(c, pgjobq_queue_set_priority_aging(c, "q30", 60000));
+    id = t_int(pg, "SELECT id FROM pgjobq.enqueue('q30', priority => 3::smallint)");
+    PQclear(t_exec(pg, "UPDATE pgjobq.jobs SET run_at = run_at - interval '1 minute',"
+                       " ready_at = ready_at - interval '1 minute' WHERE id = %lld",
+                   (long long)id));
+    CHECK_INT(t_int(pg, "SELECT pgjobq.age_priorities(1000)"), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND priority = 2 AND base_priority = 3",
+                    (long long)id),
+              1);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

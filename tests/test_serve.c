@@ -1457,6 +1457,7 @@ TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
     for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
         CHECK_OK(c, pgjobq_queue_set_rate(c, rates[i].queue, rates[i].limit, rates[i].ms));
     CHECK_OK(c, pgjobq_queue_set_concurrency(c, "plain", 2));
+    CHECK_OK(c, pgjobq_queue_set_priority_aging(c, "api", 300000));
     served *s = serve_start(NULL, NULL, NULL, NULL);
     CHECK_INT(http(s->port, "GET", "/queues", NULL, NULL, &body), 200);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "queue", "ls", NULL), 0);
@@ -1474,7 +1475,12 @@ TEST_FULL(serve_queues_page_writes_rates_as_queue_ls_does, 60, 0)
     char *plain = row_of(body, "queue", "plain");
     CHECK_MSG(strstr(plain, "<td class=\"n rate\">-</td>") != NULL, "/queues: %s", plain);
     CHECK_MSG(strstr(plain, "<td class=\"n max-lease\">1d</td>") != NULL, "/queues: %s", plain);
+    /* Priority aging (docs/queues.md): a dash when off, the interval as queue ls writes it. */
+    CHECK_MSG(strstr(plain, "<td class=\"n priority-aging\">-</td>") != NULL, "/queues: %s", plain);
     free(plain);
+    char *api = row_of(body, "queue", "api");
+    CHECK_MSG(strstr(api, "<td class=\"n priority-aging\">5m</td>") != NULL, "/queues: %s", api);
+    free(api);
     free(body);
     free(out);
     free(err);

@@ -186,12 +186,12 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
     CHECK_INT(check_moves(pg, history), 8);
 
     /* The C library's reads of jobs: every column of pgjobq.all_jobs but concurrency_key, cancel_told_at,
-     * route_key, snoozes and expires_at (pgjobq_job has no field for them, and no reserved one left:
-     * include/pgjobq.h; the routing key is the cluster client's, docs/shards.md; `pgjobq show` reads
-     * the expiry itself), and the parents a claim adds. */
+     * route_key, snoozes, expires_at and base_priority (pgjobq_job has no field for them, and no
+     * reserved one left: include/pgjobq.h; the routing key is the cluster client's, docs/shards.md;
+     * `pgjobq show` reads the expiry and the base priority itself), and the parents a claim adds. */
     char *c_jobs = result_names(pg, "SELECT " PGJOBQ__JOB_COLUMNS " FROM pgjobq.all_jobs LIMIT 0");
     same_names(pg, "PGJOBQ__JOB_COLUMNS (src/internal.h)", c_jobs, all_jobs,
-               "concurrency_key,cancel_told_at,route_key,snoozes,expires_at", "parents");
+               "concurrency_key,cancel_told_at,route_key,snoozes,expires_at,base_priority", "parents");
 
     /* The claims: claim_batch returns PGJOBQ__CLAIMED_COLUMNS, which claim_next's rows begin with,
      * names and types; each a column of pgjobq.jobs but parents. */

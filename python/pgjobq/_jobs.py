@@ -71,6 +71,9 @@ class JobInfo:
     # When it expires if it has not started (None: never; docs/queues.md, "Expiry").  A job that
     # expired is cancelled, last_error "expired: ...".
     expires_at: Optional[_dt.datetime] = None
+    # The priority it was enqueued with, when priority aging raised it since (``priority`` is the
+    # raised one); None: never raised (docs/queues.md, "Priority aging").
+    base_priority: Optional[int] = None
     # Its stored steps (ctx.step, and the sleeps and waits it came to), in the order they were stored,
     # and its park now: a durable sleep or a wait for an event (None when it is not parked).
     steps: List["StepInfo"] = dataclasses.field(default_factory=list)
@@ -114,7 +117,7 @@ class ParkInfo:
 _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
-       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at,
+       cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority,
        (SELECT jsonb_agg(jsonb_build_array(s.name, s.attempt, extract(epoch FROM s.stored_at), s.result_bytes))
           FROM pgjobq.steps(a.id) s) AS steps,
        (SELECT jsonb_build_array(p.parked, p.step, extract(epoch FROM p.until), extract(epoch FROM p.since),
@@ -134,12 +137,13 @@ def _when(epoch: Any) -> _dt.datetime:
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, steps, parked, dead_letter_of,
-     dead_letters) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, steps, parked,
+     dead_letter_of, dead_letters) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
                    cancel_requested_at, cancel_told_at, route_key, int(snoozes), expires_at,
+                   int(base_priority) if base_priority is not None else None,
                    [StepInfo(str(n), int(a), _when(t), int(b)) for n, a, t, b in steps or []],
                    ParkInfo(parked[0], parked[1], _when(parked[2]), _when(parked[3]), parked[4], parked[5])
                    if parked else None,
@@ -354,7 +358,8 @@ UNSET: Any = _Unset()
 def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key_concurrency: Optional[int] = UNSET,
                rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
-               expire_after: Optional[Duration] = UNSET, strict_order: Optional[bool] = UNSET) -> None:
+               expire_after: Optional[Duration] = UNSET, strict_order: Optional[bool] = UNSET,
+               priority_aging: Optional[Duration] = UNSET) -> None:
     """``pgjobq.queue_set``: changes the limits given and leaves the others; None removes one.
     ``concurrency``: jobs of the queue running at once, on all workers; ``key_concurrency``: per
     concurrency key; ``rate_limit`` jobs started per ``rate_period`` (seconds, timedelta, "1m";
@@ -364,7 +369,9 @@ def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key
     expiry of the jobs enqueued from then on without one, from their run_at (1 s to 365 days; None:
     none); ``strict_order``: True, the jobs of a concurrency key run one at a time in enqueue order
     and one that fails for good blocks its key until retried or ``skip``-ped (docs/queues.md,
-    "Strict order per key"); False or None: off."""
+    "Strict order per key"); False or None: off; ``priority_aging``: a queued job ready that long at
+    its priority is raised one step (its priority number lowered by 1, down to -100), again after each
+    further interval (1 s to 365 days; None: off; docs/queues.md, "Priority aging")."""
     settings: Dict[str, Any] = {}
     for name, v in (("concurrency", concurrency), ("key_concurrency", key_concurrency), ("rate_limit", rate_limit),
                     ("dead_letter", dead_letter)):
@@ -381,6 +388,9 @@ def set_limits(conn: Any, queue: str, *, concurrency: Optional[int] = UNSET, key
         if strict_order is not None and not isinstance(strict_order, bool):
             raise TypeError(f"set_limits: strict_order must be True, False or None, not {strict_order!r}")
         settings["strict_order"] = strict_order
+    if priority_aging is not UNSET:
+        settings["priority_aging"] = (None if priority_aging is None
+                                      else f"{seconds(priority_aging, 'priority_aging')} seconds")
     _sql.run(conn, "SELECT pgjobq.queue_set(CAST(:queue AS text), CAST(:settings AS jsonb))",
              {"queue": queue, "settings": dumps(settings, "set_limits")})
 
@@ -409,6 +419,8 @@ class QueueInfo:
     expire_after: Optional[_dt.timedelta] = None  # the expiry its jobs get by default (None: none)
     strict_order: bool = False  # its keys' jobs run one at a time, in order
     blocked_keys: int = 0  # keys of a strict queue that a failed job blocks (skip, retry)
+    # How long a job waits at a priority before it is raised one step (None: off).
+    priority_aging: Optional[_dt.timedelta] = None
     shard: Optional[str] = None  # in a cluster: the shard these settings and counts are of
 
     @property
@@ -432,7 +444,7 @@ def queues(conn: Any) -> List[QueueInfo]:
         "SELECT q.queue, q.paused_at, q.pause_reason, q.concurrency, q.key_concurrency, q.rate_limit, "
         "q.rate_period, q.queued, q.scheduled, q.running, q.expired, q.max_lease,"
         " make_interval(secs => r.oldest_ready_s), coalesce(r.worker_slots, 0), q.dead_letter,"
-        " q.expire_after, q.strict_order, q.blocked_keys"
+        " q.expire_after, q.strict_order, q.blocked_keys, q.priority_aging"
         " FROM pgjobq.queue_list() AS q LEFT JOIN pgjobq.queue_ready() AS r ON r.queue = q.queue ORDER BY 1",
         {},
     )

@@ -658,11 +658,12 @@ class App:
                    rate_limit: Optional[int] = UNSET, rate_period: Optional[Duration] = UNSET,
                    max_lease: Optional[Duration] = UNSET, dead_letter: Optional[str] = UNSET,
                    expire_after: Optional[Duration] = UNSET, strict_order: Optional[bool] = UNSET,
+                   priority_aging: Optional[Duration] = UNSET,
                    conn: Any = None) -> None:
         self._each(conn, lambda m: self._queue_shards(m, queue), _jobs.set_limits, queue, concurrency=concurrency,
                    key_concurrency=key_concurrency, rate_limit=rate_limit, rate_period=rate_period,
                    max_lease=max_lease, dead_letter=dead_letter, expire_after=expire_after,
-                   strict_order=strict_order)
+                   strict_order=strict_order, priority_aging=priority_aging)
 
     def queues(self, *, conn: Any = None) -> "_jobs.QueueList":
         """Every queue with jobs or settings.  In a cluster without ``conn``: each shard's rows, with

@@ -299,3 +299,29 @@ def test_pip_installs_the_package_offline(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(target)}, cwd=str(tmp_path),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0 and r.stdout.startswith(str(target)), r.stdout
+
+
+def test_priority_aging(queue):
+    """set_limits(priority_aging=...): a queued job ready that long at its priority is raised one step
+    by the workers' maintenance pass; get tells both priorities, queues() shows the setting."""
+    app = pgjobq.App(URL, queue=queue)
+    (q,) = [q for q in app.queues() if q.queue == queue] or [None]
+    assert q is None or q.priority_aging is None
+    app.set_limits(queue, priority_aging="5m")
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.priority_aging.total_seconds() == 300
+    with pytest.raises(pgjobq.InvalidArgument, match="priority_aging"):
+        app.set_limits(queue, priority_aging="400d")
+    job = app.enqueue("k", {}, priority=4)
+    assert (app.get(job.id).priority, app.get(job.id).base_priority) == (4, None)
+    with psycopg.connect(URL, autocommit=True) as c:
+        # As if it had been ready for five minutes (time from the database, not a sleep).
+        c.execute("UPDATE pgjobq.jobs SET run_at = run_at - interval '5 minutes',"
+                  " ready_at = ready_at - interval '5 minutes' WHERE id = %s", (job.id,))
+        c.execute("DELETE FROM pgjobq.lows WHERE queue = %s", (queue,))
+        assert c.execute("SELECT pgjobq.age_priorities(100)").fetchone()[0] == 1
+    info = app.get(job.id)
+    assert (info.priority, info.base_priority) == (3, 4)
+    app.set_limits(queue, priority_aging=None)
+    (q,) = [q for q in app.queues() if q.queue == queue]
+    assert q.priority_aging is None

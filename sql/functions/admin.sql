@@ -81,8 +81,12 @@ BEGIN
         -- Due now, and claimable from now on: ready_at is read after the row lock gave this
         -- transaction its id (claim.sql).
         UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(),
-                                 max_attempts = greatest(j.max_attempts, j.attempt + 1), expires_at = NULL
-         WHERE j.id = retry.id;
+                                 max_attempts = greatest(j.max_attempts, j.attempt + 1), expires_at = NULL,
+                                 priority = coalesce(j.base_priority, j.priority), base_priority = NULL
+         WHERE j.id = retry.id
+        RETURNING j.priority INTO v_priority;
+        -- Its level, when aging had taken it from its first one (docs/queues.md, "Priority aging").
+        PERFORM pgjobq.levels_record(ARRAY[v_queue], ARRAY[v_priority]);
         PERFORM pgjobq.parks_wake(ARRAY[retry.id]);
     ELSE
         -- DELETE ... RETURNING locks and removes the history row in one step, so two retries of one
@@ -91,13 +95,17 @@ BEGIN
         moved AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                      created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                     tags, progress, concurrency_key, route_key, snoozes, expires_at)
+                                     tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority)
             OVERRIDING SYSTEM VALUE
-            SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
+            SELECT g.id, g.queue, g.kind, g.payload,
+                   coalesce(g.base_priority, g.priority),  -- (at the priority it was enqueued with: its wait
+                                                           -- starts again, docs/queues.md "Priority aging")
+                   'queued', g.attempt,
                    greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                    g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                    0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
-                   NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+                   NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+                   NULL  -- (and has not been aged)
               FROM gone g
             RETURNING pgjobq.jobs.queue, pgjobq.jobs.priority)
         SELECT m.queue, m.priority, (SELECT g.state FROM gone g) INTO v_queue, v_priority, v_was FROM moved m;
@@ -293,7 +301,8 @@ BEGIN
         -- stays).  Claimable from now on, in its queue: ready_at is read after this transaction has its id.
         PERFORM pg_current_xact_id();
         WITH moved AS (
-            UPDATE pgjobq.jobs j SET queue = d.original_queue, run_at = now(), ready_at = clock_timestamp()
+            UPDATE pgjobq.jobs j SET queue = d.original_queue, run_at = now(), ready_at = clock_timestamp(),
+                                     priority = coalesce(j.base_priority, j.priority), base_priority = NULL
               FROM pgjobq.dead_letters d
              WHERE d.id = j.id AND j.state = 'queued' AND j.queue = retry_where.queue
                AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
@@ -324,14 +333,17 @@ BEGIN
         -- Claimable from now on: ready_at is read after this transaction has its id (claim.sql).
         PERFORM pg_current_xact_id();
         WITH due AS (
-            UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(), expires_at = NULL
+            UPDATE pgjobq.jobs j SET run_at = now(), ready_at = clock_timestamp(), expires_at = NULL,
+                                     priority = coalesce(j.base_priority, j.priority), base_priority = NULL
              WHERE j.state = 'queued' AND j.queue = retry_where.queue AND j.run_at > now()
                AND (retry_where.kind IS NULL OR j.kind = retry_where.kind)
                AND (retry_where.since IS NULL OR j.created_at >= now() - retry_where.since)
-            RETURNING j.id)
-        SELECT array_agg(due.id) INTO v_ids FROM due;
+            RETURNING j.id, j.priority)
+        SELECT array_agg(due.id), array_agg(due.priority) INTO v_ids, v_priorities FROM due;
         v_moved := coalesce(cardinality(v_ids), 0);
         IF v_moved > 0 THEN
+            -- At the priority they were enqueued with, as pgjobq.retry (docs/queues.md, "Priority aging").
+            PERFORM pgjobq.levels_record(array_fill(queue, ARRAY[v_moved]), v_priorities);
             -- Parked ones wake as pgjobq.retry wakes one.
             PERFORM pgjobq.parks_wake(v_ids);
             PERFORM pgjobq.notify(ARRAY[queue]);
@@ -365,16 +377,17 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key, snoozes, expires_at)
+                                 tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority)
         OVERRIDING SYSTEM VALUE
         SELECT g.id,
                CASE WHEN retry_where.redrive
                     THEN (SELECT d.original_queue FROM pgjobq.dead_letters d WHERE d.id = g.id) ELSE g.queue END,
-               g.kind, g.payload, g.priority, 'queued', g.attempt,
+               g.kind, g.payload, coalesce(g.base_priority, g.priority), 'queued', g.attempt,
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
-               NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+               NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+               NULL  -- (and at the priority it was enqueued with, as pgjobq.retry)
           FROM gone g
         RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     marked AS (

@@ -597,7 +597,7 @@ BEGIN
                            priority = v_prio, run_at = v_run_at,
                            max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
                            concurrency_key = concurrency_keys[i], attempt = 0, last_error = NULL, snoozes = 0,
-                           expires_at = v_expires, ready_at = clock_timestamp()
+                           expires_at = v_expires, ready_at = clock_timestamp(), base_priority = NULL
                      WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state = 'queued'
                     RETURNING j.id INTO v_found;
                     IF FOUND THEN

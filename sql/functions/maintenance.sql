@@ -11,7 +11,9 @@
 -- dead_letter_send in transitions.sql).  Each is counted as 'lost' in pgjobq.tallies.  The writes re-check the state
 -- and the lease, so a job completed meanwhile is never touched.  At most max_jobs per call; returns
 -- how many were rescued.  Every call also sweeps the jobs that expired while queued (expire_queued,
--- below): the pass every worker runs each second, and pgjobq_rescue_expired's callers, do both.
+-- below), and raises the priority of the jobs that waited long in a queue with priority aging
+-- (age_priorities, below): the pass every worker runs each second, and pgjobq_rescue_expired's
+-- callers, do all three.
 --
 -- since: look only at the leases that ended at or after it, queue by queue on jobs_lease_idx, so that
 -- the call steps over the dead index entries of recent leases only (a worker passes a little before
@@ -32,6 +34,7 @@ DECLARE
     v_cand    bigint[];
 BEGIN
     PERFORM pgjobq.expire_queued(rescue_expired.max_jobs);
+    PERFORM pgjobq.age_priorities(rescue_expired.max_jobs);
     IF since IS NULL THEN
         v_cand := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.state = 'running' AND j.lease_until < now()
                          LIMIT rescue_expired.max_jobs);
@@ -71,7 +74,7 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                    CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                    g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
@@ -79,7 +82,7 @@ BEGIN
                    format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its connection)',
                           g.lease_until, coalesce(g.worker_id, '?')),
                    g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key, g.cancel_requested_at,
-                   g.cancel_told_at, g.route_key, g.snoozes, g.expires_at
+                   g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
               FROM gone g
             RETURNING pgjobq.history.queue, pgjobq.history.state)
         INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, m.state::text, count(*) FROM moved m GROUP BY 1, 2;
@@ -128,6 +131,85 @@ BEGIN
         RETURN 0;
     END IF;
     RETURN pgjobq.history_move_cancelled(v_ids, 'expired: not started by its expires_at');
+END
+$$;
+
+-- age_priorities(max_jobs): priority aging (docs/queues.md, "Priority aging"; Oban Pro's
+-- Reprioritizer).  In a queue whose priority_aging is set, a queued job that has been ready at its
+-- priority for that long (greatest(run_at, ready_at), the claim's own key, at least priority_aging
+-- ago) is raised one step: its priority number lowered by 1, never below -100 (the best the jobs
+-- table allows), its first priority kept in base_priority.  Returns how many were raised; at most
+-- max_jobs a call.
+--
+-- The claim is not touched, on or off: a raised job is, to the claims, a job that became claimable
+-- now at its new priority.  Its ready_at is the clock read after this transaction has its id (as the
+-- trigger jobs_ready_stamp stamps a retried job), so no claimer's cursor or frontier at the new level
+-- is past it (docs/design.md, "The claim's cursor"), and the level is recorded (levels_record, not
+-- strict: past levels_max() the claims find it by themselves each second).  That stamp is also what
+-- makes the next step come one further interval later: the wait is counted at each priority.
+--
+-- Each level of an aging queue is read on jobs_ready_idx from its low-water mark (pgjobq.lows: no
+-- claimable row is behind it) to the keys old enough, so a pass steps only over what was claimed at
+-- that level since the mark last moved.  Each row is locked with SKIP LOCKED (one a claim holds at
+-- this instant is the claim's: aging never waits for a claim, and a claim, which skips locked rows,
+-- never waits for aging) and the conditions are checked again on its latest version: a job claimed,
+-- finished, retried or raised by another pass meanwhile is left.  Without any queue that ages, one
+-- probe of pgjobq.queues.
+CREATE OR REPLACE FUNCTION pgjobq.age_priorities(max_jobs integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_ids    bigint[];
+    v_queues text[];
+    v_prios  smallint[];
+BEGIN
+    IF max_jobs IS NULL OR max_jobs < 1 THEN
+        RAISE EXCEPTION 'pgjobq.age_priorities: max_jobs must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgjobq.queues q WHERE q.priority_aging IS NOT NULL) THEN
+        RETURN 0;
+    END IF;
+    v_ids := ARRAY(
+        SELECT c.id
+          FROM pgjobq.queues q
+          JOIN pgjobq.levels l ON l.queue = q.name::text AND l.priority > -100
+          LEFT JOIN LATERAL (SELECT x.key, x.id FROM pgjobq.lows x
+                              WHERE x.queue = l.queue AND x.priority = l.priority
+                              ORDER BY x.at DESC LIMIT 1) lo ON true
+          CROSS JOIN LATERAL (
+              SELECT j.id FROM pgjobq.jobs j
+               WHERE j.state = 'queued' AND j.queue = l.queue AND j.priority = l.priority
+                 AND (greatest(j.run_at, j.ready_at), j.id) > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))
+                 AND greatest(j.run_at, j.ready_at) <= now() - q.priority_aging
+               ORDER BY greatest(j.run_at, j.ready_at), j.id
+               LIMIT age_priorities.max_jobs) c
+         WHERE q.priority_aging IS NOT NULL
+         LIMIT age_priorities.max_jobs);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The new key is read after this transaction has its id (claim.sql).
+    PERFORM pg_current_xact_id();
+    WITH locked AS (
+        SELECT j.id FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
+         WHERE j.id = ANY (v_ids) AND j.state = 'queued' AND j.priority > -100
+           AND greatest(j.run_at, j.ready_at) <= now() - q.priority_aging
+           FOR UPDATE OF j SKIP LOCKED),
+    raised AS (
+        UPDATE pgjobq.jobs j
+           SET priority = j.priority - 1, base_priority = coalesce(j.base_priority, j.priority),
+               ready_at = clock_timestamp()
+          FROM locked
+         WHERE j.id = locked.id
+        RETURNING j.queue::text AS queue, j.priority)
+    SELECT array_agg(r.queue), array_agg(r.priority) INTO v_queues, v_prios FROM raised r;
+    IF v_queues IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pgjobq.levels_record(v_queues, v_prios, false);
+    RETURN cardinality(v_queues);
 END
 $$;
 

@@ -61,7 +61,9 @@ AS $$ SELECT interval '1 day' $$;
 -- 365 days: the expiry of the jobs enqueued into the queue from now on without one of their own,
 -- counted from their run_at; docs/queues.md, "Expiry"), "strict_order" (true: the jobs of a
 -- concurrency key run one at a time in the order of their ids, and one that fails for good blocks its
--- key; docs/queues.md, "Strict order per key"; null or false: off).  Workers are woken, as a limit
+-- key; docs/queues.md, "Strict order per key"; null or false: off), "priority_aging" (an interval, 1
+-- second to 365 days: a queued job ready that long at its priority is raised one step, again after
+-- each further interval; null: off; docs/queues.md, "Priority aging").  Workers are woken, as a limit
 -- may have been raised.
 --
 -- A dead-letter setting that would make a cycle (the queue itself, or a queue whose dead letters
@@ -82,11 +84,11 @@ BEGIN
     END IF;
     FOR k IN SELECT jsonb_object_keys(settings) LOOP
         IF k NOT IN ('concurrency', 'key_concurrency', 'rate_limit', 'rate_period', 'max_lease', 'dead_letter',
-                     'expire_after', 'strict_order') THEN
+                     'expire_after', 'strict_order', 'priority_aging') THEN
             RAISE EXCEPTION 'pgjobq.queue_set: unknown setting "%"', k
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'The settings are concurrency, key_concurrency, rate_limit, rate_period, max_lease, '
-                             'dead_letter, expire_after and strict_order.';
+                             'dead_letter, expire_after, strict_order and priority_aging.';
         END IF;
     END LOOP;
     IF settings ? 'strict_order' AND jsonb_typeof(settings -> 'strict_order') NOT IN ('boolean', 'null') THEN
@@ -124,6 +126,10 @@ BEGIN
         RAISE EXCEPTION 'pgjobq.queue_set: expire_after is %: it must be between 1 second and 365 days',
             (settings ->> 'expire_after')::interval USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF (settings ->> 'priority_aging')::interval NOT BETWEEN interval '1 second' AND interval '365 days' THEN
+        RAISE EXCEPTION 'pgjobq.queue_set: priority_aging is %: it must be between 1 second and 365 days',
+            (settings ->> 'priority_aging')::interval USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
         RAISE EXCEPTION 'pgjobq.queue_set: give rate_limit and rate_period together'
             USING ERRCODE = 'invalid_parameter_value';
@@ -145,6 +151,8 @@ BEGIN
                                ELSE qs.expire_after END,
            strict_order = CASE WHEN settings ? 'strict_order'
                                THEN coalesce((settings ->> 'strict_order')::boolean, false) ELSE qs.strict_order END,
+           priority_aging = CASE WHEN settings ? 'priority_aging' THEN (settings ->> 'priority_aging')::interval
+                                 ELSE qs.priority_aging END,
            updated_at = now()
      WHERE qs.name = queue_set.queue;
     PERFORM pgjobq.notify(ARRAY[queue]);
@@ -155,12 +163,13 @@ $$;
 -- and due, scheduled (queued, not yet due), running (lease valid) and expired (running, lease past).
 -- max_lease is the one that applies: the queue's, or the default; dead_letter, where the jobs that fail
 -- for good go (NULL: nowhere); expire_after, the expiry its jobs get by default (NULL: none);
--- strict_order, and blocked_keys: how many of its keys a failed job blocks (sequence_blocks).
+-- strict_order, and blocked_keys: how many of its keys a failed job blocks (sequence_blocks);
+-- priority_aging, how long a job waits at a priority before it is raised one step (NULL: off).
 CREATE OR REPLACE FUNCTION pgjobq.queue_list()
 RETURNS TABLE (queue text, paused_at timestamptz, pause_reason text, concurrency integer, key_concurrency integer,
                rate_limit integer, rate_period interval, queued bigint, scheduled bigint, running bigint,
                expired bigint, max_lease interval, dead_letter text, expire_after interval, strict_order boolean,
-               blocked_keys bigint)
+               blocked_keys bigint, priority_aging interval)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -175,7 +184,7 @@ AS $$
            s.rate_limit,
            s.rate_period, coalesce(c.queued, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0),
            coalesce(c.expired, 0), coalesce(s.max_lease, pgjobq.max_lease_default()), s.dead_letter::text,
-           s.expire_after, coalesce(s.strict_order, false), coalesce(b.n, 0)
+           s.expire_after, coalesce(s.strict_order, false), coalesce(b.n, 0), s.priority_aging
       FROM pgjobq.queues s FULL JOIN counts c ON c.queue = s.name::text
       LEFT JOIN (SELECT x.queue::text AS queue, count(*) AS n FROM pgjobq.sequence_blocks x GROUP BY 1) b
         ON b.queue = coalesce(s.name::text, c.queue)

@@ -56,11 +56,11 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                    g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
-                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at
+                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
               FROM gone g
             RETURNING pgjobq.history.queue),
         tallied AS (
