@@ -343,7 +343,7 @@ BEGIN
         v_moved := coalesce(cardinality(v_ids), 0);
         IF v_moved > 0 THEN
             -- At the priority they were enqueued with, as pgjobq.retry (docs/queues.md, "Priority aging").
-            PERFORM pgjobq.levels_record(array_fill(queue, ARRAY[v_moved]), v_priorities);
+            PERFORM pgjobq.levels_record(array_fill(queue, ARRAY[v_moved::integer]), v_priorities);
             -- Parked ones wake as pgjobq.retry wakes one.
             PERFORM pgjobq.parks_wake(v_ids);
             PERFORM pgjobq.notify(ARRAY[queue]);
