@@ -91,13 +91,14 @@ BEGIN
         moved AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                      created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                     tags, progress, concurrency_key, route_key, snoozes, expires_at)
+                                     tags, progress, concurrency_key, route_key, snoozes, expires_at, traceparent)
             OVERRIDING SYSTEM VALUE
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'queued', g.attempt,
                    greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                    g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                    0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
-                   NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+                   NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+                   g.traceparent
               FROM gone g
             RETURNING pgjobq.jobs.queue, pgjobq.jobs.priority)
         SELECT m.queue, m.priority, (SELECT g.state FROM gone g) INTO v_queue, v_priority, v_was FROM moved m;
@@ -337,7 +338,7 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key, snoozes, expires_at)
+                                 tags, progress, concurrency_key, route_key, snoozes, expires_at, traceparent)
         OVERRIDING SYSTEM VALUE
         SELECT g.id,
                CASE WHEN retry_where.redrive
@@ -346,7 +347,8 @@ BEGIN
                greatest(g.max_attempts, g.attempt + 1), now(), g.created_at, g.started_at, g.lease_token,
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
-               NULL  -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+               NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
+               g.traceparent
           FROM gone g
         RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     marked AS (
