@@ -96,9 +96,9 @@ CREATE OR REPLACE FUNCTION pgjobq.claim_next(
     lanes       boolean       DEFAULT false)
 RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
                lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
-               lease_until timestamptz, unique_key text, last_error text, parents jsonb, key timestamptz,
-               meta text, cap timestamptz, tick_xid bigint, next_due double precision, limited boolean,
-               traceparent text)
+               lease_until timestamptz, unique_key text, last_error text, parents jsonb, traceparent text,
+               key timestamptz, meta text, cap timestamptz, tick_xid bigint, next_due double precision,
+               limited boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -461,8 +461,9 @@ BEGIN
                       CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END AS parents,
                       greatest(j.run_at, j.ready_at) AS key, j.traceparent::text AS traceparent)
         SELECT st.id, st.kind, st.payload, st.priority, st.attempt, st.max_attempts, st.lease_token, st.run_at,
-               st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents, st.key,
-               NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision, NULL::boolean, st.traceparent
+               st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents,
+               st.traceparent, st.key, NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision,
+               NULL::boolean
           FROM started st
          ORDER BY st.priority, st.key, st.id;
     END IF;
@@ -483,15 +484,14 @@ BEGIN
     END IF;
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, x.p, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::text, NULL::text, NULL::jsonb, NULL::timestamptz, 'exhausted'::text, NULL::timestamptz,
-                        NULL::bigint, NULL::double precision, NULL::boolean, NULL::text
+                        NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::timestamptz, 'exhausted'::text,
+                        NULL::timestamptz, NULL::bigint, NULL::double precision, NULL::boolean
                    FROM unnest(v_exhausted) AS x(p)
                  UNION ALL
                  SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text, v_cap, v_xid, v_due,
-                        coalesce(v_room < max_jobs AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL), false),
-                        NULL::text;
+                        NULL::text, NULL::text, NULL::jsonb, NULL::text, v_tick, 'tick'::text, v_cap, v_xid, v_due,
+                        coalesce(v_room < max_jobs AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL), false);
 END
 $$;
 
