@@ -38,7 +38,7 @@ def test_given_explicitly_on_every_path_and_handed_to_the_task(queue):
 
 def test_handed_to_the_task_by_the_worker(start_worker, queue):
     job = py_tasks.trace_of.configure(queue=queue, traceparent=TP).defer(URL)
-    start_worker("--queue", f"{queue}:1", "--poll", "100ms")
+    start_worker("--queue", f"{queue}:1", "--", "--poll", "100ms")
     assert py_tasks.app.result(job.id, timeout=30, conn=URL) == {"traceparent": TP}
 
 

@@ -231,8 +231,8 @@ BEGIN
         IF s.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                                 NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                                NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text,
-                                v_cap, v_xid, NULL::double precision, false;
+                                NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, NULL::text, v_tick,
+                                'tick'::text, v_cap, v_xid, NULL::double precision, false;
             RETURN;
         END IF;
         IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL THEN
@@ -264,8 +264,8 @@ BEGIN
                 END IF;
                 RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer,
                                     NULL::integer, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
-                                    NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick,
-                                    'tick'::text, v_cap, v_xid, v_due, true;
+                                    NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb,
+                                    NULL::text, v_tick, 'tick'::text, v_cap, v_xid, v_due, true;
                 RETURN;
             END IF;
             v_keyed := s.key_concurrency IS NOT NULL;
