@@ -607,8 +607,8 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     if ((payload != NULL) + (a->file != NULL) + (a->graph != NULL) > 1)
         return cli_usage_error(a->cmd, "give a PAYLOAD, --file or --graph, not both");
     if (a->graph && (a->opts.after || a->opts.tags || a->opts.queue || a->opts.kind || a->opts.unique_key ||
-                     a->opts.concurrency_key || a->opts.route_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
-                     a->opts.max_attempts || a->expire_after_ms || a->expires_at || a->traceparent))
+                     a->opts.concurrency_key || a->opts.route_key || a->opts.run_at || a->opts.delay_ms ||
+                     a->opts.priority || a->opts.max_attempts || a->expire_after_ms || a->expires_at || a->traceparent))
         return cli_usage_error(a->cmd, "with --graph, give each job's options in the graph");
     if (a->opts.on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL && a->opts.after == NULL)
         return cli_usage_error(a->cmd, "--on-parent-failure needs --after");

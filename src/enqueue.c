@@ -403,9 +403,9 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
 }
 
 /* The parallel arrays pgjobq.enqueue_many() takes, then the two more of pgjobq.enqueue_keyed() (the
- * unique keys' conflict modes and windows), then the expiries and trace contexts both take last, then notify.  An array whose elements
- * would all be NULL is sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes before its last
- * array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
+ * unique keys' conflict modes and windows), then the expiries and trace contexts both take last, then notify.  An array
+ * whose elements would all be NULL is sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes
+ * before its last array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
 enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE,
        A_CONFLICT, A_UNIQUE_FOR, A_EXPIRES_AT, A_EXPIRE_AFTER, A_TRACEPARENT, A_COUNT };
 enum { A_NOTIFY = A_COUNT };
@@ -414,8 +414,8 @@ static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,  
                                                OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
                                                OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_TEXT_ARRAY,  OID_INTERVAL_ARRAY,
                                                OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_TEXT_ARRAY,  OID_BOOL};
-static const Oid enqueue_elem[A_COUNT] = {OID_TEXT,     OID_TEXT,     OID_JSONB, OID_INT2,    OID_TEXT,
-                                          OID_INTERVAL, OID_INT4,     OID_TEXT,  OID_TEXT,    OID_TEXT,
+static const Oid enqueue_elem[A_COUNT] = {OID_TEXT,     OID_TEXT,     OID_JSONB, OID_INT2,     OID_TEXT,
+                                          OID_INTERVAL, OID_INT4,     OID_TEXT,  OID_TEXT,     OID_TEXT,
                                           OID_TEXT,     OID_INTERVAL, OID_TEXT,  OID_INTERVAL, OID_TEXT};
 
 static const char *const conflict_names[] = {"skip", "replace", "keep"};

@@ -185,7 +185,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
 /* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of
  * its select list, in this order; pgjobq__claimed_read() reads them.  tests/test_shape.c holds it to
  * the claims' RETURNS TABLE. */
-#define PGJOBQ__CLAIMED_COLUMNS                                                                         \
+#define PGJOBQ__CLAIMED_COLUMNS                                                                        \
     "id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
     " lease_until, unique_key, last_error, parents, traceparent"
 enum {

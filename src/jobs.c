@@ -87,8 +87,7 @@ const char *pgjobq_job_traceparent(const pgjobq_job *job)
 
 /* Copies kind's column and then traceparent's ("" when NULL) to `strings`, as pgjobq_job_traceparent
  * reads them; kind must not be NULL.  Returns the end of what it copied. */
-static char *put_kind(const PGresult *r, int row, int kind_col, int traceparent_col, const char **kind,
-                      char *strings)
+static char *put_kind(const PGresult *r, int row, int kind_col, int traceparent_col, const char **kind, char *strings)
 {
     size_t len;
     const char *s = pgjobq__get_text(r, row, kind_col, &len);

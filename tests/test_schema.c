@@ -910,8 +910,8 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_STR(pgjobq_job_traceparent(&jobs[0]), tp);
     CHECK_OK(c, pgjobq_job_complete(c, id, jobs[0].lease_token, NULL));
     pgjobq_jobs_free(jobs);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '%s'", (long long)id, tp),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '%s'", (long long)id, tp), 1);
     spec.traceparent = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
     CHECK_RC(c, pgjobq_enqueue_spec(c, &spec, &id, NULL), PGJOBQ_EINVAL);
 }

@@ -1313,7 +1313,8 @@ TEST_FULL(serve_job_page_shows_progress_tags_expiry_and_the_workflow, 60, 0)
     CHECK_MSG(strstr(body, "&lt;b&gt;two&lt;/b&gt;") != NULL && strstr(body, "<b>two") == NULL, "progress: %s", body);
     CHECK_MSG(strstr(body, "night&lt;ly&gt;") != NULL, "tags: %s", body);
     CHECK_MSG(strstr(body, "<dt>expires (UTC)</dt><dd>2099-01-02 03:04:05</dd>") != NULL, "expiry: %s", body);
-    CHECK_MSG(strstr(body, "<dt>traceparent</dt><dd>00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01</dd>") != NULL,
+    CHECK_MSG(strstr(body, "<dt>traceparent</dt><dd>00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01</dd>") !=
+                  NULL,
               "trace context: %s", body);
     free(body);
     snprintf(path, sizeof path, "/jobs/%lld", child);

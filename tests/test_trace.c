@@ -97,8 +97,8 @@ TEST(trace_stored_on_every_enqueue_path_and_kept)
     CHECK_OK(c, pgjobq_enqueue_many(c, many, 600, ids, NULL));
     CHECK_INT(count_tp(pg, "t2", TP), 2);
     CHECK_INT(count_tp(pg, "t3", TP), 300);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent = '" TP "'", (long long)ids[1]),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent = '" TP "'", (long long)ids[1]), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent IS NULL", (long long)ids[0]),
               1);
 
@@ -121,10 +121,11 @@ TEST(trace_stored_on_every_enqueue_path_and_kept)
     /* Failed for good, it keeps it in the history; retried by hand, it comes back with it. */
     CHECK_OK(c, pgjobq_job_fail(c, id, jobs[0].lease_token, "no", 0, PGJOBQ_FAIL_PERMANENT, NULL));
     pgjobq_jobs_free(jobs);
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '" TP "'", (long long)id),
-              1);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '" TP "'", (long long)id), 1);
     CHECK_STR(t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id), "queued");
-    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent = '" TP "'", (long long)id), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent = '" TP "'", (long long)id),
+              1);
     PQfinish(pg);
     pgjobq_client_close(c);
 }
@@ -144,8 +145,9 @@ TEST(trace_a_bad_traceparent_is_refused_on_every_path_and_nothing_is_written)
         free(e);
         /* In a graph: the job named. */
         e = refused(pg, "22023",
-                           "SELECT pgjobq.enqueue_graph('[{\"queue\": \"b\"}, {\"queue\": \"b\", \"traceparent\": "
-                           "\"%s\"}]')", bad[i]);
+                    "SELECT pgjobq.enqueue_graph('[{\"queue\": \"b\"}, {\"queue\": \"b\", \"traceparent\": "
+                    "\"%s\"}]')",
+                    bad[i]);
         CHECK_MSG(strstr(e, "job 1") != NULL && strstr(e, "is not a W3C traceparent") != NULL, "%s: %s", bad[i], e);
         free(e);
         /* The command: exit 65, nothing enqueued. */
@@ -156,13 +158,15 @@ TEST(trace_a_bad_traceparent_is_refused_on_every_path_and_nothing_is_written)
     }
     /* A batch: the bad one named, and the good ones before and after it not written. */
     e = refused(pg, "23514",
-                       "SELECT * FROM pgjobq.enqueue_many(ARRAY['b', 'b', 'b'], NULL, NULL, traceparents => "
-                       "ARRAY['" TP "', '%s', '" TP "'])", bad[0]);
+                "SELECT * FROM pgjobq.enqueue_many(ARRAY['b', 'b', 'b'], NULL, NULL, traceparents => "
+                "ARRAY['" TP "', '%s', '" TP "'])",
+                bad[0]);
     CHECK_MSG(strstr(e, "traceparents[2]") != NULL, "%s", e);
     free(e);
     e = refused(pg, "23514",
-                       "SELECT * FROM pgjobq.enqueue_keyed(ARRAY['b', 'b'], NULL, NULL, unique_keys => ARRAY['u', "
-                       "'v'], on_conflicts => ARRAY['replace', 'replace'], traceparents => ARRAY['" TP "', '%s'])", bad[2]);
+                "SELECT * FROM pgjobq.enqueue_keyed(ARRAY['b', 'b'], NULL, NULL, unique_keys => ARRAY['u', "
+                "'v'], on_conflicts => ARRAY['replace', 'replace'], traceparents => ARRAY['" TP "', '%s'])",
+                bad[2]);
     CHECK_MSG(strstr(e, "traceparents[2]") != NULL, "%s", e);
     free(e);
     e = t_expect_error(pg, "22023", "SELECT pgjobq.enqueue_graph('[{\"queue\": \"b\", \"traceparent\": 1}]')");
@@ -220,8 +224,8 @@ TEST(trace_handed_to_exec_and_coproc_handlers)
     s.traceparent = NULL;
     CHECK_OK(c, pgjobq_enqueue_spec(c, &s, &without, NULL));
     const char *log = t_log_path("exec");
-    pid_t w = t_spawn(log, "TRACEPARENT=" TP2, "work", "--queue", "tx:1", "--exec", exec_handler, "--poll", "100ms",
-                      NULL);
+    pid_t w =
+        t_spawn(log, "TRACEPARENT=" TP2, "work", "--queue", "tx:1", "--exec", exec_handler, "--poll", "100ms", NULL);
     int done = all_completed(pg, "tx", 2);
     kill(w, SIGTERM);
     CHECK_INT(t_wait_exit(w, 30000), 0);
@@ -252,7 +256,8 @@ TEST(trace_handed_to_exec_and_coproc_handlers)
     s.traceparent = NULL;
     CHECK_OK(c, pgjobq_enqueue_spec(c, &s, &without, NULL));
     log = t_log_path("coproc");
-    w = t_spawn(log, "TRACEPARENT=" TP2, "work", "--queue", "tc:1", "--coproc", coproc_handler, "--poll", "100ms", NULL);
+    w = t_spawn(log, "TRACEPARENT=" TP2, "work", "--queue", "tc:1", "--coproc", coproc_handler, "--poll", "100ms",
+                NULL);
     done = all_completed(pg, "tc", 2);
     kill(w, SIGTERM);
     CHECK_INT(t_wait_exit(w, 30000), 0);
