@@ -123,7 +123,9 @@ TEST(trace_stored_on_every_enqueue_path_and_kept)
     pgjobq_jobs_free(jobs);
     CHECK_INT(
         t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '" TP "'", (long long)id), 1);
-    CHECK_STR(t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id), "queued");
+    char *retried = t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)id);
+    CHECK_STR(retried, "queued");
+    free(retried);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND traceparent = '" TP "'", (long long)id),
               1);
     PQfinish(pg);
