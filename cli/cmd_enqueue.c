@@ -34,6 +34,7 @@
 #define OPT_UNIQUE_FOR   1012
 #define OPT_EXPIRE_AFTER 1013
 #define OPT_EXPIRES_AT   1014
+#define OPT_TRACEPARENT  1015
 
 #define MAX_TAGS  20
 #define MAX_AFTER 10000
@@ -55,6 +56,8 @@ const cli_opt enqueue_opts[] = {
     {"expire-after", OPT_EXPIRE_AFTER, "DURATION",
      "expire if not started DURATION after it is due: it then ends cancelled, never run (default: the queue's)"},
     {"expires-at", OPT_EXPIRES_AT, "TIME", "expire if not started by TIME (a PostgreSQL timestamp, after its run_at)"},
+    {"traceparent", OPT_TRACEPARENT, "TP",
+     "the job's W3C trace context (00-<trace id>-<parent id>-<flags>), handed to its handler (TRACEPARENT)"},
     {"concurrency-key", OPT_CONC_KEY, "KEY", "limit running jobs per KEY (with `pgjobq queue set --key-concurrency`)"},
     {"route-key", OPT_ROUTE_KEY, "KEY",
      "the job's routing key: where a spread queue's job lives in a cluster of shards"},
@@ -75,6 +78,7 @@ typedef struct enqueue_args {
     int64_t unique_for_ms;   /* 0: none */
     int64_t expire_after_ms; /* 0: none (the queue's default) */
     const char *expires_at;  /* NULL: none */
+    const char *traceparent; /* NULL: none */
     const char *file;
     const char *graph;
     int quiet;
@@ -207,6 +211,7 @@ static int enqueue_opt(int key, const char *arg, void *ctx)
         a->expire_after_ms = ms;
         return 0;
     case OPT_EXPIRES_AT: a->expires_at = arg; return 0;
+    case OPT_TRACEPARENT: a->traceparent = arg; return 0;
     default: return -1;
     }
     for (const cli_opt *o = enqueue_opts; o->name; o++)
@@ -368,6 +373,7 @@ static int enqueue_file(enqueue_args *a, pgjobq_client *c)
         b.specs[b.n].unique_for_ms = a->unique_for_ms;
         b.specs[b.n].expire_after_ms = a->expire_after_ms;
         b.specs[b.n].expires_at = a->expires_at;
+        b.specs[b.n].traceparent = a->traceparent;
         b.line_no[b.n] = line_no;
         b.n++;
         if (b.n == (size_t)a->batch) {
@@ -545,13 +551,14 @@ static int enqueue_cluster(enqueue_args *a, const char *payload)
         pgjobq_cluster_close(cl);
         return status;
     }
-    if (a->unique_for_ms || a->expire_after_ms || a->expires_at) {
+    if (a->unique_for_ms || a->expire_after_ms || a->expires_at || a->traceparent) {
         /* What pgjobq_enqueue_opts has no room for goes in a spec, to the job's shard. */
         pgjobq_job_spec spec = {.payload = payload,
                                 .opts = a->opts,
                                 .unique_for_ms = a->unique_for_ms,
                                 .expire_after_ms = a->expire_after_ms,
-                                .expires_at = a->expires_at};
+                                .expires_at = a->expires_at,
+                                .traceparent = a->traceparent};
         if ((rc = pgjobq_cluster_route(cl, a->opts.queue, a->opts.route_key, &s)) == PGJOBQ_OK &&
             (rc = pgjobq_cluster_client(cl, s, &c)) == PGJOBQ_OK)
             rc = pgjobq_enqueue_spec(c, &spec, &id, NULL);
@@ -600,8 +607,8 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
     if ((payload != NULL) + (a->file != NULL) + (a->graph != NULL) > 1)
         return cli_usage_error(a->cmd, "give a PAYLOAD, --file or --graph, not both");
     if (a->graph && (a->opts.after || a->opts.tags || a->opts.queue || a->opts.kind || a->opts.unique_key ||
-                     a->opts.concurrency_key || a->opts.route_key || a->opts.run_at || a->opts.delay_ms || a->opts.priority ||
-                     a->opts.max_attempts || a->expire_after_ms || a->expires_at))
+                     a->opts.concurrency_key || a->opts.route_key || a->opts.run_at || a->opts.delay_ms ||
+                     a->opts.priority || a->opts.max_attempts || a->expire_after_ms || a->expires_at || a->traceparent))
         return cli_usage_error(a->cmd, "with --graph, give each job's options in the graph");
     if (a->opts.on_parent_failure != PGJOBQ_PARENT_FAILURE_CANCEL && a->opts.after == NULL)
         return cli_usage_error(a->cmd, "--on-parent-failure needs --after");
@@ -620,7 +627,8 @@ static int enqueue_main(enqueue_args *a, int argc, int first, char **argv)
                             .opts = a->opts,
                             .unique_for_ms = a->unique_for_ms,
                             .expire_after_ms = a->expire_after_ms,
-                            .expires_at = a->expires_at};
+                            .expires_at = a->expires_at,
+                            .traceparent = a->traceparent};
     int outcome = PGJOBQ_ENQUEUED;
     rc = pgjobq_enqueue_spec(c, &spec, &id, &outcome);
     if (rc == PGJOBQ_EDUPLICATE) {

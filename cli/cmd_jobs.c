@@ -925,6 +925,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
             printf(",\"base_priority\":%lld", (long long)base);
         else
             fputs(",\"base_priority\":null", stdout);
+        fputs(",\"traceparent\":", stdout);
+        json_str(stdout, pgjobq_job_traceparent(j));
         if (cli_shard_of(c)) {
             fputs(",\"shard\":", stdout);
             json_str(stdout, cli_shard_of(c));
@@ -966,6 +968,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         field("last_error:", j->last_error ? j->last_error : "-");
         if (j->tags)
             field("tags:", j->tags);
+        if (pgjobq_job_traceparent(j))
+            field("traceparent:", pgjobq_job_traceparent(j));
         if (j->progress)
             field("progress:", j->progress);
     }

@@ -8,7 +8,8 @@
  *
  * The exec contract: the command runs without a shell (unless --shell), in its own process group,
  * with the payload on stdin and PGJOBQ_JOB_ID, PGJOBQ_QUEUE, PGJOBQ_KIND, PGJOBQ_ATTEMPT,
- * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment, and without any variable of the worker's that
+ * PGJOBQ_MAX_ATTEMPTS and PGJOBQ_LEASE_TOKEN in its environment (and TRACEPARENT, the job's trace context, when it
+ * has one), and without any variable of the worker's that
  * begins with PG (libpq's and pgjobq's: the database and its credentials, the serve token) or is DATABASE_URL,
  * unless named with --pass-env (or all kept with --keep-env: a handler that is the application's own).  Exit 0
  * completes the job with stdout as its result; exit 75 (EX_TEMPFAIL) asks for a retry with backoff;

@@ -1573,6 +1573,10 @@ pgjobq_outcome coproc_handler(pgjobq_ctx *ctx, void *arg)
         sb_puts(&line, ",\"parents\":");
         sb_puts(&line, job->parents);
     }
+    if (pgjobq_job_traceparent(job)) { /* the job's trace context (docs/queues.md, "Trace context") */
+        sb_puts(&line, ",\"traceparent\":");
+        sb_json(&line, pgjobq_job_traceparent(job));
+    }
     sb_puts(&line, "}\n");
     if (line.failed) {
         sb_free(&line);

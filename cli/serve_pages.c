@@ -585,7 +585,7 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.result) END, a.last_error,"
                         " coalesce(array_to_string(a.tags, ', '), ''),"
                         " CASE WHEN $2 = '1' THEN NULL ELSE jsonb_pretty(a.progress) END,"
-                        " " TS("a.expires_at") ", coalesce(a.base_priority::text, '')"
+                        " " TS("a.expires_at") ", coalesce(a.base_priority::text, ''), coalesce(a.traceparent, '')"
                         " FROM pgjobq.monitor_job($1::bigint) a",
                         2, values);
     if (r && PQntuples(r) == 0) {
@@ -611,6 +611,8 @@ void serve_page_job(serve *s, pgjobq_client *c, const char *id_s, http_resp *out
             field(b, "expires (UTC)", V(r, 0, 20));
         if (*V(r, 0, 21)) /* docs/queues.md, "Priority aging": the priority it was enqueued with */
             field(b, "enqueued at priority", V(r, 0, 21));
+        if (*V(r, 0, 22)) /* docs/queues.md, "Trace context": the W3C traceparent it was enqueued with */
+            field(b, "traceparent", V(r, 0, 22));
         sb_puts(b, "<dt>attempt</dt><dd>");
         sb_html(b, V(r, 0, 5));
         sb_puts(b, " of ");

@@ -108,10 +108,11 @@ static int withheld_from_handlers(const char *var)
 }
 
 /* The variables pgjobq itself gives a handler (an exec handler's job, a coprocess's protocol): the
- * worker's own of those names never pass, so that the handler reads pgjobq's. */
-static const char *const given_by_pgjobq[] = {"PGJOBQ_JOB_ID",  "PGJOBQ_QUEUE",        "PGJOBQ_KIND",
-                                              "PGJOBQ_ATTEMPT", "PGJOBQ_MAX_ATTEMPTS", "PGJOBQ_LEASE_TOKEN",
-                                              "PGJOBQ_PARENTS", SPAWN_PROTOCOL_VAR,    NULL};
+ * worker's own of those names never pass, so that the handler reads pgjobq's.  TRACEPARENT too: a job
+ * without a trace context must not run in the worker's (a coprocess reads each job's from its message). */
+static const char *const given_by_pgjobq[] = {
+    "PGJOBQ_JOB_ID",      "PGJOBQ_QUEUE",   "PGJOBQ_KIND",      "PGJOBQ_ATTEMPT", "PGJOBQ_MAX_ATTEMPTS",
+    "PGJOBQ_LEASE_TOKEN", "PGJOBQ_PARENTS", SPAWN_PROTOCOL_VAR, "TRACEPARENT",    NULL};
 
 /* Whether var ("NAME=value") is named name. */
 static int named(const char *var, const char *name)

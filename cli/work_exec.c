@@ -157,7 +157,8 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     const pgjobq_job *job = pgjobq_ctx_job(ctx);
     int fds[3] = {-1, -1, -1}; /* the command's stdin, stdout and stderr: our ends */
     int status = 0, exited = 0, src;
-    char vars[6][96], **env = NULL, *parents_var = NULL;
+    char vars[7][96], **env = NULL, *parents_var = NULL;
+    const char *traceparent = pgjobq_job_traceparent(job);
     output out = {NULL, 0, cfg->max_output, 0, 0}, err = {NULL, 0, 8192, 0, 1};
     size_t nenv = 0, written = 0, plen = strlen(job->payload);
     int64_t term_sent = 0, kill_sent = 0;
@@ -169,7 +170,7 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     err.data = malloc(err.cap + 1);
     while (cfg->env[nenv])
         nenv++;
-    env = calloc(nenv + 8, sizeof *env);
+    env = calloc(nenv + 9, sizeof *env);
     if (out.data == NULL || err.data == NULL || env == NULL)
         goto cannot_set_up;
     memcpy(env, cfg->env, nenv * sizeof *env);
@@ -181,6 +182,11 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
     snprintf(vars[5], sizeof vars[5], "PGJOBQ_LEASE_TOKEN=%lld", (long long)job->lease_token);
     for (int i = 0; i < 6; i++)
         env[nenv + (size_t)i] = vars[i];
+    nenv += 6;
+    if (traceparent) { /* the job's trace context (docs/queues.md, "Trace context"): 55 characters */
+        snprintf(vars[6], sizeof vars[6], "TRACEPARENT=%s", traceparent);
+        env[nenv++] = vars[6];
+    }
     if (job->parents) { /* a job that waited for others: their states and results, as JSON */
         size_t parents_len = strlen(job->parents);
         if (parents_len > 65536 || (parents_var = malloc(parents_len + sizeof "PGJOBQ_PARENTS=")) == NULL) {
@@ -189,7 +195,7 @@ pgjobq_outcome exec_handler(pgjobq_ctx *ctx, void *arg)
         }
         memcpy(parents_var, "PGJOBQ_PARENTS=", sizeof "PGJOBQ_PARENTS=" - 1);
         memcpy(parents_var + sizeof "PGJOBQ_PARENTS=" - 1, job->parents, parents_len + 1);
-        env[nenv + 6] = parents_var;
+        env[nenv] = parents_var;
     }
 
     if ((src = spawn_piped(cfg->argv, env, &pid, fds)) < 0)

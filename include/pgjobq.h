@@ -55,7 +55,7 @@ extern "C" {
 #define PGJOBQ_VERSION_NUM 100
 
 /* The schema version this library creates with pgjobq_migrate() and requires. */
-#define PGJOBQ_SCHEMA_VERSION 30
+#define PGJOBQ_SCHEMA_VERSION 31
 
 /* Run-time version of the linked library, e.g. "0.1.0". */
 PGJOBQ_EXPORT const char *pgjobq_version(void);
@@ -177,6 +177,13 @@ typedef struct pgjobq_job {
 
 /* Releases an array returned by pgjobq_claim, pgjobq_job_get or pgjobq_job_list.  Accepts NULL. */
 PGJOBQ_EXPORT void pgjobq_jobs_free(pgjobq_job *jobs);
+
+/* The trace context a job was enqueued with (pgjobq_job_spec.traceparent: a W3C traceparent), or NULL
+ * when it has none.  For a job the library returned (pgjobq_claim, pgjobq_ctx_job, pgjobq_job_get,
+ * pgjobq_job_list, pgjobq_job_parents), whose allocation holds it (pgjobq_job has no room left for a
+ * field: this keeps its size); never for a pgjobq_job the caller made.  The string lives as long as
+ * the job.  Accepts NULL. */
+PGJOBQ_EXPORT const char *pgjobq_job_traceparent(const pgjobq_job *job);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Client                                                                                            */
@@ -408,7 +415,15 @@ typedef struct pgjobq_job_spec {
         const char *expires_at;
         uint64_t pgjobq_slot3_;
     };
-    uint64_t pgjobq_reserved[1]; /* zero: room for fields added before 1.0 without changing the size */
+    union {
+        /* NULL: none.  The job's trace context (docs/queues.md, "Trace context"): a W3C traceparent of
+           version 00, "00-<32 lowercase hex digits of trace id>-<16 of parent id>-<2 of flags>", ids
+           not all zero; anything else is PGJOBQ_EINVAL (the database judges it), and a batch with
+           one is written not at all.  Stored with the job and handed to its handler at every attempt
+           (pgjobq_job_traceparent).  (In place of the last reserved field.) */
+        const char *traceparent;
+        uint64_t pgjobq_slot4_;
+    };
 } pgjobq_job_spec;
 
 /* What became of a job enqueued with a unique key (pgjobq_enqueue_spec; pgjobq_enqueue_many's dup_out). */

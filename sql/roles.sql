@@ -49,13 +49,13 @@ GRANT USAGE ON SCHEMA pgjobq TO pgjobq_producer, pgjobq_worker, pgjobq_admin, pg
 
 GRANT EXECUTE ON FUNCTION
     pgjobq.enqueue(text, text, jsonb, smallint, timestamptz, interval, integer, text, text, bigint[], text[], text,
-                   text, text, interval, timestamptz, interval),
+                   text, text, interval, timestamptz, interval, text),
     pgjobq.enqueue_keyed(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
-                         interval[], text[], boolean, text[], timestamptz[], interval[]),
+                         interval[], text[], boolean, text[], timestamptz[], interval[], text[]),
     pgjobq.enqueue_graph(jsonb),
     pgjobq.enqueue_batch(jsonb, jsonb),
     pgjobq.enqueue_many(text[], text[], jsonb[], smallint[], timestamptz[], interval[], integer[], text[], text[],
-                        boolean, text[], timestamptz[], interval[]),
+                        boolean, text[], timestamptz[], interval[], text[]),
     pgjobq.reserve_ids(integer),
     pgjobq.notify(text[]),
     pgjobq.levels_add(text[], smallint[]),

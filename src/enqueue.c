@@ -132,6 +132,9 @@ static int check_spec(pgjobq_client *c, const char *label, const pgjobq_job_spec
                               (long long)j->expire_after_ms);
     if (j->expires_at && !pgjobq__utf8_valid(j->expires_at, strlen(j->expires_at)))
         return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: expires_at is not valid UTF-8", label);
+    /* (Its format is the database's rule: the domain pgjobq.traceparent.) */
+    if (j->traceparent && !pgjobq__utf8_valid(j->traceparent, strlen(j->traceparent)))
+        return pgjobq__seterr(c, PGJOBQ_EINVAL, "%s: traceparent is not valid UTF-8", label);
     /* A job with parents or tags goes through the graph, which has no unique key (the database says
      * so of the key itself): the same words for what only a keyed job can have. */
     if ((o->on_conflict != PGJOBQ_ON_CONFLICT_SKIP || j->unique_for_ms != 0) && (o->after || o->tags))
@@ -290,6 +293,10 @@ static void specs_to_graph(pgjobq__buf *b, const pgjobq_job_spec *jobs, size_t n
             pgjobq__json_key(b, "expires_at");
             pgjobq__json_string(b, jobs[i].expires_at);
         }
+        if (jobs[i].traceparent) {
+            pgjobq__json_key(b, "traceparent");
+            pgjobq__json_string(b, jobs[i].traceparent);
+        }
         if (jobs[i].expire_after_ms) {
             pgjobq__json_key(b, "expire_after");
             pgjobq__buf_put(b, num,
@@ -396,20 +403,20 @@ static int enqueue_as_graph(pgjobq_client *c, const pgjobq_job_spec *jobs, size_
 }
 
 /* The parallel arrays pgjobq.enqueue_many() takes, then the two more of pgjobq.enqueue_keyed() (the
- * unique keys' conflict modes and windows), then the expiries both take last, then notify.  An array whose elements
- * would all be NULL is sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes before its last
- * array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
+ * unique keys' conflict modes and windows), then the expiries and trace contexts both take last, then notify.  An array
+ * whose elements would all be NULL is sent as a NULL parameter instead.  enqueue_many's tenth parameter, notify, comes
+ * before its last array, the routing keys (A_NOTIFY, A_ROUTE); see the statements in insert_batch. */
 enum { A_QUEUE, A_KIND, A_PAYLOAD, A_PRIORITY, A_RUN_AT, A_DELAY, A_MAX_ATTEMPTS, A_UNIQUE, A_KEY, A_ROUTE,
-       A_CONFLICT, A_UNIQUE_FOR, A_EXPIRES_AT, A_EXPIRE_AFTER, A_COUNT };
+       A_CONFLICT, A_UNIQUE_FOR, A_EXPIRES_AT, A_EXPIRE_AFTER, A_TRACEPARENT, A_COUNT };
 enum { A_NOTIFY = A_COUNT };
 
 static const Oid enqueue_types[A_COUNT + 1] = {OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_JSONB_ARRAY, OID_INT2_ARRAY,
                                                OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_INT4_ARRAY,  OID_TEXT_ARRAY,
                                                OID_TEXT_ARRAY, OID_TEXT_ARRAY,     OID_TEXT_ARRAY,  OID_INTERVAL_ARRAY,
-                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL};
-static const Oid enqueue_elem[A_COUNT] = {OID_TEXT,     OID_TEXT,     OID_JSONB, OID_INT2,    OID_TEXT,
-                                          OID_INTERVAL, OID_INT4,     OID_TEXT,  OID_TEXT,    OID_TEXT,
-                                          OID_TEXT,     OID_INTERVAL, OID_TEXT,  OID_INTERVAL};
+                                               OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_TEXT_ARRAY,  OID_BOOL};
+static const Oid enqueue_elem[A_COUNT] = {OID_TEXT,     OID_TEXT,     OID_JSONB, OID_INT2,     OID_TEXT,
+                                          OID_INTERVAL, OID_INT4,     OID_TEXT,  OID_TEXT,     OID_TEXT,
+                                          OID_TEXT,     OID_INTERVAL, OID_TEXT,  OID_INTERVAL, OID_TEXT};
 
 static const char *const conflict_names[] = {"skip", "replace", "keep"};
 
@@ -430,6 +437,7 @@ static int field_used(const pgjobq_job_spec *j, int f)
     case A_UNIQUE_FOR: return j->unique_for_ms != 0;
     case A_EXPIRES_AT: return j->expires_at != NULL;
     case A_EXPIRE_AFTER: return j->expire_after_ms != 0;
+    case A_TRACEPARENT: return j->traceparent != NULL;
     }
     return 0;
 }
@@ -459,6 +467,7 @@ static void field_add(pgjobq__array *a, const pgjobq_job_spec *j, int f)
     case A_UNIQUE_FOR: pgjobq__array_interval_us(a, j->unique_for_ms * 1000); break;
     case A_EXPIRES_AT: pgjobq__array_text(a, j->expires_at, strlen(j->expires_at)); break;
     case A_EXPIRE_AFTER: pgjobq__array_interval_us(a, j->expire_after_ms * 1000); break;
+    case A_TRACEPARENT: pgjobq__array_text(a, j->traceparent, strlen(j->traceparent)); break;
     }
 }
 
@@ -498,11 +507,11 @@ static int insert_batch(pgjobq_client *c, const pgjobq_job_spec *jobs, size_t n,
 {
     static const char plain_sql[] =
         "SELECT ord, id, duplicate::pg_catalog.int4 FROM pgjobq.enqueue_many($1, $2, $3, $4, "
-        "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $15, $10, $13::pg_catalog.timestamptz[], $14)";
+        "$5::pg_catalog.timestamptz[], $6, $7, $8, $9, $16, $10, $13::pg_catalog.timestamptz[], $14, $15)";
     static const char keyed_sql[] =
         "SELECT ord, id, CASE outcome WHEN 'duplicate' THEN 1 WHEN 'replaced' THEN 2 ELSE 0 END::pg_catalog.int4"
-        " FROM pgjobq.enqueue_keyed($1, $2, $3, $4, $5::pg_catalog.timestamptz[], $6, $7, $8, $11, $12, $9, $15, $10,"
-        " $13::pg_catalog.timestamptz[], $14)";
+        " FROM pgjobq.enqueue_keyed($1, $2, $3, $4, $5::pg_catalog.timestamptz[], $6, $7, $8, $11, $12, $9, $16, $10,"
+        " $13::pg_catalog.timestamptz[], $14, $15)";
     int keyed = 0;
     pgjobq__array arrays[A_COUNT];
     const char *values[A_COUNT + 1];
@@ -625,8 +634,8 @@ static int copy_allowed(pgjobq_client *c)
     return c->copy_state == 1;
 }
 
-/* Whether a batch can be written with COPY: no unique key, no concurrency or route key, no delay, run_at on
- * every job or none. */
+/* Whether a batch can be written with COPY: no unique key, no concurrency or route key, no delay, no
+ * expiry or trace context, run_at on every job or none. */
 static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
 {
     size_t with_run_at = 0;
@@ -635,7 +644,7 @@ static int copy_fits(const pgjobq_job_spec *jobs, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (jobs[i].opts.unique_key || jobs[i].opts.concurrency_key || jobs[i].opts.route_key ||
             jobs[i].opts.delay_ms != 0 || jobs[i].opts.on_conflict != PGJOBQ_ON_CONFLICT_SKIP ||
-            jobs[i].unique_for_ms != 0 || jobs[i].expires_at || jobs[i].expire_after_ms != 0)
+            jobs[i].unique_for_ms != 0 || jobs[i].expires_at || jobs[i].expire_after_ms != 0 || jobs[i].traceparent)
             return 0;
         with_run_at += jobs[i].opts.run_at != NULL;
     }

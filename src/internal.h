@@ -180,14 +180,14 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j);
     "state::pg_catalog.text, attempt, max_attempts, NULL::pg_catalog.int8 AS lease_token, run_at, "      \
     "created_at, started_at, finished_at, lease_until, worker_id::pg_catalog.text, result, last_error, " \
     "unique_key::pg_catalog.text, cancel_requested, pg_catalog.to_jsonb(tags) AS tags, progress, "       \
-    "NULL::pg_catalog.jsonb AS parents, cancel_requested_at"
+    "NULL::pg_catalog.jsonb AS parents, cancel_requested_at, traceparent"
 
 /* What a claim returns for each job (pgjobq.claim_next and pgjobq.claim_batch), the first columns of
  * its select list, in this order; pgjobq__claimed_read() reads them.  tests/test_shape.c holds it to
  * the claims' RETURNS TABLE. */
-#define PGJOBQ__CLAIMED_COLUMNS                                                                         \
+#define PGJOBQ__CLAIMED_COLUMNS                                                                        \
     "id, kind, payload, priority, attempt, max_attempts, lease_token, run_at, created_at, started_at," \
-    " lease_until, unique_key, last_error, parents"
+    " lease_until, unique_key, last_error, parents, traceparent"
 enum {
     PGJOBQ__K_ID,
     PGJOBQ__K_KIND,
@@ -203,6 +203,7 @@ enum {
     PGJOBQ__K_UNIQUE_KEY,
     PGJOBQ__K_LAST_ERROR,
     PGJOBQ__K_PARENTS,
+    PGJOBQ__K_TRACEPARENT,
     PGJOBQ__K_NCOLS
 };
 /* The bytes the strings of a claimed row take, each with its NUL. */

@@ -37,6 +37,7 @@ enum {
     C_PROGRESS,
     C_PARENTS,
     C_CANCEL_REQUESTED_AT,
+    C_TRACEPARENT,
     C_NCOLS
 };
 
@@ -65,6 +66,55 @@ void pgjobq_jobs_free(pgjobq_job *jobs)
     free(jobs);
 }
 
+/* A job the library returns keeps its traceparent (pgjobq_job_traceparent) right after its kind's NUL,
+ * as a string of its own ("" for none): pgjobq_job has no room left for a field (its size is the
+ * stride of the arrays the library returns).  The bytes that kind and traceparent take together. */
+static size_t kind_span(const char *kind)
+{
+    size_t k = strlen(kind) + 1;
+    return k + strlen(kind + k) + 1;
+}
+
+const char *pgjobq_job_traceparent(const pgjobq_job *job)
+{
+    const char *t;
+
+    if (job == NULL || job->kind == NULL)
+        return NULL;
+    t = job->kind + strlen(job->kind) + 1;
+    return *t ? t : NULL;
+}
+
+/* Copies kind's column and then traceparent's ("" when NULL) to `strings`, as pgjobq_job_traceparent
+ * reads them; kind must not be NULL.  Returns the end of what it copied. */
+static char *put_kind(const PGresult *r, int row, int kind_col, int traceparent_col, const char **kind, char *strings)
+{
+    size_t len;
+    const char *s = pgjobq__get_text(r, row, kind_col, &len);
+
+    *kind = strings;
+    memcpy(strings, s ? s : "", s ? len : 0);
+    strings += s ? len : 0;
+    *strings++ = '\0';
+    s = pgjobq__get_text(r, row, traceparent_col, &len);
+    memcpy(strings, s ? s : "", s ? len : 0);
+    strings += s ? len : 0;
+    *strings++ = '\0';
+    return strings;
+}
+
+/* The bytes put_kind copies. */
+static size_t kind_size(const PGresult *r, int row, int kind_col, int traceparent_col)
+{
+    size_t len, bytes = 2;
+
+    if (pgjobq__get_text(r, row, kind_col, &len) != NULL)
+        bytes += len;
+    if (pgjobq__get_text(r, row, traceparent_col, &len) != NULL)
+        bytes += len;
+    return bytes;
+}
+
 /* Copies one job into its own allocation (struct and strings), released with pgjobq_jobs_free. */
 pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
 {
@@ -76,7 +126,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
 
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
         if (*fields[k])
-            bytes += strlen(*fields[k]) + 1;
+            bytes += k == 1 ? kind_span(j->kind) : strlen(*fields[k]) + 1;
     copy = malloc(bytes);
     if (copy == NULL)
         return NULL;
@@ -87,7 +137,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (*fields[k] == NULL)
             continue;
-        size_t len = strlen(*fields[k]) + 1;
+        size_t len = k == 1 ? kind_span(*fields[k]) : strlen(*fields[k]) + 1;
         memcpy(p, *fields[k], len);
         *dst[k] = p;
         p += len;
@@ -95,6 +145,7 @@ pgjobq_job *pgjobq__job_dup(const pgjobq_job *j)
     return copy;
 }
 
+/* (C_KIND is read with C_TRACEPARENT: put_kind.) */
 static const int text_cols[] = {C_QUEUE,      C_KIND,       C_PAYLOAD, C_WORKER_ID, C_RESULT,
                                 C_LAST_ERROR, C_UNIQUE_KEY, C_TAGS,    C_PROGRESS, C_PARENTS};
 
@@ -112,10 +163,12 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
     if (PQnfields(r) != C_NCOLS)
         return pgjobq__seterr(c, PGJOBQ_EDB, "unexpected result shape (%d columns)", PQnfields(r));
     bytes = n * sizeof *jobs;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        bytes += kind_size(r, (int)i, C_KIND, C_TRACEPARENT);
         for (size_t k = 0; k < sizeof text_cols / sizeof text_cols[0]; k++)
-            if (pgjobq__get_text(r, (int)i, text_cols[k], &len) != NULL)
+            if (text_cols[k] != C_KIND && pgjobq__get_text(r, (int)i, text_cols[k], &len) != NULL)
                 bytes += len + 1;
+    }
     jobs = malloc(bytes);
     if (jobs == NULL)
         return pgjobq__seterr(c, PGJOBQ_ENOMEM, "out of memory reading %zu jobs", n);
@@ -129,7 +182,9 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
         for (size_t k = 0; k < sizeof text_cols / sizeof text_cols[0]; k++) {
             const char *s = pgjobq__get_text(r, row, text_cols[k], &len);
             field[k] = NULL;
-            if (s) {
+            if (text_cols[k] == C_KIND) {
+                strings = put_kind(r, row, C_KIND, C_TRACEPARENT, &field[k], strings);
+            } else if (s) {
                 memcpy(strings, s, len);
                 strings[len] = '\0';
                 field[k] = strings;
@@ -173,13 +228,14 @@ int pgjobq__jobs_from_result(pgjobq_client *c, const PGresult *r, pgjobq_job **o
     return PGJOBQ_OK;
 }
 
-static const int claimed_text_cols[] = {PGJOBQ__K_KIND, PGJOBQ__K_PAYLOAD, PGJOBQ__K_UNIQUE_KEY,
-                                        PGJOBQ__K_LAST_ERROR, PGJOBQ__K_PARENTS};
+/* (The kind is read with the traceparent: put_kind.) */
+static const int claimed_text_cols[] = {PGJOBQ__K_PAYLOAD, PGJOBQ__K_UNIQUE_KEY, PGJOBQ__K_LAST_ERROR,
+                                        PGJOBQ__K_PARENTS};
 #define NCLAIMED_TEXT (sizeof claimed_text_cols / sizeof claimed_text_cols[0])
 
 size_t pgjobq__claimed_size(const PGresult *r, int row)
 {
-    size_t bytes = 0, len;
+    size_t bytes = kind_size(r, row, PGJOBQ__K_KIND, PGJOBQ__K_TRACEPARENT), len;
 
     for (size_t k = 0; k < NCLAIMED_TEXT; k++)
         if (pgjobq__get_text(r, row, claimed_text_cols[k], &len) != NULL)
@@ -189,9 +245,10 @@ size_t pgjobq__claimed_size(const PGresult *r, int row)
 
 char *pgjobq__claimed_read(const PGresult *r, int row, pgjobq_job *j, char *strings)
 {
-    const char **dst[NCLAIMED_TEXT] = {&j->kind, &j->payload, &j->unique_key, &j->last_error, &j->parents};
+    const char **dst[NCLAIMED_TEXT] = {&j->payload, &j->unique_key, &j->last_error, &j->parents};
 
     memset(j, 0, sizeof *j);
+    strings = put_kind(r, row, PGJOBQ__K_KIND, PGJOBQ__K_TRACEPARENT, &j->kind, strings);
     for (size_t k = 0; k < NCLAIMED_TEXT; k++) {
         size_t len;
         const char *s = pgjobq__get_text(r, row, claimed_text_cols[k], &len);

@@ -932,6 +932,23 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE id = %lld AND priority = 2 AND base_priority = 3",
                     (long long)id),
               1);
+
+    /* Trace context (31): the jobs of before have none (live or in the history); a job enqueued now
+     * keeps its own, a claim hands it over, and the history keeps it; a bad one is refused. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE traceparent IS NOT NULL AND queue <> 'q31'"), 0);
+    static const char tp[] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    pgjobq_job_spec spec = {.payload = "{}", .traceparent = tp};
+    spec.opts.queue = "q31";
+    CHECK_OK(c, pgjobq_enqueue_spec(c, &spec, &id, NULL));
+    CHECK_OK(c, pgjobq_claim(c, "q31", 1, 30000, "new-worker", &jobs, &n));
+    CHECK_INT(n, 1);
+    CHECK_STR(pgjobq_job_traceparent(&jobs[0]), tp);
+    CHECK_OK(c, pgjobq_job_complete(c, id, jobs[0].lease_token, NULL));
+    pgjobq_jobs_free(jobs);
+    CHECK_INT(
+        t_int(pg, "SELECT count(*) FROM pgjobq.history WHERE id = %lld AND traceparent = '%s'", (long long)id, tp), 1);
+    spec.traceparent = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+    CHECK_RC(c, pgjobq_enqueue_spec(c, &spec, &id, NULL), PGJOBQ_EINVAL);
 }
 
 /* A database at each released schema version, with jobs in every state it knows, upgraded by this

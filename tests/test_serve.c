@@ -1297,7 +1297,8 @@ TEST_FULL(serve_job_page_shows_progress_tags_expiry_and_the_workflow, 60, 0)
     char *body = NULL, path[64];
 
     long long parent = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', tags => ARRAY['night<ly>'],"
-                                 " expires_at => '2099-01-02 03:04:05+00')");
+                                 " expires_at => '2099-01-02 03:04:05+00',"
+                                 " traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01')");
     long long child = t_int(pg, "SELECT id FROM pgjobq.enqueue(queue => 'wf', after => ARRAY[%lld::bigint])", parent);
     PQclear(t_exec(pg, "SELECT pgjobq.claim_batch('wf', 1, '1 minute', 'w')"));
     PQclear(t_exec(pg, "SELECT pgjobq.set_progress(%lld, (SELECT lease_token FROM pgjobq.jobs WHERE id = %lld),"
@@ -1312,10 +1313,14 @@ TEST_FULL(serve_job_page_shows_progress_tags_expiry_and_the_workflow, 60, 0)
     CHECK_MSG(strstr(body, "&lt;b&gt;two&lt;/b&gt;") != NULL && strstr(body, "<b>two") == NULL, "progress: %s", body);
     CHECK_MSG(strstr(body, "night&lt;ly&gt;") != NULL, "tags: %s", body);
     CHECK_MSG(strstr(body, "<dt>expires (UTC)</dt><dd>2099-01-02 03:04:05</dd>") != NULL, "expiry: %s", body);
+    CHECK_MSG(strstr(body, "<dt>traceparent</dt><dd>00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01</dd>") !=
+                  NULL,
+              "trace context: %s", body);
     free(body);
     snprintf(path, sizeof path, "/jobs/%lld", child);
     CHECK_INT(http(s->port, "GET", path, NULL, NULL, &body), 200);
     CHECK_MSG(strstr(body, "expires") == NULL, "a job without an expiry shows none: %s", body);
+    CHECK_MSG(strstr(body, "traceparent") == NULL, "a job without a trace context shows none: %s", body);
     snprintf(want, sizeof want, "<td>parent</td><td><a href=\"/jobs/%lld\">%lld</a></td>", parent, parent);
     CHECK_MSG(strstr(body, want) != NULL, "%s", body);
     free(body);

@@ -194,7 +194,8 @@ TEST(schema_the_job_rows_columns_are_the_same_everywhere)
                "concurrency_key,cancel_told_at,route_key,snoozes,expires_at,base_priority", "parents");
 
     /* The claims: claim_batch returns PGJOBQ__CLAIMED_COLUMNS, which claim_next's rows begin with,
-     * names and types; each a column of pgjobq.jobs but parents. */
+     * names and types; each a column of pgjobq.jobs but parents (traceparent among them, which
+     * pgjobq_job keeps after its kind: pgjobq_job_traceparent). */
     char claimed[] = PGJOBQ__CLAIMED_COLUMNS;
     squeeze(claimed);
     char *batch = returned(pg, "pgjobq.claim_batch", 0), *next = returned(pg, "pgjobq.claim_next", 0);

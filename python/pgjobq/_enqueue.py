@@ -10,6 +10,7 @@ ranges, parents) comes back as ``InvalidJob`` with the SQL API's message.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import datetime as _dt
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -86,6 +87,11 @@ class JobSpec:
       ``expires_at`` (an aware datetime or text, after its run_at), not both: no attempt of the job
       starts after it; a job still queued then ends cancelled, last_error ``"expired: ..."``
       (docs/queues.md, "Expiry").  Neither: the queue's default (``set_limits(expire_after=)``).
+    - ``traceparent``: the job's W3C trace context (``"00-<32 hex>-<16 hex>-<2 hex>"``, lowercase),
+      handed to its handler (``ctx.traceparent``; docs/queues.md, "Trace context").  None: the
+      caller's current OpenTelemetry span's, when the application uses ``opentelemetry`` and a span is
+      recording or was given to it; else none.  A bad one is refused by the database (nothing of the
+      call is written).
     Jobs with ``after``, ``tags`` or ``on_parent_failure`` cannot have a unique key.
     """
 
@@ -107,6 +113,7 @@ class JobSpec:
     unique_for: Optional[Duration] = None
     expire_after: Optional[Duration] = None
     expires_at: Union[None, _dt.datetime, str] = None
+    traceparent: Optional[str] = None
 
     def replace(self, **changes: Any) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -117,7 +124,7 @@ class JobSpec:
         w = f"{where}: job {i}" if i is not None else where
         out: Dict[str, Any] = {}
         for name in ("kind", "queue", "unique_key", "concurrency_key", "on_parent_failure", "ref", "route_key",
-                     "on_conflict"):
+                     "on_conflict", "traceparent"):
             v = getattr(self, name)
             if v is not None:
                 if not isinstance(v, str):
@@ -151,6 +158,10 @@ class JobSpec:
                 raise InvalidJob(str(e)) from None
         if self.expires_at is not None:
             out["expires_at"] = timestamp(self.expires_at, f"{w}: expires_at")
+        if self.traceparent is None:
+            current = current_traceparent()
+            if current is not None:
+                out["traceparent"] = current
         if self.after is not None:
             parents: List[Union[int, str]] = []
             for p in self.after:
@@ -173,6 +184,22 @@ class JobSpec:
     def _keyed(self) -> bool:
         """Whether its unique key says what to do when held (pgjobq.enqueue_keyed)."""
         return self.on_conflict is not None or self.unique_for is not None
+
+
+def current_traceparent() -> Optional[str]:
+    """The W3C traceparent of the caller's current OpenTelemetry span, or None: when the
+    application has not imported ``opentelemetry.trace`` (then it has no span: the package is an
+    optional dependency, never imported here), or the current span's context is not valid."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    try:
+        sc = trace.get_current_span().get_span_context()
+        if not sc.is_valid:
+            return None
+        return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags) & 0xff:02x}"
+    except Exception:  # (an API of another shape: no trace context rather than no job)
+        return None
 
 
 def _spec(kind: Optional[str], payload: Any, opts: Dict[str, Any]) -> JobSpec:
@@ -205,6 +232,7 @@ _ONE_ARGS = {
     "unique_for": "make_interval(secs => CAST(:unique_for AS double precision))",
     "expires_at": "CAST(:expires_at AS timestamptz)",
     "expire_after": "make_interval(secs => CAST(:expire_after AS double precision))",
+    "traceparent": "CAST(:traceparent AS text)",
 }
 
 # enqueue_keyed's arrays for one job: what it answers tells a replaced job from a duplicate.
@@ -214,7 +242,7 @@ _KEYED_ONE = (("queues", "queue", "text"), ("kinds", "kind", "text"), ("payloads
               ("unique_keys", "unique_key", "text"), ("on_conflicts", "on_conflict", "text"),
               ("unique_fors", "unique_for", None), ("concurrency_keys", "concurrency_key", "text"),
               ("route_keys", "route_key", "text"), ("expires_ats", "expires_at", "timestamptz"),
-              ("expire_afters", "expire_after", None))
+              ("expire_afters", "expire_after", None), ("traceparents", "traceparent", "text"))
 
 
 def _plan_one(spec: JobSpec) -> Plan:
@@ -273,6 +301,8 @@ _EXPIRY_ARRAYS = (
     ("expire_afters", "interval", "make_interval(secs => CAST(x.j ->> 'expire_after' AS double precision))",
      "expire_after"),
 )
+# The trace contexts, passed by name, only when a job of the call has one.
+_TRACE_ARRAYS = (("traceparents", "text", "x.j ->> 'traceparent'", "traceparent"),)
 # enqueue_keyed's two more, when a job of the call has a conflict mode or a window.
 _KEYED_ARRAYS = (
     ("on_conflicts", "text", "x.j ->> 'on_conflict'", "on_conflict"),
@@ -287,6 +317,8 @@ def _many_sql(used: Set[str]) -> str:
         arrays += _KEYED_ARRAYS
     if "expires_at" in used or "expire_after" in used:
         arrays += _EXPIRY_ARRAYS
+    if "traceparent" in used:
+        arrays += _TRACE_ARRAYS
     cols = ",\n               ".join(
         f"array_agg({expr} ORDER BY x.o) AS {name}" if field is None or field in used
         else f"CAST(NULL AS {typ}[]) AS {name}"

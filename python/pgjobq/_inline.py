@@ -30,7 +30,7 @@ from .errors import InvalidJob
 LEASE_S = 300.0  # an attempt that runs longer finds its lease gone: 'lost', counted as such
 
 _CLAIM_SQL = """
-SELECT c.id, c.kind, c.payload, c.attempt, c.max_attempts, c.lease_token, c.parents
+SELECT c.id, c.kind, c.payload, c.attempt, c.max_attempts, c.lease_token, c.parents, c.traceparent
   FROM pgjobq.claim_batch(CAST(:queue AS text), CAST(:n AS integer),
                           make_interval(secs => CAST(:lease AS double precision)), CAST(:worker AS text)) AS c
 """
@@ -165,7 +165,7 @@ def run_inline(app: App, target: Any, queues: Optional[Iterable[str]], max_jobs:
                 rows = _sql.run(target, _CLAIM_SQL, {"queue": queue, "n": len(handed_back[queue]) + 1,
                                                      "lease": LEASE_S, "worker": worker})
                 new = False
-                for job_id, kind, payload, attempt, max_attempts, token, parents in rows:
+                for job_id, kind, payload, attempt, max_attempts, token, parents, traceparent in rows:
                     task = app.tasks.get(kind)
                     if task is None:
                         _sql.run(target, _RELEASE_SQL, {"id": job_id, "token": token,
@@ -176,7 +176,7 @@ def run_inline(app: App, target: Any, queues: Optional[Iterable[str]], max_jobs:
                         continue
                     new = True
                     ctx = Context(int(job_id), queue, kind, int(attempt), int(max_attempts), payload, _parents(parents),
-                                  time.monotonic() + LEASE_S, app)
+                                  time.monotonic() + LEASE_S, app, traceparent)
                     ctx._durable = _durable._Direct(target, int(job_id), int(token))
                     ctx._token = int(token)
                     status, fields = _run_one(task, ctx)

@@ -74,6 +74,8 @@ class JobInfo:
     # The priority it was enqueued with, when priority aging raised it since (``priority`` is the
     # raised one); None: never raised (docs/queues.md, "Priority aging").
     base_priority: Optional[int] = None
+    # The W3C traceparent it was enqueued with (None: none; docs/queues.md, "Trace context").
+    traceparent: Optional[str] = None
     # Its stored steps (ctx.step, and the sleeps and waits it came to), in the order they were stored,
     # and its park now: a durable sleep or a wait for an event (None when it is not parked).
     steps: List["StepInfo"] = dataclasses.field(default_factory=list)
@@ -118,6 +120,7 @@ _GET_SQL = """
 SELECT id, queue, kind, CAST(state AS text), payload, priority, attempt, max_attempts, run_at, created_at,
        started_at, finished_at, result, last_error, unique_key, concurrency_key, tags, progress, worker_id,
        cancel_requested, cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority,
+       traceparent,
        (SELECT jsonb_agg(jsonb_build_array(s.name, s.attempt, extract(epoch FROM s.stored_at), s.result_bytes))
           FROM pgjobq.steps(a.id) s) AS steps,
        (SELECT jsonb_build_array(p.parked, p.step, extract(epoch FROM p.until), extract(epoch FROM p.since),
@@ -137,13 +140,14 @@ def _when(epoch: Any) -> _dt.datetime:
 def _job(row: Any) -> JobInfo:
     (id_, queue, kind, state, payload, priority, attempt, max_attempts, run_at, created_at, started_at,
      finished_at, result_, last_error, unique_key, concurrency_key, tags, progress, worker_id, cancel_requested,
-     cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, steps, parked,
-     dead_letter_of, dead_letters) = row
+     cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent, steps,
+     parked, dead_letter_of, dead_letters) = row
     return JobInfo(int(id_), queue, kind, state, payload, int(priority), int(attempt), int(max_attempts), run_at,
                    created_at, started_at, finished_at, result_, last_error, unique_key, concurrency_key,
                    list(tags) if tags is not None else None, progress, worker_id, bool(cancel_requested),
                    cancel_requested_at, cancel_told_at, route_key, int(snoozes), expires_at,
                    int(base_priority) if base_priority is not None else None,
+                   traceparent,
                    [StepInfo(str(n), int(a), _when(t), int(b)) for n, a, t, b in steps or []],
                    ParkInfo(parked[0], parked[1], _when(parked[2]), _when(parked[3]), parked[4], parked[5])
                    if parked else None,

@@ -404,7 +404,8 @@ class Runner:
         parents = [ParentResult(int(p.get("id")), str(p.get("state")), p.get("result"))
                    for p in given if isinstance(p, dict)] if given else []
         ctx = Context(msg["id"], msg.get("queue", ""), msg.get("kind", ""), int(msg.get("attempt", 1)),
-                      int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app)
+                      int(msg.get("max_attempts", 1)), msg.get("payload"), parents, deadline, self.app,
+                      msg.get("traceparent") if isinstance(msg.get("traceparent"), str) else None)
         ctx._report = self.progress
         if self.protocol >= 3:
             ctx._durable = _durable._Lines(self, ctx)

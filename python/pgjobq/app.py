@@ -30,7 +30,7 @@ DEFAULT_MAX_ATTEMPTS = 10
 # What .configure() and .spec() accept besides the payload.
 _JOB_OPTIONS = ("queue", "priority", "run_at", "delay", "max_attempts", "unique_key", "on_conflict", "unique_for",
                 "concurrency_key", "after", "tags", "on_parent_failure", "ref", "route_key", "expire_after",
-                "expires_at")
+                "expires_at", "traceparent")
 
 
 def exponential_backoff(first: Duration = 1.0, factor: float = 2.0, max: Duration = 3600.0,

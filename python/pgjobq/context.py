@@ -35,6 +35,8 @@ class Context:
 
     - ``id``, ``queue``, ``kind``, ``attempt`` (1 for the first run), ``max_attempts``, ``payload``
     - ``parents``: ``ParentResult`` for each job this one waited for (``after=``), in id order
+    - ``traceparent``: the W3C trace context the job was enqueued with (None: none), to continue its
+      trace in the task (docs/queues.md, "Trace context")
     - ``deadline``: ``time.monotonic()`` value at which the job is given up; ``time_left()``
     - ``cancelled``: True once the worker gave the job up (cancelled by someone, timed out, lease
       lost, shutdown).  An async task is cancelled (``asyncio.CancelledError``) as well; a sync one
@@ -42,12 +44,14 @@ class Context:
       ``ctx.raise_if_cancelled()``, or wait on ``ctx.cancel_event``) between steps.
     """
 
-    __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "_event",
+    __slots__ = ("id", "queue", "kind", "attempt", "max_attempts", "payload", "parents", "deadline", "traceparent",
+                 "_event",
                  "_cancelled", "reason", "app", "_report", "_durable", "_token", "_parked", "_unnamed_sleeps",
                  "_unnamed_waits")
 
     def __init__(self, id: int, queue: str, kind: str, attempt: int, max_attempts: int, payload: Any,
-                 parents: List[ParentResult], deadline: float, app: Any = None) -> None:
+                 parents: List[ParentResult], deadline: float, app: Any = None,
+                 traceparent: Optional[str] = None) -> None:
         self.id = id
         self.queue = queue
         self.kind = kind
@@ -56,6 +60,7 @@ class Context:
         self.payload = payload
         self.parents = parents
         self.deadline = deadline
+        self.traceparent = traceparent
         self._event: Optional[threading.Event] = None  # made when first asked for: most jobs never are
         self._cancelled = False
         self.reason: Optional[str] = None

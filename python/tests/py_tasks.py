@@ -29,6 +29,12 @@ async def about(ctx):
             "parents": [[p.id, p.state, p.result] for p in ctx.parents], "time_left": ctx.time_left() > 0}
 
 
+@app.task(pass_context=True)
+def trace_of(ctx):
+    """The trace context the job was enqueued with (docs/queues.md, "Trace context")."""
+    return {"traceparent": ctx.traceparent}
+
+
 @app.task(pass_context=True, retry_backoff=0.3, max_attempts=5)
 def flaky(ctx, until, d):
     mark(d, "flaky.times", f"{time.time()}\n")

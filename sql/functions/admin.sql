@@ -95,7 +95,7 @@ BEGIN
         moved AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                      created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                     tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority)
+                                     tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority, traceparent)
             OVERRIDING SYSTEM VALUE
             SELECT g.id, g.queue, g.kind, g.payload,
                    coalesce(g.base_priority, g.priority),  -- (at the priority it was enqueued with: its wait
@@ -105,7 +105,8 @@ BEGIN
                    g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                    0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
                    NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
-                   NULL  -- (and has not been aged)
+                   NULL, -- (and has not been aged)
+                   g.traceparent
               FROM gone g
             RETURNING pgjobq.jobs.queue, pgjobq.jobs.priority)
         SELECT m.queue, m.priority, (SELECT g.state FROM gone g) INTO v_queue, v_priority, v_was FROM moved m;
@@ -377,7 +378,7 @@ BEGIN
     moved AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                  created_at, started_at, lease_token, worker_id, result, last_error, unique_key,
-                                 tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority)
+                                 tags, progress, concurrency_key, route_key, snoozes, expires_at, base_priority, traceparent)
         OVERRIDING SYSTEM VALUE
         SELECT g.id,
                CASE WHEN retry_where.redrive
@@ -387,7 +388,8 @@ BEGIN
                g.worker_id, g.result, g.last_error, g.unique_key, g.tags, g.progress, g.concurrency_key, g.route_key,
                0,    -- (a retry by hand starts its snoozes again: the cap counts from it)
                NULL, -- (and is started by hand: its expiry is gone, docs/queues.md "Expiry")
-               NULL  -- (and at the priority it was enqueued with, as pgjobq.retry)
+               NULL, -- (and at the priority it was enqueued with, as pgjobq.retry)
+               g.traceparent
           FROM gone g
         RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     marked AS (

@@ -97,8 +97,9 @@ CREATE OR REPLACE FUNCTION pgjobq.claim_next(
     lanes       boolean       DEFAULT false)
 RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
                lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
-               lease_until timestamptz, unique_key text, last_error text, parents jsonb, key timestamptz,
-               meta text, cap timestamptz, tick_xid bigint, next_due double precision, limited boolean)
+               lease_until timestamptz, unique_key text, last_error text, parents jsonb, traceparent text,
+               key timestamptz, meta text, cap timestamptz, tick_xid bigint, next_due double precision,
+               limited boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -233,8 +234,8 @@ BEGIN
         IF s.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                                 NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                                NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text,
-                                v_cap, v_xid, NULL::double precision, false;
+                                NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, NULL::text, v_tick,
+                                'tick'::text, v_cap, v_xid, NULL::double precision, false;
             RETURN;
         END IF;
         IF s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL OR s.key_concurrency IS NOT NULL
@@ -267,8 +268,8 @@ BEGIN
                 END IF;
                 RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer,
                                     NULL::integer, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
-                                    NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb, v_tick,
-                                    'tick'::text, v_cap, v_xid, v_due, true;
+                                    NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::jsonb,
+                                    NULL::text, v_tick, 'tick'::text, v_cap, v_xid, v_due, true;
                 RETURN;
             END IF;
             v_keyed := s.key_concurrency IS NOT NULL OR s.strict_order;
@@ -533,10 +534,11 @@ BEGIN
                       j.max_attempts, j.lease_token, j.run_at, j.created_at, j.started_at, j.lease_until,
                       j.unique_key::text AS unique_key, j.last_error,
                       CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END AS parents,
-                      greatest(j.run_at, j.ready_at) AS key)
+                      greatest(j.run_at, j.ready_at) AS key, j.traceparent::text AS traceparent)
         SELECT st.id, st.kind, st.payload, st.priority, st.attempt, st.max_attempts, st.lease_token, st.run_at,
-               st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents, st.key,
-               NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision, NULL::boolean
+               st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents,
+               st.traceparent, st.key, NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision,
+               NULL::boolean
           FROM started st
          ORDER BY st.priority, st.key, st.id;
     END IF;
@@ -557,13 +559,13 @@ BEGIN
     END IF;
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, x.p, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::text, NULL::text, NULL::jsonb, NULL::timestamptz, 'exhausted'::text, NULL::timestamptz,
-                        NULL::bigint, NULL::double precision, NULL::boolean
+                        NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::timestamptz, 'exhausted'::text,
+                        NULL::timestamptz, NULL::bigint, NULL::double precision, NULL::boolean
                    FROM unnest(v_exhausted) AS x(p)
                  UNION ALL
                  SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::text, NULL::text, NULL::jsonb, v_tick, 'tick'::text, v_cap, v_xid, v_due,
+                        NULL::text, NULL::text, NULL::jsonb, NULL::text, v_tick, 'tick'::text, v_cap, v_xid, v_due,
                         coalesce(v_room < max_jobs AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL), false)
                         OR (v_keyed AND v_left > 0);
 END
@@ -588,7 +590,7 @@ CREATE OR REPLACE FUNCTION pgjobq.claim_batch(
     after_id       bigint      DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
                lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
-               lease_until timestamptz, unique_key text, last_error text, parents jsonb)
+               lease_until timestamptz, unique_key text, last_error text, parents jsonb, traceparent text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -599,7 +601,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.id, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.lease_token, c.run_at, c.created_at,
-           c.started_at, c.lease_until, c.unique_key, c.last_error, c.parents
+           c.started_at, c.lease_until, c.unique_key, c.last_error, c.parents, c.traceparent
       FROM pgjobq.claim_next(claim_batch.queue, claim_batch.max_jobs, claim_batch.lease, claim_batch.worker_id,
                              CASE WHEN after_priority IS NOT NULL THEN ARRAY[after_priority] END,
                              CASE WHEN after_priority IS NOT NULL THEN ARRAY[after_run_at] END,

@@ -180,6 +180,27 @@ AS $$
            END
 $$;
 
+-- traceparent_why(traceparent, name): whether a job's trace context (docs/queues.md, "Trace context") is a
+-- W3C traceparent of version 00, as the domain pgjobq.traceparent (migration 29), the one judge of the
+-- format, says: NULL when it is (or is NULL), else why, naming the value by the name given.  Asked
+-- where a value must be named before it is stored (a graph's job, enqueue_explain after a batch's
+-- insert was refused); the insert itself is judged by the domain.  (PL/pgSQL: the cast is tried, as
+-- timestamp_ok does; pg_input_is_valid arrives in 16.)
+CREATE OR REPLACE FUNCTION pgjobq.traceparent_why(traceparent text, name text DEFAULT 'traceparent')
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM traceparent::pgjobq.traceparent;
+    RETURN NULL;
+EXCEPTION WHEN check_violation THEN
+    RETURN format('%s "%s" is not a W3C traceparent: 00-<trace id: 32 lowercase hex digits, not all zero>-'
+                  '<parent id: 16 lowercase hex digits, not all zero>-<flags: 2 lowercase hex digits>', name,
+                  left(traceparent, 80));
+END
+$$;
+
 -- enqueue_unique_key_why(unique_key, in_graph): a unique key goes only with a job enqueued alone or by
 -- enqueue_many, not with parents or tags, nor in a graph (which is how those are enqueued): a key held
 -- by another job skips the job that asks for it, and a graph is written all or none.  NULL when the
@@ -198,7 +219,7 @@ $$;
 -- constraint name and a page of CONTEXT.
 CREATE OR REPLACE FUNCTION pgjobq.enqueue_explain(queues text[], kinds text[], payloads jsonb[], priorities smallint[],
                                        max_attempts integer[], unique_keys text[], concurrency_keys text[],
-                                       route_keys text[])
+                                       route_keys text[], traceparents text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -252,6 +273,12 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(traceparents), 0) LOOP
+        v := pgjobq.traceparent_why(traceparents[i], format('traceparents[%s]', i));
+        IF v IS NOT NULL THEN
+            RAISE EXCEPTION 'pgjobq.enqueue: %', v USING ERRCODE = 'check_violation';
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -265,7 +292,8 @@ $$;
 -- a spread queue in a cluster of shards (docs/shards.md; the shard's guard, cluster.sql, checks them).
 -- expires_ats, or expire_afters counted from each job's run_at (NULL: the queue's default expire_after,
 -- if it has one; enqueue_expiry_why's rule): no attempt of the job starts after it (docs/queues.md,
--- "Expiry").
+-- "Expiry").  traceparents (NULL: none) are the jobs' W3C trace contexts, handed to their handlers
+-- (docs/queues.md, "Trace context"; the domain pgjobq.traceparent judges them).
 -- Returns one row per input element, in input order (ord is 1-based).
 -- Sends one NOTIFY per distinct queue that received a job that is due now; with notify => false it
 -- sends none, and the caller notifies after its commit (pgjobq.notify, in a transaction of its own): a
@@ -288,7 +316,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_many(
     notify       boolean       DEFAULT true,
     route_keys   text[]        DEFAULT NULL,
     expires_ats  timestamptz[] DEFAULT NULL,
-    expire_afters interval[]   DEFAULT NULL)
+    expire_afters interval[]   DEFAULT NULL,
+    traceparents text[]        DEFAULT NULL)
 RETURNS TABLE (ord integer, id bigint, duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -302,7 +331,7 @@ DECLARE
                                    cardinality(priorities), cardinality(run_ats), cardinality(delays),
                                    cardinality(max_attempts), cardinality(unique_keys),
                                    cardinality(concurrency_keys), cardinality(route_keys), cardinality(expires_ats),
-                                   cardinality(expire_afters));
+                                   cardinality(expire_afters), cardinality(traceparents));
     v_ids      bigint[];
     v_due      text[];
     v_dup_ords integer[];
@@ -327,7 +356,8 @@ BEGIN
        OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
        OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n)
        OR (expires_ats IS NOT NULL AND cardinality(expires_ats) <> n)
-       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n) THEN
+       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n)
+       OR (traceparents IS NOT NULL AND cardinality(traceparents) <> n) THEN
         RAISE EXCEPTION 'pgjobq.enqueue_many: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -355,18 +385,19 @@ BEGIN
                    coalesce(u.priority, 0::smallint) AS priority,
                    coalesce(u.run_at, now() + coalesce(u.delay, interval '0')) AS run_at,
                    coalesce(u.max_attempts, 25) AS max_attempts,
-                   u.unique_key, u.concurrency_key, u.route_key, u.expires_at, u.expire_after
+                   u.unique_key, u.concurrency_key, u.route_key, u.expires_at, u.expire_after, u.traceparent
               FROM unnest(queues, kinds, payloads, priorities, run_ats, delays, max_attempts, unique_keys,
-                          concurrency_keys, route_keys, expires_ats, expire_afters)
+                          concurrency_keys, route_keys, expires_ats, expire_afters, traceparents)
                    WITH ORDINALITY AS u(queue, kind, payload, priority, run_at, delay, max_attempts, unique_key,
-                                        concurrency_key, route_key, expires_at, expire_after, ord)),
+                                        concurrency_key, route_key, expires_at, expire_after, traceparent, ord)),
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                     concurrency_key, route_key, expires_at)
+                                     concurrency_key, route_key, expires_at, traceparent)
             OVERRIDING SYSTEM VALUE
             SELECT input.id, input.queue, input.kind, input.payload, input.priority, input.run_at,
                    input.max_attempts, input.unique_key, input.concurrency_key, input.route_key,
-                   pgjobq.expiry_of(input.queue, input.run_at, input.expires_at, input.expire_after, v_expiry_defaults)
+                   pgjobq.expiry_of(input.queue, input.run_at, input.expires_at, input.expire_after, v_expiry_defaults),
+                   input.traceparent
               FROM input ORDER BY input.ord
             ON CONFLICT DO NOTHING
             RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
@@ -382,7 +413,7 @@ BEGIN
         -- Name the argument and the rule rather than the domain.  (The block costs a subtransaction per
         -- call, small beside the commit; the scan of the arrays runs only on this path.)
         PERFORM pgjobq.enqueue_explain(queues, kinds, payloads, priorities, max_attempts, unique_keys,
-                                       concurrency_keys, route_keys);
+                                       concurrency_keys, route_keys, traceparents);
         RAISE;
     END;
 
@@ -415,13 +446,14 @@ BEGIN
                     EXIT;
                 END IF;
                 INSERT INTO pgjobq.jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                         concurrency_key, route_key, expires_at)
+                                         concurrency_key, route_key, expires_at, traceparent)
                 SELECT r.queue, coalesce(kinds[v_dup_ords[i]], 'default'), coalesce(payloads[v_dup_ords[i]], '{}'::jsonb),
                        coalesce(priorities[v_dup_ords[i]], 0::smallint), r.run_at,
                        coalesce(max_attempts[v_dup_ords[i]], 25), v_dup_keys[i],
                        concurrency_keys[v_dup_ords[i]], route_keys[v_dup_ords[i]],
                        pgjobq.expiry_of(r.queue, r.run_at, expires_ats[v_dup_ords[i]], expire_afters[v_dup_ords[i]],
-                                        v_expiry_defaults)
+                                        v_expiry_defaults),
+                       traceparents[v_dup_ords[i]]
                   FROM (SELECT coalesce(queues[v_dup_ords[i]], 'default') AS queue,
                                coalesce(run_ats[v_dup_ords[i]], now() + coalesce(delays[v_dup_ords[i]], interval '0'))
                                  AS run_at) r
@@ -446,7 +478,8 @@ $$;
 --   on_conflicts  'skip' (NULL, the default: enqueue_many's rule: while a queued or running job of the
 --                 queue holds the key, the job is not inserted and the holder is returned),
 --                 'replace' (a debounce, Graphile Worker's job_key_mode 'replace'): a *queued* holder
---                 takes this job's kind, payload, priority, run_at, max_attempts, concurrency key and expiry,
+--                 takes this job's kind, payload, priority, run_at, max_attempts, concurrency key, expiry
+--                 and trace context,
 --                 and starts afresh (attempt 0, no last error): the last one wins, and runs at its
 --                 run_at, typically now() + delay, so after a quiet delay.  A *running* holder is not
 --                 touched (its worker may have read its payload, and a write would wait for its row):
@@ -488,7 +521,8 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_keyed(
     notify       boolean       DEFAULT true,
     route_keys   text[]        DEFAULT NULL,
     expires_ats  timestamptz[] DEFAULT NULL,
-    expire_afters interval[]   DEFAULT NULL)
+    expire_afters interval[]   DEFAULT NULL,
+    traceparents text[]        DEFAULT NULL)
 RETURNS TABLE (ord integer, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -498,7 +532,7 @@ DECLARE
                                  cardinality(priorities), cardinality(run_ats), cardinality(delays),
                                  cardinality(max_attempts), cardinality(unique_keys), cardinality(on_conflicts),
                                  cardinality(unique_fors), cardinality(concurrency_keys), cardinality(route_keys),
-                                 cardinality(expires_ats), cardinality(expire_afters));
+                                 cardinality(expires_ats), cardinality(expire_afters), cardinality(traceparents));
     v_seq    regclass := pg_get_serial_sequence('pgjobq.jobs', 'id')::regclass;
     v_ids    bigint[] := '{}';
     v_outs   text[] := '{}';
@@ -535,7 +569,8 @@ BEGIN
        OR (concurrency_keys IS NOT NULL AND cardinality(concurrency_keys) <> n)
        OR (route_keys IS NOT NULL AND cardinality(route_keys) <> n)
        OR (expires_ats IS NOT NULL AND cardinality(expires_ats) <> n)
-       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n) THEN
+       OR (expire_afters IS NOT NULL AND cardinality(expire_afters) <> n)
+       OR (traceparents IS NOT NULL AND cardinality(traceparents) <> n) THEN
         RAISE EXCEPTION 'pgjobq.enqueue_keyed: the arrays must all have % elements', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -597,7 +632,8 @@ BEGIN
                            priority = v_prio, run_at = v_run_at,
                            max_attempts = coalesce(enqueue_keyed.max_attempts[i], 25),
                            concurrency_key = concurrency_keys[i], attempt = 0, last_error = NULL, snoozes = 0,
-                           expires_at = v_expires, ready_at = clock_timestamp(), base_priority = NULL
+                           expires_at = v_expires, traceparent = traceparents[i], ready_at = clock_timestamp(),
+                           base_priority = NULL
                      WHERE j.queue = v_queue AND j.unique_key = v_key AND j.state = 'queued'
                     RETURNING j.id INTO v_found;
                     IF FOUND THEN
@@ -607,11 +643,11 @@ BEGIN
                 END IF;
                 v_id := nextval(v_seq);
                 INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, run_at, max_attempts, unique_key,
-                                         concurrency_key, route_key, expires_at)
+                                         concurrency_key, route_key, expires_at, traceparent)
                 OVERRIDING SYSTEM VALUE
                 VALUES (v_id, v_queue, coalesce(kinds[i], 'default'), coalesce(payloads[i], '{}'::jsonb), v_prio,
                         v_run_at, coalesce(enqueue_keyed.max_attempts[i], 25), v_key, concurrency_keys[i], route_keys[i],
-                        v_expires)
+                        v_expires, traceparents[i])
                 ON CONFLICT DO NOTHING
                 RETURNING pgjobq.jobs.id INTO v_found;
                 IF FOUND THEN
@@ -653,7 +689,7 @@ BEGIN
         END LOOP;
     EXCEPTION WHEN check_violation THEN
         PERFORM pgjobq.enqueue_explain(queues, kinds, payloads, priorities, max_attempts, unique_keys,
-                                       concurrency_keys, route_keys);
+                                       concurrency_keys, route_keys, traceparents);
         RAISE;
     END;
     IF cardinality(v_lq) > 0 THEN
@@ -674,6 +710,8 @@ $$;
 -- outcome 'replaced' is duplicate = true here too (no job was inserted: the id is the queued job that
 -- now carries this one's payload).  expires_at, or expire_after counted from run_at: no attempt of the
 -- job starts after it (docs/queues.md, "Expiry"; neither: its queue's default expire_after, if any).
+-- traceparent: the caller's W3C trace context, handed to the job's handler (docs/queues.md, "Trace
+-- context").
 CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     queue        text        DEFAULT 'default',
     kind         text        DEFAULT 'default',
@@ -692,6 +730,7 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue(
     unique_for   interval    DEFAULT NULL,
     expires_at   timestamptz DEFAULT NULL,
     expire_after interval    DEFAULT NULL,
+    traceparent  text        DEFAULT NULL,
     OUT id bigint,
     OUT duplicate boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -704,7 +743,7 @@ BEGIN
           FROM pgjobq.enqueue_keyed(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
                                     ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key], ARRAY[on_conflict],
                                     ARRAY[unique_for], ARRAY[concurrency_key], true, ARRAY[route_key],
-                                    ARRAY[expires_at], ARRAY[expire_after]) AS e;
+                                    ARRAY[expires_at], ARRAY[expire_after], ARRAY[traceparent]) AS e;
         RETURN;
     END IF;
     IF on_conflict IS NOT NULL OR unique_for IS NOT NULL THEN
@@ -716,7 +755,7 @@ BEGIN
           FROM pgjobq.enqueue_many(ARRAY[queue], ARRAY[kind], ARRAY[payload], ARRAY[priority], ARRAY[run_at],
                                    ARRAY[delay], ARRAY[max_attempts], ARRAY[unique_key],
                                    ARRAY[concurrency_key], true, ARRAY[route_key], ARRAY[expires_at],
-                                   ARRAY[expire_after]) AS e;
+                                   ARRAY[expire_after], ARRAY[traceparent]) AS e;
         RETURN;
     END IF;
     IF pgjobq.enqueue_unique_key_why(unique_key, true) IS NOT NULL THEN
@@ -736,7 +775,8 @@ BEGIN
             ('delay', to_jsonb(extract(epoch FROM delay))), ('tags', to_jsonb(tags)), ('after', to_jsonb(after)),
             ('on_parent_failure', to_jsonb(on_parent_failure)), ('route_key', to_jsonb(route_key)),
             ('expires_at', to_jsonb(to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
-            ('expire_after', to_jsonb(extract(epoch FROM expire_after)))) AS f(k, v)
+            ('expire_after', to_jsonb(extract(epoch FROM expire_after))),
+            ('traceparent', to_jsonb(traceparent))) AS f(k, v)
           WHERE f.v IS NOT NULL))) AS g;
     duplicate := false;
 END

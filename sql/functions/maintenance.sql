@@ -74,7 +74,7 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                    CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                    g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
@@ -82,7 +82,7 @@ BEGIN
                    format('lease expired at %s: worker %s stopped renewing it (crashed, stalled or lost its connection)',
                           g.lease_until, coalesce(g.worker_id, '?')),
                    g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key, g.cancel_requested_at,
-                   g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+                   g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
               FROM gone g
             RETURNING pgjobq.history.queue, pgjobq.history.state)
         INSERT INTO pgjobq.tallies (queue, what, n) SELECT m.queue, m.state::text, count(*) FROM moved m GROUP BY 1, 2;

@@ -445,21 +445,21 @@ $$;
 -- monitor_job(job_id): one job, live or finished, with every column but its lease token; no row when there
 -- is no such job (it may have been pruned).
 -- base_priority: the priority it was enqueued with, when priority aging raised it (NULL: never aged).
--- (Dropped first: schemas 28 and 29 added expires_at and base_priority to its result, which CREATE OR
--- REPLACE cannot change; the grant comes back with sql/roles.sql.)
+-- (Dropped first: schemas 28, 30 and 31 added expires_at, base_priority and traceparent to its result,
+-- which CREATE OR REPLACE cannot change; the grant comes back with sql/roles.sql.)
 DROP FUNCTION IF EXISTS pgjobq.monitor_job(bigint);
 CREATE OR REPLACE FUNCTION pgjobq.monitor_job(job_id bigint)
 RETURNS TABLE (id bigint, queue text, kind text, state text, priority smallint, attempt integer,
                max_attempts integer, run_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, lease_until timestamptz, worker_id text, unique_key text,
                cancel_requested boolean, payload jsonb, result jsonb, last_error text, tags text[], progress jsonb,
-               expires_at timestamptz, base_priority smallint)
+               expires_at timestamptz, base_priority smallint, traceparent text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts, a.run_at, a.created_at,
            a.started_at, a.finished_at, a.lease_until, a.worker_id, a.unique_key, a.cancel_requested, a.payload,
-           a.result, a.last_error, a.tags, a.progress, a.expires_at, a.base_priority
+           a.result, a.last_error, a.tags, a.progress, a.expires_at, a.base_priority, a.traceparent
       FROM pgjobq.all_jobs a WHERE a.id = monitor_job.job_id
 $$;
 
@@ -468,9 +468,9 @@ $$;
 -- there is none (pruned, or never).  PL/pgSQL with a generic plan: planned once per session, where
 -- the same statement sent on its own plans an index scan of every partition of the history at each
 -- call.  With the caller's rights, which are those to read the jobs (admin, monitor).
--- (Dropped first: CREATE OR REPLACE cannot change a result type, and schemas 28 and 29 added expires_at
--- and base_priority, as an early build of 27 lacked the routing key and the rest; the grants come back
--- with sql/roles.sql, applied after these files.)
+-- (Dropped first: CREATE OR REPLACE cannot change a result type, and schemas 28, 30 and 31 added
+-- expires_at, base_priority and traceparent, as an early build of 27 lacked the routing key and the
+-- rest; the grants come back with sql/roles.sql, applied after these files.)
 DROP FUNCTION IF EXISTS pgjobq.job_get(bigint);
 CREATE OR REPLACE FUNCTION pgjobq.job_get(job_id bigint)
 RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallint, state text, attempt integer,
@@ -478,7 +478,7 @@ RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallin
                finished_at timestamptz, lease_until timestamptz, worker_id text, result jsonb, last_error text,
                unique_key text, cancel_requested boolean, tags text[], progress jsonb,
                cancel_requested_at timestamptz, concurrency_key text, cancel_told_at timestamptz, route_key text,
-               snoozes integer, expires_at timestamptz, base_priority smallint)
+               snoozes integer, expires_at timestamptz, base_priority smallint, traceparent text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -489,7 +489,7 @@ BEGIN
            a.run_at, a.created_at, a.started_at, a.finished_at, a.lease_until, a.worker_id::text, a.result,
            a.last_error, a.unique_key::text, a.cancel_requested, a.tags, a.progress, a.cancel_requested_at,
            a.concurrency_key::text, a.cancel_told_at, a.route_key::text, a.snoozes, a.expires_at,
-           a.base_priority
+           a.base_priority, a.traceparent
       FROM pgjobq.all_jobs a WHERE a.id = job_get.job_id;
 END
 $$;

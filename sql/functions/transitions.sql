@@ -80,11 +80,11 @@ BEGIN
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce($2, g.last_error), g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
           FROM gone g
         RETURNING pgjobq.history.queue),
     tallied AS (
@@ -130,18 +130,18 @@ BEGIN
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.last_error, j.unique_key,
                   j.tags, j.progress, j.concurrency_key, j.has_children, input.result, j.cancel_requested_at,
-                  j.cancel_told_at, j.route_key, j.snoozes, j.expires_at, j.base_priority),
+                  j.cancel_told_at, j.route_key, j.snoozes, j.expires_at, j.base_priority, j.traceparent),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state
                     ELSE 'completed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                g.result, g.last_error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     tallied AS (
@@ -198,10 +198,10 @@ BEGIN
          WHERE j.id = ANY (dead_letter_send.ids) AND q.dead_letter IS NOT NULL AND NOT j.cancel_requested),
     made AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, max_attempts, last_error, tags,
-                                 concurrency_key, route_key)
+                                 concurrency_key, route_key, traceparent)
         OVERRIDING SYSTEM VALUE
         SELECT d.new_id, d.dead_letter, j.kind, j.payload, j.priority, j.max_attempts,
-               left(coalesce(d.error, j.last_error), 8192), j.tags, j.concurrency_key, j.route_key
+               left(coalesce(d.error, j.last_error), 8192), j.tags, j.concurrency_key, j.route_key, j.traceparent
           FROM dead d JOIN pgjobq.jobs j ON j.id = d.id
         RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.priority),
     linked AS (
@@ -315,17 +315,17 @@ BEGIN
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.cancel_requested, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.started_at, j.lease_token, j.worker_id, j.unique_key, j.tags,
                   j.progress, j.concurrency_key, j.cancel_requested_at, j.cancel_told_at, j.route_key, j.snoozes,
-                  j.expires_at, j.base_priority),
+                  j.expires_at, j.base_priority, j.traceparent),
     moved AS (
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority,
                CASE WHEN g.cancel_requested THEN 'cancelled'::pgjobq.job_state ELSE 'failed'::pgjobq.job_state END,
                g.attempt, g.max_attempts, g.run_at, g.created_at, g.started_at, now(), g.lease_token, g.worker_id,
                NULL, input.error, g.unique_key, g.cancel_requested, g.tags, g.progress, g.concurrency_key,
-               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+               g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
           FROM gone g JOIN input ON input.id = g.id
         RETURNING pgjobq.history.id, pgjobq.history.state, pgjobq.history.queue),
     retried AS (
@@ -603,11 +603,11 @@ BEGIN
         INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                     created_at, started_at, finished_at, lease_token, worker_id, result,
                                     last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                    cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
         SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                coalesce(left(cancel_many.reason, 8192), g.last_error), g.unique_key, g.cancel_requested, g.tags,
-               g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+               g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
           FROM gone g
         RETURNING pgjobq.history.id, pgjobq.history.queue),
     tallied AS (

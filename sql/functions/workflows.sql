@@ -56,11 +56,11 @@ BEGIN
             INSERT INTO pgjobq.history (id, queue, kind, payload, priority, state, attempt, max_attempts, run_at,
                                         created_at, started_at, finished_at, lease_token, worker_id, result,
                                         last_error, unique_key, cancel_requested, tags, progress, concurrency_key,
-                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority)
+                                        cancel_requested_at, cancel_told_at, route_key, snoozes, expires_at, base_priority, traceparent)
             SELECT g.id, g.queue, g.kind, g.payload, g.priority, 'cancelled', g.attempt, g.max_attempts, g.run_at,
                    g.created_at, g.started_at, now(), g.lease_token, g.worker_id, g.result,
                    format('parent job %s failed or was cancelled', g.bad), g.unique_key, g.cancel_requested, g.tags,
-                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority
+                   g.progress, g.concurrency_key, g.cancel_requested_at, g.cancel_told_at, g.route_key, g.snoozes, g.expires_at, g.base_priority, g.traceparent
               FROM gone g
             RETURNING pgjobq.history.queue),
         tallied AS (
@@ -163,6 +163,8 @@ $$;
 --   "expires_at" (timestamptz text) or "expire_after" (seconds from its run_at, a number), under
 --                        enqueue_expiry_why's rule: no attempt of the job starts after it (a waiting
 --                        job expires too: docs/queues.md, "Expiry"); neither: its queue's default
+--   "traceparent"        the job's W3C trace context (a string; traceparent_why's rule), handed to its
+--                        handler (docs/queues.md, "Trace context")
 --   "tags"               an array of 1 to 20 tags, each 1 to 64 characters
 --   "after"              an array of parents: refs of jobs in the graph (strings) or ids of jobs
 --                        already enqueued (numbers): of the child's queue, or enqueued by this
@@ -247,12 +249,12 @@ BEGIN
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
                                                'on_parent_failure', 'callback', 'route_key', 'expires_at',
-                                               'expire_after'))
+                                               'expire_after', 'traceparent'))
                    THEN 'has an unknown key: ' || (SELECT string_agg(k, ', ') FROM jsonb_object_keys(e.j) AS k
                                WHERE k NOT IN ('ref', 'queue', 'kind', 'payload', 'priority', 'max_attempts',
                                                'concurrency_key', 'run_at', 'delay', 'tags', 'after',
                                                'on_parent_failure', 'callback', 'route_key', 'expires_at',
-                                               'expire_after'))
+                                               'expire_after', 'traceparent'))
                  WHEN e.j ? 'ref' AND (jsonb_typeof(e.j -> 'ref') <> 'string' OR length(e.j ->> 'ref') NOT BETWEEN 1 AND 255)
                    THEN '"ref" must be a string of 1 to 255 characters'
                  WHEN jsonb_typeof(e.j -> 'queue') IS DISTINCT FROM 'string' AND e.j ? 'queue'
@@ -286,6 +288,10 @@ BEGIN
                       OR NOT pgjobq.timestamp_ok(e.j ->> 'expires_at'))
                    THEN '"expires_at" must be a timestamp (text such as "2026-12-01 10:00:00+00")'
                  WHEN x.why IS NOT NULL THEN x.why
+                 WHEN e.j ? 'traceparent' AND jsonb_typeof(e.j -> 'traceparent') <> 'string'
+                   THEN '"traceparent" must be a string (a W3C traceparent)'
+                 WHEN e.j ? 'traceparent' AND pgjobq.traceparent_why(e.j ->> 'traceparent') IS NOT NULL
+                   THEN pgjobq.traceparent_why(e.j ->> 'traceparent', '"traceparent"')
                  WHEN e.j ? 'payload' AND octet_length((e.j -> 'payload')::text) > 1048576
                    THEN '"payload" is larger than 1 MiB'
                  WHEN e.j ? 'tags' AND (jsonb_typeof(e.j -> 'tags') <> 'array'
@@ -499,7 +505,7 @@ BEGIN
         ins AS (
             INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, state, run_at, max_attempts,
                                      concurrency_key, tags, has_children, pending_parents, on_parent_failure,
-                                     route_key, expires_at)
+                                     route_key, expires_at, traceparent)
             OVERRIDING SYSTEM VALUE
             SELECT i.id, coalesce(i.j ->> 'queue', 'default'), coalesce(i.j ->> 'kind', 'default'),
                    coalesce(i.j -> 'payload', '{}'), coalesce((i.j ->> 'priority')::numeric::smallint, 0),
@@ -513,7 +519,8 @@ BEGIN
                         ELSE coalesce(i.j ->> 'on_parent_failure', 'cancel') END,
                    i.j ->> 'route_key',
                    pgjobq.expiry_of(coalesce(i.j ->> 'queue', 'default'), i.run_at, (i.j ->> 'expires_at')::timestamptz,
-                                    make_interval(secs => (i.j ->> 'expire_after')::double precision), v_expiry_defaults)
+                                    make_interval(secs => (i.j ->> 'expire_after')::double precision), v_expiry_defaults),
+                   i.j ->> 'traceparent'
               FROM input i ORDER BY i.o
             RETURNING pgjobq.jobs.queue::text AS queue, pgjobq.jobs.state, pgjobq.jobs.run_at)
         SELECT array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'queued' AND ins.run_at <= now())
