@@ -38,19 +38,7 @@ runs="$results/durable.jsonl"
 
 . "$here/cluster.sh"
 "$pgjobq" --db "$db" migrate >/dev/null
-sql() { "$bindir/psql" -X -q -At -c "$1"; }
-field() { sed -n "s/.*\"$2\":\([-0-9.]*\).*/\1/p" "$1"; }
-run() { # run NAME ROUND ARGS...: one `pgjobq bench`, its JSON recorded under NAME
-    name=$1; round=$2; shift 2
-    out=$("$pgjobq" --db "$db" bench --json "$@")
-    echo "{\"name\":\"$name\",\"round\":$round,${out#\{}" >> "$runs"
-}
-m() { # m NAME FIELD: the median over the rounds
-    grep "\"name\":\"$1\"," "$runs" | sed -n "s/.*\"$2\":\([-0-9.]*\).*/\1/p" | sort -g |
-        awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b + 0 == 0) print "nan"; else printf "%.2f", a / b }'; }
-verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=" ? v >= t : op == "<" ? v < t : v <= t); print (v == "nan" ? "no figure" : ok ? "met" : "MISSED") }'; }
+. "$here/rounds.sh"
 
 echo "# pgjobq bench durable: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $reps rounds, medians"
 r=1
