@@ -633,7 +633,7 @@ TEST(cluster_functions_are_granted_to_the_roles)
         t_int(pg,
               "SELECT has_function_privilege('pgjobq_producer', 'pgjobq.enqueue(text, text, jsonb, smallint,"
               " timestamptz, interval, integer, text, text, bigint[], text[], text, text, text, interval, timestamptz,"
-              " interval)', 'EXECUTE')"
+              " interval, text)', 'EXECUTE')"
               "::int"),
         1);
     pgjobq_client_close(c);
