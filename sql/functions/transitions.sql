@@ -355,9 +355,11 @@ END
 $$;
 
 -- extend_many: the heartbeat.  Moves the lease of each held job to now() + lease (same fencing as
--- complete_many); the update touches no indexed column, so it can be HOT.  A job whose cancellation
--- was requested ends cancelled here, so its holder learns to stop.  Returns one row per input:
--- outcome 'extended', 'cancelled' or 'lost', and the new lease_until.
+-- complete_many).  Not a HOT update: lease_until is a key of jobs_lease_idx (schema 10, the rescue's
+-- walk), so each heartbeat writes a row version and its index entries (docs/design.md; issue 42 would
+-- move the lease out of the indexed row).  A job whose cancellation was requested ends cancelled
+-- here, so its holder learns to stop.  Returns one row per input: outcome 'extended', 'cancelled' or
+-- 'lost', and the new lease_until.
 -- A lease longer than its queue allows (max_lease, queues.sql) is cut to it, not refused as the claim
 -- refuses it: the job is running already, and a refusal would lose its lease (and those of its
 -- batch-mates) where a shorter one keeps it; the claim with that lease was refused anyway, unless the
