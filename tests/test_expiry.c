@@ -66,7 +66,9 @@ TEST(expiry_a_job_not_started_in_time_is_never_claimed_and_ends_cancelled)
     CHECK_INT(t_int(pg, "SELECT pgjobq.expire_queued(1000)"), 0);
 
     /* A retry by hand starts it again, its expiry gone. */
-    CHECK_STR(t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)late), "queued");
+    char *outcome = t_str(pg, "SELECT pgjobq.retry(%lld)", (long long)late);
+    CHECK_STR(outcome, "queued");
+    free(outcome);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND expires_at IS NULL", (long long)late), 1);
     CHECK_OK(c, pgjobq_claim(c, "otp", 10, 60000, "w1", &jobs, &n));
     CHECK_INT((long long)n, 1);

@@ -915,7 +915,9 @@ static void upgraded_database_works(PGconn *pg, pgjobq_client *c, int k, int64_t
     pgjobq_jobs_free(jobs);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.sequence_blocks WHERE job_id = %lld", (long long)id), 1);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 0);
-    CHECK_STR(t_str(pg, "SELECT pgjobq.sequence_skip(%lld)", (long long)id), "skipped");
+    char *skipped = t_str(pg, "SELECT pgjobq.sequence_skip(%lld)", (long long)id);
+    CHECK_STR(skipped, "skipped");
+    free(skipped);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('q29', 10, '1 minute', 'w')"), 1);
 
     /* Priority aging (30): no job of before was aged and no queue ages; a queue's setting applies from

@@ -73,8 +73,9 @@ TEST(strict_jobs_of_a_key_run_one_at_a_time_in_order_and_a_failure_blocks_the_ke
     free(got);
     /* A claim that keys held back says so (limited): the worker claims again as soon as one of its
      * jobs ends, rather than at its next poll, since that may free a key. */
-    CHECK_STR(t_str(pg, "SELECT limited::text FROM pgjobq.claim_next('seq', 10, '1 minute', 'w') WHERE meta = 'tick'"),
-              "true");
+    got = t_str(pg, "SELECT limited::text FROM pgjobq.claim_next('seq', 10, '1 minute', 'w') WHERE meta = 'tick'");
+    CHECK_STR(got, "true");
+    free(got);
     finish(pg, a1, "complete", NULL);
     got = claimed_keys(pg, "seq");
     CHECK_STR(got, "a:2");
@@ -183,8 +184,7 @@ TEST(strict_order_from_the_command_line)
     free(out);
     free(err);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.queues WHERE name = 'orders' AND strict_order"), 1);
-    t_expect_error(pg, "22023",
-                   "SELECT pgjobq.queue_set('orders', '{\"strict_order\": \"yes\"}')");
+    free(t_expect_error(pg, "22023", "SELECT pgjobq.queue_set('orders', '{\"strict_order\": \"yes\"}')"));
 
     int64_t id = enq(c, "orders", "customer:9", 1, 0);
     enq(c, "orders", "customer:9", 2, 0);
