@@ -136,6 +136,7 @@ DECLARE
     v_snap    pg_snapshot;
     v_pass    integer;
     v_last    text;
+    v_from    text;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -289,11 +290,15 @@ BEGIN
         -- turn, whatever their number.
         FOR v_pass IN 1 .. 2 LOOP
             EXIT WHEN v_left <= 0 OR (v_pass = 2 AND s.sequence_cursor IS NULL);
+            -- Where the walk starts: after the cursor, then from the first key ('' is before every key,
+            -- which has a character at least).  A bound of the index scan, not a filter: an OR here had
+            -- the first probe read every key entry of the queue (20 ms at 100,000 queued jobs).
+            v_from := CASE WHEN v_pass = 1 THEN coalesce(s.sequence_cursor, '') ELSE '' END;
             v_got := ARRAY(
                 WITH RECURSIVE keys(k) AS (
                     (SELECT j.concurrency_key::text FROM pgjobq.jobs j
                       WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.concurrency_key IS NOT NULL
-                        AND (v_pass = 2 OR s.sequence_cursor IS NULL OR j.concurrency_key > s.sequence_cursor)
+                        AND j.concurrency_key > v_from
                       ORDER BY j.concurrency_key LIMIT 1)
                     UNION ALL
                     SELECT (SELECT j.concurrency_key::text FROM pgjobq.jobs j
