@@ -283,64 +283,64 @@ static void print_job_fields(FILE *f, const pgjobq_job *j)
     json_str(f, j->last_error);
 }
 
-/* A time of the job that `sql` (one of the statements below: $1 the id) reads from pgjobq.job_get: 1
- * and *at (PGJOBQ_TIME_NONE: NULL), or 0 when it cannot be read. */
-static int job_time(pgjobq_client *c, int64_t id, const char *sql, int64_t *at)
+/* What `pgjobq show` prints of a job that pgjobq_job has no field for, read in one statement from
+ * pgjobq.job_get and pgjobq.sequence_blocks: the times in microseconds (PGJOBQ_TIME_NONE: NULL), the
+ * priority it was enqueued with when priority aging raised it (PGJOBQ_TIME_NONE: never raised), its
+ * concurrency key and the key it blocks in its strict-order queue (NULL: none; they live in r). */
+typedef struct job_extra {
+    PGresult *r;
+    int64_t cancel_told_at; /* when its holder told the handler to stop (schema 16) */
+    int64_t expires_at;     /* docs/queues.md, "Expiry" */
+    int64_t base_priority;  /* docs/queues.md, "Priority aging" */
+    const char *concurrency_key;
+    const char *blocks_key; /* docs/queues.md, "Strict order per key" */
+} job_extra;
+
+/* Reads *x for job id: EX_OK, or EX_SOFTWARE with the error printed.  Release with PQclear(x->r). */
+static int job_extra_read(pgjobq_client *c, int64_t id, job_extra *x)
 {
     char id_s[24];
     const char *values[1] = {id_s};
-    int ok;
 
     snprintf(id_s, sizeof id_s, "%lld", (long long)id);
-    PGresult *r = PQexecParams(pgjobq_client_conn(c), sql, 1, NULL, values, NULL, NULL, 0);
-    ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
-    *at = ok && !PQgetisnull(r, 0, 0) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : PGJOBQ_TIME_NONE;
-    PQclear(r);
-    return ok;
-}
-
-/* When the holder of a job whose cancel was requested told its handler to stop (job_get(id).cancel_told_at,
- * schema 16; PGJOBQ_TIME_NONE: not told). */
-static int cancel_told_at(pgjobq_client *c, int64_t id, int64_t *at)
-{
-    return job_time(c, id,
-                    "SELECT (pg_catalog.date_part('epoch', cancel_told_at) * 1000000)::pg_catalog.int8"
-                    " FROM pgjobq.job_get($1::pg_catalog.int8)",
-                    at);
-}
-
-/* The job's expiry (docs/queues.md, "Expiry"), which pgjobq_job has no field for. */
-static int expires_at_of(pgjobq_client *c, int64_t id, int64_t *at)
-{
-    return job_time(c, id,
-                    "SELECT (pg_catalog.date_part('epoch', expires_at) * 1000000)::pg_catalog.int8"
-                    " FROM pgjobq.job_get($1::pg_catalog.int8)",
-                    at);
-}
-
-/* The priority the job was enqueued with, when priority aging raised it (docs/queues.md, "Priority
- * aging"), which pgjobq_job has no field for: job_time reads any int8, PGJOBQ_TIME_NONE for NULL.
- * 0 (and *base = PGJOBQ_TIME_NONE) when it cannot be read. */
-static int base_priority_of(pgjobq_client *c, int64_t id, int64_t *base)
-{
-    return job_time(c, id, "SELECT base_priority::pg_catalog.int8 FROM pgjobq.job_get($1::pg_catalog.int8)", base);
+    x->r = PQexecParams(pgjobq_client_conn(c),
+                        "SELECT (pg_catalog.date_part('epoch', g.cancel_told_at) * 1000000)::pg_catalog.int8,"
+                        " (pg_catalog.date_part('epoch', g.expires_at) * 1000000)::pg_catalog.int8,"
+                        " g.base_priority::pg_catalog.int8, g.concurrency_key,"
+                        " (SELECT b.key FROM pgjobq.sequence_blocks b WHERE b.job_id = $1::pg_catalog.int8)"
+                        " FROM pgjobq.job_get($1::pg_catalog.int8) g",
+                        1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(x->r) != PGRES_TUPLES_OK) {
+        cli_err("reading job %lld: %s", (long long)id, PQresultErrorMessage(x->r));
+        PQclear(x->r);
+        x->r = NULL;
+        return EX_SOFTWARE;
+    }
+    int n = PQntuples(x->r);
+#define EXTRA_INT(col) (n > 0 && !PQgetisnull(x->r, 0, col) ? strtoll(PQgetvalue(x->r, 0, col), NULL, 10) : PGJOBQ_TIME_NONE)
+#define EXTRA_TEXT(col) (n > 0 && !PQgetisnull(x->r, 0, col) ? PQgetvalue(x->r, 0, col) : NULL)
+    x->cancel_told_at = EXTRA_INT(0);
+    x->expires_at = EXTRA_INT(1);
+    x->base_priority = EXTRA_INT(2);
+    x->concurrency_key = EXTRA_TEXT(3);
+    x->blocks_key = EXTRA_TEXT(4);
+#undef EXTRA_INT
+#undef EXTRA_TEXT
+    return EX_OK;
 }
 
 /* When a running job's cancel was requested, and when its holder told the handler to stop (or how it
  * ended otherwise). */
-static void print_cancel(pgjobq_client *c, const pgjobq_job *j)
+static void print_cancel(const pgjobq_job *j, int64_t at)
 {
     char asked[48], told[48];
-    int64_t at;
 
     if (j->cancel_requested_at == PGJOBQ_TIME_NONE) {
         printf("cancel:        requested (when was not recorded)\n");
         return;
     }
     format_time(asked, sizeof asked, j->cancel_requested_at);
-    if (!cancel_told_at(c, j->id, &at))
-        printf("cancel:        requested %s\n", asked);
-    else if (at != PGJOBQ_TIME_NONE) {
+    if (at != PGJOBQ_TIME_NONE) {
         format_time(told, sizeof told, at);
         printf("cancel:        requested %s; its handler told %s (%.3f s later)\n", asked, told,
                (double)(at - j->cancel_requested_at) / 1e6);
@@ -800,43 +800,26 @@ static int show_dead_letters(pgjobq_client *c, const pgjobq_job *j, int json)
 /* The job's concurrency key, and the key it blocks in its strict-order queue when it failed for good
  * there (docs/queues.md, "Strict order per key"): text lines, or JSON's "concurrency_key" and
  * "blocks_key" (null: none). */
-static int show_keys(pgjobq_client *c, const pgjobq_job *j, int json)
+static void show_keys(const pgjobq_job *j, const job_extra *x, int json)
 {
-    char id_s[24];
-    const char *values[1] = {id_s};
-    snprintf(id_s, sizeof id_s, "%lld", (long long)j->id);
-    PGresult *r = PQexecParams(pgjobq_client_conn(c),
-                               "SELECT g.concurrency_key, (SELECT b.key FROM pgjobq.sequence_blocks b"
-                               " WHERE b.job_id = $1::bigint) FROM pgjobq.job_get($1::bigint) g",
-                               1, NULL, values, NULL, NULL, 0);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        cli_err("reading the keys of job %lld: %s", (long long)j->id, PQresultErrorMessage(r));
-        PQclear(r);
-        return EX_SOFTWARE;
-    }
-    int n = PQntuples(r);
-    const char *key = n > 0 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0) : NULL;
-    const char *blocks = n > 0 && !PQgetisnull(r, 0, 1) ? PQgetvalue(r, 0, 1) : NULL;
     if (json) {
         fputs(",\"concurrency_key\":", stdout);
-        json_str(stdout, key);
+        json_str(stdout, x->concurrency_key);
         fputs(",\"blocks_key\":", stdout);
-        json_str(stdout, blocks);
-    } else {
-        if (key) {
-            fputs("concurrency_key: ", stdout);
-            tty_put(stdout, key, 0);
-            putchar('\n');
-        }
-        if (blocks) {
-            fputs("blocks key:    ", stdout);
-            tty_put(stdout, blocks, 0);
-            printf(" (strict order: nothing more of it starts until `pgjobq retry %lld` or `pgjobq skip %lld`)\n",
-                   (long long)j->id, (long long)j->id);
-        }
+        json_str(stdout, x->blocks_key);
+        return;
     }
-    PQclear(r);
-    return EX_OK;
+    if (x->concurrency_key) {
+        fputs("concurrency_key: ", stdout);
+        tty_put(stdout, x->concurrency_key, 0);
+        putchar('\n');
+    }
+    if (x->blocks_key) {
+        fputs("blocks key:    ", stdout);
+        tty_put(stdout, x->blocks_key, 0);
+        printf(" (strict order: nothing more of it starts until `pgjobq retry %lld` or `pgjobq skip %lld`)\n",
+               (long long)j->id, (long long)j->id);
+    }
 }
 
 /* wait's options. */
@@ -900,7 +883,8 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     int json = 0, status, rc;
     pgjobq_job *j = NULL;
     pgjobq_client *c;
-    int64_t id = 0, expires = PGJOBQ_TIME_NONE, base = PGJOBQ_TIME_NONE;
+    int64_t id = 0;
+    job_extra x;
 
     if ((c = open_for_id(cmd, argc, argv, flag_opt, &json, &id, &status)) == NULL)
         return status;
@@ -910,19 +894,19 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         cli_close(c);
         return status;
     }
+    if ((status = job_extra_read(c, j->id, &x)) != EX_OK) {
+        pgjobq_jobs_free(j);
+        cli_close(c);
+        return status;
+    }
     if (json) {
-        int64_t told = PGJOBQ_TIME_NONE;
         print_job_fields(stdout, j);
-        if (j->cancel_requested && !cancel_told_at(c, j->id, &told))
-            told = PGJOBQ_TIME_NONE;
         fputs(",\"cancel_told_at\":", stdout);
-        json_time(stdout, told);
-        if (!expires_at_of(c, j->id, &expires))
-            expires = PGJOBQ_TIME_NONE;
+        json_time(stdout, j->cancel_requested ? x.cancel_told_at : PGJOBQ_TIME_NONE);
         fputs(",\"expires_at\":", stdout);
-        json_time(stdout, expires);
-        if (base_priority_of(c, j->id, &base) && base != PGJOBQ_TIME_NONE)
-            printf(",\"base_priority\":%lld", (long long)base);
+        json_time(stdout, x.expires_at);
+        if (x.base_priority != PGJOBQ_TIME_NONE)
+            printf(",\"base_priority\":%lld", (long long)x.base_priority);
         else
             fputs(",\"base_priority\":null", stdout);
         fputs(",\"traceparent\":", stdout);
@@ -944,24 +928,25 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
         field("queue:", j->queue);
         field("kind:", j->kind);
         printf("state:         %s%s\n", pgjobq_state_name(j->state), j->cancel_requested ? " (cancel requested)" : "");
-        if (base_priority_of(c, j->id, &base) && base != PGJOBQ_TIME_NONE)
-            printf("priority:      %d (enqueued at %lld, raised by priority aging)\n", j->priority, (long long)base);
+        if (x.base_priority != PGJOBQ_TIME_NONE)
+            printf("priority:      %d (enqueued at %lld, raised by priority aging)\n", j->priority,
+                   (long long)x.base_priority);
         else
             printf("priority:      %d\n", j->priority);
         printf("attempt:       %d of %d\n", j->attempt, j->max_attempts);
         printf("run_at:        %s\ncreated_at:    %s\nstarted_at:    %s\nfinished_at:   %s\nlease_until:   %s\n", t[0],
                t[1], t[2], t[3], t[4]);
         field("worker_id:", j->worker_id ? j->worker_id : "-");
-        if (expires_at_of(c, j->id, &expires) && expires != PGJOBQ_TIME_NONE) {
+        if (x.expires_at != PGJOBQ_TIME_NONE) {
             char when[48];
-            format_time(when, sizeof when, expires);
+            format_time(when, sizeof when, x.expires_at);
             printf("expires_at:    %s%s\n", when,
                    j->last_error && strncmp(j->last_error, "expired:", 8) == 0 && j->state == PGJOBQ_CANCELLED
                        ? " (expired: it never started)"
                        : "");
         }
         if (j->cancel_requested)
-            print_cancel(c, j);
+            print_cancel(j, x.cancel_told_at);
         field("unique_key:", j->unique_key ? j->unique_key : "-");
         field("payload:", j->payload);
         field("result:", j->result ? j->result : "-");
@@ -979,9 +964,10 @@ int cmd_show(const cli_cmd *cmd, int argc, char **argv)
     if (status == EX_OK)
         status = show_dead_letters(c, j, json);
     if (status == EX_OK)
-        status = show_keys(c, j, json);
+        show_keys(j, &x, json);
     if (json && status == EX_OK)
         fputs("}\n", stdout);
+    PQclear(x.r);
     pgjobq_jobs_free(j);
     if (status != EX_OK) {
         cli_close(c);

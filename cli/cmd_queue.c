@@ -182,16 +182,34 @@ static int on_opt(int key, const char *arg, void *ctx)
     }
 }
 
-/* How many keys of a strict-order queue a failed job blocks (pgjobq.sequence_blocks; docs/queues.md,
- * "Strict order per key"), or -1 when that cannot be read (a role that may not read the table). */
-static long long blocked_keys(pgjobq_client *c, const char *queue)
+/* The keys that failed jobs block, per strict-order queue (pgjobq.sequence_blocks; docs/queues.md,
+ * "Strict order per key"), read once for the whole list: NULL when it cannot be read (a role that may
+ * not read the table), or when no queue is strict. */
+static PGresult *blocked_keys_read(pgjobq_client *c, const pgjobq_queue_info *q, size_t n)
 {
-    const char *values[1] = {queue};
-    PGresult *r = PQexecParams(pgjobq_client_conn(c), "SELECT count(*) FROM pgjobq.sequence_blocks WHERE queue = $1",
-                               1, NULL, values, NULL, NULL, 0);
-    long long n = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? atoll(PQgetvalue(r, 0, 0)) : -1;
-    PQclear(r);
-    return n;
+    size_t strict = 0;
+
+    for (size_t i = 0; i < n; i++)
+        strict += q[i].strict_order != 0;
+    if (strict == 0)
+        return NULL;
+    PGresult *r = PQexec(pgjobq_client_conn(c), "SELECT queue, count(*) FROM pgjobq.sequence_blocks GROUP BY 1");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        PQclear(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* How many keys of queue a failed job blocks, from blocked_keys_read's r: -1 when r is NULL. */
+static long long blocked_keys(const PGresult *r, const char *queue)
+{
+    if (r == NULL)
+        return -1;
+    for (int i = 0; i < PQntuples(r); i++)
+        if (strcmp(PQgetvalue(r, i, 0), queue) == 0)
+            return atoll(PQgetvalue(r, i, 1));
+    return 0;
 }
 
 static int list_queues(pgjobq_client *c, const queue_args *a)
@@ -202,6 +220,7 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
 
     if (rc != PGJOBQ_OK)
         return cli_fail(c, rc);
+    PGresult *blocked = blocked_keys_read(c, q, n);
     if (a->json) {
         fputs("{\"queues\":[", stdout);
         for (size_t i = 0; i < n; i++) {
@@ -236,10 +255,10 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
                 fputs(",\"priority_aging_ms\":null", stdout);
             fputs(",\"dead_letter\":", stdout);
             json_str(stdout, q[i].dead_letter);
-            long long blocked = q[i].strict_order ? blocked_keys(c, q[i].name) : 0;
+            long long nblocked = q[i].strict_order ? blocked_keys(blocked, q[i].name) : 0;
             printf(",\"strict_order\":%s,\"blocked_keys\":", q[i].strict_order ? "true" : "false");
-            if (blocked >= 0)
-                printf("%lld}", blocked);
+            if (nblocked >= 0)
+                printf("%lld}", nblocked);
             else
                 fputs("null}", stdout);
         }
@@ -254,8 +273,8 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             snprintf(conc, sizeof conc, q[i].concurrency ? "%d" : "-", q[i].concurrency);
             snprintf(per_key, sizeof per_key, q[i].key_concurrency ? "%d" : "-", q[i].key_concurrency);
             if (q[i].strict_order) {
-                long long blocked = blocked_keys(c, q[i].name);
-                snprintf(order, sizeof order, blocked > 0 ? "strict, %lld blocked" : "strict", blocked);
+                long long nblocked = blocked_keys(blocked, q[i].name);
+                snprintf(order, sizeof order, nblocked > 0 ? "strict, %lld blocked" : "strict", nblocked);
             }
             if (q[i].rate_limit) {
                 char period[24];
@@ -278,6 +297,7 @@ static int list_queues(pgjobq_client *c, const queue_args *a)
             putchar('\n');
         }
     }
+    PQclear(blocked);
     pgjobq_queue_list_free(q);
     return EX_OK;
 }
