@@ -611,7 +611,10 @@ static int bench_mixed(const char *url, bench_args *a, PGconn *ctl, pgjobq_clien
     int warmed = 0;
     for (long long tick = 0;; tick++) {
         double due = t0 + (double)tick * tick_s, now = bench_now();
-        if (now - t0 >= a->seconds)
+        /* A tick due at the end or later is not the run's, even when the producer is ahead of its
+         * schedule and would wait for it (it offered a tick or two past the end: 1,608 jobs for
+         * 4 s at 400/s). */
+        if (now - t0 >= a->seconds || due - t0 >= a->seconds)
             break;
         if (due > now)
             bench_pause_ms((long)((due - now) * 1000));
