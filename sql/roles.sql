@@ -77,7 +77,7 @@ GRANT EXECUTE ON FUNCTION
     pgjobq.claim(text, integer, interval, text),
     pgjobq.claim_batch(text, integer, interval, text, smallint, timestamptz, bigint),
     pgjobq.claim_next(text, integer, interval, text, smallint[], timestamptz[], bigint[], timestamptz[], bigint[],
-                      boolean),
+                      boolean, boolean),
     pgjobq.complete_many(bigint[], bigint[], jsonb[]),
     pgjobq.fail_many(bigint[], bigint[], text[], interval[], boolean[]),
     pgjobq.extend_many(bigint[], bigint[], interval),

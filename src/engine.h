@@ -51,6 +51,8 @@ typedef struct pgjobq__claim_view {
     int64_t next_poll_ms; /* claim by then even without a notification */
     int cursor_valid;     /* the worker has a cursor for the queue (cursor.c) */
     int64_t low_ms;       /* when the last claim from the low-water marks was sent */
+    int64_t gate_ms;      /* the notification gate's promise: a claim is due then, woken or not (0: none;
+                           * worker.c, "The notification gate") */
 } pgjobq__claim_view;
 
 /* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_cursor (may be NULL) says
@@ -82,7 +84,8 @@ int64_t pgjobq__claim_hold_ms(int streak);
 int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int batch_max, int64_t payload_bytes);
 
 /* When a queue that is not ready to claim now should be looked at again (INT64_MAX: only when a
- * handler finishes or a notification arrives). */
+ * handler finishes or a notification arrives).  The gate's promise (gate_ms) counts only while a slot
+ * is free: a full worker keeps it when a handler finishes, after handing it on (worker.c). */
 int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v);
 
 /* After a claim that found nothing: when to claim next, given the claim's answer of when the queue's
@@ -377,7 +380,20 @@ typedef struct pgjobq__queue {
     pgjobq__claim_view claim;
     pgjobq__cursor cursor;
     int drained; /* engine only: its last claim, sent while the worker held no job, found none (burst) */
+    /* Engine only: the notification gate's promise (worker.c, "The notification gate"). */
+    struct {
+        int state;        /* PGJOBQ__GATE_* */
+        int64_t end_us;   /* WINDOW: when the window ends; HORIZON: the tick the cap must reach (database
+                           * clock, microseconds since 1970) */
+        int64_t retry_ms; /* HORIZON: the wait before the next claim, doubling up to the poll */
+        int handed;       /* the promise was handed on (pgjobq.notify_now) since it was made */
+        int hand_now;     /* it must be handed on before the next claim */
+    } gate;
 } pgjobq__queue;
+
+/* The notification gate's promise, per queue: none; the window runs (claim again once it has ended);
+ * the horizon (claim until a claim's cap reaches the first claim after the window). */
+enum { PGJOBQ__GATE_NONE, PGJOBQ__GATE_WINDOW, PGJOBQ__GATE_HORIZON };
 
 /* The pool's side of a worker: where its threads hand ended jobs back.  The mailbox is a list, taken
  * whole by the engine (pgjobq__pool_collect); a job that arrives in an empty mailbox calls the wakeup
@@ -442,6 +458,7 @@ enum { PGJOBQ__C_CLAIM, PGJOBQ__C_WRITE, PGJOBQ__C_MAINT, PGJOBQ__NCONN };
  * maintenance connection's (pgjobq__worker_conn_stmts: each connection prepares its own). */
 enum {
     PGJOBQ__S_CLAIM,
+    PGJOBQ__S_HAND_ON, /* the notification gate's promise, handed on: a notification, ungated */
     /* The kinds of write the engine batches, in the order it writes them (PGJOBQ__W_*), then the
      * heartbeat, the registry's beat and the handlers' progress. */
     PGJOBQ__S_COMPLETE,

@@ -49,6 +49,9 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
         ready = v->woken || free_slots >= (batch_of(v) + 1) / 2 || v->running == 0;
     else
         ready = (v->woken && now_ms >= v->hold_ms) || now_ms >= v->next_poll_ms;
+    /* The gate's promise: producers skipped their notifications because this claim would come. */
+    if (v->gate_ms > 0 && now_ms >= v->gate_ms)
+        ready = 1;
     if (!ready)
         return 0;
     /* From the cursor, which nothing that can still appear is behind (cursor.c), but from the low-water
@@ -62,11 +65,17 @@ int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
 {
     /* Full: a finishing handler wakes the engine.  Under a backlog, so does a finishing handler (the
      * half-batch rule), and the poll would only fragment claims. */
-    if (v->running >= v->concurrency + v->prefetch || v->last_full)
+    int64_t t;
+
+    if (v->running >= v->concurrency + v->prefetch)
         return INT64_MAX;
-    if (v->woken && v->hold_ms < v->next_poll_ms)
-        return v->hold_ms;
-    return v->next_poll_ms;
+    if (v->last_full)
+        t = INT64_MAX;
+    else if (v->woken && v->hold_ms < v->next_poll_ms)
+        t = v->hold_ms;
+    else
+        t = v->next_poll_ms;
+    return v->gate_ms > 0 && v->gate_ms < t ? v->gate_ms : t;
 }
 
 int64_t pgjobq__claim_hold_ms(int streak)

@@ -79,7 +79,7 @@
 #define SNOOZE_DELAY_MAX_MS INT64_C(3155760000000)
 
 /* The statement a connection carries, and what the engine must remember about it. */
-enum { R_NONE, R_CLAIM, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
+enum { R_NONE, R_CLAIM, R_HAND_ON, R_LISTEN_CHECK, R_LISTEN, R_WRITE, R_HEARTBEAT, R_BEAT, R_PROGRESS, R_RESCUE, R_PRUNE,
        R_TICK, R_HEALTH };
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1056,6 +1056,11 @@ typedef struct claim_meta {
     int64_t cap_us;   /* PGJOBQ_TIME_NONE when the claim knew none */
     double next_due;  /* seconds; NaN when nothing is queued */
     int limited;      /* the queue's concurrency or rate limit cut the claim short */
+    int64_t tick_us;  /* the claim's tick (PGJOBQ_TIME_NONE: none) */
+    int gate;         /* a gate row came (a claim of a paused queue sends none) */
+    int64_t gate_end_us; /* the claim stamped the gate: its window ends then (PGJOBQ_TIME_NONE: no stamp) */
+    int64_t gate_cap_us; /* the claim's cap, also for a keyed claim (PGJOBQ_TIME_NONE: none) */
+    double gate_window_s;
 } claim_meta;
 
 static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *m)
@@ -1068,8 +1073,17 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
     if (len == 9 && memcmp(what, "exhausted", 9) == 0) {
         if (m->nexhausted < PGJOBQ__LEVELS && !PQgetisnull(r, row, PGJOBQ__K_PRIORITY))
             m->exhausted[m->nexhausted++] = pgjobq__get_int2(r, row, PGJOBQ__K_PRIORITY);
+    } else if (len == 4 && memcmp(what, "gate", 4) == 0) {
+        m->gate = 1;
+        m->gate_end_us = pgjobq__get_time(r, row, PGJOBQ__K_KEY);
+        m->gate_cap_us = pgjobq__get_time(r, row, PGJOBQ__K_CAP);
+        if (!PQgetisnull(r, row, PGJOBQ__K_NEXT_DUE)) {
+            uint64_t u = pgjobq__get_be64(PQgetvalue(r, row, PGJOBQ__K_NEXT_DUE));
+            memcpy(&m->gate_window_s, &u, sizeof m->gate_window_s);
+        }
     } else if (len == 4 && memcmp(what, "tick", 4) == 0) {
         m->cap_us = pgjobq__get_time(r, row, PGJOBQ__K_CAP);
+        m->tick_us = pgjobq__get_time(r, row, PGJOBQ__K_KEY);
         if (!PQgetisnull(r, row, PGJOBQ__K_KEY) && !PQgetisnull(r, row, PGJOBQ__K_TICK_XID))
             pgjobq__ticks_add(&w->ticks, pgjobq__get_time(r, row, PGJOBQ__K_KEY), pgjobq__get_int8(r, row, PGJOBQ__K_TICK_XID));
         if (!PQgetisnull(r, row, PGJOBQ__K_NEXT_DUE)) {
@@ -1078,6 +1092,67 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
         }
         m->limited = !PQgetisnull(r, row, PGJOBQ__K_LIMITED) && pgjobq__get_bool(r, row, PGJOBQ__K_LIMITED);
     }
+}
+
+/* The notification gate.  Every notification wakes every session that listens in the database, and
+ * a commit that carries one takes the server's notification lock through its WAL flush, so producers
+ * that notify commit one at a time (bench/README.md, "The notification gate").  So a claim that took
+ * jobs, but fewer than it asked for, stamps its queue's gate (sql/032_notify_gate.sql), and for the
+ * gate's window (5 ms) producers send no notification for that queue: this worker has promised to
+ * claim from it again.  The promise, per queue (q->gate):
+ *
+ *   WINDOW    claim once the window has ended: a claim whose tick (its moment on the database clock)
+ *             is at or after the window's end.  A producer that skipped its notification read the gate
+ *             before that, and its job was written before it read (or committed: the library's own
+ *             transactions notify after their commit), so its transaction got its id before that
+ *             claim's.
+ *   HORIZON   then claim until a claim's cap reaches that claim's tick: every transaction that was
+ *             running at the tick has ended, every skipped job is visible.  A wait that doubles from
+ *             1 ms to the poll between these claims (a producer's transaction that stays open long
+ *             after it enqueued keeps the horizon back).
+ *
+ * A claim that stamps again starts a new window: the new promise keeps the old one (its horizon is
+ * later).  A worker that promised and has no free slot when the claim is due, or whose claim under the
+ * promise came back full (jobs are left that nobody announced), hands the promise on: one ungated
+ * notification wakes the other workers (PGJOBQ__S_HAND_ON); it keeps its promise for when a slot
+ * frees.  So does a worker that stops while it holds one.  What a promise cannot cover: a worker that
+ * dies inside its window; its jobs wait for another worker's claim (the poll, 1 s by default). */
+static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_meta *m, int n, int want, int64_t now)
+{
+    if (!m->gate)
+        return;
+    if (m->gate_end_us != PGJOBQ_TIME_NONE) {
+        int64_t window_ms = m->gate_window_s > 0 ? (int64_t)ceil(m->gate_window_s * 1000.0) : 1;
+        q->gate.state = PGJOBQ__GATE_WINDOW;
+        q->gate.end_us = m->gate_end_us;
+        q->gate.retry_ms = 0;
+        q->gate.handed = q->gate.hand_now = 0;
+        /* The window began at the stamp, before this answer arrived: it has ended by then, here. */
+        q->claim.gate_ms = now + (window_ms > 0 ? window_ms : 1);
+        return;
+    }
+    if (q->gate.state == PGJOBQ__GATE_WINDOW) {
+        if (m->tick_us == PGJOBQ_TIME_NONE || m->tick_us < q->gate.end_us) {
+            /* Claimed before the window's end (a notification, a freed slot): the promise still holds. */
+            if (q->claim.gate_ms <= now)
+                q->claim.gate_ms = now + 1;
+            return;
+        }
+        q->gate.state = PGJOBQ__GATE_HORIZON;
+        q->gate.end_us = m->tick_us;
+        q->gate.retry_ms = 0;
+    } else if (q->gate.state == PGJOBQ__GATE_HORIZON && m->gate_cap_us != PGJOBQ_TIME_NONE &&
+               m->gate_cap_us >= q->gate.end_us) {
+        q->gate.state = PGJOBQ__GATE_NONE;
+        q->claim.gate_ms = 0;
+        return;
+    }
+    if (q->gate.state == PGJOBQ__GATE_NONE)
+        return;
+    if (n > 0 && n == want && !q->gate.handed)
+        q->gate.hand_now = 1;
+    q->gate.retry_ms = pgjobq__backoff_next(q->gate.retry_ms, 1, w->o.poll_ms);
+    q->claim.gate_ms = now + q->gate.retry_ms;
 }
 
 static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64_t now)
@@ -1094,10 +1169,13 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
         q->claim.woken = q->claim.last_full = 0;
         /* Rows it had locked may be queued again behind the cursor: the next claim starts low. */
         q->claim.cursor_valid = 0;
+        /* A promise of the gate is kept: by the next claim, at the poll. */
+        if (q->gate.state != PGJOBQ__GATE_NONE)
+            q->claim.gate_ms = q->claim.next_poll_ms;
         return;
     }
     memset(&meta, 0, sizeof meta);
-    meta.cap_us = PGJOBQ_TIME_NONE;
+    meta.cap_us = meta.tick_us = meta.gate_end_us = meta.gate_cap_us = PGJOBQ_TIME_NONE;
     meta.next_due = NAN;
     rows = PQntuples(r);
     claimed = rows > 0 ? malloc((size_t)rows * sizeof *claimed) : NULL;
@@ -1174,6 +1252,7 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
      * pgjobq__claim_after_due). */
     if (n == 0)
         q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
+    gate_after_claim(w, q, &meta, n, rq->want, now);
 }
 
 /* A notification names a queue with new jobs: claim from it at once.  Or it says that a job this
@@ -1232,6 +1311,26 @@ static void phase_claim(pgjobq_worker *w, int64_t now)
         w->listen_check_ms = now + LISTEN_CHECK_MS;
         if (pgjobq__aconn_send_simple(ac, pgjobq__worker_listen_check_sql, now) == 0)
             rq->kind = R_LISTEN_CHECK;
+        return;
+    }
+    /* A promise of the gate that this worker cannot keep now is handed on (see gate_after_claim): its
+     * claim came back full, or the claim is due and no slot is free, or the worker stops. */
+    for (int i = 0; i < w->nqueues; i++) {
+        pgjobq__queue *q = &w->queues[i];
+        if (q->gate.state == PGJOBQ__GATE_NONE || q->gate.handed)
+            continue;
+        if (!q->gate.hand_now &&
+            !(w->stopping || w->claims_held ||
+              (q->claim.gate_ms > 0 && now >= q->claim.gate_ms &&
+               q->claim.running >= q->claim.concurrency + q->claim.prefetch)))
+            continue;
+        const char *values[1] = {q->name};
+        q->gate.handed = 1;
+        q->gate.hand_now = 0;
+        if (send_stmt(w, PGJOBQ__S_HAND_ON, values, NULL, NULL, 0, now) == 0) {
+            w->req[PGJOBQ__C_CLAIM].kind = R_HAND_ON;
+            wlog(w, PGJOBQ_LOG_DEBUG, "queue %s: handing the gate's promise on", q->name);
+        }
         return;
     }
     /* No claim before the registry has taken this worker's id: another live worker may have it; and none
@@ -1510,6 +1609,10 @@ static void result_ready(pgjobq_worker *w, int c, int64_t now)
     switch (kind) {
     case R_CLAIM: claim_done(w, rq, r, now); break;
     case R_LISTEN_CHECK: listen_check_done(w, r); break;
+    case R_HAND_ON:
+        if (PQresultStatus(r) != PGRES_TUPLES_OK)
+            wlog(w, PGJOBQ_LOG_WARN, "waking the other workers failed: %s", PQresultErrorMessage(r));
+        break;
     case R_LISTEN:
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
             w->need_listen = 1;

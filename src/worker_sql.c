@@ -8,7 +8,7 @@
 /* The claim connection's, the write connection's, then the maintenance connection's: each connection
  * prepares its own. */
 const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN] = {
-    [PGJOBQ__C_CLAIM] = {PGJOBQ__S_CLAIM, 1},
+    [PGJOBQ__C_CLAIM] = {PGJOBQ__S_CLAIM, 2},
     [PGJOBQ__C_WRITE] = {PGJOBQ__S_COMPLETE, PGJOBQ__S_PROGRESS + 1 - PGJOBQ__S_COMPLETE},
     [PGJOBQ__C_MAINT] = {PGJOBQ__S_RESCUE, PGJOBQ__NSTMTS - PGJOBQ__S_RESCUE}};
 
@@ -23,17 +23,22 @@ static const Oid snooze_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRA
 static const Oid beat_types[] = {OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT};
 static const Oid prune_types[] = {OID_INTERVAL, OID_INTERVAL};
 static const Oid since_type[] = {OID_INT8};
+static const Oid text_type[] = {OID_TEXT};
 
 const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
     /* claim_next's columns, in the order of PGJOBQ__K_*: a row per claimed job (meta NULL), then rows
      * that say where the claim got to (meta 'exhausted': a level read to its end; 'tick': the claim's
-     * tick, cap and the next due job).  $10, lanes: under a backlog, at most two such claims of a
-     * queue at once (schema 13; each is a transaction of its own, so its lane is held only while it
-     * runs). */
+     * tick, cap and the next due job; 'gate': the notification gate, below).  $10, lanes: under a
+     * backlog, at most two such claims of a queue at once (schema 13; each is a transaction of its
+     * own, so its lane is held only while it runs).  gate: the worker keeps the gate's promise
+     * (schema 32; worker.c, "The notification gate"). */
     [PGJOBQ__S_CLAIM] = {"pgjobq_claim",
                          "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
-                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => $10)",
+                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => $10, gate => true)",
                          10, claim_types},
+    /* A worker that promised a claim it cannot make (no free slot, or its claim came back full) wakes
+     * the others: pgjobq.notify's notification, without the gate, which the promise holds shut. */
+    [PGJOBQ__S_HAND_ON] = {"pgjobq_hand_on", "SELECT pg_catalog.pg_notify('pgjobq', $1)", 1, text_type},
     [PGJOBQ__S_COMPLETE] = {"pgjobq_complete", "SELECT id, outcome FROM pgjobq.complete_many($1, $2, $3)", 3,
                             complete_types},
     [PGJOBQ__S_FAIL] = {"pgjobq_fail", "SELECT id, outcome FROM pgjobq.fail_many($1, $2, $3, $4, $5)", 5, fail_types},

@@ -313,6 +313,43 @@ TEST(policy_a_woken_claim_that_keeps_finding_nothing_waits_longer_each_time)
     CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 32);
 }
 
+TEST(policy_the_gates_promise_makes_a_claim_due_whatever_holds_it_back_but_a_free_slot)
+{
+    pgjobq__claim_view v = view(4, 1);
+
+    /* Nothing due: the next look is the poll.  The promise (worker.c, "The notification gate") comes
+     * first, and at its time the claim is ready though no notification came and the poll is later. */
+    v.next_poll_ms = 1000;
+    CHECK_INT(pgjobq__claim_decide(&v, 100, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), 1000);
+    v.gate_ms = 105;
+    CHECK_INT(pgjobq__claim_next_ms(&v), 105);
+    CHECK_INT(pgjobq__claim_decide(&v, 104, NULL), 0);
+    CHECK_INT(pgjobq__claim_decide(&v, 105, NULL), 3);
+    /* Nor does a woken claim's hold delay it. */
+    v.woken = 1;
+    v.hold_ms = 300;
+    CHECK_INT(pgjobq__claim_next_ms(&v), 105);
+    CHECK_INT(pgjobq__claim_decide(&v, 105, NULL), 3);
+    /* Under a backlog too: the promise does not wait for half a batch of free slots. */
+    v.woken = 0;
+    v.last_full = 1;
+    v.running = 3;
+    CHECK_INT(pgjobq__claim_decide(&v, 104, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), 105);
+    CHECK_INT(pgjobq__claim_decide(&v, 105, NULL), 1);
+    /* No free slot: no claim and no wakeup for it (the engine hands the promise on, and keeps it for
+     * the slot a finishing handler frees). */
+    v.running = 4;
+    CHECK_INT(pgjobq__claim_decide(&v, 200, NULL), 0);
+    CHECK_INT(pgjobq__claim_next_ms(&v), INT64_MAX);
+    /* No promise (0): the poll again. */
+    v.running = 1;
+    v.last_full = 0;
+    v.gate_ms = 0;
+    CHECK_INT(pgjobq__claim_next_ms(&v), 1000);
+}
+
 TEST(policy_a_worker_id_in_use_is_waited_for_until_the_row_could_be_stale_then_refused)
 {
     /* Before registering: wait while a row left by a worker that died could still look alive. */

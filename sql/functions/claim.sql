@@ -62,6 +62,9 @@
 --                                      moves on, and priorities with queued jobs that no enqueue
 --                                      recorded (rows inserted by hand) are found (a "low claim").
 --   tick_times, tick_xids              the ticks of the caller's earlier claims (the tick row below).
+--   gate                               the caller keeps the notification gate's promise (src/worker.c):
+--                                      a short claim stamps the queue's gate, and a row (meta 'gate')
+--                                      comes first among the rows that are not jobs.
 -- A level without a cursor starts at its mark.
 --
 -- Each level's rows are locked as they are found (SKIP LOCKED), and every row locked starts in one
@@ -94,7 +97,8 @@ CREATE OR REPLACE FUNCTION pgjobq.claim_next(
     from_ids    bigint[]      DEFAULT NULL,
     tick_times  timestamptz[] DEFAULT NULL,
     tick_xids   bigint[]      DEFAULT NULL,
-    lanes       boolean       DEFAULT false)
+    lanes       boolean       DEFAULT false,
+    gate        boolean       DEFAULT false)
 RETURNS TABLE (id bigint, kind text, payload jsonb, priority smallint, attempt integer, max_attempts integer,
                lease_token bigint, run_at timestamptz, created_at timestamptz, started_at timestamptz,
                lease_until timestamptz, unique_key text, last_error text, parents jsonb, traceparent text,
@@ -137,6 +141,8 @@ DECLARE
     v_pass    integer;
     v_last    text;
     v_from    text;
+    v_gcap    timestamptz;
+    v_gend    timestamptz;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -221,6 +227,8 @@ BEGIN
         END IF;
     END IF;
 
+    -- The gate's row reports the cap even where the jobs' order does not let the cursor use it.
+    v_gcap := v_cap;
     SELECT * INTO s FROM pgjobq.queues qs WHERE qs.name = claim_next.queue;
     -- No longer a lease than the queue allows (queue_set's max_lease; a day by default): a claim
     -- cannot hold a job for ever.  Refused, not shortened: the caller's heartbeats are timed by the
@@ -561,6 +569,25 @@ BEGIN
                                  AND greatest(j.run_at, j.ready_at) > now()
                                ORDER BY greatest(j.run_at, j.ready_at), j.id LIMIT 1) nx
          WHERE l.queue = claim_next.queue;
+    END IF;
+    IF gate THEN
+        -- The notification gate (sql/032_notify_gate.sql): a claim that took jobs, but fewer than it
+        -- asked for and could take (not cut short by a limit or a key), read the queue's due jobs to
+        -- their end, so its caller will claim again after the window: producers may skip their
+        -- notifications until then.  A row (meta 'gate') tells the caller: key, when the window ends
+        -- (NULL: no stamp); cap, this claim's cap, also where a keyed claim reports none in its tick
+        -- row; next_due, the window in seconds.
+        IF v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
+            v_gend := clock_timestamp();
+            PERFORM setval(pgjobq.notify_gate_slot(claim_next.queue),
+                           (pgjobq.notify_gate_tick(v_gend) << 16) | pgjobq.notify_gate_tag(claim_next.queue));
+            v_gend := v_gend + pgjobq.notify_gate_window();
+        END IF;
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
+                            NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                            NULL::text, NULL::text, NULL::jsonb, NULL::text, v_gend, 'gate'::text, v_gcap,
+                            NULL::bigint, extract(epoch FROM pgjobq.notify_gate_window())::double precision,
+                            NULL::boolean;
     END IF;
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, x.p, NULL::integer, NULL::integer,
                         NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,

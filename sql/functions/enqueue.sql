@@ -17,17 +17,50 @@ AS $$
            25::pg_catalog.int4
 $$;
 
+-- notify_gate_window(): how long a gate's stamp silences the notifications of its queue (5 ms);
+-- notify_gate_slot(queue), notify_gate_tag(queue): the queue's slot (its sequence) and tag; notify_gate_tick(t): a moment as a
+-- stamp's time, in units of 64 microseconds since 2000 (up to the year 2285 in a stamp's 47 bits)
+-- (docs/design.md, "The notification gate"; sql/032_notify_gate.sql).  SQL functions without SET: the
+-- planner inlines them.
+CREATE OR REPLACE FUNCTION pgjobq.notify_gate_window() RETURNS interval
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT interval '5 milliseconds' $$;
+
+CREATE OR REPLACE FUNCTION pgjobq.notify_gate_slot(queue text) RETURNS regclass
+LANGUAGE sql STABLE
+AS $$ SELECT ('pgjobq.notify_gate_' || (pg_catalog.hashtext(queue) & 63))::pg_catalog.regclass $$;
+
+CREATE OR REPLACE FUNCTION pgjobq.notify_gate_tag(queue text) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT ((pg_catalog.hashtext(queue) >> 6) & 65535)::pg_catalog.int8 $$;
+
+CREATE OR REPLACE FUNCTION pgjobq.notify_gate_tick(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT (((pg_catalog.date_part('epoch', t) - 946684800) * 1000000)::pg_catalog.int8) >> 6
+$$;
+
 -- notify(queues): wake workers listening on channel 'pgjobq', one notification per distinct queue (a
--- NULL element: the default queue, job_defaults()).  Notifications are delivered at commit, so a
--- rolled-back enqueue wakes nobody.
+-- NULL element: the default queue, job_defaults()), except for a queue whose gate a worker stamped
+-- less than notify_gate_window() ago: that worker will claim from it again after the window, and go
+-- on claiming until this transaction has ended, so the notification would tell nobody anything
+-- (docs/design.md, "The notification gate").  Notifications are delivered at commit, so a
+-- rolled-back enqueue wakes nobody.  SECURITY DEFINER: it reads the gate's sequences, which no role
+-- is granted; its statements planned once per session.
 CREATE OR REPLACE FUNCTION pgjobq.notify(queues text[]) RETURNS void
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    -- The stamp is truncated to 64 microseconds, so this window ends no later than the worker's.
     PERFORM pg_notify('pgjobq', d.q)
        FROM (SELECT DISTINCT coalesce(u.q, j.queue) AS q
-               FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d;
+               FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d
+      CROSS JOIN LATERAL (SELECT pg_sequence_last_value(pgjobq.notify_gate_slot(d.q)) AS st) g
+      WHERE NOT coalesce(g.st & 65535 = pgjobq.notify_gate_tag(d.q)
+                         AND g.st >> 16 > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()),
+                         false);
 END
 $$;
 

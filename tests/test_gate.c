@@ -1,0 +1,243 @@
+/*
+ * test_gate.c - the notification gate (issue 42; docs/design.md, "The notification gate") against the
+ * real server: a worker's claim that took jobs but fewer than it asked for stamps its queue's gate, and
+ * for the gate's window producers of that queue send no notification (and only of that queue: another
+ * queue of the same slot still notifies); the worker then claims again after the window, and goes on
+ * claiming until a producer that skipped its notification has committed, however late; a worker whose
+ * promised claim comes back full wakes the others.
+ *
+ * The window is pgjobq.notify_gate_window(), 5 ms, which these tests replace in their own database (as
+ * pgjobq.backoff may be replaced) with seconds or an hour, so that nothing depends on how fast this
+ * machine is.  Workers poll once a minute here: only the gate's claims explain a pickup within seconds.
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+
+static void set_window(PGconn *pg, const char *interval)
+{
+    PQclear(t_exec(pg,
+                   "CREATE OR REPLACE FUNCTION pgjobq.notify_gate_window() RETURNS interval LANGUAGE sql IMMUTABLE"
+                   " AS $$ SELECT interval '%s' $$",
+                   interval));
+}
+
+/* Notifications that reached `listener` on channel pgjobq with payload `queue`, consumed; *from_pid
+ * (may be NULL) gets the backend of the last one. */
+static int notified(PGconn *listener, const char *queue, int *from_pid)
+{
+    PGnotify *n;
+    int count = 0;
+
+    PQclear(t_exec(listener, "SELECT 1")); /* a round trip: what was sent before has arrived */
+    CHECK(PQconsumeInput(listener) == 1);
+    while ((n = PQnotifies(listener)) != NULL) {
+        if (strcmp(n->relname, "pgjobq") == 0 && strcmp(n->extra, queue) == 0) {
+            count++;
+            if (from_pid)
+                *from_pid = n->be_pid;
+        }
+        PQfreemem(n);
+    }
+    return count;
+}
+
+static int gate_open(PGconn *pg, const char *queue)
+{
+    return (int)t_int(pg,
+                      "SELECT (coalesce(pg_sequence_last_value(pgjobq.notify_gate_slot('%s')) & 65535"
+                      " = pgjobq.notify_gate_tag('%s') AND pg_sequence_last_value(pgjobq.notify_gate_slot('%s')) >> 16"
+                      " > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()), false))::int",
+                      queue, queue, queue);
+}
+
+static void enqueue_sql(PGconn *pg, const char *queue, const char *payload)
+{
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue('%s', payload => '%s')", queue, payload));
+}
+
+/* The gate row of a claim of `queue` (meta 'gate'): "stamped <window s>", "no stamp", or "no row". */
+static char *claim_gate(PGconn *pg, const char *queue, int max_jobs, const char *gate)
+{
+    return t_str(pg,
+                 "SELECT coalesce((SELECT CASE WHEN key IS NULL THEN 'no stamp' ELSE 'stamped ' || next_due END"
+                 " FROM pgjobq.claim_next('%s', %d, '1 minute', 'w', gate => %s) WHERE meta = 'gate'), 'no row')",
+                 queue, max_jobs, gate);
+}
+
+TEST(gate_a_short_claim_stamps_its_queue_and_silences_that_queue_alone)
+{
+    PGconn *pg = t_pg(), *listener = t_pg();
+    char *s;
+
+    set_window(pg, "1 hour");
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    for (int i = 0; i < 2; i++)
+        enqueue_sql(pg, "ga", "{}");
+    CHECK_INT(notified(listener, "ga", NULL), 2);
+    CHECK_INT(gate_open(pg, "ga"), 0);
+
+    /* A claim that does not ask for the gate (a library of version 31, SQL) says nothing of it and
+     * stamps nothing. */
+    CHECK_STR((s = claim_gate(pg, "ga", 10, "false")), "no row");
+    free(s);
+    CHECK_INT(gate_open(pg, "ga"), 0);
+    /* A full claim stamps nothing: there is more to claim, and the claimer claims again anyway. */
+    for (int i = 0; i < 2; i++)
+        enqueue_sql(pg, "ga", "{}");
+    CHECK_STR((s = claim_gate(pg, "ga", 2, "true")), "no stamp");
+    free(s);
+    /* Nor does an empty one: an idle worker promises nothing (else it would claim every window). */
+    CHECK_STR((s = claim_gate(pg, "ga", 10, "true")), "no stamp");
+    free(s);
+    CHECK_INT(gate_open(pg, "ga"), 0);
+    CHECK_INT(notified(listener, "ga", NULL), 2);
+
+    /* A short claim stamps: the worker will claim again after the window (3600 s here). */
+    for (int i = 0; i < 2; i++)
+        enqueue_sql(pg, "ga", "{}");
+    CHECK_INT(notified(listener, "ga", NULL), 2);
+    CHECK_STR((s = claim_gate(pg, "ga", 10, "true")), "stamped 3600");
+    free(s);
+    CHECK_INT(gate_open(pg, "ga"), 1);
+
+    /* Producers of the queue send nothing now, by every path: enqueue, enqueue_many, a transaction of
+     * the caller's, the C library. */
+    enqueue_sql(pg, "ga", "{}");
+    PQclear(t_exec(pg, "SELECT count(*) FROM pgjobq.enqueue_many(ARRAY['ga','ga'], NULL, ARRAY['{}','{}']::jsonb[])"));
+    PQclear(t_exec(pg, "BEGIN"));
+    enqueue_sql(pg, "ga", "{}");
+    PQclear(t_exec(pg, "COMMIT"));
+    pgjobq_client *c = t_client();
+    pgjobq_enqueue_opts o = {0};
+    o.queue = "ga";
+    CHECK_OK(c, pgjobq_enqueue(c, "{}", &o, NULL));
+    pgjobq_client_close(c);
+    CHECK_INT(notified(listener, "ga", NULL), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'ga' AND state = 'queued'"), 5);
+
+    /* A queue that shares the slot but not the tag still notifies: the stamp is of "ga" alone. */
+    char *other = t_str(pg, "SELECT 'q' || i FROM generate_series(1, 100000) i"
+                            " WHERE hashtext('q' || i) & 63 = hashtext('ga') & 63"
+                            " AND pgjobq.notify_gate_tag('q' || i) <> pgjobq.notify_gate_tag('ga') LIMIT 1");
+    CHECK(other[0] == 'q');
+    CHECK_INT(gate_open(pg, other), 0);
+    enqueue_sql(pg, other, "{}");
+    CHECK_INT(notified(listener, other, NULL), 1);
+    free(other);
+
+    /* Once the window has passed, producers notify again. */
+    set_window(pg, "0");
+    CHECK_INT(gate_open(pg, "ga"), 0);
+    enqueue_sql(pg, "ga", "{}");
+    CHECK_INT(notified(listener, "ga", NULL), 1);
+    PQfinish(listener);
+    PQfinish(pg);
+}
+
+static const char *wait_sql_text;
+static long long wait_sql_want;
+static int sql_reaches(void *arg)
+{
+    return t_int(arg, "%s", wait_sql_text) >= wait_sql_want;
+}
+
+static void wait_sql(PGconn *pg, const char *sql, long long want, int timeout_ms)
+{
+    wait_sql_text = sql;
+    wait_sql_want = want;
+    if (!t_wait_until(sql_reaches, pg, timeout_ms))
+        t_fail(__FILE__, __LINE__, "after %d ms, %s is %lld, not >= %lld", timeout_ms, sql, t_int(pg, "%s", sql), want);
+}
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The worker's promise, kept until a producer that skipped its notification commits: the producer's
+ * transaction enqueues while the gate is shut, and commits after the window has ended and after the
+ * worker's first claim past it, which could not see the job.  Without the horizon (claiming until a
+ * claim's cap passes that claim) the job would wait for the poll, a minute away. */
+TEST_FULL(gate_a_worker_claims_until_a_producer_that_skipped_its_notification_commits, 120, 0)
+{
+    PGconn *pg = t_pg(), *producer = t_pg(), *listener = t_pg();
+    const char *handler = t_script("h.sh", "cat >/dev/null; echo '{}'");
+
+    set_window(pg, "3 seconds");
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gw:4", "--poll", "60s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.workers WHERE stopped_at IS NULL", 1, 30000);
+    /* Listening (past its set-up), so that the first job's notification wakes it. */
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
+             1, 20000);
+
+    /* A notified job, claimed alone by a worker with four slots: a short claim, so the gate shuts. */
+    enqueue_sql(pg, "gw", "{\"n\": 1}");
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gw' AND state = 'completed'", 1, 20000);
+    CHECK_INT(gate_open(pg, "gw"), 1);
+    CHECK_INT(notified(listener, "gw", NULL), 1);
+
+    /* A producer enqueues while the gate is shut (no notification), and commits late. */
+    PQclear(t_exec(producer, "BEGIN"));
+    enqueue_sql(producer, "gw", "{\"n\": 2}");
+    CHECK_INT(gate_open(pg, "gw"), 1);
+    wait_sql(pg, "SELECT (NOT (coalesce(pg_sequence_last_value(pgjobq.notify_gate_slot('gw')) >> 16"
+                 " > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()), false)))::int",
+             1, 10000);
+    pause_ms(1500); /* the worker's first claims past the window run, and find nothing */
+    int64_t t0 = t_now_ms();
+    PQclear(t_exec(producer, "COMMIT"));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gw' AND state = 'completed'", 2, 20000);
+    printf("a job whose producer skipped its notification and committed 1.5 s after the window: picked up %lld ms"
+           " after its commit (poll: 60 s)\n",
+           (long long)(t_now_ms() - t0));
+    CHECK_INT(notified(listener, "gw", NULL), 0);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(listener);
+    PQfinish(producer);
+    PQfinish(pg);
+}
+
+/* A worker whose promised claim comes back full (jobs are left that no producer announced) wakes the
+ * other workers with one notification of its own. */
+TEST_FULL(gate_a_worker_whose_promised_claim_comes_back_full_wakes_the_others, 120, 0)
+{
+    PGconn *pg = t_pg(), *listener = t_pg();
+    const char *handler = t_script("h.sh", "p=$(cat); case \"$p\" in *block*) sleep 6;; esac; echo '{}'");
+    int from = 0;
+
+    set_window(pg, "3 seconds");
+    PQclear(t_exec(listener, "LISTEN pgjobq"));
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gh:2", "--poll", "60s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
+             1, 20000);
+    enqueue_sql(pg, "gh", "{\"block\": 1}");
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'gh' AND state = 'running'", 1, 20000);
+    CHECK_INT(gate_open(pg, "gh"), 1);
+    CHECK_INT(notified(listener, "gh", NULL), 1);
+    /* Two more while the gate is shut: no notification.  After the window the worker claims the one
+     * slot it has left, gets one of them (a full claim), and hands the promise on. */
+    enqueue_sql(pg, "gh", "{\"block\": 2}");
+    enqueue_sql(pg, "gh", "{\"block\": 3}");
+    CHECK_INT(notified(listener, "gh", NULL), 0);
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'gh' AND state = 'running'", 2, 20000);
+    pause_ms(500);
+    CHECK_INT(notified(listener, "gh", &from), 1);
+    CHECK_INT(from, t_int(pg, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                              " AND datname = current_database()"));
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gh' AND state = 'completed'", 3, 60000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(listener);
+    PQfinish(pg);
+}
