@@ -1122,7 +1122,7 @@ static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_met
     if (!m->gate)
         return;
     if (m->gate_end_us != PGJOBQ_TIME_NONE) {
-        int64_t window_ms = m->gate_window_s > 0 ? (int64_t)ceil(m->gate_window_s * 1000.0) : 1;
+        int64_t window_ms = m->gate_window_s > 0 ? (int64_t)(m->gate_window_s * 1000.0 + 0.999) : 1; /* rounded up */
         q->gate.state = PGJOBQ__GATE_WINDOW;
         q->gate.end_us = m->gate_end_us;
         q->gate.retry_ms = 0;

@@ -143,6 +143,7 @@ DECLARE
     v_from    text;
     v_gcap    timestamptz;
     v_gend    timestamptz;
+    v_gst     bigint;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 1 OR max_jobs > 10000 THEN
         RAISE EXCEPTION 'pgjobq.claim: max_jobs must be between 1 and 10000, not %', max_jobs
@@ -574,14 +575,22 @@ BEGIN
         -- The notification gate (sql/032_notify_gate.sql): a claim that took jobs, but fewer than it
         -- asked for and could take (not cut short by a limit or a key), read the queue's due jobs to
         -- their end, so its caller will claim again after the window: producers may skip their
-        -- notifications until then.  A row (meta 'gate') tells the caller: key, when the window ends
-        -- (NULL: no stamp); cap, this claim's cap, also where a keyed claim reports none in its tick
-        -- row; next_due, the window in seconds.
+        -- notifications until then.  Unless another claimer's stamp holds the gate shut already: one
+        -- promise at a time per queue, so that not every worker that found the queue drained claims
+        -- again each window.  A row (meta 'gate') tells the caller: key, when the window ends (NULL:
+        -- no stamp); cap, this claim's cap, also where a keyed claim reports none in its tick row;
+        -- next_due, the window in seconds.
         IF v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
             v_gend := clock_timestamp();
-            PERFORM setval(pgjobq.notify_gate_slot(claim_next.queue),
-                           (pgjobq.notify_gate_tick(v_gend) << 16) | pgjobq.notify_gate_tag(claim_next.queue));
-            v_gend := v_gend + pgjobq.notify_gate_window();
+            v_gst := pg_sequence_last_value(pgjobq.notify_gate_slot(claim_next.queue));
+            IF v_gst IS NULL OR v_gst & 65535 <> pgjobq.notify_gate_tag(claim_next.queue)
+               OR v_gst >> 16 <= pgjobq.notify_gate_tick(v_gend - pgjobq.notify_gate_window()) THEN
+                PERFORM setval(pgjobq.notify_gate_slot(claim_next.queue),
+                               (pgjobq.notify_gate_tick(v_gend) << 16) | pgjobq.notify_gate_tag(claim_next.queue));
+                v_gend := v_gend + pgjobq.notify_gate_window();
+            ELSE
+                v_gend := NULL;
+            END IF;
         END IF;
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::smallint, NULL::integer, NULL::integer,
                             NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,

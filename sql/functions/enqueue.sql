@@ -21,7 +21,8 @@ $$;
 -- notify_gate_slot(queue), notify_gate_tag(queue): the queue's slot (its sequence) and tag; notify_gate_tick(t): a moment as a
 -- stamp's time, in units of 64 microseconds since 2000 (up to the year 2285 in a stamp's 47 bits)
 -- (docs/design.md, "The notification gate"; sql/032_notify_gate.sql).  SQL functions without SET: the
--- planner inlines them.
+-- planner inlines them (notify_gate_tick is STABLE, as date_part of a timestamptz is: declared
+-- IMMUTABLE it was not inlined, and its body was planned at every call).
 CREATE OR REPLACE FUNCTION pgjobq.notify_gate_window() RETURNS interval
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT interval '5 milliseconds' $$;
@@ -35,7 +36,7 @@ LANGUAGE sql IMMUTABLE
 AS $$ SELECT ((pg_catalog.hashtext(queue) >> 6) & 65535)::pg_catalog.int8 $$;
 
 CREATE OR REPLACE FUNCTION pgjobq.notify_gate_tick(t timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql STABLE
 AS $$
     SELECT (((pg_catalog.date_part('epoch', t) - 946684800) * 1000000)::pg_catalog.int8) >> 6
 $$;
