@@ -24,7 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
 new=${PGJOBQ:-$top/build/pgjobq}
 old=${OLD:-}
-python=${PYTHON:-python3}
+python=${PYTHON:-$(command -v /usr/bin/python3 python3 | head -n 1)}
 quick=${QUICK:-0}
 if [ "$quick" = 1 ]; then
     reps=${REPS:-1}; seconds=5; workers=${WORKERS:-40}
@@ -81,9 +81,12 @@ stop_workers() {
     pids=""
 }
 trap 'stop_workers; cleanup' EXIT INT TERM
-produce() { # side name round via rate
+reset() { # side: the last run's jobs out of the way (none runs: no worker, or all done)
     "$bindir/psql" -X -q -d "${1}db" -c "DELETE FROM pgjobq.history WHERE queue = 'bench'" \
         -c "DELETE FROM pgjobq.jobs WHERE queue = 'bench' AND state = 'queued'" >/dev/null
+}
+produce() { # side name round via rate
+    reset "$1"
     out=$(PYTHONPATH="$top/python" "$python" "$here/producers.py" "$(url_of "$1")" "$4" "$5" "$seconds" 8 "$(lib_of "$1")")
     echo "{\"name\":\"$2\",\"round\":$3,${out#\{}" >> "$runs"
     echo "  $2 round $3: $out"
@@ -94,6 +97,7 @@ r=1
 while [ "$r" -le "$reps" ]; do
     for side in $sides; do
         for w in 0 "$workers"; do
+            reset "$side"
             [ "$w" -gt 0 ] && start_workers "$side" "$w"
             for via in sql python c; do
                 produce "$side" "$side-w$w-$via" "$r" "$via" 500
@@ -109,9 +113,9 @@ echo
 echo "| figure | $(echo "$sides" | sed 's/ / | /') | target |"
 echo "|---|$(for s in $sides; do printf -- '---|'; done)---|"
 for via in sql python c; do
-    line="| $via producers, 8 x 500/s: rate with $workers workers listening / with none |"
+    line="| $via producers, 8 x 500/s: rate with $workers workers listening / with none (jobs/s; notifications per job) |"
     for side in $sides; do
-        line="$line $(ratio "$(m "$side-w$workers-$via" jobs_per_s)" "$(m "$side-w0-$via" jobs_per_s)") ($(m "$side-w$workers-$via" jobs_per_s) / $(m "$side-w0-$via" jobs_per_s)) |"
+        line="$line $(ratio "$(m "$side-w$workers-$via" jobs_per_s)" "$(m "$side-w0-$via" jobs_per_s)") ($(m "$side-w$workers-$via" jobs_per_s) / $(m "$side-w0-$via" jobs_per_s); $(m "$side-w$workers-$via" notifications_per_job)) |"
     done
     v=$(ratio "$(m "new-w$workers-$via" jobs_per_s)" "$(m "new-w0-$via" jobs_per_s)")
     echo "$line >= 0.9: $(verdict "$v" ">=" 0.9) |"

@@ -51,8 +51,31 @@ if via == "c":
 
 counts = [0] * threads
 errors = []
+with psycopg.connect(url) as c0:
+    db_start = c0.execute("SELECT clock_timestamp()").fetchone()[0]
 start = time.monotonic() + 0.5
 end = start + seconds
+
+# The notifications the producers' commits sent for the queue, counted by a session of its own (it
+# stops at a notification of its own: "!bench-stop").
+notified = [0]
+
+
+def listen() -> None:
+    with psycopg.connect(url, autocommit=True) as lc:
+        lc.execute("LISTEN pgjobq")
+        ready.set()
+        for n in lc.notifies():
+            if n.payload == "bench":
+                notified[0] += 1
+            elif n.payload == "!bench-stop":
+                return
+
+
+ready = threading.Event()
+listener = threading.Thread(target=listen)
+listener.start()
+ready.wait(10)
 
 
 def produce(i: int) -> None:
@@ -97,6 +120,10 @@ for t in ts:
     t.start()
 for t in ts:
     t.join()
+time.sleep(0.3)
+with psycopg.connect(url, autocommit=True) as c1:
+    c1.execute("SELECT pg_notify('pgjobq', '!bench-stop')")
+listener.join()
 if errors:
     print(json.dumps({"error": errors[0]}))
     sys.exit(1)
@@ -105,12 +132,14 @@ with psycopg.connect(url) as conn:
     row = conn.execute(
         """WITH j AS (SELECT created_at, started_at FROM pgjobq.history WHERE queue = 'bench'
                       UNION ALL SELECT created_at, started_at FROM pgjobq.jobs WHERE queue = 'bench'),
-                w AS (SELECT min(created_at) + (max(created_at) - min(created_at)) / 3 AS from_t FROM j)
+                w AS (SELECT %s::timestamptz + %s * interval '1 second' AS from_t)
            SELECT count(*) FILTER (WHERE started_at IS NOT NULL),
                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at) * 1000),
                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at) * 1000)
-             FROM j, w WHERE j.created_at >= w.from_t AND started_at IS NOT NULL""").fetchone()
+             FROM j, w WHERE j.created_at >= w.from_t AND started_at IS NOT NULL""",
+        (db_start, 0.5 + seconds / 3)).fetchone()
 print(json.dumps({"via": via, "threads": threads, "offered_per_s": rate, "seconds": seconds, "jobs": jobs,
-                  "jobs_per_s": round(jobs / seconds, 1), "started": row[0],
+                  "jobs_per_s": round(jobs / seconds, 1), "notifications": notified[0],
+                  "notifications_per_job": round(notified[0] / jobs, 3) if jobs else None, "started": row[0],
                   "pickup_p50_ms": round(row[1], 2) if row[1] is not None else None,
-                  "pickup_p99_ms": round(row[2], 2) if row[2] is not None else None}))
+                  "pickup_p99_ms": round(row[2], 2) if row[2] is not None else None}, separators=(",", ":")))

@@ -1099,7 +1099,9 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
  * that notify commit one at a time (bench/README.md, "The notification gate").  So a claim that took
  * jobs, but fewer than it asked for, stamps its queue's gate (sql/032_notify_gate.sql), and for the
  * gate's window (5 ms) producers send no notification for that queue: this worker has promised to
- * claim from it again.  The promise, per queue (q->gate):
+ * claim from it again.  It claims at half the window: a claim that finds jobs stamps again (a claim
+ * stamps only when no stamp younger than half the window holds the gate shut), so that under steady
+ * load the gate stays shut from one window to the next.  The promise, per queue (q->gate):
  *
  *   WINDOW    claim once the window has ended: a claim whose tick (its moment on the database clock)
  *             is at or after the window's end.  A producer that skipped its notification read the gate
@@ -1127,15 +1129,17 @@ static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_met
         q->gate.end_us = m->gate_end_us;
         q->gate.retry_ms = 0;
         q->gate.handed = q->gate.hand_now = 0;
-        /* The window began at the stamp, before this answer arrived: it has ended by then, here. */
-        q->claim.gate_ms = now + (window_ms > 0 ? window_ms : 1);
+        /* At half the window (which began at the stamp, before this answer arrived): a claim that finds
+         * jobs then stamps again, so under steady load the gate never opens between two windows. */
+        q->claim.gate_ms = now + (window_ms / 2 > 0 ? window_ms / 2 : 1);
         return;
     }
     if (q->gate.state == PGJOBQ__GATE_WINDOW) {
         if (m->tick_us == PGJOBQ_TIME_NONE || m->tick_us < q->gate.end_us) {
-            /* Claimed before the window's end (a notification, a freed slot): the promise still holds. */
-            if (q->claim.gate_ms <= now)
-                q->claim.gate_ms = now + 1;
+            /* Claimed before the window's end (at half of it, on a notification, for a freed slot), and
+             * stamped nothing: the promise holds, and its claim comes when the window has ended. */
+            int64_t left_ms = m->tick_us == PGJOBQ_TIME_NONE ? 1 : (q->gate.end_us - m->tick_us) / 1000 + 1;
+            q->claim.gate_ms = now + left_ms;
             return;
         }
         q->gate.state = PGJOBQ__GATE_HORIZON;

@@ -575,16 +575,18 @@ BEGIN
         -- The notification gate (sql/032_notify_gate.sql): a claim that took jobs, but fewer than it
         -- asked for and could take (not cut short by a limit or a key), read the queue's due jobs to
         -- their end, so its caller will claim again after the window: producers may skip their
-        -- notifications until then.  Unless another claimer's stamp holds the gate shut already: one
-        -- promise at a time per queue, so that not every worker that found the queue drained claims
-        -- again each window.  A row (meta 'gate') tells the caller: key, when the window ends (NULL:
+        -- notifications until then.  Unless a stamp younger than half the window holds the gate shut
+        -- already: few promises at a time per queue, so that not every worker that found the queue
+        -- drained claims again each window.  (A worker claims again at half its window, and a claim
+        -- that finds jobs then stamps again: under steady load the gate stays shut, with no gap
+        -- between one window and the next in which every producer notifies.)  A row (meta 'gate') tells the caller: key, when the window ends (NULL:
         -- no stamp); cap, this claim's cap, also where a keyed claim reports none in its tick row;
         -- next_due, the window in seconds.
         IF v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
             v_gend := clock_timestamp();
             v_gst := pg_sequence_last_value(pgjobq.notify_gate_slot(claim_next.queue));
             IF v_gst IS NULL OR v_gst & 65535 <> pgjobq.notify_gate_tag(claim_next.queue)
-               OR v_gst >> 16 <= pgjobq.notify_gate_tick(v_gend - pgjobq.notify_gate_window()) THEN
+               OR v_gst >> 16 <= pgjobq.notify_gate_tick(v_gend - pgjobq.notify_gate_window() / 2) THEN
                 PERFORM setval(pgjobq.notify_gate_slot(claim_next.queue),
                                (pgjobq.notify_gate_tick(v_gend) << 16) | pgjobq.notify_gate_tag(claim_next.queue));
                 v_gend := v_gend + pgjobq.notify_gate_window();
