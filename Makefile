@@ -195,6 +195,7 @@ bench: all
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/durable.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/aging.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/strict.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/notify.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
