@@ -1121,8 +1121,13 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
  * dies inside its window; its jobs wait for another worker's claim (the poll, 1 s by default). */
 static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_meta *m, int n, int want, int64_t now)
 {
-    if (!m->gate)
+    if (!m->gate) {
+        /* A paused queue's claim: nobody claims from it until it resumes, whose notification wakes the
+         * workers.  The promise ends (kept, it would claim the paused queue without pause). */
+        q->gate.state = PGJOBQ__GATE_NONE;
+        q->claim.gate_ms = 0;
         return;
+    }
     if (m->gate_end_us != PGJOBQ_TIME_NONE) {
         int64_t window_ms = m->gate_window_s > 0 ? (int64_t)(m->gate_window_s * 1000.0 + 0.999) : 1; /* rounded up */
         q->gate.state = PGJOBQ__GATE_WINDOW;

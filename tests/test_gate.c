@@ -253,3 +253,35 @@ TEST_FULL(gate_a_worker_whose_promised_claim_comes_back_full_wakes_the_others, 1
     PQfinish(listener);
     PQfinish(pg);
 }
+
+/* A worker's promise ends at a claim of its queue paused: kept, it would claim the paused queue again
+ * and again without pause (a claim of a paused queue says nothing of the gate).  Counted in the
+ * database's commits: each claim is one. */
+TEST_FULL(gate_a_promise_ends_when_its_queue_is_paused, 120, 0)
+{
+    PGconn *pg = t_pg();
+    const char *handler = t_script("h.sh", "cat >/dev/null; echo '{}'");
+
+    set_window(pg, "2 seconds");
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gp:4", "--poll", "60s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
+             1, 20000);
+    enqueue_sql(pg, "gp", "{}");
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gp' AND state = 'completed'", 1, 20000);
+    CHECK_INT(gate_open(pg, "gp"), 1);
+    CHECK_INT(t_int(pg, "SELECT pgjobq.queue_pause('gp')::int"), 1);
+    pause_ms(2500); /* the promised claims (at 1 s, and after the window) find the queue paused */
+    long long before = t_int(pg, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()");
+    pause_ms(2000);
+    long long commits = t_int(pg, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()") - before;
+    printf("commits in 2 s with the queue paused: %lld\n", commits);
+    CHECK_MSG(commits < 300, "%lld commits in 2 s: the worker claims the paused queue without pause", commits);
+    /* Resumed: its notification wakes the worker. */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.queue_resume('gp')::int"), 1);
+    enqueue_sql(pg, "gp", "{}");
+    wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gp' AND state = 'completed'", 2, 20000);
+    kill(pid, SIGTERM);
+    CHECK_INT(t_wait_exit(pid, 30000), 0);
+    PQfinish(pg);
+}

@@ -36,7 +36,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM pgjobq.notify(ARRAY[queue]);
+    -- Without the gate (docs/design.md, "The notification gate"): a worker's promise ends at a claim
+    -- of the paused queue, so a stamp made just before the pause holds nobody to claim.
+    PERFORM pg_notify('pgjobq', queue);
     RETURN true;
 END
 $$;
