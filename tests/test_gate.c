@@ -168,6 +168,17 @@ static void pause_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* Starts `pgjobq work` on queue spec `queue` (NAME:N) with `handler`, polling once a minute, and
+ * waits until it listens (its claim connection is past its set-up). */
+static pid_t start_worker(PGconn *pg, const char *handler, const char *queue)
+{
+    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", queue, "--poll", "60s", NULL);
+    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
+                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
+             1, 20000);
+    return pid;
+}
+
 /* The worker's promise, kept until a producer that skipped its notification commits: the producer's
  * transaction enqueues while the gate is shut, and commits after the window has ended and after the
  * worker's first claim past it, which could not see the job.  Without the horizon (claiming until a
@@ -179,12 +190,7 @@ TEST_FULL(gate_a_worker_claims_until_a_producer_that_skipped_its_notification_co
 
     set_window(pg, "3 seconds");
     PQclear(t_exec(listener, "LISTEN pgjobq"));
-    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gw:4", "--poll", "60s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pgjobq.workers WHERE stopped_at IS NULL", 1, 30000);
-    /* Listening (past its set-up), so that the first job's notification wakes it. */
-    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
-                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
-             1, 20000);
+    pid_t pid = start_worker(pg, handler, "gw:4");
 
     /* A notified job, claimed alone by a worker with four slots: a short claim, so the gate shuts. */
     enqueue_sql(pg, "gw", "{\"n\": 1}");
@@ -224,10 +230,7 @@ TEST_FULL(gate_a_worker_whose_promised_claim_comes_back_full_wakes_the_others, 1
 
     set_window(pg, "3 seconds");
     PQclear(t_exec(listener, "LISTEN pgjobq"));
-    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gh:2", "--poll", "60s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
-                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
-             1, 20000);
+    pid_t pid = start_worker(pg, handler, "gh:2");
     enqueue_sql(pg, "gh", "{\"block\": 1}");
     wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'gh' AND state = 'running'", 1, 20000);
     CHECK_INT(gate_open(pg, "gh"), 1);
@@ -263,10 +266,7 @@ TEST_FULL(gate_a_promise_ends_when_its_queue_is_paused, 120, 0)
     const char *handler = t_script("h.sh", "cat >/dev/null; echo '{}'");
 
     set_window(pg, "2 seconds");
-    pid_t pid = t_spawn(t_log_path("w"), NULL, "work", "--exec", handler, "--queue", "gp:4", "--poll", "60s", NULL);
-    wait_sql(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobq-claim'"
-                 " AND datname = current_database() AND query <> '' AND query NOT LIKE '%schema_version%'",
-             1, 20000);
+    pid_t pid = start_worker(pg, handler, "gp:4");
     enqueue_sql(pg, "gp", "{}");
     wait_sql(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'gp' AND state = 'completed'", 1, 20000);
     CHECK_INT(gate_open(pg, "gp"), 1);
