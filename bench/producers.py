@@ -12,7 +12,11 @@ still there, the pickup of the jobs enqueued in the last two thirds of the run t
 created_at (the enqueue's transaction start) to started_at (the claim's start), on the database's
 clock, p50 and p99 (none when no worker ran).  Prints one JSON line.
 
-Usage: producers.py URL VIA RATE SECONDS [THREADS] [LIB]"""
+Every job's payload carries "t", the producer's clock when it called.  With LAGS (a path prefix),
+the pickup to the handler's start is read from the files LAGS.* that bench/py_notify_app.py's task
+writes (the same jobs: enqueued in the last two thirds of the run).
+
+Usage: producers.py URL VIA RATE SECONDS [THREADS] [LIB] [LAGS]"""
 import ctypes
 import json
 import sys
@@ -24,6 +28,7 @@ import psycopg
 url, via, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 threads = int(sys.argv[5]) if len(sys.argv) > 5 else 8
 lib_path = sys.argv[6] if len(sys.argv) > 6 else None
+lags = sys.argv[7] if len(sys.argv) > 7 else None
 
 if via == "python":
     import pgjobq
@@ -31,7 +36,7 @@ if via == "python":
     app = pgjobq.App(name="bench_producers")
 
     @app.task(name="default", queue="bench")
-    def default(n: int = 0) -> None:
+    def default(n: int = 0, t: float = 0.0) -> None:
         return None
 
 if via == "c":
@@ -54,6 +59,7 @@ errors = []
 with psycopg.connect(url) as c0:
     db_start = c0.execute("SELECT clock_timestamp()").fetchone()[0]
 start = time.monotonic() + 0.5
+wall_start = time.time()
 end = start + seconds
 
 # The notifications the producers' commits sent for the queue, counted by a session of its own (it
@@ -97,13 +103,15 @@ def produce(i: int) -> None:
             if due > now:
                 time.sleep(due - now)
             if via == "sql":
-                conn.execute("SELECT pgjobq.enqueue('bench', payload => %s::jsonb)", (json.dumps({"n": k}),))
+                conn.execute("SELECT pgjobq.enqueue('bench', payload => %s::jsonb)",
+                             (json.dumps({"n": k, "t": time.time()}),))
                 conn.commit()
             elif via == "python":
-                default.defer(conn, n=k)
+                default.defer(conn, n=k, t=time.time())
                 conn.commit()
             else:
-                if lib.pgjobq_enqueue(c, b'{"n": 0}', ctypes.byref(o), None) != 0:
+                payload = ('{"n": %d, "t": %.6f}' % (k, time.time())).encode()
+                if lib.pgjobq_enqueue(c, payload, ctypes.byref(o), None) != 0:
                     raise RuntimeError(lib.pgjobq_errmsg(c).decode())
             k += 1
             counts[i] = k
@@ -138,8 +146,28 @@ with psycopg.connect(url) as conn:
                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at) * 1000)
              FROM j, w WHERE j.created_at >= w.from_t AND started_at IS NOT NULL""",
         (db_start, 0.5 + seconds / 3)).fetchone()
+handler = []
+if lags:
+    import glob
+
+    wall_from = wall_start + 0.5 + seconds / 3
+    for path in glob.glob(lags + ".*"):
+        with open(path) as f:
+            for line in f:
+                t, lag = line.split()
+                if float(t) >= wall_from:
+                    handler.append(float(lag))
+handler.sort()
+
+
+def q(p: float):
+    return round(handler[min(len(handler) - 1, int(p * len(handler)))], 2) if handler else None
+
+
 print(json.dumps({"via": via, "threads": threads, "offered_per_s": rate, "seconds": seconds, "jobs": jobs,
                   "jobs_per_s": round(jobs / seconds, 1), "notifications": notified[0],
                   "notifications_per_job": round(notified[0] / jobs, 3) if jobs else None, "started": row[0],
                   "pickup_p50_ms": round(row[1], 2) if row[1] is not None else None,
-                  "pickup_p99_ms": round(row[2], 2) if row[2] is not None else None}, separators=(",", ":")))
+                  "pickup_p99_ms": round(row[2], 2) if row[2] is not None else None,
+                  "handler_started": len(handler), "handler_p50_ms": q(0.5), "handler_p99_ms": q(0.99)},
+                 separators=(",", ":")))

@@ -1145,6 +1145,8 @@ static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_met
              * stamped nothing: the promise holds, and its claim comes when the window has ended. */
             int64_t left_ms = m->tick_us == PGJOBQ_TIME_NONE ? 1 : (q->gate.end_us - m->tick_us) / 1000 + 1;
             q->claim.gate_ms = now + left_ms;
+            if (n > 0 && n == want && !q->gate.handed)
+                q->gate.hand_now = 1;
             return;
         }
         q->gate.state = PGJOBQ__GATE_HORIZON;
