@@ -425,8 +425,8 @@ $$;
 --
 -- A level is taken in two steps, because a claim reads a level's row and then its frontier: a
 -- frontier dropped between the two would fail the claim.  The row (with its marks) is deleted, and
--- the frontier's name kept in pgjobq.levels_gone; a later call stamps it with the next transaction id
--- to come (safe_after: every transaction that got its id since sees the row gone, and a claim gets its
+-- the frontier's name kept in pgjobq.levels_gone; a later call stamps it with its own transaction id
+-- (safe_after: every transaction that got its id since sees the row gone, and a claim gets its
 -- id before it reads the levels), and a call after every transaction older than that has ended drops
 -- it.  (A claim in a REPEATABLE READ transaction whose snapshot is older than that may still read the
 -- row, and fail on the frontier; its transaction rolls back, and nothing is lost.)  DROP waits for
@@ -468,8 +468,13 @@ BEGIN
     END LOOP;
     BEGIN
         -- Those retired by earlier calls: their deletion had committed when this statement's snapshot
-        -- was taken (it sees their rows), so every transaction given an id after it sees them gone.
-        UPDATE pgjobq.levels_gone g SET safe_after = pg_snapshot_xmax(pg_current_snapshot())
+        -- was taken (it sees their rows), so every transaction given an id after this one's sees them
+        -- gone.  This transaction's own id, not the snapshot's xmax: that is the last completed id
+        -- plus one, and a claim that got its id before the deletion committed, and read the row,
+        -- can hold a larger id than that while no later one has completed; its frontier was then
+        -- dropped under it ("could not open relation", 2 runs in 30 of
+        -- levels_reclaimed_under_enqueues_and_claims_lose_no_job).
+        UPDATE pgjobq.levels_gone g SET safe_after = pg_current_xact_id()
          WHERE g.safe_after IS NULL;
 
         v_waiting := ARRAY(SELECT DISTINCT j.queue::text FROM pgjobq.jobs j WHERE j.state = 'waiting');
