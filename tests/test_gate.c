@@ -50,10 +50,9 @@ static int notified(PGconn *listener, const char *queue, int *from_pid)
 static int gate_open(PGconn *pg, const char *queue)
 {
     return (int)t_int(pg,
-                      "SELECT (coalesce(pg_sequence_last_value(pgjobq.notify_gate_slot('%s')) & 65535"
-                      " = pgjobq.notify_gate_tag('%s') AND pg_sequence_last_value(pgjobq.notify_gate_slot('%s')) >> 16"
-                      " > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()), false))::int",
-                      queue, queue, queue);
+                      "SELECT pgjobq.notify_gate_shut(pg_sequence_last_value(pgjobq.notify_gate_slot('%s')), '%s',"
+                      " pgjobq.notify_gate_window())::int",
+                      queue, queue);
 }
 
 static void enqueue_sql(PGconn *pg, const char *queue, const char *payload)
@@ -202,8 +201,8 @@ TEST_FULL(gate_a_worker_claims_until_a_producer_that_skipped_its_notification_co
     PQclear(t_exec(producer, "BEGIN"));
     enqueue_sql(producer, "gw", "{\"n\": 2}");
     CHECK_INT(gate_open(pg, "gw"), 1);
-    wait_sql(pg, "SELECT (NOT (coalesce(pg_sequence_last_value(pgjobq.notify_gate_slot('gw')) >> 16"
-                 " > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()), false)))::int",
+    wait_sql(pg, "SELECT (NOT pgjobq.notify_gate_shut(pg_sequence_last_value(pgjobq.notify_gate_slot('gw')), 'gw',"
+                 " pgjobq.notify_gate_window()))::int",
              1, 10000);
     pause_ms(1500); /* the worker's first claims past the window run, and find nothing */
     int64_t t0 = t_now_ms();

@@ -585,8 +585,7 @@ BEGIN
         IF v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
             v_gend := clock_timestamp();
             v_gst := pg_sequence_last_value(pgjobq.notify_gate_slot(claim_next.queue));
-            IF v_gst IS NULL OR v_gst & 65535 <> pgjobq.notify_gate_tag(claim_next.queue)
-               OR v_gst >> 16 <= pgjobq.notify_gate_tick(v_gend - pgjobq.notify_gate_window() / 2) THEN
+            IF NOT pgjobq.notify_gate_shut(v_gst, claim_next.queue, pgjobq.notify_gate_window() / 2) THEN
                 PERFORM setval(pgjobq.notify_gate_slot(claim_next.queue),
                                (pgjobq.notify_gate_tick(v_gend) << 16) | pgjobq.notify_gate_tag(claim_next.queue));
                 v_gend := v_gend + pgjobq.notify_gate_window();

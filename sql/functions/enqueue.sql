@@ -41,6 +41,17 @@ AS $$
     SELECT (((pg_catalog.date_part('epoch', t) - 946684800) * 1000000)::pg_catalog.int8) >> 6
 $$;
 
+-- notify_gate_shut(stamp, queue, age): whether stamp (a gate's sequence value, NULL: never set) is a
+-- stamp of queue's younger than age: the one judge of notify (age: the window) and of claim_next (half
+-- the window).  The stamp is truncated to 64 microseconds, so it ends no later than the worker's.
+-- VOLATILE, as clock_timestamp is, so that the planner inlines it (STABLE, it would not).
+CREATE OR REPLACE FUNCTION pgjobq.notify_gate_shut(stamp bigint, queue text, age interval) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT coalesce(stamp & 65535 = pgjobq.notify_gate_tag(queue)
+                    AND stamp >> 16 > pgjobq.notify_gate_tick(pg_catalog.clock_timestamp() - age), false)
+$$;
+
 -- notify(queues): wake workers listening on channel 'pgjobq', one notification per distinct queue (a
 -- NULL element: the default queue, job_defaults()), except for a queue whose gate a worker stamped
 -- less than notify_gate_window() ago: that worker will claim from it again after the window, and go
@@ -54,14 +65,11 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    -- The stamp is truncated to 64 microseconds, so this window ends no later than the worker's.
     PERFORM pg_notify('pgjobq', d.q)
        FROM (SELECT DISTINCT coalesce(u.q, j.queue) AS q
                FROM unnest(queues) AS u(q), pgjobq.job_defaults() j) d
       CROSS JOIN LATERAL (SELECT pg_sequence_last_value(pgjobq.notify_gate_slot(d.q)) AS st) g
-      WHERE NOT coalesce(g.st & 65535 = pgjobq.notify_gate_tag(d.q)
-                         AND g.st >> 16 > pgjobq.notify_gate_tick(clock_timestamp() - pgjobq.notify_gate_window()),
-                         false);
+      WHERE NOT pgjobq.notify_gate_shut(g.st, d.q, pgjobq.notify_gate_window());
 END
 $$;
 
