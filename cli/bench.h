@@ -26,6 +26,7 @@ typedef struct bench_args {
     int strict;         /* drain: the queue in strict order per key (pgjobq_queue_set_strict_order) */
     const char *handler; /* drain-exec, drain-coproc: the command */
     const char *pin;     /* steady: "snapshot" or "dump" */
+    int floor;           /* steady: the minimal table and its NOTIFY-woken workers instead of pgjobq */
     /* In-process workers: the handler they run (NULL: a no-op that completes every job). */
     pgjobq_handler_fn fn;
     void *fn_arg;

@@ -60,6 +60,7 @@
 #define OPT_CHAIN 4010
 #define OPT_KEYS 4011
 #define OPT_STRICT 4012
+#define OPT_FLOOR 4013
 
 const cli_opt bench_opts[] = {
     {"jobs", OPT_JOBS, "N", "jobs (default 100000; latency: 1000)"},
@@ -74,6 +75,9 @@ const cli_opt bench_opts[] = {
      "drain-exec: the command per job (default /bin/true); drain-coproc: the coprocess (required)"},
     {"pin", OPT_PIN, "snapshot|dump",
      "steady: hold a snapshot open in another session for the whole run (dump: and ACCESS SHARE on every pgjobq table, as pg_dump does)"},
+    {"floor", OPT_FLOOR, NULL,
+     "steady: drive the floor instead of pgjobq: a minimal queue table (schema bench_floor), the same producers "
+     "(one INSERT of 100 and a NOTIFY a transaction) and as many NOTIFY-woken minimal workers, measured the same way"},
     {"window", OPT_WINDOW, "S", "steady: seconds per measurement window (default 60; a third of the run when shorter than 3 minutes)"},
     {"producers", OPT_PRODUCERS, "N", "steady: producer connections sharing the rate; soak: refilling (default 2)"},
     {"steps", OPT_STEPS, "N",
@@ -107,6 +111,10 @@ static int bench_opt(int key, const char *arg, void *ctx)
     }
     if (key == OPT_STRICT) {
         a->strict = 1;
+        return 0;
+    }
+    if (key == OPT_FLOOR) {
+        a->floor = 1;
         return 0;
     }
     if (key == OPT_HANDLER) {

@@ -73,6 +73,19 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
  * have been winning are all busy, a job may wait up to the longest hold for one of the others.) */
 int64_t pgjobq__claim_hold_ms(int streak);
 
+/* The notification gate's entry rule (worker.c, "The notification gate").  pgjobq__gate_note records
+ * a notification of a queue at now_us (a monotonic clock, microseconds): *last_us is the previous one
+ * (0: none yet), *gap_us the moving average of the gaps between them (a quarter of each new gap; a gap
+ * longer than twice the window counts as twice the window (a second while the window is not known,
+ * window_us 0), so that the quiet of a shut gate, during which producers do not notify, does not
+ * keep the gate from shutting again once they do).  pgjobq__gate_wanted says whether a claim may stamp
+ * the gate: while a promise holds (state not PGJOBQ__GATE_NONE), so that a steady load keeps it shut;
+ * else only when the queue's notifications come faster than one a window (gap_us below window_us).
+ * Slower, skipping them would save producers next to nothing and add up to half a window to the
+ * pickup of every job (bench/README.md, "The gate under a sustained load"). */
+void pgjobq__gate_note(int64_t *last_us, int64_t *gap_us, int64_t now_us, int64_t window_us);
+int pgjobq__gate_wanted(int state, int64_t gap_us, int64_t window_us);
+
 /* How many jobs beyond its concurrency a queue may claim ahead, so that the next batch is already here
  * when handlers free their slots: as many as `concurrency` handlers taking handler_ns each get through
  * in PGJOBQ__PREFETCH_WAIT_NS (so no job waits much longer than that for a handler), at most
@@ -388,6 +401,9 @@ typedef struct pgjobq__queue {
         int64_t retry_ms; /* HORIZON: the wait before the next claim, doubling up to the poll */
         int handed;       /* the promise was handed on (pgjobq.notify_now) since it was made */
         int hand_now;     /* it must be handed on before the next claim */
+        int64_t note_us;  /* the queue's last notification (monotonic clock, microseconds; 0: none) */
+        int64_t gap_us;   /* the moving average of the gaps between its notifications (0: not known) */
+        int64_t window_us; /* the window, as the last claim reported it */
     } gate;
 } pgjobq__queue;
 

@@ -61,6 +61,24 @@ int pgjobq__claim_decide(const pgjobq__claim_view *v, int64_t now_ms, int *from_
     return free_slots < v->batch_max ? free_slots : v->batch_max;
 }
 
+void pgjobq__gate_note(int64_t *last_us, int64_t *gap_us, int64_t now_us, int64_t window_us)
+{
+    int64_t gap, most = window_us > 0 ? 2 * window_us : 1000000;
+
+    if (*last_us > 0 && now_us >= *last_us) {
+        gap = now_us - *last_us < most ? now_us - *last_us : most;
+        *gap_us = *gap_us > 0 ? *gap_us + (gap - *gap_us) / 4 : gap;
+        if (*gap_us < 1)
+            *gap_us = 1;
+    }
+    *last_us = now_us;
+}
+
+int pgjobq__gate_wanted(int state, int64_t gap_us, int64_t window_us)
+{
+    return state != PGJOBQ__GATE_NONE || (gap_us > 0 && gap_us < window_us);
+}
+
 int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v)
 {
     /* Full: a finishing handler wakes the engine.  Under a backlog, so does a finishing handler (the

@@ -965,6 +965,14 @@ static void heartbeat_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r)
 /* ------------------------------------------------------------------------------------------------ */
 /* Phase: claim (and the listener, on the claim connection)                                          */
 
+/* A monotonic clock, microseconds: the gaps between notifications (pgjobq__gate_note). */
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* Builds a job's context from a claimed row: one allocation for the context, the job and its
  * strings. */
 static pgjobq_ctx *make_ctx(pgjobq_worker *w, pgjobq__queue *q, const PGresult *r, int row)
@@ -996,8 +1004,8 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
     pgjobq__queue *q = &w->queues[qi];
     pgjobq__array a[5];
     char want_s[16];
-    const char *values[10] = {q->name, want_s, w->lease_s, w->worker_id};
-    int lengths[10] = {0}, formats[10] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 0};
+    const char *values[11] = {q->name, want_s, w->lease_s, w->worker_id};
+    int lengths[11] = {0}, formats[11] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0};
 
     snprintf(want_s, sizeof want_s, "%d", want);
     memset(a, 0, sizeof a);
@@ -1019,6 +1027,8 @@ static void send_claim(pgjobq_worker *w, int qi, int want, int from_cursor, int6
      * follows a wakeup should not queue behind the others' (40 x 8 at 20,000 jobs/s with lanes on
      * every claim: pickup p50 81 ms, p99 200 ms). */
     values[9] = q->claim.last_full ? "t" : "f";
+    /* The gate: stamped only where the notifications it would spare come fast (pgjobq__gate_wanted). */
+    values[10] = pgjobq__gate_wanted(q->gate.state, q->gate.gap_us, q->gate.window_us) ? "t" : NULL;
     for (int k = 0; k < 5; k++) {
         if (pgjobq__array_end(&a[k]) != 0) {
             wlog(w, PGJOBQ_LOG_ERROR, "out of memory sending a claim");
@@ -1101,7 +1111,10 @@ static void read_meta(pgjobq_worker *w, const PGresult *r, int row, claim_meta *
  * gate's window (5 ms) producers send no notification for that queue: this worker has promised to
  * claim from it again.  It claims at half the window: a claim that finds jobs stamps again (a claim
  * stamps only when no stamp younger than half the window holds the gate shut), so that under steady
- * load the gate stays shut from one window to the next.  The promise, per queue (q->gate):
+ * load the gate stays shut from one window to the next.  Only where the queue's notifications come
+ * faster than one a window, or while a promise holds (pgjobq__gate_wanted; its claims pass gate =>
+ * NULL otherwise, which reports the window and stamps nothing): slower, a shut gate spares producers
+ * next to nothing and delays every pickup by up to half a window.  The promise, per queue (q->gate):
  *
  *   WINDOW    claim once the window has ended: a claim whose tick (its moment on the database clock)
  *             is at or after the window's end.  A producer that skipped its notification read the gate
@@ -1128,6 +1141,8 @@ static void gate_after_claim(pgjobq_worker *w, pgjobq__queue *q, const claim_met
         q->claim.gate_ms = 0;
         return;
     }
+    if (m->gate_window_s > 0)
+        q->gate.window_us = (int64_t)(m->gate_window_s * 1e6);
     if (m->gate_end_us != PGJOBQ_TIME_NONE) {
         int64_t window_ms = m->gate_window_s > 0 ? (int64_t)(m->gate_window_s * 1000.0 + 0.999) : 1; /* rounded up */
         q->gate.state = PGJOBQ__GATE_WINDOW;
@@ -1286,8 +1301,11 @@ static void read_notifications(pgjobq_worker *w)
             }
         } else {
             for (int i = 0; i < w->nqueues; i++)
-                if (strcmp(w->queues[i].name, n->extra) == 0)
+                if (strcmp(w->queues[i].name, n->extra) == 0) {
                     w->queues[i].claim.woken = 1;
+                    pgjobq__gate_note(&w->queues[i].gate.note_us, &w->queues[i].gate.gap_us, mono_us(),
+                                      w->queues[i].gate.window_us);
+                }
         }
         PQfreemem(n);
     }

@@ -13,7 +13,8 @@ const pgjobq__stmt_range pgjobq__worker_conn_stmts[PGJOBQ__NCONN] = {
     [PGJOBQ__C_MAINT] = {PGJOBQ__S_RESCUE, PGJOBQ__NSTMTS - PGJOBQ__S_RESCUE}};
 
 static const Oid claim_types[] = {OID_TEXT,       OID_INT4,      OID_INTERVAL,          OID_TEXT,      OID_INT2_ARRAY,
-                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_BOOL};
+                                  OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_TIMESTAMPTZ_ARRAY, OID_INT8_ARRAY, OID_BOOL,
+                                  OID_BOOL};
 static const Oid complete_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_JSONB_ARRAY};
 static const Oid fail_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT_ARRAY, OID_INTERVAL_ARRAY, OID_BOOL_ARRAY};
 static const Oid reason_types[] = {OID_INT8_ARRAY, OID_INT8_ARRAY, OID_TEXT};
@@ -30,12 +31,13 @@ const pgjobq__stmtdef pgjobq__worker_stmts[PGJOBQ__NSTMTS] = {
      * that say where the claim got to (meta 'exhausted': a level read to its end; 'tick': the claim's
      * tick, cap and the next due job; 'gate': the notification gate, below).  $10, lanes: under a
      * backlog, at most two such claims of a queue at once (schema 13; each is a transaction of its
-     * own, so its lane is held only while it runs).  gate: the worker keeps the gate's promise
-     * (schema 32; worker.c, "The notification gate"). */
+     * own, so its lane is held only while it runs).  $11, gate: true, the claim may stamp the gate
+     * and the worker keeps the promise; NULL, it only reports the gate (schema 32; worker.c, "The
+     * notification gate"). */
     [PGJOBQ__S_CLAIM] = {"pgjobq_claim",
                          "SELECT " PGJOBQ__CLAIMED_COLUMNS ", key, meta, cap, tick_xid, next_due, limited"
-                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => $10, gate => true)",
-                         10, claim_types},
+                         " FROM pgjobq.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, lanes => $10, gate => $11)",
+                         11, claim_types},
     /* A worker that promised a claim it cannot make (no free slot, or its claim came back full) wakes
      * the others: pgjobq.notify's notification, without the gate, which the promise holds shut. */
     [PGJOBQ__S_HAND_ON] = {"pgjobq_hand_on", "SELECT pg_catalog.pg_notify('pgjobq', $1)", 1, text_type},

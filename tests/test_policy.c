@@ -430,3 +430,37 @@ TEST(policy_a_refused_batch_is_written_again_in_halves_until_the_refused_rows_ar
     CHECK(!pgjobq__refused_by_value("40001") && !pgjobq__refused_by_value("42501") && !pgjobq__refused_by_value(NULL) &&
           !pgjobq__refused_by_value("57014") && !pgjobq__refused_by_value("08006"));
 }
+
+/* The gate's entry rule: a claim may stamp the gate only where the queue's notifications come faster
+ * than one a window, or while a promise holds. */
+TEST(policy_the_gate_shuts_only_for_notifications_faster_than_its_window)
+{
+    int64_t last = 0, gap = 0;
+
+    /* Nothing known yet (no notification, or no window reported): no stamp. */
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_NONE, 0, 5000), 0);
+    pgjobq__gate_note(&last, &gap, 1000000, 5000);
+    CHECK_INT(gap, 0);
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_NONE, gap, 0), 0);
+    /* One every 2 ms: the average comes to 2 ms, below a window of 5. */
+    for (int i = 1; i <= 20; i++)
+        pgjobq__gate_note(&last, &gap, 1000000 + i * 2000, 5000);
+    CHECK_INT(gap, 2000);
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_NONE, gap, 5000), 1);
+    /* The quiet of a shut gate counts as twice the window, once: the gate may shut again at once. */
+    pgjobq__gate_note(&last, &gap, 1000000 + 40000 + 3000000, 5000);
+    CHECK_INT(gap, 2000 + (10000 - 2000) / 4);
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_NONE, gap, 5000), 1);
+    /* One every 6.7 ms (a producer of batches at 15,000 jobs/s): never. */
+    for (int i = 1; i <= 40; i++)
+        pgjobq__gate_note(&last, &gap, last + 6700, 5000);
+    CHECK(gap > 6000 && gap <= 6700);
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_NONE, gap, 5000), 0);
+    /* While a promise holds, whatever the notifications: a steady load keeps the gate shut. */
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_WINDOW, gap, 5000), 1);
+    CHECK_INT(pgjobq__gate_wanted(PGJOBQ__GATE_HORIZON, 0, 0), 1);
+    /* A clock that went back records the time and nothing else. */
+    int64_t before = gap;
+    pgjobq__gate_note(&last, &gap, last - 100, 5000);
+    CHECK_INT(gap, before);
+}

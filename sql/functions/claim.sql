@@ -62,9 +62,10 @@
 --                                      moves on, and priorities with queued jobs that no enqueue
 --                                      recorded (rows inserted by hand) are found (a "low claim").
 --   tick_times, tick_xids              the ticks of the caller's earlier claims (the tick row below).
---   gate                               the caller keeps the notification gate's promise (src/worker.c):
---                                      a short claim stamps the queue's gate, and a row (meta 'gate')
---                                      comes first among the rows that are not jobs.
+--   gate                               true: the caller keeps the notification gate's promise
+--                                      (src/worker.c): a short claim stamps the queue's gate, and a row
+--                                      (meta 'gate') comes first among the rows that are not jobs.
+--                                      NULL: the row, and no stamp.  false (the default): neither.
 -- A level without a cursor starts at its mark.
 --
 -- Each level's rows are locked as they are found (SKIP LOCKED), and every row locked starts in one
@@ -571,7 +572,7 @@ BEGIN
                                ORDER BY greatest(j.run_at, j.ready_at), j.id LIMIT 1) nx
          WHERE l.queue = claim_next.queue;
     END IF;
-    IF gate THEN
+    IF gate IS NOT FALSE THEN
         -- The notification gate (sql/032_notify_gate.sql): a claim that took jobs, but fewer than it
         -- asked for and could take (not cut short by a limit or a key), read the queue's due jobs to
         -- their end, so its caller will claim again after the window: producers may skip their
@@ -582,7 +583,9 @@ BEGIN
         -- between one window and the next in which every producer notifies.)  A row (meta 'gate') tells the caller: key, when the window ends (NULL:
         -- no stamp); cap, this claim's cap, also where a keyed claim reports none in its tick row;
         -- next_due, the window in seconds.
-        IF v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
+        -- gate => NULL: the row only (the window), no stamp: a worker whose queue's notifications come
+        -- slower than one a window asks so (src/policy.c, pgjobq__gate_wanted).
+        IF gate AND v_left > 0 AND v_left < v_room AND NOT v_keyed THEN
             v_gend := clock_timestamp();
             v_gst := pg_sequence_last_value(pgjobq.notify_gate_slot(claim_next.queue));
             IF NOT pgjobq.notify_gate_shut(v_gst, claim_next.queue, pgjobq.notify_gate_window() / 2) THEN
