@@ -1104,6 +1104,30 @@ TEST(cli_bench_mixed_runs_and_reports_the_window_it_judges)
     free(err);
 }
 
+/* pgjobq bench steady --floor: the minimal table driven by the same producers and NOTIFY-woken
+ * minimal workers (bench/floor.sh compares pgjobq with it); what it offered, it completed, and the
+ * pickup comes from its own rows. */
+TEST(cli_bench_steady_floor_drives_the_minimal_table_and_measures_its_pickup)
+{
+    PGconn *pg = t_pg();
+    char *out, *err;
+
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "steady", "--floor", "--seconds", "4", "--window", "2", "--rate",
+                    "1000", "--processes", "1", "--concurrency", "4", "--json", NULL),
+              0);
+    CHECK_MSG(strstr(out, "\"target\":\"floor\"") != NULL, "stdout: %s\nstderr: %s", out, err);
+    double offered = json_field(out, "offered"), completed = json_field(out, "completed"),
+           p99 = json_field(out, "pickup_p99_ms_last"), to_claim = json_field(out, "to_claim_p99_ms_last");
+    CHECK_MSG(offered >= 1000 && completed >= 0.98 * offered, "stdout: %s\nstderr: %s", out, err);
+    CHECK_MSG(p99 > 0 && to_claim > 0 && to_claim <= p99 * 1.1, "stdout: %s", out);
+    /* The floor's rows, not pgjobq's: each batch the producers inserted, marked done by its workers. */
+    CHECK(t_int(pg, "SELECT count(*) FROM bench_floor.jobs WHERE state = 'done'") >= (long long)completed);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.all_jobs WHERE queue = 'bench'"), 0);
+    free(out);
+    free(err);
+    PQfinish(pg);
+}
+
 /* pgjobq work --burst: runs what is due, a child its parent released included, then exits 0 by
  * itself; a job due later stays queued. */
 TEST_FULL(cli_work_burst_drains_what_is_due_then_exits_0, 120, 0)
