@@ -57,6 +57,8 @@ void bench_pause_ms(long ms);
 /* A control connection for setup and measurements (not counted as the workers'); NULL after printing
  * why. */
 PGconn *bench_control(const char *url);
+/* A connection that names itself `application` (pg_stat_activity); NULL after printing why. */
+PGconn *bench_connect(const char *url, const char *application);
 /* Runs sql; 0, or -1 after printing the error. */
 int bench_sql(PGconn *c, const char *sql);
 /* The first column of the first row of sql as a number; -1 when there is none. */

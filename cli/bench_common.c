@@ -25,11 +25,10 @@ void bench_pause_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* A control connection for setup and measurements (not counted as the worker's). */
-PGconn *bench_control(const char *url)
+PGconn *bench_connect(const char *url, const char *application)
 {
     const char *const keys[] = {"dbname", "application_name", NULL};
-    const char *const vals[] = {url, "pgjobq-bench", NULL};
+    const char *const vals[] = {url, application, NULL};
     PGconn *c = PQconnectdbParams(keys, vals, 1);
     if (PQstatus(c) != CONNECTION_OK) {
         cli_err("bench: %s", PQerrorMessage(c));
@@ -37,6 +36,12 @@ PGconn *bench_control(const char *url)
         return NULL;
     }
     return c;
+}
+
+/* A control connection for setup and measurements (not counted as the worker's). */
+PGconn *bench_control(const char *url)
+{
+    return bench_connect(url, "pgjobq-bench");
 }
 
 int bench_sql(PGconn *c, const char *sql)

@@ -168,15 +168,7 @@ typedef struct producer {
 
 static PGconn *floor_connect(const char *url)
 {
-    const char *const keys[] = {"dbname", "application_name", NULL};
-    const char *const vals[] = {url, "pgjobq-floor", NULL};
-    PGconn *c = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(c) != CONNECTION_OK) {
-        cli_err("bench: floor: %s", PQerrorMessage(c));
-        PQfinish(c);
-        return NULL;
-    }
-    return c;
+    return bench_connect(url, "pgjobq-floor");
 }
 
 static void *producer_main(void *arg)
