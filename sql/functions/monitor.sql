@@ -138,6 +138,11 @@ AS $$
           FROM pg_stat_activity a
          WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
            AND coalesce(a.backend_xid, a.backend_xmin) IS NOT NULL AND a.pid <> pg_backend_pid()
+           -- Not autovacuum's workers: a vacuum's snapshot holds back no other vacuum, an analyze's
+           -- lasts a moment, and neither is anything to end.  (One that had started just before a
+           -- session took its snapshot was named instead of it, their snapshots being of one age:
+           -- roles_health_shows_another_roles_query_only_to_who_may_see_it failed once so.)
+           AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
         UNION ALL
         SELECT 'standby', a.pid, a.usename::text, a.application_name::text, a.state::text, a.backend_start,
                age(a.backend_xmin)
