@@ -453,13 +453,12 @@ static int sample(PGconn *ctl, int statements, const bench_args *a, bench_shared
     s->claim_ms_total = s->claim_calls = -1;
     if (statements) {
         /* The workers' claims (top-level statements that call a claim function; the floor's claim). */
-        r = PQexec(ctl, a->floor ? "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) FROM pg_stat_statements"
-                                   " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                                   " AND query LIKE '%SKIP LOCKED%bench_floor.jobs j SET state%'"
-                                   " AND query NOT LIKE '%pg_stat_statements%'"
-                                 : "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) FROM pg_stat_statements"
-                                   " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                                   " AND query LIKE '%pgjobq.claim%' AND query NOT LIKE '%pg_stat_statements%'");
+        const char *pattern[1] = {a->floor ? "%SKIP LOCKED%bench_floor.jobs j SET state%" : "%pgjobq.claim%"};
+        r = PQexecParams(ctl,
+                         "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) FROM pg_stat_statements"
+                         " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                         " AND query LIKE $1 AND query NOT LIKE '%pg_stat_statements%'",
+                         1, NULL, pattern, NULL, NULL, 0);
         if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
             s->claim_ms_total = atof(PQgetvalue(r, 0, 0));
             s->claim_calls = atof(PQgetvalue(r, 0, 1));

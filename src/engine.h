@@ -82,7 +82,7 @@ int64_t pgjobq__claim_hold_ms(int streak);
  * the gate: while a promise holds (state not PGJOBQ__GATE_NONE), so that a steady load keeps it shut;
  * else only when the queue's notifications come faster than one a window (gap_us below window_us).
  * Slower, skipping them would save producers next to nothing and add up to half a window to the
- * pickup of every job (bench/README.md, "The gate under a sustained load"). */
+ * pickup of every job (bench/README.md, "The floor, and the gate under a sustained load"). */
 void pgjobq__gate_note(int64_t *last_us, int64_t *gap_us, int64_t now_us, int64_t window_us);
 int pgjobq__gate_wanted(int state, int64_t gap_us, int64_t window_us);
 

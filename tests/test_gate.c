@@ -209,7 +209,8 @@ static void prime(PGconn *pg, PGconn *listener, const char *queue)
 
 /* A worker whose queue's notifications come slower than one a window never stamps the gate: every
  * job is notified, and no claim waits for a window (the pickup under a sustained load of batches
- * stayed what it was before the gate; bench/README.md, "The gate under a sustained load"). */
+ * stayed what it was before the gate; bench/README.md, "The floor, and the gate under a sustained
+ * load"). */
 TEST_FULL(gate_a_worker_stamps_only_for_notifications_faster_than_the_window, 120, 0)
 {
     PGconn *pg = t_pg(), *listener = t_pg();
