@@ -104,7 +104,7 @@ while [ $rep -le "$reps" ]; do
     # --- ceilings and T2 ---------------------------------------------------------------------------
     for c in 1 2 8 16; do
         load_ceiling $slack
-        pgbench_jobs "c_claim_$c" claim_done.sql $c "SELECT count(*) FROM ceiling.jobs WHERE state = 'done'"
+        pgbench_jobs "c_claim_$c" claim_done.sql $c "SELECT count(*) FROM ceiling.jobs WHERE state = 'done'" -D n=100
     done
     load_pgjobq $slack
     pgbench_jobs t2_head pgjobq_claim_done.sql 8 "$history_bench"
