@@ -197,6 +197,7 @@ bench: all
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/strict.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/notify.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/floor.sh
+	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/cost.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
