@@ -80,8 +80,10 @@ pgbench_ms() { # pgbench_ms SCRIPT ARGS...: one client; prints the average laten
 # --- the Graphile Worker harness: installed once (npm), pinned by bench/graphile/package.json ----------
 graphile=no
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-    if [ -d "$here/graphile/node_modules/graphile-worker" ] ||
-       (cd "$here/graphile" && npm install --no-audit --no-fund --silent >/dev/null 2>&1); then
+    # npm install brings node_modules to package-lock.json (quickly when it is there already); offline,
+    # what an earlier install left will do.
+    if (cd "$here/graphile" && npm install --no-audit --no-fund --silent >/dev/null 2>&1) ||
+       [ -d "$here/graphile/node_modules/graphile-worker" ]; then
         graphile=yes
     else
         echo "cost: npm install of graphile-worker failed: the Graphile row has no figure" >&2
