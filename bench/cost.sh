@@ -191,12 +191,13 @@ echo "# pgjobq bench cost: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $reps 
 r=1
 while [ "$r" -le "$reps" ]; do
     echo "# round $r of $reps" >&2
-    # claim: alternating, each side on its own table loaded alike.
+    # claim: alternating, each side on its own table, loaded afresh with the same number of jobs.
     for side in pgjobq minimal minimal pgjobq; do
-        load_ceiling $((claims * 110)); load_pgjobq $((claims * 110))
         if [ "$side" = pgjobq ]; then
+            load_pgjobq $((claims * 110))
             ms=$(pgbench_ms "$here/ceiling/pgjobq_claim_cursor.sql" -t "$claims" -D n=100 -D k=-infinity -D i=0)
         else
+            load_ceiling $((claims * 110))
             ms=$(pgbench_ms "$dir/claim.sql" -t "$claims" -D n=100)
         fi
         record "claim_$side" "$r" "\"ms\":$ms"
