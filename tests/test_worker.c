@@ -70,6 +70,7 @@ static void *run_thread(void *arg)
 }
 
 static _Atomic int handled;
+static _Atomic int long_started; /* handlers of kind "long" entered, over the whole run */
 
 static pgjobq_outcome outcome_handler(pgjobq_ctx *ctx, void *arg)
 {
@@ -106,6 +107,7 @@ static pgjobq_outcome outcome_handler(pgjobq_ctx *ctx, void *arg)
     }
     if (strcmp(j->kind, "long") == 0) {
         /* Runs until told to stop, and reports why through its error. */
+        atomic_fetch_add(&long_started, 1);
         while (!pgjobq_ctx_should_stop(ctx)) {
             struct timespec pause = {0, 5 * 1000 * 1000};
             nanosleep(&pause, NULL);
@@ -1015,9 +1017,18 @@ TEST_FULL(worker_api_claims_ahead_only_for_fast_handlers_and_hands_unstarted_job
     printf("instant handlers, 2 threads: at most %lld jobs running in the database\n", most);
     CHECK(most <= 2 * (2 + o.batch_max));
 
-    /* Then jobs that hold both threads until the worker stops: the ones claimed ahead wait, unstarted. */
+    /* Then jobs that hold both threads until the worker stops: the ones claimed ahead wait, unstarted.
+     * Both handlers must have started before the stop requests: a claimed job the database shows
+     * running may still sit in the worker's queue, and one not started is not running at the stop. */
+    int long_before = atomic_load(&long_started);
     add_batch(c, "long", 200, 0, 0);
     wait_sql(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'", 3, 20000);
+    for (int64_t deadline = t_now_ms() + 20000; atomic_load(&long_started) - long_before < 2;) {
+        struct timespec pause = {0, 2 * 1000 * 1000};
+        CHECK_MSG(t_now_ms() < deadline, "after 20 s, %d of the two long handlers started",
+                  atomic_load(&long_started) - long_before);
+        nanosleep(&pause, NULL);
+    }
     most = t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running'");
     printf("two handlers blocked: %lld jobs claimed\n", most);
     CHECK(most <= 2 + o.batch_max);
