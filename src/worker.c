@@ -61,7 +61,12 @@
  * worker, a worker asks again every BEAT_RETRY_MS. */
 #define BEAT_EVERY_MS PGJOBQ__BEAT_MS
 #define BEAT_RETRY_MS 1000
+/* A worker's first prune and first look at health() come FIRST_PRUNE_MS after its start, spread at
+ * random over the next FIRST_SPREAD_MS: workers started together (a deploy of 40) would otherwise run
+ * them all in the same instant, each in a new session, where a first prune costs the server about
+ * 110 ms (bench/README.md, "What an enqueue costs"). */
 #define FIRST_PRUNE_MS 5000
+#define FIRST_SPREAD_MS 10000
 #define PRUNE_EVERY_MS 60000
 #define LISTEN_CHECK_MS 10000
 #define DOWN_WARN_EVERY_MS 30000 /* a connection that cannot connect says so at most this often */
@@ -1975,8 +1980,10 @@ int pgjobq_worker_run(pgjobq_worker *w)
     w->rescue_since_us = PGJOBQ_TIME_NONE;
     w->next_full_rescue_ms = now;
     w->next_tick_ms = now;
-    w->next_health_ms = now + FIRST_PRUNE_MS;
-    w->next_prune_ms = now + FIRST_PRUNE_MS;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)(uintptr_t)w ^ (unsigned)now;
+    /* pgjobq__jitter(2d) is uniform in [d, 2d]: less d, in [0, d]. */
+    w->next_health_ms = now + FIRST_PRUNE_MS + pgjobq__jitter(2 * FIRST_SPREAD_MS, &seed) - FIRST_SPREAD_MS;
+    w->next_prune_ms = now + FIRST_PRUNE_MS + pgjobq__jitter(2 * FIRST_SPREAD_MS, &seed) - FIRST_SPREAD_MS;
     w->last_summary_ms = now;
     {
         /* Each queue with its slots, as --queue takes them: what the worker serves, at a glance. */

@@ -1066,7 +1066,7 @@ TEST_FULL(the_maintaining_worker_pauses_autovacuum_and_says_so, 60, 0)
     CHECK(pgjobq_worker_new(&w, t_conninfo(), &o) == PGJOBQ_OK);
     CHECK(pgjobq_worker_handle(w, "avw", NULL, 1, noop, NULL) == PGJOBQ_OK);
     CHECK(pthread_create(&th, NULL, worker_run, w) == 0);
-    /* Its first look at health() is 5 s after it starts. */
+    /* Its first look at health() is 5 to 15 s after it starts. */
     CHECK_MSG(t_wait_until(autovacuum_off, pg, 30000), "the worker did not pause autovacuum");
     /* The setting is visible once the worker's statement commits; its log line follows when the
      * worker reads the answer (a stop in between would lose it: seen under the sanitizers). */
