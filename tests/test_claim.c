@@ -342,11 +342,14 @@ TEST_FULL(fenced_writes_look_jobs_up_by_id_when_statistics_say_none_run, 120, 0)
                        " FROM generate_series(1, 3000) g"));
     PQclear(t_exec(pg, "ANALYZE pgjobq.jobs"));
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('default', 2000, '5 min', 'w')"), 2000);
+    /* The input, read before the plans are collected (no index holds the running jobs by state: this
+     * read is a scan of the table, the completion's must not be). */
+    PQclear(t_exec(pg, "CREATE TEMP TABLE held AS SELECT id, lease_token FROM pgjobq.jobs WHERE state = 'running'"));
     plans[0] = '\0';
     t_auto_explain(pg, collect_notice, 0);
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many("
-                        " (SELECT array_agg(id ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'),"
-                        " (SELECT array_agg(lease_token ORDER BY id) FROM pgjobq.jobs WHERE state = 'running'))"
+                        " (SELECT array_agg(id ORDER BY id) FROM held),"
+                        " (SELECT array_agg(lease_token ORDER BY id) FROM held))"
                         " WHERE outcome = 'completed'"),
               2000);
     PQclear(t_exec(pg, "SET auto_explain.log_min_duration = -1"));

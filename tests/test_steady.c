@@ -348,7 +348,11 @@ TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('s', payload => '{\"last\": true}')"));
     t_auto_explain(pg, collect, 1);
     /* The claim from the cursor reads a few pages: at most the last batch it claimed (its cursor stays
-     * at the cap, behind rows that became claimable after its previous claim began)... */
+     * at the cap, behind rows that became claimable after its previous claim began): 1,000 rows on
+     * about 40 pages at the table's fillfactor of 50, each page read about twice (a claim that found
+     * its page full, as pages are here with nothing pruned under the snapshot, wrote the running
+     * version on another page, with an entry of its own beside the first; 26 pages before schema 33,
+     * whose claim index held the queued rows alone)... */
     CHECK_INT(claim(pg, &c, "s", 10, 0, ids, NULL), 1);
     long from_cursor = scan_buffers();
     /* ... where the same scan from the head of the level reads the dead entries of 40,000 jobs. */
@@ -365,7 +369,7 @@ TEST_FULL(claims_step_over_no_dead_rows_while_a_snapshot_is_held, 180, 0)
     long from_head = hits ? atol(hits + strlen("\"Shared Hit Blocks\": ")) : -1;
     free(plan);
     printf("claim scan buffers: from the cursor %ld, from the head %ld\n", from_cursor, from_head);
-    CHECK_MSG(from_cursor >= 0 && from_cursor <= 60, "the claim from the cursor read %ld buffers", from_cursor);
+    CHECK_MSG(from_cursor >= 0 && from_cursor <= 200, "the claim from the cursor read %ld buffers", from_cursor);
     CHECK_MSG(from_head >= 10 * from_cursor, "the head (%ld buffers) is not much bigger than the cursor's scan (%ld):"
               " the test proves nothing", from_head, from_cursor);
     PQclear(t_exec(pin, "COMMIT"));
@@ -405,6 +409,10 @@ TEST_FULL(monitor_counts_step_over_dead_rows_while_a_snapshot_is_held, 120, 0)
                        " \"run_at\": \"2100-01-01T00:00:00Z\"}, {\"ref\": \"b\", \"queue\": \"m2\","
                        " \"after\": [\"a\"]}]')"));
     usleep(11500 * 1000);
+    /* A rescue pass, as every worker runs each second: it drops the lease alarms of the 20,000, all
+     * finished (running jobs are counted through the alarms: running_jobs, claim.sql). */
+    CHECK_INT(t_int(pg, "SELECT pgjobq.rescue_expired(1000, now() - interval '1 minute')"), 0);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.lease_alarms WHERE queue = 'm'"), 0);
     c.lease = "1 min";
     CHECK_INT(claim(pg, &c, "m", 2, 1, ids, NULL), 2); /* from the marks, which it moves on */
     PQclear(t_exec(pg, "SELECT pgjobq.worker_beat('test', 'h', 1, '0', 'm:8')"));

@@ -5,8 +5,11 @@
 --
 -- The order of a queue: by priority (lower first), then by the claim key greatest(run_at, ready_at)
 -- (when the job is due, or when it became claimable if that was later: enqueued, retried, released,
--- its parents done), then by id.  The claim index jobs_ready_idx (queue, priority, key, id) WHERE
--- state = 'queued' matches it.
+-- its parents done), then by id.  The claim index jobs_ready_idx (queue, priority, key, id) matches
+-- it.  It holds every job of the table, queued, running or waiting (schema 33): an index whose
+-- predicate named the state got a new entry at every claim, and the claim could not write in place.
+-- A claim reads the state of each row it walks to, and walks from where nothing claimable is behind
+-- (below), so the running jobs, which lie behind, cost it nothing.
 --
 -- Where a claim starts (docs/design.md, "The claim's cursor").  Claimed and finished jobs leave dead
 -- index entries, and while any session holds a snapshot open vacuum can remove none of those that died
@@ -51,6 +54,24 @@
 -- primary-key probe).  The rate window is exact: the queue's row keeps the start times of the jobs
 -- started inside the last rate_period (at most rate_limit of them), so "100 per minute" never lets
 -- 200 start within a minute across a boundary, as a token bucket of capacity 100 would.
+
+-- running_jobs(queue): the queue's running jobs, found through the alarms of their leases
+-- (pgjobq.lease_alarms: every running job is in the alarm of the claim that started it, or in the one
+-- the rescue armed again for it, with its token).  No index holds the jobs by state (schema 33), and
+-- a scan of a queue's jobs would read its whole backlog: this reads the jobs of the queue's claims of
+-- the last few seconds and the ones still running from before (as long as rescue passes run: every
+-- worker's, each second; without them, every claim's since the last).  The callers filter on
+-- lease_until.
+CREATE OR REPLACE FUNCTION pgjobq.running_jobs(queue text) RETURNS SETOF pgjobq.jobs
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT j.* FROM pgjobq.jobs j
+     WHERE j.state = 'running' AND j.queue = running_jobs.queue
+       AND (j.id, j.lease_token) IN (SELECT r.id, r.token FROM pgjobq.lease_alarms a
+                                      CROSS JOIN LATERAL unnest(a.ids, a.tokens) AS r(id, token)
+                                     WHERE a.queue = running_jobs.queue)
+$$;
 
 -- claim_next: the claim the worker runs.  Takes up to max_jobs due jobs of one queue, level by level
 -- in priority order and within a level in key order, skipping rows others hold (SKIP LOCKED); each
@@ -262,8 +283,8 @@ BEGIN
             IF s.paused_at IS NULL THEN
                 IF s.concurrency IS NOT NULL THEN
                     v_left := least(v_left, s.concurrency - (
-                        SELECT count(*)::integer FROM pgjobq.jobs j
-                         WHERE j.state = 'running' AND j.queue = claim_next.queue AND j.lease_until > now()));
+                        SELECT count(*)::integer FROM pgjobq.running_jobs(claim_next.queue) j
+                         WHERE j.lease_until > now()));
                 END IF;
                 IF s.rate_limit IS NOT NULL THEN
                     v_window := ARRAY(SELECT t FROM unnest(s.recent_starts) t WHERE t > now() - s.rate_period ORDER BY t);
@@ -378,9 +399,8 @@ BEGIN
                      ORDER BY j.concurrency_key LIMIT 1)
               FROM keys WHERE keys.k IS NOT NULL),
         busy AS (
-            SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.jobs j
-             WHERE j.state = 'running' AND j.queue = claim_next.queue AND j.lease_until > now()
-               AND j.concurrency_key IS NOT NULL
+            SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.running_jobs(claim_next.queue) j
+             WHERE j.lease_until > now() AND j.concurrency_key IS NOT NULL
              GROUP BY 1),
         cand AS (
             SELECT c.id, c.priority, c.k, c.rn
@@ -549,7 +569,19 @@ BEGIN
                       j.max_attempts, j.lease_token, j.run_at, j.created_at, j.started_at, j.lease_until,
                       j.unique_key::text AS unique_key, j.last_error,
                       CASE WHEN j.on_parent_failure IS NOT NULL THEN pgjobq.parents_json(j.id) END AS parents,
-                      greatest(j.run_at, j.ready_at) AS key, j.traceparent::text AS traceparent)
+                      greatest(j.run_at, j.ready_at) AS key, j.traceparent::text AS traceparent),
+        -- The lease's alarm (sql/033_hot_claim.sql): one row for the claim.  No index of pgjobq.jobs
+        -- holds state or lease_until, so the UPDATE above writes each job's new version in place
+        -- (HOT) and no index entry.  The alarm is due 5 seconds after the claim (or at the lease's
+        -- end, if sooner), by the clock at the end of the claim: the rescue pass of a second or two
+        -- later forgets the jobs finished by then, which are most of them, and arms one alarm for the
+        -- rest at their leases' end.  So a queue's alarms hold its claims of the last few seconds
+        -- and its running jobs, which is what running_jobs reads.
+        armed AS (
+            INSERT INTO pgjobq.lease_alarms (queue, until, ids, tokens)
+            SELECT claim_next.queue, clock_timestamp() + least(claim_next.lease, interval '5 seconds'),
+                   array_agg(st.id), array_agg(st.lease_token)
+              FROM started st HAVING count(*) > 0)
         SELECT st.id, st.kind, st.payload, st.priority, st.attempt, st.max_attempts, st.lease_token, st.run_at,
                st.created_at, st.started_at, st.lease_until, st.unique_key, st.last_error, st.parents,
                st.traceparent, st.key, NULL::text, NULL::timestamptz, NULL::bigint, NULL::double precision,

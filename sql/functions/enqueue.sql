@@ -445,7 +445,7 @@ BEGIN
                    pgjobq.expiry_of(input.queue, input.run_at, input.expires_at, input.expire_after, v_expiry_defaults),
                    input.traceparent
               FROM input ORDER BY input.ord
-            ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND state IN ('queued', 'running')
+            ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL
             DO NOTHING
             RETURNING pgjobq.jobs.id, pgjobq.jobs.queue::text AS queue, pgjobq.jobs.run_at)
         SELECT array_agg(CASE WHEN ins.id IS NULL THEN 0 ELSE input.id END ORDER BY input.ord),

@@ -15,10 +15,21 @@
 -- (age_priorities, below): the pass every worker runs each second, and pgjobq_rescue_expired's
 -- callers, do all three.
 --
--- since: look only at the leases that ended at or after it, queue by queue on jobs_lease_idx, so that
--- the call steps over the dead index entries of recent leases only (a worker passes a little before
--- its previous call's now(), and now and then NULL).  NULL: every expired lease, which walks every
--- lease the index still holds (while a snapshot is held open: every job claimed since).
+-- The leases come from their alarms (pgjobq.lease_alarms, sql/033_hot_claim.sql: a row per claim,
+-- at the end of the lease it gave).  A call takes the alarms that are due (FOR UPDATE SKIP LOCKED:
+-- callers that run together take different ones), up to 100 x max_jobs jobs' worth (most of them
+-- finished long ago: a busy queue's alarms come due as fast as its jobs are claimed, so a call must
+-- take far more of them than it rescues), and deletes them.  Of their jobs, those still running
+-- under the alarm's token whose lease (lease_until, which heartbeats move) has ended are rescued, up
+-- to max_jobs; those still running under it afterwards (a heartbeat renewed the lease, the row was
+-- locked by a completion in flight, or past max_jobs) get a new alarm at their lease's end, or now
+-- if that has passed; the others (completed, retried, claimed again, which armed its own alarm) are
+-- forgotten.
+-- So every running job keeps an alarm, in the same transaction that removed its last one.
+--
+-- since: look only at the alarms due at or after it, queue by queue, so that the call steps over the
+-- dead index entries of recent alarms only (a worker passes a little before its previous call's
+-- now(), and now and then NULL).  NULL: every due alarm.
 CREATE OR REPLACE FUNCTION pgjobq.rescue_expired(max_jobs integer DEFAULT 1000, since timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -32,23 +43,43 @@ DECLARE
     v_due     text[];
     v_kids    bigint[];
     v_cand    bigint[];
+    v_alarms  tid[] := '{}';
+    v_ids     bigint[] := '{}';
+    v_tokens  bigint[] := '{}';
+    v_a       record;
 BEGIN
     PERFORM pgjobq.expire_queued(rescue_expired.max_jobs);
     PERFORM pgjobq.age_priorities(rescue_expired.max_jobs);
-    IF since IS NULL THEN
-        v_cand := ARRAY(SELECT j.id FROM pgjobq.jobs j WHERE j.state = 'running' AND j.lease_until < now()
-                         LIMIT rescue_expired.max_jobs);
-    ELSE
-        v_cand := ARRAY(SELECT x.id FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
-                         CROSS JOIN LATERAL (SELECT k.id FROM pgjobq.jobs k
-                                              WHERE k.state = 'running' AND k.queue = q.queue
-                                                AND k.lease_until >= rescue_expired.since AND k.lease_until < now()
-                                              LIMIT rescue_expired.max_jobs) x
-                         LIMIT rescue_expired.max_jobs);
-    END IF;
-    IF cardinality(v_cand) = 0 THEN
+    FOR v_a IN
+        SELECT a.ctid AS at, a.ids, a.tokens
+          FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l
+                 WHERE rescue_expired.since IS NOT NULL
+                UNION
+                SELECT DISTINCT x.queue FROM pgjobq.lease_alarms x
+                 WHERE rescue_expired.since IS NULL) q
+         CROSS JOIN LATERAL (SELECT y.ctid, y.ids, y.tokens FROM pgjobq.lease_alarms y
+                              WHERE y.queue = q.queue AND y.until < now()
+                                AND y.until >= coalesce(rescue_expired.since, '-infinity')
+                              ORDER BY y.until
+                                FOR UPDATE SKIP LOCKED) a
+    LOOP
+        v_alarms := v_alarms || v_a.at;
+        v_ids := v_ids || v_a.ids;
+        v_tokens := v_tokens || v_a.tokens;
+        EXIT WHEN cardinality(v_ids) >= 100 * rescue_expired.max_jobs;
+    END LOOP;
+    IF cardinality(v_alarms) = 0 THEN
         RETURN 0;
     END IF;
+    DELETE FROM pgjobq.lease_alarms a WHERE a.ctid = ANY (v_alarms);
+    -- Of the alarms' jobs, those still running under the alarm's token (most have finished: an alarm
+    -- is taken once the lease it gave has ended); of those, the ones whose lease has ended.
+    SELECT array_agg(j.id), array_agg(j.lease_token),
+           (array_agg(j.id) FILTER (WHERE j.lease_until < now()))[1:rescue_expired.max_jobs]
+      INTO v_ids, v_tokens, v_cand
+      FROM unnest(v_ids, v_tokens) AS r(id, token)
+      JOIN pgjobq.jobs j ON j.id = r.id AND j.lease_token = r.token
+     WHERE j.state = 'running';
     -- Lock them (skipping rows others hold) and decide from their latest versions.
     SELECT array_agg(e.id) FILTER (WHERE e.final), array_agg(e.id) FILTER (WHERE NOT e.final),
            array_agg(e.id) FILTER (WHERE e.final AND e.has_children)
@@ -101,6 +132,15 @@ BEGIN
     IF v_kids IS NOT NULL THEN
         PERFORM pgjobq.children_release(v_kids, array_fill(false, ARRAY[cardinality(v_kids)]));
     END IF;
+    -- The alarms again, for the jobs of the alarms taken that still run under their token: in a new
+    -- statement, which sees what the writes above left (and every write committed since).  A job that
+    -- was not running under its alarm's token above never will be again: a claim draws a new token.
+    INSERT INTO pgjobq.lease_alarms (queue, until, ids, tokens)
+    SELECT j.queue, greatest(min(j.lease_until), now()), array_agg(j.id), array_agg(j.lease_token)
+      FROM unnest(v_ids, v_tokens) AS r(id, token)
+      JOIN pgjobq.jobs j ON j.id = r.id AND j.lease_token = r.token
+     WHERE j.state = 'running'
+     GROUP BY j.queue;
     RETURN coalesce(cardinality(v_final), 0) + coalesce(cardinality(v_requeue), 0);
 END
 $$;
@@ -477,10 +517,10 @@ BEGIN
         UPDATE pgjobq.levels_gone g SET safe_after = pg_current_xact_id()
          WHERE g.safe_after IS NULL;
 
-        v_waiting := ARRAY(SELECT DISTINCT j.queue::text FROM pgjobq.jobs j WHERE j.state = 'waiting');
-        -- In this order (CASE): waiting, queued from the marks, then running, newest lease first: a
-        -- busy queue's newest claims are the likeliest to be running still, where its oldest leases'
-        -- entries are of jobs long finished (dead rows, while a snapshot is held).
+        v_waiting := ARRAY(SELECT DISTINCT j.queue::text FROM pgjobq.jobs j
+                            WHERE j.state = 'waiting' AND j.pending_parents IS NOT NULL);
+        -- In this order (CASE): waiting, queued from the marks, then running (through the alarms of
+        -- their leases, which hold every running job).
         v_empty := ARRAY(
             SELECT q.queue FROM (SELECT DISTINCT l.queue::text AS queue FROM pgjobq.levels l) q
              WHERE CASE WHEN q.queue = ANY (v_waiting) THEN false
@@ -495,8 +535,7 @@ BEGIN
                                               AND j.priority = l.priority
                                               AND (greatest(j.run_at, j.ready_at), j.id)
                                                   > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0)))) THEN false
-                        ELSE (SELECT j.lease_until FROM pgjobq.jobs j WHERE j.state = 'running' AND j.queue = q.queue
-                               ORDER BY j.lease_until DESC LIMIT 1) IS NULL
+                        ELSE NOT EXISTS (SELECT 1 FROM pgjobq.running_jobs(q.queue))
                    END);
         UPDATE pgjobq.levels l SET idle_since = now() WHERE l.queue = ANY (v_empty) AND l.idle_since IS NULL;
         UPDATE pgjobq.levels l SET idle_since = NULL WHERE l.idle_since IS NOT NULL AND l.queue <> ALL (v_empty);

@@ -198,9 +198,10 @@ $$;
 
 -- leased_now(): the queue and worker of each running job whose lease has not ended, or ended less than
 -- 10 seconds ago (a worker's rescue puts an ended lease back in the queue within a second or two): the
--- running jobs that monitor_queue_counts and monitor_workers count.  Queue by queue (pgjobq.levels) on
--- jobs_lease_idx, from 10 seconds ago on, so that the dead entries read while a snapshot is held are
--- those of the jobs claimed within the last lease, not of every job claimed since the snapshot began.
+-- running jobs that monitor_queue_counts and monitor_workers count.  Queue by queue (pgjobq.levels)
+-- through the alarms of their leases (running_jobs, claim.sql), so that what is read while a snapshot
+-- is held is the alarms of the claims within about the last lease, not every job claimed since the
+-- snapshot began.
 -- A job whose lease ended longer ago, with no worker to rescue it, is left out (`pgjobq list --state
 -- running` shows it).
 CREATE OR REPLACE FUNCTION pgjobq.leased_now() RETURNS TABLE (queue text, worker_id text)
@@ -212,9 +213,8 @@ SET jit = off
 AS $$
     SELECT q.queue, j.worker_id::text
       FROM (SELECT DISTINCT l.queue FROM pgjobq.levels l) q
-     CROSS JOIN LATERAL (SELECT j.worker_id FROM pgjobq.jobs j
-                          WHERE j.state = 'running' AND j.queue = q.queue
-                            AND j.lease_until > now() - interval '10 seconds') j
+     CROSS JOIN LATERAL (SELECT j.worker_id FROM pgjobq.running_jobs(q.queue) j
+                          WHERE j.lease_until > now() - interval '10 seconds') j
 $$;
 
 -- monitor_queue_counts(): the live jobs per queue: due (queued, run_at reached), scheduled (queued, not
@@ -255,7 +255,8 @@ AS $$
                 AND (greatest(j.run_at, j.ready_at), j.id) > (coalesce(lo.key, '-infinity'), coalesce(lo.id, 0))) c
          GROUP BY l.queue),
     running AS (SELECT r.queue, count(*) AS n FROM pgjobq.leased_now() r GROUP BY 1),
-    waiting AS (SELECT j.queue::text AS queue, count(*) AS n FROM pgjobq.jobs j WHERE j.state = 'waiting' GROUP BY 1)
+    waiting AS (SELECT j.queue::text AS queue, count(*) AS n FROM pgjobq.jobs j
+                 WHERE j.state = 'waiting' AND j.pending_parents IS NOT NULL GROUP BY 1)
     SELECT n.queue, coalesce(q.due, 0)::bigint, coalesce(q.scheduled, 0)::bigint, coalesce(r.n, 0),
            coalesce(w.n, 0), extract(epoch FROM now() - q.first_due)
       FROM (SELECT queued.queue FROM queued UNION SELECT running.queue FROM running
@@ -282,9 +283,9 @@ $$;
 --
 -- Asked every few seconds by a scaler, so it reads only what it counts: per level, one range of
 -- jobs_ready_idx from the level's low-water mark (pgjobq.lows, as monitor_queue_counts) up to now,
--- which holds the ready rows and nothing else (not the scheduled ones ahead of now, not the history,
--- not the dead entries behind the mark); the running ones through jobs_lease_idx from now on; a row
--- per worker.  tests/test_steady.c counts the blocks it reads while 20,000 dead rows are kept.
+-- which holds the ready rows and the few running ones claimed past the mark (not the scheduled ones
+-- ahead of now, not the history, not the dead entries behind the mark); the running ones through
+-- the alarms of their leases (running_jobs, claim.sql); a row per worker.  tests/test_steady.c counts the blocks it reads while 20,000 dead rows are kept.
 CREATE OR REPLACE FUNCTION pgjobq.queue_ready(of_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, ready bigint, oldest_ready_s double precision, running bigint, concurrency integer,
                worker_slots bigint, paused boolean)
@@ -324,8 +325,7 @@ AS $$
          WHERE queue_ready.of_queue IS NULL OR l.queue = queue_ready.of_queue
          GROUP BY 1)
     SELECT n.queue, coalesce(lv.n, 0)::bigint, extract(epoch FROM now() - lv.first)::double precision,
-           (SELECT count(*) FROM pgjobq.jobs j
-             WHERE j.state = 'running' AND j.queue = n.queue AND j.lease_until > now()),
+           (SELECT count(*) FROM pgjobq.running_jobs(n.queue) j WHERE j.lease_until > now()),
            s.concurrency, coalesce(sl.n, 0)::bigint, coalesce(s.paused_at IS NOT NULL, false)
       FROM names n
       LEFT JOIN lv ON lv.queue = n.queue
@@ -625,9 +625,9 @@ AS $$
       FROM pgjobq.all_jobs a WHERE a.id BETWEEN monitor_run.first_id AND monitor_run.last_id
 $$;
 
--- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running), each
--- state counted through its own partial index (the claim's, the lease's, the waiting jobs'), which
--- skips the dead versions of finished jobs that a scan of the table would read.
+-- monitor_queue_live(queue): how many jobs of the queue are live (queued, waiting or running),
+-- counted through jobs_ready_idx, which skips the dead versions of finished jobs that a scan of the
+-- table would read.
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_live(queue text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -635,17 +635,16 @@ AS $$
 DECLARE
     v_n bigint;
 BEGIN
-    EXECUTE $q$SELECT (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'queued')
-                    + (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'running')
-                    + (SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1 AND j.state = 'waiting')$q$
+    -- Every row of pgjobq.jobs is live (waiting, queued or running), and jobs_ready_idx holds them all.
+    EXECUTE $q$SELECT count(*) FROM pgjobq.jobs j WHERE j.queue = $1$q$
         INTO v_n USING monitor_queue_live.queue;
     RETURN v_n;
 END
 $$;
 
 -- monitor_queue_drained(queue): true once the queue has no live job.  What a benchmark polls to see a
--- queue drain, so it must not load the server it measures: it stops at the first live job of each
--- partial index (monitor_queue_live counts them all: 6 ms a call at the start of a 50,000-job drain,
+-- queue drain, so it must not load the server it measures: it stops at the queue's first live job in
+-- jobs_ready_idx (monitor_queue_live counts them all: 6 ms a call at the start of a 50,000-job drain,
 -- which polled every 50 ms took 7% of two cores from the drain it measured).
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_drained(queue text) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -653,9 +652,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- Static SQL: its plan is kept from call to call (one plan suits every queue here).
-    RETURN NOT (EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'queued')
-             OR EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'running')
-             OR EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue AND j.state = 'waiting'));
+    RETURN NOT EXISTS (SELECT FROM pgjobq.jobs j WHERE j.queue = monitor_queue_drained.queue);
 END
 $$;
 

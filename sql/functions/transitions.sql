@@ -355,9 +355,10 @@ END
 $$;
 
 -- extend_many: the heartbeat.  Moves the lease of each held job to now() + lease (same fencing as
--- complete_many).  Not a HOT update: lease_until is a key of jobs_lease_idx (schema 10, the rescue's
--- walk), so each heartbeat writes a row version and its index entries (docs/design.md; issue 42 would
--- move the lease out of the indexed row).  A job whose cancellation was requested ends cancelled
+-- complete_many).  A HOT update since schema 33 (no index holds lease_until; the rescue finds leases
+-- through their alarms, pgjobq.lease_alarms, and arms a new one for a lease a heartbeat moved on; a
+-- heartbeat that moves a lease earlier arms one itself, by the trigger jobs_lease_alarm).  A job
+-- whose cancellation was requested ends cancelled
 -- here, so its holder learns to stop.  Returns one row per input: outcome 'extended', 'cancelled' or
 -- 'lost', and the new lease_until.
 -- A lease longer than its queue allows (max_lease, queues.sql) is cut to it, not refused as the claim
