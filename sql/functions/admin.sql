@@ -504,6 +504,8 @@ DECLARE
 BEGIN
     WITH gone AS (DELETE FROM pgjobq.jobs j WHERE j.queue = reset_queue.queue RETURNING j.id)
     SELECT count(*), array_agg(gone.id) INTO v_live, v_ids FROM gone;
+    -- The alarms of the queue's leases (none of its jobs runs any more).
+    DELETE FROM pgjobq.lease_alarms a WHERE a.queue = reset_queue.queue;
     WITH gone AS (DELETE FROM pgjobq.history h WHERE h.queue = reset_queue.queue RETURNING h.id)
     SELECT v_ids || array_agg(gone.id) INTO v_ids FROM gone;
     IF EXISTS (SELECT FROM pgjobq.job_steps) OR EXISTS (SELECT FROM pgjobq.job_parks) THEN

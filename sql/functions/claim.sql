@@ -61,16 +61,23 @@
 -- a scan of a queue's jobs would read its whole backlog: this reads the jobs of the queue's claims of
 -- the last few seconds and the ones still running from before (as long as rescue passes run: every
 -- worker's, each second; without them, every claim's since the last).  The callers filter on
--- lease_until.
+-- lease_until.  Each job is looked up by its id (OFFSET 0 keeps the lookup a probe of the primary
+-- key per alarm entry: joined as the planner likes, with statistics taken while no job ran, it read
+-- the whole table, or the queue's range of the claim index, for every call).  A job is named by one
+-- alarm at a time (the rescue arms a new one only in the transaction that deletes the old).
 CREATE OR REPLACE FUNCTION pgjobq.running_jobs(queue text) RETURNS SETOF pgjobq.jobs
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
-    SELECT j.* FROM pgjobq.jobs j
-     WHERE j.state = 'running' AND j.queue = running_jobs.queue
-       AND (j.id, j.lease_token) IN (SELECT r.id, r.token FROM pgjobq.lease_alarms a
-                                      CROSS JOIN LATERAL unnest(a.ids, a.tokens) AS r(id, token)
-                                     WHERE a.queue = running_jobs.queue)
+    SELECT x.* FROM pgjobq.lease_alarms a
+     CROSS JOIN LATERAL unnest(a.ids, a.tokens) AS r(id, token)
+     CROSS JOIN LATERAL (SELECT j.* FROM pgjobq.jobs j
+                          WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+                            AND j.queue = running_jobs.queue
+                         OFFSET 0) x
+     WHERE a.queue = running_jobs.queue
 $$;
 
 -- claim_next: the claim the worker runs.  Takes up to max_jobs due jobs of one queue, level by level
@@ -572,14 +579,14 @@ BEGIN
                       greatest(j.run_at, j.ready_at) AS key, j.traceparent::text AS traceparent),
         -- The lease's alarm (sql/033_hot_claim.sql): one row for the claim.  No index of pgjobq.jobs
         -- holds state or lease_until, so the UPDATE above writes each job's new version in place
-        -- (HOT) and no index entry.  The alarm is due 5 seconds after the claim (or at the lease's
-        -- end, if sooner), by the clock at the end of the claim: the rescue pass of a second or two
-        -- later forgets the jobs finished by then, which are most of them, and arms one alarm for the
-        -- rest at their leases' end.  So a queue's alarms hold its claims of the last few seconds
+        -- (HOT) and no index entry.  The alarm is due 5 seconds after the claim by the clock at its
+        -- end, or at the lease's end if that is sooner (never after it): the rescue pass of a second
+        -- or two later forgets the jobs finished by then, which are most of them, and arms one alarm
+        -- for the rest at their leases' end.  So a queue's alarms hold its claims of the last few seconds
         -- and its running jobs, which is what running_jobs reads.
         armed AS (
             INSERT INTO pgjobq.lease_alarms (queue, until, ids, tokens)
-            SELECT claim_next.queue, clock_timestamp() + least(claim_next.lease, interval '5 seconds'),
+            SELECT claim_next.queue, least(now() + claim_next.lease, clock_timestamp() + interval '5 seconds'),
                    array_agg(st.id), array_agg(st.lease_token)
               FROM started st HAVING count(*) > 0)
         SELECT st.id, st.kind, st.payload, st.priority, st.attempt, st.max_attempts, st.lease_token, st.run_at,

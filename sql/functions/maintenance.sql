@@ -73,13 +73,16 @@ BEGIN
     END IF;
     DELETE FROM pgjobq.lease_alarms a WHERE a.ctid = ANY (v_alarms);
     -- Of the alarms' jobs, those still running under the alarm's token (most have finished: an alarm
-    -- is taken once the lease it gave has ended); of those, the ones whose lease has ended.
-    SELECT array_agg(j.id), array_agg(j.lease_token),
-           (array_agg(j.id) FILTER (WHERE j.lease_until < now()))[1:rescue_expired.max_jobs]
+    -- is due a few seconds after its claim); of those, the ones whose lease has ended.  Each job is
+    -- looked up by its id (OFFSET 0: a probe of the primary key per id, whatever the statistics say;
+    -- a join the planner chose read the whole table, or compared every row with every id).
+    SELECT array_agg(x.id), array_agg(x.lease_token),
+           (array_agg(x.id) FILTER (WHERE x.lease_until < now()))[1:rescue_expired.max_jobs]
       INTO v_ids, v_tokens, v_cand
       FROM unnest(v_ids, v_tokens) AS r(id, token)
-      JOIN pgjobq.jobs j ON j.id = r.id AND j.lease_token = r.token
-     WHERE j.state = 'running';
+     CROSS JOIN LATERAL (SELECT j.id, j.lease_token, j.lease_until FROM pgjobq.jobs j
+                          WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+                         OFFSET 0) x;
     -- Lock them (skipping rows others hold) and decide from their latest versions.
     SELECT array_agg(e.id) FILTER (WHERE e.final), array_agg(e.id) FILTER (WHERE NOT e.final),
            array_agg(e.id) FILTER (WHERE e.final AND e.has_children)
@@ -136,11 +139,12 @@ BEGIN
     -- statement, which sees what the writes above left (and every write committed since).  A job that
     -- was not running under its alarm's token above never will be again: a claim draws a new token.
     INSERT INTO pgjobq.lease_alarms (queue, until, ids, tokens)
-    SELECT j.queue, greatest(min(j.lease_until), now()), array_agg(j.id), array_agg(j.lease_token)
+    SELECT x.queue, greatest(min(x.lease_until), now()), array_agg(x.id), array_agg(x.lease_token)
       FROM unnest(v_ids, v_tokens) AS r(id, token)
-      JOIN pgjobq.jobs j ON j.id = r.id AND j.lease_token = r.token
-     WHERE j.state = 'running'
-     GROUP BY j.queue;
+     CROSS JOIN LATERAL (SELECT j.queue, j.id, j.lease_token, j.lease_until FROM pgjobq.jobs j
+                          WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+                         OFFSET 0) x
+     GROUP BY x.queue;
     RETURN coalesce(cardinality(v_final), 0) + coalesce(cardinality(v_requeue), 0);
 END
 $$;
