@@ -29,6 +29,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_state  pgjobq.job_state;
@@ -66,6 +67,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.retry(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_state pgjobq.job_state;
@@ -174,6 +176,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.retry_running(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_job record;

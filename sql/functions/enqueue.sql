@@ -573,6 +573,7 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_keyed(
 RETURNS TABLE (ord integer, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     n        integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),

@@ -203,6 +203,7 @@ CREATE OR REPLACE FUNCTION pgjobq.age_priorities(max_jobs integer DEFAULT 1000) 
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_ids    bigint[];
@@ -237,9 +238,12 @@ BEGIN
     -- The new key is read after this transaction has its id (claim.sql).
     PERFORM pg_current_xact_id();
     WITH locked AS (
-        SELECT j.id FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
+        -- By id alone (the queue's setting read per row): with a join on the queue, jobs_ready_idx
+        -- could serve it, walking the queue's aged range for each id.
+        SELECT j.id FROM pgjobq.jobs j
          WHERE j.id = ANY (v_ids) AND j.state = 'queued' AND j.priority > -100
-           AND greatest(j.run_at, j.ready_at) <= now() - q.priority_aging
+           AND greatest(j.run_at, j.ready_at)
+               <= now() - (SELECT q.priority_aging FROM pgjobq.queues q WHERE q.name = j.queue)
            FOR UPDATE OF j SKIP LOCKED),
     raised AS (
         UPDATE pgjobq.jobs j
@@ -316,6 +320,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_count   integer := 0;
@@ -485,6 +490,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_snap    pg_snapshot := pg_current_snapshot();

@@ -461,6 +461,7 @@ RETURNS TABLE (id bigint, queue text, kind text, state text, priority smallint, 
                expires_at timestamptz, base_priority smallint, traceparent text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts, a.run_at, a.created_at,
            a.started_at, a.finished_at, a.lease_until, a.worker_id, a.unique_key, a.cancel_requested, a.payload,
@@ -487,6 +488,7 @@ RETURNS TABLE (id bigint, queue text, kind text, payload jsonb, priority smallin
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -649,6 +651,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_drained(queue text) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     -- Static SQL: its plan is kept from call to call (one plan suits every queue here).
@@ -670,9 +673,13 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
 BEGIN
-    RETURN coalesce((SELECT j.id FROM pgjobq.jobs j
-                      WHERE j.id >= monitor_queue_first_live.from_id AND j.queue = monitor_queue_first_live.queue
-                      ORDER BY j.id LIMIT 1), 0);
+    -- The walk is by id alone, the queue filtered after it (OFFSET 0): with the queue beside the id,
+    -- jobs_ready_idx could serve it, reading and sorting the queue's whole range at each poll.
+    RETURN coalesce((SELECT x.id
+                       FROM (SELECT j.id, j.queue FROM pgjobq.jobs j
+                              WHERE j.id >= monitor_queue_first_live.from_id ORDER BY j.id OFFSET 0) x
+                      WHERE x.queue = monitor_queue_first_live.queue
+                      ORDER BY x.id LIMIT 1), 0);
 END
 $$;
 

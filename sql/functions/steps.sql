@@ -55,6 +55,7 @@ CREATE OR REPLACE FUNCTION pgjobq.step_get(id bigint, token bigint, name text)
 RETURNS TABLE (outcome text, result jsonb, stored_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -76,6 +77,7 @@ CREATE OR REPLACE FUNCTION pgjobq.steps_of(id bigint, token bigint)
 RETURNS TABLE (held boolean, name text, result jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pgjobq.jobs j
@@ -99,6 +101,7 @@ CREATE OR REPLACE FUNCTION pgjobq.step_put(id bigint, token bigint, name text, v
 RETURNS TABLE (outcome text, result jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -150,6 +153,7 @@ CREATE OR REPLACE FUNCTION pgjobq.job_park(id bigint, why text, step text, until
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_token bigint;
@@ -186,6 +190,7 @@ CREATE OR REPLACE FUNCTION pgjobq.sleep(id bigint, token bigint, name text, dela
 RETURNS TABLE (outcome text, until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -253,6 +258,7 @@ CREATE OR REPLACE FUNCTION pgjobq.wait_event(id bigint, token bigint, name text,
 RETURNS TABLE (outcome text, payload jsonb, sent_at timestamptz, until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -335,6 +341,7 @@ CREATE OR REPLACE FUNCTION pgjobq.send_event(name text, key text DEFAULT '', pay
 RETURNS TABLE (id bigint, resumed integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_id     bigint;
@@ -392,6 +399,7 @@ CREATE OR REPLACE FUNCTION pgjobq.steps(job_id bigint)
 RETURNS TABLE (name text, attempt integer, stored_at timestamptz, result_bytes integer)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT s.name, s.attempt, s.stored_at, octet_length(s.result::text)
       FROM pgjobq.job_steps s WHERE s.job_id = steps.job_id
@@ -404,6 +412,7 @@ CREATE OR REPLACE FUNCTION pgjobq.job_park_of(job_id bigint)
 RETURNS TABLE (parked text, step text, until timestamptz, event_name text, event_key text, since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT CASE p.why WHEN 'sleep' THEN 'sleeping' ELSE 'waiting' END, p.step, p.until, p.event_name, p.event_key,
            p.since
@@ -417,6 +426,7 @@ CREATE OR REPLACE FUNCTION pgjobq.monitor_parked()
 RETURNS TABLE (queue text, sleeping bigint, waiting bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT j.queue::text, count(*) FILTER (WHERE p.why = 'sleep'), count(*) FILTER (WHERE p.why = 'event')
       FROM pgjobq.job_parks p JOIN pgjobq.jobs j ON j.id = p.job_id

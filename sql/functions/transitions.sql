@@ -183,8 +183,13 @@ DECLARE
     v_prios  smallint[];
     v_n      integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
-                    WHERE j.id = ANY (dead_letter_send.ids) AND q.dead_letter IS NOT NULL) THEN
+    -- Every read of pgjobq.jobs here is by id alone (OFFSET 0: the queue's join stays outside), so
+    -- that only the primary key can serve it: with the queue beside the id, jobs_ready_idx could, walking
+    -- the queue's whole range for each id (docs/design.md, "The claim writes in place").
+    IF NOT EXISTS (SELECT 1
+                     FROM (SELECT j.queue FROM pgjobq.jobs j WHERE j.id = ANY (dead_letter_send.ids) OFFSET 0) j
+                     JOIN pgjobq.queues q ON q.name = j.queue
+                    WHERE q.dead_letter IS NOT NULL) THEN
         RETURN 0;
     END IF;
     -- (The caller locked the rows: its transaction has an id, which the copies' ready_at must follow.)
@@ -193,9 +198,10 @@ BEGIN
         SELECT j.id, q.dead_letter, j.queue, nextval(pg_get_serial_sequence('pgjobq.jobs', 'id')) AS new_id,
                u.error
           FROM unnest(dead_letter_send.ids, dead_letter_send.errors) AS u(id, error)
-          JOIN pgjobq.jobs j ON j.id = u.id
+         CROSS JOIN LATERAL (SELECT j.id, j.queue, j.cancel_requested FROM pgjobq.jobs j
+                              WHERE j.id = u.id OFFSET 0) j
           JOIN pgjobq.queues q ON q.name = j.queue
-         WHERE j.id = ANY (dead_letter_send.ids) AND q.dead_letter IS NOT NULL AND NOT j.cancel_requested),
+         WHERE q.dead_letter IS NOT NULL AND NOT j.cancel_requested),
     made AS (
         INSERT INTO pgjobq.jobs (id, queue, kind, payload, priority, max_attempts, last_error, tags,
                                  concurrency_key, route_key, traceparent)
@@ -232,6 +238,7 @@ CREATE OR REPLACE FUNCTION pgjobq.sequence_block(ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_n integer;
@@ -241,9 +248,10 @@ BEGIN
     END IF;
     INSERT INTO pgjobq.sequence_blocks (queue, key, job_id)
     SELECT DISTINCT ON (j.queue, j.concurrency_key) j.queue, j.concurrency_key, j.id
-      FROM pgjobq.jobs j JOIN pgjobq.queues q ON q.name = j.queue
-     WHERE j.id = ANY (sequence_block.ids) AND q.strict_order AND j.concurrency_key IS NOT NULL
-       AND NOT j.cancel_requested
+      FROM (SELECT j.id, j.queue, j.concurrency_key, j.cancel_requested FROM pgjobq.jobs j
+             WHERE j.id = ANY (sequence_block.ids) OFFSET 0) j  -- by id alone, as in dead_letter_send
+      JOIN pgjobq.queues q ON q.name = j.queue
+     WHERE q.strict_order AND j.concurrency_key IS NOT NULL AND NOT j.cancel_requested
      ORDER BY j.queue, j.concurrency_key, j.id
     ON CONFLICT (queue, key) DO NOTHING;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -635,6 +643,7 @@ CREATE OR REPLACE FUNCTION pgjobq.progress_many(ids bigint[], tokens bigint[], p
 RETURNS TABLE (id bigint, outcome text)
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     WITH input AS MATERIALIZED (
         SELECT u.id, u.token, u.p, octet_length(u.p::text) <= 8192 AS fits
@@ -655,6 +664,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.set_progress(id bigint, token bigint, progress jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     IF progress IS NULL OR octet_length(progress::text) > 8192 THEN

@@ -96,6 +96,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.batch_counts(callback bigint) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT jsonb_build_object('id', $1, 'jobs', count(*),
                               'completed', count(*) FILTER (WHERE a.state = 'completed'),
@@ -186,6 +187,7 @@ CREATE OR REPLACE FUNCTION pgjobq.enqueue_graph(graph jsonb)
 RETURNS TABLE (ref text, id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_jobs    jsonb := CASE jsonb_typeof(graph) WHEN 'array' THEN graph WHEN 'object' THEN graph -> 'jobs' END;
@@ -611,6 +613,7 @@ CREATE OR REPLACE FUNCTION pgjobq.parents(job bigint)
 RETURNS TABLE (id bigint, state text, kind text, result jsonb, finished_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT d.parent, coalesce(a.state::text, 'pruned'), a.kind, a.result, a.finished_at
       FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.parent
@@ -622,6 +625,7 @@ CREATE OR REPLACE FUNCTION pgjobq.children(job bigint)
 RETURNS TABLE (id bigint, state text, kind text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT d.child, coalesce(a.state::text, 'pruned'), a.kind
       FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.child
@@ -634,6 +638,7 @@ CREATE OR REPLACE FUNCTION pgjobq.graph(job bigint)
 RETURNS TABLE (id bigint, depth integer, state text, queue text, kind text, parents bigint[])
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_nodes bigint[] := ARRAY[graph.job];
@@ -681,6 +686,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobq.parents_json(job bigint) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', d.parent, 'state', coalesce(a.state::text, 'pruned'),
                                                  'result', a.result) ORDER BY d.parent), '[]')
