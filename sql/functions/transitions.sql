@@ -652,7 +652,8 @@ AS $$
     upd AS (
         UPDATE pgjobq.jobs j SET progress = input.p
           FROM input
-         WHERE j.id = input.id AND j.lease_token = input.token AND j.lease_until > now() AND input.fits
+         WHERE j.id = ANY (progress_many.ids) AND j.id = input.id AND j.lease_token = input.token
+           AND j.lease_until > now() AND input.fits
         RETURNING j.id)
     SELECT input.id, CASE WHEN upd.id IS NOT NULL THEN 'written' WHEN NOT input.fits THEN 'too_large' ELSE 'lost' END
       FROM input LEFT JOIN upd ON upd.id = input.id
