@@ -1189,25 +1189,31 @@ TEST_FULL(failover_of_one_shard_by_pg_auto_failover_loses_nothing_and_the_other_
     CHECK_MSG(cw_status == 0 || cw_status == 75, "the cluster worker did not stop cleanly (status %d)", cw_status);
     int final_port = atoi(PQport(nc));
     verdict v = check_new_primary(nc, asked_wall);
-    /* pg_auto_failover's own loss window (seen once in CI, 2026-12-06): the monitor, handling the old
+    /* pg_auto_failover's own loss window (its issue #774, fixed upstream by pull request #1165, not in
+     * the packaged 2.0; seen once in CI, 2026-12-06): the monitor, handling the old
      * primary's report in the instant the failover was asked, set it to wait_primary (synchronous
      * replication off: it acknowledges alone) instead of draining, and it went on accepting writes
      * until the demote timeout (30 s) demoted it. Only such a goal set before n2 is first primary
      * counts (a second failover, back to n1, is not this). What it acknowledged after the request is lost with
      * it, whatever the client: that loss is the engine's, and docs/deploy.md names it. Nothing
      * acknowledged before the request may be lost, in any case. */
-    long long engine_race = t_int(m, "SELECT count(*) FROM pgautofailover.event e WHERE e.eventid > %lld"
-                                     " AND e.nodename = 'n1' AND e.goalstate = 'wait_primary'"
-                                     " AND e.eventid < coalesce((SELECT min(x.eventid) FROM pgautofailover.event x"
-                                     " WHERE x.eventid > %lld AND x.nodename = 'n2' AND x.reportedstate = 'primary'),"
-                                     " 9223372036854775807)",
+    long long engine_race = t_int(m,
+                                  "SELECT count(*) FROM pgautofailover.event e WHERE e.eventid > %lld"
+                                  " AND e.nodename = 'n1' AND e.goalstate = 'wait_primary'"
+                                  " AND e.eventid < coalesce((SELECT min(x.eventid) FROM pgautofailover.event x"
+                                  " WHERE x.eventid > %lld AND x.nodename = 'n2' AND x.reportedstate = 'primary'),"
+                                  " 9223372036854775807)",
                                   asked_event, asked_event);
-    long long enq_lost_before = t_int(nc, "SELECT count(*) FROM acked_enq a LEFT JOIN pgjobq.all_jobs j"
-                                          " ON j.id = a.id AND (j.payload->>'mark')::bigint = a.mark"
-                                          " WHERE j.id IS NULL AND a.k < %d", enq_before);
-    long long done_lost_before = t_int(nc, "SELECT count(*) FROM acked_done a LEFT JOIN pgjobq.all_jobs j USING (id)"
-                                           " WHERE (j.id IS NULL OR j.state <> 'completed' OR j.lease_token <> a.token)"
-                                           " AND a.k < %d", done_before);
+    long long enq_lost_before = t_int(nc,
+                                      "SELECT count(*) FROM acked_enq a LEFT JOIN pgjobq.all_jobs j"
+                                      " ON j.id = a.id AND (j.payload->>'mark')::bigint = a.mark"
+                                      " WHERE j.id IS NULL AND a.k < %d",
+                                      enq_before);
+    long long done_lost_before = t_int(nc,
+                                       "SELECT count(*) FROM acked_done a LEFT JOIN pgjobq.all_jobs j USING (id)"
+                                       " WHERE (j.id IS NULL OR j.state <> 'completed' OR j.lease_token <> a.token)"
+                                       " AND a.k < %d",
+                                       done_before);
     printf("monitor events after the failover (primary at the end: %s):\n", final_port == n2.port   ? "n2"
                                                                             : final_port == n1.port ? "n1"
                                                                                                     : "?");

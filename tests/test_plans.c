@@ -89,9 +89,9 @@ static void every_call(PGconn *pg)
     PQclear(t_exec(pg, "SELECT pgjobq.enqueue('q', 'k', '{}', -5::smallint,"
                        " after => ARRAY[(SELECT id FROM mine WHERE n = 13)])"));
 
-#define IDS(cond) "ARRAY(SELECT id FROM mine WHERE " cond " ORDER BY n)"
+#define IDS(cond)  "ARRAY(SELECT id FROM mine WHERE " cond " ORDER BY n)"
 #define TOKS(cond) "ARRAY(SELECT tok FROM mine WHERE " cond " ORDER BY n)"
-#define ONE(n) "(SELECT id FROM mine WHERE n = " #n "), (SELECT tok FROM mine WHERE n = " #n ")"
+#define ONE(n)     "(SELECT id FROM mine WHERE n = " #n "), (SELECT tok FROM mine WHERE n = " #n ")"
     CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.complete_many(" IDS("n IN (1, 2, 13)") ", " TOKS(
                             "n IN (1, 2, 13)") ") WHERE outcome = 'completed'"),
               3);
@@ -102,8 +102,8 @@ static void every_call(PGconn *pg)
     PQclear(t_exec(pg, "SELECT * FROM pgjobq.snooze_many(" IDS("n = 8") ", " TOKS(
                            "n = 8") ", ARRAY['r'], ARRAY['1 s'::interval])"));
     PQclear(t_exec(pg, "SELECT * FROM pgjobq.cancel_many(" IDS("n = 9") ", " TOKS("n = 9") ")"));
-    PQclear(t_exec(pg, "SELECT * FROM pgjobq.progress_many(" IDS("n = 10") ", " TOKS(
-                           "n = 10") ", ARRAY['{\"p\": 1}'::jsonb])"));
+    PQclear(t_exec(
+        pg, "SELECT * FROM pgjobq.progress_many(" IDS("n = 10") ", " TOKS("n = 10") ", ARRAY['{\"p\": 1}'::jsonb])"));
     PQclear(t_exec(pg, "SELECT pgjobq.set_progress(" ONE(10) ", '{\"p\": 2}')"));
     PQclear(t_exec(pg, "SELECT * FROM pgjobq.step_put(" ONE(11) ", 's', '1')"));
     PQclear(t_exec(pg, "SELECT * FROM pgjobq.step_get(" ONE(11) ", 's')"));
@@ -186,8 +186,7 @@ TEST_FULL(lookups_by_id_use_the_primary_key_with_plans_made_on_an_empty_table, 1
     CHECK_INT(t_int(loader, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'dl'"), 3);
     CHECK(t_int(loader, "SELECT count(*) FROM pgjobq.jobs WHERE queue = 'q' AND base_priority IS NOT NULL") > 0);
     /* The loaded jobs are untouched but for the rescue: 3,000 running ones still hold their leases. */
-    CHECK_INT(t_int(loader, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'loader'"),
-              3000);
+    CHECK_INT(t_int(loader, "SELECT count(*) FROM pgjobq.jobs WHERE state = 'running' AND worker_id = 'loader'"), 3000);
     PQfinish(loader);
     PQfinish(pg);
 }
