@@ -74,7 +74,7 @@ static void check_plan(void *arg, const char *msg)
 }
 
 /* One round of every call that finds jobs by id, on the session's own dozen jobs (priority -5: the
- * claim takes them before the 40,000 loaded ones). Run once on the empty table to make the plans,
+ * claim takes them before the 40,000 loaded ones). Run twice on the empty table to make the plans,
  * once on the loaded table to look at them. */
 static void every_call(PGconn *pg)
 {

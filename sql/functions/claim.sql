@@ -65,8 +65,8 @@
 -- lease_until.  Each job is looked up by its id alone (OFFSET 0 keeps the lookup a probe of the
 -- primary key per alarm entry: joined as the planner liked, with statistics taken while no job ran,
 -- it read the whole table; and with the queue in the lookup, jobs_ready_idx (queue, ..., id) served
--- it, a walk of the queue's whole range per id: a prune of 90 s under 40 workers).  A job is named by one
--- alarm at a time (the rescue arms a new one only in the transaction that deletes the old).
+-- it, a walk of the queue's whole range per id: a prune of 90 s under 40 workers).  A job is named
+-- by one alarm at a time (the rescue arms a new one only in the transaction that deletes the old).
 CREATE OR REPLACE FUNCTION pgjobq.running_jobs(queue text) RETURNS SETOF pgjobq.jobs
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp

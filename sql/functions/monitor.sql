@@ -285,7 +285,8 @@ $$;
 -- jobs_ready_idx from the level's low-water mark (pgjobq.lows, as monitor_queue_counts) up to now,
 -- which holds the ready rows and the few running ones claimed past the mark (not the scheduled ones
 -- ahead of now, not the history, not the dead entries behind the mark); the running ones through
--- the alarms of their leases (running_jobs, claim.sql); a row per worker.  tests/test_steady.c counts the blocks it reads while 20,000 dead rows are kept.
+-- the alarms of their leases (running_jobs, claim.sql); a row per worker.  tests/test_steady.c
+-- counts the blocks it reads while 20,000 dead rows are kept.
 CREATE OR REPLACE FUNCTION pgjobq.queue_ready(of_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, ready bigint, oldest_ready_s double precision, running bigint, concurrency integer,
                worker_slots bigint, paused boolean)
