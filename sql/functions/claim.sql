@@ -151,6 +151,7 @@ DECLARE
     v_rand    bigint := ('x' || right(replace(gen_random_uuid()::text, '-', ''), 16))::bit(64)::bigint;
     v_xid     bigint;
     v_cap     timestamptz;
+    v_tmax    timestamptz;
     s         pgjobq.queues%ROWTYPE;
     v_left    integer := max_jobs;
     v_window  timestamptz[];
@@ -216,15 +217,20 @@ BEGIN
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
     v_xid := pg_current_xact_id()::text::bigint;
-    -- The cap: the latest tick older than every transaction running now (this one aside).
-    SELECT max(t.at) INTO v_cap
-      FROM unnest(tick_times, tick_xids) AS t(at, xid)
-     WHERE t.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+    -- The cap: the latest tick older than every transaction running now (this one aside).  v_tmax,
+    -- the caller's latest tick, is as far as any cap can go.
+    SELECT max(t.at) FILTER (WHERE t.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint), max(t.at)
+      INTO v_cap, v_tmax
+      FROM unnest(tick_times, tick_xids) AS t(at, xid);
     -- A snapshot's oldest transaction may be one of another database of the cluster, which cannot
     -- write these jobs.  When the cap lags, ask which transactions of this database are running (and
     -- prepared ones): the latest tick older than all of them will do.  (Their ids are 32 bits there;
-    -- this transaction's id gives the epoch.)
-    IF tick_times IS NOT NULL AND (v_cap IS NULL OR v_cap < v_tick - interval '20 milliseconds') THEN
+    -- this transaction's id gives the epoch.)  Not when the cap is already the caller's latest tick:
+    -- each question below sees a subset of the snapshot's transactions, so its cap is never earlier
+    -- and never past v_tmax.  That is the common case of a worker whose claims are more than 20 ms
+    -- apart (40 processes: 329 of 473 claims of a drain asked pg_stat_activity, 4.4 ms each).
+    IF tick_times IS NOT NULL AND v_tmax > coalesce(v_cap, '-infinity')
+       AND (v_cap IS NULL OR v_cap < v_tick - interval '20 milliseconds') THEN
         SELECT max(t.at) INTO v_cap
           FROM unnest(tick_times, tick_xids) AS t(at, xid)
          WHERE t.xid < (SELECT coalesce(min(CASE WHEN x.x <= v_xid % 4294967296 THEN (v_xid / 4294967296) * 4294967296 + x.x
@@ -239,7 +245,7 @@ BEGIN
         -- idle one, a long batch).  Only those that hold a lock on pgjobq.jobs can still make a job
         -- appear with an early key (one that writes it later gives its rows a later key): ask the
         -- lock manager for them, a heavier question, asked only then.
-        IF v_cap IS NULL OR v_cap < v_tick - interval '1 second' THEN
+        IF v_tmax > coalesce(v_cap, '-infinity') AND (v_cap IS NULL OR v_cap < v_tick - interval '1 second') THEN
             SELECT max(t.at) INTO v_cap
               FROM unnest(tick_times, tick_xids) AS t(at, xid)
              WHERE t.xid < (SELECT coalesce(min(CASE WHEN x.x <= v_xid % 4294967296
