@@ -176,6 +176,63 @@ TEST(cursor_claim_finds_a_job_whose_enqueue_commits_after_later_ones_were_claime
     PQfinish(pg);
 }
 
+/* A level's frontier, in microseconds since the epoch (0: never set). */
+static long long frontier_of(PGconn *pg, const char *q)
+{
+    return t_int(pg,
+                 "SELECT coalesce(pg_sequence_last_value(l.frontier), 0) FROM pgjobq.levels l"
+                 " WHERE l.queue = '%s' AND l.priority = 0",
+                 q);
+}
+
+/* A claim moves its level's frontier to where its caller's cursor goes (so that other claimers start
+ * after its jobs at once, not after its caller's next claim), and a frontier, like a cursor, never
+ * passes a job whose enqueue has not committed yet: another claimer, whose own cursor is far behind,
+ * starts at the frontier and still takes that job when it commits. */
+TEST(the_frontier_moves_with_each_claim_and_never_passes_a_job_still_to_commit)
+{
+    PGconn *pg = t_pg(), *producer = t_pg();
+    claimer a, b;
+    int64_t ids[100], tokens[100];
+
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    /* Both claimers get ticks and a cursor from a claim from the marks. */
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['f', 'f'], NULL, NULL)"));
+    CHECK_INT(claim(pg, &a, "f", 1, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    CHECK_INT(claim(pg, &b, "f", 1, 1, ids, tokens), 1);
+    complete(pg, ids, tokens, 1);
+    /* Each claim of b from its cursor leaves the frontier where b's cursor went. */
+    for (int round = 0; round < 3; round++) {
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['f', 'f', 'f'], NULL, NULL)"));
+        long long before = b.cur.key_us[100];
+        CHECK_INT(claim(pg, &b, "f", 100, 0, ids, tokens), 3);
+        complete(pg, ids, tokens, 3);
+        CHECK(b.cur.valid[100]);
+        CHECK_MSG(b.cur.key_us[100] > before, "round %d: b's cursor did not move", round);
+        CHECK_INT(frontier_of(pg, "f"), b.cur.key_us[100]);
+    }
+    /* A transaction enqueues a job and stays open while b claims later jobs. */
+    PQclear(t_exec(producer, "BEGIN"));
+    PQclear(t_exec(producer, "SELECT pgjobq.enqueue('f', payload => '{\"late\": true}')"));
+    for (int round = 0; round < 3; round++) {
+        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['f', 'f', 'f'], NULL, NULL)"));
+        CHECK_INT(claim(pg, &b, "f", 100, 0, ids, tokens), 3);
+        complete(pg, ids, tokens, 3);
+    }
+    PQclear(t_exec(producer, "COMMIT"));
+    long long late_us = t_int(pg, "SELECT (extract(epoch FROM greatest(run_at, ready_at)) * 1000000)::bigint"
+                                  " FROM pgjobq.jobs WHERE queue = 'f' AND payload ? 'late'");
+    CHECK_MSG(frontier_of(pg, "f") < late_us, "the frontier passed a job still to commit");
+    /* a's cursor is behind the frontier: its claim starts there and takes the late job. */
+    CHECK_MSG(a.cur.key_us[100] < frontier_of(pg, "f"), "a's cursor is not behind the frontier");
+    CHECK_INT(claim(pg, &a, "f", 100, 0, ids, NULL), 1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND payload ? 'late'", (long long)ids[0]), 1);
+    PQfinish(producer);
+    PQfinish(pg);
+}
+
 TEST(low_claim_finds_what_a_rolled_back_claim_gave_back_and_the_mark_never_passes_it)
 {
     PGconn *pg = t_pg(), *other = t_pg();

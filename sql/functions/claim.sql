@@ -152,6 +152,8 @@ DECLARE
     v_xid     bigint;
     v_cap     timestamptz;
     v_tmax    timestamptz;
+    v_lastkey timestamptz;
+    v_fus     bigint;
     s         pgjobq.queues%ROWTYPE;
     v_left    integer := max_jobs;
     v_window  timestamptz[];
@@ -547,8 +549,8 @@ BEGIN
             -- and the next claim takes its row.  The 32-bit xmax gets its epoch from this
             -- transaction's id (the nearest one, either side).
             v_snap := pg_current_snapshot();
-            SELECT array_agg(p.id) INTO v_got
-              FROM (SELECT j.id FROM pgjobq.jobs j
+            SELECT array_agg(p.id), max(p.key) INTO v_got, v_lastkey
+              FROM (SELECT j.id, greatest(j.run_at, j.ready_at) AS key FROM pgjobq.jobs j
                      WHERE j.state = 'queued' AND j.queue = claim_next.queue AND j.priority = v_lv.p
                        AND greatest(j.run_at, j.ready_at) <= now()
                        AND (greatest(j.run_at, j.ready_at), j.id) > (v_key, v_id)
@@ -564,6 +566,19 @@ BEGIN
             v_left := v_left - coalesce(cardinality(v_got), 0);
             IF v_left > 0 THEN
                 v_exhausted := v_exhausted || v_lv.p;
+            END IF;
+            -- The frontier goes now where the caller's cursor will go when this claim returns
+            -- (src/cursor.c): to the cap if the level was read to its end, else to the last row
+            -- claimed, at most the cap.  Set at the caller's next claim instead (above), it lagged one
+            -- claim per worker, and each claim of 40 workers stepped over the running rows of the 39
+            -- claims before it.  Safe as the cursor is: what this claim holds is running or, if it
+            -- rolls back, behind every cursor, where the claims from the marks find it.
+            IF v_cap IS NOT NULL AND v_lv.frontier IS NOT NULL THEN
+                v_fus := (extract(epoch FROM CASE WHEN v_left > 0 THEN v_cap ELSE least(v_lastkey, v_cap) END)
+                          * 1000000)::bigint;
+                IF v_fus > coalesce(pg_sequence_last_value(v_lv.frontier), 0) THEN
+                    PERFORM setval(v_lv.frontier, v_fus);
+                END IF;
             END IF;
             EXIT WHEN v_left = 0;
         END LOOP;
