@@ -190,3 +190,24 @@ TEST_FULL(lookups_by_id_use_the_primary_key_with_plans_made_on_an_empty_table, 1
     PQfinish(loader);
     PQfinish(pg);
 }
+
+/* A function that turns sequential scans off (so that its lookups by id take the primary key whatever
+ * the statistics say) also turns JIT off.  A plan that scans a small table all the same (one without an
+ * index for that statement) costs 10^10 with enable_seqscan = off, far past jit_above_cost, and every
+ * execution of it compiles itself first: each prune compiled four statements (levels_gone read and
+ * updated, pgjobq.levels updated, pgjobq.awaited cleaned), 87 ms for a 0.1 ms read, and a worker
+ * prunes every minute.  The other functions' plans showed no such scan: for them it is a precaution. */
+TEST(functions_that_turn_seqscans_off_turn_jit_off_too)
+{
+    PGconn *pg = t_pg();
+
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                        " WHERE n.nspname = 'pgjobq' AND 'enable_seqscan=off' = ANY (p.proconfig)"),
+              t_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                        " WHERE n.nspname = 'pgjobq' AND 'enable_seqscan=off' = ANY (p.proconfig)"
+                        " AND 'jit=off' = ANY (p.proconfig)"));
+    CHECK_MSG(t_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                        " WHERE n.nspname = 'pgjobq' AND 'enable_seqscan=off' = ANY (p.proconfig)") >= 40,
+              "fewer functions than expected turn sequential scans off: the test proves nothing");
+    PQfinish(pg);
+}

@@ -30,6 +30,7 @@ CREATE OR REPLACE FUNCTION pgjobq.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_state  pgjobq.job_state;
@@ -68,6 +69,7 @@ CREATE OR REPLACE FUNCTION pgjobq.retry(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_state pgjobq.job_state;
@@ -177,6 +179,7 @@ CREATE OR REPLACE FUNCTION pgjobq.retry_running(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_job record;

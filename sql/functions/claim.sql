@@ -71,6 +71,7 @@ CREATE OR REPLACE FUNCTION pgjobq.running_jobs(queue text) RETURNS SETOF pgjobq.
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 SET enable_bitmapscan = off
 AS $$
     SELECT x.* FROM pgjobq.lease_alarms a

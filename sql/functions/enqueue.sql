@@ -574,6 +574,7 @@ RETURNS TABLE (ord integer, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     n        integer := greatest(cardinality(queues), cardinality(kinds), cardinality(payloads),

@@ -321,6 +321,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_count   integer := 0;
@@ -491,6 +492,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_snap    pg_snapshot := pg_current_snapshot();

@@ -411,6 +411,7 @@ RETURNS TABLE (id bigint, queue text, kind text, state text, attempt integer, ma
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
@@ -463,6 +464,7 @@ RETURNS TABLE (id bigint, queue text, kind text, state text, priority smallint, 
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT a.id, a.queue, a.kind, a.state::text, a.priority, a.attempt, a.max_attempts, a.run_at, a.created_at,
            a.started_at, a.finished_at, a.lease_until, a.worker_id, a.unique_key, a.cancel_requested, a.payload,
@@ -490,6 +492,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -653,6 +656,7 @@ CREATE OR REPLACE FUNCTION pgjobq.monitor_queue_drained(queue text) RETURNS bool
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     -- Static SQL: its plan is kept from call to call (one plan suits every queue here).

@@ -56,6 +56,7 @@ RETURNS TABLE (outcome text, result jsonb, stored_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -78,6 +79,7 @@ RETURNS TABLE (held boolean, name text, result jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pgjobq.jobs j
@@ -102,6 +104,7 @@ RETURNS TABLE (outcome text, result jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -154,6 +157,7 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_token bigint;
@@ -191,6 +195,7 @@ RETURNS TABLE (outcome text, until timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -259,6 +264,7 @@ RETURNS TABLE (outcome text, payload jsonb, sent_at timestamptz, until timestamp
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_attempt integer;
@@ -342,6 +348,7 @@ RETURNS TABLE (id bigint, resumed integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_id     bigint;
@@ -400,6 +407,7 @@ RETURNS TABLE (name text, attempt integer, stored_at timestamptz, result_bytes i
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT s.name, s.attempt, s.stored_at, octet_length(s.result::text)
       FROM pgjobq.job_steps s WHERE s.job_id = steps.job_id
@@ -413,6 +421,7 @@ RETURNS TABLE (parked text, step text, until timestamptz, event_name text, event
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT CASE p.why WHEN 'sleep' THEN 'sleeping' ELSE 'waiting' END, p.step, p.until, p.event_name, p.event_key,
            p.since
@@ -427,6 +436,7 @@ RETURNS TABLE (queue text, sleeping bigint, waiting bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT j.queue::text, count(*) FILTER (WHERE p.why = 'sleep'), count(*) FILTER (WHERE p.why = 'event')
       FROM pgjobq.job_parks p JOIN pgjobq.jobs j ON j.id = p.job_id

@@ -239,6 +239,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_n integer;
@@ -644,6 +645,7 @@ RETURNS TABLE (id bigint, outcome text)
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     WITH input AS MATERIALIZED (
         SELECT u.id, u.token, u.p, octet_length(u.p::text) <= 8192 AS fits
@@ -666,6 +668,7 @@ CREATE OR REPLACE FUNCTION pgjobq.set_progress(id bigint, token bigint, progress
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     IF progress IS NULL OR octet_length(progress::text) > 8192 THEN

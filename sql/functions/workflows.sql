@@ -97,6 +97,7 @@ CREATE OR REPLACE FUNCTION pgjobq.batch_counts(callback bigint) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT jsonb_build_object('id', $1, 'jobs', count(*),
                               'completed', count(*) FILTER (WHERE a.state = 'completed'),
@@ -188,6 +189,7 @@ RETURNS TABLE (ref text, id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_jobs    jsonb := CASE jsonb_typeof(graph) WHEN 'array' THEN graph WHEN 'object' THEN graph -> 'jobs' END;
@@ -614,6 +616,7 @@ RETURNS TABLE (id bigint, state text, kind text, result jsonb, finished_at times
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT d.parent, coalesce(a.state::text, 'pruned'), a.kind, a.result, a.finished_at
       FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.parent
@@ -626,6 +629,7 @@ RETURNS TABLE (id bigint, state text, kind text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT d.child, coalesce(a.state::text, 'pruned'), a.kind
       FROM pgjobq.deps d LEFT JOIN pgjobq.all_jobs a ON a.id = d.child
@@ -639,6 +643,7 @@ RETURNS TABLE (id bigint, depth integer, state text, queue text, kind text, pare
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_nodes bigint[] := ARRAY[graph.job];
@@ -687,6 +692,7 @@ CREATE OR REPLACE FUNCTION pgjobq.parents_json(job bigint) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off
 AS $$
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', d.parent, 'state', coalesce(a.state::text, 'pruned'),
                                                  'result', a.result) ORDER BY d.parent), '[]')
