@@ -1179,13 +1179,14 @@ TEST_FULL(failover_of_one_shard_by_pg_auto_failover_loses_nothing_and_the_other_
         if (t_now_ms() - t > 60000) {
             t_show_log(t_log_path("cw"));
             /* What is left, against where the claims start (the frontier, the latest mark). */
-            PGresult *left = t_exec(a, "SELECT j.state, count(*), min(greatest(j.run_at, j.ready_at)),"
-                                       " max(greatest(j.run_at, j.ready_at)), min(j.lease_until), max(j.attempt),"
-                                       " (SELECT 'epoch'::timestamptz + pg_sequence_last_value(l.frontier)"
-                                       "         * interval '1 microsecond' FROM pgjobq.levels l"
-                                       "   WHERE l.queue = 'qa' AND l.priority = 0),"
-                                       " (SELECT x.key FROM pgjobq.lows x WHERE x.queue = 'qa' ORDER BY x.at DESC LIMIT 1),"
-                                       " now() FROM pgjobq.jobs j GROUP BY j.state");
+            PGresult *left =
+                t_exec(a, "SELECT j.state, count(*), min(greatest(j.run_at, j.ready_at)),"
+                          " max(greatest(j.run_at, j.ready_at)), min(j.lease_until), max(j.attempt),"
+                          " (SELECT 'epoch'::timestamptz + pg_sequence_last_value(l.frontier)"
+                          "         * interval '1 microsecond' FROM pgjobq.levels l"
+                          "   WHERE l.queue = 'qa' AND l.priority = 0),"
+                          " (SELECT x.key FROM pgjobq.lows x WHERE x.queue = 'qa' ORDER BY x.at DESC LIMIT 1),"
+                          " now() FROM pgjobq.jobs j GROUP BY j.state");
             for (int i = 0; i < PQntuples(left); i++)
                 printf("left on sa: %s x %s, keys %s to %s, lease from %s, attempt <= %s; frontier %s, mark %s, "
                        "now %s\n",
