@@ -131,11 +131,21 @@ static void complete(PGconn *pg, const int64_t *ids, const int64_t *tokens, int 
     free(ts);
 }
 
+/* Enqueues three jobs of queue q, and claims them from c's cursor and completes them. */
+static void take_three(PGconn *pg, claimer *c, const char *q)
+{
+    int64_t ids[100], tokens[100];
+
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['%s', '%s', '%s'], NULL, NULL)", q, q, q));
+    CHECK_INT(claim(pg, c, q, 100, 0, ids, tokens), 3);
+    complete(pg, ids, tokens, 3);
+}
+
 TEST(cursor_claim_finds_a_job_whose_enqueue_commits_after_later_ones_were_claimed)
 {
     PGconn *pg = t_pg(), *producer = t_pg();
     claimer c;
-    int64_t ids[100], tokens[100];
+    int64_t ids[100];
     char other_db[1024];
 
     memset(&c, 0, sizeof c);
@@ -153,11 +163,8 @@ TEST(cursor_claim_finds_a_job_whose_enqueue_commits_after_later_ones_were_claime
      * claimed: its job's key is before theirs. */
     PQclear(t_exec(producer, "BEGIN"));
     PQclear(t_exec(producer, "SELECT pgjobq.enqueue('q', payload => '{\"late\": true}')"));
-    for (int round = 0; round < 5; round++) {
-        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['q', 'q', 'q'], NULL, NULL)"));
-        CHECK_INT(claim(pg, &c, "q", 100, 0, ids, tokens), 3);
-        complete(pg, ids, tokens, 3);
-    }
+    for (int round = 0; round < 5; round++)
+        take_three(pg, &c, "q");
     CHECK(c.cur.valid[100]);
     /* Committed now, behind every job claimed: a claim from the cursor (not from the marks) takes it,
      * because the cursor never passed a moment when the open transaction was already writing. */
@@ -209,10 +216,8 @@ TEST(the_frontier_moves_with_each_claim_and_never_passes_a_job_still_to_commit)
      * rounds until it has moved on three times.) */
     int moves = 0;
     for (int round = 0; round < 100 && moves < 3; round++) {
-        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['f', 'f', 'f'], NULL, NULL)"));
         long long before = frontier_of(pg, "f");
-        CHECK_INT(claim(pg, &b, "f", 100, 0, ids, tokens), 3);
-        complete(pg, ids, tokens, 3);
+        take_three(pg, &b, "f");
         if (!b.cur.valid[100])
             continue;
         long long after = frontier_of(pg, "f");
@@ -228,11 +233,8 @@ TEST(the_frontier_moves_with_each_claim_and_never_passes_a_job_still_to_commit)
     /* A transaction enqueues a job and stays open while b claims later jobs. */
     PQclear(t_exec(producer, "BEGIN"));
     PQclear(t_exec(producer, "SELECT pgjobq.enqueue('f', payload => '{\"late\": true}')"));
-    for (int round = 0; round < 3; round++) {
-        PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(ARRAY['f', 'f', 'f'], NULL, NULL)"));
-        CHECK_INT(claim(pg, &b, "f", 100, 0, ids, tokens), 3);
-        complete(pg, ids, tokens, 3);
-    }
+    for (int round = 0; round < 3; round++)
+        take_three(pg, &b, "f");
     PQclear(t_exec(producer, "COMMIT"));
     long long late_us = t_int(pg, "SELECT (extract(epoch FROM greatest(run_at, ready_at)) * 1000000)::bigint"
                                   " FROM pgjobq.jobs WHERE queue = 'f' AND payload ? 'late'");
