@@ -275,6 +275,74 @@ TEST_FULL(queue_key_concurrency_holds_between_racing_claimers, 120, 0)
     pgjobq_client_close(c);
 }
 
+/* The claims of a limited queue count its running jobs through the alarms of their leases, and fold
+ * those alarms as they count (pgjobq.running_fold): after 40 claims of 3, each completed, the alarms
+ * name the job still running and the last claim's, not the 120 claims of the last seconds, which every
+ * count read before (27 ms a claim at 3,900 jobs/s).  The job left running keeps its alarm through the
+ * folds: when its lease ends, a rescue pass looking from before its claim (as a worker's does) puts it
+ * back in the queue. */
+TEST(queue_limited_claims_fold_the_alarms_and_keep_every_running_job_named)
+{
+    PGconn *pg = t_pg();
+
+    PQclear(t_exec(pg, "SELECT pgjobq.queue_set('folded', '{\"concurrency\": 4}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('folded'::text, ARRAY[200]), NULL, NULL)"));
+    char *since = t_str(pg, "SELECT (now() - interval '2 s')::text");
+    long long held = t_int(pg, "SELECT id FROM pgjobq.claim_batch('folded', 1, '3 s', 'stalled')");
+    for (int round = 0; round < 40; round++) {
+        CHECK_INT(t_int(pg,
+                        "WITH c AS (SELECT * FROM pgjobq.claim_batch('folded', 3, '60 s', 'w'))"
+                        " SELECT count(*) FROM pgjobq.complete_many((SELECT array_agg(id) FROM c),"
+                        "                                           (SELECT array_agg(lease_token) FROM c))"
+                        " WHERE outcome = 'completed'"),
+                  3);
+    }
+    long long named = t_int(pg, "SELECT coalesce(sum(cardinality(ids)), 0) FROM pgjobq.lease_alarms"
+                                " WHERE queue = 'folded'");
+    printf("after 40 claims of 3, the alarms name %lld jobs\n", named);
+    CHECK_MSG(named <= 4, "the alarms of a limited queue name %lld jobs: the held one and the last claim's 3 at most",
+              named);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.lease_alarms, unnest(ids) AS i WHERE queue = 'folded' AND i = %lld",
+                    held),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.running_jobs('folded')"), 1);
+    /* The limit still counts it: 3 slots are left. */
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('folded', 10, '60 s', 'w')"), 3);
+    PQclear(t_exec(pg, "SELECT pgjobq.complete_many(array_agg(id), array_agg(lease_token)) FROM pgjobq.jobs"
+                       " WHERE queue = 'folded' AND state = 'running' AND id <> %lld",
+                   held));
+    sleep_ms(3200);
+    CHECK_MSG(t_int(pg, "SELECT pgjobq.rescue_expired(1000, '%s')", since) >= 1, "the stalled job was not rescued");
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.jobs WHERE id = %lld AND state = 'queued' AND attempt = 1", held),
+              1);
+    free(since);
+    PQfinish(pg);
+}
+
+/* A count never misses the jobs of an alarm that a rescue pass holds (the fold skips such an alarm,
+ * SKIP LOCKED, and reads it as running_jobs does): with the limit reached by the jobs of one alarm,
+ * locked by another session, a claim takes nothing. */
+TEST(queue_limited_claims_count_the_alarms_a_rescue_holds)
+{
+    PGconn *pg = t_pg(), *other = t_pg();
+
+    PQclear(t_exec(pg, "SELECT pgjobq.queue_set('foldheld', '{\"concurrency\": 3}')"));
+    PQclear(t_exec(pg, "SELECT pgjobq.enqueue_many(array_fill('foldheld'::text, ARRAY[10]), NULL, NULL)"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('foldheld', 3, '60 s', 'w')"), 3);
+    PQclear(t_exec(other, "BEGIN"));
+    CHECK_INT(t_int(other, "SELECT count(*) FROM (SELECT 1 FROM pgjobq.lease_alarms WHERE queue = 'foldheld'"
+                           " FOR UPDATE) a"),
+              1);
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('foldheld', 3, '60 s', 'w')"), 0);
+    PQclear(t_exec(other, "ROLLBACK"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('foldheld', 3, '60 s', 'w')"), 0);
+    PQclear(t_exec(pg, "SELECT pgjobq.complete_many(array_agg(id), array_agg(lease_token)) FROM pgjobq.jobs"
+                       " WHERE queue = 'foldheld' AND state = 'running'"));
+    CHECK_INT(t_int(pg, "SELECT count(*) FROM pgjobq.claim_batch('foldheld', 5, '60 s', 'w')"), 3);
+    PQfinish(other);
+    PQfinish(pg);
+}
+
 /* A busy key does not hold back the others (no head-of-line blocking), whatever the order of the
  * backlog; the key's next job runs once one of its slots is free. */
 TEST(queue_key_concurrency_takes_keys_in_turn)
