@@ -16,6 +16,8 @@
 #            process, 32 concurrent jobs, a local queue, batched completions), the same jobs.  Needs
 #            node and npm: the script installs the pinned graphile-worker into bench/graphile
 #            (npm registry); without them the row has no figure.  Target: >= 2.0.
+#   lim      (no target) 2 x 64 under a concurrency limit of 128 against 2 x 64 without one: what the
+#            limit's count and its claims, one at a time, cost.
 #   w40      40 processes x 8 against the best drain, in every round.  Target: >= 0.8 in every round.
 #            Its floor: the minimal table drained by 40 pgbench clients claiming 500 at a time against
 #            2 claiming 1,000 (the raw drain above); where that ratio misses 0.8 too, so does the
@@ -227,6 +229,9 @@ while [ "$r" -le "$reps" ]; do
     # pgjobq's 2 x 64, 4 x 32, 40 x 8, 1 x 32.
     raw_drain raw "$r" 2 1000
     raw_drain raw40 "$r" 40 500
+    # 2 x 64 under a concurrency limit of 128 first: every drain after it clears the limit.
+    sql "SELECT pgjobq.reset_queue('bench')" >/dev/null; sql "CHECKPOINT" >/dev/null
+    run d_lim "$r" drain --jobs "$jobs" --processes 2 --concurrency 64 --limit 128
     for pc in 2x64 4x32 40x8 1x32; do
         sql "SELECT pgjobq.reset_queue('bench')" >/dev/null; sql "CHECKPOINT" >/dev/null
         run "d_$pc" "$r" drain --jobs "$jobs" --processes "${pc%x*}" --concurrency "${pc#*x}"
@@ -265,6 +270,7 @@ while [ "$r" -le "$reps" ]; do
     record x_drain "$r" "\"ratio\":$(ratio "$best" "$(round_of raw "$r" jobs_per_s)")"
     record x_graphile "$r" "\"ratio\":$(ratio "$(round_of d_1x32 "$r" jobs_per_s)" "$(round_of graphile "$r" jobs_per_s)")"
     record x_w40 "$r" "\"ratio\":$(ratio "$(round_of d_40x8 "$r" jobs_per_s)" "$best")"
+    record x_lim "$r" "\"ratio\":$(ratio "$(round_of d_lim "$r" jobs_per_s)" "$(round_of d_2x64 "$r" jobs_per_s)")"
     record x_raw40 "$r" "\"ratio\":$(ratio "$(round_of raw40 "$r" jobs_per_s)" "$(round_of raw "$r" jobs_per_s)")"
     record x_py40 "$r" "\"ratio\":$(ratio "$(round_of py_40 "$r" jobs_per_s)" "$(round_of py_1 "$r" jobs_per_s)")"
     record x_pyb40 "$r" "\"ratio\":$(ratio "$(round_of pyb_40 "$r" jobs_per_s)" "$(round_of pyb_1 "$r" jobs_per_s)")"
@@ -288,6 +294,8 @@ for pct in 50 80; do
          "completed / offered $(m "steady_$pct" completed_over_offered), floor $(m "steady_${pct}_floor" completed_over_offered) |" \
          "p99 <= $target: $(verdict "$(m "steady_$pct" pickup_p99_ms_last)" "<=" "$target")$(floor_says "steady_${pct}_floor" "$target") |"
 done
+echo "| (no target) 2 x 64 under a concurrency limit of 128 / without, jobs/s | $(m d_lim jobs_per_s) | $(m d_2x64 jobs_per_s) |" \
+     "$(m x_lim ratio) | |"
 echo "| 1 process x 32 / Graphile Worker tuned, jobs/s | $(m d_1x32 jobs_per_s) | $(m graphile jobs_per_s) |" \
      "$(m x_graphile ratio) | >= 2.0: $(verdict "$(m x_graphile ratio)" ">=" 2.0) |"
 # The floor of the rows at 40 sessions: the minimal table at 40 clients against 2.

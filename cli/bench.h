@@ -24,6 +24,7 @@ typedef struct bench_args {
     int chain;          /* drain: chains of this many jobs, each enqueued by the one before */
     int keys;           /* drain: the jobs spread over this many concurrency keys, round-robin (0: none) */
     int strict;         /* drain: the queue in strict order per key (pgjobq_queue_set_strict_order) */
+    int limit;          /* drain: the queue's concurrency limit (pgjobq_queue_set_concurrency; 0: none) */
     const char *handler; /* drain-exec, drain-coproc: the command */
     const char *pin;     /* steady: "snapshot" or "dump" */
     int floor;           /* steady: the minimal table and its NOTIFY-woken workers instead of pgjobq */

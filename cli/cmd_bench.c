@@ -61,6 +61,7 @@
 #define OPT_KEYS 4011
 #define OPT_STRICT 4012
 #define OPT_FLOOR 4013
+#define OPT_LIMIT 4014
 
 const cli_opt bench_opts[] = {
     {"jobs", OPT_JOBS, "N", "jobs (default 100000; latency: 1000)"},
@@ -90,6 +91,8 @@ const cli_opt bench_opts[] = {
     {"keys", OPT_KEYS, "K", "drain: spread the jobs over K concurrency keys, round-robin (default: none)"},
     {"strict", OPT_STRICT, NULL,
      "drain: the queue in strict order per key (queue set --strict-order on; with --keys)"},
+    {"limit", OPT_LIMIT, "N",
+     "drain: at most N jobs of the queue running at once (queue set --concurrency N; default: no limit)"},
     {"json", OPT_JSON, NULL, "print one JSON object"},
     {"cluster", OPT_CLUSTER, "SPEC",
      "enqueue: route the jobs through the cluster SPEC (pgjobq_cluster_enqueue_many), to compare with the "
@@ -152,6 +155,7 @@ static int bench_opt(int key, const char *arg, void *ctx)
     case OPT_PARKED: a->parked = v; return 0;
     case OPT_CHAIN: a->chain = (int)v; return 0;
     case OPT_KEYS: a->keys = (int)v; return 0;
+    case OPT_LIMIT: a->limit = (int)v; return 0;
     }
     return -1;
 }
@@ -231,6 +235,11 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         goto soft_fail;
     /* Strict order per key, or not: the queue's setting for this run (docs/queues.md). */
     if ((rc = pgjobq_queue_set_strict_order(c, "bench", a->strict)) != PGJOBQ_OK) {
+        munmap(sh, sizeof *sh);
+        return cli_fail(c, rc);
+    }
+    /* The concurrency limit likewise (0: none). */
+    if ((rc = pgjobq_queue_set_concurrency(c, "bench", a->limit)) != PGJOBQ_OK) {
         munmap(sh, sizeof *sh);
         return cli_fail(c, rc);
     }
@@ -344,11 +353,12 @@ static int bench_drain(const char *url, bench_args *a, int exec_mode, PGconn *ct
         printf("{\"scenario\":\"%s\",\"jobs\":%lld,\"processes\":%d,\"concurrency\":%d,\"batch_max\":%d,"
                "\"noise\":%lld,\"seconds\":%.3f,\"jobs_per_s\":%.1f,\"claims\":%lld,\"avg_claim_batch\":%.1f,"
                "\"avg_write_batch\":%.1f,\"connections_max\":%d,\"rss_kb_max\":%ld,\"completed\":%.0f,"
-               "\"ready_before_due_ms\":%.0f,\"steps\":%d,\"parked\":%lld,\"chain\":%d,\"keys\":%d,\"strict\":%d}\n",
+               "\"ready_before_due_ms\":%.0f,\"steps\":%d,\"parked\":%lld,\"chain\":%d,\"keys\":%d,\"strict\":%d,"
+               "\"limit\":%d}\n",
                mode_name[exec_mode], total, a->processes, a->concurrency, a->batch, a->noise, secs,
                (double)total / secs, claims, claims ? (double)claimed / (double)claims : 0.0,
                writes ? (double)total / (double)writes : 0.0, conns_max, rss, completed, ready_ms, a->steps, a->parked,
-               a->chain > 1 ? a->chain : 1, a->keys, a->strict);
+               a->chain > 1 ? a->chain : 1, a->keys, a->strict, a->limit);
     else
         printf("%s: %lld jobs, %d x %d threads: %.0f jobs/s (%.2f s from due), avg claim batch %.1f, %d connections, "
                "peak RSS %ld KiB%s\n",
@@ -1004,6 +1014,8 @@ int cmd_bench(const cli_cmd *cmd, int argc, char **argv)
         return cli_usage_error(cmd, "--steps, --chain and --parked go with the drain scenario (in-process workers)");
     if ((a.keys > 0 || a.strict) && strcmp(scenario, "drain") != 0)
         return cli_usage_error(cmd, "--keys and --strict go with the drain scenario");
+    if (a.limit > 0 && strncmp(scenario, "drain", 5) != 0)
+        return cli_usage_error(cmd, "--limit goes with the drain scenarios");
     if (a.strict && a.keys == 0)
         return cli_usage_error(cmd, "--strict needs --keys (a strict queue's jobs each have a key)");
     if (a.steps > 0 && a.chain > 1)
