@@ -83,18 +83,25 @@ AS $$
 $$;
 
 -- running_fold(queue): how many of the queue's jobs are running with a lease that has not ended (as
--- running_jobs counts them), after folding the queue's alarms into one that names only its jobs still
--- running, each once.  A claim of a queue with a concurrency limit (or a limit per key) calls it,
--- holding the queue's row lock, to count: the alarms hold every claim of the last five seconds, and a
--- count through running_jobs read them all under that lock (36,000 ids at 3,900 jobs/s, 27 ms a
--- claim; bench/README.md, "Queues with a concurrency limit").  Folded at each such claim, they name
--- about as many jobs as run.  The fold is the rescue's forgetting, done early and without the
--- rescuing: the alarms it can lock (FOR UPDATE SKIP LOCKED: one that a rescue pass holds is that
--- pass's) are deleted, and in the same statement one is armed for their jobs still running under
--- their token, due at the earliest of theirs (no job's alarm becomes due later than it was) or now if
--- that has passed.  A job not running under its alarm's token never will be again (a claim draws a
--- new token and arms its own alarm), so what is dropped is what the rescue would forget.  The count
--- adds the jobs of the alarms it could not lock, read as running_jobs reads them.
+-- running_jobs counts them), after folding the queue's alarms that are not due yet into one that
+-- names only their jobs still running, each once.  A claim of a queue with a concurrency limit (or a
+-- limit per key) calls it, holding the queue's row lock, to count: the alarms hold every claim of the
+-- last five seconds, and a count through running_jobs read them all under that lock (36,000 ids at
+-- 3,900 jobs/s, 27 ms a claim; bench/README.md, "Queues with a concurrency limit").  Folded at each
+-- such claim, they name about as many jobs as run.
+--
+-- The fold is the rescue's forgetting, done early and without the rescuing.  It takes the queue's
+-- alarms that are not due (until > now()) and that it can lock (FOR UPDATE SKIP LOCKED: one that a
+-- rescue pass holds is that pass's), deletes them, and in the same statement arms one alarm for their
+-- jobs still running under their token, due at the earliest of those jobs' lease ends (as the rescue
+-- arms its own), or now if that has passed.  A job not running under its alarm's token never will be
+-- again (a claim draws a new token and arms its own alarm), so what is dropped is what the rescue
+-- would forget.  A due alarm is the rescue's alone: were the folds to take it, a queue claimed
+-- without pause would keep a job whose lease ended in an alarm some claim always held or had just
+-- made again, and the rescue would never see it due (a review found this in the first version, which
+-- folded every alarm).  So the alarm the fold arms is due when its first lease ends, the claims leave
+-- it alone from then on, and the rescue's pass of the next second takes it.  The count adds the
+-- running jobs of the alarms the fold did not take, read as running_jobs reads them.
 CREATE OR REPLACE FUNCTION pgjobq.running_fold(queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -108,7 +115,7 @@ BEGIN
     -- (PL/pgSQL, not SQL: a SQL function's statement is planned at every call.)
     WITH taken AS MATERIALIZED (
         SELECT a.ctid AS at, a.until, a.ids, a.tokens FROM pgjobq.lease_alarms a
-         WHERE a.queue = running_fold.queue
+         WHERE a.queue = running_fold.queue AND a.until > now()
            FOR UPDATE SKIP LOCKED),
     gone AS (
         DELETE FROM pgjobq.lease_alarms a WHERE a.ctid = ANY (ARRAY(SELECT t.at FROM taken t))),
@@ -121,7 +128,7 @@ BEGIN
                              OFFSET 0) x),
     armed AS (
         INSERT INTO pgjobq.lease_alarms (queue, until, ids, tokens)
-        SELECT running_fold.queue, greatest((SELECT min(t.until) FROM taken t), clock_timestamp()),
+        SELECT running_fold.queue, greatest(min(k.lease_until), clock_timestamp()),
                array_agg(k.id), array_agg(k.lease_token)
           FROM kept k HAVING count(*) > 0),
     held AS (
