@@ -483,13 +483,16 @@ BEGIN
                        AND j.concurrency_key > keys.k
                      ORDER BY j.concurrency_key LIMIT 1)
               FROM keys WHERE keys.k IS NOT NULL),
-        busy AS (
+        -- Each key's running jobs, counted once (MATERIALIZED: inlined, the count ran once per key,
+        -- 0.2 ms each: 209 of a claim's 258 ms with 1,000 keys) and joined to the keys by hash.
+        busy AS MATERIALIZED (
             SELECT j.concurrency_key::text AS k, count(*) AS n FROM pgjobq.running_jobs(claim_next.queue) j
              WHERE j.lease_until > now() AND j.concurrency_key IS NOT NULL
              GROUP BY 1),
         cand AS (
             SELECT c.id, c.priority, c.k, c.rn
               FROM keys
+              LEFT JOIN busy b ON b.k = keys.k
               CROSS JOIN LATERAL (
                   SELECT j.id, j.priority, greatest(j.run_at, j.ready_at) AS k,
                          row_number() OVER (ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id) AS rn
@@ -498,7 +501,7 @@ BEGIN
                      AND greatest(j.run_at, j.ready_at) <= now()
                      AND (j.expires_at IS NULL OR j.expires_at > now())
                    ORDER BY j.priority, greatest(j.run_at, j.ready_at), j.id
-                   LIMIT greatest(s.key_concurrency - coalesce((SELECT b.n FROM busy b WHERE b.k = keys.k), 0), 0)) c
+                   LIMIT greatest(s.key_concurrency - coalesce(b.n, 0), 0)) c
              WHERE keys.k IS NOT NULL
             UNION ALL
             SELECT u.id, u.priority, u.k, row_number() OVER (ORDER BY u.priority, u.k, u.id)
