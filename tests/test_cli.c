@@ -1065,6 +1065,15 @@ TEST(cli_bench_refuses_bad_scenarios_before_any_database_and_takes_rate_0)
     CHECK_MSG(strstr(err, "drain-coproc needs --handler") != NULL, "%s", err);
     free(out);
     free(err);
+    /* The queue's concurrency limit is a drain's, and at least 1. */
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "--limit", "5", "steady", NULL), 64);
+    CHECK_MSG(strstr(err, "--limit goes with the drain scenarios") != NULL, "%s", err);
+    free(out);
+    free(err);
+    CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "--limit", "0", "drain", NULL), 64);
+    CHECK_MSG(strstr(err, "--limit") != NULL, "%s", err);
+    free(out);
+    free(err);
     snprintf(data, sizeof data, "%s/data", home);
     CHECK_MSG(access(data, F_OK) != 0, "%s exists: the embedded database was created", data);
     CHECK_INT(t_cli(&out, &err, NULL, 0, "bench", "--rate", "-1", "soak", NULL), 64);
