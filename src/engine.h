@@ -53,6 +53,9 @@ typedef struct pgjobq__claim_view {
     int64_t low_ms;       /* when the last claim from the low-water marks was sent */
     int64_t gate_ms;      /* the notification gate's promise: a claim is due then, woken or not (0: none;
                            * worker.c, "The notification gate") */
+    int64_t yield_until_ms; /* until then, claim the queue's due jobs PGJOBQ__YIELD_MS late: the worker
+                             * handed back a job of it that it could not run (a kind it does not know,
+                             * a handler that could not start); 0: never */
 } pgjobq__claim_view;
 
 /* Whether to claim for a queue now: 0, or how many jobs to ask for.  *from_cursor (may be NULL) says
@@ -102,10 +105,16 @@ int pgjobq__prefetch(int64_t handler_ns, int64_t handled, int concurrency, int b
 int64_t pgjobq__claim_next_ms(const pgjobq__claim_view *v);
 
 /* After a claim that found nothing: when to claim next, given the claim's answer of when the queue's
- * next queued job is due (seconds; NaN when nothing is queued) and the next poll.  A job
- * already due that the claim did not get is held by another claimer (or a transaction): claiming
- * again at once would only spin, so the poll and notifications cover it. */
-int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms);
+ * next queued job is due (seconds from the claim's start, sent_ms; NaN when nothing is queued) and
+ * the next poll.  A job already due that the claim did not get is held by another claimer (or a
+ * transaction): claiming again at once would only spin, so the poll and notifications cover it.
+ * yield_ms claims that much after the job is due (never after the poll): 0, or PGJOBQ__YIELD_MS
+ * while the worker has lately handed back a job of the queue it could not run (worker.c,
+ * yield_until_ms), so that another worker (a newer release) claims it first. */
+int64_t pgjobq__claim_after_due(double due_in_s, int64_t sent_ms, int64_t next_poll_ms, int64_t yield_ms);
+
+/* How late a worker that handed back a job it could not run claims the queue's due jobs (above). */
+#define PGJOBQ__YIELD_MS 50
 
 /* Whether to write pending outcomes now: when no handler still runs (nothing more can join the
  * batch), when the oldest has waited linger_ms, or when stopping. */

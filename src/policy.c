@@ -103,13 +103,14 @@ int64_t pgjobq__claim_hold_ms(int streak)
     return streak >= 9 ? 256 : INT64_C(1) << (streak - 1);
 }
 
-int64_t pgjobq__claim_after_due(double due_in_s, int64_t now_ms, int64_t next_poll_ms)
+int64_t pgjobq__claim_after_due(double due_in_s, int64_t sent_ms, int64_t next_poll_ms, int64_t yield_ms)
 {
     if (!(due_in_s > 0)) /* nothing queued (NaN), or due already and held by someone else */
         return next_poll_ms;
-    if (due_in_s * 1000.0 >= (double)(next_poll_ms - now_ms))
+    if (due_in_s * 1000.0 >= (double)(next_poll_ms - sent_ms))
         return next_poll_ms;
-    return now_ms + (int64_t)(due_in_s * 1000.0) + 1;
+    int64_t at = sent_ms + (int64_t)(due_in_s * 1000.0) + 1 + (yield_ms > 0 ? yield_ms : 0);
+    return at < next_poll_ms ? at : next_poll_ms;
 }
 
 int pgjobq__flush_decide(size_t pending, int64_t first_pending_ms, int outstanding, int stopping, int64_t now_ms,

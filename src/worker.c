@@ -251,6 +251,15 @@ static void pend(pgjobq_worker *w, pgjobq_ctx *ctx, int64_t now)
         snprintf(why, sizeof why, "timed out after %lld ms", (long long)w->o.timeout_ms);
         pgjobq_ctx_set_error(ctx, why);
     }
+    if (ctx->outcome == PGJOBQ_OUTCOME_HAND_BACK && kind == PGJOBQ__W_SNOOZE) {
+        /* Not run here (a kind this worker does not know, a handler that could not start): when it is
+         * due again, let another worker claim it first (claim_done), until a poll after then (the
+         * delay when the handler gave one, else a minute: the backoff's, roughly). */
+        int64_t delay = ctx->retry_delay_ms >= 0 ? ctx->retry_delay_ms : 60000;
+        int64_t until = now + delay + 2 * w->o.poll_ms;
+        if (until > ctx->q->claim.yield_until_ms)
+            ctx->q->claim.yield_until_ms = until;
+    }
     if (batch_add(&w->pending[kind], ctx) != 0) {
         wlog(w, PGJOBQ_LOG_ERROR, "out of memory recording job %lld; its lease will expire",
              (long long)ctx->job.id);
@@ -1280,9 +1289,14 @@ static void claim_done(pgjobq_worker *w, pgjobq__request *rq, PGresult *r, int64
     q->claim.next_poll_ms = now + w->o.poll_ms;
     /* Nothing due: sleep until the next scheduled job, if it comes before the next poll (40 idle workers
      * that re-claimed at once for a due job another held starved the database:
-     * pgjobq__claim_after_due). */
+     * pgjobq__claim_after_due).  Its due time counts from the claim's start (the database's now()),
+     * not from its answer; and a worker that lately handed back a job of this queue it could not run
+     * lets the others claim first (yield_until_ms: two workers that both woke for that job claimed
+     * within a millisecond of each other, and the one that could not run it won every time). */
     if (n == 0)
-        q->claim.next_poll_ms = pgjobq__claim_after_due(meta.next_due, now, q->claim.next_poll_ms);
+        q->claim.next_poll_ms =
+            pgjobq__claim_after_due(meta.next_due, rq->sent_ms, q->claim.next_poll_ms,
+                                    now < q->claim.yield_until_ms ? PGJOBQ__YIELD_MS : 0);
     gate_after_claim(w, q, &meta, n, rq->want, now);
 }
 

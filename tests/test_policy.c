@@ -274,15 +274,28 @@ TEST(policy_claim_stops_while_outcomes_pile_up_unwritten)
 
 TEST(policy_after_an_empty_claim_sleep_until_the_next_due_job_but_never_spin)
 {
-    /* The next job is due in 2.5 s, the poll in 1 s: the poll. In 0.3 s: then. */
-    CHECK_INT(pgjobq__claim_after_due(2.5, 1000, 2000), 2000);
-    CHECK_INT(pgjobq__claim_after_due(0.3, 1000, 2000), 1301);
+    /* The next job is due in 2.5 s, the poll in 1 s: the poll. In 0.3 s from the claim's start
+     * (sent at 1000): then. */
+    CHECK_INT(pgjobq__claim_after_due(2.5, 1000, 2000, 0), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.3, 1000, 2000, 0), 1301);
     /* Due already, yet the claim got nothing: another claimer holds it; do not claim again at once
      * (forty idle workers did, every millisecond, and starved the database). */
-    CHECK_INT(pgjobq__claim_after_due(0.0, 1000, 2000), 2000);
-    CHECK_INT(pgjobq__claim_after_due(-5.0, 1000, 2000), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.0, 1000, 2000, 0), 2000);
+    CHECK_INT(pgjobq__claim_after_due(-5.0, 1000, 2000, 0), 2000);
     /* Nothing queued. */
-    CHECK_INT(pgjobq__claim_after_due(0.0 / 0.0, 1000, 2000), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.0 / 0.0, 1000, 2000, 0), 2000);
+}
+
+TEST(policy_a_worker_that_handed_back_a_job_it_could_not_run_claims_it_after_the_others)
+{
+    /* Yielding: PGJOBQ__YIELD_MS after the job is due, so that a worker that can run it (it claims at
+     * 1301) takes it first; never after the poll, and nothing changes when nothing is due soon. */
+    CHECK_INT(pgjobq__claim_after_due(0.3, 1000, 2000, PGJOBQ__YIELD_MS), 1301 + PGJOBQ__YIELD_MS);
+    CHECK(1301 + PGJOBQ__YIELD_MS < 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.98, 1000, 2000, PGJOBQ__YIELD_MS), 2000);
+    CHECK_INT(pgjobq__claim_after_due(2.5, 1000, 2000, PGJOBQ__YIELD_MS), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.0 / 0.0, 1000, 2000, PGJOBQ__YIELD_MS), 2000);
+    CHECK_INT(pgjobq__claim_after_due(0.3, 1000, 2000, -7), 1301);
 }
 
 TEST(policy_a_woken_claim_that_keeps_finding_nothing_waits_longer_each_time)

@@ -122,15 +122,25 @@ def test_task_output_reaches_the_log_as_written_at_its_level_with_the_job_id(sta
 def test_a_kind_the_app_does_not_know_is_handed_back_for_a_newer_worker(start_worker, queue):
     # The producers run the new release (deploy_tasks: charge), the worker still the old (py_tasks).
     job = pgjobq.enqueue(URL, "charge", {"order": 7}, queue=queue)
-    old = start_worker("--queue", f"{queue}:2", "--unknown-kind-delay", "1s", *FAST)
+    # (Both workers wake for the job when it is due again; the old one, which handed it back, claims
+    # 50 ms late (src/worker.c, yield_until_ms): a CI run saw it win for 30 s, within a millisecond of
+    # the new one each time.  A delay longer than the 1 s poll: with 1 s, the new worker's poll could
+    # also keep landing while the old one held the job, and it never learnt when the job was due.)
+    old = start_worker("--queue", f"{queue}:2", "--unknown-kind-delay", "2s", *FAST)
     wait_until(lambda: "no task for the kind 'charge'" in (job_row(job.id)[3] or ""), 20, "the hand-back", old.log)
     state, attempt, result, error, later = job_row(job.id)
     assert state == "queued" and attempt == 0 and "handed back by a worker without it" in error
     wait_until(lambda: f"warn  coprocess 0: job {job.id}: no task for the kind 'charge'" in log_text(old), 10,
                "the warning", old.log)
     # The new release's worker runs it, at its first attempt.
-    start_worker("--queue", f"{queue}:2", *FAST, app="deploy_tasks:app")
-    assert pgjobq.result(URL, job.id, timeout=30) == {"charged": 7, "attempt": 1}
+    new = start_worker("--queue", f"{queue}:2", *FAST, app="deploy_tasks:app")
+    try:
+        got = pgjobq.result(URL, job.id, timeout=60)
+    except pgjobq.ResultTimeout:
+        raise AssertionError(f"job {job.id} not finished in 60 s: {job_row(job.id)}, held by"
+                             f" {scalar('SELECT worker_id FROM pgjobq.jobs WHERE id = %s', job.id)}\n"
+                             f"old worker:\n{log_text(old)}\nnew worker:\n{log_text(new)}") from None
+    assert got == {"charged": 7, "attempt": 1}
     # Failing them for good is asked for.
     doomed = pgjobq.enqueue(URL, "refund", {}, queue=queue + "x")
     w = start_worker("--queue", f"{queue}x:1", "--fail-unknown-kinds", *FAST)
