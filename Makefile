@@ -198,6 +198,7 @@ bench: all
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/notify.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/floor.sh
 	PGJOBQ=$(abspath $(CLI)) QUICK=$(QUICK) sh bench/cost.sh
+	PGJOBQ=$(abspath $(CLI)) sh bench/steps.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
