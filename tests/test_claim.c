@@ -75,7 +75,6 @@ TEST(claim_returns_batches_of_at_most_max_jobs)
     pgjobq_client_close(c);
 }
 
-
 /* A claim's lease alarm names its jobs in two bigint[]: past about 120 jobs the row is longer than
  * the 2 kB at which PostgreSQL compresses a row's values, and pglz took about 1.3 ms for a claim of
  * 850 (schema 34 stores them out of line, uncompressed).  The alarm must still name every job. */
@@ -106,6 +105,7 @@ TEST(claim_stores_its_lease_alarm_uncompressed)
     PQfinish(pg);
     pgjobq_client_close(c);
 }
+
 TEST(claim_skips_a_locked_head_job_without_waiting)
 {
     pgjobq_client *c = t_client();
